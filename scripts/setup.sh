@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine for building and testing larder:
+#   1. native build dependencies from Debian packages (see docs/ARCHITECTURE.md, "Dependencies");
+#   2. a Python virtualenv in .venv with the pinned test oracles (requirements-dev.txt).
+# Idempotent: a second run only checks. Set LARDER_SKIP_APT=1 to skip step 1, LARDER_SKIP_VENV=1
+# to skip step 2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  cmake ninja-build g++ pkg-config git
+  nlohmann-json3-dev   # JSON: config.json, tokenizer.json, safetensors headers, chat-template values
+  libcli11-dev         # CLI parsing (errors for unknown flags)
+  libonig-dev          # Oniguruma: Unicode regexes of HF pre-tokenizers (\p{L}, lookahead)
+  libutf8proc-dev      # NFC/NFKC normalization for tokenizers
+  libxxhash-dev        # XXH3: model fingerprints and KV-file checksums
+  libcpp-httplib-dev   # HTTP server transport (larder serve)
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-venv
+)
+
+if [[ "${LARDER_SKIP_APT:-0}" != 1 ]]; then
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    SUDO=""
+    [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+if [[ "${LARDER_SKIP_VENV:-0}" != 1 ]]; then
+  stamp=.venv/.requirements.sha256
+  want=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
+  if [[ ! -x .venv/bin/python || ! -f $stamp || "$(cat $stamp)" != "$want" ]]; then
+    echo "setup: creating .venv with the pinned reference packages (requirements-dev.txt)"
+    python3 -m venv .venv
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -r requirements-dev.txt
+    echo "$want" > $stamp
+  fi
+fi

@@ -1,0 +1,83 @@
+#include "larder/core/cpuid.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace larder {
+namespace {
+
+// Physical cores = distinct (physical id, core id) pairs in /proc/cpuinfo. Hyperthreads share
+// one core's FMA units, so the default thread count is cores, not logical CPUs.
+int count_physical_cores() {
+  std::ifstream in("/proc/cpuinfo");
+  std::set<std::pair<int, int>> cores;
+  int phys = 0, core = -1;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    int value = std::atoi(line.c_str() + colon + 1);
+    if (key == "physical id") phys = value;
+    if (key == "core id") {
+      core = value;
+      cores.insert({phys, core});
+    }
+  }
+  int n = static_cast<int>(cores.size());
+  if (n <= 0) n = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  return n > 0 ? n : 1;
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  f.f16c = true;  // no __builtin for f16c in GCC 12; checked via cpuid leaf 1 below
+  unsigned a, b, c, d;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+  f.f16c = (c >> 29) & 1u;
+  f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512dq = __builtin_cpu_supports("avx512dq");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+  // leaf 7 sub-leaf 1: EAX bit 5 = AVX512_BF16, bit 4 = AVX-VNNI
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+  f.avx512bf16 = (a >> 5) & 1u;
+  f.avx_vnni = (a >> 4) & 1u;
+  f.logical_cpus = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  f.physical_cores = count_physical_cores();
+  const char* force = std::getenv("LARDER_ISA");
+  if (force && std::strcmp(force, "avx2") == 0) {
+    f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512vnni = f.avx512bf16 = false;
+  }
+  return f;
+}
+
+}  // namespace
+
+std::string CpuFeatures::describe() const {
+  std::ostringstream s;
+  s << (avx2 ? "avx2 " : "") << (fma ? "fma " : "") << (f16c ? "f16c " : "")
+    << (avx512f ? "avx512f " : "") << (avx512bw ? "avx512bw " : "") << (avx512vl ? "avx512vl " : "")
+    << (avx512vnni ? "avx512vnni " : "") << (avx512bf16 ? "avx512bf16 " : "")
+    << (avx_vnni ? "avx-vnni " : "") << "cores=" << physical_cores << " cpus=" << logical_cpus;
+  return s.str();
+}
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+}  // namespace larder

@@ -1,0 +1,32 @@
+// cpuid.h — CPU features detected once at startup; kernels/cpu/dispatch picks a tier from them.
+#pragma once
+
+#include <string>
+
+namespace larder {
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512dq = false;
+  bool avx512vnni = false;
+  bool avx512bf16 = false;
+  bool avx_vnni = false;
+  int physical_cores = 1;
+  int logical_cpus = 1;
+
+  // The whole AVX-512 tier larder compiles (F, BW, VL, DQ, VNNI, BF16).
+  bool has_avx512_tier() const {
+    return avx512f && avx512bw && avx512vl && avx512dq && avx512vnni && avx512bf16;
+  }
+  std::string describe() const;
+};
+
+// Detected once (thread-safe); LARDER_ISA=avx2 forces the AVX2 tier for testing.
+const CpuFeatures& cpu_features();
+
+}  // namespace larder

@@ -1,0 +1,3 @@
+// larder — command-line entry point. Verbs live in tools/larder/cmd_*.cpp.
+#include <cstdio>
+int main() { std::puts("larder"); return 0; }
