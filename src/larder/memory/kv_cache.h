@@ -1,0 +1,91 @@
+// kv_cache.h — one sequence's attention KV for every layer.
+//
+// Layout per layer: K and V rows, token-major [tokens, n_kv_heads, head_dim] float32. Token-major
+// makes appending a token one contiguous write, makes a trim a length change, and makes any
+// prefix a contiguous leading byte range — the unit the KV store shares between requests and
+// writes to disk.
+//
+// Attention reads a layer as a list of spans (`KvSpan`), not one pointer: a sequence restored
+// from the KV store reads a shared, immutable prefix segment (owned by the store, never copied)
+// followed by its own private tail. A fresh sequence has one span.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "larder/core/status.h"
+
+namespace larder::memory {
+
+struct KvLayout {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int64_t row_floats() const { return static_cast<int64_t>(n_kv_heads) * head_dim; }
+  bool operator==(const KvLayout&) const = default;
+};
+
+// Contiguous rows for tokens [start, start + len) of one layer.
+struct KvSpan {
+  const float* k = nullptr;  // [len, n_kv_heads, head_dim]
+  const float* v = nullptr;
+  int64_t start = 0;
+  int64_t len = 0;
+};
+
+// An immutable block of KV rows for tokens [0, tokens) of every layer, shareable between
+// sequences (the KV store hands these out; RAII via shared_ptr keeps the donor alive).
+class KvPrefix {
+ public:
+  virtual ~KvPrefix() = default;
+  virtual const KvLayout& layout() const = 0;
+  virtual int64_t tokens() const = 0;
+  virtual const float* k(int layer) const = 0;  // [tokens, n_kv_heads, head_dim]
+  virtual const float* v(int layer) const = 0;
+};
+
+class KvCache {
+ public:
+  // max_tokens: the context limit; memory grows on demand up to it.
+  KvCache(const KvLayout& layout, int64_t max_tokens);
+  KvCache(KvCache&&) = default;
+  KvCache& operator=(KvCache&&) = default;
+
+  const KvLayout& layout() const { return layout_; }
+  int64_t length() const { return length_; }
+  int64_t max_tokens() const { return max_tokens_; }
+
+  // Makes room for positions [length, length + n). Fails (resource_exhausted) past max_tokens.
+  Status reserve(int64_t n);
+  // Row pointers for writing new positions (pos >= prefix_tokens(), pos < length + reserved).
+  float* k_row(int layer, int64_t pos);
+  float* v_row(int layer, int64_t pos);
+  // Publish positions [length, new_length) after every layer has written them.
+  void advance(int64_t n);
+  // Drop positions >= n (n <= length). Trimming into a shared prefix detaches it (copy).
+  void trim(int64_t n);
+
+  // Spans covering [0, upto) of `layer` (upto <= length + reserved), oldest first.
+  void spans(int layer, int64_t upto, std::vector<KvSpan>* out) const;
+
+  // Start from a shared prefix (tokens [0, p)); the cache must be empty. Zero-copy.
+  void attach_prefix(std::shared_ptr<const KvPrefix> prefix, int64_t p);
+  int64_t prefix_tokens() const { return prefix_len_; }
+  const std::shared_ptr<const KvPrefix>& prefix() const { return prefix_; }
+
+  // Bytes this cache owns (excludes a shared prefix).
+  size_t owned_bytes() const;
+
+ private:
+  void detach_prefix();
+  KvLayout layout_;
+  int64_t max_tokens_ = 0;
+  int64_t length_ = 0;
+  std::shared_ptr<const KvPrefix> prefix_;
+  int64_t prefix_len_ = 0;
+  int64_t tail_capacity_ = 0;                 // rows allocated per layer for the private tail
+  std::vector<std::vector<float>> k_, v_;     // per layer: [tail_capacity, row]
+};
+
+}  // namespace larder::memory
