@@ -1,0 +1,47 @@
+#include "larder/kernels/dispatch.h"
+
+#include "larder/kernels/ref/ref_ops.h"
+
+namespace larder::kernels {
+
+namespace {
+
+KernelTable make_ref_table() {
+  KernelTable t;
+  t.name = "ref";
+  auto set = [&](DType d, DequantRowFn f) {
+    t.dequant_row[static_cast<int>(d)] = f;
+    t.matmul[static_cast<int>(d)] = ref::matmul;
+  };
+  set(DType::kF32, ref::dequant_row_f32);
+  set(DType::kF16, ref::dequant_row_f16);
+  set(DType::kBF16, ref::dequant_row_bf16);
+  set(DType::kQ8_0, ref::dequant_row_q8_0);
+  set(DType::kQ4_0, ref::dequant_row_q4_0);
+  t.rmsnorm = ref::rmsnorm;
+  t.rope = ref::rope;
+  t.softmax = ref::softmax;
+  t.silu_mul = ref::silu_mul;
+  t.add = ref::add;
+  t.attention = ref::attention;
+  return t;
+}
+
+KernelTable& active_storage() {
+  // Faster tiers will be layered on here (CPUID-checked), entry by entry, over the ref set.
+  static KernelTable t = ref_table();
+  return t;
+}
+
+}  // namespace
+
+const KernelTable& ref_table() {
+  static const KernelTable t = make_ref_table();
+  return t;
+}
+
+const KernelTable& active_table() { return active_storage(); }
+
+void set_active_table(const KernelTable& t) { active_storage() = t; }
+
+}  // namespace larder::kernels

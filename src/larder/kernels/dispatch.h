@@ -1,0 +1,56 @@
+// dispatch.h — the table of kernel implementations, chosen once at startup.
+//
+// One binary runs on every x86-64-v3 machine; faster tiers (kernels/cpu/avx2, kernels/cpu/avx512)
+// live in their own translation units and overwrite entries of this table when CPUID says they
+// can run. An entry left null means "this format cannot be executed" — the models layer checks
+// `weight_supported()` at load, so a missing kernel is a load error, never a crash mid-request.
+//
+// Matmul and row lookup are per weight format: plain/GGUF dtypes index `matmul[]`/`dequant_row[]`
+// by DType; MLX affine weights (dtype kU32 + bits) index `matmul_affine[bits]`.
+#pragma once
+
+#include <array>
+
+#include "larder/kernels/ops.h"
+
+namespace larder::kernels {
+
+using MatmulFn = void (*)(const WeightView& w, const float* x, int64_t n, float* y);
+using DequantRowFn = void (*)(const WeightView& w, int64_t row, float* out);
+using RmsNormFn = void (*)(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out);
+using RopeFn = void (*)(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
+                        const float* inv_freq, RopePairing pairing);
+using SoftmaxFn = void (*)(float* x, int64_t n);
+using BinaryFn = void (*)(const float* a, const float* b, float* out, int64_t n);
+using AttentionFn = void (*)(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+                             const AttentionParams& p, float* out);
+
+constexpr int kNumDTypes = static_cast<int>(DType::kUnknown) + 1;
+constexpr int kMaxAffineBits = 8;
+
+struct KernelTable {
+  const char* name = "ref";  // tier name for logs and benchmarks
+  std::array<MatmulFn, kNumDTypes> matmul{};
+  std::array<DequantRowFn, kNumDTypes> dequant_row{};
+  std::array<MatmulFn, kMaxAffineBits + 1> matmul_affine{};
+  std::array<DequantRowFn, kMaxAffineBits + 1> dequant_row_affine{};
+  RmsNormFn rmsnorm = nullptr;
+  RopeFn rope = nullptr;
+  SoftmaxFn softmax = nullptr;
+  BinaryFn silu_mul = nullptr;
+  BinaryFn add = nullptr;
+  AttentionFn attention = nullptr;
+};
+
+// The scalar reference table (every entry the ref set implements).
+const KernelTable& ref_table();
+
+// The table ops.h forwards to. Built on first use: the ref table, then each ISA tier the CPU
+// supports overwrites the entries it implements (none yet).
+const KernelTable& active_table();
+
+// Tests and benchmarks: replace the active table (e.g. force the ref set). Not thread-safe;
+// call before any kernel runs on another thread.
+void set_active_table(const KernelTable& t);
+
+}  // namespace larder::kernels

@@ -1,0 +1,101 @@
+// ops.h — the kernel API: math on caller-owned buffers, one entry point per op.
+//
+// Every op here forwards through the dispatch table (dispatch.h), chosen once at startup. The
+// scalar reference implementations in ref/ are the oracle every faster tier is tested against.
+//
+// Conventions
+// - Activations are f32, row-major, one row per token: x[n, dim].
+// - Weights are views into the mapped model file (WeightView): no conversion at load, so a BF16
+//   or Q4_0 checkpoint costs its file size in RAM, shared with the page cache.
+// - Shapes in comments are outermost-first.
+// - Kernels assume validated inputs (the models layer validates at load) and only DCHECK them.
+#pragma once
+
+#include <cstdint>
+
+#include "larder/core/dtype.h"
+
+namespace larder::kernels {
+
+// A 2-D weight matrix [rows = out_features, cols = in_features], row-major, in its stored dtype.
+//
+// Plain dtypes (F32/F16/BF16): `data` holds rows*cols elements.
+// GGUF block dtypes (Q8_0/Q4_0/...): each row is cols/block_elems consecutive blocks (ggml puts
+// blocks along the innermost axis, which after the reader's shape reversal is `cols`).
+// MLX affine (not executed yet): dtype = kU32, `data` = packed codes [rows, cols*bits/32],
+// `scales`/`biases` [rows, cols/group_size] in `scale_dtype`, `bits` in {2,3,4,5,6,8}
+// (quantization.md §2). `bits > 0` marks an affine view.
+struct WeightView {
+  DType dtype = DType::kUnknown;
+  int64_t rows = 0, cols = 0;
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  const uint8_t* biases = nullptr;
+  DType scale_dtype = DType::kUnknown;
+  int bits = 0;
+  int group_size = 0;
+
+  bool is_affine() const { return bits > 0; }
+  // Bytes of one stored row of `data`.
+  uint64_t row_bytes() const;
+};
+
+// Contiguous K/V rows of token positions [start, start + len): [len, n_kv_heads, head_dim] f32.
+// Attention takes a list of these (oldest first, positions contiguous from 0) because a sequence
+// may read a shared prefix segment followed by its private tail (memory/kv_cache.h).
+struct KvSpanView {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t start = 0;
+  int64_t len = 0;
+};
+
+// Which dimensions RoPE pairs up within a head's first `rot_dim` dims.
+enum class RopePairing {
+  kHalf,         // HF "rotate_half" / NeoX: (i, i + rot_dim/2)
+  kInterleaved,  // adjacent pairs (2i, 2i+1): Meta's original, llama2.c, llama GGUFs
+};
+
+struct AttentionParams {
+  int n_heads = 0;
+  int n_kv_heads = 0;  // n_heads % n_kv_heads == 0 (GQA: query head h reads kv head h / group)
+  int head_dim = 0;
+  float scale = 0;      // usually 1/sqrt(head_dim)
+  int64_t window = 0;   // >0: sliding window, a query at p sees keys (p - window, p]
+};
+
+// Whether the active dispatch table can run matmul / row lookup for this weight's format.
+bool weight_supported(const WeightView& w);
+
+// y[n, w.rows] = x[n, w.cols] · Wᵀ.
+void matmul(const WeightView& w, const float* x, int64_t n, float* y);
+
+// out[w.cols] = row `row` of W, dequantized to f32 (embedding lookup, tied-embedding rows).
+void dequant_row(const WeightView& w, int64_t row, float* out);
+
+// out[n, dim] = x / sqrt(mean(x²) + eps) * weight, per row. out may alias x.
+void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out);
+
+// In-place rotary embedding on x[n, n_heads, head_dim]; token t is at position positions[t].
+// Only the first rot_dim dims of each head rotate (rot_dim even, <= head_dim). inv_freq[rot_dim/2]
+// holds the per-pair angular frequency (theta_i = positions[t] * inv_freq[i]); computing it is the
+// model's business (plain, llama3-scaled, ...).
+void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
+          const float* inv_freq, RopePairing pairing);
+
+// In place, numerically stable: x[i] = exp(x[i] - max) / Σ.
+void softmax(float* x, int64_t n);
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g). out may alias gate or up.
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+
+// out[i] = a[i] + b[i]. out may alias a or b.
+void add(const float* a, const float* b, float* out, int64_t n);
+
+// Causal attention for n query tokens at positions q_pos0 .. q_pos0+n-1, whose own K/V rows are
+// already in the spans. q, out: [n, n_heads, head_dim]; spans cover positions [0, q_pos0 + n).
+// Query at position p attends to keys [0, p] (or its window).
+void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+               const AttentionParams& p, float* out);
+
+}  // namespace larder::kernels

@@ -1,0 +1,61 @@
+// elementwise.cpp — reference rmsnorm, rope, softmax, silu·mul, add.
+#include <cmath>
+
+#include "larder/kernels/ref/ref_ops.h"
+
+namespace larder::kernels::ref {
+
+void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * dim;
+    float* ot = out + t * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xt[i]) * xt[i];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(dim) + static_cast<double>(eps));
+    // HF order: normalize, round to the activation dtype (f32 here), then scale by the weight.
+    for (int64_t i = 0; i < dim; ++i) ot[i] = static_cast<float>(xt[i] * inv) * weight[i];
+  }
+}
+
+void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
+          const float* inv_freq, RopePairing pairing) {
+  const int half = rot_dim / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    const double pos = static_cast<double>(positions[t]);
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const double theta = pos * static_cast<double>(inv_freq[i]);
+        const double c = std::cos(theta), s = std::sin(theta);
+        // The pair (a, b) rotates as the complex number a + ib times e^{iθ}.
+        const int ia = pairing == RopePairing::kHalf ? i : 2 * i;
+        const int ib = pairing == RopePairing::kHalf ? i + half : 2 * i + 1;
+        const double a = v[ia], b = v[ib];
+        v[ia] = static_cast<float>(a * c - b * s);
+        v[ib] = static_cast<float>(a * s + b * c);
+      }
+    }
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - mx);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(std::exp(static_cast<double>(x[i]) - mx) / sum);
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = static_cast<float>(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+void add(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+}  // namespace larder::kernels::ref

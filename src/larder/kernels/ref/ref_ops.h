@@ -1,0 +1,37 @@
+// ref_ops.h — scalar reference kernels: the oracle for every faster tier.
+//
+// Rules for this folder: plain loops, no intrinsics, no cleverness. Dot products and reductions
+// accumulate in double: a product of two floats is exact in double, so the only rounding left is
+// the final cast to float, which makes these kernels a near-exact oracle (a fast kernel
+// accumulating in f32 is then compared with an f32-accumulation tolerance). The cost is nil in
+// scalar code (neither float nor double reductions vectorize without -ffast-math).
+#pragma once
+
+#include "larder/kernels/ops.h"
+
+namespace larder::kernels::ref {
+
+// Per-format row dequantization (out[w.cols]).
+void dequant_row_f32(const WeightView& w, int64_t row, float* out);
+void dequant_row_f16(const WeightView& w, int64_t row, float* out);
+void dequant_row_bf16(const WeightView& w, int64_t row, float* out);
+void dequant_row_q8_0(const WeightView& w, int64_t row, float* out);
+void dequant_row_q4_0(const WeightView& w, int64_t row, float* out);
+
+// GGUF block decoding, shared with tests: `blocks` consecutive 32-element blocks.
+void dequant_q8_0(const uint8_t* src, int64_t blocks, float* out);
+void dequant_q4_0(const uint8_t* src, int64_t blocks, float* out);
+
+// y[n, rows] = x[n, cols] · Wᵀ for any format with a dequant_row entry in the ref table.
+void matmul(const WeightView& w, const float* x, int64_t n, float* y);
+
+void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out);
+void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
+          const float* inv_freq, RopePairing pairing);
+void softmax(float* x, int64_t n);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+void add(const float* a, const float* b, float* out, int64_t n);
+void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+               const AttentionParams& p, float* out);
+
+}  // namespace larder::kernels::ref

@@ -1,0 +1,75 @@
+#include "larder/models/blocks/attention.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "larder/models/blocks/mlp.h"
+
+namespace larder::models {
+
+Status bind_attention(WeightBinder& b, const std::string& p, const ModelConfig& c, const AttentionOptions& opt,
+                      AttentionWeights* w) {
+  const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+  LARDER_ASSIGN_OR_RETURN(w->q, b.matrix(p + "q_proj.weight", q_dim, c.hidden, "num_attention_heads*head_dim x hidden_size"));
+  LARDER_ASSIGN_OR_RETURN(w->k, b.matrix(p + "k_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
+  LARDER_ASSIGN_OR_RETURN(w->v, b.matrix(p + "v_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
+  LARDER_ASSIGN_OR_RETURN(w->o, b.matrix(p + "o_proj.weight", c.hidden, q_dim, "hidden_size x num_attention_heads*head_dim"));
+  if (opt.qkv_bias || c.attention_bias) {
+    LARDER_ASSIGN_OR_RETURN(w->q_b, b.vector(p + "q_proj.bias", q_dim, "num_attention_heads*head_dim"));
+    LARDER_ASSIGN_OR_RETURN(w->k_b, b.vector(p + "k_proj.bias", kv_dim, "num_key_value_heads*head_dim"));
+    LARDER_ASSIGN_OR_RETURN(w->v_b, b.vector(p + "v_proj.bias", kv_dim, "num_key_value_heads*head_dim"));
+  }
+  if (c.attention_bias) {  // llama-style attention_bias also covers o_proj (HF LlamaAttention)
+    LARDER_ASSIGN_OR_RETURN(w->o_b, b.vector(p + "o_proj.bias", c.hidden, "hidden_size"));
+  }
+  if (opt.qk_norm) {
+    LARDER_ASSIGN_OR_RETURN(w->q_norm.weight, b.vector(p + "q_norm.weight", c.head_dim, "head_dim"));
+    LARDER_ASSIGN_OR_RETURN(w->k_norm.weight, b.vector(p + "k_norm.weight", c.head_dim, "head_dim"));
+    w->q_norm.eps = w->k_norm.eps = static_cast<float>(c.rms_eps);
+  }
+  return Status::ok();
+}
+
+void attention_block(const AttentionContext& ctx, const AttentionWeights& w, const float* h, int64_t n,
+                     const int64_t* positions, int layer, memory::KvCache& cache, AttentionScratch& s, float* out) {
+  const ModelConfig& c = *ctx.config;
+  const int nh = static_cast<int>(c.n_heads), nkv = static_cast<int>(c.n_kv_heads), hd = static_cast<int>(c.head_dim);
+  const int64_t q_dim = int64_t{nh} * hd, kv_dim = int64_t{nkv} * hd;
+  s.q.resize(static_cast<size_t>(n * q_dim));
+  s.k.resize(static_cast<size_t>(n * kv_dim));
+  s.v.resize(static_cast<size_t>(n * kv_dim));
+  s.att.resize(static_cast<size_t>(n * q_dim));
+
+  kernels::matmul(w.q, h, n, s.q.data());
+  kernels::matmul(w.k, h, n, s.k.data());
+  kernels::matmul(w.v, h, n, s.v.data());
+  add_bias(s.q.data(), n, w.q_b);
+  add_bias(s.k.data(), n, w.k_b);
+  add_bias(s.v.data(), n, w.v_b);
+  if (ctx.options->qk_norm) {  // per head: the rows are [n * heads, head_dim]
+    w.q_norm.apply(s.q.data(), n * nh, s.q.data());
+    w.k_norm.apply(s.k.data(), n * nkv, s.k.data());
+  }
+  kernels::rope(s.q.data(), n, nh, hd, static_cast<int>(c.rope_dim), positions, ctx.inv_freq, ctx.options->pairing);
+  kernels::rope(s.k.data(), n, nkv, hd, static_cast<int>(c.rope_dim), positions, ctx.inv_freq, ctx.options->pairing);
+
+  const int64_t pos0 = positions[0];
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(cache.k_row(layer, pos0 + t), s.k.data() + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+    std::memcpy(cache.v_row(layer, pos0 + t), s.v.data() + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+  }
+  cache.spans(layer, pos0 + n, &s.spans);
+  s.views.clear();
+  for (const auto& sp : s.spans) s.views.push_back({sp.k, sp.v, sp.start, sp.len});
+
+  kernels::AttentionParams ap;
+  ap.n_heads = nh;
+  ap.n_kv_heads = nkv;
+  ap.head_dim = hd;
+  ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  kernels::attention(s.q.data(), n, pos0, s.views.data(), static_cast<int>(s.views.size()), ap, s.att.data());
+  kernels::matmul(w.o, s.att.data(), n, out);
+  add_bias(out, n, w.o_b);
+}
+
+}  // namespace larder::models

@@ -1,0 +1,201 @@
+// config.cpp — hyper-parameters from config.json (HF) and GGUF metadata.
+#include "larder/models/config.h"
+
+#include <cmath>
+
+namespace larder::models {
+
+using nlohmann::ordered_json;
+
+namespace {
+
+// Key lookup that treats JSON null like absence (HF writes e.g. "head_dim": null).
+const ordered_json* jfind(const ordered_json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+Status read_int(const ordered_json& j, const char* key, const std::string& src, bool required, int64_t* out) {
+  const ordered_json* v = jfind(j, key);
+  if (!v) {
+    if (required) return invalid_argument(strfmt("[config] %s: missing required key '%s'", src.c_str(), key));
+    return Status::ok();
+  }
+  if (!v->is_number_integer() && !(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()))
+    return invalid_argument(strfmt("[config] %s: key '%s' must be an integer, got %s", src.c_str(), key, v->dump().c_str()));
+  *out = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
+  return Status::ok();
+}
+
+Status read_double(const ordered_json& j, const char* key, const std::string& src, double* out) {
+  const ordered_json* v = jfind(j, key);
+  if (!v) return Status::ok();
+  if (!v->is_number()) return invalid_argument(strfmt("[config] %s: key '%s' must be a number, got %s", src.c_str(), key, v->dump().c_str()));
+  *out = v->get<double>();
+  return Status::ok();
+}
+
+// eos_token_id: an int or a list of ints; appended without duplicates.
+void read_ids(const ordered_json& j, const char* key, std::vector<int32_t>* out) {
+  const ordered_json* v = jfind(j, key);
+  if (!v) return;
+  auto push = [&](const ordered_json& e) {
+    if (!e.is_number_integer()) return;
+    const int32_t id = e.get<int32_t>();
+    for (int32_t x : *out) if (x == id) return;
+    out->push_back(id);
+  };
+  if (v->is_array()) for (const auto& e : *v) push(e);
+  else push(*v);
+}
+
+Status parse_rope_scaling(const ordered_json& rs, const std::string& src, RopeScaling* out) {
+  if (!rs.is_object()) return Status::ok();
+  const ordered_json* t = jfind(rs, "rope_type");
+  if (!t) t = jfind(rs, "type");
+  if (t && t->is_string()) out->type = t->get<std::string>();
+  LARDER_RETURN_IF_ERROR(read_double(rs, "factor", src, &out->factor));
+  LARDER_RETURN_IF_ERROR(read_double(rs, "low_freq_factor", src, &out->low_freq_factor));
+  LARDER_RETURN_IF_ERROR(read_double(rs, "high_freq_factor", src, &out->high_freq_factor));
+  LARDER_RETURN_IF_ERROR(read_int(rs, "original_max_position_embeddings", src, false, &out->original_max_position));
+  if (out->type == "default") out->type.clear();
+  if (!out->type.empty() && out->type != "llama3" && out->type != "linear")
+    return unsupported(strfmt("[config] %s: rope_scaling type '%s' is not supported (supported: llama3, linear)",
+                              src.c_str(), out->type.c_str()));
+  if (!(out->factor > 0)) return invalid_argument(strfmt("[config] %s: rope_scaling factor must be > 0", src.c_str()));
+  return Status::ok();
+}
+
+Status validate(const ModelConfig& c) {
+  const char* s = c.source.c_str();
+  struct { const char* name; int64_t v; } pos[] = {
+      {"num_hidden_layers", c.n_layers}, {"hidden_size", c.hidden}, {"num_attention_heads", c.n_heads},
+      {"num_key_value_heads", c.n_kv_heads}, {"head_dim", c.head_dim}, {"intermediate_size", c.ffn},
+      {"vocab_size", c.vocab}, {"max_position_embeddings", c.max_context}};
+  for (auto& p : pos)
+    if (p.v <= 0) return invalid_argument(strfmt("[config] %s: %s must be positive, got %lld", s, p.name, (long long)p.v));
+  if (c.n_heads % c.n_kv_heads != 0)
+    return invalid_argument(strfmt("[config] %s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
+                                   s, (long long)c.n_heads, (long long)c.n_kv_heads));
+  if (c.rope_dim <= 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0)
+    return invalid_argument(strfmt("[config] %s: rotary dims %lld must be even and in (0, head_dim=%lld]", s,
+                                   (long long)c.rope_dim, (long long)c.head_dim));
+  if (!(c.rope_theta > 0)) return invalid_argument(strfmt("[config] %s: rope_theta must be > 0", s));
+  if (!(c.rms_eps > 0)) return invalid_argument(strfmt("[config] %s: rms_norm_eps must be > 0", s));
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::string> architecture_of(const formats::ModelFiles& files) {
+  if (files.gguf) {
+    std::string a = files.gguf->architecture();
+    if (a.empty()) return invalid_argument(strfmt("[config] %s: GGUF has no general.architecture", files.path.c_str()));
+    return a;
+  }
+  const ordered_json* mt = jfind(files.config, "model_type");
+  if (!mt || !mt->is_string())
+    return invalid_argument(strfmt("[config] %s/config.json: missing 'model_type'", files.path.c_str()));
+  return mt->get<std::string>();
+}
+
+Result<ModelConfig> config_from_hf(const formats::ModelFiles& files) {
+  const ordered_json& j = files.config;
+  ModelConfig c;
+  c.source = files.path + "/config.json";
+  const std::string& src = c.source;
+  LARDER_ASSIGN_OR_RETURN(c.architecture, architecture_of(files));
+  LARDER_RETURN_IF_ERROR(read_int(j, "num_hidden_layers", src, true, &c.n_layers));
+  LARDER_RETURN_IF_ERROR(read_int(j, "hidden_size", src, true, &c.hidden));
+  LARDER_RETURN_IF_ERROR(read_int(j, "num_attention_heads", src, true, &c.n_heads));
+  c.n_kv_heads = c.n_heads;
+  LARDER_RETURN_IF_ERROR(read_int(j, "num_key_value_heads", src, false, &c.n_kv_heads));
+  LARDER_RETURN_IF_ERROR(read_int(j, "intermediate_size", src, true, &c.ffn));
+  LARDER_RETURN_IF_ERROR(read_int(j, "vocab_size", src, true, &c.vocab));
+  c.head_dim = c.n_heads > 0 ? c.hidden / c.n_heads : 0;
+  LARDER_RETURN_IF_ERROR(read_int(j, "head_dim", src, false, &c.head_dim));
+  c.max_context = 2048;
+  LARDER_RETURN_IF_ERROR(read_int(j, "max_position_embeddings", src, false, &c.max_context));
+  LARDER_RETURN_IF_ERROR(read_double(j, "rms_norm_eps", src, &c.rms_eps));
+  // transformers >= 5 nests rope_theta and the scaling block under "rope_parameters".
+  if (const ordered_json* rp = jfind(j, "rope_parameters")) {
+    LARDER_RETURN_IF_ERROR(read_double(*rp, "rope_theta", src, &c.rope_theta));
+    LARDER_RETURN_IF_ERROR(parse_rope_scaling(*rp, src, &c.rope_scaling));
+  }
+  LARDER_RETURN_IF_ERROR(read_double(j, "rope_theta", src, &c.rope_theta));
+  if (const ordered_json* rs = jfind(j, "rope_scaling")) LARDER_RETURN_IF_ERROR(parse_rope_scaling(*rs, src, &c.rope_scaling));
+  double partial = 1.0;
+  LARDER_RETURN_IF_ERROR(read_double(j, "partial_rotary_factor", src, &partial));
+  c.rope_dim = static_cast<int64_t>(std::lround(static_cast<double>(c.head_dim) * partial));
+  if (const ordered_json* t = jfind(j, "tie_word_embeddings"); t && t->is_boolean()) c.tied_embeddings = t->get<bool>();
+  if (const ordered_json* b = jfind(j, "attention_bias"); b && b->is_boolean()) c.attention_bias = b->get<bool>();
+  if (const ordered_json* b = jfind(j, "mlp_bias"); b && b->is_boolean()) c.mlp_bias = b->get<bool>();
+  read_ids(j, "eos_token_id", &c.eos_ids);
+  read_ids(files.generation_config, "eos_token_id", &c.eos_ids);
+  int64_t bos = -1;
+  if (read_int(j, "bos_token_id", src, false, &bos).is_ok() && bos >= 0) c.bos_id = static_cast<int32_t>(bos);
+  LARDER_RETURN_IF_ERROR(validate(c));
+  return c;
+}
+
+Result<ModelConfig> config_from_gguf(const formats::GgufFile& g) {
+  ModelConfig c;
+  c.source = g.path();
+  c.from_gguf = true;
+  c.architecture = g.architecture();
+  const std::string a = c.architecture;
+  const char* s = c.source.c_str();
+  auto need = [&](const std::string& key, int64_t* out) -> Status {
+    auto v = g.get_int(key);
+    if (!v) return invalid_argument(strfmt("[config] %s: missing GGUF metadata '%s'", s, key.c_str()));
+    *out = *v;
+    return Status::ok();
+  };
+  LARDER_RETURN_IF_ERROR(need(a + ".block_count", &c.n_layers));
+  LARDER_RETURN_IF_ERROR(need(a + ".embedding_length", &c.hidden));
+  LARDER_RETURN_IF_ERROR(need(a + ".attention.head_count", &c.n_heads));
+  LARDER_RETURN_IF_ERROR(need(a + ".feed_forward_length", &c.ffn));
+  c.n_kv_heads = g.get_int(a + ".attention.head_count_kv").value_or(c.n_heads);
+  c.head_dim = g.get_int(a + ".attention.key_length").value_or(c.n_heads > 0 ? c.hidden / c.n_heads : 0);
+  c.rope_dim = g.get_int(a + ".rope.dimension_count").value_or(c.head_dim);
+  c.max_context = g.get_int(a + ".context_length").value_or(2048);
+  c.rope_theta = g.get_float(a + ".rope.freq_base").value_or(10000.0);
+  c.rms_eps = g.get_float(a + ".attention.layer_norm_rms_epsilon").value_or(1e-5);
+  if (auto t = g.get_string(a + ".rope.scaling.type"); t && *t != "none") {
+    c.rope_scaling.type = *t;
+    c.rope_scaling.factor = g.get_float(a + ".rope.scaling.factor").value_or(1.0);
+    c.rope_scaling.original_max_position = g.get_int(a + ".rope.scaling.original_context_length").value_or(c.max_context);
+    if (c.rope_scaling.type != "linear")
+      return unsupported(strfmt("[config] %s: GGUF rope scaling type '%s' is not supported", s, t->c_str()));
+  }
+  // Vocabulary: explicit key, else the embedding's row count (GGUF shapes are already reversed
+  // to outermost-first, so token_embd.weight is [vocab, hidden]).
+  if (auto v = g.get_int(a + ".vocab_size")) {
+    c.vocab = *v;
+  } else if (const auto* te = g.tensors().find("token_embd.weight"); te && te->rank() == 2) {
+    c.vocab = te->dim(0);
+  } else if (const auto* toks = g.find("tokenizer.ggml.tokens")) {
+    c.vocab = static_cast<int64_t>(toks->array_size());
+  }
+  c.tied_embeddings = g.tensors().find("output.weight") == nullptr;
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
+    if (auto v = g.get_int(key); v && *v >= 0 && *v < (int64_t{1} << 31)) {
+      bool dup = false;
+      for (int32_t x : c.eos_ids) dup |= x == *v;
+      if (!dup) c.eos_ids.push_back(static_cast<int32_t>(*v));
+    }
+  }
+  if (auto v = g.get_int("tokenizer.ggml.bos_token_id"); v && *v >= 0 && *v < (int64_t{1} << 31))
+    c.bos_id = static_cast<int32_t>(*v);
+  LARDER_RETURN_IF_ERROR(validate(c));
+  return c;
+}
+
+Result<ModelConfig> config_from_files(const formats::ModelFiles& files) {
+  if (files.gguf) return config_from_gguf(*files.gguf);
+  return config_from_hf(files);
+}
+
+}  // namespace larder::models

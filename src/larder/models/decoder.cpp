@@ -1,0 +1,164 @@
+#include "larder/models/decoder.h"
+
+#include <vector>
+
+#include "larder/models/blocks/attention.h"
+#include "larder/models/blocks/mlp.h"
+#include "larder/models/blocks/norm.h"
+#include "larder/models/blocks/rope.h"
+#include "larder/models/weights.h"
+
+namespace larder::models {
+
+namespace {
+
+struct Layer {
+  RmsNorm attn_norm, ffn_norm;
+  AttentionWeights attn;
+  MlpWeights mlp;
+};
+
+class DecoderModel final : public Model {
+ public:
+  DecoderModel(ModelConfig c, const DecoderSpec& spec) : cfg_(std::move(c)), spec_(spec) {}
+
+  Status bind(const formats::ModelFiles& files);
+
+  const ModelInfo& info() const override { return info_; }
+  memory::KvLayout kv_layout() const override {
+    return {static_cast<int>(cfg_.n_layers), static_cast<int>(cfg_.n_kv_heads), static_cast<int>(cfg_.head_dim)};
+  }
+  Status forward(const int32_t* tokens, int64_t n, memory::KvCache& cache, float* logits, bool logits_all) override;
+
+ private:
+  ModelConfig cfg_;
+  DecoderSpec spec_;
+  ModelInfo info_;
+  AttentionOptions attn_opt_;
+  std::vector<float> inv_freq_;
+  kernels::WeightView embed_, lm_head_;
+  RmsNorm final_norm_;
+  std::vector<Layer> layers_;
+  // Scratch, grown to the largest chunk seen (forward is single-threaded per model: the engine
+  // thread owns it, system.md §4).
+  std::vector<float> x_, h_, o_;
+  std::vector<int64_t> positions_;
+  AttentionScratch attn_s_;
+  MlpScratch mlp_s_;
+};
+
+Status DecoderModel::bind(const formats::ModelFiles& files) {
+  WeightBinder b(files);
+  const ModelConfig& c = cfg_;
+  const float eps = static_cast<float>(c.rms_eps);
+  const bool tied = c.tied_embeddings.value_or(spec_.default_tied);
+  LARDER_ASSIGN_OR_RETURN(embed_, b.matrix("model.embed_tokens.weight", c.vocab, c.hidden, "vocab_size x hidden_size"));
+  if (tied) {
+    lm_head_ = embed_;
+  } else {
+    LARDER_ASSIGN_OR_RETURN(lm_head_, b.matrix("lm_head.weight", c.vocab, c.hidden, "vocab_size x hidden_size; "
+                                                                                     "tie_word_embeddings is false"));
+  }
+  LARDER_ASSIGN_OR_RETURN(final_norm_.weight, b.vector("model.norm.weight", c.hidden, "hidden_size"));
+  final_norm_.eps = eps;
+  attn_opt_.qkv_bias = spec_.qkv_bias;
+  attn_opt_.qk_norm = spec_.qk_norm;
+  attn_opt_.pairing = c.from_gguf ? spec_.gguf_pairing : spec_.hf_pairing;
+  layers_.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
+    Layer& L = layers_[static_cast<size_t>(l)];
+    LARDER_ASSIGN_OR_RETURN(L.attn_norm.weight, b.vector(p + "input_layernorm.weight", c.hidden, "hidden_size"));
+    LARDER_ASSIGN_OR_RETURN(L.ffn_norm.weight, b.vector(p + "post_attention_layernorm.weight", c.hidden, "hidden_size"));
+    L.attn_norm.eps = L.ffn_norm.eps = eps;
+    LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", c, attn_opt_, &L.attn));
+    LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, &L.mlp));
+  }
+  inv_freq_ = rope_inv_freq(c);
+  // Llama 3 GGUFs carry the llama3 frequency scaling as a tensor of per-pair divisors instead of
+  // metadata (llama.cpp's `rope_freqs.weight`, [rope_dim/2]).
+  if (files.gguf) {
+    if (const formats::TensorInfo* rf = files.gguf->tensors().find("rope_freqs.weight")) {
+      if (rf->dtype != DType::kF32 || rf->numel() != c.rope_dim / 2)
+        return invalid_argument(strfmt("[model] %s: tensor 'rope_freqs.weight' is %s %s, expected F32 [%lld]",
+                                       files.path.c_str(), dtype_name(rf->dtype), rf->shape_str().c_str(),
+                                       (long long)(c.rope_dim / 2)));
+      const float* f = reinterpret_cast<const float*>(rf->data);
+      for (size_t i = 0; i < inv_freq_.size(); ++i) inv_freq_[i] /= f[i];
+    }
+  }
+
+  info_.architecture = c.architecture;
+  info_.n_layers = c.n_layers;
+  info_.hidden = c.hidden;
+  info_.n_heads = c.n_heads;
+  info_.n_kv_heads = c.n_kv_heads;
+  info_.head_dim = c.head_dim;
+  info_.ffn = c.ffn;
+  info_.vocab = c.vocab;
+  info_.max_context = c.max_context;
+  info_.rope_theta = c.rope_theta;
+  info_.tied_embeddings = tied;
+  info_.weight_dtypes = b.weight_dtypes();
+  info_.n_params = b.n_params();
+  info_.eos_ids = c.eos_ids;
+  info_.bos_id = c.bos_id;
+  return Status::ok();
+}
+
+Status DecoderModel::forward(const int32_t* tokens, int64_t n, memory::KvCache& cache, float* logits, bool logits_all) {
+  const ModelConfig& c = cfg_;
+  if (n <= 0) return invalid_argument(strfmt("[model] forward needs at least one token, got %lld", (long long)n));
+  if (!(cache.layout() == kv_layout()))
+    return invalid_argument("[model] KV cache layout does not match the model (layers, kv heads, head_dim)");
+  const int64_t pos0 = cache.length();
+  if (pos0 + n > c.max_context) {
+    return invalid_argument(strfmt("[model] sequence of %lld tokens (%lld cached + %lld new) exceeds the model "
+                                   "context of %lld tokens",
+                                   (long long)(pos0 + n), (long long)pos0, (long long)n, (long long)c.max_context));
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.vocab)
+      return invalid_argument(strfmt("[model] token id %d at index %lld is outside the vocabulary [0, %lld)",
+                                     tokens[t], (long long)t, (long long)c.vocab));
+  }
+  LARDER_RETURN_IF_ERROR(cache.reserve(n));
+
+  const int64_t d = c.hidden;
+  x_.resize(static_cast<size_t>(n * d));
+  h_.resize(static_cast<size_t>(n * d));
+  o_.resize(static_cast<size_t>(n * d));
+  positions_.resize(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    kernels::dequant_row(embed_, tokens[t], x_.data() + t * d);
+    positions_[static_cast<size_t>(t)] = pos0 + t;
+  }
+  const AttentionContext actx{&cfg_, &attn_opt_, inv_freq_.data()};
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const Layer& L = layers_[static_cast<size_t>(l)];
+    L.attn_norm.apply(x_.data(), n, h_.data());
+    attention_block(actx, L.attn, h_.data(), n, positions_.data(), static_cast<int>(l), cache, attn_s_, o_.data());
+    kernels::add(x_.data(), o_.data(), x_.data(), n * d);
+    L.ffn_norm.apply(x_.data(), n, h_.data());
+    mlp_block(L.mlp, h_.data(), n, mlp_s_, o_.data());
+    kernels::add(x_.data(), o_.data(), x_.data(), n * d);
+  }
+  cache.advance(n);
+
+  const int64_t rows = logits_all ? n : 1;
+  const float* last = logits_all ? x_.data() : x_.data() + (n - 1) * d;
+  final_norm_.apply(last, rows, h_.data());
+  kernels::matmul(lm_head_, h_.data(), rows, logits);
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> make_decoder(const formats::ModelFiles& files, ModelConfig config,
+                                            const DecoderSpec& spec) {
+  auto m = std::make_unique<DecoderModel>(std::move(config), spec);
+  LARDER_RETURN_IF_ERROR(m->bind(files));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace larder::models

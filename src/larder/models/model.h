@@ -1,0 +1,52 @@
+// model.h — the interface every architecture implements, and the one way to load a model.
+//
+// A Model holds weights (views into the mapped files) and scratch buffers; it keeps no state
+// across requests: a sequence's state is its KvCache, owned by the caller (runtime/).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "larder/core/status.h"
+#include "larder/formats/model_files.h"
+#include "larder/memory/kv_cache.h"
+
+namespace larder::models {
+
+struct ModelInfo {
+  std::string architecture;  // HF model_type / GGUF general.architecture ("llama", "qwen3", ...)
+  int64_t n_layers = 0, hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
+  int64_t max_context = 0;
+  double rope_theta = 0;
+  bool tied_embeddings = false;
+  std::string weight_dtypes;  // e.g. "BF16" or "Q4_0+F32" (distinct dtypes of the bound matrices)
+  int64_t n_params = 0;
+  std::vector<int32_t> eos_ids;
+  std::optional<int32_t> bos_id;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Reads the hyper-parameters (config.json or GGUF metadata), picks the architecture from the
+  // registry and validates every tensor it needs: present, dtype executable by the active kernel
+  // table, shape equal to what the config implies. Errors name the file, tensor, expected and
+  // actual values.
+  static Result<std::unique_ptr<Model>> load(const formats::ModelFiles& files);
+
+  virtual const ModelInfo& info() const = 0;
+  virtual memory::KvLayout kv_layout() const = 0;
+
+  // Runs tokens[0..n) at positions cache.length() .. cache.length()+n-1, appends their K/V to
+  // the cache, and writes logits for the last token only (logits_all = false → out[vocab]) or for
+  // every token (out[n, vocab]). Fails cleanly (cache untouched) on token ids outside the vocab
+  // or a sequence longer than the context / the cache's capacity.
+  virtual Status forward(const int32_t* tokens, int64_t n, memory::KvCache& cache, float* logits,
+                         bool logits_all) = 0;
+};
+
+}  // namespace larder::models

@@ -1,0 +1,42 @@
+#include "larder/models/registry.h"
+
+namespace larder::models {
+
+namespace {
+// Adding an architecture: its file under models/ plus one line here.
+constexpr ArchEntry kArchitectures[] = {
+    {"llama", load_llama},
+    {"mistral", load_llama},  // same graph as llama (mlx-lm maps it to llama too)
+    {"qwen2", load_qwen2},
+    {"qwen3", load_qwen3},
+};
+}  // namespace
+
+const ArchEntry* find_architecture(const std::string& name) {
+  for (const ArchEntry& e : kArchitectures)
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> v;
+  for (const ArchEntry& e : kArchitectures) v.emplace_back(e.name);
+  return v;
+}
+
+Result<std::unique_ptr<Model>> Model::load(const formats::ModelFiles& files) {
+  if (!files.has_weights())
+    return invalid_argument(strfmt("[model] %s: opened without weights", files.path.c_str()));
+  LARDER_ASSIGN_OR_RETURN(std::string arch, architecture_of(files));
+  const ArchEntry* e = find_architecture(arch);
+  if (!e) {
+    std::string list;
+    for (const auto& s : supported_architectures()) list += (list.empty() ? "" : ", ") + s;
+    return unsupported(strfmt("[model] %s: architecture '%s' is not supported (supported: %s)", files.path.c_str(),
+                              arch.c_str(), list.c_str()));
+  }
+  LARDER_ASSIGN_OR_RETURN(ModelConfig cfg, config_from_files(files));
+  return e->load(files, std::move(cfg));
+}
+
+}  // namespace larder::models

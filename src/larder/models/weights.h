@@ -1,0 +1,47 @@
+// weights.h — binding a model's tensors by Hugging Face name, with shape validation.
+//
+// Architecture code asks for tensors by their HF name ("model.layers.3.self_attn.q_proj.weight")
+// and the shape the config implies; for a GGUF source the name is translated to llama.cpp's
+// ("blk.3.attn_q.weight"). Matrices come back as kernels::WeightView into the mapping (no copy);
+// 1-D parameters (norm gains, biases: O(hidden) bytes) are converted to f32 once, because every
+// kernel consumes them as f32 and they are a rounding error of the model's size.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "larder/core/status.h"
+#include "larder/formats/model_files.h"
+#include "larder/kernels/ops.h"
+
+namespace larder::models {
+
+// HF tensor name → GGUF tensor name for the Llama-style family; "" if there is no mapping.
+std::string gguf_tensor_name(const std::string& hf_name);
+
+class WeightBinder {
+ public:
+  explicit WeightBinder(const formats::ModelFiles& files);
+
+  bool has(const std::string& hf_name) const;
+  // A [rows, cols] matrix in any dtype the active kernel table can execute.
+  Result<kernels::WeightView> matrix(const std::string& hf_name, int64_t rows, int64_t cols, const char* why);
+  // A [len] vector in F32/F16/BF16, converted to f32.
+  Result<std::vector<float>> vector(const std::string& hf_name, int64_t len, const char* why);
+
+  // Distinct dtypes of the bound matrices ("BF16", "Q4_0+F32"), and the bound element count.
+  std::string weight_dtypes() const;
+  int64_t n_params() const { return n_params_; }
+
+ private:
+  Result<const formats::TensorInfo*> find(const std::string& hf_name) const;
+  std::string file_of(const formats::TensorInfo& t) const;
+
+  const formats::ModelFiles& files_;
+  std::set<std::string> dtypes_;
+  int64_t n_params_ = 0;
+};
+
+}  // namespace larder::models
