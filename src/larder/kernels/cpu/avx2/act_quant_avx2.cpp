@@ -1,0 +1,50 @@
+// act_quant_avx2.cpp — the activation quantizer of act_quant.h, 8 lanes at a time.
+// Cost is ~15 instructions per 32 values, once per matmul: for decode (one 2048-wide row) ~0.1 µs
+// against ≥ 20 µs of weight streaming, so it is not worth threading.
+#include <immintrin.h>
+
+#include "larder/kernels/cpu/common/act_quant.h"
+
+namespace larder::kernels::cpu {
+
+void quantize_acts_avx2(const float* x, int64_t n, int64_t cols, bool offset128, QuantizedActs& out) {
+  const int64_t nb = cols / 32;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + t * cols + b * 32;
+      __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+      __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+      __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                               _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float amax = _mm_cvtss_f32(m4);
+      // Scalar d and id, exactly as quantize_acts_ref computes them (same IEEE ops).
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const __m256 vid = _mm256_set1_ps(id);
+      // cvtps rounds with MXCSR (nearest-even) = std::nearbyint in the default mode.
+      __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
+      __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+      __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+      __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+      // packs work within 128-bit lanes; the final permute restores element order.
+      i0 = _mm256_packs_epi32(i0, i1);
+      i2 = _mm256_packs_epi32(i2, i3);
+      i0 = _mm256_packs_epi16(i0, i2);
+      i0 = _mm256_permutevar8x32_epi32(i0, perm);
+      if (offset128) i0 = _mm256_xor_si256(i0, flip);  // q + 128 as u8 == q ^ 0x80
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs + (t * nb + b) * 32), i0);
+      out.d[b * out.n_pad + t] = d;
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t t = n; t < out.n_pad; ++t) out.d[b * out.n_pad + t] = 0.0f;
+  }
+}
+
+}  // namespace larder::kernels::cpu

@@ -1,0 +1,188 @@
+// matmul_avx2.cpp — y[n, rows] = x[n, cols]·Wᵀ for Q8_0, Q4_0, BF16, F16, F32 weights, AVX2 + FMA.
+//
+// Integer formats (Q8_0, Q4_0). Activations are quantized once per matmul (act_quant.h), then
+// each (weight block, token block) pair is an int8·int8 dot product of 32 values:
+//   aw = |w|, s = sign(x, w)            (vpabsb once per weight block, vpsignb per pair)
+//   p  = maddubs(aw, s)                 (u8×s8 → 16 × i16; |p| <= 2·128·127 < 2^15, no saturation)
+//   i  = madd(p, 1)                     (→ 8 × i32)
+//   acc += cvt(i) · (d_w·d_x)           (f32 FMA; the scale differs per block, so it is applied
+//                                        per block instead of accumulating int32 across blocks)
+// ≈ 5 vector ops per pair, 3 of them on Zen 3's two multiply pipes, i.e. ≈ 1.5–2 cycles per 32 MACs.
+// Without AVX-VNNI there is no single-instruction u8·s8→i32 dot; the AVX-512 tier uses vpdpbusd.
+// Q4_0 is decoded to signed int8 (q − 8) in registers and then takes the same path.
+//
+// Decode is DRAM-bound: Q4_0 at 18 B/32 weights and ≈ 12–15 GB/s per core means one block per
+// ≈ 4 cycles; a block costs ≈ 3 (unpack) + 5 ops, inside that budget at 4 ops/cycle, so one token
+// saturates memory with one core and 2–4 tokens cost little more (each weight register feeds all
+// T tokens of the tile).
+//
+// Tile shapes, from the 16 ymm registers: a tile keeps R signed weights + R |w| + R·T accumulators
+// live. R=4, T=1 (decode: 4 independent FMA chains hide the 4-cycle FMA latency behind the
+// 8-op pair) = 12 + 2 temps; R=2, T=4 = 4 + 8 + 2 temps.
+//
+// Float formats (BF16, F16, F32): weights widened to f32 in registers (bf16: zero-extend + shift
+// 16; f16: vcvtph2ps), activations stay f32, one FMA per 8 MACs. R=2, T=4 gives 8 independent
+// accumulators = FMA latency (4) × FMA pipes (2), the minimum to keep both FMA pipes busy.
+#include <immintrin.h>
+
+#include "larder/core/dtype.h"
+#include "larder/kernels/cpu/common/act_quant.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/matmul_driver.h"
+#include "larder/kernels/cpu/common/simd_avx2.h"
+
+namespace larder::kernels::cpu::avx2 {
+
+namespace {
+
+using namespace simd;
+
+struct Q8_0Block {
+  static constexpr int kBytes = 34;
+  static __m256i load(const uint8_t* blk) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  }
+};
+
+struct Q4_0Block {
+  static constexpr int kBytes = 18;
+  static __m256i load(const uint8_t* blk) {
+    // Byte j holds element j (low nibble) and j+16 (high nibble): the low 128-bit lane takes
+    // the low nibbles, the high lane the bytes shifted right by 4; one AND clears both.
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+  }
+};
+
+template <class WB>
+struct IntKernel {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nb;
+  QuantizedActs a;
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const uint8_t* wr[R];
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    const int8_t* xq[T];
+    for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    alignas(16) float sc[R][4];
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i wv[R], aw[R];
+      // Scales of 4 consecutive tokens of this block: one load (block-major layout, padded).
+      const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = wr[r] + b * WB::kBytes;
+        wv[r] = WB::load(blk);
+        aw[r] = _mm256_abs_epi8(wv[r]);
+        _mm_store_ps(sc[r], _mm_mul_ps(f16_bcast4(blk), dx));
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
+        for (int r = 0; r < R; ++r) {
+          const __m256i p = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r]));
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+          acc[r][t] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(&sc[r][t]), acc[r][t]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+  }
+};
+
+template <class WB>
+void matmul_int(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  void* scratch = thread_scratch(quantized_acts_bytes(n, w.cols));
+  QuantizedActs a = quantized_acts_view(scratch, n, w.cols);
+  quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
+  IntKernel<WB> k{w.data, w.row_bytes(), w.rows, w.cols / 32, a, y};
+  run_matmul_tiles(k, w.rows, n, w.cols + 4 * (w.cols / 32));
+}
+
+struct F32Row {
+  static constexpr int kElemBytes = 4;
+  static __m256 load8(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+  static float scalar(const uint8_t* p) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+};
+struct F16Row {
+  static constexpr int kElemBytes = 2;
+  static __m256 load8(const uint8_t* p) { return f16x8_to_f32(p); }
+  static float scalar(const uint8_t* p) { return f16_to_f32(load_u16(p)); }
+};
+struct BF16Row {
+  static constexpr int kElemBytes = 2;
+  static __m256 load8(const uint8_t* p) { return bf16x8_to_f32(p); }
+  static float scalar(const uint8_t* p) { return bf16_to_f32(load_u16(p)); }
+};
+
+template <class WF>
+struct FloatKernel {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, cols;
+  const float* x;
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const uint8_t* wr[R];
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    const float* xt[T];
+    for (int t = 0; t < T; ++t) xt[t] = x + (t0 + t) * cols;
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    const int64_t c8 = cols & ~int64_t{7};
+    for (int64_t c = 0; c < c8; c += 8) {
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = WF::load8(wr[r] + c * WF::kElemBytes);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = _mm256_loadu_ps(xt[t] + c);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int r = 0; r < R; ++r) {
+        float s = hsum(acc[r][t]);
+        for (int64_t c = c8; c < cols; ++c) s += WF::scalar(wr[r] + c * WF::kElemBytes) * xt[t][c];
+        y[(t0 + t) * rows + r0 + r] = s;
+      }
+    }
+  }
+};
+
+template <class WF>
+void matmul_float(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  FloatKernel<WF> k{w.data, w.row_bytes(), w.rows, w.cols, x, y};
+  run_matmul_tiles(k, w.rows, n, w.cols * 4);
+}
+
+}  // namespace
+
+void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<Q8_0Block>(w, x, n, y); }
+void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<Q4_0Block>(w, x, n, y); }
+void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<BF16Row>(w, x, n, y); }
+void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<F16Row>(w, x, n, y); }
+void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<F32Row>(w, x, n, y); }
+
+}  // namespace larder::kernels::cpu::avx2

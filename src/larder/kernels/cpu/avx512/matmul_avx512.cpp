@@ -1,0 +1,172 @@
+// matmul_avx512.cpp — the AVX-512 (F/BW/VL/DQ + VNNI + BF16) tier: Q8_0, Q4_0 and BF16 matmul.
+// Compiled with the AVX-512 flags (src/larder/CMakeLists.txt); called only after
+// cpu_features().has_avx512_tier() (common/register.cpp). F16/F32 stay on the AVX2 tier.
+//
+// Integer formats: vpdpbusd (u8 × s8, 4-way sum into i32) replaces AVX2's sign/maddubs/madd
+// triple with one instruction per 32-value pair. The unsigned operand is the activation stored as
+// q + 128 (act_quant.h, offset128), the signed operand the weight, and the +128 bias is folded out
+// per weight block by seeding the accumulator with −128·Σw (one extra vpdpbusd per weight block,
+// shared by all T tokens):   Σ (q+128)·w − 128·Σ w = Σ q·w.
+// Both operands stay in their natural 32-byte blocks, so this uses ymm registers (AVX512VL):
+// Zen 4 splits zmm integer ops into two 256-bit halves anyway (performance.md §2.1: ymm and zmm
+// peak the same there), and a zmm version would have to gather two blocks from 34-byte strides.
+// Ice Lake / Sapphire Rapids could gain up to 2× on prefill from zmm — not done yet.
+// With 32 vector registers the tiles grow: R=8, T=1 for decode; R=4, T=4 (16 accumulators +
+// 4 weights + 4 bias seeds) for prefill.
+//
+// BF16: activations are rounded to bf16 once per matmul; vdpbf16ps (zmm, 32 pairs per
+// instruction, f32 accumulation) gives twice the FP32 FMA rate on Zen 4 (performance.md §2.1).
+// The extra error is the activation rounding, ≤ 2^-9 relative per element.
+#include <immintrin.h>
+
+#include "larder/kernels/cpu/common/act_quant.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/matmul_driver.h"
+#include "larder/kernels/cpu/common/simd_avx2.h"
+
+namespace larder::kernels::cpu::avx512 {
+
+namespace {
+
+using namespace simd;
+
+struct Q8_0Block {
+  static constexpr int kBytes = 34;
+  static __m256i load(const uint8_t* blk) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  }
+};
+
+struct Q4_0Block {
+  static constexpr int kBytes = 18;
+  static __m256i load(const uint8_t* blk) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+  }
+};
+
+template <class WB>
+struct IntKernel {
+  static constexpr int kRows1 = 8;
+  static constexpr int kRowsN = 4;
+
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nb;
+  QuantizedActs a;  // offset128: q + 128 as u8
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const uint8_t* wr[R];
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    const int8_t* xq[T];
+    for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    const __m256i k128 = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i zero = _mm256_setzero_si256();
+    alignas(16) float sc[R][4];
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i wv[R], seed[R];
+      const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = wr[r] + b * WB::kBytes;
+        wv[r] = WB::load(blk);
+        seed[r] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, k128, wv[r]));
+        _mm_store_ps(sc[r], _mm_mul_ps(f16_bcast4(blk), dx));
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
+        for (int r = 0; r < R; ++r) {
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed[r], xv, wv[r]));
+          acc[r][t] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(&sc[r][t]), acc[r][t]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+  }
+};
+
+template <class WB>
+void matmul_int(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  void* scratch = thread_scratch(quantized_acts_bytes(n, w.cols));
+  QuantizedActs a = quantized_acts_view(scratch, n, w.cols);
+  quantize_acts_avx2(x, n, w.cols, /*offset128=*/true, a);
+  IntKernel<WB> k{w.data, w.row_bytes(), w.rows, w.cols / 32, a, y};
+  run_matmul_tiles(k, w.rows, n, w.cols + 4 * (w.cols / 32));
+}
+
+// Own reduction: GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized in its own header.
+inline float hsum512(__m512 v) {
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
+}
+
+inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+
+struct BF16Kernel {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 4;
+
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, cols, cols32;
+  const uint16_t* xb;  // [n][cols32] bf16, zero-padded
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const uint8_t* wr[R];
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    const uint16_t* xt[T];
+    for (int t = 0; t < T; ++t) xt[t] = xb + (t0 + t) * cols32;
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    auto step = [&](int64_t c, __mmask32 m) {
+      __m512i wv[R];
+      // Masked on the tail: the last row may end at the end of the mapping.
+      for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, wr[r] + 2 * c);
+      for (int t = 0; t < T; ++t) {
+        const __m512i xv = _mm512_load_si512(xt[t] + c);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(wv[r]), as_bh(xv));
+      }
+    };
+    int64_t c = 0;
+    for (; c + 32 <= cols; c += 32) step(c, ~__mmask32{0});
+    if (c < cols) step(c, static_cast<__mmask32>((uint64_t{1} << (cols - c)) - 1));
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum512(acc[r][t]);
+  }
+};
+
+}  // namespace
+
+void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<Q8_0Block>(w, x, n, y); }
+void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<Q4_0Block>(w, x, n, y); }
+
+void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  const int64_t cols = w.cols, cols32 = (cols + 31) / 32 * 32;
+  auto* xb = static_cast<uint16_t*>(thread_scratch(static_cast<size_t>(n * cols32) * 2, 1));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * cols;
+    for (int64_t c = 0; c < cols32; c += 32) {
+      const int64_t left = cols - c;
+      const __mmask16 m0 = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << std::max<int64_t>(left, 0)) - 1);
+      const __mmask16 m1 = left >= 32 ? 0xffff : static_cast<__mmask16>((1u << std::max<int64_t>(left - 16, 0)) - 1);
+      const __m512 lo = _mm512_maskz_loadu_ps(m0, xt + c);
+      const __m512 hi = _mm512_maskz_loadu_ps(m1, xt + c + 16);
+      __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);  // low half from `lo` (elements c..c+15)
+      _mm512_store_si512(xb + t * cols32 + c, reinterpret_cast<__m512i&>(v));
+    }
+  }
+  BF16Kernel k{w.data, w.row_bytes(), w.rows, cols, cols32, xb, y};
+  run_matmul_tiles(k, w.rows, n, cols32 * 2);
+}
+
+}  // namespace larder::kernels::cpu::avx512

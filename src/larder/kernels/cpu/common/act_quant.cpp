@@ -1,0 +1,68 @@
+#include "larder/kernels/cpu/common/act_quant.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace larder::kernels::cpu {
+
+namespace {
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+size_t quantized_acts_bytes(int64_t n, int64_t cols) {
+  const size_t nb = static_cast<size_t>(cols / 32);
+  const size_t n_pad = round_up(static_cast<size_t>(n), 8);
+  return round_up(static_cast<size_t>(n) * nb * 32, 64) + round_up(nb * n_pad * sizeof(float), 64);
+}
+
+QuantizedActs quantized_acts_view(void* scratch, int64_t n, int64_t cols) {
+  QuantizedActs a;
+  a.n = n;
+  a.nb = cols / 32;
+  a.n_pad = static_cast<int64_t>(round_up(static_cast<size_t>(n), 8));
+  auto* base = static_cast<uint8_t*>(scratch);
+  a.qs = reinterpret_cast<int8_t*>(base);
+  a.d = reinterpret_cast<float*>(base + round_up(static_cast<size_t>(n * a.nb * 32), 64));
+  return a;
+}
+
+void quantize_acts_ref(const float* x, int64_t n, int64_t cols, bool offset128, QuantizedActs& out) {
+  const int64_t nb = cols / 32;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + t * cols + b * 32;
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      int8_t* q = out.qs + (t * nb + b) * 32;
+      for (int j = 0; j < 32; ++j) {
+        const int v = static_cast<int>(std::nearbyint(xb[j] * id));
+        q[j] = offset128 ? static_cast<int8_t>(static_cast<uint8_t>(v + 128)) : static_cast<int8_t>(v);
+      }
+      out.d[b * out.n_pad + t] = d;
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t t = n; t < out.n_pad; ++t) out.d[b * out.n_pad + t] = 0.0f;
+  }
+}
+
+void* thread_scratch(size_t bytes, int slot) {
+  struct Buf {
+    void* p = nullptr;
+    size_t cap = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf bufs[4];
+  Buf& b = bufs[slot];
+  if (bytes > b.cap) {
+    std::free(b.p);
+    b.cap = round_up(bytes + bytes / 4, 4096);
+    b.p = std::aligned_alloc(64, b.cap);
+  }
+  return b.p;
+}
+
+}  // namespace larder::kernels::cpu

@@ -1,0 +1,51 @@
+// act_quant.h — activations quantized once per matmul into int8 blocks (performance.md §4 rule 1).
+//
+// Every integer matmul (Q8_0, Q4_0 weights) first turns x[n, cols] into 32-element int8 blocks
+// with one f32 scale each, then does int8·int8 dot products against the weight blocks. One pass
+// over x per matmul, reused by every weight row.
+//
+// Quantizer (identical in the scalar reference below and in the SIMD versions, so tests can
+// reproduce the kernel's integer inputs bit for bit):
+//   amax = max |x_i| over the block;  d = amax / 127;  id = d ? 1/d : 0;  q_i = nearbyint(x_i·id)
+// so |q_i| <= 127 and |x_i − d·q_i| <= d/2. Unlike ggml's Q8_0 activation blocks the scale stays
+// f32 (not f16): no second rounding, and the error bound in the tests is exactly d/2 per element.
+//
+// Layout (chosen for the kernels' loads, not for storage):
+//   qs    [n][nb][32] int8 — one 32-byte load per (token, block).
+//   d     [nb][n_pad] f32  — block-major, so the scales of 4 consecutive tokens of one block are
+//                            one 16-byte load; n_pad = round_up(n, 8), padding zeroed.
+// offset128: store q + 128 as uint8 instead (the AVX-512 VNNI path feeds activations to
+// vpdpbusd's unsigned operand).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace larder::kernels::cpu {
+
+struct QuantizedActs {
+  int64_t n = 0, nb = 0, n_pad = 0;
+  int8_t* qs = nullptr;
+  float* d = nullptr;
+
+  const int8_t* token_blocks(int64_t t) const { return qs + t * nb * 32; }
+  const float* scales(int64_t b) const { return d + b * n_pad; }
+};
+
+// Bytes of scratch quantize needs for n tokens of cols (a multiple of 32) columns.
+size_t quantized_acts_bytes(int64_t n, int64_t cols);
+
+// Lays out a QuantizedActs inside `scratch` (64-byte aligned, quantized_acts_bytes() long).
+QuantizedActs quantized_acts_view(void* scratch, int64_t n, int64_t cols);
+
+// Scalar reference of the quantizer (the SIMD tiers must produce the same bytes).
+void quantize_acts_ref(const float* x, int64_t n, int64_t cols, bool offset128, QuantizedActs& out);
+
+// The same quantizer in AVX2 (kernels/cpu/avx2/act_quant_avx2.cpp); byte-identical output.
+void quantize_acts_avx2(const float* x, int64_t n, int64_t cols, bool offset128, QuantizedActs& out);
+
+// A thread-local, 64-byte-aligned, grow-only scratch buffer: kernels must not own long-lived
+// memory (system.md §3), and reallocating per matmul would cost a page fault per 4 KiB.
+void* thread_scratch(size_t bytes, int slot = 0);
+
+}  // namespace larder::kernels::cpu

@@ -1,0 +1,37 @@
+// cpu_kernels.h — the fast CPU matmul tiers and how they enter the dispatch table.
+//
+// Tiers (one translation unit each, compiled with that tier's flags; see src/larder/CMakeLists.txt):
+//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, BF16, F16, F32. Runs on every x86-64-v3 machine.
+//   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0 (vpdpbusd), BF16 (vdpbf16ps).
+//            Its functions may only be *called* after cpu_features().has_avx512_tier().
+// Both tiers run on the process-wide core/threadpool.h pool.
+#pragma once
+
+#include "larder/kernels/dispatch.h"
+
+namespace larder::kernels::cpu {
+
+// Overwrites the matmul entries the CPU can run faster than the ref set: the AVX2 tier always
+// (the baseline flags already require AVX2), then the AVX-512 tier when CPUID reports the whole
+// tier (LARDER_ISA=avx2 hides it). Entries it does not implement are left as they are.
+void register_fast_kernels(KernelTable& t);
+
+// Direct entry points (tests, kernel_bench). Same contract as kernels::matmul.
+namespace avx2 {
+void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y);
+}  // namespace avx2
+
+namespace avx512 {
+void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
+}  // namespace avx512
+
+// The tier's function for a dtype, or nullptr. tier: "avx2" or "avx512".
+MatmulFn fast_matmul(const char* tier, DType dtype);
+
+}  // namespace larder::kernels::cpu

@@ -1,0 +1,78 @@
+// matmul_driver.h — how a matmul is cut into tiles and spread over the pool (all formats, all tiers).
+//
+// A format supplies a micro-kernel `K::template tile<R, T>(r0, t0)` that computes the R×T block
+// y[t0..t0+T, r0..r0+R] over the full reduction (cols). The driver only decides tile order:
+//
+// - Decode (n <= 8): the job is bandwidth-bound, so every weight byte must come from DRAM exactly
+//   once and be used for all n tokens. Chunks are runs of output rows; inside a chunk each R-row
+//   tile is streamed once per group of <= 4 tokens — for n <= 4 exactly once, for n = 5..8 the
+//   second pass re-reads the R rows from L1 (R·row_bytes <= 2×17 KiB at cols = 8192, Q8_0).
+// - Prefill (n > 8): compute-bound. Chunks are (row block × token block) tiles. The token block
+//   is sized so its activations stay in L2 (Zen 3/4: 512 KiB/1 MiB per core; we budget 128 KiB)
+//   while the row block's weights (<= ~36 KiB) are re-read from L1/L2 for each 4-token group;
+//   each weight row is therefore decoded once per 4 tokens instead of once per token.
+// - Chunk counts: ~16 per thread, so the atomic counter balances a core that a neighbour's
+//   compile slows down (shared host; performance.md §5) without claiming per tile.
+//
+// R (rows per tile) is K::kRows1 for single-token groups and K::kRowsN otherwise: a single token
+// has only R independent accumulator chains, so it wants more rows; several tokens share the
+// weight registers and the register file (16 ymm / 32 zmm) caps R·T.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "larder/core/threadpool.h"
+
+namespace larder::kernels::cpu {
+
+template <class K, int R>
+inline void run_tokens(const K& k, int64_t r0, int64_t t0, int64_t nt) {
+  for (; nt >= 4; nt -= 4, t0 += 4) k.template tile<R, 4>(r0, t0);
+  switch (nt) {
+    case 3: k.template tile<R, 3>(r0, t0); break;
+    case 2: k.template tile<R, 2>(r0, t0); break;
+    case 1: k.template tile<R, 1>(r0, t0); break;
+    default: break;
+  }
+}
+
+template <class K>
+inline void run_block(const K& k, int64_t r_begin, int64_t r_end, int64_t t_begin, int64_t t_end) {
+  const int64_t nt = t_end - t_begin;
+  int64_t r = r_begin;
+  if (nt == 1) {
+    for (; r + K::kRows1 <= r_end; r += K::kRows1) k.template tile<K::kRows1, 1>(r, t_begin);
+  } else {
+    for (; r + K::kRowsN <= r_end; r += K::kRowsN) run_tokens<K, K::kRowsN>(k, r, t_begin, nt);
+  }
+  for (; r < r_end; ++r) run_tokens<K, 1>(k, r, t_begin, nt);
+}
+
+// rows: output features; n: tokens; act_bytes_per_token: bytes of prepared activations per token
+// (sizes the prefill token block for L2).
+template <class K>
+inline void run_matmul_tiles(const K& k, int64_t rows, int64_t n, int64_t act_bytes_per_token) {
+  ThreadPool& pool = default_pool();
+  const int threads = pool.n_threads();
+  int64_t tb = n;  // tokens per chunk
+  if (n > 8) {
+    tb = std::max<int64_t>(8, (128 * 1024) / std::max<int64_t>(act_bytes_per_token, 1)) / 4 * 4;
+    tb = std::min(tb, n);
+  }
+  const int64_t n_tb = (n + tb - 1) / tb;
+  // Row block: a multiple of 8 (every R divides it), ~16 chunks per thread in total.
+  const int64_t want_chunks = 16 * static_cast<int64_t>(threads);
+  int64_t rb = (rows * n_tb + want_chunks - 1) / want_chunks;
+  rb = std::max<int64_t>(8, (rb + 7) / 8 * 8);
+  if (n > 8) rb = std::min<int64_t>(rb, 64);
+  const int64_t n_rb = (rows + rb - 1) / rb;
+  pool.parallel_for(n_rb * n_tb, [&](int64_t c, int) {
+    const int64_t ib = c % n_rb, it = c / n_rb;
+    const int64_t r0 = ib * rb, r1 = std::min(rows, r0 + rb);
+    const int64_t t0 = it * tb, t1 = std::min(n, t0 + tb);
+    run_block(k, r0, r1, t0, t1);
+  });
+}
+
+}  // namespace larder::kernels::cpu

@@ -1,0 +1,50 @@
+// register.cpp — puts the fast tiers into a KernelTable. Compiled with the baseline (AVX2) flags:
+// it may reference the AVX-512 functions but calls nothing from that tier itself.
+#include <cstring>
+
+#include "larder/core/cpuid.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+
+namespace larder::kernels::cpu {
+
+namespace {
+void set(KernelTable& t, DType d, MatmulFn f) {
+  if (f) t.matmul[static_cast<int>(d)] = f;
+}
+constexpr DType kFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kBF16, DType::kF16, DType::kF32};
+}  // namespace
+
+MatmulFn fast_matmul(const char* tier, DType dtype) {
+  if (std::strcmp(tier, "avx2") == 0) {
+    switch (dtype) {
+      case DType::kQ8_0: return avx2::matmul_q8_0;
+      case DType::kQ4_0: return avx2::matmul_q4_0;
+      case DType::kBF16: return avx2::matmul_bf16;
+      case DType::kF16: return avx2::matmul_f16;
+      case DType::kF32: return avx2::matmul_f32;
+      default: return nullptr;
+    }
+  }
+  if (std::strcmp(tier, "avx512") == 0) {
+    switch (dtype) {
+      case DType::kQ8_0: return avx512::matmul_q8_0;
+      case DType::kQ4_0: return avx512::matmul_q4_0;
+      case DType::kBF16: return avx512::matmul_bf16;
+      default: return nullptr;
+    }
+  }
+  return nullptr;
+}
+
+void register_fast_kernels(KernelTable& t) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.avx2 && f.fma && f.f16c)) return;
+  for (DType d : kFormats) set(t, d, fast_matmul("avx2", d));
+  t.name = "avx2";
+  if (f.has_avx512_tier()) {
+    for (DType d : kFormats) set(t, d, fast_matmul("avx512", d));
+    t.name = "avx512";
+  }
+}
+
+}  // namespace larder::kernels::cpu

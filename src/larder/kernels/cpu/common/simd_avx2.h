@@ -1,0 +1,42 @@
+// simd_avx2.h — small AVX2/FMA/F16C helpers shared by the CPU kernels (header-only, inlined into
+// each tier's translation unit; the AVX-512 tier may use them too since it implies AVX2).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace larder::kernels::cpu::simd {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// f16 → f32 broadcast into all 4 lanes (F16C; one scale per GGUF block).
+inline __m128 f16_bcast4(const uint8_t* p) {
+  return _mm_cvtph_ps(_mm_set1_epi16(static_cast<short>(load_u16(p))));
+}
+
+inline float f16_scalar(const uint8_t* p) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(load_u16(p)))); }
+
+// 8 bf16 → 8 f32: bf16 is the top half of an f32, so widen to 32 bits and shift left by 16.
+inline __m256 bf16x8_to_f32(const uint8_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline __m256 f16x8_to_f32(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+}  // namespace larder::kernels::cpu::simd

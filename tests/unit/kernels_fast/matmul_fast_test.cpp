@@ -1,0 +1,267 @@
+// Fast matmul tiers (kernels/cpu) vs the scalar reference (kernels/ref, double accumulation).
+//
+// Error bounds, per output y[t, r] (S = Σ_i |w_i·x_i|, u = 2^-24):
+// - F32 / F16 / BF16 on AVX2: weights widen to f32 exactly, so only f32 accumulation error:
+//   each of 8 lanes sums cols/8 FMAs, then a 3-add tree; |err| <= γ_k·S with k = cols/8 + 3.
+//   We allow 2·(cols/8 + 8)·u·S.
+// - BF16 on AVX-512 (vdpbf16ps): the activation is rounded to bf16 (relative error <= 2^-9 per
+//   element) ⇒ + 2^-9·S, plus f32 accumulation as above; we allow 2^-8·S + 2·(cols/16 + 8)·2u·S.
+// - Q8_0 / Q4_0: the weight values are exact, but the kernels quantize activations to int8 blocks
+//   (act_quant.h: d = amax/127, |x − d·q| <= d/2). Hence
+//     |err| <= Q = Σ_blocks (d_x/2)·Σ_{i∈block} |w_i|   (+ f32 accumulation of nb block terms)
+//   which is an exact, data-dependent bound; relative to S it is typically ~0.5–1 %
+//   (d_x/2 ≈ amax/254, and amax is ≈ 2–3× the mean |x| of a block of Gaussian values).
+//   A second, tight check replays the quantizer (quantize_acts_ref) and computes the integer
+//   dot products exactly in double: the kernel must then agree to f32 rounding, which catches
+//   lane/layout bugs the loose bound could hide.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "larder/core/cpuid.h"
+#include "larder/core/dtype.h"
+#include "larder/core/threadpool.h"
+#include "larder/kernels/cpu/common/act_quant.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/dispatch.h"
+#include "larder/kernels/ref/ref_ops.h"
+
+namespace larder::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+struct Weights {
+  WeightView view;
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // [rows][cols] dequantized (exact)
+};
+
+void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+Weights make_weights(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
+  Weights w;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f);
+  const uint64_t row_bytes = dtype_bytes(dt, static_cast<uint64_t>(cols));
+  w.bytes.assign(row_bytes * rows, 0);
+  const int64_t nb = cols / 32;
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = w.bytes.data() + r * row_bytes;
+    for (int64_t c = 0; c < cols; ++c) {
+      switch (dt) {
+        case DType::kF32: {
+          float f = nd(rng);
+          std::memcpy(row + 4 * c, &f, 4);
+          break;
+        }
+        case DType::kF16: put_u16(row + 2 * c, f32_to_f16(nd(rng))); break;
+        case DType::kBF16: put_u16(row + 2 * c, f32_to_bf16(nd(rng))); break;
+        default: break;
+      }
+    }
+    if (dt == DType::kQ8_0) {
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* blk = row + b * 34;
+        put_u16(blk, f32_to_f16(scale(rng)));
+        // Full int8 range including −128 (ggml's quantizer never writes it, a file may).
+        for (int j = 0; j < 32; ++j) blk[2 + j] = static_cast<uint8_t>(rng() & 0xff);
+      }
+    } else if (dt == DType::kQ4_0) {
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* blk = row + b * 18;
+        put_u16(blk, f32_to_f16(scale(rng)));
+        for (int j = 0; j < 16; ++j) blk[2 + j] = static_cast<uint8_t>(rng() & 0xff);
+      }
+    }
+  }
+  w.view.dtype = dt;
+  w.view.rows = rows;
+  w.view.cols = cols;
+  w.view.data = w.bytes.data();
+  w.deq.resize(rows * cols);
+  const KernelTable& ref = ref_table();
+  for (int64_t r = 0; r < rows; ++r) ref.dequant_row[static_cast<int>(dt)](w.view, r, w.deq.data() + r * cols);
+  return w;
+}
+
+std::vector<float> make_acts(int64_t n, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n * cols);
+  for (auto& v : x) v = nd(rng);
+  // Some structure real activations have: an all-zero block (d = 0) and a large outlier.
+  if (cols >= 64) {
+    for (int j = 32; j < 64; ++j) x[j] = 0.0f;
+  }
+  if (n * cols > 7) x[7] = 40.0f;
+  return x;
+}
+
+struct Case {
+  int64_t rows, cols, n;
+};
+
+// Shapes around every tile edge: rows not a multiple of R (1, 2, 4, 8) or the 8-row block,
+// n = 1..9 (decode groups of 4 + tails), 17 and 33 (prefill token blocks + tails), cols of
+// 1..65 blocks.
+std::vector<Case> cases(bool float_format) {
+  std::vector<Case> cs;
+  std::mt19937 rng(1234);
+  const int64_t rows_set[] = {1, 2, 3, 5, 7, 8, 9, 13, 17, 31, 64, 67, 130};
+  const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33};
+  const int64_t cols_set[] = {32, 64, 96, 160, 256, 544, 1024, 2080};
+  for (int64_t n : n_set) {
+    for (int i = 0; i < 6; ++i) {
+      Case c;
+      c.n = n;
+      c.rows = rows_set[rng() % std::size(rows_set)];
+      c.cols = cols_set[rng() % std::size(cols_set)];
+      if (float_format && i % 3 == 2) c.cols = 8 * (1 + rng() % 40) + rng() % 8;  // any width
+      cs.push_back(c);
+    }
+  }
+  cs.push_back({2048 / 8, 2048, 1});
+  cs.push_back({96, 4096, 2});
+  cs.push_back({40, 256, 64});  // several prefill token blocks
+  return cs;
+}
+
+struct TierFormat {
+  const char* tier;
+  DType dtype;
+};
+
+std::string name_of(const testing::TestParamInfo<TierFormat>& p) {
+  return std::string(p.param.tier) + "_" + dtype_name(p.param.dtype);
+}
+
+class FastMatmul : public testing::TestWithParam<TierFormat> {
+ protected:
+  void SetUp() override {
+    if (std::string(GetParam().tier) == "avx512" && !cpu_features().has_avx512_tier()) {
+      GTEST_SKIP() << "CPU lacks the AVX-512 F/BW/VL/DQ/VNNI/BF16 tier (" << cpu_features().describe()
+                   << "); the avx512 kernels are compiled but cannot run here";
+    }
+  }
+};
+
+TEST_P(FastMatmul, MatchesReferenceWithinBound) {
+  const TierFormat tf = GetParam();
+  const MatmulFn fast = cpu::fast_matmul(tf.tier, tf.dtype);
+  ASSERT_NE(fast, nullptr);
+  const bool is_int = tf.dtype == DType::kQ8_0 || tf.dtype == DType::kQ4_0;
+  const bool bf16_dot = std::string(tf.tier) == "avx512" && tf.dtype == DType::kBF16;
+  std::mt19937 rng(static_cast<unsigned>(static_cast<int>(tf.dtype) * 7919 + (bf16_dot ? 1 : 0)));
+  double worst_rel = 0;  // max |err| / S, reported for the error-bound discussion
+  double worst_ratio = 0;  // max |err| / allowed
+  for (int threads : {1, 2, 3}) {
+    default_pool().set_threads(threads);
+    for (const Case& c : cases(!is_int)) {
+      SCOPED_TRACE(testing::Message() << "rows " << c.rows << " cols " << c.cols << " n " << c.n
+                                      << " threads " << threads);
+      Weights w = make_weights(tf.dtype, c.rows, c.cols, rng);
+      std::vector<float> x = make_acts(c.n, c.cols, rng);
+      std::vector<float> y(c.n * c.rows, -1234.0f), yref(c.n * c.rows);
+      fast(w.view, x.data(), c.n, y.data());
+      ref::matmul(w.view, x.data(), c.n, yref.data());
+
+      // Integer oracle: the same activation quantization, exact integer dots.
+      std::vector<uint8_t> qbuf;
+      cpu::QuantizedActs qa;
+      if (is_int) {
+        qbuf.resize(cpu::quantized_acts_bytes(c.n, c.cols) + 64);
+        qa = cpu::quantized_acts_view(qbuf.data(), c.n, c.cols);
+        cpu::quantize_acts_ref(x.data(), c.n, c.cols, false, qa);
+      }
+      const int64_t nb = c.cols / 32;
+      for (int64_t t = 0; t < c.n; ++t) {
+        for (int64_t r = 0; r < c.rows; ++r) {
+          const float* wr = w.deq.data() + r * c.cols;
+          const float* xt = x.data() + t * c.cols;
+          double S = 0;
+          for (int64_t i = 0; i < c.cols; ++i) S += std::fabs(static_cast<double>(wr[i]) * xt[i]);
+          const double got = y[t * c.rows + r], want = yref[t * c.rows + r];
+          double tol;
+          if (is_int) {
+            double Q = 0, exact = 0, Sq = 0;
+            for (int64_t b = 0; b < nb; ++b) {
+              const double dx = qa.d[b * qa.n_pad + t];
+              double sw = 0;
+              for (int j = 0; j < 32; ++j) sw += std::fabs(wr[b * 32 + j]);
+              Q += dx / 2 * sw;
+              // Weight value = d_w·q_w exactly representable; x̂ = d_x·q_x.
+              double dot = 0, adot = 0;
+              for (int j = 0; j < 32; ++j) {
+                const double xq = qa.qs[(t * nb + b) * 32 + j];
+                dot += static_cast<double>(wr[b * 32 + j]) * xq;
+                adot += std::fabs(static_cast<double>(wr[b * 32 + j]) * xq);
+              }
+              exact += dx * dot;
+              Sq += dx * adot;
+            }
+            // Tight: kernel vs exact integer result, only f32 scale product + accumulation.
+            const double tight = 2 * (nb + 8) * kU * Sq + 1e-30;
+            ASSERT_LE(std::fabs(got - exact), tight) << "t " << t << " r " << r << " exact " << exact;
+            tol = Q * (1 + 1e-6) + tight + 2 * kU * std::fabs(want);
+          } else if (bf16_dot) {
+            tol = std::ldexp(1.0, -8) * S + 2 * (c.cols / 16.0 + 8) * 2 * kU * S + 1e-30;
+          } else {
+            tol = 2 * (c.cols / 8.0 + 8) * kU * S + 1e-30;
+          }
+          const double err = std::fabs(got - want);
+          ASSERT_LE(err, tol) << "t " << t << " r " << r << " got " << got << " want " << want << " S " << S;
+          if (S > 0) worst_rel = std::max(worst_rel, err / S);
+          worst_ratio = std::max(worst_ratio, err / tol);
+        }
+      }
+    }
+  }
+  default_pool().set_threads(0);
+  std::printf("[ %s %s ] max |err|/sum|w*x| = %.3g, max |err|/bound = %.3g\n", tf.tier,
+              dtype_name(tf.dtype), worst_rel, worst_ratio);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmul,
+                         testing::Values(TierFormat{"avx2", DType::kQ8_0}, TierFormat{"avx2", DType::kQ4_0},
+                                         TierFormat{"avx2", DType::kBF16}, TierFormat{"avx2", DType::kF16},
+                                         TierFormat{"avx2", DType::kF32}, TierFormat{"avx512", DType::kQ8_0},
+                                         TierFormat{"avx512", DType::kQ4_0},
+                                         TierFormat{"avx512", DType::kBF16}),
+                         name_of);
+
+TEST(ActQuant, Avx2MatchesScalarBytes) {
+  std::mt19937 rng(7);
+  for (int64_t cols : {32, 96, 2048}) {
+    for (int64_t n : {1, 3, 9}) {
+      std::vector<float> x = make_acts(n, cols, rng);
+      x[3] = 0.5f / 127.0f * 3;  // near a rounding tie after scaling
+      for (bool off : {false, true}) {
+        std::vector<uint8_t> b1(cpu::quantized_acts_bytes(n, cols)), b2(b1.size());
+        cpu::QuantizedActs a1 = cpu::quantized_acts_view(b1.data(), n, cols);
+        cpu::QuantizedActs a2 = cpu::quantized_acts_view(b2.data(), n, cols);
+        cpu::quantize_acts_ref(x.data(), n, cols, off, a1);
+        cpu::quantize_acts_avx2(x.data(), n, cols, off, a2);
+        ASSERT_EQ(0, std::memcmp(a1.qs, a2.qs, n * cols)) << "cols " << cols << " n " << n;
+        for (int64_t i = 0; i < a1.nb * a1.n_pad; ++i) ASSERT_EQ(a1.d[i], a2.d[i]);
+      }
+    }
+  }
+}
+
+TEST(Registration, FastTierOverwritesMatmulEntries) {
+  KernelTable t = ref_table();
+  cpu::register_fast_kernels(t);
+  const bool avx512 = cpu_features().has_avx512_tier();
+  EXPECT_STREQ(t.name, avx512 ? "avx512" : "avx2");
+  EXPECT_EQ(t.matmul[static_cast<int>(DType::kF16)], cpu::fast_matmul("avx2", DType::kF16));
+  EXPECT_EQ(t.matmul[static_cast<int>(DType::kQ4_0)], cpu::fast_matmul(avx512 ? "avx512" : "avx2", DType::kQ4_0));
+  // Row lookup (embeddings) stays on the reference.
+  EXPECT_EQ(t.dequant_row[static_cast<int>(DType::kQ4_0)], ref_table().dequant_row[static_cast<int>(DType::kQ4_0)]);
+}
+
+}  // namespace
+}  // namespace larder::kernels
