@@ -60,10 +60,16 @@ void KvCache::detach_prefix() {
   const int64_t row = layout_.row_floats();
   const int64_t tail_len = length_ - p;
   const int64_t cap = std::max<int64_t>(length_, 64);
+  std::vector<KvSpan> parts;
   for (int l = 0; l < layout_.n_layers; ++l) {
     std::vector<float> nk(static_cast<size_t>(cap * row)), nv(static_cast<size_t>(cap * row));
-    std::memcpy(nk.data(), prefix_->k(l), static_cast<size_t>(p * row) * sizeof(float));
-    std::memcpy(nv.data(), prefix_->v(l), static_cast<size_t>(p * row) * sizeof(float));
+    // Through prefix_spans, not k()/v(): a segmented prefix has no single contiguous pointer.
+    parts.clear();
+    prefix_->prefix_spans(l, p, &parts);
+    for (const KvSpan& s : parts) {
+      std::memcpy(nk.data() + s.start * row, s.k, static_cast<size_t>(s.len * row) * sizeof(float));
+      std::memcpy(nv.data() + s.start * row, s.v, static_cast<size_t>(s.len * row) * sizeof(float));
+    }
     if (tail_len > 0) {
       std::memcpy(nk.data() + p * row, k_[l].data(), static_cast<size_t>(tail_len * row) * sizeof(float));
       std::memcpy(nv.data() + p * row, v_[l].data(), static_cast<size_t>(tail_len * row) * sizeof(float));
@@ -78,13 +84,32 @@ void KvCache::detach_prefix() {
 
 void KvCache::spans(int layer, int64_t upto, std::vector<KvSpan>* out) const {
   out->clear();
-  const int64_t row = layout_.row_floats();
   const int64_t from_prefix = std::min(upto, prefix_len_);
-  if (from_prefix > 0) out->push_back({prefix_->k(layer), prefix_->v(layer), 0, from_prefix});
+  if (from_prefix > 0) prefix_->prefix_spans(layer, from_prefix, out);
   if (upto > prefix_len_) {
     out->push_back({k_[layer].data(), v_[layer].data(), prefix_len_, upto - prefix_len_});
   }
-  (void)row;
+}
+
+void KvPrefix::prefix_spans(int layer, int64_t upto, std::vector<KvSpan>* out) const {
+  if (upto > 0) out->push_back({k(layer), v(layer), 0, upto});
+}
+
+KvCache::Released KvCache::release() {
+  Released r;
+  r.prefix = std::move(prefix_);
+  r.prefix_len = prefix_len_;
+  r.length = length_;
+  r.tail_capacity = tail_capacity_;
+  r.k = std::move(k_);
+  r.v = std::move(v_);
+  prefix_.reset();
+  prefix_len_ = 0;
+  length_ = 0;
+  tail_capacity_ = 0;
+  k_.assign(layout_.n_layers, {});
+  v_.assign(layout_.n_layers, {});
+  return r;
 }
 
 void KvCache::attach_prefix(std::shared_ptr<const KvPrefix> prefix, int64_t p) {
@@ -94,9 +119,11 @@ void KvCache::attach_prefix(std::shared_ptr<const KvPrefix> prefix, int64_t p) {
   prefix_len_ = p;
   length_ = p;
   tail_capacity_ = 0;
+  // Free (not just clear) old rows: owned_bytes() reports capacity, and an attached sequence
+  // must not keep a previous tail's memory alive.
   for (int l = 0; l < layout_.n_layers; ++l) {
-    k_[l].clear();
-    v_[l].clear();
+    std::vector<float>().swap(k_[l]);
+    std::vector<float>().swap(v_[l]);
   }
 }
 

@@ -43,6 +43,11 @@ class KvPrefix {
   virtual int64_t tokens() const = 0;
   virtual const float* k(int layer) const = 0;  // [tokens, n_kv_heads, head_dim]
   virtual const float* v(int layer) const = 0;
+  // Appends the rows of [0, upto) of `layer` as contiguous spans, oldest first (upto <= tokens()).
+  // Default: one span from k()/v(). Segmented prefixes (the KV store's KvBlock, which shares
+  // segments between entries and aliases mmap'd files — kv-store.md §11.2) override this so
+  // attention reads them without consolidation.
+  virtual void prefix_spans(int layer, int64_t upto, std::vector<KvSpan>* out) const;
 };
 
 class KvCache {
@@ -76,6 +81,20 @@ class KvCache {
 
   // Bytes this cache owns (excludes a shared prefix).
   size_t owned_bytes() const;
+  // Rows allocated per layer for the private tail (>= length() - prefix_tokens()).
+  int64_t tail_capacity() const { return tail_capacity_; }
+
+  // Moves everything out of the cache for the KV store's put (no copy of the private rows):
+  // the shared prefix, its length, and the per-layer tail rows [prefix_len, length). The cache
+  // is left empty (length 0, no prefix) and reusable.
+  struct Released {
+    std::shared_ptr<const KvPrefix> prefix;
+    int64_t prefix_len = 0;
+    int64_t length = 0;
+    int64_t tail_capacity = 0;
+    std::vector<std::vector<float>> k, v;  // per layer: [tail_capacity, row]
+  };
+  Released release();
 
  private:
   void detach_prefix();

@@ -1,0 +1,248 @@
+#include "larder/memory/store/kv_store.h"
+
+#include "larder/core/log.h"
+
+namespace larder::memory {
+
+Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
+  std::unique_ptr<KvStore> s(new KvStore(std::move(cfg)));
+  const KvStoreConfig& c = s->cfg_;
+  if (!c.ssd_dir.empty()) {
+    if (c.ram_cap_bytes == 0) {
+      // §7: the SSD tier requires the RAM tier (its spills are the SSD tier's main producer).
+      return invalid_argument("[kv-store] --ssd-cache requires a RAM tier (--prompt-cache > 0)");
+    }
+    SsdConfig sc;
+    sc.dir = c.ssd_dir;
+    sc.cap_bytes = c.ssd_cap_bytes;
+    sc.identity = c.identity;
+    sc.verify = c.verify;
+    sc.restore = c.restore;
+    sc.io = c.io;
+    LARDER_ASSIGN_OR_RETURN(s->ssd_, SsdTier::open(std::move(sc)));
+    if (!c.background_scan) s->ssd_->scan();
+    s->queue_ = std::make_unique<SpillQueue>(s->ssd_.get(), c.spill_queue_cap_bytes, c.background_scan);
+  }
+  s->ram_ = std::make_unique<RamTier>(c.ram_cap_bytes, s->ssd_.get(), s->queue_.get());
+  s->ram_->set_signature(c.signature);
+  if (s->ssd_ && c.write_behind) {
+    KvStore* self = s.get();
+    s->ram_->set_on_put([self](std::span<const TokenId> t, const std::string& ns) {
+      self->dirty_.insert({ns, std::vector<TokenId>(t.begin(), t.end())});
+    });
+  }
+  return s;
+}
+
+KvStore::~KvStore() {
+  // RAM first (its clear never spills), then the writer thread, then the tier it writes to.
+  ram_.reset();
+  queue_.reset();
+  ssd_.reset();
+}
+
+void KvStore::count(const TakeResult& r) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  if (!r.hit) {
+    ++miss_;
+  } else if (r.hit->tier == Tier::kSsd) {
+    ++hit_ssd_;
+    reused_ssd_ += static_cast<uint64_t>(r.hit->tokens);
+  } else {
+    ++hit_ram_;
+    reused_ram_ += static_cast<uint64_t>(r.hit->tokens);
+  }
+  if (r.report.reason != "hit" && r.report.reason != "exact_repeat") {
+    std::string key = r.report.reason;
+    if (key.rfind("diverged_at:", 0) == 0) key = "diverged";  // bounded label set for metrics
+    ++reasons_[key];
+  }
+}
+
+TakeResult KvStore::take(std::span<const TokenId> prompt, const std::string& ns) {
+  TakeResult r = ram_->take(prompt, ns);
+  count(r);
+  LARDER_LOG_DEBUG("[kv-store] take %zu tokens ns=%s: tier=%s reused=%lld best=%lld reason=%s", prompt.size(),
+                   ns.c_str(), tier_name(r.report.tier), static_cast<long long>(r.report.reused_tokens),
+                   static_cast<long long>(r.report.best_candidate_tokens), r.report.reason.c_str());
+  return r;
+}
+
+Status KvStore::put(std::span<const TokenId> tokens, SequenceState&& state, const std::string& ns,
+                    const PutOptions& opts) {
+  if (tokens.empty()) return invalid_argument("[kv-store] put of an empty token list");
+  return ram_->put(tokens, std::move(state), ns, opts);
+}
+
+Status KvStore::put_prompt_boundary(std::span<const TokenId> prompt, const SequenceState& state,
+                                    const std::string& ns) {
+  bool trimmable = state.attachments.empty();
+  int64_t floor = 0;
+  for (const auto& l : state.layers) {
+    trimmable = trimmable && l->trimmable();
+    floor = std::max(floor, l->min_reusable_offset());
+  }
+  // A trimmable full entry serves every prefix ≥ its floor; a checkpoint would only duplicate it.
+  if (trimmable && static_cast<int64_t>(prompt.size()) >= floor) return Status::ok();
+  if (prompt.empty()) return invalid_argument("[kv-store] empty prompt boundary");
+  return ram_->put_checkpoint(prompt, state, ns, "prompt_end");
+}
+
+void KvStore::set_engine_busy(bool busy) {
+  if (queue_) queue_->set_busy(busy);
+}
+
+size_t KvStore::write_behind() {
+  if (!queue_) return 0;
+  size_t n = 0;
+  for (auto it = dirty_.begin(); it != dirty_.end();) {
+    std::shared_ptr<const Entry> e = ram_->find_exact(it->second, it->first);
+    if (!e) {
+      ++it;  // left RAM: flush decides whether a durable copy covers it
+      continue;
+    }
+    if (!queue_->snapshot(std::move(e))) break;  // over 75 %: keys stay dirty (§11.8)
+    ++n;
+    it = dirty_.erase(it);
+  }
+  return n;
+}
+
+FlushReport KvStore::flush() {
+  FlushReport rep;
+  if (!ssd_) {
+    for (const auto& e : ram_->entries())
+      rep.not_written.push_back(strfmt("%s:%zu:no_ssd_tier", e->ns.c_str(), e->tokens.size()));
+    return rep;
+  }
+  rep.ssd_enabled = true;
+  ssd_->wait_ready();
+  const QueueStats before = queue_->stats();
+  queue_->drain();
+  const QueueStats after = queue_->stats();
+  rep.written += after.written - before.written;
+  rep.failed += after.failed - before.failed;
+  rep.dropped = after.dropped - dropped_seen_;
+  dropped_seen_ = after.dropped;
+  // Dirty keys one at a time, synchronously (the queue cap cannot drop a small boundary
+  // snapshot behind a large one, §8.3).
+  for (auto it = dirty_.begin(); it != dirty_.end();) {
+    const auto& [ns, tokens] = *it;
+    if (std::shared_ptr<const Entry> e = ram_->find_exact(tokens, ns)) {
+      if (ssd_->has_durable_prefix(tokens, ns)) {
+        ++rep.already;  // covered already (e.g. written by the drained queue)
+      } else if (ssd_->store(*e)) {
+        ++rep.written;
+      } else {
+        ++rep.failed;
+        rep.not_written.push_back(strfmt("%s:%zu:write_failed", ns.c_str(), tokens.size()));
+      }
+    } else if (!ssd_->has_durable_prefix(tokens, ns)) {
+      ++rep.missing;
+      rep.not_written.push_back(strfmt("%s:%zu:left_ram_without_durable_copy", ns.c_str(), tokens.size()));
+    }
+    it = dirty_.erase(it);
+  }
+  // Every persistable RAM entry is on disk before flush returns (issue §5).
+  for (const auto& e : ram_->entries()) {
+    if (ssd_->has_durable_prefix(e->tokens, e->ns)) {
+      ++rep.already;
+      continue;
+    }
+    if (ssd_->store(*e)) {
+      ++rep.written;
+    } else {
+      ++rep.failed;
+      rep.not_written.push_back(strfmt("%s:%zu:write_failed", e->ns.c_str(), e->tokens.size()));
+    }
+  }
+  rep.durable = rep.failed == 0 && rep.dropped == 0 && rep.missing == 0;
+  return rep;
+}
+
+void KvStore::clear(bool with_ssd) {
+  ram_->clear();
+  dirty_.clear();
+  if (with_ssd && ssd_) {
+    if (queue_) queue_->drain();
+    ssd_->clear();
+  }
+}
+
+void KvStore::wait_ssd_ready() const {
+  if (ssd_) ssd_->wait_ready();
+}
+
+StoreStats KvStore::stats() const {
+  StoreStats s;
+  s.ram = ram_->stats();
+  s.ssd_enabled = ssd_ != nullptr;
+  if (ssd_) {
+    s.ssd = ssd_->stats();
+    s.longest_durable_prefix_tokens = ssd_->longest_durable_prefix();
+  }
+  if (queue_) s.queue = queue_->stats();
+  s.dirty_keys = dirty_.size();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  s.lookups_hit_ram = hit_ram_;
+  s.lookups_hit_ssd = hit_ssd_;
+  s.lookups_miss = miss_;
+  s.reused_tokens_ram = reused_ram_;
+  s.reused_tokens_ssd = reused_ssd_;
+  s.miss_reasons = reasons_;
+  return s;
+}
+
+nlohmann::json stats_json(const StoreStats& s) {
+  nlohmann::json j;
+  j["ram"] = {{"entries", s.ram.entries}, {"bytes", s.ram.bytes}, {"mapped_bytes", s.ram.mapped_bytes},
+              {"hits", s.ram.hits}, {"misses", s.ram.misses}, {"evictions", s.ram.evictions},
+              {"spills", s.ram.spills}, {"demotions", s.ram.demotions}, {"superseded", s.ram.superseded},
+              {"duplicates", s.ram.duplicates}, {"oversize", s.ram.oversize}};
+  j["ssd"] = {{"enabled", s.ssd_enabled}, {"ready", s.ssd.ready}, {"entries", s.ssd.entries},
+              {"bytes", s.ssd.bytes}, {"writes", s.ssd.writes}, {"write_failures", s.ssd.write_failures},
+              {"restores", s.ssd.restores}, {"restore_failures", s.ssd.restore_failures},
+              {"corrupt", s.ssd.corrupt}, {"incompatible", s.ssd.incompatible},
+              {"evictions", s.ssd.evictions}, {"superseded", s.ssd.superseded}};
+  j["queue"] = {{"items", s.queue.queued_items}, {"bytes", s.queue.queued_bytes}, {"written", s.queue.written},
+                {"failed", s.queue.failed}, {"dropped", s.queue.dropped}};
+  j["lookups"] = {{"hit_ram", s.lookups_hit_ram}, {"hit_ssd", s.lookups_hit_ssd}, {"miss", s.lookups_miss}};
+  j["reused_tokens"] = {{"ram", s.reused_tokens_ram}, {"ssd", s.reused_tokens_ssd}};
+  j["miss_reasons"] = s.miss_reasons;
+  j["dirty_keys"] = s.dirty_keys;
+  j["longest_durable_prefix_tokens"] = s.longest_durable_prefix_tokens;
+  return j;
+}
+
+std::string stats_prometheus(const StoreStats& s) {
+  std::string o;
+  auto line = [&](const char* name, const std::string& labels, unsigned long long v) {
+    o += strfmt("%s%s %llu\n", name, labels.empty() ? "" : ("{" + labels + "}").c_str(), v);
+  };
+  line("larder_kv_bytes", "bucket=\"ram\"", s.ram.bytes);
+  line("larder_kv_bytes", "bucket=\"mapped\"", s.ram.mapped_bytes);
+  line("larder_kv_bytes", "bucket=\"queue\"", s.queue.queued_bytes);
+  line("larder_kv_bytes", "bucket=\"ssd\"", s.ssd.bytes);
+  line("larder_kv_entries", "tier=\"ram\"", s.ram.entries);
+  line("larder_kv_entries", "tier=\"ssd\"", s.ssd.entries);
+  line("larder_kv_lookups_total", "result=\"hit_ram\"", s.lookups_hit_ram);
+  line("larder_kv_lookups_total", "result=\"hit_ssd\"", s.lookups_hit_ssd);
+  line("larder_kv_lookups_total", "result=\"miss\"", s.lookups_miss);
+  line("larder_kv_reused_tokens_total", "tier=\"ram\"", s.reused_tokens_ram);
+  line("larder_kv_reused_tokens_total", "tier=\"ssd\"", s.reused_tokens_ssd);
+  for (const auto& [reason, n] : s.miss_reasons) line("larder_kv_miss_total", "reason=\"" + reason + "\"", n);
+  line("larder_kv_evictions_total", "tier=\"ram\"", s.ram.evictions);
+  line("larder_kv_evictions_total", "tier=\"ssd\"", s.ssd.evictions);
+  line("larder_kv_spills_total", "outcome=\"written\"", s.queue.written);
+  line("larder_kv_spills_total", "outcome=\"dropped\"", s.queue.dropped);
+  line("larder_kv_spills_total", "outcome=\"failed\"", s.queue.failed);
+  line("larder_kv_restores_total", "outcome=\"ok\"", s.ssd.restores);
+  line("larder_kv_restores_total", "outcome=\"failed\"", s.ssd.restore_failures);
+  line("larder_kv_demotions_total", "", s.ram.demotions);
+  line("larder_kv_queue_bytes", "", s.queue.queued_bytes);
+  line("larder_kv_dirty_keys", "", s.dirty_keys);
+  line("larder_kv_longest_durable_prefix_tokens", "", static_cast<unsigned long long>(s.longest_durable_prefix_tokens));
+  return o;
+}
+
+}  // namespace larder::memory

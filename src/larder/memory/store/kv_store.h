@@ -1,0 +1,123 @@
+// kv_store.h — the Layer-0 KV store: the API runtime/ drives (kv-store.md §3, §8, §10, §13).
+//
+//   auto store = KvStore::open(cfg);                        // RAM tier (+ SSD tier if cfg.ssd_dir)
+//   TakeResult t = store->take(prompt_ids, ns);             // longest usable prefix, RAM or SSD
+//   SequenceState s = t.hit ? std::move(*t.hit).into_state(layout, ctx)
+//                           : SequenceState(layout, ctx);   // prefill from t.report.reused_tokens
+//   ... prefill, decode ...
+//   store->put(forwarded_ids, std::move(s), ns);            // after EOS/stop/cancel, not on error
+//   store->flush();                                         // SIGTERM / POST /admin/kv/flush
+//
+// Threads: one engine thread owns the store and calls every method except stats(), which is
+// safe from any thread. The SSD writer thread (inside SpillQueue) runs the startup scan and the
+// write-behind queue; all cross-thread state is inside SpillQueue and SsdTier (documented there).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "larder/memory/store/ram_tier.h"
+#include "larder/memory/store/spill_queue.h"
+#include "larder/memory/store/ssd_tier.h"
+
+namespace larder::memory {
+
+struct KvStoreConfig {
+  size_t ram_cap_bytes = 8ull << 30;              // --prompt-cache (0 = every put spills and drops)
+  std::string ssd_dir;                            // --ssd-cache (empty = off)
+  uint64_t ssd_cap_bytes = 32ull << 30;           // --ssd-cache-max
+  size_t spill_queue_cap_bytes = 2ull << 30;      // --ssd-spill-queue
+  bool write_behind = true;                       // --ssd-writebehind
+  VerifyPolicy verify = VerifyPolicy::kFull;      // --ssd-cache-verify
+  RestoreMode restore = RestoreMode::kMmap;       // --ssd-cache-restore
+  StoreIdentity identity;                         // model fingerprints (§9)
+  std::string signature;                          // expected storage signature; empty = unchecked
+  IoLayer* io = nullptr;                          // fault injection; null = posix
+  bool background_scan = true;                    // scan on the writer thread (else before open returns)
+};
+
+struct FlushReport {
+  bool ssd_enabled = false;
+  bool durable = false;     // nothing pending, nothing dropped/failed in this flush, nothing missing
+  size_t written = 0;       // entries persisted by this flush (queue drain + forced)
+  size_t already = 0;       // RAM entries already covered by a durable file
+  size_t failed = 0;        // writes that failed (disk full, I/O error, over cap)
+  size_t dropped = 0;       // queued items dropped by the queue cap since the previous flush
+  size_t missing = 0;       // dirty keys that left RAM without a durable copy
+  std::vector<std::string> not_written;  // "<ns>:<n tokens>:<reason>" per entry not on disk
+};
+
+struct StoreStats {
+  RamStats ram;
+  bool ssd_enabled = false;
+  SsdStats ssd;
+  QueueStats queue;
+  uint64_t lookups_hit_ram = 0, lookups_hit_ssd = 0, lookups_miss = 0;
+  uint64_t reused_tokens_ram = 0, reused_tokens_ssd = 0;
+  size_t dirty_keys = 0;
+  int64_t longest_durable_prefix_tokens = 0;
+  std::map<std::string, uint64_t> miss_reasons;  // reason class (diverged_at:* folded) → count
+};
+nlohmann::json stats_json(const StoreStats& s);
+// Prometheus text exposition with the names of kv-store.md §13.
+std::string stats_prometheus(const StoreStats& s);
+
+class KvStore {
+ public:
+  static Result<std::unique_ptr<KvStore>> open(KvStoreConfig cfg);
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  TakeResult take(std::span<const TokenId> prompt, const std::string& ns);
+  int64_t peek(std::span<const TokenId> prompt, const std::string& ns) const { return ram_->peek(prompt, ns); }
+  Status put(std::span<const TokenId> tokens, SequenceState&& state, const std::string& ns,
+             const PutOptions& opts = {});
+  // The prompt boundary (end of the rendered prompt, before generation) as a reusable point:
+  // call at the boundary during prefill for models whose state is not fully trimmable, so the
+  // next turn of a multi-turn chat hits even when the reply re-tokenizes differently (§11.3).
+  // Plain-KV entries trim to any prefix and need no checkpoint (a no-op then).
+  Status put_prompt_boundary(std::span<const TokenId> prompt, const SequenceState& state, const std::string& ns);
+
+  size_t relieve_pressure(const std::function<bool()>& over_budget) { return ram_->relieve_pressure(over_budget); }
+  size_t demote_idle(std::chrono::steady_clock::duration idle) { return ram_->demote_idle(idle); }
+  // Engine activity for the writer's idle gate (§8.1).
+  void set_engine_busy(bool busy);
+  // Write-behind (§8.2): enqueue snapshots of dirty keys still in RAM; call when the engine is
+  // idle. Returns snapshots enqueued.
+  size_t write_behind();
+  // Durability boundary (§8.3): drain the queue, then force every dirty key and every RAM entry
+  // without a durable copy, one at a time. Call on the engine thread (SIGTERM, admin flush).
+  FlushReport flush();
+  // RAM clear (never spills, §3.6); with_ssd also removes this identity's files.
+  void clear(bool with_ssd = false);
+  // Blocks until the SSD index is published (tests, `generate` before its first take).
+  void wait_ssd_ready() const;
+
+  StoreStats stats() const;
+  RamTier& ram() { return *ram_; }
+  SsdTier* ssd() { return ssd_.get(); }
+
+ private:
+  explicit KvStore(KvStoreConfig cfg) : cfg_(std::move(cfg)) {}
+  void count(const TakeResult& r);
+
+  KvStoreConfig cfg_;
+  std::unique_ptr<SsdTier> ssd_;
+  std::unique_ptr<SpillQueue> queue_;
+  std::unique_ptr<RamTier> ram_;
+  std::set<std::pair<std::string, std::vector<TokenId>>> dirty_;
+  mutable std::mutex stats_mu_;  // guards the counters below (stats() may run on another thread)
+  uint64_t hit_ram_ = 0, hit_ssd_ = 0, miss_ = 0, reused_ram_ = 0, reused_ssd_ = 0;
+  std::map<std::string, uint64_t> reasons_;
+  uint64_t dropped_seen_ = 0;
+};
+
+}  // namespace larder::memory

@@ -1,0 +1,370 @@
+#include "larder/memory/store/ssd_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <xxhash.h>
+
+#include "larder/core/log.h"
+
+namespace larder::memory {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+Status make_dir(const std::string& p) {
+  if (::mkdir(p.c_str(), 0700) == 0 || errno == EEXIST) return Status::ok();
+  return io_error(strfmt("[ssd-cache] cannot create %s: %s", p.c_str(), std::strerror(errno)));
+}
+
+bool ends_with(const std::string& s, const char* suf) {
+  const size_t n = std::strlen(suf);
+  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
+}
+
+bool is_prefix_of(const std::vector<TokenId>& a, const std::vector<TokenId>& b) {
+  return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+}  // namespace
+
+std::string ns_dir_name(const std::string& ns) {
+  bool safe = !ns.empty() && ns.size() <= 64;
+  for (char c : ns) safe = safe && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-');
+  return safe ? ns : "h" + hex64(XXH3_64bits(ns.data(), ns.size()));
+}
+
+SsdTier::SsdTier(SsdConfig c) : cfg_(std::move(c)), io_(cfg_.io ? cfg_.io : &posix_io()) {
+  id_dir_ = cfg_.dir + "/" + identity_id(cfg_.identity);
+}
+
+Result<std::unique_ptr<SsdTier>> SsdTier::open(SsdConfig config) {
+  if (config.dir.empty()) return invalid_argument("[ssd-cache] no directory given");
+  LARDER_RETURN_IF_ERROR(make_dir(config.dir));
+  std::unique_ptr<SsdTier> t(new SsdTier(std::move(config)));
+  LARDER_RETURN_IF_ERROR(make_dir(t->id_dir_));
+  return t;
+}
+
+std::string SsdTier::path_for(const std::string& ns, std::span<const TokenId> tokens) const {
+  return id_dir_ + "/" + ns_dir_name(ns) + "/" + entry_id(ns, tokens) + ".lkv";
+}
+
+void SsdTier::scan() {
+  std::vector<SsdRecord> found;
+  std::vector<std::pair<int64_t, size_t>> by_mtime;
+  uint64_t removed = 0, reaped = 0;
+  std::error_code ec;
+  for (fs::directory_iterator nsit(id_dir_, ec), end; !ec && nsit != end; nsit.increment(ec)) {
+    if (!nsit->is_directory(ec)) continue;
+    std::error_code ec2;
+    for (fs::directory_iterator it(nsit->path(), ec2); !ec2 && it != end; it.increment(ec2)) {
+      const std::string path = it->path().string();
+      const std::string name = it->path().filename().string();
+      if (ends_with(name, ".lkv.tmp")) {  // an interrupted write: never read, always reaped
+        io_->unlink(path.c_str());
+        ++reaped;
+        continue;
+      }
+      if (!ends_with(name, ".lkv")) continue;  // unknown extensions are not ours to judge
+      Result<LkvInfo> info = read_lkv_info(path, &cfg_.identity);
+      Status bad = info.is_ok() ? Status::ok() : info.status();
+      if (bad.is_ok()) {
+        // The name must be the content address of (ns, tokens): a renamed or misplaced file
+        // could otherwise shadow another key.
+        if (name != entry_id(info->ns, info->tokens) + ".lkv" ||
+            nsit->path().filename().string() != ns_dir_name(info->ns)) {
+          bad = corrupt(strfmt("[ssd-cache] %s: name does not match its content", path.c_str()));
+        }
+      }
+      if (!bad.is_ok()) {
+        log_warn_once("ssd-scan-" + std::string(status_code_name(bad.code())),
+                      strfmt("[ssd-cache] removing unusable file at startup: %s", bad.message().c_str()));
+        LARDER_LOG_DEBUG("[ssd-cache] scan removed %s: %s", path.c_str(), bad.message().c_str());
+        io_->unlink(path.c_str());
+        ++removed;
+        continue;
+      }
+      SsdRecord r;
+      r.entry_id = name.substr(0, name.size() - 4);
+      r.ns = info->ns;
+      r.path = path;
+      r.tokens = std::move(info->tokens);
+      r.bytes = info->allocated_bytes;
+      r.trimmable = info->header.value("trimmable", false);
+      r.floor = info->header.value("floor", int64_t{0});
+      r.label = info->header.value("label", "full");
+      by_mtime.push_back({info->mtime_ns, found.size()});
+      found.push_back(std::move(r));
+    }
+  }
+  // Recency from mtime (restores bump it with utimensat), oldest first.
+  std::sort(by_mtime.begin(), by_mtime.end());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t c = 0;
+    for (auto& [m, i] : by_mtime) found[i].recency = ++c;
+    // Entries stored while the scan ran stay (they are newer than anything scanned).
+    for (SsdRecord& r : index_) {
+      auto it = std::find_if(found.begin(), found.end(), [&](const SsdRecord& f) { return f.entry_id == r.entry_id; });
+      r.recency = ++c;
+      if (it == found.end()) found.push_back(std::move(r)); else *it = std::move(r);
+    }
+    index_ = std::move(found);
+    clock_ = c;
+    stats_.scan_indexed = index_.size();
+    stats_.scan_removed += removed;
+    stats_.scan_tmp_reaped += reaped;
+    evict_locked("");
+    stats_.ready = true;
+    ready_.store(true, std::memory_order_release);
+  }
+  ready_cv_.notify_all();
+  LARDER_LOG_INFO("[ssd-cache] %s: %zu entries indexed, %llu unusable removed, %llu temp files reaped",
+                  id_dir_.c_str(), stats_.scan_indexed, static_cast<unsigned long long>(removed),
+                  static_cast<unsigned long long>(reaped));
+}
+
+void SsdTier::wait_ready() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  ready_cv_.wait(lock, [&] { return ready_.load(); });
+}
+
+int64_t SsdTier::usable(const SsdRecord& r, std::span<const TokenId> prompt) {
+  if (prompt.empty()) return -1;
+  const int64_t lcp = common_prefix(r.tokens, prompt);
+  const int64_t p = std::min<int64_t>(lcp, static_cast<int64_t>(prompt.size()) - 1);
+  if (p <= 0 || p < r.floor) return -1;
+  if (static_cast<int64_t>(r.tokens.size()) > p && !r.trimmable) return -1;
+  return p;
+}
+
+std::optional<ColdFind> SsdTier::find(std::span<const TokenId> prompt, const std::string& ns) {
+  if (!ready()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t best = 0;
+  const SsdRecord* pick = nullptr;
+  for (const SsdRecord& r : index_) {
+    if (r.ns != ns) continue;
+    const int64_t p = usable(r, prompt);
+    if (p > best) {
+      best = p;
+      pick = &r;
+    }
+  }
+  if (!pick) return std::nullopt;
+  return ColdFind{best, pick->entry_id};
+}
+
+ColdProbe SsdTier::probe(std::span<const TokenId> prompt, const std::string& ns) {
+  ColdProbe p;
+  if (!ready()) {
+    p.scanning = true;
+    return p;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const SsdRecord& r : index_) {
+    const int64_t lcp = common_prefix(r.tokens, prompt);
+    if (r.ns == ns) {
+      p.any_same_ns = true;
+      p.best_lcp = std::max(p.best_lcp, lcp);
+    } else {
+      p.best_lcp_other_ns = std::max(p.best_lcp_other_ns, lcp);
+    }
+  }
+  return p;
+}
+
+std::shared_ptr<const Entry> SsdTier::restore(const ColdFind& found, std::string* reason) {
+  SsdRecord rec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(index_.begin(), index_.end(), [&](const SsdRecord& r) { return r.entry_id == found.handle; });
+    if (it == index_.end()) {
+      if (reason) *reason = "ssd_io";
+      return nullptr;
+    }
+    rec = *it;
+  }
+  Result<std::shared_ptr<const Entry>> r = read_lkv(rec.path, &cfg_.identity, cfg_.verify, cfg_.restore);
+  Status bad = r.is_ok() ? Status::ok() : r.status();
+  if (bad.is_ok() && ((*r)->tokens != rec.tokens || (*r)->ns != rec.ns)) {
+    bad = corrupt(strfmt("[ssd-cache] %s: content changed since it was indexed", rec.path.c_str()));
+  }
+  if (!bad.is_ok()) {
+    const char* why = bad.code() == StatusCode::kCorrupt        ? "ssd_corrupt"
+                      : bad.code() == StatusCode::kIncompatible ? "ssd_incompatible"
+                                                                : "ssd_io";
+    if (reason) *reason = why;
+    log_warn_once(std::string("ssd-restore-") + why,
+                  strfmt("[ssd-cache] restore failed, file removed, serving on: %s", bad.message().c_str()));
+    LARDER_LOG_DEBUG("[ssd-cache] restore of %s failed: %s", rec.path.c_str(), bad.message().c_str());
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.restore_failures;
+    if (bad.code() == StatusCode::kCorrupt) ++stats_.corrupt;
+    else if (bad.code() == StatusCode::kIncompatible) ++stats_.incompatible;
+    else ++stats_.io_errors;
+    // A corrupt or foreign file is deleted (§7.4): it can never become valid, and keeping it
+    // would fail every later lookup. Files are cheap to rebuild.
+    for (size_t i = 0; i < index_.size(); ++i) {
+      if (index_[i].entry_id == rec.entry_id) {
+        remove_locked(i, true);
+        break;
+      }
+    }
+    return nullptr;
+  }
+  // §7.6: a restore bumps the file's mtime (recency survives restarts) and the index recency.
+  ::utimensat(AT_FDCWD, rec.path.c_str(), nullptr, 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.restores;
+  for (SsdRecord& x : index_)
+    if (x.entry_id == rec.entry_id) x.recency = ++clock_;
+  return std::move(r).value();
+}
+
+bool SsdTier::store(const Entry& e) {
+  if (e.tokens.empty()) return false;
+  std::lock_guard<std::mutex> wlock(write_mu_);
+  const std::string nsdir = id_dir_ + "/" + ns_dir_name(e.ns);
+  if (Status st = make_dir(nsdir); !st.is_ok()) {
+    log_warn_once("ssd-mkdir", st.message());
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.write_failures;
+    return false;
+  }
+  const std::string id = entry_id(e.ns, e.tokens);
+  const std::string path = nsdir + "/" + id + ".lkv";
+  WriteFailure cls = WriteFailure::kNone;
+  Status st = write_lkv(path, e, cfg_.identity, *io_, &cls);
+  if (!st.is_ok()) {
+    log_warn_once(std::string("ssd-write-") + write_failure_name(cls),
+                  strfmt("[ssd-cache] write failed (%s), entry not persisted, serving on: %s",
+                         write_failure_name(cls), st.message().c_str()));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.write_failures;
+    if (cls == WriteFailure::kNoSpace) ++stats_.write_no_space;
+    return false;
+  }
+  struct stat sb {};
+  uint64_t bytes = 0;
+  if (::stat(path.c_str(), &sb) == 0) bytes = static_cast<uint64_t>(sb.st_blocks) * 512;
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.writes;
+  if (bytes > cfg_.cap_bytes) {  // over the cap alone: delete, warn, false (§7.6)
+    io_->unlink(path.c_str());
+    ++stats_.oversize;
+    log_warn_once("ssd-oversize", strfmt("[ssd-cache] an entry of %llu bytes exceeds --ssd-cache-max; not kept",
+                                         static_cast<unsigned long long>(bytes)));
+    for (size_t i = 0; i < index_.size(); ++i)
+      if (index_[i].entry_id == id) { remove_locked(i, false); break; }
+    return false;
+  }
+  // Exact duplicate: same id, replaced by the rename already; drop the old record.
+  for (size_t i = 0; i < index_.size(); ++i) {
+    if (index_[i].entry_id == id) {
+      remove_locked(i, false);
+      break;
+    }
+  }
+  // Supersede strict same-ns ancestors only when the new entry is trimmable (§7.6).
+  if (e.trimmable) {
+    for (size_t i = 0; i < index_.size();) {
+      const SsdRecord& r = index_[i];
+      if (r.ns == e.ns && r.tokens.size() < e.tokens.size() && static_cast<int64_t>(r.tokens.size()) >= e.floor &&
+          is_prefix_of(r.tokens, e.tokens)) {
+        ++stats_.superseded;
+        remove_locked(i, true);
+      } else {
+        ++i;
+      }
+    }
+  }
+  SsdRecord rec;
+  rec.entry_id = id;
+  rec.ns = e.ns;
+  rec.path = path;
+  rec.tokens = e.tokens;
+  rec.bytes = bytes;
+  rec.recency = ++clock_;
+  rec.trimmable = e.trimmable;
+  rec.floor = e.floor;
+  rec.label = e.label;
+  index_.push_back(std::move(rec));
+  evict_locked(id);
+  return true;
+}
+
+void SsdTier::remove_locked(size_t i, bool unlink_file) {
+  // Unlinking a mapped file is safe on Linux: restored segments keep the inode alive.
+  if (unlink_file) io_->unlink(index_[i].path.c_str());
+  index_.erase(index_.begin() + static_cast<long>(i));
+}
+
+uint64_t SsdTier::total_bytes_locked() const {
+  uint64_t n = 0;
+  for (const SsdRecord& r : index_) n += r.bytes;
+  return n;
+}
+
+void SsdTier::evict_locked(const std::string& keep_id) {
+  while (total_bytes_locked() > cfg_.cap_bytes && !index_.empty()) {
+    size_t victim = index_.size();
+    for (size_t i = 0; i < index_.size(); ++i) {
+      if (index_[i].entry_id == keep_id) continue;
+      if (victim == index_.size() || index_[i].recency < index_[victim].recency) victim = i;
+    }
+    if (victim == index_.size()) break;
+    ++stats_.evictions;
+    remove_locked(victim, true);
+  }
+}
+
+int64_t SsdTier::longest_durable_prefix() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const SsdRecord& r : index_) n = std::max<int64_t>(n, static_cast<int64_t>(r.tokens.size()));
+  return n;
+}
+
+bool SsdTier::has_durable_prefix(std::span<const TokenId> tokens, const std::string& ns) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const SsdRecord& r : index_) {
+    if (r.ns != ns || r.tokens.size() < tokens.size()) continue;
+    if (!std::equal(tokens.begin(), tokens.end(), r.tokens.begin())) continue;
+    if (r.tokens.size() == tokens.size() || (r.trimmable && static_cast<int64_t>(tokens.size()) >= r.floor))
+      return true;
+  }
+  return false;
+}
+
+size_t SsdTier::clear() {
+  std::lock_guard<std::mutex> wlock(write_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = index_.size();
+  while (!index_.empty()) remove_locked(index_.size() - 1, true);
+  return n;
+}
+
+SsdStats SsdTier::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SsdStats s = stats_;
+  s.entries = index_.size();
+  s.bytes = total_bytes_locked();
+  s.ready = ready();
+  return s;
+}
+
+std::vector<SsdRecord> SsdTier::records() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_;
+}
+
+}  // namespace larder::memory
