@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Reference token ids for larder's tokenizer tests, made by the HF `tokenizers` library.
+
+Writes <out>/tokenizer/<name>.json for every HF tokenizer under <shared>/tokenizers/hf:
+  {"name", "dir", "cases": [{"text_hex", "ids", "ids_special", "decode", "decode_special_skip"}],
+   "decodes": [{"ids", "decode", "decode_skip"}]}
+Texts travel as hex bytes so that deliberately invalid UTF-8 survives JSON; such inputs are
+encoded as Python's bytes.decode("utf-8", "replace") (the policy larder documents).
+The corpus is tests/unit/tokenizer/data/corpus.txt (cases separated by lines "@@@@") plus the
+cases built below; the llama.cpp vocab vectors (.inp/.out) are read by the C++ test directly.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+
+from tokenizers import Tokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "..", "unit", "tokenizer", "data", "corpus.txt")
+
+
+def corpus_texts():
+    with open(CORPUS, encoding="utf-8") as f:
+        raw = f.read()
+    texts = raw.split("\n@@@@\n")
+    # A trailing newline after the last separator belongs to the file, not the case.
+    texts = [t for t in texts]
+    return [t.encode("utf-8") for t in texts]
+
+
+def built_cases(tok_specials):
+    b = []
+    b.append(b"")
+    for c in ["a", " ", "\n", "\t", "\u00e9", "\u4e2d", "\U0001F600", "\u200d", "0", "'", "\r\n"]:
+        b.append(c.encode())
+    b.append((" " * 150).encode())
+    b.append(("a" + " " * 120 + "b").encode())
+    b.append(("\t" * 40 + "x" + "\n" * 37).encode())
+    b.append(("1234567890" * 12).encode())
+    b.append("3.14159265358979323846 1,000,000 0x7fffffff 1e-10 ٣٤٥ ४५६".encode())
+    # Combining characters: NFC matters (e + U+0301 vs U+00E9; Hangul jamo; Devanagari nukta).
+    b.append("e\u0301 caf\u00e9 cafe\u0301 \u1100\u1161\u11a8 \u0915\u093c \u212b \u00c5 A\u030a".encode())
+    b.append("\ufb01 \u2126 \u1e9b\u0323 \u0041\u0308\u0301".encode())
+    # Special-token strings inside text (each tokenizer knows a different subset).
+    for s in tok_specials[:6]:
+        b.append(f"Hello{s}world {s} {s}{s}\n{s}x".encode())
+    b.append(b"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    b.append(b"<s>[INST] hi [/INST]</s><s> x</s>")
+    b.append(b"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>")
+    b.append(b"<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n")
+    b.append(b"<|im_start <s <|eot_id| <|im_start|<|im_start|>>")
+    # Invalid UTF-8: stray continuation, truncated sequences, overlong, surrogate, > U+10FFFF.
+    b.append(b"ok \x80 bad \xc3 \xe2\x82 \xf0\x9f\x98 end")
+    b.append(b"\xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 \xff\xfe")
+    b.append(b"\xe2\x82\xac\xe2\x82")
+    b.append(b"nul\x00byte")
+    return b
+
+
+def long_text():
+    rng = random.Random(1234)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Ünïcödé", "数据", "данные",
+             "🙂", "  ", "\n", "\t", "12345", "def f(x):", "return x*2;", "<tag>", "!!", "...", "naïve",
+             "ﬁle", "e\u0301", "   \n\n", "https://example.com/a?b=c", "中文字符测试", "😶\u200d🌫️"]
+    out = []
+    size = 0
+    while size < 400_000:
+        w = rng.choice(words)
+        out.append(w)
+        out.append(" " if rng.random() < 0.8 else "")
+        size += len(w) + 1
+    return "".join(out).encode()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shared", required=True)
+    args = ap.parse_args()
+    hf_root = os.path.join(args.shared, "tokenizers", "hf")
+    out_dir = os.path.join(args.out, "tokenizer")
+    os.makedirs(out_dir, exist_ok=True)
+    names = sorted(d for d in os.listdir(hf_root) if os.path.isfile(os.path.join(hf_root, d, "tokenizer.json")))
+    if not names:
+        print(f"no tokenizers under {hf_root}", file=sys.stderr)
+        return 1
+    base = corpus_texts()
+    for name in names:
+        d = os.path.join(hf_root, name)
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
+            tj = json.load(f)
+        specials = [a["content"] for a in tj["added_tokens"] if a.get("special")]
+        nonspecial = [a["content"] for a in tj["added_tokens"] if not a.get("special")]
+        texts = base + built_cases(specials + nonspecial[:2])
+        cases = []
+        for raw in texts:
+            text = raw.decode("utf-8", "replace")
+            ids = tok.encode(text, add_special_tokens=False).ids
+            ids_sp = tok.encode(text, add_special_tokens=True).ids
+            cases.append({
+                "text_hex": raw.hex(),
+                "ids": ids,
+                "ids_special": ids_sp,
+                "decode": tok.decode(ids, skip_special_tokens=False),
+                "decode_special_skip": tok.decode(ids_sp, skip_special_tokens=True),
+            })
+        # Random id sequences: decoding edge cases (lone byte tokens, specials, partial chars).
+        rng = random.Random(42)
+        vocab_n = tok.get_vocab_size(with_added_tokens=True)
+        byte_ids = [i for i in (tok.token_to_id(f"<0x{b:02X}>") for b in range(256)) if i is not None]
+        special_ids = [tok.token_to_id(s) for s in specials[:20]]
+        decodes = []
+        for _ in range(60):
+            n = rng.randint(1, 24)
+            seq = []
+            for _ in range(n):
+                r = rng.random()
+                if r < 0.3 and byte_ids:
+                    seq.append(rng.choice(byte_ids))
+                elif r < 0.4 and special_ids:
+                    seq.append(rng.choice(special_ids))
+                else:
+                    seq.append(rng.randrange(vocab_n))
+            decodes.append({"ids": seq, "decode": tok.decode(seq, skip_special_tokens=False),
+                            "decode_skip": tok.decode(seq, skip_special_tokens=True)})
+        lt = long_text()
+        long_case = {"text_hex": lt.hex(), "ids": tok.encode(lt.decode(), add_special_tokens=False).ids}
+        with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as f:
+            json.dump({"name": name, "dir": d, "cases": cases, "decodes": decodes, "long": long_case}, f,
+                      ensure_ascii=False)
+        print(f"{name}: {len(cases)} cases, {len(decodes)} decode sequences, long text {len(long_case['ids'])} ids")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
