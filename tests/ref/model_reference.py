@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Oracle for the architecture tests: tiny random-weight checkpoints run through mlx-lm.
+
+For each case this writes <out>/models/<case>/ with
+  config.json, model.safetensors      a Hugging Face checkpoint (or model.gguf for GGUF cases)
+  ref.json                            {"tokens": [64 ids], "vocab": V, "logits": {name: file}}
+  logits_<name>.f32                   float32 [64, V] logits of every position from mlx-lm
+The logits come from mlx-lm's own model classes (mlx_lm.utils.load_model), teacher-forced on a
+fixed random 64-token sequence, in one call without a cache.
+
+Logit sets
+  f32      checkpoint stored in f32, mlx computes in f32                (tight parity)
+  f32math  bf16 checkpoint, mlx weights upcast to f32 before running   (same math as larder: tight)
+  bf16     bf16 checkpoint, mlx computes in bf16 as mlx-lm would        (loose: bf16 rounding)
+  deq      GGUF cases: mlx-lm on an f32 checkpoint holding exactly gguf.quants.dequantize of the
+           GGUF's quantized tensors (Q/K rows un-permuted back to HF order for llama)
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+SEQ = 64
+
+# name, model_type, config overrides, extra options
+CASES = [
+    # GQA 8:2, explicit head_dim != hidden/heads, llama3 rope scaling with a short original
+    # context so all three frequency bands occur, tied embeddings.
+    ("llama_gqa", dict(model_type="llama", hidden_size=64, num_hidden_layers=3, intermediate_size=96,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=16, vocab_size=320,
+                       rope_theta=10000.0, tie_word_embeddings=True,
+                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0, original_max_position_embeddings=32))),
+    # MHA, untied lm_head, large rope_theta, ragged sizes (hidden 48, ffn 80).
+    ("llama_untied", dict(model_type="llama", hidden_size=48, num_hidden_layers=2, intermediate_size=80,
+                          num_attention_heads=4, num_key_value_heads=4, vocab_size=500,
+                          rope_theta=500000.0, tie_word_embeddings=False)),
+    ("mistral", dict(model_type="mistral", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                     num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=400,
+                     rope_theta=1000000.0, tie_word_embeddings=False, sliding_window=None)),
+    ("qwen2", dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=350, rope_theta=1000000.0,
+                   tie_word_embeddings=True)),
+    # head_dim 32 with hidden 64 / 4 heads: q_dim 128 != hidden; transformers-5 style
+    # rope_parameters instead of rope_theta.
+    ("qwen3", dict(model_type="qwen3", hidden_size=64, num_hidden_layers=3, intermediate_size=96,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=600,
+                   rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                   tie_word_embeddings=False)),
+]
+GGUF_CASES = [("llama_gqa", "Q8_0"), ("llama_gqa", "Q4_0"), ("qwen3", "Q8_0"), ("qwen3", "Q4_0")]
+
+
+def full_config(over):
+    c = dict(rms_norm_eps=1e-5, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+             hidden_act="silu")
+    c.update(over)
+    return c
+
+
+def tensor_shapes(c):
+    h, ffn, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or h // nh
+    s = {"model.embed_tokens.weight": (V, h), "model.norm.weight": (h,)}
+    if not c["tie_word_embeddings"]:
+        s["lm_head.weight"] = (V, h)
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        s[p + "input_layernorm.weight"] = (h,)
+        s[p + "post_attention_layernorm.weight"] = (h,)
+        s[p + "self_attn.q_proj.weight"] = (nh * hd, h)
+        s[p + "self_attn.k_proj.weight"] = (nkv * hd, h)
+        s[p + "self_attn.v_proj.weight"] = (nkv * hd, h)
+        s[p + "self_attn.o_proj.weight"] = (h, nh * hd)
+        if c["model_type"] == "qwen2":
+            s[p + "self_attn.q_proj.bias"] = (nh * hd,)
+            s[p + "self_attn.k_proj.bias"] = (nkv * hd,)
+            s[p + "self_attn.v_proj.bias"] = (nkv * hd,)
+        if c["model_type"] == "qwen3":
+            s[p + "self_attn.q_norm.weight"] = (hd,)
+            s[p + "self_attn.k_norm.weight"] = (hd,)
+        s[p + "mlp.gate_proj.weight"] = (ffn, h)
+        s[p + "mlp.up_proj.weight"] = (ffn, h)
+        s[p + "mlp.down_proj.weight"] = (h, ffn)
+    return s
+
+
+def random_weights(c, rng):
+    """Weights scaled so activations stay O(1) and logits spread (std ~2): near-ties of the
+    top-1 logit would make the top-1 check meaningless."""
+    w = {}
+    for name, shape in tensor_shapes(c).items():
+        if name.endswith("norm.weight"):
+            w[name] = (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith(".bias"):
+            w[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+        elif name == "model.embed_tokens.weight" or name == "lm_head.weight":
+            w[name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            w[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    return w
+
+
+def to_bf16_bits(a):
+    """f32 -> bf16 bit patterns, round to nearest even (finite inputs)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def bf16_bits_to_f32(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def write_safetensors(path, tensors):
+    """Minimal safetensors writer: {name: (dtype_str, np.ndarray of the stored bytes' dtype)}."""
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        dt, arr = tensors[name]
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def write_hf(d, config, weights, dtype):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    if dtype == "f32":
+        t = {k: ("F32", v) for k, v in weights.items()}
+    else:
+        t = {k: ("BF16", to_bf16_bits(v)) for k, v in weights.items()}
+    write_safetensors(os.path.join(d, "model.safetensors"), t)
+
+
+def mlx_logits(d, tokens, upcast=False):
+    import mlx.core as mx
+    from pathlib import Path
+    from mlx_lm.utils import load_model
+    model, _ = load_model(Path(d))
+    if upcast:
+        model.set_dtype(mx.float32)
+    out = model(mx.array(tokens, dtype=mx.int32)[None])
+    return np.array(out[0].astype(mx.float32))
+
+
+# llama.cpp convert_hf_to_gguf LlamaModel.permute: HF rotate_half rows -> interleaved rows.
+def permute(w, n_head):
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf):
+    m = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+         "lm_head.weight": "output.weight"}
+    if hf in m:
+        return m[hf]
+    parts = hf.split(".")
+    l, rest = parts[2], ".".join(parts[3:])
+    for a, b in [("self_attn.q_proj.", "attn_q."), ("self_attn.k_proj.", "attn_k."),
+                 ("self_attn.v_proj.", "attn_v."), ("self_attn.o_proj.", "attn_output."),
+                 ("self_attn.q_norm.", "attn_q_norm."), ("self_attn.k_norm.", "attn_k_norm."),
+                 ("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", "ffn_norm."),
+                 ("mlp.gate_proj.", "ffn_gate."), ("mlp.up_proj.", "ffn_up."), ("mlp.down_proj.", "ffn_down.")]:
+        if rest.startswith(a):
+            return f"blk.{l}.{b}{rest[len(a):]}"
+    raise KeyError(hf)
+
+
+def llama3_rope_factors(c):
+    """llama.cpp's rope_freqs.weight for rope_type llama3: per-pair divisors of inv_freq."""
+    rs = c["rope_scaling"]
+    hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    base = c["rope_theta"]
+    freqs = 1.0 / (base ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
+    old, lo, hi, fac = rs["original_max_position_embeddings"], rs["low_freq_factor"], rs["high_freq_factor"], rs["factor"]
+    low_wl, high_wl = old / lo, old / hi
+    out = []
+    for f in freqs:
+        wl = 2 * np.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(fac)
+        else:
+            s = (old / wl - lo) / (hi - lo)
+            out.append(1.0 / ((1 - s) / fac + s))
+    return np.array(out, dtype=np.float32)
+
+
+def write_gguf(path, c, weights, qname):
+    import gguf
+    qt = getattr(gguf.GGMLQuantizationType, qname)
+    arch = c["model_type"]
+    nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or c["hidden_size"] // nh
+    wr = gguf.GGUFWriter(path, arch)
+    wr.add_block_count(c["num_hidden_layers"])
+    wr.add_embedding_length(c["hidden_size"])
+    wr.add_feed_forward_length(c["intermediate_size"])
+    wr.add_head_count(nh)
+    wr.add_head_count_kv(nkv)
+    wr.add_key_length(hd)
+    wr.add_value_length(hd)
+    wr.add_rope_dimension_count(hd)
+    theta = c.get("rope_theta") or c["rope_parameters"]["rope_theta"]
+    wr.add_rope_freq_base(theta)
+    wr.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    wr.add_context_length(c["max_position_embeddings"])
+    wr.add_bos_token_id(1)
+    wr.add_eos_token_id(2)
+    deq = {}
+    for name, w in weights.items():
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            w = permute(w, nh)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            w = permute(w, nkv)
+        if w.ndim == 2:
+            q = gguf.quants.quantize(w, qt)
+            wr.add_tensor(gguf_name(name), q, raw_dtype=qt)
+            d = gguf.quants.dequantize(q, qt).reshape(w.shape).astype(np.float32)
+        else:
+            wr.add_tensor(gguf_name(name), w)
+            d = w
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            d = unpermute(d, nh)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            d = unpermute(d, nkv)
+        deq[name] = d
+    if c.get("rope_scaling", {}).get("rope_type") == "llama3":
+        wr.add_tensor("rope_freqs.weight", llama3_rope_factors(c))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return deq
+
+
+def save_case(d, tokens, vocab, logit_sets, extra=None):
+    meta = {"tokens": tokens, "vocab": vocab, "seq": len(tokens), "logits": {}}
+    for k, v in logit_sets.items():
+        fn = f"logits_{k}.f32"
+        np.ascontiguousarray(v, dtype=np.float32).tofile(os.path.join(d, fn))
+        meta["logits"][k] = fn
+        top = np.sort(v, axis=1)
+        meta.setdefault("min_top1_margin", {})[k] = float(np.min(top[:, -1] - top[:, -2]))
+        meta.setdefault("max_abs_logit", {})[k] = float(np.max(np.abs(v)))
+    if extra:
+        meta.update(extra)
+    with open(os.path.join(d, "ref.json"), "w") as f:
+        json.dump(meta, f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shared", required=False)
+    a = ap.parse_args()
+    root = os.path.join(a.out, "models")
+    os.makedirs(root, exist_ok=True)
+    configs, weights = {}, {}
+    for i, (name, over) in enumerate(CASES):
+        c = full_config(over)
+        rng = np.random.default_rng(1000 + i)
+        w = random_weights(c, rng)
+        tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
+        configs[name], weights[name] = c, w
+
+        d = os.path.join(root, name + "_f32")
+        write_hf(d, c, w, "f32")
+        save_case(d, tokens, c["vocab_size"], {"f32": mlx_logits(d, tokens)})
+
+        wb = {k: bf16_bits_to_f32(to_bf16_bits(v)) for k, v in w.items()}
+        d = os.path.join(root, name + "_bf16")
+        write_hf(d, c, wb, "bf16")
+        save_case(d, tokens, c["vocab_size"],
+                  {"f32math": mlx_logits(d, tokens, upcast=True), "bf16": mlx_logits(d, tokens)})
+        print(f"model_reference: {name}", flush=True)
+
+    for name, q in GGUF_CASES:
+        c = configs[name]
+        d = os.path.join(root, f"{name}_{q.lower()}")
+        os.makedirs(d, exist_ok=True)
+        deq = write_gguf(os.path.join(d, "model.gguf"), c, weights[name], q)
+        # mlx-lm runs an f32 HF checkpoint of exactly the dequantized values (kept under hf/).
+        hf = os.path.join(d, "hf")
+        write_hf(hf, c, deq, "f32")
+        rng = np.random.default_rng(7)
+        tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
+        save_case(d, tokens, c["vocab_size"], {"deq": mlx_logits(hf, tokens)})
+        print(f"model_reference: {name} {q}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

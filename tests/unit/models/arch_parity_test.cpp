@@ -1,0 +1,206 @@
+// Every architecture vs mlx-lm: tiny random checkpoints made by tests/ref/model_reference.py,
+// teacher-forced over 64 tokens; logits of every position compared.
+//
+// Bounds
+// - f32 checkpoints, and bf16 checkpoints against mlx run in f32 on the same bf16 values
+//   ("f32math"), and GGUF Q8_0/Q4_0 against mlx on the exactly dequantized values ("deq"): the
+//   math is the same as larder's, only summation order differs (mlx: f32 accumulation; larder
+//   ref: double), so max |diff| ≤ 1e-4 · max|logit| and the top-1 token must agree everywhere.
+// - bf16 checkpoints against mlx computing in bf16 ("bf16"): mlx rounds every activation (each
+//   matmul output, norm, rope, softmax, residual sum) to bf16, unit roundoff u = 2^-8 ≈ 3.9e-3;
+//   larder computes in f32 from the same bf16 weights. Each of the ~10 rounded stages per layer
+//   perturbs the residual stream by ≲ u relative, and the final logits (|logit| up to ~60 here)
+//   are themselves stored in bf16 by mlx (step 0.25 at 32..64). The bound is 8u · max|logit| ≈
+//   3.1e-2 · max|logit| (measured worst is printed). Top-1 must agree wherever mlx's own bf16
+//   top-1 margin exceeds twice that bound (below it mlx's ranking is bf16 noise).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "larder/formats/model_files.h"
+#include "larder/memory/kv_cache.h"
+#include "larder/models/model.h"
+
+namespace larder::models {
+namespace {
+
+const std::string kRoot = std::string(LARDER_TEST_DATA_DIR) + "/models/";
+
+struct Ref {
+  std::vector<int32_t> tokens;
+  int64_t vocab = 0;
+  nlohmann::json meta;
+  std::vector<float> logits(const std::string& dir, const std::string& set) const {
+    std::vector<float> v(tokens.size() * static_cast<size_t>(vocab));
+    std::ifstream f(dir + "/" + meta["logits"][set].get<std::string>(), std::ios::binary);
+    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    EXPECT_TRUE(f.good()) << dir << " " << set;
+    return v;
+  }
+};
+
+Ref read_ref(const std::string& dir) {
+  Ref r;
+  std::ifstream f(dir + "/ref.json");
+  EXPECT_TRUE(f.good()) << dir << ": fixture model_ref did not run";
+  if (!f.good()) return r;
+  r.meta = nlohmann::json::parse(f);
+  r.tokens = r.meta["tokens"].get<std::vector<int32_t>>();
+  r.vocab = r.meta["vocab"].get<int64_t>();
+  return r;
+}
+
+struct Diff {
+  float max_abs = 0, max_ref = 0;
+  int top1_mismatch = 0;      // positions whose argmax differs
+  int top1_checked = 0;
+};
+
+// margin_min: only positions where the reference top-1 beats the runner-up by more than this
+// count towards the top-1 check.
+Diff compare(const std::vector<float>& got, const std::vector<float>& want, int64_t V, float margin_min = 0) {
+  Diff d;
+  const int64_t n = static_cast<int64_t>(want.size()) / V;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* g = got.data() + t * V;
+    const float* w = want.data() + t * V;
+    int64_t ag = 0, aw = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      d.max_abs = std::max(d.max_abs, std::abs(g[v] - w[v]));
+      d.max_ref = std::max(d.max_ref, std::abs(w[v]));
+      if (g[v] > g[ag]) ag = v;
+      if (w[v] > w[aw]) aw = v;
+    }
+    float second = -INFINITY;
+    for (int64_t v = 0; v < V; ++v)
+      if (v != aw) second = std::max(second, w[v]);
+    if (w[aw] - second > margin_min) {
+      ++d.top1_checked;
+      d.top1_mismatch += ag != aw;
+    }
+  }
+  return d;
+}
+
+struct Loaded {
+  formats::ModelFiles files;
+  std::unique_ptr<Model> model;
+};
+
+Loaded load(const std::string& path) {
+  Loaded l;
+  auto f = formats::open_model_files(path);
+  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
+  if (!f.is_ok()) return l;
+  l.files = std::move(f.value());
+  auto m = Model::load(l.files);
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  if (m.is_ok()) l.model = std::move(m.value());
+  return l;
+}
+
+// Forward the sequence in the given chunk sizes, collecting every position's logits.
+std::vector<float> run_chunks(Model& m, const std::vector<int32_t>& toks, const std::vector<int64_t>& chunks) {
+  const int64_t V = m.info().vocab;
+  memory::KvCache cache(m.kv_layout(), m.info().max_context);
+  std::vector<float> out(toks.size() * static_cast<size_t>(V));
+  int64_t at = 0;
+  for (int64_t c : chunks) {
+    Status st = m.forward(toks.data() + at, c, cache, out.data() + at * V, true);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    at += c;
+  }
+  EXPECT_EQ(at, static_cast<int64_t>(toks.size()));
+  EXPECT_EQ(cache.length(), at);
+  return out;
+}
+
+struct Case {
+  const char* dir;   // under testdata/models/
+  const char* file;  // "" = HF directory, else file inside it
+  const char* arch;
+  bool tied;
+  const char* dtypes;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.dir; }
+
+class ArchParity : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ArchParity, TightAgainstMlxLm) {
+  const Case& c = GetParam();
+  const std::string dir = kRoot + c.dir;
+  Ref ref = read_ref(dir);
+  ASSERT_FALSE(ref.tokens.empty());
+  Loaded l = load(std::string(c.file).empty() ? dir : dir + "/" + c.file);
+  ASSERT_NE(l.model, nullptr);
+  Model& m = *l.model;
+  EXPECT_EQ(m.info().architecture, c.arch);
+  EXPECT_EQ(m.info().tied_embeddings, c.tied);
+  EXPECT_EQ(m.info().weight_dtypes, c.dtypes);
+  ASSERT_EQ(m.info().vocab, ref.vocab);
+
+  const std::string set = ref.meta["logits"].contains("f32") ? "f32" : ref.meta["logits"].contains("f32math") ? "f32math" : "deq";
+  const std::vector<float> want = ref.logits(dir, set);
+  for (const auto& chunks : {std::vector<int64_t>{64}, std::vector<int64_t>{20, 1, 43}, std::vector<int64_t>{1, 1, 30, 32}}) {
+    const Diff d = compare(run_chunks(m, ref.tokens, chunks), want, ref.vocab);
+    std::string cs;
+    for (int64_t x : chunks) cs += std::to_string(x) + " ";
+    RecordProperty(("max_rel_" + set + "_chunks_" + cs).c_str(), std::to_string(d.max_abs / d.max_ref));
+    std::printf("[parity] %-18s %-8s chunks %-10s max|diff| %.3g  max|logit| %.3g  rel %.3g  top1 %d/%d\n", c.dir,
+                set.c_str(), cs.c_str(), d.max_abs, d.max_ref, d.max_abs / d.max_ref,
+                d.top1_checked - d.top1_mismatch, d.top1_checked);
+    EXPECT_LE(d.max_abs, 1e-4f * d.max_ref) << c.dir << " chunks " << cs;
+    EXPECT_EQ(d.top1_mismatch, 0) << c.dir << " chunks " << cs;
+    EXPECT_EQ(d.top1_checked, static_cast<int>(ref.tokens.size()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ArchParity,
+    ::testing::Values(Case{"llama_gqa_f32", "", "llama", true, "F32"},
+                      Case{"llama_untied_f32", "", "llama", false, "F32"},
+                      Case{"mistral_f32", "", "mistral", false, "F32"},
+                      Case{"qwen2_f32", "", "qwen2", true, "F32"},
+                      Case{"qwen3_f32", "", "qwen3", false, "F32"},
+                      Case{"llama_gqa_bf16", "", "llama", true, "BF16"},
+                      Case{"llama_untied_bf16", "", "llama", false, "BF16"},
+                      Case{"mistral_bf16", "", "mistral", false, "BF16"},
+                      Case{"qwen2_bf16", "", "qwen2", true, "BF16"},
+                      Case{"qwen3_bf16", "", "qwen3", false, "BF16"},
+                      Case{"llama_gqa_q8_0", "model.gguf", "llama", true, "Q8_0"},
+                      Case{"llama_gqa_q4_0", "model.gguf", "llama", true, "Q4_0"},
+                      Case{"qwen3_q8_0", "model.gguf", "qwen3", false, "Q8_0"},
+                      Case{"qwen3_q4_0", "model.gguf", "qwen3", false, "Q4_0"}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.dir); });
+
+class Bf16Parity : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Bf16Parity, LooseAgainstMlxBf16Compute) {
+  const std::string dir = kRoot + GetParam();
+  Ref ref = read_ref(dir);
+  ASSERT_FALSE(ref.tokens.empty());
+  Loaded l = load(dir);
+  ASSERT_NE(l.model, nullptr);
+  const std::vector<float> want = ref.logits(dir, "bf16");
+  float max_ref = 0;
+  for (float v : want) max_ref = std::max(max_ref, std::abs(v));
+  const float u = 1.0f / 256;  // bf16 unit roundoff
+  const float bound = 8 * u * max_ref;
+  const Diff d = compare(run_chunks(*l.model, ref.tokens, {64}), want, ref.vocab, 2 * bound);
+  std::printf("[parity] %-18s bf16     max|diff| %.3g  max|logit| %.3g  rel %.3g (bound %.3g)  top1 %d/%d checked\n",
+              GetParam(), d.max_abs, d.max_ref, d.max_abs / d.max_ref, 8 * u, d.top1_checked - d.top1_mismatch,
+              d.top1_checked);
+  EXPECT_LE(d.max_abs, bound);
+  EXPECT_EQ(d.top1_mismatch, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Bf16Parity,
+                         ::testing::Values("llama_gqa_bf16", "llama_untied_bf16", "mistral_bf16", "qwen2_bf16",
+                                           "qwen3_bf16"));
+
+}  // namespace
+}  // namespace larder::models
