@@ -55,7 +55,6 @@ void ThreadPool::set_pinning(bool on) {
 
 void ThreadPool::start_workers() {
   stop_.store(false);
-  done_.v.store(0);
   workers_.reserve(n_threads_ - 1);
   // The generation is read here, not in the new thread: a job submitted before the thread first
   // runs must still count as new to it, or the submitter would wait for its check-in forever.
@@ -68,6 +67,7 @@ void ThreadPool::start_workers() {
 void ThreadPool::stop_workers() {
   if (workers_.empty()) return;
   stop_.store(true);
+  state_.v.fetch_or(kClosed);
   generation_.v.fetch_add(1);
   futex_wake_all(&generation_.v);
   for (auto& t : workers_) t.join();
@@ -118,8 +118,18 @@ void ThreadPool::worker_main(int index, uint32_t seen) {
     }
     seen = g;
     if (stop_.load()) return;
+    // Join job g unless the caller already closed it (it finished without us) or moved on.
+    uint64_t st = state_.v.load(std::memory_order_acquire);
+    bool joined = false;
+    while ((st >> 32) == g && !(st & kClosed)) {
+      if (state_.v.compare_exchange_weak(st, st + 1, std::memory_order_acq_rel)) {
+        joined = true;
+        break;
+      }
+    }
+    if (!joined) continue;
     work_on_current_job(index + 1);
-    done_.v.fetch_add(1, std::memory_order_acq_rel);
+    state_.v.fetch_sub(1, std::memory_order_release);  // our chunks' writes happen-before the close
   }
 }
 
@@ -131,21 +141,26 @@ void ThreadPool::run(int64_t n_chunks, ChunkFn fn, void* ctx) {
     return;
   }
   std::lock_guard<std::mutex> lock(submit_mu_);
-  const uint32_t n_workers = static_cast<uint32_t>(workers_.size());
   job_fn_ = fn;
   job_ctx_ = ctx;
   job_chunks_ = n_chunks;
   next_chunk_.v.store(0, std::memory_order_relaxed);
-  done_.v.store(0, std::memory_order_relaxed);
-  generation_.v.fetch_add(1);  // seq_cst: publishes the job and orders against sleepers_ below
+  const uint32_t g = generation_.v.load(std::memory_order_relaxed) + 1;
+  state_.v.store(static_cast<uint64_t>(g) << 32, std::memory_order_release);  // open, 0 joined
+  generation_.v.store(g);  // seq_cst: publishes the job and orders against sleepers_ below
   if (sleepers_.v.load() > 0) futex_wake_all(&generation_.v);
 
   work_on_current_job(0);
 
-  // Every worker checks in once per job, even with no chunk left, so the job fields above stay
-  // valid until nobody can read them. Workers are normally spinning, so this wait is short; if
-  // one is asleep or descheduled, yield the core to it (2 cores: it may be waiting for ours).
-  for (int i = 0; done_.v.load(std::memory_order_acquire) != n_workers; ++i) {
+  // All chunks are claimed; close the job once no joined worker is still running one. Workers
+  // that never joined (asleep, descheduled) are not waited for. A joined worker holds at most one
+  // chunk here; if it is descheduled mid-chunk, yield the core to it (2 cores: it may need ours).
+  for (int i = 0;; ++i) {
+    uint64_t st = state_.v.load(std::memory_order_acquire);
+    if ((st & kCountMask) == 0 &&
+        state_.v.compare_exchange_weak(st, st | kClosed, std::memory_order_acq_rel)) {
+      break;
+    }
     if (i < 4096) {
       _mm_pause();
     } else {

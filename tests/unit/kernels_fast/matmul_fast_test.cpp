@@ -94,7 +94,7 @@ std::vector<float> make_acts(int64_t n, int64_t cols, std::mt19937& rng) {
   std::vector<float> x(n * cols);
   for (auto& v : x) v = nd(rng);
   // Some structure real activations have: an all-zero block (d = 0) and a large outlier.
-  if (cols >= 64) {
+  if (cols >= 64 && x.size() >= 64) {
     for (int j = 32; j < 64; ++j) x[j] = 0.0f;
   }
   if (n * cols > 7) x[7] = 40.0f;
@@ -202,6 +202,15 @@ TEST_P(FastMatmul, MatchesReferenceWithinBound) {
               }
               exact += dx * dot;
               Sq += dx * adot;
+              if (tf.dtype == DType::kQ4_0) {
+                // The fold Σ u·x − 8·Σ x computes terms up to |u| <= 15 = |q − 8| + 8: rounding
+                // scales with Σ (|w| + 16·d_w)·|x̂| instead of Σ |w·x̂|.
+                const double dwb = f16_to_f32(static_cast<uint16_t>(w.bytes[r * (nb * 18) + b * 18] |
+                                                                    (w.bytes[r * (nb * 18) + b * 18 + 1] << 8)));
+                double sx = 0;
+                for (int j = 0; j < 32; ++j) sx += std::fabs(static_cast<double>(qa.qs[(t * nb + b) * 32 + j]));
+                Sq += dx * 16 * dwb * sx;
+              }
             }
             // Tight: kernel vs exact integer result, only f32 scale product + accumulation.
             const double tight = 2 * (nb + 8) * kU * Sq + 1e-30;
@@ -246,7 +255,10 @@ TEST(ActQuant, Avx2MatchesScalarBytes) {
         cpu::quantize_acts_ref(x.data(), n, cols, off, a1);
         cpu::quantize_acts_avx2(x.data(), n, cols, off, a2);
         ASSERT_EQ(0, std::memcmp(a1.qs, a2.qs, n * cols)) << "cols " << cols << " n " << n;
-        for (int64_t i = 0; i < a1.nb * a1.n_pad; ++i) ASSERT_EQ(a1.d[i], a2.d[i]);
+        for (int64_t i = 0; i < a1.nb * a1.n_pad; ++i) {
+          ASSERT_EQ(a1.d[i], a2.d[i]);
+          ASSERT_EQ(a1.bsum[i], a2.bsum[i]);
+        }
       }
     }
   }

@@ -32,6 +32,12 @@ void quantize_acts_avx2(const float* x, int64_t n, int64_t cols, bool offset128,
       __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
       __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
       __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+      // Σq from the int32 lanes (exact), for the zero-point fold (act_quant.h, bsum).
+      __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      const int sum = _mm_cvtsi128_si32(s4);
       // packs work within 128-bit lanes; the final permute restores element order.
       i0 = _mm256_packs_epi32(i0, i1);
       i2 = _mm256_packs_epi32(i2, i3);
@@ -40,10 +46,11 @@ void quantize_acts_avx2(const float* x, int64_t n, int64_t cols, bool offset128,
       if (offset128) i0 = _mm256_xor_si256(i0, flip);  // q + 128 as u8 == q ^ 0x80
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs + (t * nb + b) * 32), i0);
       out.d[b * out.n_pad + t] = d;
+      out.bsum[b * out.n_pad + t] = d * static_cast<float>(sum);
     }
   }
   for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t t = n; t < out.n_pad; ++t) out.d[b * out.n_pad + t] = 0.0f;
+    for (int64_t t = n; t < out.n_pad; ++t) out.d[b * out.n_pad + t] = out.bsum[b * out.n_pad + t] = 0.0f;
   }
 }
 

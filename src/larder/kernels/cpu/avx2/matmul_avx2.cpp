@@ -9,7 +9,7 @@
 //                                        per block instead of accumulating int32 across blocks)
 // ≈ 5 vector ops per pair, 3 of them on Zen 3's two multiply pipes, i.e. ≈ 1.5–2 cycles per 32 MACs.
 // Without AVX-VNNI there is no single-instruction u8·s8→i32 dot; the AVX-512 tier uses vpdpbusd.
-// Q4_0 is decoded to signed int8 (q − 8) in registers and then takes the same path.
+// Q4_0 instead feeds its unsigned codes to maddubs directly (see Q4_0Kernel): 4 ops per pair.
 //
 // Decode is DRAM-bound: Q4_0 at 18 B/32 weights and ≈ 12–15 GB/s per core means one block per
 // ≈ 4 cycles; a block costs ≈ 3 (unpack) + 5 ops, inside that budget at 4 ops/cycle, so one token
@@ -44,17 +44,6 @@ struct Q8_0Block {
   }
 };
 
-struct Q4_0Block {
-  static constexpr int kBytes = 18;
-  static __m256i load(const uint8_t* blk) {
-    // Byte j holds element j (low nibble) and j+16 (high nibble): the low 128-bit lane takes
-    // the low nibbles, the high lane the bytes shifted right by 4; one AND clears both.
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
-  }
-};
-
 template <class WB>
 struct IntKernel {
   static constexpr int kRows1 = 4;
@@ -69,45 +58,127 @@ struct IntKernel {
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
     const int8_t* xq[T];
+    LARDER_UNROLL
     for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
     __m256 acc[R][T];
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r)
+      LARDER_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
-    alignas(16) float sc[R][4];
+    float sc[R * 4];  // scale products d_w·d_x, [row][token]
     for (int64_t b = 0; b < nb; ++b) {
       __m256i wv[R], aw[R];
       // Scales of 4 consecutive tokens of this block: one load (block-major layout, padded).
       const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
+      LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * WB::kBytes;
         wv[r] = WB::load(blk);
         aw[r] = _mm256_abs_epi8(wv[r]);
-        _mm_store_ps(sc[r], _mm_mul_ps(f16_bcast4(blk), dx));
+        _mm_storeu_ps(sc + 4 * r, _mm_mul_ps(f16_bcast4(blk), dx));
       }
+      LARDER_UNROLL
       for (int t = 0; t < T; ++t) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
+        LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
           const __m256i p = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r]));
           const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-          acc[r][t] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(&sc[r][t]), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(sc + 4 * r + t), acc[r][t]);
         }
       }
     }
+    LARDER_UNROLL
     for (int t = 0; t < T; ++t)
+      LARDER_UNROLL
       for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
   }
 };
 
-template <class WB>
+// Q4_0 takes the other operand order: its codes u = q + 8 ∈ [0, 15] are already unsigned, so they
+// go straight into maddubs' u8 operand against the signed activations — no vpsignb per pair, no
+// vpabsb per block — and the zero point is folded out per (row, block) with the activation block
+// sums:  Σ (u − 8)·x_q = Σ u·x_q − 8·Σ x_q.  The fold is one 4-token FMA per weight block
+// (corr[r] += d_w · bsum[b][t0..t0+3]), so a pair costs 4 ops: maddubs, madd, cvt, FMA.
+// (|u·x| pair sums <= 2·15·127 — far from int16 saturation.)
+struct Q4_0Kernel {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nb;
+  QuantizedActs a;
+  float* y;
+
+  static __m256i load_codes(const uint8_t* blk) {
+    // Byte j holds element j (low nibble) and j+16 (high nibble): the low 128-bit lane takes
+    // the low nibbles, the high lane the bytes shifted right by 4; one AND clears both.
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+  }
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const uint8_t* wr[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    const int8_t* xq[T];
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
+    __m256 acc[R][T];
+    __m128 corr[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) {
+      corr[r] = _mm_setzero_ps();
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i u[R];
+      __m256 dw[R];
+      const __m128 bs = _mm_loadu_ps(a.sums(b) + t0);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = wr[r] + b * 18;
+        u[r] = load_codes(blk);
+        dw[r] = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(load_u16(blk))));
+        corr[r] = _mm_fmadd_ps(_mm256_castps256_ps128(dw[r]), bs, corr[r]);
+      }
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
+        const __m256 dxt = _mm256_broadcast_ss(a.scales(b) + t0 + t);
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u[r], xv), ones));
+          acc[r][t] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw[r], dxt), acc[r][t]);
+        }
+      }
+    }
+    alignas(16) float cr[R][4];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) _mm_store_ps(cr[r], corr[r]);
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t)
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]) - 8.0f * cr[r][t];
+  }
+};
+
+template <class K>
 void matmul_int(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
   void* scratch = thread_scratch(quantized_acts_bytes(n, w.cols));
   QuantizedActs a = quantized_acts_view(scratch, n, w.cols);
   quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
-  IntKernel<WB> k{w.data, w.row_bytes(), w.rows, w.cols / 32, a, y};
+  K k{w.data, w.row_bytes(), w.rows, w.cols / 32, a, y};
   run_matmul_tiles(k, w.rows, n, w.cols + 4 * (w.cols / 32));
 }
 
@@ -145,22 +216,31 @@ struct FloatKernel {
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
     const float* xt[T];
+    LARDER_UNROLL
     for (int t = 0; t < T; ++t) xt[t] = x + (t0 + t) * cols;
     __m256 acc[R][T];
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r)
+      LARDER_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const int64_t c8 = cols & ~int64_t{7};
     for (int64_t c = 0; c < c8; c += 8) {
       __m256 wv[R];
+      LARDER_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = WF::load8(wr[r] + c * WF::kElemBytes);
+      LARDER_UNROLL
       for (int t = 0; t < T; ++t) {
         const __m256 xv = _mm256_loadu_ps(xt[t] + c);
+        LARDER_UNROLL
         for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
       }
     }
+    LARDER_UNROLL
     for (int t = 0; t < T; ++t) {
+      LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         float s = hsum(acc[r][t]);
         for (int64_t c = c8; c < cols; ++c) s += WF::scalar(wr[r] + c * WF::kElemBytes) * xt[t][c];
@@ -179,8 +259,8 @@ void matmul_float(const WeightView& w, const float* x, int64_t n, float* y) {
 
 }  // namespace
 
-void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<Q8_0Block>(w, x, n, y); }
-void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<Q4_0Block>(w, x, n, y); }
+void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<IntKernel<Q8_0Block>>(w, x, n, y); }
+void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<Q4_0Kernel>(w, x, n, y); }
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<BF16Row>(w, x, n, y); }
 void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<F16Row>(w, x, n, y); }
 void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<F32Row>(w, x, n, y); }

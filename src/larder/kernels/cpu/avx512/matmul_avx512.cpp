@@ -60,33 +60,42 @@ struct IntKernel {
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
     const int8_t* xq[T];
+    LARDER_UNROLL
     for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
     __m256 acc[R][T];
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r)
+      LARDER_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const __m256i k128 = _mm256_set1_epi8(static_cast<char>(0x80));
     const __m256i zero = _mm256_setzero_si256();
-    alignas(16) float sc[R][4];
+    float sc[R * 4];  // scale products d_w·d_x, [row][token]
     for (int64_t b = 0; b < nb; ++b) {
       __m256i wv[R], seed[R];
       const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
+      LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * WB::kBytes;
         wv[r] = WB::load(blk);
         seed[r] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, k128, wv[r]));
-        _mm_store_ps(sc[r], _mm_mul_ps(f16_bcast4(blk), dx));
+        _mm_storeu_ps(sc + 4 * r, _mm_mul_ps(f16_bcast4(blk), dx));
       }
+      LARDER_UNROLL
       for (int t = 0; t < T; ++t) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
+        LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
           const __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed[r], xv, wv[r]));
-          acc[r][t] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(&sc[r][t]), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(sc + 4 * r + t), acc[r][t]);
         }
       }
     }
+    LARDER_UNROLL
     for (int t = 0; t < T; ++t)
+      LARDER_UNROLL
       for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
   }
 };
@@ -103,7 +112,7 @@ void matmul_int(const WeightView& w, const float* x, int64_t n, float* y) {
 
 // Own reduction: GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized in its own header.
 inline float hsum512(__m512 v) {
-  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
+  return hsum(_mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
 }
 
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
@@ -121,25 +130,34 @@ struct BF16Kernel {
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
     const uint16_t* xt[T];
+    LARDER_UNROLL
     for (int t = 0; t < T; ++t) xt[t] = xb + (t0 + t) * cols32;
     __m512 acc[R][T];
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r)
+      LARDER_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     auto step = [&](int64_t c, __mmask32 m) {
       __m512i wv[R];
       // Masked on the tail: the last row may end at the end of the mapping.
+      LARDER_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, wr[r] + 2 * c);
+      LARDER_UNROLL
       for (int t = 0; t < T; ++t) {
         const __m512i xv = _mm512_load_si512(xt[t] + c);
+        LARDER_UNROLL
         for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(wv[r]), as_bh(xv));
       }
     };
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) step(c, ~__mmask32{0});
     if (c < cols) step(c, static_cast<__mmask32>((uint64_t{1} << (cols - c)) - 1));
+    LARDER_UNROLL
     for (int t = 0; t < T; ++t)
+      LARDER_UNROLL
       for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum512(acc[r][t]);
   }
 };

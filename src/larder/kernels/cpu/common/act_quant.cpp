@@ -13,7 +13,7 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 size_t quantized_acts_bytes(int64_t n, int64_t cols) {
   const size_t nb = static_cast<size_t>(cols / 32);
   const size_t n_pad = round_up(static_cast<size_t>(n), 8);
-  return round_up(static_cast<size_t>(n) * nb * 32, 64) + round_up(nb * n_pad * sizeof(float), 64);
+  return round_up(static_cast<size_t>(n) * nb * 32, 64) + 2 * round_up(nb * n_pad * sizeof(float), 64);
 }
 
 QuantizedActs quantized_acts_view(void* scratch, int64_t n, int64_t cols) {
@@ -24,6 +24,7 @@ QuantizedActs quantized_acts_view(void* scratch, int64_t n, int64_t cols) {
   auto* base = static_cast<uint8_t*>(scratch);
   a.qs = reinterpret_cast<int8_t*>(base);
   a.d = reinterpret_cast<float*>(base + round_up(static_cast<size_t>(n * a.nb * 32), 64));
+  a.bsum = a.d + round_up(static_cast<size_t>(a.nb * a.n_pad), 16);
   return a;
 }
 
@@ -37,15 +38,18 @@ void quantize_acts_ref(const float* x, int64_t n, int64_t cols, bool offset128, 
       const float d = amax / 127.0f;
       const float id = d != 0.0f ? 1.0f / d : 0.0f;
       int8_t* q = out.qs + (t * nb + b) * 32;
+      int sum = 0;
       for (int j = 0; j < 32; ++j) {
         const int v = static_cast<int>(std::nearbyint(xb[j] * id));
+        sum += v;
         q[j] = offset128 ? static_cast<int8_t>(static_cast<uint8_t>(v + 128)) : static_cast<int8_t>(v);
       }
       out.d[b * out.n_pad + t] = d;
+      out.bsum[b * out.n_pad + t] = d * static_cast<float>(sum);
     }
   }
   for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t t = n; t < out.n_pad; ++t) out.d[b * out.n_pad + t] = 0.0f;
+    for (int64_t t = n; t < out.n_pad; ++t) out.d[b * out.n_pad + t] = out.bsum[b * out.n_pad + t] = 0.0f;
   }
 }
 

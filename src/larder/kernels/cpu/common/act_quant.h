@@ -14,6 +14,9 @@
 //   qs    [n][nb][32] int8 — one 32-byte load per (token, block).
 //   d     [nb][n_pad] f32  — block-major, so the scales of 4 consecutive tokens of one block are
 //                            one 16-byte load; n_pad = round_up(n, 8), padding zeroed.
+//   bsum  [nb][n_pad] f32  — d·Σq per (block, token), same layout. Kernels that feed an unsigned
+//                            weight code u = q_w + z to the unsigned operand fold the zero point
+//                            out with it: Σ (u − z)·q = Σ u·q − z·Σ q.
 // offset128: store q + 128 as uint8 instead (the AVX-512 VNNI path feeds activations to
 // vpdpbusd's unsigned operand).
 #pragma once
@@ -27,9 +30,11 @@ struct QuantizedActs {
   int64_t n = 0, nb = 0, n_pad = 0;
   int8_t* qs = nullptr;
   float* d = nullptr;
+  float* bsum = nullptr;
 
   const int8_t* token_blocks(int64_t t) const { return qs + t * nb * 32; }
   const float* scales(int64_t b) const { return d + b * n_pad; }
+  const float* sums(int64_t b) const { return bsum + b * n_pad; }
 };
 
 // Bytes of scratch quantize needs for n tokens of cols (a multiple of 32) columns.

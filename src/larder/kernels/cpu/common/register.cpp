@@ -1,5 +1,6 @@
 // register.cpp — puts the fast tiers into a KernelTable. Compiled with the baseline (AVX2) flags:
 // it may reference the AVX-512 functions but calls nothing from that tier itself.
+#include <cstdlib>
 #include <cstring>
 
 #include "larder/core/cpuid.h"
@@ -39,6 +40,9 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
 void register_fast_kernels(KernelTable& t) {
   const CpuFeatures& f = cpu_features();
   if (!(f.avx2 && f.fma && f.f16c)) return;
+  // LARDER_ISA=ref keeps the scalar reference everywhere (debugging a numerical difference).
+  const char* isa = std::getenv("LARDER_ISA");
+  if (isa && std::strcmp(isa, "ref") == 0) return;
   for (DType d : kFormats) set(t, d, fast_matmul("avx2", d));
   t.name = "avx2";
   if (f.has_avx512_tier()) {

@@ -7,6 +7,11 @@
 #include <cstdint>
 #include <cstring>
 
+// Fully unroll the tiny constant loops over tile rows/tokens *early*: GCC's scalar replacement of
+// the accumulator arrays (acc[R][T]) runs before its late unroller, and without this it keeps the
+// arrays in memory and stores every accumulator to the stack once per block (seen in objdump).
+#define LARDER_UNROLL _Pragma("GCC unroll 16")
+
 namespace larder::kernels::cpu::simd {
 
 inline float hsum(__m256 v) {

@@ -1,0 +1,336 @@
+// kernel_bench — per (kernel tier, weight format, shape, threads): median time, GB/s, GOP/s, next to
+// this machine's measured read bandwidth (performance.md §4 rule 10, §5).
+//
+// Honesty rules built in:
+// - The bandwidth ceiling is measured in the same process (streaming read of a 1 GiB buffer,
+//   1 and N threads on the same pool the kernels use), before and after the kernel runs.
+// - Decode weights are rotated over enough copies to exceed 4× the L3 (32 MiB here): a single
+//   2048×2048 Q4_0 matrix (2.3 MB) would otherwise be L3-resident and flatter the kernel.
+// - Every number is the median of `--reps` timed calls after a warm-up pass; min and max are
+//   printed so the spread is visible (the host is shared).
+//
+// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,BF16,F16,F32]
+//                     [--tiers avx2,avx512,ref] [--no-prefill] [--no-decode] [--model-estimate]
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "larder/core/cpuid.h"
+#include "larder/core/dtype.h"
+#include "larder/core/threadpool.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/dispatch.h"
+
+using namespace larder;
+using namespace larder::kernels;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+
+Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Stats s;
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return s;
+}
+
+void* big_alloc(size_t bytes) {
+  void* p = std::aligned_alloc(2 << 20, (bytes + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+  madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming, like a THP-backed mmap
+  return p;
+}
+
+// Streaming read: each thread sums its contiguous slice with 4 independent 256-bit accumulators
+// (one stream per thread, performance.md §2.1 "1 stream/thread").
+double read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes, int reps) {
+  std::vector<double> gbs;
+  volatile double sink = 0;
+  for (int rep = 0; rep < reps + 1; ++rep) {
+    const int nt = pool.n_threads();
+    std::vector<double> partial(nt * 8, 0.0);
+    auto t0 = Clock::now();
+    pool.parallel_for(nt, [&](int64_t c, int t) {
+      const size_t slice = bytes / nt / 128 * 128;
+      const uint8_t* p = buf + c * slice;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (size_t i = 0; i < slice; i += 128) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(reinterpret_cast<const float*>(p + i)));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps(reinterpret_cast<const float*>(p + i + 32)));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(reinterpret_cast<const float*>(p + i + 64)));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps(reinterpret_cast<const float*>(p + i + 96)));
+      }
+      __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+      partial[c * 8] = _mm256_cvtss_f32(s);
+    });
+    const double dt = seconds_since(t0);
+    for (double v : partial) sink = sink + v;
+    if (rep > 0) gbs.push_back(static_cast<double>(bytes / nt / 128 * 128 * nt) / dt / 1e9);
+  }
+  return stats(gbs).median;
+}
+
+void fill_weights(uint8_t* p, DType dt, int64_t rows, int64_t cols) {
+  const uint64_t row_bytes = dtype_bytes(dt, cols);
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  };
+  const uint64_t total = row_bytes * rows;
+  for (uint64_t i = 0; i + 8 <= total; i += 8) {
+    uint64_t v = next();
+    std::memcpy(p + i, &v, 8);
+  }
+  // Make every scale / float a normal, finite, small value (no denormal or NaN slow paths).
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = p + r * row_bytes;
+    if (dt == DType::kQ8_0 || dt == DType::kQ4_0) {
+      const int bb = dt == DType::kQ8_0 ? 34 : 18;
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        uint16_t h = 0x2000 | (next() & 0x3ff);
+        std::memcpy(row + b * bb, &h, 2);
+      }
+    } else if (dt == DType::kBF16 || dt == DType::kF16) {
+      auto* h = reinterpret_cast<uint16_t*>(row);
+      for (int64_t c = 0; c < cols; ++c)
+        h[c] = static_cast<uint16_t>((dt == DType::kBF16 ? 0x3c00 : 0x2000) | (h[c] & 0x80ff));
+    } else if (dt == DType::kF32) {
+      auto* f = reinterpret_cast<uint32_t*>(row);
+      for (int64_t c = 0; c < cols; ++c) f[c] = 0x3c000000u | (f[c] & 0x807fffffu);
+    }
+  }
+}
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+  int per_layer;  // matrices of this shape per layer (model estimate); 0 = LM head
+};
+
+// Llama-3.2-1B-like shapes (performance.md §3): hidden 2048, 8 KV heads × 64, FFN 8192, vocab 32000.
+const Shape kDefaultShapes[] = {
+    {"q/o 2048x2048", 2048, 2048, 2},
+    {"k/v 512x2048", 512, 2048, 2},
+    {"gate/up 8192x2048", 8192, 2048, 2},
+    {"down 2048x8192", 2048, 8192, 1},
+    {"lm_head 32000x2048", 32000, 2048, 0},
+};
+constexpr int kLayers = 16;
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+DType parse_dtype(const std::string& s) {
+  for (DType d : {DType::kQ4_0, DType::kQ8_0, DType::kBF16, DType::kF16, DType::kF32})
+    if (s == dtype_name(d)) return d;
+  std::fprintf(stderr, "unknown format %s\n", s.c_str());
+  std::exit(2);
+}
+
+MatmulFn tier_fn(const std::string& tier, DType d) {
+  if (tier == "ref") return ref_table().matmul[static_cast<int>(d)];
+  return cpu::fast_matmul(tier.c_str(), d);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 11;
+  std::vector<int> threads = {1, 2};
+  std::vector<std::string> formats = {"Q4_0", "Q8_0", "BF16", "F16", "F32"};
+  std::vector<std::string> tiers = {cpu_features().has_avx512_tier() ? "avx512" : "avx2"};
+  bool do_prefill = true, do_decode = true, hot = false, skip_bw = false;
+  std::vector<Shape> shapes(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+  std::vector<std::string> shape_names;
+  int64_t prefill_n = 512;
+  std::vector<int64_t> decode_ns = {1};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--reps") reps = std::atoi(val().c_str());
+    else if (a == "--threads") { threads.clear(); for (auto& s : split(val())) threads.push_back(std::atoi(s.c_str())); }
+    else if (a == "--formats") formats = split(val());
+    else if (a == "--tiers") tiers = split(val());
+    else if (a == "--decode-n") { decode_ns.clear(); for (auto& s : split(val())) decode_ns.push_back(std::atoll(s.c_str())); }
+    else if (a == "--prefill-n") prefill_n = std::atoll(val().c_str());
+    else if (a == "--no-prefill") do_prefill = false;
+    else if (a == "--no-decode") do_decode = false;
+    else if (a == "--hot") hot = true;  // one copy: cache-resident, measures instruction throughput
+    else if (a == "--no-bw") skip_bw = true;
+    else if (a == "--shapes") {  // RxC,RxC,...
+      shapes.clear();
+      shape_names = split(val());
+      for (auto& s : shape_names) {
+        Shape sh{s.c_str(), 0, 0, 1};
+        std::sscanf(s.c_str(), "%ldx%ld", &sh.rows, &sh.cols);
+        shapes.push_back(sh);
+      }
+    }
+    else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
+  }
+
+  ThreadPool& pool = default_pool();
+  std::printf("# kernel_bench\ncpu: %s | %s\n", cpu_model().c_str(), cpu_features().describe().c_str());
+  std::printf("reps %d (median of timed calls after a warm-up pass; [min..max] shown)\n", reps);
+
+  const size_t bw_bytes = size_t{1} << 30;
+  auto* bw_buf = static_cast<uint8_t*>(big_alloc(bw_bytes));
+  if (!skip_bw) std::memset(bw_buf, 1, bw_bytes);
+  std::vector<double> bw_before(threads.size()), bw_after(threads.size());
+  for (size_t i = 0; i < threads.size(); ++i) {
+    pool.set_threads(threads[i]);
+    bw_before[i] = skip_bw ? 1 : read_bandwidth(pool, bw_buf, bw_bytes, 5);
+    std::printf("read bandwidth, %d thread(s): %.1f GB/s (median of 5 x 1 GiB)\n", threads[i], bw_before[i]);
+  }
+
+  struct ModelAcc {
+    double decode_s = 0, prefill_s = 0;
+    bool decode_full = true, prefill_full = true;
+  };
+
+  for (const std::string& tier : tiers) {
+    for (const std::string& fs : formats) {
+      const DType dt = parse_dtype(fs);
+      const MatmulFn fn = tier_fn(tier, dt);
+      if (!fn) {
+        std::printf("\n%s: no %s kernel\n", tier.c_str(), fs.c_str());
+        continue;
+      }
+      std::vector<ModelAcc> model(threads.size() * decode_ns.size() + threads.size());
+      std::printf("\n## %s %s\n", tier.c_str(), fs.c_str());
+      std::printf("| shape | n | threads | median µs [min..max] | GB/s (weights) | %% of read BW | GOP/s |\n");
+      std::printf("|---|---|---|---|---|---|---|\n");
+      for (const Shape& sh : shapes) {
+        const uint64_t wbytes = dtype_bytes(dt, sh.cols) * sh.rows;
+        // Copies so that one rotation streams >= 128 MiB (4x L3).
+        const int copies =
+            hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{128} << 20) / wbytes + 1));
+        auto* wbuf = static_cast<uint8_t*>(big_alloc(wbytes * copies));
+        for (int c = 0; c < copies; ++c) fill_weights(wbuf + c * wbytes, dt, sh.rows, sh.cols);
+        std::vector<WeightView> views(copies);
+        for (int c = 0; c < copies; ++c) {
+          views[c].dtype = dt;
+          views[c].rows = sh.rows;
+          views[c].cols = sh.cols;
+          views[c].data = wbuf + c * wbytes;
+        }
+        const int64_t max_n = std::max<int64_t>(prefill_n, *std::max_element(decode_ns.begin(), decode_ns.end()));
+        std::vector<float> x(max_n * sh.cols), y(max_n * sh.rows);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+
+        std::vector<int64_t> ns;
+        if (do_decode) ns = decode_ns;
+        const bool prefill_shape = sh.per_layer > 0;  // the LM head runs on the last position only
+        if (do_prefill && prefill_shape) ns.push_back(prefill_n);
+        for (size_t ti = 0; ti < threads.size(); ++ti) {
+          pool.set_threads(threads[ti]);
+          for (size_t ni = 0; ni < ns.size(); ++ni) {
+            const int64_t n = ns[ni];
+            const bool is_prefill = n == prefill_n && do_prefill && prefill_shape && ni == ns.size() - 1;
+            // Prefill calls are long (ms); fewer reps keep the run short.
+            const int r = is_prefill ? std::max(3, reps / 2) : reps;
+            const double ref_cost = static_cast<double>(sh.rows) * sh.cols * n;
+            if (tier == "ref" && ref_cost > 2.5e8) continue;  // the scalar oracle is ~1 GMAC/s
+            std::vector<double> ts;
+            int c = 0;
+            for (int w = 0; w < copies; ++w) fn(views[w], x.data(), n, y.data());  // warm-up pass
+            for (int i = 0; i < r * (is_prefill ? 1 : std::max(1, copies / 2)); ++i) {
+              auto t0 = Clock::now();
+              fn(views[c], x.data(), n, y.data());
+              ts.push_back(seconds_since(t0));
+              c = (c + 1) % copies;
+            }
+            Stats s = stats(ts);
+            const double gbs = wbytes / s.median / 1e9;
+            const double gops = 2.0 * sh.rows * sh.cols * n / s.median / 1e9;
+            std::printf("| %s | %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.0f%% | %.1f |\n", sh.name,
+                        static_cast<long long>(n), threads[ti], s.median * 1e6, s.min * 1e6, s.max * 1e6, gbs,
+                        100.0 * gbs / bw_before[ti], gops);
+            std::fflush(stdout);
+            const int cnt = sh.per_layer ? sh.per_layer * kLayers : 1;
+            if (is_prefill) {
+              model[threads.size() * decode_ns.size() + ti].prefill_s += cnt * s.median;
+            } else {
+              model[ti * decode_ns.size() + ni].decode_s += cnt * s.median;
+            }
+          }
+        }
+        std::free(wbuf);
+      }
+      // Matmul-only model estimate: 16 layers of the shapes above + LM head (decode); prefill
+      // excludes the LM head (last position only) and attention (small below ~2k tokens).
+      for (size_t ti = 0; ti < threads.size(); ++ti) {
+        for (size_t ni = 0; ni < decode_ns.size() && do_decode; ++ni) {
+          const double sdec = model[ti * decode_ns.size() + ni].decode_s;
+          if (sdec > 0)
+            std::printf("model estimate (matmuls only), %d thread(s), decode n=%lld: %.2f ms/step -> %.1f steps/s\n",
+                        threads[ti], static_cast<long long>(decode_ns[ni]), sdec * 1e3, 1.0 / sdec);
+        }
+        const double spre = model[threads.size() * decode_ns.size() + ti].prefill_s;
+        if (do_prefill && spre > 0)
+          std::printf("model estimate (matmuls only), %d thread(s), prefill n=%lld: %.0f ms -> %.1f tok/s\n",
+                      threads[ti], static_cast<long long>(prefill_n), spre * 1e3, prefill_n / spre);
+      }
+    }
+  }
+
+  for (size_t i = 0; i < threads.size(); ++i) {
+    pool.set_threads(threads[i]);
+    if (skip_bw) break;
+    bw_after[i] = read_bandwidth(pool, bw_buf, bw_bytes, 5);
+    std::printf("read bandwidth after, %d thread(s): %.1f GB/s (before %.1f)\n", threads[i], bw_after[i], bw_before[i]);
+  }
+  // Pool overhead: an empty job on all threads.
+  for (int t : threads) {
+    pool.set_threads(t);
+    std::vector<double> ts;
+    for (int i = 0; i < 2000; ++i) {
+      auto t0 = Clock::now();
+      pool.parallel_for(t, [](int64_t, int) {});
+      ts.push_back(seconds_since(t0));
+    }
+    Stats s = stats(ts);
+    std::printf("empty parallel_for, %d thread(s): median %.2f µs [min %.2f, max %.1f]\n", t, s.median * 1e6,
+                s.min * 1e6, s.max * 1e6);
+  }
+  std::free(bw_buf);
+  return 0;
+}
