@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -34,7 +35,7 @@ std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int st
   memory::KvCache cache(m.kv_layout(), m.info().max_context);
   std::vector<float> logits(static_cast<size_t>(m.info().vocab));
   std::vector<int32_t> seq = prompt;
-  // Prefill all but... the whole prompt, in chunks; logits of the last prompt token predict the next.
+  // Prefill the whole prompt in chunks; the last prompt token's logits predict the first new token.
   for (size_t i = 0; i < prompt.size(); i += static_cast<size_t>(prefill_chunk)) {
     const int64_t n = std::min<int64_t>(prefill_chunk, static_cast<int64_t>(prompt.size() - i));
     Status st = m.forward(prompt.data() + i, n, cache, logits.data(), false);
@@ -100,8 +101,8 @@ TEST_F(Stories260K, GreedyFromPromptMatchesLlama2c) {
 }
 
 // All logits of a one-shot prefill of the reference sequence equal those of token-by-token
-// decoding (cached == uncached, up to the f32 rounding of different reduction orders: the ref
-// kernels accumulate in double, so they agree to ~1 ulp).
+// decoding (cached == uncached). With the ref kernels (double accumulation) they agree to ~1 ulp;
+// the bound leaves room for faster tiers whose f32 reductions depend on the batch size.
 TEST_F(Stories260K, PrefillEqualsDecode) {
   auto ref = reference();
   std::vector<int32_t> seq = ref["bos"].get<std::vector<int32_t>>();
@@ -111,12 +112,13 @@ TEST_F(Stories260K, PrefillEqualsDecode) {
   memory::KvCache c1(model_->kv_layout(), 2048), c2(model_->kv_layout(), 2048);
   ASSERT_TRUE(model_->forward(seq.data(), 64, c1, all.data(), true).is_ok());
   EXPECT_EQ(c1.length(), 64);
-  float max_diff = 0;
+  float max_diff = 0, max_ref = 0;
+  for (float v : all) max_ref = std::max(max_ref, std::abs(v));
   for (int64_t t = 0; t < 64; ++t) {
     ASSERT_TRUE(model_->forward(&seq[static_cast<size_t>(t)], 1, c2, one.data(), false).is_ok());
     for (int64_t v = 0; v < V; ++v) max_diff = std::max(max_diff, std::abs(one[v] - all[t * V + v]));
   }
-  EXPECT_LT(max_diff, 1e-5f);
+  EXPECT_LE(max_diff, 1e-5f * max_ref);
 }
 
 }  // namespace
