@@ -215,16 +215,16 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
     if (served && served->tokens.size() == prompt.size() &&
         std::equal(served->tokens.begin(), served->tokens.end(), prompt.begin())) {
       rep.reason = "exact_repeat";
-    } else if (reused == cap) {
-      rep.reason = "hit";
     } else if (!cold_failure.empty()) {
       rep.reason = cold_failure;  // a longer SSD match existed but could not be used
     } else if (blocked_len > reused) {
       rep.reason = blocked_reason;
     } else if (ghost_lcp > reused) {
       rep.reason = "evicted:ram";
-    } else {
+    } else if (reused < cap && served && static_cast<int64_t>(served->tokens.size()) > reused) {
       rep.reason = strfmt("diverged_at:%lld", static_cast<long long>(reused));
+    } else {
+      rep.reason = "hit";  // everything stored for this prompt was reused
     }
     return rep;
   }
