@@ -1,0 +1,54 @@
+// generate.h — the token-level generation loop: chunked prefill, then decode until EOS, the
+// token budget, the context limit, or the caller says stop.
+//
+// Text is not this layer's business: the callback receives token ids (detokenizing and stop
+// strings belong to the caller, see stop.h), so this loop does not depend on the tokenizer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "larder/core/status.h"
+#include "larder/memory/kv_cache.h"
+#include "larder/models/model.h"
+#include "larder/runtime/sampler.h"
+
+namespace larder::runtime {
+
+enum class FinishReason {
+  kEos,       // an EOS id was sampled (it is not passed to the callback)
+  kLength,    // max_new_tokens generated, or the context (model or cache) is full
+  kCallback,  // the callback returned false (stop string, cancellation, client gone)
+};
+const char* finish_reason_name(FinishReason r);  // "eos", "length", "callback"
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int64_t max_new_tokens = 256;
+  std::vector<int32_t> eos_ids;  // empty: never stop on EOS
+  int64_t prefill_chunk = 512;   // tokens per prefill forward (CPU default, system.md §5)
+};
+
+struct GenerateStats {
+  int64_t cached_tokens = 0;     // prompt tokens already in the cache on entry (not recomputed)
+  int64_t prompt_tokens = 0;     // prompt tokens forwarded by this call
+  int64_t generated_tokens = 0;  // tokens passed to the callback
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  FinishReason finish_reason = FinishReason::kLength;
+  std::vector<int32_t> tokens;   // the generated tokens (as passed to the callback)
+};
+
+// Returns false to stop after this token.
+using TokenCallback = std::function<bool(int32_t token)>;
+
+// The cache may already hold a prefix of `prompt` (cache.length() tokens, e.g. from the KV store);
+// only the rest is forwarded. If it holds the whole prompt, the last prompt token is re-forwarded
+// for its logits. On return the cache holds prompt + every generated token except the last
+// sampled one (which was never forwarded). Errors: empty prompt, cache longer than the prompt,
+// prompt that leaves no room in the context, or a forward failure.
+Result<GenerateStats> generate(models::Model& model, memory::KvCache& cache, const std::vector<int32_t>& prompt,
+                               const GenerateOptions& opts, const TokenCallback& on_token);
+
+}  // namespace larder::runtime

@@ -1,0 +1,128 @@
+#include "larder/runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace larder::runtime {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The last `window` tokens of history (all of it for window <= 0).
+std::pair<size_t, size_t> window_range(const std::vector<int32_t>& h, int window) {
+  if (window <= 0 || static_cast<size_t>(window) >= h.size()) return {0, h.size()};
+  return {h.size() - static_cast<size_t>(window), h.size()};
+}
+
+int32_t argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+}  // namespace
+
+double counter_uniform(uint64_t seed, uint64_t step) {
+  // Two rounds so that nearby (seed, step) pairs decorrelate; 53 random bits → [0, 1).
+  const uint64_t x = splitmix64(splitmix64(seed) ^ (step * 0xd1b54a32d192ed03ull + 0x8cb92ba72f3d8dd7ull));
+  return static_cast<double>(x >> 11) * 0x1.0p-53;
+}
+
+void Sampler::process(float* logits, int64_t vocab, const std::vector<int32_t>& history) const {
+  for (const auto& [id, b] : p_.logit_bias)
+    if (id >= 0 && id < vocab) logits[id] += b;
+  auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
+  if (p_.repetition_penalty != 1.0f) {
+    auto [a, e] = window_range(history, p_.repetition_context_size);
+    std::unordered_set<int32_t> seen;
+    for (size_t i = a; i < e; ++i) {
+      const int32_t t = history[i];
+      if (!in_vocab(t) || !seen.insert(t).second) continue;
+      float& l = logits[t];
+      l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
+    }
+  }
+  if (p_.presence_penalty != 0.0f) {
+    auto [a, e] = window_range(history, p_.presence_context_size);
+    std::unordered_set<int32_t> seen;
+    for (size_t i = a; i < e; ++i)
+      if (in_vocab(history[i]) && seen.insert(history[i]).second) logits[history[i]] -= p_.presence_penalty;
+  }
+  if (p_.frequency_penalty != 0.0f) {
+    auto [a, e] = window_range(history, p_.frequency_context_size);
+    std::unordered_map<int32_t, int> count;
+    for (size_t i = a; i < e; ++i)
+      if (in_vocab(history[i])) ++count[history[i]];
+    for (const auto& [t, c] : count) logits[t] -= p_.frequency_penalty * static_cast<float>(c);
+  }
+}
+
+std::vector<int32_t> Sampler::candidates(const float* logits, int64_t vocab) const {
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  // Rank by logit (descending), lower id first on ties: a total order, so results never depend
+  // on the sort implementation.
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  // Probabilities at temperature 1 (in ranked order), in double.
+  const double mx = logits[order[0]];
+  std::vector<double> prob(order.size());
+  double z = 0;
+  for (size_t i = 0; i < order.size(); ++i) z += (prob[i] = std::exp(static_cast<double>(logits[order[i]]) - mx));
+  for (double& q : prob) q /= z;
+
+  size_t keep = order.size();
+  if (p_.top_k > 0) keep = std::min(keep, static_cast<size_t>(p_.top_k));
+  if (p_.top_p > 0.0f && p_.top_p < 1.0f) {
+    double cum = 0;
+    size_t n = 0;
+    while (n < order.size()) {
+      cum += prob[n++];
+      if (cum >= static_cast<double>(p_.top_p)) break;
+    }
+    keep = std::min(keep, n);
+  }
+  if (p_.min_p > 0.0f) {
+    const double thr = static_cast<double>(p_.min_p) * prob[0];
+    size_t n = 0;
+    while (n < order.size() && prob[n] >= thr) ++n;
+    keep = std::min(keep, std::max<size_t>(n, 1));
+  }
+  keep = std::max<size_t>(keep, 1);
+  order.resize(keep);
+  return order;
+}
+
+int32_t Sampler::sample_at(float* logits, int64_t vocab, const std::vector<int32_t>& history, uint64_t step) const {
+  process(logits, vocab, history);
+  if (!(p_.temperature > 0.0f)) return argmax(logits, vocab);
+  const std::vector<int32_t> cand = candidates(logits, vocab);
+  const double mx = logits[cand[0]];
+  std::vector<double> w(cand.size());
+  double z = 0;
+  for (size_t i = 0; i < cand.size(); ++i)
+    z += (w[i] = std::exp((static_cast<double>(logits[cand[i]]) - mx) / static_cast<double>(p_.temperature)));
+  const double u = counter_uniform(p_.seed, step) * z;
+  double cum = 0;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    cum += w[i];
+    if (u < cum) return cand[i];
+  }
+  return cand.back();  // u·z rounding past the last cumulative sum
+}
+
+int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history) {
+  return sample_at(logits, vocab, history, step_++);
+}
+
+}  // namespace larder::runtime
