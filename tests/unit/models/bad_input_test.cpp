@@ -1,0 +1,266 @@
+// Broken checkpoints (built here) must fail to load or run with a Status that names the file,
+// the tensor and the expected/actual values — never crash.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "larder/formats/model_files.h"
+#include "larder/memory/kv_cache.h"
+#include "larder/models/model.h"
+
+namespace larder::models {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+struct T {
+  std::string dtype;  // safetensors dtype string
+  std::vector<int64_t> shape;
+};
+
+size_t elem_bytes(const std::string& dt) { return dt == "F32" || dt == "I32" ? 4 : dt == "F64" ? 8 : 2; }
+
+void write_safetensors(const std::string& path, const std::map<std::string, T>& tensors) {
+  ordered_json h = ordered_json::object();
+  std::vector<char> data;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  for (const auto& [name, t] : tensors) {
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    const size_t begin = data.size();
+    for (size_t i = 0; i < n; ++i) {
+      float f = nd(rng);
+      if (t.dtype == "F32") {
+        data.insert(data.end(), reinterpret_cast<char*>(&f), reinterpret_cast<char*>(&f) + 4);
+      } else {  // 2-byte or other: bf16 bits of f / zero-filled
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        std::vector<char> b(elem_bytes(t.dtype), 0);
+        if (t.dtype == "BF16") std::memcpy(b.data(), reinterpret_cast<char*>(&u) + 2, 2);
+        data.insert(data.end(), b.begin(), b.end());
+      }
+    }
+    h[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
+  }
+  std::string hs = h.dump();
+  while (hs.size() % 8) hs += ' ';
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t len = hs.size();
+  f.write(reinterpret_cast<const char*>(&len), 8);
+  f.write(hs.data(), static_cast<std::streamsize>(hs.size()));
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+ordered_json tiny_config() {
+  return {{"model_type", "llama"},      {"hidden_size", 32},       {"num_hidden_layers", 2},
+          {"intermediate_size", 64},    {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+          {"vocab_size", 40},           {"rms_norm_eps", 1e-5},     {"max_position_embeddings", 16},
+          {"tie_word_embeddings", false}};
+}
+
+std::map<std::string, T> tiny_tensors() {
+  std::map<std::string, T> t;
+  t["model.embed_tokens.weight"] = {"F32", {40, 32}};
+  t["lm_head.weight"] = {"F32", {40, 32}};
+  t["model.norm.weight"] = {"F32", {32}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    t[p + "input_layernorm.weight"] = {"F32", {32}};
+    t[p + "post_attention_layernorm.weight"] = {"F32", {32}};
+    t[p + "self_attn.q_proj.weight"] = {"F32", {32, 32}};
+    t[p + "self_attn.k_proj.weight"] = {"F32", {16, 32}};
+    t[p + "self_attn.v_proj.weight"] = {"F32", {16, 32}};
+    t[p + "self_attn.o_proj.weight"] = {"F32", {32, 32}};
+    t[p + "mlp.gate_proj.weight"] = {"F32", {64, 32}};
+    t[p + "mlp.up_proj.weight"] = {"F32", {64, 32}};
+    t[p + "mlp.down_proj.weight"] = {"F32", {32, 64}};
+  }
+  return t;
+}
+
+class BadInput : public ::testing::Test {
+ protected:
+  std::string make(const std::string& name, const ordered_json& cfg, const std::map<std::string, T>& tensors) {
+    const std::string dir = std::string(LARDER_TEST_DATA_DIR) + "/bad_input/" + name;
+    fs::create_directories(dir);
+    std::ofstream(dir + "/config.json") << cfg.dump(1);
+    write_safetensors(dir + "/model.safetensors", tensors);
+    return dir;
+  }
+  // Loads and returns the Status (ok if it loaded); keeps the loaded objects.
+  Status load(const std::string& dir) {
+    auto f = formats::open_model_files(dir);
+    if (!f.is_ok()) return f.status();
+    files_ = std::move(f.value());
+    auto m = Model::load(files_);
+    if (!m.is_ok()) return m.status();
+    model_ = std::move(m.value());
+    return Status::ok();
+  }
+  formats::ModelFiles files_;
+  std::unique_ptr<Model> model_;
+};
+
+#define EXPECT_HAS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+
+TEST_F(BadInput, GoodCheckpointLoads) {
+  const std::string dir = make("good", tiny_config(), tiny_tensors());
+  Status st = load(dir);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(model_->info().n_params, 2 * 40 * 32 + 32 + 2 * (2 * 32 + 32 * 32 * 2 + 16 * 32 * 2 + 3 * 64 * 32));
+}
+
+TEST_F(BadInput, TensorShapeDisagreesWithConfig) {
+  auto t = tiny_tensors();
+  t["model.layers.1.self_attn.k_proj.weight"] = {"F32", {24, 32}};
+  const std::string dir = make("kshape", tiny_config(), t);
+  Status st = load(dir);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_HAS(st.message(), "model.layers.1.self_attn.k_proj.weight");
+  EXPECT_HAS(st.message(), "[24, 32]");
+  EXPECT_HAS(st.message(), "expected [16, 32]");
+  EXPECT_HAS(st.message(), dir + "/model.safetensors");
+}
+
+TEST_F(BadInput, ConfigDisagreesWithTensors) {
+  auto cfg = tiny_config();
+  cfg["intermediate_size"] = 48;
+  Status st = load(make("ffn", cfg, tiny_tensors()));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "model.layers.0.mlp.gate_proj.weight");
+  EXPECT_HAS(st.message(), "has shape [64, 32], expected [48, 32]");
+}
+
+TEST_F(BadInput, MissingTensor) {
+  auto t = tiny_tensors();
+  t.erase("model.layers.1.post_attention_layernorm.weight");
+  Status st = load(make("missing", tiny_config(), t));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_HAS(st.message(), "missing tensor 'model.layers.1.post_attention_layernorm.weight'");
+}
+
+TEST_F(BadInput, UntiedWithoutLmHead) {
+  auto t = tiny_tensors();
+  t.erase("lm_head.weight");
+  Status st = load(make("nolmhead", tiny_config(), t));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "lm_head.weight");
+}
+
+TEST_F(BadInput, UnknownArchitecture) {
+  auto cfg = tiny_config();
+  cfg["model_type"] = "gpt_frobnicator";
+  Status st = load(make("arch", cfg, tiny_tensors()));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_HAS(st.message(), "'gpt_frobnicator'");
+  EXPECT_HAS(st.message(), "llama");
+}
+
+TEST_F(BadInput, MissingModelTypeAndBadHeads) {
+  auto cfg = tiny_config();
+  cfg.erase("model_type");
+  Status st = load(make("notype", cfg, tiny_tensors()));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "model_type");
+  cfg = tiny_config();
+  cfg["num_key_value_heads"] = 3;
+  st = load(make("heads", cfg, tiny_tensors()));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "not a multiple of num_key_value_heads 3");
+  cfg = tiny_config();
+  cfg.erase("hidden_size");
+  st = load(make("nohidden", cfg, tiny_tensors()));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "missing required key 'hidden_size'");
+}
+
+TEST_F(BadInput, UnsupportedDtype) {
+  auto t = tiny_tensors();
+  t["model.layers.0.self_attn.q_proj.weight"] = {"I32", {32, 32}};
+  Status st = load(make("dtype", tiny_config(), t));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_HAS(st.message(), "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_HAS(st.message(), "I32");
+  t = tiny_tensors();
+  t["model.norm.weight"] = {"I32", {32}};
+  st = load(make("dtype1d", tiny_config(), t));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "model.norm.weight");
+}
+
+TEST_F(BadInput, UnsupportedRopeScaling) {
+  auto cfg = tiny_config();
+  cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  Status st = load(make("yarn", cfg, tiny_tensors()));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_HAS(st.message(), "yarn");
+}
+
+TEST_F(BadInput, ForwardRejectsTooLongAndBadTokens) {
+  ASSERT_TRUE(load(make("good2", tiny_config(), tiny_tensors())).is_ok());
+  Model& m = *model_;
+  std::vector<float> logits(40 * 17);
+  std::vector<int32_t> toks(17, 3);
+  {
+    memory::KvCache cache(m.kv_layout(), 64);  // cache larger than the model context (16)
+    Status st = m.forward(toks.data(), 17, cache, logits.data(), true);
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_HAS(st.message(), "exceeds the model context of 16 tokens");
+    EXPECT_EQ(cache.length(), 0);
+    ASSERT_TRUE(m.forward(toks.data(), 10, cache, logits.data(), false).is_ok());
+    st = m.forward(toks.data(), 7, cache, logits.data(), false);  // 10 cached + 7 new > 16
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_HAS(st.message(), "10 cached + 7 new");
+    EXPECT_EQ(cache.length(), 10);  // untouched by the failed call
+    ASSERT_TRUE(m.forward(toks.data(), 6, cache, logits.data(), false).is_ok());
+  }
+  {
+    memory::KvCache small(m.kv_layout(), 8);  // the cache's own limit
+    Status st = m.forward(toks.data(), 9, small, logits.data(), false);
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  }
+  {
+    memory::KvCache cache(m.kv_layout(), 16);
+    const int32_t bad[2] = {5, 40};
+    Status st = m.forward(bad, 2, cache, logits.data(), false);
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_HAS(st.message(), "token id 40 at index 1 is outside the vocabulary [0, 40)");
+    const int32_t neg[1] = {-1};
+    EXPECT_FALSE(m.forward(neg, 1, cache, logits.data(), false).is_ok());
+    EXPECT_FALSE(m.forward(bad, 0, cache, logits.data(), false).is_ok());
+  }
+  {
+    memory::KvCache wrong({3, 2, 8}, 16);
+    EXPECT_FALSE(m.forward(toks.data(), 1, wrong, logits.data(), false).is_ok());
+  }
+}
+
+// The shared random-weight GGUF (real Llama 2 vocabulary, dim 8, one layer) loads and runs.
+TEST(SharedGguf, TinyRandomLlama2Runs) {
+  auto f = formats::open_model_files(std::string(LARDER_SHARED_DIR) + "/models/llama-2-tiny-random/llama-2-tiny-random.gguf");
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  auto m = Model::load(*f);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_EQ((*m)->info().vocab, 32000);
+  memory::KvCache cache((*m)->kv_layout(), 32);
+  std::vector<float> logits(32000);
+  const int32_t toks[3] = {1, 15043, 3186};
+  ASSERT_TRUE((*m)->forward(toks, 3, cache, logits.data(), false).is_ok());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+}  // namespace
+}  // namespace larder::models
