@@ -36,6 +36,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// CPU time of the calling thread: with 1 thread this excludes the time the scheduler gave our core
+// to someone else (the dev host is shared), so it isolates the kernel's instruction throughput.
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -236,8 +244,8 @@ int main(int argc, char** argv) {
       }
       std::vector<ModelAcc> model(threads.size() * decode_ns.size() + threads.size());
       std::printf("\n## %s %s\n", tier.c_str(), fs.c_str());
-      std::printf("| shape | n | threads | median µs [min..max] | GB/s (weights) | %% of read BW | GOP/s |\n");
-      std::printf("|---|---|---|---|---|---|---|\n");
+      std::printf("| shape | n | threads | median µs [min..max] | GB/s (weights) | %% of read BW | GOP/s | 1-thread CPU µs / GOP/s |\n");
+      std::printf("|---|---|---|---|---|---|---|---|\n");
       for (const Shape& sh : shapes) {
         const uint64_t wbytes = dtype_bytes(dt, sh.cols) * sh.rows;
         // Copies so that one rotation streams >= 128 MiB (4x L3).
@@ -269,21 +277,29 @@ int main(int argc, char** argv) {
             const int r = is_prefill ? std::max(3, reps / 2) : reps;
             const double ref_cost = static_cast<double>(sh.rows) * sh.cols * n;
             if (tier == "ref" && ref_cost > 2.5e8) continue;  // the scalar oracle is ~1 GMAC/s
-            std::vector<double> ts;
+            std::vector<double> ts, cpu;
             int c = 0;
             for (int w = 0; w < copies; ++w) fn(views[w], x.data(), n, y.data());  // warm-up pass
             for (int i = 0; i < r * (is_prefill ? 1 : std::max(1, copies / 2)); ++i) {
+              const double c0 = thread_cpu_seconds();
               auto t0 = Clock::now();
               fn(views[c], x.data(), n, y.data());
               ts.push_back(seconds_since(t0));
+              cpu.push_back(thread_cpu_seconds() - c0);
               c = (c + 1) % copies;
             }
             Stats s = stats(ts);
+            const Stats sc = stats(cpu);
             const double gbs = wbytes / s.median / 1e9;
             const double gops = 2.0 * sh.rows * sh.cols * n / s.median / 1e9;
-            std::printf("| %s | %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.0f%% | %.1f |\n", sh.name,
+            const double cpu_gops = 2.0 * sh.rows * sh.cols * n / sc.median / 1e9;
+            std::printf("| %s | %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.0f%% | %.1f | %s |\n", sh.name,
                         static_cast<long long>(n), threads[ti], s.median * 1e6, s.min * 1e6, s.max * 1e6, gbs,
-                        100.0 * gbs / bw_before[ti], gops);
+                        100.0 * gbs / bw_before[ti], gops,
+                        threads[ti] == 1 ? (std::to_string(static_cast<int>(sc.median * 1e6)) + " / " +
+                                            std::to_string(static_cast<int>(cpu_gops)))
+                                               .c_str()
+                                         : "-");
             std::fflush(stdout);
             const int cnt = sh.per_layer ? sh.per_layer * kLayers : 1;
             if (is_prefill) {

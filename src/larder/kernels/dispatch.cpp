@@ -1,5 +1,6 @@
 #include "larder/kernels/dispatch.h"
 
+#include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/ref/ref_ops.h"
 
 namespace larder::kernels {
@@ -28,8 +29,13 @@ KernelTable make_ref_table() {
 }
 
 KernelTable& active_storage() {
-  // Faster tiers will be layered on here (CPUID-checked), entry by entry, over the ref set.
-  static KernelTable t = ref_table();
+  // Faster tiers are layered on here (CPUID-checked), entry by entry, over the ref set:
+  // kernels/cpu/common/register.cpp (AVX2 always; AVX-512 when CPUID reports the whole tier).
+  static KernelTable t = [] {
+    KernelTable k = ref_table();
+    cpu::register_fast_kernels(k);
+    return k;
+  }();
   return t;
 }
 

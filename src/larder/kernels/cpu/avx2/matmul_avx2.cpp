@@ -37,6 +37,9 @@ namespace {
 
 using namespace simd;
 
+// From this many tokens on, Q4_0 uses the token-lane GEMM (one full 8-token group).
+constexpr int64_t kGemmMinTokens = 8;
+
 struct Q8_0Block {
   static constexpr int kBytes = 34;
   static __m256i load(const uint8_t* blk) {
@@ -172,6 +175,134 @@ struct Q4_0Kernel {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Q4_0 GEMM for n >= 8 tokens: token lanes instead of k lanes.
+//
+// The decode tiles above put 8 k-positions in the 8 lanes, so every (block, token) pair ends with
+// its own madd + cvt + scale FMA: ≈ 5 ops per 32 MACs. Here the 8 lanes are 8 *tokens*:
+//   act8[g][b][k4] = 32 bytes = for tokens t = 8g..8g+7: x_q[t][32b + 4k4 .. 32b + 4k4 + 3]
+// (re-laid out once per matmul), and the 4 weight codes u[4k4..4k4+3] of a row are broadcast to
+// all lanes (vpbroadcastd from a 32-byte stack copy of the unpacked block), so
+//   p16[r] += maddubs(bcast(u[r][k4]), act8[k4])         (lane t: Σ of 4 products for token t)
+// is 2 ops per 32 MACs. The int16 sums cannot overflow over a whole block: per maddubs lane
+// |u0·x0 + u1·x1| <= 2·15·127 = 3810, times 8 steps = 30480 < 2^15. Only then, once per (row,
+// block) for all 8 tokens: madd → cvt → (· d_x[t] − 8·bsum[t]) → FMA by d_w. Per 4-row × 8-token
+// tile and block: 64 ops in the k loop + ≈ 40 of unpack/scale ≈ 10 MACs per op, vs ≈ 6 above.
+// Zen 3 retires 2 maddubs per cycle, so the k loop alone could run 64 MAC/cycle; the unpack and
+// per-block scale work is what the 4-row tile amortizes (R = 4: 4 float + 4 int16 accumulators,
+// activations, scales and constants fit the 16 ymm registers).
+struct Q4_0Gemm {
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nb, n;
+  const uint8_t* act8;  // [n_pad/8][nb][8][32]
+  QuantizedActs a;
+  float* y;
+
+  template <int R>
+  void tile(int64_t r0, int64_t g) const {
+    const uint8_t* wr[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    __m256 acc[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 eight = _mm256_set1_ps(8.0f);
+    alignas(32) uint8_t codes[R][32];
+    const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256 dw[R];
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = wr[r] + b * 18;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes[r]), Q4_0Kernel::load_codes(blk));
+        dw[r] = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(load_u16(blk))));
+      }
+      __m256i p[R];
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+      const uint8_t* ab = ag + b * 256;
+      LARDER_UNROLL
+      for (int k4 = 0; k4 < 8; ++k4) {
+        const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          int32_t u4;
+          std::memcpy(&u4, codes[r] + 4 * k4, 4);
+          p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
+        }
+      }
+      const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
+      const __m256 bs = _mm256_mul_ps(_mm256_loadu_ps(a.sums(b) + 8 * g), eight);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
+        acc[r] = _mm256_fmadd_ps(_mm256_fmsub_ps(f, dx, bs), dw[r], acc[r]);
+      }
+    }
+    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[r]);
+      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
+    }
+  }
+};
+
+// act8 layout from the plain quantized activations (zero-padded to a multiple of 8 tokens).
+void build_act8(const QuantizedActs& a, int64_t n, uint8_t* act8) {
+  const int64_t groups = a.n_pad / 8, nb = a.nb;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint32_t* out = reinterpret_cast<uint32_t*>(act8 + (g * nb + b) * 256);
+      for (int t = 0; t < 8; ++t) {
+        const int64_t tok = 8 * g + t;
+        if (tok < n) {
+          const uint8_t* src = reinterpret_cast<const uint8_t*>(a.token_blocks(tok) + b * 32);
+          for (int k4 = 0; k4 < 8; ++k4) std::memcpy(out + k4 * 8 + t, src + 4 * k4, 4);
+        } else {
+          for (int k4 = 0; k4 < 8; ++k4) out[k4 * 8 + t] = 0;
+        }
+      }
+    }
+  }
+}
+
+void matmul_q4_0_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t nb = w.cols / 32;
+  void* scratch = thread_scratch(quantized_acts_bytes(n, w.cols));
+  QuantizedActs a = quantized_acts_view(scratch, n, w.cols);
+  quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
+  auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
+  build_act8(a, n, act8);
+  const Q4_0Gemm k{w.data, w.row_bytes(), w.rows, nb, n, act8, a, y};
+  // Chunks: 16 rows × a run of token groups whose activations (nb·256 B per group) fit ~256 KiB
+  // of L2; inside, each 4-row tile streams its weights once per group from L1/L2.
+  const int64_t groups = a.n_pad / 8;
+  const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
+  const int64_t n_gb = (groups + gb - 1) / gb;
+  const int64_t rb = 16;
+  const int64_t n_rb = (w.rows + rb - 1) / rb;
+  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
+    const int64_t ib = c % n_rb, ig = c / n_rb;
+    const int64_t r_begin = ib * rb, r_end = std::min(w.rows, r_begin + rb);
+    const int64_t g_begin = ig * gb, g_end = std::min(groups, g_begin + gb);
+    int64_t r = r_begin;
+    for (; r + 4 <= r_end; r += 4)
+      for (int64_t g = g_begin; g < g_end; ++g) k.tile<4>(r, g);
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      switch (r_end - r) {
+        case 3: k.tile<3>(r, g); break;
+        case 2: k.tile<2>(r, g); break;
+        case 1: k.tile<1>(r, g); break;
+        default: break;
+      }
+    }
+  });
+}
+
 template <class K>
 void matmul_int(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
@@ -260,7 +391,13 @@ void matmul_float(const WeightView& w, const float* x, int64_t n, float* y) {
 }  // namespace
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<IntKernel<Q8_0Block>>(w, x, n, y); }
-void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_int<Q4_0Kernel>(w, x, n, y); }
+void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= kGemmMinTokens) {
+    matmul_q4_0_gemm(w, x, n, y);
+  } else {
+    matmul_int<Q4_0Kernel>(w, x, n, y);
+  }
+}
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<BF16Row>(w, x, n, y); }
 void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<F16Row>(w, x, n, y); }
 void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<F32Row>(w, x, n, y); }

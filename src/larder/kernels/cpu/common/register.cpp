@@ -13,6 +13,8 @@ void set(KernelTable& t, DType d, MatmulFn f) {
   if (f) t.matmul[static_cast<int>(d)] = f;
 }
 constexpr DType kFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kBF16, DType::kF16, DType::kF32};
+
+bool is_int8_act(DType d) { return d == DType::kQ8_0 || d == DType::kQ4_0; }
 }  // namespace
 
 MatmulFn fast_matmul(const char* tier, DType dtype) {
@@ -43,10 +45,21 @@ void register_fast_kernels(KernelTable& t) {
   // LARDER_ISA=ref keeps the scalar reference everywhere (debugging a numerical difference).
   const char* isa = std::getenv("LARDER_ISA");
   if (isa && std::strcmp(isa, "ref") == 0) return;
-  for (DType d : kFormats) set(t, d, fast_matmul("avx2", d));
+  // The Q8_0/Q4_0 kernels quantize activations to int8 (like llama.cpp), so their results differ
+  // from the exact-dequantization reference by ~1 % of Σ|w·x| (tests/unit/kernels_fast). The
+  // models layer's "deq" parity tests still demand 1e-4 of the reference, so until they pin the
+  // ref table for that comparison these two formats join the active table only with
+  // LARDER_QUANT_ACT=1 (tests and kernel_bench call the kernels directly).
+  const char* qa = std::getenv("LARDER_QUANT_ACT");
+  const bool int8_act = qa && std::strcmp(qa, "1") == 0;
+  for (DType d : kFormats) {
+    if (!is_int8_act(d) || int8_act) set(t, d, fast_matmul("avx2", d));
+  }
   t.name = "avx2";
   if (f.has_avx512_tier()) {
-    for (DType d : kFormats) set(t, d, fast_matmul("avx512", d));
+    for (DType d : kFormats) {
+      if (!is_int8_act(d) || int8_act) set(t, d, fast_matmul("avx512", d));
+    }
     t.name = "avx512";
   }
 }
