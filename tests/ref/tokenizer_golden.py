@@ -24,10 +24,7 @@ CORPUS = os.path.join(HERE, "..", "unit", "tokenizer", "data", "corpus.txt")
 def corpus_texts():
     with open(CORPUS, encoding="utf-8") as f:
         raw = f.read()
-    texts = raw.split("\n@@@@\n")
-    # A trailing newline after the last separator belongs to the file, not the case.
-    texts = [t for t in texts]
-    return [t.encode("utf-8") for t in texts]
+    return [t.encode("utf-8") for t in raw.split("\n@@@@\n")]
 
 
 def built_cases(tok_specials):
@@ -74,6 +71,93 @@ def long_text():
     return "".join(out).encode()
 
 
+# Variants of the shared tokenizers with other pipeline components, so that every component
+# larder implements is checked against HF, not only the ones the five real files use. They are
+# written under <out>/tokenizer/variants/<name>/ (generated, never committed). The C++ test
+# lists the same names (VARIANTS there).
+def variants(hf_root):
+    def load(name):
+        with open(os.path.join(hf_root, name, "tokenizer.json"), encoding="utf-8") as f:
+            return json.load(f)
+
+    out = {}
+    t = load("llama3")
+    t["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    t["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    out["v_bytelevel_prefix"] = t
+
+    t = load("llama3")
+    t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithNext", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "\\p{P}"}, "behavior": "MergedWithPrevious", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "[0-9]"}, "behavior": "Contiguous", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "\\t+"}, "behavior": "Removed", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "[^\\n]+"}, "behavior": "Isolated", "invert": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    out["v_split_behaviors"] = t
+
+    t = load("llama3")
+    t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"}, {"type": "Digits", "individual_digits": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    t["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Strip", "strip_left": True, "strip_right": True},
+        {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}, {"type": "NFD"}]}
+    out["v_whitespace_digits_nfd"] = t
+
+    t = load("qwen3")
+    t["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}
+    t["pre_tokenizer"]["pretokenizers"].insert(0, {"type": "Digits", "individual_digits": True})
+    out["v_nfkc_lower_digits"] = t
+
+    t = load("llama3")
+    for a in t["added_tokens"]:
+        if a["content"] == "<|eot_id|>":
+            a["lstrip"] = True
+        if a["content"] == "<|start_header_id|>":
+            a["rstrip"] = True
+        if a["content"] == "<|reserved_special_token_5|>":
+            a.update(content="magic", single_word=True, special=False, normalized=True)
+        if a["content"] == "<|reserved_special_token_6|>":
+            a.update(content="[MASK]", lstrip=True, rstrip=True, special=True, normalized=False)
+        if a["content"] == "<|reserved_special_token_7|>":
+            a.update(content=" world", special=False, normalized=False)
+    out["v_added_flags"] = t
+
+    for scheme, split in (("first", False), ("always", True)):
+        t = load("llama2")
+        t["normalizer"] = None
+        t["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": scheme, "split": split}
+        t["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": scheme,
+                                       "split": split}]}
+        out[f"v_metaspace_{scheme}"] = t
+
+    t = load("llama2")
+    t["added_tokens"].append({"id": 32000, "content": "xyz", "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": True, "special": False})
+    t["added_tokens"].append({"id": 32001, "content": "<tool>", "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False, "special": True})
+    t["post_processor"] = {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                           "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]},
+                                                          "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}}}
+    out["v_normalized_added_eos"] = t
+    return out
+
+
+VARIANT_TEXTS = [
+    b"xyz at start, then xyzzy and axyz, xyz<tool>xyz <tool> xyz",
+    b"magic magicmagic amagic magic! _magic magic_ (magic)",
+    b"a  [MASK]  b [MASK]c d[MASK] <|eot_id|>  x   <|eot_id|> <|start_header_id|>   y <|start_header_id|>\n\nz",
+    b"hello world world  world\tworld",
+    "İstanbul ΣΑΣ ǅ ẞ Ω K Å ﬁ ① ２３ DŽ".encode(),
+    b"  leading and trailing  ",
+    b"\xe2\x96\x81\xe2\x96\x81 x \xe2\x96\x81",
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -87,14 +171,20 @@ def main():
         print(f"no tokenizers under {hf_root}", file=sys.stderr)
         return 1
     base = corpus_texts()
-    for name in names:
-        d = os.path.join(hf_root, name)
+    jobs = [(name, os.path.join(hf_root, name), True) for name in names]
+    for vname, vjson in variants(hf_root).items():
+        vdir = os.path.join(out_dir, "variants", vname)
+        os.makedirs(vdir, exist_ok=True)
+        with open(os.path.join(vdir, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(vjson, f, ensure_ascii=False)
+        jobs.append((vname, vdir, False))
+    for name, d, real in jobs:
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
         with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
             tj = json.load(f)
         specials = [a["content"] for a in tj["added_tokens"] if a.get("special")]
         nonspecial = [a["content"] for a in tj["added_tokens"] if not a.get("special")]
-        texts = base + built_cases(specials + nonspecial[:2])
+        texts = base + built_cases(specials + nonspecial[:2]) + ([] if real else VARIANT_TEXTS)
         cases = []
         for raw in texts:
             text = raw.decode("utf-8", "replace")
@@ -126,12 +216,14 @@ def main():
                     seq.append(rng.randrange(vocab_n))
             decodes.append({"ids": seq, "decode": tok.decode(seq, skip_special_tokens=False),
                             "decode_skip": tok.decode(seq, skip_special_tokens=True)})
-        lt = long_text()
-        long_case = {"text_hex": lt.hex(), "ids": tok.encode(lt.decode(), add_special_tokens=False).ids}
+        long_case = None
+        if real:
+            lt = long_text()
+            long_case = {"text_hex": lt.hex(), "ids": tok.encode(lt.decode(), add_special_tokens=False).ids}
         with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as f:
             json.dump({"name": name, "dir": d, "cases": cases, "decodes": decodes, "long": long_case}, f,
                       ensure_ascii=False)
-        print(f"{name}: {len(cases)} cases, {len(decodes)} decode sequences, long text {len(long_case['ids'])} ids")
+        print(f"{name}: {len(cases)} cases, {len(decodes)} decode sequences")
     return 0
 
 

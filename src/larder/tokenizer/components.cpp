@@ -133,6 +133,12 @@ class LowercaseNormalizer final : public Normalizer {
         continue;
       }
       const char32_t cp = utf8::next_cp(s, i);
+      // Rust's char::to_lowercase uses the full mapping; U+0130 is the one character whose
+      // unconditional full lowercase differs from the simple one utf8proc gives.
+      if (cp == 0x130) {
+        out += "i\xCC\x87";
+        continue;
+      }
       utf8::append_cp(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))));
     }
     return out;
@@ -599,7 +605,7 @@ Result<std::unique_ptr<DecoderStep>> build_step(const json& j, const std::string
   if (type == "ByteFallback") return std::unique_ptr<DecoderStep>(new ByteFallbackDec());
   if (type == "Fuse") return std::unique_ptr<DecoderStep>(new FuseDec());
   if (type == "Replace") {
-    LARDER_ASSIGN_OR_RETURN(Pattern p, parse_pattern(j.value("pattern", json()), what + ": Replace decoder"));
+    LARDER_ASSIGN_OR_RETURN(Pattern p, parse_pattern(jget(j, "pattern"), what + ": Replace decoder"));
     return std::unique_ptr<DecoderStep>(new ReplaceDec(std::move(p), jstr(j, "content")));
   }
   if (type == "Strip") {
@@ -707,7 +713,7 @@ Result<std::unique_ptr<Normalizer>> build_normalizer(const json& j, const std::s
   if (type == "Strip")
     return std::unique_ptr<Normalizer>(new StripNormalizer(jbool(j, "strip_left", true), jbool(j, "strip_right", true)));
   if (type == "Replace") {
-    LARDER_ASSIGN_OR_RETURN(Pattern p, parse_pattern(j.value("pattern", json()), what + ": Replace normalizer"));
+    LARDER_ASSIGN_OR_RETURN(Pattern p, parse_pattern(jget(j, "pattern"), what + ": Replace normalizer"));
     return std::unique_ptr<Normalizer>(new ReplaceNormalizer(std::move(p), jstr(j, "content")));
   }
   return unsupported(what + ": unsupported normalizer type '" + type + "'");
@@ -728,7 +734,7 @@ Result<std::unique_ptr<PreTokenizer>> build_pre_tokenizer(const json& j, const s
     return std::unique_ptr<PreTokenizer>(new SequencePre(std::move(v)));
   }
   if (type == "Split") {
-    LARDER_ASSIGN_OR_RETURN(Pattern p, parse_pattern(j.value("pattern", json()), what + ": Split pre_tokenizer"));
+    LARDER_ASSIGN_OR_RETURN(Pattern p, parse_pattern(jget(j, "pattern"), what + ": Split pre_tokenizer"));
     const std::string b = jstr(j, "behavior", "Isolated");
     SplitBehavior sb;
     if (b == "Removed") sb = SplitBehavior::kRemoved;

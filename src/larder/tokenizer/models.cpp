@@ -28,7 +28,7 @@ std::string byte_token_name(unsigned b) {
 
 class BpeModel final : public Model {
  public:
-  BpeModel(StrIdMap vocab, BpeConfig cfg) : vocab_(std::move(vocab)), cfg_(std::move(cfg)) {
+  BpeModel(const StrIdMap& vocab, BpeConfig cfg) : vocab_(vocab), cfg_(std::move(cfg)) {
     for (unsigned b = 0; b < 256; ++b) {
       auto id = lookup(vocab_, byte_token_name(b));
       byte_ids_[b] = id ? *id : -1;
@@ -155,7 +155,7 @@ class BpeModel final : public Model {
     }
   }
 
-  StrIdMap vocab_;
+  const StrIdMap& vocab_;  // owned by the tokenizer, which outlives its model
   BpeConfig cfg_;
   std::unordered_map<uint64_t, std::pair<uint32_t, int32_t>> merges_;
   int32_t byte_ids_[256];

@@ -27,6 +27,15 @@ struct StrHash {
 };
 using StrIdMap = std::unordered_map<std::string, int32_t, StrHash, std::equal_to<>>;
 
+// j[key] without copying (json::value() returns a copy: a deep one for a 30 MB vocabulary);
+// a null json when the key is absent or j is not an object.
+inline const nlohmann::json& jget(const nlohmann::json& j, const char* key) {
+  static const nlohmann::json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
 inline std::optional<int32_t> lookup(const StrIdMap& m, std::string_view key) {
   auto it = m.find(key);
   if (it == m.end()) return std::nullopt;
@@ -76,6 +85,7 @@ class Model {
 };
 
 // BPE with a rank per merge (HF BPE; GGUF "gpt2" vocabularies).
+// `vocab` is referenced, not copied: it must outlive the model.
 struct BpeConfig {
   bool byte_fallback = false;
   bool ignore_merges = false;  // a piece that is itself a vocab entry is taken whole

@@ -4,7 +4,8 @@
 #include <utf8proc.h>
 
 #include <algorithm>
-#include <unordered_set>
+#include <climits>
+#include <cstdint>
 
 #include "larder/core/mmap_file.h"
 #include "larder/formats/gguf.h"
@@ -234,6 +235,31 @@ void push_unique(std::vector<int32_t>& v, int32_t id) {
   if (std::find(v.begin(), v.end(), id) == v.end()) v.push_back(id);
 }
 
+// HF ignores the ids written next to added tokens in tokenizer.json: AddedVocabulary::add_tokens
+// gives a token the id its content already has (added or model vocabulary), else the next free
+// id after the model vocabulary. Real files agree with that; we reproduce it so that a file
+// where they disagree still encodes exactly as HF does.
+void assign_hf_added_ids(Impl& t) {
+  const auto model_size = static_cast<int32_t>(t.model_vocab.size());
+  std::optional<int32_t> max_added;
+  StrIdMap seen;
+  std::vector<AddedToken> kept;
+  for (auto& a : t.added) {
+    if (a.content.empty()) continue;
+    if (auto id = lookup(seen, a.content)) {
+      a.id = *id;
+    } else if (auto mid = lookup(t.model_vocab, a.content)) {
+      a.id = *mid;
+    } else {
+      a.id = !max_added ? model_size : (*max_added >= model_size ? *max_added + 1 : model_size);
+    }
+    seen.emplace(a.content, a.id);
+    max_added = std::max(max_added.value_or(a.id), a.id);
+    kept.push_back(std::move(a));
+  }
+  t.added.swap(kept);
+}
+
 // Fills id_to_str / special flags / matchers from model_vocab and `added`.
 void finish_vocab(Impl& t) {
   int32_t max_id = -1;
@@ -247,18 +273,18 @@ void finish_vocab(Impl& t) {
     t.added_vocab[a.content] = a.id;
     if (a.special) t.special_flags[a.id] = 1;
   }
-  // Specials are registered first (HF adds them before the other added tokens).
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < t.added.size(); ++i) {
-      const AddedToken& a = t.added[i];
-      if (a.special != (pass == 0)) continue;
-      if (a.normalized) {
-        // Normalized tokens are matched after normalization, so match their normalized form.
-        const std::string pat = t.normalizer ? t.normalizer->normalize(a.content) : a.content;
-        t.normalized_matcher.add(pat, static_cast<int32_t>(i));
-      } else {
-        t.raw_matcher.add(a.content, static_cast<int32_t>(i));
-      }
+  // Declaration order: for two tokens with the same text the first one wins, as in HF.
+  for (size_t i = 0; i < t.added.size(); ++i) {
+    const AddedToken& a = t.added[i];
+    if (a.normalized) {
+      // Normalized tokens are matched after normalization, so match their normalized form.
+      // HF also uses that form as the token's string (id_to_token, and thus decoding: with a
+      // Prepend normalizer "xyz" decodes as " xyz"), while token_to_id takes the content.
+      const std::string pat = t.normalizer ? t.normalizer->normalize(a.content) : a.content;
+      t.id_to_str[a.id] = pat;
+      t.normalized_matcher.add(pat, static_cast<int32_t>(i));
+    } else {
+      t.raw_matcher.add(a.content, static_cast<int32_t>(i));
     }
   }
 }
@@ -277,13 +303,13 @@ Status parse_post_processor(const json& j, const Impl& t, const std::string& wha
   const std::string type = j.value("type", "");
   if (type == "ByteLevel") return Status::ok();  // only adjusts offsets
   if (type == "Sequence") {
-    for (const auto& p : j.value("processors", json::array()))
+    for (const auto& p : jget(j, "processors"))
       LARDER_RETURN_IF_ERROR(parse_post_processor(p, t, what, pp));
     return Status::ok();
   }
   if (type == "TemplateProcessing") {
-    const json& single = j.value("single", json::array());
-    const json& specials = j.value("special_tokens", json::object());
+    const json& single = jget(j, "single");
+    const json& specials = jget(j, "special_tokens");
     bool seen_seq = false;
     for (const auto& item : single) {
       if (item.contains("Sequence")) {
@@ -308,46 +334,170 @@ Status parse_post_processor(const json& j, const Impl& t, const std::string& wha
   return unsupported(what + ": unsupported post_processor type '" + type + "'");
 }
 
+// tokenizer.json as a DOM, except model.vocab and model.merges (nearly all of the file: 260k
+// entries and 500k merges for Gemma 3), which are streamed into flat vectors: building them as
+// JSON maps and arrays first would triple load time and peak memory.
+class TokenizerJsonSax {
+ public:
+  json root;
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+  bool has_vocab = false, has_merges = false;
+  std::string error;
+
+  bool null() { return value(json()); }
+  bool boolean(bool b) { return value(json(b)); }
+  bool number_integer(json::number_integer_t v) { return integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) {
+    return integer(v > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(v));
+  }
+  bool number_float(json::number_float_t v, const std::string&) {
+    if (mode() != kDom) return fail("model.vocab ids and merges must not be numbers with fractions");
+    return value(json(v));
+  }
+  bool string(std::string& s) {
+    switch (mode()) {
+      case kVocab:
+        return fail("model.vocab entry '" + stack_.back().key + "' has no integer id");
+      case kMerges: {
+        const size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          return fail("merge '" + s + "' is not two tokens separated by one space");
+        merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+        return true;
+      }
+      case kMergePair:
+        pair_.push_back(std::move(s));
+        return true;
+      case kDom:
+        return value(json(std::move(s)));
+    }
+    return true;
+  }
+  bool binary(json::binary_t&) { return fail("binary values are not JSON"); }
+  bool start_object(size_t) {
+    if (mode() != kDom) return fail("model.vocab / model.merges hold an unexpected object");
+    if (in_model() && stack_.back().key == "vocab") {
+      has_vocab = true;
+      stack_.push_back({nullptr, {}, kVocab});
+      return true;
+    }
+    json* node = insert(json::object());
+    stack_.push_back({node, {}, kDom});
+    return true;
+  }
+  bool key(std::string& k) {
+    stack_.back().key = std::move(k);
+    return true;
+  }
+  bool end_object() {
+    stack_.pop_back();
+    return true;
+  }
+  bool start_array(size_t) {
+    if (mode() == kMerges) {
+      pair_.clear();
+      stack_.push_back({nullptr, {}, kMergePair});
+      return true;
+    }
+    if (mode() != kDom) return fail("model.vocab / model.merges hold an unexpected array");
+    if (in_model() && stack_.back().key == "merges") {
+      has_merges = true;
+      stack_.push_back({nullptr, {}, kMerges});
+      return true;
+    }
+    json* node = insert(json::array());
+    stack_.push_back({node, {}, kDom});
+    return true;
+  }
+  bool end_array() {
+    if (mode() == kMergePair) {
+      if (pair_.size() != 2) return fail("merges must be strings or pairs of strings");
+      merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+    }
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(size_t pos, const std::string&, const nlohmann::detail::exception& e) {
+    return fail(strfmt("not valid JSON (byte %zu: %s)", pos, e.what()));
+  }
+
+ private:
+  enum Mode { kDom, kVocab, kMerges, kMergePair };
+  struct Frame {
+    json* node;
+    std::string key;
+    Mode mode;
+  };
+  Mode mode() const { return stack_.empty() ? kDom : stack_.back().mode; }
+  // The container on top is the object under the top-level key "model".
+  bool in_model() const { return stack_.size() == 2 && stack_[0].key == "model" && stack_[1].node->is_object(); }
+  bool fail(std::string m) {
+    if (error.empty()) error = std::move(m);
+    return false;
+  }
+  bool integer(int64_t v) {
+    switch (mode()) {
+      case kVocab:
+        if (v < 0 || v > INT32_MAX) return fail("model.vocab entry '" + stack_.back().key + "' has an invalid id");
+        vocab.emplace_back(std::move(stack_.back().key), v);
+        return true;
+      case kMerges:
+      case kMergePair:
+        return fail("merges must be strings or pairs of strings");
+      case kDom:
+        return value(json(v));
+    }
+    return true;
+  }
+  bool value(json v) {
+    if (mode() != kDom) return fail("model.vocab / model.merges hold an unexpected value");
+    insert(std::move(v));
+    return true;
+  }
+  json* insert(json v) {
+    if (stack_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    json* parent = stack_.back().node;
+    if (parent->is_array()) {
+      parent->push_back(std::move(v));
+      return &parent->back();
+    }
+    json& slot = (*parent)[stack_.back().key];
+    slot = std::move(v);
+    return &slot;
+  }
+
+  std::vector<Frame> stack_;
+  std::vector<std::string> pair_;
+};
+
 Result<std::unique_ptr<Impl>> load_hf(const std::string& path, const std::string& dir) {
   const std::string what = "[tokenizer] " + path;
   auto text = read_text_file(path);
   if (!text.is_ok()) return not_found(what + ": cannot read tokenizer.json (" + text.status().message() + ")");
-  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt(what + ": not valid JSON");
+  TokenizerJsonSax sax;
+  if (!json::sax_parse(*text, &sax)) return corrupt(what + ": " + (sax.error.empty() ? "not valid JSON" : sax.error));
+  const json& j = sax.root;
   if (!j.is_object()) return corrupt(what + ": top level is not a JSON object");
   auto t = std::make_unique<Impl>();
   t->source = "hf:" + path;
   try {
-    const json& model = j.value("model", json());
+    const json& model = jget(j, "model");
     if (!model.is_object()) return corrupt(what + ": missing 'model'");
-    const std::string type = model.value("type", model.contains("merges") ? "BPE" : "");
+    const std::string type = model.value("type", sax.has_merges ? "BPE" : "");
     if (type != "BPE") return unsupported(what + ": unsupported model type '" + type + "' (only BPE)");
     if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0)
       return unsupported(what + ": BPE dropout is not supported");
-    const json& vocab = model.value("vocab", json());
-    if (!vocab.is_object()) return corrupt(what + ": model.vocab must be an object");
-    t->model_vocab.reserve(vocab.size());
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
-        return corrupt(what + ": vocab entry '" + it.key() + "' has no valid id");
-      t->model_vocab[it.key()] = it.value().get<int32_t>();
-    }
-    std::vector<std::pair<std::string, std::string>> merges;
-    const json& jm = model.value("merges", json::array());
-    merges.reserve(jm.size());
-    for (const auto& m : jm) {
-      if (m.is_string()) {
-        const std::string s = m.get<std::string>();
-        const size_t sp = s.find(' ');
-        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          return corrupt(what + ": merge '" + s + "' is not two tokens separated by one space");
-        merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-        merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-      } else {
-        return corrupt(what + ": merges must be strings or pairs of strings");
-      }
-    }
+    // Well-formed vocab/merges never reach the DOM (the SAX handler takes them).
+    if (!sax.has_vocab || model.contains("vocab")) return corrupt(what + ": model.vocab must be an object");
+    if (model.contains("merges")) return corrupt(what + ": model.merges must be an array");
+    t->model_vocab.reserve(sax.vocab.size());
+    for (auto& [tok, id] : sax.vocab) t->model_vocab[std::move(tok)] = static_cast<int32_t>(id);
+    sax.vocab.clear();
+    const auto& merges = sax.merges;
     BpeConfig cfg;
     cfg.byte_fallback = model.value("byte_fallback", false);
     cfg.fuse_unk = model.value("fuse_unk", false);
@@ -364,7 +514,7 @@ Result<std::unique_ptr<Impl>> load_hf(const std::string& path, const std::string
     t->model = make_bpe(t->model_vocab, merges, cfg, &err);
     if (!t->model) return corrupt(what + ": " + err);
 
-    for (const auto& a : j.value("added_tokens", json::array())) {
+    for (const auto& a : jget(j, "added_tokens")) {
       AddedToken tok;
       tok.content = a.at("content").get<std::string>();
       tok.id = a.at("id").get<int32_t>();
@@ -377,11 +527,12 @@ Result<std::unique_ptr<Impl>> load_hf(const std::string& path, const std::string
       t->added.push_back(std::move(tok));
     }
 
-    LARDER_ASSIGN_OR_RETURN(t->normalizer, build_normalizer(j.value("normalizer", json()), what));
-    LARDER_ASSIGN_OR_RETURN(t->pre_tokenizer, build_pre_tokenizer(j.value("pre_tokenizer", json()), what));
-    LARDER_ASSIGN_OR_RETURN(t->decoder, build_decoder(j.value("decoder", json()), what));
+    LARDER_ASSIGN_OR_RETURN(t->normalizer, build_normalizer(jget(j, "normalizer"), what));
+    LARDER_ASSIGN_OR_RETURN(t->pre_tokenizer, build_pre_tokenizer(jget(j, "pre_tokenizer"), what));
+    LARDER_ASSIGN_OR_RETURN(t->decoder, build_decoder(jget(j, "decoder"), what));
+    assign_hf_added_ids(*t);
     finish_vocab(*t);
-    LARDER_RETURN_IF_ERROR(parse_post_processor(j.value("post_processor", json()), *t, what, t->post));
+    LARDER_RETURN_IF_ERROR(parse_post_processor(jget(j, "post_processor"), *t, what, t->post));
 
     // BOS/EOS names come from tokenizer_config.json (what transformers and chat templates use).
     const std::string cfg_path = dir + "/tokenizer_config.json";
@@ -390,8 +541,8 @@ Result<std::unique_ptr<Impl>> load_hf(const std::string& path, const std::string
       if (!ctext.is_ok()) return ctext.status();
       json c = json::parse(*ctext, nullptr, false);
       if (c.is_discarded() || !c.is_object()) return corrupt("[tokenizer] " + cfg_path + ": not a valid JSON object");
-      t->bos_str = token_string(c.value("bos_token", json()));
-      t->eos_str = token_string(c.value("eos_token", json()));
+      t->bos_str = token_string(jget(c, "bos_token"));
+      t->eos_str = token_string(jget(c, "eos_token"));
     } else {
       if (t->post.prefix.size() == 1) t->bos_str = t->id_to_str[t->post.prefix[0]];
       if (t->post.suffix.size() == 1) t->eos_str = t->id_to_str[t->post.suffix[0]];
@@ -458,9 +609,33 @@ std::optional<PreSpec> pre_spec(const std::string& pre) {
     return PreSpec{{kLlama3Re}, true, true};
   if (is({"dbrx", "smaug-bpe", "chatglm-bpe", "glm4"})) return PreSpec{{kLlama3Re}};
   if (is({"deepseek-llm"}))
-    return PreSpec{{"[\r\n]",
-                    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
-                    "\\s?[!-/:-~！-／：-～‘-‟　-。]+", "\\s+$", "[一-龥ࠀ-一가-퟿]+", "\\p{N}+"}};
+    // Cased-letter classes spelled as code points: several of these characters (U+1F7D, U+1FBE,
+    // U+2126, U+212A...) have singleton canonical decompositions, and an editor or tool that
+    // NFC-normalizes source text would silently turn the ranges into different or empty ones.
+    return PreSpec{{"[\\r\\n]",
+                    "\\s?["
+                    "\\x{0041}-\\x{005A}\\x{0061}-\\x{007A}\\x{00B5}\\x{00C0}-\\x{00D6}\\x{00D8}-\\x{00F6}"
+                    "\\x{00F8}-\\x{01BA}\\x{01BC}-\\x{01BF}\\x{01C4}-\\x{0293}\\x{0295}-\\x{02AF}"
+                    "\\x{0370}-\\x{0373}\\x{0376}-\\x{0377}\\x{037B}-\\x{037D}\\x{037F}\\x{0386}"
+                    "\\x{0388}-\\x{038A}\\x{038C}\\x{038E}-\\x{03A1}\\x{03A3}-\\x{03F5}\\x{03F7}-\\x{0481}"
+                    "\\x{048A}-\\x{052F}\\x{0531}-\\x{0556}\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}"
+                    "\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}"
+                    "\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}"
+                    "\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}"
+                    "\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}"
+                    "\\x{1FC6}-\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}"
+                    "\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}"
+                    "\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}"
+                    "\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}-\\x{2184}"
+                    "\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}-\\x{2CF3}"
+                    "\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}"
+                    "\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}"
+                    "\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}"
+                    "\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}"
+                    "\\x{1E900}-\\x{1E943}"
+                    "]+",
+                    "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
+                    "\\s+$", "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+", "\\p{N}+"}};
   if (is({"deepseek-coder"}))
     return PreSpec{{"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}"}};
   if (is({"deepseek-v3", "hunyuan-dense"}))

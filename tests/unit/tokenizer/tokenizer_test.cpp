@@ -148,7 +148,7 @@ Result<std::unique_ptr<formats::GgufFile>> open_gguf(const std::string& path) {
 
 // ------------------------------------------------------------------ HF goldens
 
-class HfGolden : public ::testing::TestWithParam<std::string> {
+class TokenizerHfGolden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     const std::string path = kGolden + "/" + GetParam() + ".json";
@@ -162,7 +162,7 @@ class HfGolden : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Tokenizer> tok_;
 };
 
-TEST_P(HfGolden, EncodeMatchesReference) {
+TEST_P(TokenizerHfGolden, EncodeMatchesReference) {
   int passed = 0, total = 0;
   for (const auto& c : g_["cases"]) {
     const std::string text = unhex(c["text_hex"].get<std::string>());
@@ -176,7 +176,7 @@ TEST_P(HfGolden, EncodeMatchesReference) {
   std::printf("[tokenizer] %s: %d/%d encode cases match HF tokenizers\n", GetParam().c_str(), passed, total);
 }
 
-TEST_P(HfGolden, DecodeMatchesReference) {
+TEST_P(TokenizerHfGolden, DecodeMatchesReference) {
   for (const auto& c : g_["cases"]) {
     const auto ids = to_ids(c["ids"]);
     const auto ids_sp = to_ids(c["ids_special"]);
@@ -190,7 +190,7 @@ TEST_P(HfGolden, DecodeMatchesReference) {
   }
 }
 
-TEST_P(HfGolden, StreamingDecodeEqualsDecode) {
+TEST_P(TokenizerHfGolden, StreamingDecodeEqualsDecode) {
   for (const auto& c : g_["cases"]) {
     const auto ids = to_ids(c["ids"]);
     EXPECT_EQ(check_stream(*tok_, ids, false, c["decode"].get<std::string>()), "") << ids_str(ids, 0, 40);
@@ -204,7 +204,10 @@ TEST_P(HfGolden, StreamingDecodeEqualsDecode) {
   }
 }
 
-TEST_P(HfGolden, LongTextIsExactAndFast) {
+// A ~490 kB mixed-script text (about 150k-210k tokens) per real tokenizer.
+class TokenizerHfLong : public TokenizerHfGolden {};
+
+TEST_P(TokenizerHfLong, LongTextIsExactAndFast) {
   const std::string text = unhex(g_["long"]["text_hex"].get<std::string>());
   const auto want = to_ids(g_["long"]["ids"]);
   const auto t0 = std::chrono::steady_clock::now();
@@ -218,7 +221,7 @@ TEST_P(HfGolden, LongTextIsExactAndFast) {
 }
 
 // Arbitrary bytes never crash, and what comes back out is valid UTF-8.
-TEST_P(HfGolden, ArbitraryBytesAreSafe) {
+TEST_P(TokenizerHfGolden, ArbitraryBytesAreSafe) {
   std::mt19937 rng(7);
   for (int iter = 0; iter < 300; ++iter) {
     std::string s(rng() % 64, '\0');
@@ -243,7 +246,23 @@ std::vector<std::string> hf_names() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, HfGolden, ::testing::ValuesIn(hf_names()),
+// Variants of the shared tokenizers with the pipeline components the real files do not use
+// (ByteLevel regex + prefix space, every Split behavior, Metaspace, Digits, WhitespaceSplit,
+// Strip/Replace-regex/NFD/NFKC/Lowercase normalizers, lstrip/rstrip/single_word/normalized
+// added tokens, EOS in the template). Written by tests/ref/tokenizer_golden.py (variants()).
+const char* const kVariants[] = {"v_bytelevel_prefix", "v_split_behaviors", "v_whitespace_digits_nfd",
+                                 "v_nfkc_lower_digits", "v_added_flags",     "v_metaspace_first",
+                                 "v_metaspace_always", "v_normalized_added_eos"};
+
+std::vector<std::string> hf_and_variants() {
+  auto v = hf_names();
+  v.insert(v.end(), std::begin(kVariants), std::end(kVariants));
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Hf, TokenizerHfGolden, ::testing::ValuesIn(hf_and_variants()),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Hf, TokenizerHfLong, ::testing::ValuesIn(hf_names()),
                          [](const auto& info) { return info.param; });
 
 // ------------------------------------------------------------------ llama.cpp vocab vectors
@@ -291,9 +310,9 @@ void read_vectors(const std::string& base, std::vector<std::string>& texts,
 
 void PrintTo(const VectorFile& v, std::ostream* os) { *os << v.name; }
 
-class VocabVectors : public ::testing::TestWithParam<VectorFile> {};
+class TokenizerVocabVectors : public ::testing::TestWithParam<VectorFile> {};
 
-TEST_P(VocabVectors, MatchExpectedIds) {
+TEST_P(TokenizerVocabVectors, MatchExpectedIds) {
   const VectorFile& vf = GetParam();
   const std::string base = kShared + "/tokenizers/ggml-vocab-" + vf.name + ".gguf";
   std::unique_ptr<formats::GgufFile> gguf;
@@ -333,7 +352,7 @@ TEST_P(VocabVectors, MatchExpectedIds) {
               vf.hf.empty() ? " (gguf)" : (" (hf/" + vf.hf + ")").c_str(), passed, texts.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(LlamaCpp, VocabVectors, ::testing::ValuesIn(vector_files()), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, TokenizerVocabVectors, ::testing::ValuesIn(vector_files()), [](const auto& info) {
   std::string n = info.param.name;
   for (auto& c : n)
     if (!isalnum(static_cast<unsigned char>(c))) c = '_';
@@ -352,7 +371,7 @@ std::unique_ptr<Tokenizer> gguf_tok(const std::string& path, std::unique_ptr<for
   return t.is_ok() ? std::move(t).value() : nullptr;
 }
 
-TEST(GgufTokenizer, Stories260K) {
+TEST(TokenizerGguf, Stories260K) {
   std::unique_ptr<formats::GgufFile> g;
   auto tok = gguf_tok(kShared + "/models/stories260K/stories260K.gguf", g);
   ASSERT_TRUE(tok);
@@ -364,7 +383,7 @@ TEST(GgufTokenizer, Stories260K) {
   EXPECT_EQ(tok->vocab_size(), 512);
 }
 
-TEST(GgufTokenizer, Llama2TinyRandomMatchesLlamaSpmVectors) {
+TEST(TokenizerGguf, Llama2TinyRandomMatchesLlamaSpmVectors) {
   std::unique_ptr<formats::GgufFile> g;
   auto tok = gguf_tok(kShared + "/models/llama-2-tiny-random/llama-2-tiny-random.gguf", g);
   ASSERT_TRUE(tok);
@@ -381,7 +400,7 @@ TEST(GgufTokenizer, Llama2TinyRandomMatchesLlamaSpmVectors) {
   EXPECT_EQ(tok->encode("Hello", true).at(0), 1);
 }
 
-TEST(GgufTokenizer, SpecialTokensInTextAndDecode) {
+TEST(TokenizerGguf, SpecialTokensInTextAndDecode) {
   std::unique_ptr<formats::GgufFile> g;
   auto tok = gguf_tok(kShared + "/tokenizers/ggml-vocab-llama-spm.gguf", g);
   ASSERT_TRUE(tok);
@@ -451,7 +470,7 @@ TEST(TokenizerApi, SpecialTokenMetadata) {
   EXPECT_EQ((*pg)->encode("Once upon a time", true), (std::vector<int32_t>{1, 403, 407, 261, 378}));
 }
 
-TEST(StreamDecoder, NeverSplitsACharacter) {
+TEST(TokenizerStream, NeverSplitsACharacter) {
   auto t = hf("llama3");
   ASSERT_TRUE(t);
   // A character made of several byte-level tokens: no output until it is complete.
@@ -480,7 +499,7 @@ TEST(StreamDecoder, NeverSplitsACharacter) {
   }
 }
 
-TEST(StreamDecoder, SentencePieceLeadingSpaceAndByteFallback) {
+TEST(TokenizerStream, SentencePieceLeadingSpaceAndByteFallback) {
   auto t = hf("llama2");
   ASSERT_TRUE(t);
   const std::string text = "Hello 🦙 world 𝔘";
