@@ -1,0 +1,171 @@
+// The generation loop on stories260K: greedy output equals llama2.c's (fixture llama2c_ref),
+// chunked prefill, EOS / length / callback stops, cached prefixes, the context limit.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "larder/formats/model_files.h"
+#include "larder/models/model.h"
+#include "larder/runtime/generate.h"
+
+namespace larder::runtime {
+namespace {
+
+class Generate : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto f = formats::open_model_files(std::string(LARDER_SHARED_DIR) + "/models/stories260K/stories260K.gguf");
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    files_ = new formats::ModelFiles(std::move(f.value()));
+    auto m = models::Model::load(*files_);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    model_ = m.value().release();
+    std::ifstream in(std::string(LARDER_TEST_DATA_DIR) + "/llama2c/stories260K_greedy.json");
+    ASSERT_TRUE(in.good()) << "fixture llama2c_ref did not run";
+    auto j = nlohmann::json::parse(in);
+    bos_ref_ = new std::vector<int32_t>(j["bos"].get<std::vector<int32_t>>());
+    prompt_ref_ = new std::vector<int32_t>(j["prompt"].get<std::vector<int32_t>>());
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete files_;
+    delete bos_ref_;
+    delete prompt_ref_;
+  }
+  memory::KvCache cache(int64_t max = 512) { return memory::KvCache(model_->kv_layout(), max); }
+
+  static formats::ModelFiles* files_;
+  static models::Model* model_;
+  static std::vector<int32_t>* bos_ref_;
+  static std::vector<int32_t>* prompt_ref_;
+};
+formats::ModelFiles* Generate::files_ = nullptr;
+models::Model* Generate::model_ = nullptr;
+std::vector<int32_t>* Generate::bos_ref_ = nullptr;
+std::vector<int32_t>* Generate::prompt_ref_ = nullptr;
+
+std::vector<int32_t> tail(const std::vector<int32_t>& v, size_t from) { return {v.begin() + from, v.end()}; }
+
+TEST_F(Generate, GreedyFromBosMatchesLlama2c) {
+  GenerateOptions o;
+  o.max_new_tokens = 200;
+  auto c = cache();
+  std::vector<int32_t> seen;
+  auto r = generate(*model_, c, {1}, o, [&](int32_t t) {
+    seen.push_back(t);
+    return true;
+  });
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->tokens, tail(*bos_ref_, 1));
+  EXPECT_EQ(seen, r->tokens);
+  EXPECT_EQ(r->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(r->prompt_tokens, 1);
+  EXPECT_EQ(r->generated_tokens, 200);
+  EXPECT_EQ(c.length(), 1 + 200 - 1);  // the last sampled token is never forwarded
+}
+
+TEST_F(Generate, ChunkedPrefillSameTokens) {
+  for (int64_t chunk : {1, 2, 512}) {
+    GenerateOptions o;
+    o.max_new_tokens = 196;
+    o.prefill_chunk = chunk;
+    auto c = cache();
+    auto r = generate(*model_, c, {1, 403, 407, 261, 378}, o, nullptr);
+    ASSERT_TRUE(r.is_ok());
+    EXPECT_EQ(r->tokens, tail(*prompt_ref_, 5)) << "chunk " << chunk;
+    EXPECT_EQ(r->prompt_tokens, 5);
+  }
+}
+
+TEST_F(Generate, StopsOnEosWithoutEmittingIt) {
+  const std::vector<int32_t> want = tail(*bos_ref_, 1);
+  const int32_t eos = want[10];
+  const size_t first = static_cast<size_t>(std::find(want.begin(), want.end(), eos) - want.begin());
+  GenerateOptions o;
+  o.max_new_tokens = 200;
+  o.eos_ids = {9999, eos};
+  auto c = cache();
+  auto r = generate(*model_, c, {1}, o, nullptr);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->finish_reason, FinishReason::kEos);
+  EXPECT_EQ(r->tokens, std::vector<int32_t>(want.begin(), want.begin() + static_cast<long>(first)));
+}
+
+TEST_F(Generate, CallbackStops) {
+  GenerateOptions o;
+  o.max_new_tokens = 100;
+  auto c = cache();
+  int n = 0;
+  auto r = generate(*model_, c, {1}, o, [&](int32_t) { return ++n < 5; });
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->finish_reason, FinishReason::kCallback);
+  EXPECT_EQ(r->generated_tokens, 5);
+  EXPECT_STREQ(finish_reason_name(r->finish_reason), "callback");
+}
+
+TEST_F(Generate, ResumesFromCachedPrefix) {
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+  GenerateOptions o;
+  o.max_new_tokens = 50;
+  // Partly cached: the first 3 prompt tokens are already in the cache.
+  auto c = cache();
+  std::vector<float> logits(512);
+  ASSERT_TRUE(model_->forward(prompt.data(), 3, c, logits.data(), false).is_ok());
+  auto r = generate(*model_, c, prompt, o, nullptr);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->cached_tokens, 3);
+  EXPECT_EQ(r->prompt_tokens, 2);
+  const std::vector<int32_t> want(prompt_ref_->begin() + 5, prompt_ref_->begin() + 55);
+  EXPECT_EQ(r->tokens, want);
+  // Fully cached: the last prompt token is re-forwarded for its logits.
+  auto c2 = cache();
+  ASSERT_TRUE(model_->forward(prompt.data(), 5, c2, logits.data(), false).is_ok());
+  auto r2 = generate(*model_, c2, prompt, o, nullptr);
+  ASSERT_TRUE(r2.is_ok());
+  EXPECT_EQ(r2->cached_tokens, 4);
+  EXPECT_EQ(r2->prompt_tokens, 1);
+  EXPECT_EQ(r2->tokens, want);
+}
+
+TEST_F(Generate, ContextLimitEndsWithLength) {
+  GenerateOptions o;
+  o.max_new_tokens = 1000;
+  auto c = cache(40);
+  auto r = generate(*model_, c, {1, 403, 407, 261, 378}, o, nullptr);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(r->generated_tokens, 40 - 5 + 1);
+  EXPECT_EQ(c.length(), 40);
+}
+
+TEST_F(Generate, RejectsBadPrompts) {
+  GenerateOptions o;
+  auto c = cache(8);
+  std::vector<int32_t> longp(9, 5);
+  auto r = generate(*model_, c, longp, o, nullptr);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("exceeds the context of 8 tokens"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(generate(*model_, c, {}, o, nullptr).is_ok());
+  auto bad = generate(*model_, c, {1, 600}, o, nullptr);  // id outside the 512-token vocab
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("outside the vocabulary"), std::string::npos);
+}
+
+TEST_F(Generate, SeededSamplingIsReproducible) {
+  GenerateOptions o;
+  o.max_new_tokens = 60;
+  o.sampling.temperature = 1.0f;
+  o.sampling.top_p = 0.9f;
+  o.sampling.seed = 7;
+  auto c1 = cache(), c2 = cache();
+  auto a = generate(*model_, c1, {1}, o, nullptr);
+  o.prefill_chunk = 1;
+  auto b = generate(*model_, c2, {1}, o, nullptr);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_NE(a->tokens, std::vector<int32_t>(bos_ref_->begin() + 1, bos_ref_->begin() + 61));  // not greedy
+}
+
+}  // namespace
+}  // namespace larder::runtime

@@ -1,0 +1,245 @@
+// Sampler: exact processor arithmetic (HF / OpenAI / mlx-lm definitions), filter mass
+// properties, determinism of the counter-based RNG, and temperature sampling frequencies.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "larder/runtime/sampler.h"
+
+namespace larder::runtime {
+namespace {
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 2.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<double> softmax(const std::vector<float>& l, double temp = 1.0) {
+  double mx = *std::max_element(l.begin(), l.end()), z = 0;
+  std::vector<double> p(l.size());
+  for (size_t i = 0; i < l.size(); ++i) z += (p[i] = std::exp((l[i] - mx) / temp));
+  for (double& x : p) x /= z;
+  return p;
+}
+
+TEST(Sampler, GreedyIsArgmaxLowestIdOnTies) {
+  for (uint64_t s = 0; s < 20; ++s) {
+    auto l = randn(500, s);
+    const int32_t want = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    Sampler sm({});
+    EXPECT_EQ(sm.sample(l.data(), 500, {}), want);
+  }
+  std::vector<float> tie = {1, 3, 0, 3};
+  Sampler sm({});
+  EXPECT_EQ(sm.sample(tie.data(), 4, {}), 1);
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveMultipliesNegative) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  Sampler s(p);
+  std::vector<float> l = {2.0f, -2.0f, 1.0f, 0.5f};
+  s.process(l.data(), 4, {0, 1, 0});  // token 0 twice: penalized once (a set, as in HF)
+  EXPECT_EQ(l, (std::vector<float>{1.0f, -4.0f, 1.0f, 0.5f}));
+}
+
+TEST(Sampler, PresenceOnceFrequencyPerOccurrence) {
+  SamplingParams p;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  Sampler s(p);
+  std::vector<float> l = {2.0f, -2.0f, 1.0f, 0.5f};
+  s.process(l.data(), 4, {0, 1, 0, 0});
+  // token 0: 3 occurrences ⇒ −0.5 − 3·0.25; token 1: one ⇒ −0.5 − 0.25
+  EXPECT_FLOAT_EQ(l[0], 2.0f - 0.5f - 0.75f);
+  EXPECT_FLOAT_EQ(l[1], -2.0f - 0.5f - 0.25f);
+  EXPECT_EQ(l[2], 1.0f);
+  EXPECT_EQ(l[3], 0.5f);
+}
+
+TEST(Sampler, PenaltyWindows) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  p.repetition_context_size = 2;
+  p.frequency_penalty = 1.0f;
+  p.frequency_context_size = 3;
+  Sampler s(p);
+  std::vector<float> l = {4, 4, 4, 4};
+  s.process(l.data(), 4, {0, 1, 2, 2, 3});
+  // repetition window {2, 3}; frequency window {2, 2, 3}
+  EXPECT_EQ(l, (std::vector<float>{4, 4, 4.0f / 2 - 2, 4.0f / 2 - 1}));
+  SamplingParams all = p;
+  all.repetition_context_size = 0;  // whole history
+  all.frequency_penalty = 0;
+  std::vector<float> m = {4, 4, 4, 4};
+  Sampler(all).process(m.data(), 4, {0, 1, 2, 2, 3});
+  EXPECT_EQ(m, (std::vector<float>{2, 2, 2, 2}));
+}
+
+TEST(Sampler, LogitBiasAddedOutOfRangeIgnored) {
+  SamplingParams p;
+  p.logit_bias = {{1, 10.0f}, {3, -5.0f}, {99, 1.0f}, {-4, 1.0f}};
+  Sampler s(p);
+  std::vector<float> l = {1, 2, 3, 4};
+  s.process(l.data(), 4, {});
+  EXPECT_EQ(l, (std::vector<float>{1, 12, 3, -1}));
+  Sampler g(p);
+  std::vector<float> l2 = {1, 2, 3, 4};
+  EXPECT_EQ(g.sample(l2.data(), 4, {}), 1);  // bias decides the greedy pick
+}
+
+TEST(Sampler, TopKKeepsTheKLargest) {
+  auto l = randn(300, 7);
+  SamplingParams p;
+  p.temperature = 1;
+  p.top_k = 17;
+  auto c = Sampler(p).candidates(l.data(), 300);
+  ASSERT_EQ(c.size(), 17u);
+  std::vector<float> sorted = l;
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(l[c[i]], sorted[i]);
+}
+
+TEST(Sampler, TopPIsTheSmallestSetWithMassAtLeastP) {
+  auto l = randn(300, 8);
+  const auto prob = softmax(l);
+  for (float top_p : {0.05f, 0.3f, 0.9f, 0.999f}) {
+    SamplingParams p;
+    p.temperature = 1;
+    p.top_p = top_p;
+    auto c = Sampler(p).candidates(l.data(), 300);
+    double mass = 0, min_in = 1;
+    for (int32_t t : c) {
+      mass += prob[t];
+      min_in = std::min(min_in, prob[t]);
+    }
+    EXPECT_GE(mass, top_p - 1e-9);
+    EXPECT_LT(mass - prob[c.back()], top_p);  // dropping the last one falls short
+    for (int32_t t = 0; t < 300; ++t)
+      if (std::find(c.begin(), c.end(), t) == c.end()) EXPECT_LE(prob[t], min_in);
+  }
+}
+
+TEST(Sampler, MinPKeepsTokensAboveFractionOfMax) {
+  auto l = randn(300, 9);
+  const auto prob = softmax(l);
+  const double pmax = *std::max_element(prob.begin(), prob.end());
+  SamplingParams p;
+  p.temperature = 1;
+  p.min_p = 0.05f;
+  auto c = Sampler(p).candidates(l.data(), 300);
+  for (int32_t t = 0; t < 300; ++t) {
+    const bool in = std::find(c.begin(), c.end(), t) != c.end();
+    EXPECT_EQ(in, prob[t] >= 0.05 * pmax) << t;
+  }
+}
+
+TEST(Sampler, FiltersCombineAsTheStrictest) {
+  auto l = randn(300, 10);
+  SamplingParams a, b, c, all;
+  a.top_k = 40;
+  b.top_p = 0.6f;
+  c.min_p = 0.02f;
+  all.top_k = 40;
+  all.top_p = 0.6f;
+  all.min_p = 0.02f;
+  const size_t n = std::min({Sampler(a).candidates(l.data(), 300).size(), Sampler(b).candidates(l.data(), 300).size(),
+                             Sampler(c).candidates(l.data(), 300).size()});
+  EXPECT_EQ(Sampler(all).candidates(l.data(), 300).size(), n);
+}
+
+TEST(Sampler, SameSeedSameTokensIndependentOfOrder) {
+  auto base = randn(200, 11, 1.0f);
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.seed = 1234;
+  std::vector<int32_t> a, b;
+  Sampler s1(p), s2(p);
+  for (int i = 0; i < 100; ++i) {
+    auto l1 = base, l2 = base;
+    a.push_back(s1.sample(l1.data(), 200, {}));
+    b.push_back(s2.sample(l2.data(), 200, {}));
+  }
+  EXPECT_EQ(a, b);
+  // Step 57 drawn alone (e.g. another batch layout, or a resumed request) gives the same token.
+  auto l = base;
+  EXPECT_EQ(Sampler(p).sample_at(l.data(), 200, {}, 57), a[57]);
+  // Another seed gives another sequence.
+  p.seed = 1235;
+  Sampler s3(p);
+  std::vector<int32_t> c;
+  for (int i = 0; i < 100; ++i) {
+    auto l3 = base;
+    c.push_back(s3.sample(l3.data(), 200, {}));
+  }
+  EXPECT_NE(a, c);
+}
+
+TEST(Sampler, CounterUniformIsUniform) {
+  const int n = 100000, bins = 10;
+  std::vector<int> h(bins);
+  double mean = 0;
+  for (int i = 0; i < n; ++i) {
+    const double u = counter_uniform(99, static_cast<uint64_t>(i));
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    mean += u;
+    ++h[static_cast<int>(u * bins)];
+  }
+  EXPECT_NEAR(mean / n, 0.5, 0.005);
+  double chi2 = 0;
+  for (int c : h) chi2 += (c - n / bins) * (c - n / bins) / double(n / bins);
+  EXPECT_LT(chi2, 27.9);  // df 9, p = 0.001
+}
+
+// Frequencies of temperature sampling over 20000 steps match softmax(logits / T) restricted to
+// the candidates. Pearson chi-square with df = k − 1; the bound is the p = 0.001 quantile. The
+// seed is fixed, so this is deterministic; the bound says a correct sampler passes for almost
+// every seed and a wrong temperature or renormalization fails by orders of magnitude.
+double chi_square(const SamplingParams& p, const std::vector<float>& logits, const std::vector<double>& expect,
+                  int n, std::vector<int>* counts_out = nullptr) {
+  std::vector<int> counts(logits.size());
+  Sampler s(p);
+  for (int i = 0; i < n; ++i) {
+    auto l = logits;
+    ++counts[static_cast<size_t>(s.sample(l.data(), static_cast<int64_t>(l.size()), {}))];
+  }
+  double chi2 = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (expect[i] == 0) {
+      EXPECT_EQ(counts[i], 0) << "token " << i << " is outside the candidate set";
+      continue;
+    }
+    const double e = expect[i] * n;
+    chi2 += (counts[i] - e) * (counts[i] - e) / e;
+  }
+  if (counts_out) *counts_out = counts;
+  return chi2;
+}
+
+TEST(Sampler, TemperatureFrequencies) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f};
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.seed = 42;
+  EXPECT_LT(chi_square(p, logits, softmax(logits, 0.7), 20000), 18.47);  // df 4
+  // A wrong temperature is detected: the T = 0.7 counts are far from the T = 1 distribution.
+  EXPECT_GT(chi_square(p, logits, softmax(logits, 1.0), 20000), 200.0);
+  // top_k = 3 keeps tokens {1, 4, 0} and renormalizes among them.
+  p.top_k = 3;
+  p.seed = 43;
+  auto e = softmax(logits, 0.7);
+  e[2] = e[3] = 0;
+  const double z = e[0] + e[1] + e[4];
+  for (double& x : e) x /= z;
+  EXPECT_LT(chi_square(p, logits, e, 20000), 13.82);  // df 2
+}
+
+}  // namespace
+}  // namespace larder::runtime
