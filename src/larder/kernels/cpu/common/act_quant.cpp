@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "larder/core/dtype.h"
+#include "larder/kernels/cpu/common/simd_avx2.h"
+
 namespace larder::kernels::cpu {
 
 namespace {
@@ -13,7 +16,8 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 size_t quantized_acts_bytes(int64_t n, int64_t cols) {
   const size_t nb = static_cast<size_t>(cols / 32);
   const size_t n_pad = round_up(static_cast<size_t>(n), 8);
-  return round_up(static_cast<size_t>(n) * nb * 32, 64) + 2 * round_up(nb * n_pad * sizeof(float), 64);
+  // + 64: kernels may load 8 scales/sums starting at any 4-token group (reads past n_pad at the end).
+  return round_up(static_cast<size_t>(n) * nb * 32, 64) + 2 * round_up(nb * n_pad * sizeof(float), 64) + 64;
 }
 
 QuantizedActs quantized_acts_view(void* scratch, int64_t n, int64_t cols) {
@@ -52,6 +56,21 @@ void quantize_acts_ref(const float* x, int64_t n, int64_t cols, bool offset128, 
     for (int64_t t = n; t < out.n_pad; ++t) out.d[b * out.n_pad + t] = out.bsum[b * out.n_pad + t] = 0.0f;
   }
 }
+
+}  // namespace larder::kernels::cpu
+
+namespace larder::kernels::cpu::simd {
+const float* f16_table() {
+  static const float* table = [] {
+    auto* t = static_cast<float*>(std::aligned_alloc(64, 65536 * sizeof(float)));
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = f16_to_f32(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table;
+}
+}  // namespace larder::kernels::cpu::simd
+
+namespace larder::kernels::cpu {
 
 void* thread_scratch(size_t bytes, int slot) {
   struct Buf {
