@@ -69,12 +69,13 @@ void* big_alloc(size_t bytes) {
 
 // Streaming read: each thread sums its contiguous slice with 4 independent 256-bit accumulators
 // (one stream per thread, performance.md §2.1 "1 stream/thread").
-double read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes, int reps) {
-  std::vector<double> gbs;
+double read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes, int reps, double* cpu_gbs = nullptr) {
+  std::vector<double> gbs, cgbs;
   volatile double sink = 0;
   for (int rep = 0; rep < reps + 1; ++rep) {
     const int nt = pool.n_threads();
     std::vector<double> partial(nt * 8, 0.0);
+    const double c0 = thread_cpu_seconds();
     auto t0 = Clock::now();
     pool.parallel_for(nt, [&](int64_t c, int t) {
       const size_t slice = bytes / nt / 128 * 128;
@@ -90,9 +91,12 @@ double read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes, int re
       partial[c * 8] = _mm256_cvtss_f32(s);
     });
     const double dt = seconds_since(t0);
+    const double dc = thread_cpu_seconds() - c0;
     for (double v : partial) sink = sink + v;
     if (rep > 0) gbs.push_back(static_cast<double>(bytes / nt / 128 * 128 * nt) / dt / 1e9);
+    if (rep > 0) cgbs.push_back(static_cast<double>(bytes / nt / 128 * 128 * nt) / dc / 1e9);
   }
+  if (cpu_gbs) *cpu_gbs = stats(cgbs).median;
   return stats(gbs).median;
 }
 
@@ -223,10 +227,14 @@ int main(int argc, char** argv) {
   auto* bw_buf = static_cast<uint8_t*>(big_alloc(bw_bytes));
   if (!skip_bw) std::memset(bw_buf, 1, bw_bytes);
   std::vector<double> bw_before(threads.size()), bw_after(threads.size());
+  double bw_cpu1 = 1;  // 1-thread read bandwidth per second of this thread's CPU time
   for (size_t i = 0; i < threads.size(); ++i) {
     pool.set_threads(threads[i]);
-    bw_before[i] = skip_bw ? 1 : read_bandwidth(pool, bw_buf, bw_bytes, 5);
-    std::printf("read bandwidth, %d thread(s): %.1f GB/s (median of 5 x 1 GiB)\n", threads[i], bw_before[i]);
+    double cpu_gbs = 0;
+    bw_before[i] = skip_bw ? 1 : read_bandwidth(pool, bw_buf, bw_bytes, 5, &cpu_gbs);
+    if (threads[i] == 1 && !skip_bw) bw_cpu1 = cpu_gbs;
+    std::printf("read bandwidth, %d thread(s): %.1f GB/s wall%s (median of 5 x 1 GiB)\n", threads[i], bw_before[i],
+                threads[i] == 1 ? (", " + std::to_string(cpu_gbs).substr(0, 5) + " GB/s per CPU-second").c_str() : "");
   }
 
   struct ModelAcc {
@@ -244,7 +252,7 @@ int main(int argc, char** argv) {
       }
       std::vector<ModelAcc> model(threads.size() * decode_ns.size() + threads.size());
       std::printf("\n## %s %s\n", tier.c_str(), fs.c_str());
-      std::printf("| shape | n | threads | median µs [min..max] | GB/s (weights) | %% of read BW | GOP/s | 1-thread CPU µs / GOP/s |\n");
+      std::printf("| shape | n | threads | median µs [min..max] | GB/s (weights) | %% of read BW | GOP/s | 1-thread CPU µs / GOP/s / %% of CPU-time BW |\n");
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (const Shape& sh : shapes) {
         const uint64_t wbytes = dtype_bytes(dt, sh.cols) * sh.rows;
@@ -293,11 +301,13 @@ int main(int argc, char** argv) {
             const double gbs = wbytes / s.median / 1e9;
             const double gops = 2.0 * sh.rows * sh.cols * n / s.median / 1e9;
             const double cpu_gops = 2.0 * sh.rows * sh.cols * n / sc.median / 1e9;
+            const double cpu_gbs = wbytes / sc.median / 1e9;
             std::printf("| %s | %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.0f%% | %.1f | %s |\n", sh.name,
                         static_cast<long long>(n), threads[ti], s.median * 1e6, s.min * 1e6, s.max * 1e6, gbs,
                         100.0 * gbs / bw_before[ti], gops,
                         threads[ti] == 1 ? (std::to_string(static_cast<int>(sc.median * 1e6)) + " / " +
-                                            std::to_string(static_cast<int>(cpu_gops)))
+                                            std::to_string(static_cast<int>(cpu_gops)) + " / " +
+                                            std::to_string(static_cast<int>(100 * cpu_gbs / bw_cpu1)) + "%")
                                                .c_str()
                                          : "-");
             std::fflush(stdout);

@@ -37,6 +37,17 @@ namespace {
 
 using namespace simd;
 
+// Decode tiles read R consecutive rows as R interleaved streams; rows are short (1152 B for
+// Q4_0 at 2048 columns, 18 cache lines), so each stream ends before the hardware prefetcher has
+// ramped up. Each tile therefore prefetches the tile two ahead (the rows after ours are
+// contiguous: tile_bytes = R·row_bytes) at the rate it consumes its own bytes. Measured on
+// 2048×2048 Q4_0, 1 thread, weights rotated through 128 MiB: 790 → 330 µs of CPU time per call
+// (one tile ahead: 490 µs; four: no better than two). Prefetches past the end are harmless.
+inline void prefetch_ahead(const uint8_t* tile, uint64_t tile_bytes, uint64_t consumed, int step_bytes) {
+  const uint8_t* p = tile + 2 * tile_bytes + consumed;
+  for (int off = 0; off < step_bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+}
+
 // From this many tokens on, Q4_0 uses the token-lane GEMM (one full 8-token group).
 constexpr int64_t kGemmMinTokens = 8;
 
@@ -77,6 +88,7 @@ struct IntKernel {
       __m256i wv[R], aw[R];
       // Scales of 4 consecutive tokens of this block: one load (block-major layout, padded).
       const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
+      prefetch_ahead(wr[0], R * row_bytes, b * WB::kBytes * R, WB::kBytes * R);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * WB::kBytes;
@@ -152,6 +164,10 @@ struct Q4_0Kernel {
     for (int64_t b = 0; b < nb; ++b) {
       __m256i u[R];
       __m256 dw[R];
+      // Software prefetch of the next tile (the R rows after ours are contiguous), at the rate this
+      // tile consumes bytes: rows are short (1152 B at 2048 columns), so R interleaved 18-line
+      // streams end before the hardware stream prefetcher has ramped up.
+      _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 4 * R * row_bytes + b * 18 * R), _MM_HINT_T0);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * 18;
@@ -370,6 +386,7 @@ struct FloatKernel {
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const int64_t c8 = cols & ~int64_t{7};
     for (int64_t c = 0; c < c8; c += 8) {
+      prefetch_ahead(wr[0], R * row_bytes, c * WF::kElemBytes * R, 8 * WF::kElemBytes * R);
       __m256 wv[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = WF::load8(wr[r] + c * WF::kElemBytes);
