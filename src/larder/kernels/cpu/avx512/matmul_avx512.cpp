@@ -76,6 +76,7 @@ struct IntKernel {
     for (int64_t b = 0; b < nb; ++b) {
       __m256i wv[R], seed[R];
       const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
+      prefetch_ahead(wr[0], R * row_bytes, b * WB::kBytes * R, WB::kBytes * R);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * WB::kBytes;
@@ -141,6 +142,7 @@ struct BF16Kernel {
       LARDER_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     auto step = [&](int64_t c, __mmask32 m) {
+      prefetch_ahead(wr[0], R * row_bytes, 64 * c / 32 * R, 64 * R);
       __m512i wv[R];
       // Masked on the tail: the last row may end at the end of the mapping.
       LARDER_UNROLL

@@ -49,4 +49,15 @@ inline __m256 f16x8_to_f32(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Decode tiles read R consecutive rows as R interleaved streams; rows are short (1152 B for
+// Q4_0 at 2048 columns, 18 cache lines), so each stream ends before the hardware prefetcher has
+// ramped up. Each tile therefore prefetches the tile two ahead (the rows after ours are
+// contiguous: tile_bytes = R·row_bytes) at the rate it consumes its own bytes. Measured on
+// 2048×2048 Q4_0, 1 thread, weights rotated through 128 MiB: 790 → 330 µs of CPU time per call
+// (one tile ahead: 490 µs; four: no better than two). Prefetches past the end are harmless.
+inline void prefetch_ahead(const uint8_t* tile, uint64_t tile_bytes, uint64_t consumed, int step_bytes) {
+  const uint8_t* p = tile + 2 * tile_bytes + consumed;
+  for (int off = 0; off < step_bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+}
+
 }  // namespace larder::kernels::cpu::simd
