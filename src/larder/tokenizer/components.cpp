@@ -257,7 +257,8 @@ class ByteLevelPre final : public PreTokenizer {
     std::vector<std::pair<size_t, size_t>> m;
     std::vector<std::string> tmp;
     for (auto& p : pieces) {
-      if (add_prefix_space_ && (p.empty() || p[0] != ' ')) p.insert(p.begin(), ' ');
+      // HF's NormalizedString::prepend is a no-op on an empty string.
+      if (add_prefix_space_ && !p.empty() && p[0] != ' ') p.insert(p.begin(), ' ');
       tmp.clear();
       if (re_) {
         re_->find_all(p, m);
@@ -296,7 +297,7 @@ class MetaspacePre final : public PreTokenizer {
     for (size_t i = 0; i < pieces.size(); ++i) {
       std::string s = replace_all(pieces[i], space, rep_);
       const bool starts = s.compare(0, rep_.size(), rep_) == 0;
-      if (!starts && (scheme_ == PrependScheme::kAlways ||
+      if (!s.empty() && !starts && (scheme_ == PrependScheme::kAlways ||
                       (scheme_ == PrependScheme::kFirst && at_start && i == 0)))
         s = rep_ + s;
       if (split_) {

@@ -761,9 +761,6 @@ Result<std::unique_ptr<Impl>> load_gguf(const formats::GgufFile& g) {
     t->added.push_back(std::move(a));
   }
   finish_vocab(*t);
-  // The model vocabulary includes the added tokens here; lookups by string go through it.
-  t->added_vocab.clear();
-  for (const auto& a : t->added) t->added_vocab.emplace(a.content, a.id);
 
   t->bos = valid_id("tokenizer.ggml.bos_token_id");
   if (t->bos) t->bos_str = tokens[*t->bos];

@@ -3,6 +3,7 @@
 // and streaming decoding, invalid input, and load errors.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -77,7 +79,10 @@ std::string show(const std::string& s, size_t max = 80) {
 
 std::string ids_str(const std::vector<int32_t>& v, size_t from, size_t n = 8) {
   std::string s = "[";
-  for (size_t i = from; i < std::min(v.size(), from + n); ++i) s += (i > from ? " " : "") + std::to_string(v[i]);
+  for (size_t i = from; i < std::min(v.size(), from + n); ++i) {
+    if (i > from) s += ' ';
+    s += std::to_string(v[i]);
+  }
   return s + (from + n < v.size() ? " ...]" : "]");
 }
 
@@ -507,6 +512,23 @@ TEST(TokenizerStream, SentencePieceLeadingSpaceAndByteFallback) {
   EXPECT_EQ(t->decode(ids, true), text);
   EXPECT_EQ(check_stream(*t, ids, true, text), "");
   EXPECT_EQ(check_stream(*t, ids, false, t->decode(ids, false)), "");
+}
+
+// One Tokenizer shared by several threads (the server does this): same ids as one thread.
+TEST(TokenizerApi, ConcurrentEncodeIsDeterministic) {
+  auto t = hf("qwen3");
+  ASSERT_TRUE(t);
+  const std::string text = "Hello, world! 数据 😶‍🌫️ 12345 <|im_start|> naïve cafe\u0301 " + std::string(200, ' ') + "x";
+  const auto want = t->encode(text, true);
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i)
+        if (t->encode(text, true) != want) ++mismatches;
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 // ------------------------------------------------------------------ load errors
