@@ -13,6 +13,12 @@
 //   are themselves stored in bf16 by mlx (step 0.25 at 32..64). The bound is 8u · max|logit| ≈
 //   3.1e-2 · max|logit| (measured worst is printed). Top-1 must agree wherever mlx's own bf16
 //   top-1 margin exceeds twice that bound (below it mlx's ranking is bf16 noise).
+// Kernel tables: the tight comparisons run on the scalar reference table (the model layer's
+// oracle check), and again on the active table (fast tiers). On the active table the float
+// formats keep the tight bound (exact products, f32 accumulation); a GGUF block format whose
+// matmul is not the reference (int8-quantized activations, as llama.cpp does: ≈1% of Σ|w·x|
+// per dot product) gets 3e-2 · max|logit| and top-1 agreement where mlx's margin exceeds twice
+// that.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/formats/model_files.h"
+#include "larder/kernels/dispatch.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
 
@@ -130,6 +137,17 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.dir; }
 
 class ArchParity : public ::testing::TestWithParam<Case> {};
 
+// Runs `fn` with `t` as the active kernel table, restoring the previous one after.
+template <typename F>
+void with_table(const kernels::KernelTable& t, F&& fn) {
+  const kernels::KernelTable saved = kernels::active_table();
+  kernels::set_active_table(t);
+  fn();
+  kernels::set_active_table(saved);
+}
+
+bool is_block_format(const std::string& dtypes) { return dtypes.rfind("Q", 0) == 0; }
+
 TEST_P(ArchParity, TightAgainstMlxLm) {
   const Case& c = GetParam();
   const std::string dir = kRoot + c.dir;
@@ -145,17 +163,96 @@ TEST_P(ArchParity, TightAgainstMlxLm) {
 
   const std::string set = ref.meta["logits"].contains("f32") ? "f32" : ref.meta["logits"].contains("f32math") ? "f32math" : "deq";
   const std::vector<float> want = ref.logits(dir, set);
-  for (const auto& chunks : {std::vector<int64_t>{64}, std::vector<int64_t>{20, 1, 43}, std::vector<int64_t>{1, 1, 30, 32}}) {
-    const Diff d = compare(run_chunks(m, ref.tokens, chunks), want, ref.vocab);
-    std::string cs;
-    for (int64_t x : chunks) cs += std::to_string(x) + " ";
-    RecordProperty(("max_rel_" + set + "_chunks_" + cs).c_str(), std::to_string(d.max_abs / d.max_ref));
-    std::printf("[parity] %-18s %-8s chunks %-10s max|diff| %.3g  max|logit| %.3g  rel %.3g  top1 %d/%d\n", c.dir,
-                set.c_str(), cs.c_str(), d.max_abs, d.max_ref, d.max_abs / d.max_ref,
-                d.top1_checked - d.top1_mismatch, d.top1_checked);
-    EXPECT_LE(d.max_abs, 1e-4f * d.max_ref) << c.dir << " chunks " << cs;
-    EXPECT_EQ(d.top1_mismatch, 0) << c.dir << " chunks " << cs;
-    EXPECT_EQ(d.top1_checked, static_cast<int>(ref.tokens.size()));
+  const kernels::KernelTable active = kernels::active_table();
+  const DType dt = std::string(c.dtypes) == "Q8_0" ? DType::kQ8_0 : DType::kQ4_0;
+  const bool loose = is_block_format(c.dtypes) &&
+                     active.matmul[static_cast<int>(dt)] != kernels::ref_table().matmul[static_cast<int>(dt)];
+  struct Run { const char* name; const kernels::KernelTable* table; float rel; };
+  const Run runs[] = {{"ref", &kernels::ref_table(), 1e-4f}, {active.name, &active, loose ? 3e-2f : 1e-4f}};
+  for (const Run& run : runs) {
+    with_table(*run.table, [&] {
+      for (const auto& chunks :
+           {std::vector<int64_t>{64}, std::vector<int64_t>{20, 1, 43}, std::vector<int64_t>{1, 1, 30, 32}}) {
+        float max_ref = 0;
+        for (float v : want) max_ref = std::max(max_ref, std::abs(v));
+        const float margin = run.rel > 1e-4f ? 2 * run.rel * max_ref : 0.0f;
+        const Diff d = compare(run_chunks(m, ref.tokens, chunks), want, ref.vocab, margin);
+        std::string cs;
+        for (int64_t x : chunks) cs += std::to_string(x) + " ";
+        std::printf("[parity] %-18s %-8s %-6s chunks %-10s max|diff| %.3g  max|logit| %.3g  rel %.3g  top1 %d/%d\n",
+                    c.dir, set.c_str(), run.name, cs.c_str(), d.max_abs, d.max_ref, d.max_abs / d.max_ref,
+                    d.top1_checked - d.top1_mismatch, d.top1_checked);
+        EXPECT_LE(d.max_abs, run.rel * d.max_ref) << c.dir << " table " << run.name << " chunks " << cs;
+        EXPECT_EQ(d.top1_mismatch, 0) << c.dir << " table " << run.name << " chunks " << cs;
+        if (margin == 0) EXPECT_EQ(d.top1_checked, static_cast<int>(ref.tokens.size()));
+      }
+    });
+  }
+}
+
+// A KvPrefix holding a copy of another cache's first `p` rows: what the KV store hands out.
+class CopiedPrefix final : public memory::KvPrefix {
+ public:
+  CopiedPrefix(const memory::KvCache& from, int64_t p) : layout_(from.layout()), p_(p) {
+    std::vector<memory::KvSpan> sp;
+    const int64_t row = layout_.row_floats();
+    for (int l = 0; l < layout_.n_layers; ++l) {
+      from.spans(l, p, &sp);
+      std::vector<float> k, v;
+      for (const auto& s : sp) {
+        k.insert(k.end(), s.k, s.k + s.len * row);
+        v.insert(v.end(), s.v, s.v + s.len * row);
+      }
+      k_.push_back(std::move(k));
+      v_.push_back(std::move(v));
+    }
+  }
+  const memory::KvLayout& layout() const override { return layout_; }
+  int64_t tokens() const override { return p_; }
+  const float* k(int layer) const override { return k_[static_cast<size_t>(layer)].data(); }
+  const float* v(int layer) const override { return v_[static_cast<size_t>(layer)].data(); }
+
+ private:
+  memory::KvLayout layout_;
+  int64_t p_;
+  std::vector<std::vector<float>> k_, v_;
+};
+
+// Attention reads a shared prefix segment followed by a private tail (two spans), and a trim into
+// the prefix detaches it; both must give the reference logits.
+TEST(SharedPrefix, SpansAndTrimMatchReference) {
+  for (const char* name : {"llama_gqa_f32", "qwen3_f32"}) {
+    const std::string dir = kRoot + name;
+    Ref ref = read_ref(dir);
+    ASSERT_FALSE(ref.tokens.empty());
+    Loaded l = load(dir);
+    ASSERT_NE(l.model, nullptr);
+    Model& m = *l.model;
+    const int64_t V = ref.vocab;
+    const std::vector<float> want = ref.logits(dir, "f32");
+    float max_ref = 0;
+    for (float v : want) max_ref = std::max(max_ref, std::abs(v));
+    std::vector<float> out(64 * static_cast<size_t>(V));
+
+    memory::KvCache donor(m.kv_layout(), 128);
+    ASSERT_TRUE(m.forward(ref.tokens.data(), 20, donor, out.data(), true).is_ok());
+    auto prefix = std::make_shared<CopiedPrefix>(donor, 20);
+    memory::KvCache c(m.kv_layout(), 128);
+    c.attach_prefix(prefix, 20);
+    std::vector<memory::KvSpan> sp;
+    ASSERT_TRUE(m.forward(ref.tokens.data() + 20, 44, c, out.data() + 20 * V, true).is_ok());
+    c.spans(0, 64, &sp);
+    EXPECT_EQ(sp.size(), 2u) << "prefix + tail";
+    float d = 0;
+    for (int64_t i = 20 * V; i < 64 * V; ++i) d = std::max(d, std::abs(out[i] - want[i]));
+    EXPECT_LE(d, 1e-4f * max_ref) << name << " with a shared prefix";
+
+    c.trim(10);  // into the shared prefix: detaches (copies) it
+    EXPECT_EQ(c.prefix_tokens(), 0);
+    ASSERT_TRUE(m.forward(ref.tokens.data() + 10, 54, c, out.data() + 10 * V, true).is_ok());
+    d = 0;
+    for (int64_t i = 10 * V; i < 64 * V; ++i) d = std::max(d, std::abs(out[i] - want[i]));
+    EXPECT_LE(d, 1e-4f * max_ref) << name << " after trimming into the prefix";
   }
 }
 
