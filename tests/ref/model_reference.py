@@ -203,16 +203,21 @@ def llama3_rope_factors(c):
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(path, c, weights, qname):
+def write_gguf(path, c, weights, qname, arch=None, qtype_for=None, skip_block_count=False, ffn=None):
+    """GGUF as llama.cpp's converter lays it out. The optional arguments break it on purpose
+    (bad-input tests): another architecture name, a per-tensor quantization override, a missing
+    block_count, a feed_forward_length that disagrees with the tensors."""
     import gguf
     qt = getattr(gguf.GGMLQuantizationType, qname)
-    arch = c["model_type"]
+    model_arch = c["model_type"]
+    arch = arch or model_arch
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim") or c["hidden_size"] // nh
     wr = gguf.GGUFWriter(path, arch)
-    wr.add_block_count(c["num_hidden_layers"])
+    if not skip_block_count:
+        wr.add_block_count(c["num_hidden_layers"])
     wr.add_embedding_length(c["hidden_size"])
-    wr.add_feed_forward_length(c["intermediate_size"])
+    wr.add_feed_forward_length(ffn or c["intermediate_size"])
     wr.add_head_count(nh)
     wr.add_head_count_kv(nkv)
     wr.add_key_length(hd)
@@ -226,20 +231,22 @@ def write_gguf(path, c, weights, qname):
     wr.add_eos_token_id(2)
     deq = {}
     for name, w in weights.items():
-        if arch == "llama" and name.endswith("q_proj.weight"):
+        if model_arch == "llama" and name.endswith("q_proj.weight"):
             w = permute(w, nh)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif model_arch == "llama" and name.endswith("k_proj.weight"):
             w = permute(w, nkv)
         if w.ndim == 2:
-            q = gguf.quants.quantize(w, qt)
-            wr.add_tensor(gguf_name(name), q, raw_dtype=qt)
-            d = gguf.quants.dequantize(q, qt).reshape(w.shape).astype(np.float32)
+            t = qtype_for(gguf_name(name)) if qtype_for else None
+            t = getattr(gguf.GGMLQuantizationType, t) if t else qt
+            q = gguf.quants.quantize(w, t)
+            wr.add_tensor(gguf_name(name), q, raw_dtype=t)
+            d = gguf.quants.dequantize(q, t).reshape(w.shape).astype(np.float32)
         else:
             wr.add_tensor(gguf_name(name), w)
             d = w
-        if arch == "llama" and name.endswith("q_proj.weight"):
+        if model_arch == "llama" and name.endswith("q_proj.weight"):
             d = unpermute(d, nh)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif model_arch == "llama" and name.endswith("k_proj.weight"):
             d = unpermute(d, nkv)
         deq[name] = d
     if c.get("rope_scaling", {}).get("rope_type") == "llama3":
@@ -304,6 +311,17 @@ def main():
         tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
         save_case(d, tokens, c["vocab_size"], {"deq": mlx_logits(hf, tokens)})
         print(f"model_reference: {name} {q}", flush=True)
+
+    # Broken GGUFs for the bad-input tests (tests/unit/models/bad_input_test.cpp).
+    bad = os.path.join(root, "bad_gguf")
+    os.makedirs(bad, exist_ok=True)
+    c, w = configs["llama_gqa"], weights["llama_gqa"]
+    write_gguf(os.path.join(bad, "q5_0_tensor.gguf"), c, w, "Q8_0",
+               qtype_for=lambda n: "Q5_0" if n == "blk.1.ffn_up.weight" else None)
+    write_gguf(os.path.join(bad, "no_block_count.gguf"), c, w, "Q8_0", skip_block_count=True)
+    write_gguf(os.path.join(bad, "wrong_ffn.gguf"), c, w, "Q8_0", ffn=128)
+    write_gguf(os.path.join(bad, "unknown_arch.gguf"), c, w, "Q8_0", arch="rwkv9")
+    print("model_reference: bad GGUFs", flush=True)
     return 0
 
 

@@ -248,6 +248,48 @@ TEST_F(BadInput, ForwardRejectsTooLongAndBadTokens) {
   }
 }
 
+// Broken GGUFs written by the model_ref fixture (tests/ref/model_reference.py).
+Status load_gguf(const std::string& name, std::string* path_out) {
+  *path_out = std::string(LARDER_TEST_DATA_DIR) + "/models/bad_gguf/" + name;
+  auto f = formats::open_model_files(*path_out);
+  if (!f.is_ok()) return f.status();
+  auto m = Model::load(*f);
+  return m.is_ok() ? Status::ok() : m.status();
+}
+
+TEST(BadGguf, UnsupportedBlockFormat) {
+  std::string path;
+  Status st = load_gguf("q5_0_tensor.gguf", &path);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_HAS(st.message(), "blk.1.ffn_up.weight");
+  EXPECT_HAS(st.message(), "Q5_0");
+  EXPECT_HAS(st.message(), path);
+}
+
+TEST(BadGguf, MissingMetadata) {
+  std::string path;
+  Status st = load_gguf("no_block_count.gguf", &path);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "missing GGUF metadata 'llama.block_count'");
+}
+
+TEST(BadGguf, MetadataDisagreesWithTensors) {
+  std::string path;
+  Status st = load_gguf("wrong_ffn.gguf", &path);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "blk.0.ffn_gate.weight");
+  EXPECT_HAS(st.message(), "has shape [96, 64], expected [128, 64]");
+}
+
+TEST(BadGguf, UnknownArchitecture) {
+  std::string path;
+  Status st = load_gguf("unknown_arch.gguf", &path);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_HAS(st.message(), "'rwkv9'");
+}
+
 // The shared random-weight GGUF (real Llama 2 vocabulary, dim 8, one layer) loads and runs.
 TEST(SharedGguf, TinyRandomLlama2Runs) {
   auto f = formats::open_model_files(std::string(LARDER_SHARED_DIR) + "/models/llama-2-tiny-random/llama-2-tiny-random.gguf");

@@ -1,0 +1,125 @@
+// Hyper-parameter parsing (config.json variants) and RoPE frequency tables.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "larder/models/blocks/rope.h"
+#include "larder/models/config.h"
+
+namespace larder::models {
+namespace {
+
+using nlohmann::ordered_json;
+
+Result<ModelConfig> parse(const ordered_json& cfg, const ordered_json& gen = nullptr) {
+  formats::ModelFiles f;
+  f.path = "/m";
+  f.config = cfg;
+  f.generation_config = gen;
+  return config_from_hf(f);
+}
+
+ordered_json base() {
+  return {{"model_type", "llama"}, {"hidden_size", 64}, {"num_hidden_layers", 2}, {"intermediate_size", 96},
+          {"num_attention_heads", 8}, {"vocab_size", 100}};
+}
+
+TEST(Config, DefaultsAndNulls) {
+  auto c = base();
+  c["head_dim"] = nullptr;  // HF writes null for "derive it"
+  auto r = parse(c);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->n_kv_heads, 8);  // absent: MHA
+  EXPECT_EQ(r->head_dim, 8);
+  EXPECT_EQ(r->rope_dim, 8);
+  EXPECT_EQ(r->rope_theta, 10000.0);
+  EXPECT_FALSE(r->tied_embeddings.has_value());  // the architecture decides
+  EXPECT_TRUE(r->rope_scaling.type.empty());
+}
+
+TEST(Config, EosFromConfigAndGenerationConfig) {
+  auto c = base();
+  c["eos_token_id"] = {128001, 128009};
+  c["bos_token_id"] = 128000;
+  auto r = parse(c, {{"eos_token_id", {128009, 128008}}});
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->eos_ids, (std::vector<int32_t>{128001, 128009, 128008}));
+  EXPECT_EQ(r->bos_id, 128000);
+}
+
+TEST(Config, RopeVariants) {
+  auto c = base();
+  c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // pre-"rope_type" spelling
+  c["partial_rotary_factor"] = 0.5;
+  auto r = parse(c);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->rope_scaling.type, "linear");
+  EXPECT_EQ(r->rope_dim, 4);
+  auto t = base();
+  t["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};  // transformers >= 5
+  auto r2 = parse(t);
+  ASSERT_TRUE(r2.is_ok());
+  EXPECT_EQ(r2->rope_theta, 1e6);
+  EXPECT_TRUE(r2->rope_scaling.type.empty());
+}
+
+TEST(Config, Rejections) {
+  auto c = base();
+  c["num_attention_heads"] = 0;
+  EXPECT_FALSE(parse(c).is_ok());
+  c = base();
+  c["vocab_size"] = "many";
+  auto r = parse(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("'vocab_size' must be an integer"), std::string::npos);
+  c = base();
+  c["head_dim"] = 7;
+  EXPECT_FALSE(parse(c).is_ok());  // odd rotary dims
+}
+
+TEST(Rope, PlainAndLinear) {
+  ModelConfig c;
+  c.rope_dim = 8;
+  c.rope_theta = 10000;
+  auto f = rope_inv_freq(c);
+  ASSERT_EQ(f.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(f[i], static_cast<float>(std::pow(10000.0, -2.0 * i / 8)));
+  c.rope_scaling.type = "linear";
+  c.rope_scaling.factor = 4;
+  auto g = rope_inv_freq(c);
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(g[i], f[i] / 4);
+}
+
+// Llama 3.1 8B's table (theta 5e5, factor 8, low 1, high 4, original 8192, head_dim 128): the
+// three bands by wavelength λ = 2π/inv_freq.
+TEST(Rope, Llama3Bands) {
+  ModelConfig c;
+  c.rope_dim = 128;
+  c.rope_theta = 500000;
+  auto plain = rope_inv_freq(c);
+  c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 8192};
+  auto s = rope_inv_freq(c);
+  int hi = 0, lo = 0, mid = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const double wl = 2 * M_PI / plain[i];
+    if (wl < 8192 / 4.0) {
+      EXPECT_EQ(s[i], plain[i]);
+      ++hi;
+    } else if (wl > 8192 / 1.0) {
+      EXPECT_FLOAT_EQ(s[i], plain[i] / 8);
+      ++lo;
+    } else {
+      const double sm = (8192 / wl - 1) / (4 - 1);
+      EXPECT_NEAR(s[i], (1 - sm) * plain[i] / 8 + sm * plain[i], 1e-6 * plain[i]);
+      EXPECT_LT(s[i], plain[i]);
+      EXPECT_GT(s[i], plain[i] / 8);
+      ++mid;
+    }
+  }
+  EXPECT_GT(hi, 0);
+  EXPECT_GT(lo, 0);
+  EXPECT_GT(mid, 0);
+}
+
+}  // namespace
+}  // namespace larder::models
