@@ -4,6 +4,10 @@
 
 namespace larder::memory {
 
+namespace {
+constexpr size_t kMaxDirty = 4096;
+}  // namespace
+
 Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
   std::unique_ptr<KvStore> s(new KvStore(std::move(cfg)));
   const KvStoreConfig& c = s->cfg_;
@@ -19,6 +23,7 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
     sc.verify = c.verify;
     sc.restore = c.restore;
     sc.io = c.io;
+    sc.expected_signature = c.signature;
     LARDER_ASSIGN_OR_RETURN(s->ssd_, SsdTier::open(std::move(sc)));
     if (!c.background_scan) s->ssd_->scan();
     s->queue_ = std::make_unique<SpillQueue>(s->ssd_.get(), c.spill_queue_cap_bytes, c.background_scan);
@@ -98,7 +103,18 @@ size_t KvStore::write_behind() {
   for (auto it = dirty_.begin(); it != dirty_.end();) {
     std::shared_ptr<const Entry> e = ram_->find_exact(it->second, it->first);
     if (!e) {
-      ++it;  // left RAM: flush decides whether a durable copy covers it
+      // Left RAM. Settled when a longer RAM entry covers it (superseded: flush persists that
+      // one) or a durable file does; otherwise its spill may still be queued — keep it for the
+      // next pass or flush. Past kMaxDirty (persistent disk failure) it is settled as missing
+      // so the set stays bounded.
+      if (ram_->covers(it->second, it->first) || ssd_->has_durable_prefix(it->second, it->first)) {
+        it = dirty_.erase(it);
+      } else if (dirty_.size() > kMaxDirty) {
+        ++missing_total_;
+        it = dirty_.erase(it);
+      } else {
+        ++it;
+      }
       continue;
     }
     if (!queue_->snapshot(std::move(e))) break;  // over 75 %: keys stay dirty (§11.8)
@@ -137,7 +153,7 @@ FlushReport KvStore::flush() {
         ++rep.failed;
         rep.not_written.push_back(strfmt("%s:%zu:write_failed", ns.c_str(), tokens.size()));
       }
-    } else if (!ssd_->has_durable_prefix(tokens, ns)) {
+    } else if (!ram_->covers(tokens, ns) && !ssd_->has_durable_prefix(tokens, ns)) {
       ++rep.missing;
       rep.not_written.push_back(strfmt("%s:%zu:left_ram_without_durable_copy", ns.c_str(), tokens.size()));
     }
@@ -156,6 +172,8 @@ FlushReport KvStore::flush() {
       rep.not_written.push_back(strfmt("%s:%zu:write_failed", e->ns.c_str(), e->tokens.size()));
     }
   }
+  rep.missing += missing_total_ - missing_reported_;
+  missing_reported_ = missing_total_;
   rep.durable = rep.failed == 0 && rep.dropped == 0 && rep.missing == 0;
   return rep;
 }
@@ -183,6 +201,7 @@ StoreStats KvStore::stats() const {
   }
   if (queue_) s.queue = queue_->stats();
   s.dirty_keys = dirty_.size();
+  s.missing_keys = missing_total_;
   std::lock_guard<std::mutex> lock(stats_mu_);
   s.lookups_hit_ram = hit_ram_;
   s.lookups_hit_ssd = hit_ssd_;

@@ -8,9 +8,12 @@
 //   store->put(forwarded_ids, std::move(s), ns);            // after EOS/stop/cancel, not on error
 //   store->flush();                                         // SIGTERM / POST /admin/kv/flush
 //
-// Threads: one engine thread owns the store and calls every method except stats(), which is
-// safe from any thread. The SSD writer thread (inside SpillQueue) runs the startup scan and the
-// write-behind queue; all cross-thread state is inside SpillQueue and SsdTier (documented there).
+// Threads: one engine thread owns the store and calls every method, stats() included (the
+// server asks the engine for a copy through its queue; system.md §4). The SSD writer thread
+// (inside SpillQueue) runs the startup scan and drains the write-behind queue; all cross-thread
+// state is inside SpillQueue and SsdTier (documented there). Nothing here installs signal
+// handlers: on SIGTERM the server stops admission, drains, and calls flush() on the engine
+// thread (§8.4); the returned FlushReport lists what could not be written.
 #pragma once
 
 #include <chrono>
@@ -62,6 +65,7 @@ struct StoreStats {
   uint64_t lookups_hit_ram = 0, lookups_hit_ssd = 0, lookups_miss = 0;
   uint64_t reused_tokens_ram = 0, reused_tokens_ssd = 0;
   size_t dirty_keys = 0;
+  uint64_t missing_keys = 0;  // dirty keys that left RAM with no durable copy (cumulative)
   int64_t longest_durable_prefix_tokens = 0;
   std::map<std::string, uint64_t> miss_reasons;  // reason class (diverged_at:* folded) → count
 };
@@ -118,6 +122,7 @@ class KvStore {
   uint64_t hit_ram_ = 0, hit_ssd_ = 0, miss_ = 0, reused_ram_ = 0, reused_ssd_ = 0;
   std::map<std::string, uint64_t> reasons_;
   uint64_t dropped_seen_ = 0;
+  uint64_t missing_total_ = 0, missing_reported_ = 0;
 };
 
 }  // namespace larder::memory

@@ -468,4 +468,15 @@ std::shared_ptr<const Entry> RamTier::find_exact(std::span<const TokenId> tokens
   return nullptr;
 }
 
+bool RamTier::covers(std::span<const TokenId> tokens, const std::string& ns) const {
+  for (const Record& r : records_) {
+    const Entry& e = *r.entry;
+    if (e.ns != ns || e.tokens.size() < tokens.size()) continue;
+    if (!std::equal(tokens.begin(), tokens.end(), e.tokens.begin())) continue;
+    if (e.tokens.size() == tokens.size() || (e.trimmable && static_cast<int64_t>(tokens.size()) >= e.floor))
+      return true;
+  }
+  return false;
+}
+
 }  // namespace larder::memory

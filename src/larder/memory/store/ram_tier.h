@@ -111,6 +111,8 @@ class RamTier {
   // Snapshot of resident entries, oldest insertion first (for flush and write-behind).
   std::vector<std::shared_ptr<const Entry>> entries() const;
   std::shared_ptr<const Entry> find_exact(std::span<const TokenId> tokens, const std::string& ns) const;
+  // Some resident same-ns entry can serve exactly `tokens` (equal, or longer and trimmable).
+  bool covers(std::span<const TokenId> tokens, const std::string& ns) const;
 
  private:
   struct Record {

@@ -82,6 +82,9 @@ void SsdTier::scan() {
         if (name != entry_id(info->ns, info->tokens) + ".lkv" ||
             nsit->path().filename().string() != ns_dir_name(info->ns)) {
           bad = corrupt(strfmt("[ssd-cache] %s: name does not match its content", path.c_str()));
+        } else if (!cfg_.expected_signature.empty() &&
+                   info->header.value("signature", "") != cfg_.expected_signature) {
+          bad = incompatible(strfmt("[ssd-cache] %s: storage signature differs from the model's", path.c_str()));
         }
       }
       if (!bad.is_ok()) {
@@ -107,6 +110,7 @@ void SsdTier::scan() {
   }
   // Recency from mtime (restores bump it with utimensat), oldest first.
   std::sort(by_mtime.begin(), by_mtime.end());
+  size_t indexed = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t c = 0;
@@ -119,7 +123,7 @@ void SsdTier::scan() {
     }
     index_ = std::move(found);
     clock_ = c;
-    stats_.scan_indexed = index_.size();
+    stats_.scan_indexed = indexed = index_.size();
     stats_.scan_removed += removed;
     stats_.scan_tmp_reaped += reaped;
     evict_locked("");
@@ -128,7 +132,7 @@ void SsdTier::scan() {
   }
   ready_cv_.notify_all();
   LARDER_LOG_INFO("[ssd-cache] %s: %zu entries indexed, %llu unusable removed, %llu temp files reaped",
-                  id_dir_.c_str(), stats_.scan_indexed, static_cast<unsigned long long>(removed),
+                  id_dir_.c_str(), indexed, static_cast<unsigned long long>(removed),
                   static_cast<unsigned long long>(reaped));
 }
 
@@ -197,6 +201,9 @@ std::shared_ptr<const Entry> SsdTier::restore(const ColdFind& found, std::string
   Status bad = r.is_ok() ? Status::ok() : r.status();
   if (bad.is_ok() && ((*r)->tokens != rec.tokens || (*r)->ns != rec.ns)) {
     bad = corrupt(strfmt("[ssd-cache] %s: content changed since it was indexed", rec.path.c_str()));
+  } else if (bad.is_ok() && !cfg_.expected_signature.empty() && (*r)->signature != cfg_.expected_signature) {
+    bad = incompatible(strfmt("[ssd-cache] %s: storage signature '%s' differs from the model's '%s'",
+                              rec.path.c_str(), (*r)->signature.c_str(), cfg_.expected_signature.c_str()));
   }
   if (!bad.is_ok()) {
     const char* why = bad.code() == StatusCode::kCorrupt        ? "ssd_corrupt"

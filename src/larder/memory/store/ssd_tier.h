@@ -35,6 +35,10 @@ struct SsdConfig {
   VerifyPolicy verify = VerifyPolicy::kFull;  // --ssd-cache-verify
   RestoreMode restore = RestoreMode::kMmap;   // --ssd-cache-restore
   IoLayer* io = nullptr;                 // null = posix
+  // Storage signature the running model produces (kind, dtype, layout of every layer); empty =
+  // unchecked. Files with another signature are incompatible (removed at scan and at restore):
+  // a stale layer signature must never seed a prefill (omlx #3699).
+  std::string expected_signature;
 };
 
 struct SsdStats {

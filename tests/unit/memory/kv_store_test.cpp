@@ -1,0 +1,163 @@
+// kv_store_test.cpp — the store facade as runtime/ drives it: multi-turn chats, prompt
+// boundaries, write-behind bookkeeping, isolation by content-derived namespaces.
+#include "larder/memory/store/kv_store.h"
+
+#include <gtest/gtest.h>
+
+#include "kv_test_util.h"
+
+namespace larder::memory {
+namespace {
+
+using testing::cat;
+using testing::extend;
+using testing::Kinds;
+using testing::kLayout;
+using testing::kv_matches;
+using testing::prefilled;
+using testing::seq;
+using testing::TempDir;
+
+KvStoreConfig cfg(const std::string& dir = "") {
+  KvStoreConfig c;
+  c.ram_cap_bytes = 64ull << 20;
+  c.ssd_dir = dir;
+  c.identity.weights_id = "w";
+  c.identity.kv_scheme = "f32";
+  return c;
+}
+
+// One engine request: take → prefill the suffix → "generate" `reply` → put.
+struct Turn {
+  int64_t reused = 0;
+  std::string reason;
+  Tier tier = Tier::kNone;
+};
+Turn run_request(KvStore& s, const std::vector<int32_t>& prompt, const std::vector<int32_t>& reply,
+                 const std::string& ns, const Kinds& k = {}, bool boundary = false) {
+  Turn out;
+  TakeResult t = s.take(prompt, ns);
+  out.reused = t.report.reused_tokens;
+  out.reason = t.report.reason;
+  out.tier = t.report.tier;
+  SequenceState st = t.hit ? std::move(*t.hit).into_state(kLayout, testing::kCtx) : testing::fresh(k);
+  extend(st, prompt, out.reused);
+  EXPECT_TRUE(kv_matches(st.kv, prompt, static_cast<int64_t>(prompt.size())));
+  if (boundary) {
+    EXPECT_TRUE(s.put_prompt_boundary(prompt, st, ns).is_ok());
+  }
+  const auto full = cat(prompt, reply);
+  extend(st, full, static_cast<int64_t>(prompt.size()));
+  EXPECT_TRUE(s.put(full, std::move(st), ns).is_ok());
+  return out;
+}
+
+TEST(KvStoreFacade, MultiTurnChatReusesPreviousTurnEvenWhenReplyRetokenizes) {
+  for (Kinds k : {Kinds{}, Kinds{.recurrent = true}, Kinds{.ring = true, .window = 16}}) {
+    auto s = KvStore::open(cfg()).value();
+    const auto sys = seq(1, 40);
+    auto prompt = cat(sys, seq(100, 10));  // system + user 1 + generation prompt
+    Turn t1 = run_request(*s, prompt, seq(200, 12), "base", k, true);
+    EXPECT_EQ(t1.reused, 0);
+    EXPECT_EQ(t1.reason, "empty_namespace");
+    for (int turn = 2; turn <= 4; ++turn) {
+      // The template re-renders the reply with different tokens (e.g. reasoning stripped).
+      const auto next = cat(cat(prompt, seq(300 * turn, 9)), seq(1000 * turn, 8));
+      Turn t = run_request(*s, next, seq(5000 * turn, 12), "base", k, true);
+      EXPECT_GE(t.reused, static_cast<int64_t>(prompt.size())) << "turn " << turn;  // never a silent 0
+      EXPECT_EQ(t.tier, Tier::kRam);
+      prompt = next;
+    }
+  }
+}
+
+TEST(KvStoreFacade, PromptBoundaryIsANoopForTrimmableStates) {
+  auto s = KvStore::open(cfg()).value();
+  SequenceState st = prefilled(seq(1, 20));
+  ASSERT_TRUE(s->put_prompt_boundary(seq(1, 20), st, "base").is_ok());
+  EXPECT_EQ(s->stats().ram.entries, 0u);
+  SequenceState rec = prefilled(seq(1, 20), {.recurrent = true});
+  ASSERT_TRUE(s->put_prompt_boundary(seq(1, 20), rec, "base").is_ok());
+  EXPECT_EQ(s->stats().ram.entries, 1u);
+  ASSERT_TRUE(s->put_prompt_boundary(seq(1, 20), rec, "base").is_ok());  // same tokens: not stored twice
+  EXPECT_EQ(s->stats().ram.entries, 1u);
+}
+
+TEST(KvStoreFacade, AdaptersAndSaltsIsolate) {
+  auto s = KvStore::open(cfg()).value();
+  const std::string a = namespace_id({{"adapter-a-bytes", 1.0}});
+  const std::string a_changed = namespace_id({{"adapter-a-bytes-v2", 1.0}});  // same name, new weights
+  const std::string salted = namespace_id({}, "tenant-1");
+  const auto prompt = seq(1, 50);
+  run_request(*s, prompt, seq(100, 5), a);
+  EXPECT_EQ(run_request(*s, prompt, seq(100, 5), a).reused, 49);
+  Turn t = run_request(*s, prompt, seq(100, 5), a_changed);
+  EXPECT_EQ(t.reused, 0);
+  EXPECT_EQ(t.reason, "other_namespace");
+  EXPECT_EQ(run_request(*s, prompt, seq(100, 5), salted).reused, 0);
+  EXPECT_EQ(run_request(*s, prompt, seq(100, 5), "base").reused, 0);
+}
+
+TEST(KvStoreFacade, SupersededDirtyKeysDoNotMakeFlushFail) {
+  TempDir d;
+  auto s = KvStore::open(cfg(d.path)).value();
+  s->wait_ssd_ready();
+  run_request(*s, seq(1, 30), seq(100, 5), "base");
+  run_request(*s, cat(cat(seq(1, 30), seq(100, 5)), seq(200, 5)), seq(300, 5), "base");
+  EXPECT_EQ(s->stats().ram.entries, 1u);  // the first turn was superseded
+  EXPECT_EQ(s->stats().dirty_keys, 2u);
+  s->write_behind();
+  FlushReport f = s->flush();
+  EXPECT_TRUE(f.durable) << f.failed << " " << f.missing << " " << f.dropped;
+  EXPECT_EQ(s->stats().dirty_keys, 0u);
+  EXPECT_EQ(testing::count_files(d.path, ".lkv"), 1u);
+  // No SSD tier: flush reports every entry as not written.
+  auto ram_only = KvStore::open(cfg()).value();
+  run_request(*ram_only, seq(1, 30), seq(100, 5), "base");
+  FlushReport r = ram_only->flush();
+  EXPECT_FALSE(r.ssd_enabled);
+  EXPECT_FALSE(r.durable);
+  EXPECT_EQ(r.not_written.size(), 1u);
+}
+
+TEST(KvStoreFacade, ByteCapHeldContinuouslyUnderGrowingConversations) {
+  KvStoreConfig c = cfg();
+  const size_t one = prefilled(seq(1, 64)).kv.owned_bytes();
+  c.ram_cap_bytes = one * 6;
+  auto s = KvStore::open(c).value();
+  for (int conv = 0; conv < 6; ++conv) {
+    std::vector<int32_t> prompt = seq(100000 * (conv + 1), 40);
+    for (int turn = 0; turn < 5; ++turn) {
+      run_request(*s, prompt, seq(100000 * (conv + 1) + 50000 + turn * 100, 10), "base");
+      EXPECT_LE(s->stats().ram.bytes, c.ram_cap_bytes);
+      prompt = cat(cat(prompt, seq(100000 * (conv + 1) + 50000 + turn * 100, 10)), seq(7, 6));
+    }
+  }
+  EXPECT_GT(s->stats().ram.evictions, 0u);
+}
+
+TEST(KvStoreFacade, ChangedLayerSignatureOnRestartIsAMiss) {
+  TempDir d;
+  KvStoreConfig c = cfg(d.path);
+  c.signature = state_signature(kLayout, {}, {});
+  {
+    auto s = KvStore::open(c).value();
+    s->wait_ssd_ready();
+    run_request(*s, seq(1, 30), seq(100, 5), "base");
+    ASSERT_TRUE(s->flush().durable);
+  }
+  c.signature = "plain_kv:f32:L=2:h=2:d=4|ring:f32:w=16:h=2:d=4";  // the model now has a ring layer
+  auto s = KvStore::open(c).value();
+  s->wait_ssd_ready();
+  EXPECT_EQ(s->stats().ssd.entries, 0u);
+  EXPECT_EQ(s->stats().ssd.scan_removed, 1u);
+  TakeResult t = s->take(cat(seq(1, 30), {1}), "base");
+  EXPECT_FALSE(t.hit);
+  // A put with the old signature is refused before the store takes ownership.
+  SequenceState st = prefilled(seq(1, 30));
+  EXPECT_EQ(s->put(seq(1, 30), std::move(st), "base").code(), StatusCode::kIncompatible);
+  EXPECT_EQ(st.kv.length(), 30);
+}
+
+}  // namespace
+}  // namespace larder::memory
