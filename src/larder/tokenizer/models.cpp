@@ -165,11 +165,8 @@ class BpeModel final : public Model {
 
 class SpmModel final : public Model {
  public:
-  SpmModel(const std::vector<std::string>& tokens, const std::vector<float>& scores,
-           std::optional<int32_t> unk)
-      : scores_(scores), unk_(unk) {
-    vocab_.reserve(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) vocab_.emplace(tokens[i], static_cast<int32_t>(i));
+  SpmModel(const StrIdMap& vocab, const std::vector<float>& scores, std::optional<int32_t> unk)
+      : vocab_(vocab), scores_(scores) {
     for (unsigned b = 0; b < 256; ++b) {
       auto id = lookup(vocab_, byte_token_name(b));
       if (!id) id = lookup(vocab_, std::string(1, static_cast<char>(b)));
@@ -232,9 +229,8 @@ class SpmModel final : public Model {
     // Highest score first; ties go to the leftmost pair.
     bool operator<(const Bigram& o) const { return score != o.score ? score < o.score : left > o.left; }
   };
-  StrIdMap vocab_;
+  const StrIdMap& vocab_;  // owned by the tokenizer, which outlives its model
   std::vector<float> scores_;
-  std::optional<int32_t> unk_;
   int32_t byte_ids_[256];
 };
 
@@ -252,9 +248,9 @@ std::unique_ptr<Model> make_bpe(const StrIdMap& vocab,
   return m;
 }
 
-std::unique_ptr<Model> make_spm(const std::vector<std::string>& tokens, const std::vector<float>& scores,
+std::unique_ptr<Model> make_spm(const StrIdMap& vocab, const std::vector<float>& scores,
                                 std::optional<int32_t> unk_id) {
-  return std::make_unique<SpmModel>(tokens, scores, unk_id);
+  return std::make_unique<SpmModel>(vocab, scores, unk_id);
 }
 
 }  // namespace larder::tokenizer::detail

@@ -99,8 +99,10 @@ std::unique_ptr<Model> make_bpe(const StrIdMap& vocab,
                                 BpeConfig cfg, std::string* error);
 
 // SentencePiece BPE driven by piece scores (GGUF "llama" vocabularies), as llama.cpp does it.
-std::unique_ptr<Model> make_spm(const std::vector<std::string>& tokens,
-                                const std::vector<float>& scores, std::optional<int32_t> unk_id);
+// `vocab` (text -> id, first id of a duplicated text) is referenced and must outlive the model;
+// scores are indexed by id.
+std::unique_ptr<Model> make_spm(const StrIdMap& vocab, const std::vector<float>& scores,
+                                std::optional<int32_t> unk_id);
 
 // ---------------------------------------------------------------- decoders
 // Decoders rewrite the list of token strings, as HF decode_chain does. Strings may hold raw

@@ -720,7 +720,7 @@ Result<std::unique_ptr<Impl>> load_gguf(const formats::GgufFile& g) {
     if (const auto* sc = g.find("tokenizer.ggml.scores"); sc && sc->floats.size() == n)
       for (size_t i = 0; i < n; ++i) scores[i] = static_cast<float>(sc->floats[i]);
     const bool add_space_prefix = gguf_bool(g, "tokenizer.ggml.add_space_prefix").value_or(true);
-    t->model = make_spm(tokens, scores, unk);
+    t->model = make_spm(t->model_vocab, scores, unk);
     t->normalizer = make_spm_normalizer(add_space_prefix);
     t->decoder = make_spm_decoder(add_space_prefix);
     add_bos = true;

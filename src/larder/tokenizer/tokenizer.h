@@ -8,6 +8,20 @@
 //     ("gpt2", rank-driven merges with the pre-tokenizer named by `tokenizer.ggml.pre`),
 //     equal to the HF tokenizers the GGUFs were converted from.
 // A Tokenizer is immutable after loading, so one instance may be shared by many threads.
+//
+// tokenizer.json components implemented (each with HF's exact semantics, quirks included):
+//   model: BPE (byte_fallback, fuse_unk, ignore_merges, continuing_subword_prefix,
+//          end_of_word_suffix; no dropout)
+//   normalizer: NFC, NFD, NFKC, NFKD, Lowercase, Replace (string/regex), Prepend, Strip, Sequence
+//   pre_tokenizer: Split (string/regex, all five behaviors, invert), ByteLevel, Metaspace,
+//          Digits, Whitespace, WhitespaceSplit, Sequence
+//   post_processor: TemplateProcessing (single), ByteLevel, Bert/Roberta, Sequence
+//   decoder: ByteLevel, ByteFallback, Fuse, Replace, Strip, Metaspace, Sequence (none: " "-join)
+//   added tokens: special/normalized/lstrip/rstrip/single_word, leftmost-longest matching.
+// Anything else (Unigram/WordPiece models, Precompiled/Bert normalizers, ...) is refused at
+// load with StatusCode::kUnsupported naming the component.
+// add_special follows the tokenizer.json post-processor, as HF `tokenizers` does;
+// tokenizer_config.json only supplies the BOS/EOS names (bos_id(), eos_ids()).
 #pragma once
 
 #include <cstdint>
