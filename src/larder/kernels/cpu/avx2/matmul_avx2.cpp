@@ -335,25 +335,6 @@ struct Q8_0Gemm {
   }
 };
 
-// act8 layout from the plain quantized activations (zero-padded to a multiple of 8 tokens).
-void build_act8(const QuantizedActs& a, int64_t n, uint8_t* act8) {
-  const int64_t groups = a.n_pad / 8, nb = a.nb;
-  for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t b = 0; b < nb; ++b) {
-      uint32_t* out = reinterpret_cast<uint32_t*>(act8 + (g * nb + b) * 256);
-      for (int t = 0; t < 8; ++t) {
-        const int64_t tok = 8 * g + t;
-        if (tok < n) {
-          const uint8_t* src = reinterpret_cast<const uint8_t*>(a.token_blocks(tok) + b * 32);
-          for (int k4 = 0; k4 < 8; ++k4) std::memcpy(out + k4 * 8 + t, src + 4 * k4, 4);
-        } else {
-          for (int k4 = 0; k4 < 8; ++k4) out[k4 * 8 + t] = 0;
-        }
-      }
-    }
-  }
-}
-
 template <class G>
 void matmul_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t nb = w.cols / 32;
@@ -363,29 +344,7 @@ void matmul_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
   auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
   build_act8(a, n, act8);
   const G k{w.data, w.row_bytes(), w.rows, nb, n, act8, a, y};
-  // Chunks: 16 rows × a run of token groups whose activations (nb·256 B per group) fit ~256 KiB
-  // of L2; inside, each 4-row tile streams its weights once per group from L1/L2.
-  const int64_t groups = a.n_pad / 8;
-  const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
-  const int64_t n_gb = (groups + gb - 1) / gb;
-  const int64_t rb = 16;
-  const int64_t n_rb = (w.rows + rb - 1) / rb;
-  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
-    const int64_t ib = c % n_rb, ig = c / n_rb;
-    const int64_t r_begin = ib * rb, r_end = std::min(w.rows, r_begin + rb);
-    const int64_t g_begin = ig * gb, g_end = std::min(groups, g_begin + gb);
-    int64_t r = r_begin;
-    for (; r + 4 <= r_end; r += 4)
-      for (int64_t g = g_begin; g < g_end; ++g) k.template tile<4>(r, g);
-    for (int64_t g = g_begin; g < g_end; ++g) {
-      switch (r_end - r) {
-        case 3: k.template tile<3>(r, g); break;
-        case 2: k.template tile<2>(r, g); break;
-        case 1: k.template tile<1>(r, g); break;
-        default: break;
-      }
-    }
-  });
+  run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
 }
 
 template <class K>

@@ -72,6 +72,24 @@ const float* f16_table() {
 
 namespace larder::kernels::cpu {
 
+void build_act8(const QuantizedActs& a, int64_t n, uint8_t* act8) {
+  const int64_t groups = a.n_pad / 8, nb = a.nb;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint32_t* out = reinterpret_cast<uint32_t*>(act8 + (g * nb + b) * 256);
+      for (int t = 0; t < 8; ++t) {
+        const int64_t tok = 8 * g + t;
+        if (tok < n) {
+          const uint8_t* src = reinterpret_cast<const uint8_t*>(a.token_blocks(tok) + b * 32);
+          for (int k4 = 0; k4 < 8; ++k4) std::memcpy(out + k4 * 8 + t, src + 4 * k4, 4);
+        } else {
+          for (int k4 = 0; k4 < 8; ++k4) out[k4 * 8 + t] = 0;
+        }
+      }
+    }
+  }
+}
+
 void* thread_scratch(size_t bytes, int slot) {
   struct Buf {
     void* p = nullptr;

@@ -49,6 +49,11 @@ void quantize_acts_ref(const float* x, int64_t n, int64_t cols, bool offset128, 
 // The same quantizer in AVX2 (kernels/cpu/avx2/act_quant_avx2.cpp); byte-identical output.
 void quantize_acts_avx2(const float* x, int64_t n, int64_t cols, bool offset128, QuantizedActs& out);
 
+// Token-lane layout for the GEMMs (n >= 8): act8[g][b][k4] = 32 bytes holding, for the 8 tokens
+// t = 8g..8g+7, the 4 activation bytes x_q[t][32b + 4k4 .. +3]; tokens past n are zero bytes.
+// act8 must hold n_pad·nb·32 bytes (64-byte aligned). Bytes are copied as stored (offset128 too).
+void build_act8(const QuantizedActs& a, int64_t n, uint8_t* act8);
+
 // A thread-local, 64-byte-aligned, grow-only scratch buffer: kernels must not own long-lived
 // memory (system.md §3), and reallocating per matmul would cost a page fault per 4 KiB.
 void* thread_scratch(size_t bytes, int slot = 0);

@@ -75,4 +75,31 @@ inline void run_matmul_tiles(const K& k, int64_t rows, int64_t n, int64_t act_by
   });
 }
 
+// Token-lane GEMMs (G::template tile<R>(r0, group) for R <= 4 rows × one 8-token group).
+// Chunks: 16 rows × a run of token groups whose activations (nb·256 B per group) fit ~256 KiB
+// of L2; inside, each 4-row tile streams its weights once per group from L1/L2.
+template <class G>
+inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb) {
+  const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
+  const int64_t n_gb = (groups + gb - 1) / gb;
+  const int64_t rb = 16;
+  const int64_t n_rb = (rows + rb - 1) / rb;
+  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
+    const int64_t ib = c % n_rb, ig = c / n_rb;
+    const int64_t r_begin = ib * rb, r_end = std::min(rows, r_begin + rb);
+    const int64_t g_begin = ig * gb, g_end = std::min(groups, g_begin + gb);
+    int64_t r = r_begin;
+    for (; r + 4 <= r_end; r += 4)
+      for (int64_t g = g_begin; g < g_end; ++g) k.template tile<4>(r, g);
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      switch (r_end - r) {
+        case 3: k.template tile<3>(r, g); break;
+        case 2: k.template tile<2>(r, g); break;
+        case 1: k.template tile<1>(r, g); break;
+        default: break;
+      }
+    }
+  });
+}
+
 }  // namespace larder::kernels::cpu
