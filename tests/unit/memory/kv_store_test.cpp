@@ -3,6 +3,9 @@
 #include "larder/memory/store/kv_store.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kv_test_util.h"
 
@@ -157,6 +160,52 @@ TEST(KvStoreFacade, ChangedLayerSignatureOnRestartIsAMiss) {
   SequenceState st = prefilled(seq(1, 30));
   EXPECT_EQ(s->put(seq(1, 30), std::move(st), "base").code(), StatusCode::kIncompatible);
   EXPECT_EQ(st.kv.length(), 30);
+}
+
+volatile sig_atomic_t g_term = 0;
+void on_term(int) { g_term = 1; }
+
+// Issue §5: on SIGTERM the process flushes; every RAM entry is on disk when flush returns.
+TEST(KvStoreFacade, SigtermFlushMakesEveryRamEntryDurable) {
+  TempDir d;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGTERM, on_term);
+    auto s = KvStore::open(cfg(d.path)).value();
+    s->wait_ssd_ready();
+    for (int i = 0; i < 5; ++i) run_request(*s, seq(1000 * (i + 1), 40), seq(7, 3), "base");
+    // Nothing was written yet: no eviction, no write-behind pass.
+    const char c = testing::count_files(d.path, ".lkv") == 0 ? 'r' : 'x';
+    (void)!::write(ready[1], &c, 1);
+    while (!g_term) ::usleep(1000);
+    FlushReport f = s->flush();
+    ::_exit(f.durable && f.not_written.empty() && f.written == 5 ? 0 : 3);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  EXPECT_EQ(c, 'r');
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  auto s = KvStore::open(cfg(d.path)).value();
+  s->wait_ssd_ready();
+  EXPECT_EQ(s->stats().ssd.entries, 5u);
+  for (int i = 0; i < 5; ++i) {
+    const auto prompt = cat(cat(seq(1000 * (i + 1), 40), seq(7, 3)), {1});
+    TakeResult t = s->take(prompt, "base");
+    ASSERT_TRUE(t.hit);
+    EXPECT_EQ(t.hit->tier, Tier::kSsd);
+    EXPECT_EQ(t.hit->tokens, 43);
+    SequenceState st = std::move(*t.hit).into_state(kLayout, testing::kCtx);
+    EXPECT_TRUE(kv_matches(st.kv, prompt, 43));
+  }
 }
 
 }  // namespace
