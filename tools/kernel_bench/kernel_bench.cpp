@@ -239,6 +239,7 @@ int main(int argc, char** argv) {
 
   struct ModelAcc {
     double decode_s = 0, prefill_s = 0;
+    double decode_cpu = 0, prefill_cpu = 0;  // 1-thread runs: thread CPU time
     bool decode_full = true, prefill_full = true;
   };
 
@@ -314,8 +315,10 @@ int main(int argc, char** argv) {
             const int cnt = sh.per_layer ? sh.per_layer * kLayers : 1;
             if (is_prefill) {
               model[threads.size() * decode_ns.size() + ti].prefill_s += cnt * s.median;
+              model[threads.size() * decode_ns.size() + ti].prefill_cpu += cnt * sc.median;
             } else {
               model[ti * decode_ns.size() + ni].decode_s += cnt * s.median;
+              model[ti * decode_ns.size() + ni].decode_cpu += cnt * sc.median;
             }
           }
         }
@@ -326,14 +329,24 @@ int main(int argc, char** argv) {
       for (size_t ti = 0; ti < threads.size(); ++ti) {
         for (size_t ni = 0; ni < decode_ns.size() && do_decode; ++ni) {
           const double sdec = model[ti * decode_ns.size() + ni].decode_s;
+          const double cdec = model[ti * decode_ns.size() + ni].decode_cpu;
           if (sdec > 0)
-            std::printf("model estimate (matmuls only), %d thread(s), decode n=%lld: %.2f ms/step -> %.1f steps/s\n",
-                        threads[ti], static_cast<long long>(decode_ns[ni]), sdec * 1e3, 1.0 / sdec);
+            std::printf("model estimate (matmuls only), %d thread(s), decode n=%lld: %.2f ms/step -> %.1f steps/s wall%s\n",
+                        threads[ti], static_cast<long long>(decode_ns[ni]), sdec * 1e3, 1.0 / sdec,
+                        threads[ti] == 1 ? (", " + std::to_string(cdec * 1e3).substr(0, 6) + " ms CPU -> " +
+                                            std::to_string(1.0 / cdec).substr(0, 5) + " steps per CPU-second")
+                                               .c_str()
+                                         : "");
         }
         const double spre = model[threads.size() * decode_ns.size() + ti].prefill_s;
+        const double cpre = model[threads.size() * decode_ns.size() + ti].prefill_cpu;
         if (do_prefill && spre > 0)
-          std::printf("model estimate (matmuls only), %d thread(s), prefill n=%lld: %.0f ms -> %.1f tok/s\n",
-                      threads[ti], static_cast<long long>(prefill_n), spre * 1e3, prefill_n / spre);
+          std::printf("model estimate (matmuls only), %d thread(s), prefill n=%lld: %.0f ms -> %.1f tok/s wall%s\n",
+                      threads[ti], static_cast<long long>(prefill_n), spre * 1e3, prefill_n / spre,
+                      threads[ti] == 1 ? (", " + std::to_string(cpre * 1e3).substr(0, 7) + " ms CPU -> " +
+                                          std::to_string(prefill_n / cpre).substr(0, 5) + " tok per CPU-second")
+                                             .c_str()
+                                       : "");
       }
     }
   }
