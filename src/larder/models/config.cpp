@@ -68,8 +68,10 @@ Status parse_rope_scaling(const ordered_json& rs, const std::string& src, RopeSc
   return Status::ok();
 }
 
+// Key names in messages are config.json's; for a GGUF the message says which metadata it came from.
 Status validate(const ModelConfig& c) {
-  const char* s = c.source.c_str();
+  const std::string src = c.from_gguf ? c.source + " (GGUF metadata)" : c.source;
+  const char* s = src.c_str();
   struct { const char* name; int64_t v; } pos[] = {
       {"num_hidden_layers", c.n_layers}, {"hidden_size", c.hidden}, {"num_attention_heads", c.n_heads},
       {"num_key_value_heads", c.n_kv_heads}, {"head_dim", c.head_dim}, {"intermediate_size", c.ffn},

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "larder/core/log.h"
 #include "larder/models/blocks/attention.h"
 #include "larder/models/blocks/mlp.h"
 #include "larder/models/blocks/norm.h"
@@ -47,6 +48,33 @@ class DecoderModel final : public Model {
   MlpScratch mlp_s_;
 };
 
+// A per-layer tensor that the graph does not use means the config describes a different model
+// than the weights (e.g. q/k/v biases with attention_bias unset): running without it would be
+// silently wrong, so it is an error (mlx-lm's strict load refuses it too). Other leftovers
+// (e.g. a vision tower, tied lm_head copies, precomputed rotary tables) are only reported.
+Status check_unbound(const WeightBinder& b, const formats::ModelFiles& files, bool tied) {
+  std::vector<std::string> ignored;
+  for (const std::string& name : b.unbound()) {
+    auto ends_with = [&](const char* s) {
+      const size_t n = std::char_traits<char>::length(s);
+      return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+    };
+    if (ends_with("rotary_emb.inv_freq") || name == "rope_freqs.weight") continue;
+    if (tied && (name == "lm_head.weight" || name == "output.weight")) continue;
+    if (name.rfind("model.layers.", 0) == 0 || name.rfind("blk.", 0) == 0) {
+      return invalid_argument(strfmt("[model] %s: tensor '%s' is not used by the graph config.json/metadata describes "
+                                     "(check attention_bias, mlp_bias, model_type)",
+                                     files.path.c_str(), name.c_str()));
+    }
+    ignored.push_back(name);
+  }
+  if (!ignored.empty()) {
+    LARDER_LOG_WARN("[model] %s: ignoring %zu tensor(s) the architecture does not use, e.g. '%s'", files.path.c_str(),
+                    ignored.size(), ignored.front().c_str());
+  }
+  return Status::ok();
+}
+
 Status DecoderModel::bind(const formats::ModelFiles& files) {
   WeightBinder b(files);
   const ModelConfig& c = cfg_;
@@ -74,6 +102,7 @@ Status DecoderModel::bind(const formats::ModelFiles& files) {
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", c, attn_opt_, &L.attn));
     LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, &L.mlp));
   }
+  LARDER_RETURN_IF_ERROR(check_unbound(b, files, tied));
   inv_freq_ = rope_inv_freq(c);
   // Llama 3 GGUFs carry the llama3 frequency scaling as a tensor of per-pair divisors instead of
   // metadata (llama.cpp's `rope_freqs.weight`, [rope_dim/2]).

@@ -36,7 +36,7 @@ std::string gguf_tensor_name(const std::string& hf) {
 
 WeightBinder::WeightBinder(const formats::ModelFiles& files) : files_(files) {}
 
-Result<const formats::TensorInfo*> WeightBinder::find(const std::string& hf_name) const {
+Result<const formats::TensorInfo*> WeightBinder::find(const std::string& hf_name) {
   const bool gguf = files_.gguf != nullptr;
   const std::string name = gguf ? gguf_tensor_name(hf_name) : hf_name;
   const formats::TensorInfo* t = name.empty() ? nullptr : files_.tensors().find(name);
@@ -46,6 +46,7 @@ Result<const formats::TensorInfo*> WeightBinder::find(const std::string& hf_name
                               hf_name.c_str()));
     return not_found(strfmt("[model] %s: missing tensor '%s'", files_.path.c_str(), hf_name.c_str()));
   }
+  bound_.insert(t->name);
   return t;
 }
 
@@ -105,6 +106,13 @@ Result<std::vector<float>> WeightBinder::vector(const std::string& hf_name, int6
     }
   }
   n_params_ += len;
+  return out;
+}
+
+std::vector<std::string> WeightBinder::unbound() const {
+  std::vector<std::string> out;
+  for (const auto& t : files_.tensors().tensors())
+    if (!bound_.count(t.name)) out.push_back(t.name);
   return out;
 }
 

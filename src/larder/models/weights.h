@@ -31,15 +31,19 @@ class WeightBinder {
   // A [len] vector in F32/F16/BF16, converted to f32.
   Result<std::vector<float>> vector(const std::string& hf_name, int64_t len, const char* why);
 
+  // Tensors of the file that nothing bound (file names, in file order).
+  std::vector<std::string> unbound() const;
+
   // Distinct dtypes of the bound matrices ("BF16", "Q4_0+F32"), and the bound element count.
   std::string weight_dtypes() const;
   int64_t n_params() const { return n_params_; }
 
  private:
-  Result<const formats::TensorInfo*> find(const std::string& hf_name) const;
+  Result<const formats::TensorInfo*> find(const std::string& hf_name);
   std::string file_of(const formats::TensorInfo& t) const;
 
   const formats::ModelFiles& files_;
+  std::set<std::string> bound_;  // file tensor names
   std::set<std::string> dtypes_;
   int64_t n_params_ = 0;
 };

@@ -155,6 +155,19 @@ TEST_F(BadInput, UntiedWithoutLmHead) {
   EXPECT_HAS(st.message(), "lm_head.weight");
 }
 
+TEST_F(BadInput, UnusedLayerTensorIsAnError) {
+  auto t = tiny_tensors();
+  t["model.layers.0.self_attn.q_proj.bias"] = {"F32", {32}};  // config has no attention_bias
+  Status st = load(make("stray_bias", tiny_config(), t));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_HAS(st.message(), "'model.layers.0.self_attn.q_proj.bias' is not used");
+  // Unrelated extra tensors outside the layers are tolerated (reported in the log).
+  t = tiny_tensors();
+  t["vision_tower.patch_embed.weight"] = {"F32", {4, 4}};
+  t["model.layers.0.self_attn.rotary_emb.inv_freq"] = {"F32", {4}};
+  EXPECT_TRUE(load(make("extra", tiny_config(), t)).is_ok());
+}
+
 TEST_F(BadInput, UnknownArchitecture) {
   auto cfg = tiny_config();
   cfg["model_type"] = "gpt_frobnicator";
