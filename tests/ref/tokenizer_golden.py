@@ -158,6 +158,80 @@ VARIANT_TEXTS = [
 ]
 
 
+# GGUF vocabularies synthesized from two HF tokenizers, the way convert_hf_to_gguf.py lays them
+# out, so the GGUF code paths (score-driven SentencePiece merges, rank-driven BPE with the
+# llama-bpe pre-tokenizer, control tokens) are compared with HF on the whole corpus, not only on
+# llama.cpp's 46 vectors. Written to <out>/tokenizer/gguf/<name>.gguf.
+def synth_ggufs(hf_root, out_dir):
+    import gguf
+
+    os.makedirs(os.path.join(out_dir, "gguf"), exist_ok=True)
+
+    def vocab_list(tj):
+        vocab = dict(tj["model"]["vocab"])
+        for a in tj["added_tokens"]:
+            vocab[a["content"]] = a["id"]
+        n = max(vocab.values()) + 1
+        toks = [f"[PAD{i}]" for i in range(n)]
+        for t, i in vocab.items():
+            toks[i] = t
+        return toks
+
+    def write(name, model, tokens, types, scores=None, merges=None, pre=None, bos=None, eos=None, unk=None):
+        path = os.path.join(out_dir, "gguf", name + ".gguf")
+        w = gguf.GGUFWriter(path, arch="llama")
+        w.add_tokenizer_model(model)
+        if pre:
+            w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        if scores is not None:
+            w.add_token_scores(scores)
+        if merges is not None:
+            w.add_token_merges(merges)
+        if bos is not None:
+            w.add_bos_token_id(bos)
+        if eos is not None:
+            w.add_eos_token_id(eos)
+        if unk is not None:
+            w.add_unk_token_id(unk)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    with open(os.path.join(hf_root, "llama2", "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    toks = vocab_list(tj)
+    special = {a["content"] for a in tj["added_tokens"]}
+    # A piece's score is what HF's converter turned into merge order: the earliest merge that
+    # produces it ranks highest. Pieces no merge produces never result from a merge anyway.
+    score_of = {}
+    for rank, m in enumerate(tj["model"]["merges"]):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        score_of.setdefault(a + b, -float(rank))
+    types, scores = [], []
+    for i, t in enumerate(toks):
+        if t == "<unk>":
+            types.append(2)
+        elif t in special:
+            types.append(3)
+        elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            types.append(6)
+        else:
+            types.append(1)
+        scores.append(score_of.get(t, -1e9))
+    write("llama2-spm", "llama", toks, types, scores=scores, bos=1, eos=2, unk=0)
+
+    with open(os.path.join(hf_root, "llama3", "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    toks = vocab_list(tj)
+    special = {a["content"] for a in tj["added_tokens"]}
+    types = [3 if t in special else 1 for t in toks]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    write("llama3-bpe", "gpt2", toks, types, merges=merges, pre="llama-bpe", bos=128000, eos=128001)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -170,6 +244,7 @@ def main():
     if not names:
         print(f"no tokenizers under {hf_root}", file=sys.stderr)
         return 1
+    synth_ggufs(hf_root, out_dir)
     base = corpus_texts()
     jobs = [(name, os.path.join(hf_root, name), True) for name in names]
     for vname, vjson in variants(hf_root).items():
