@@ -320,6 +320,36 @@ TEST(RamTier, SharedSegmentsCountedOnce) {
   EXPECT_EQ(r.stats().bytes, donor_bytes + tx + ty);
 }
 
+TEST(RamTier, PutAdoptsPrivateRowsWithoutCopyAndKeepsSharedPrefix) {
+  RamTier r(kBig);
+  const auto sys = seq(1, 32);
+  put_ok(r, sys);
+  const auto prompt = cat(sys, seq(900, 8));
+  int64_t p = 0;
+  SequenceState s = take_state(r, prompt, &p);
+  ASSERT_EQ(p, 32);
+  const auto* db = dynamic_cast<const KvBlock*>(s.kv.prefix().get());
+  ASSERT_TRUE(db);
+  const KvSegment* donor_seg = db->pieces()[0].seg.get();
+  extend(s, prompt, p);
+  const float* tail_k0 = s.kv.k_row(0, 32);
+  ASSERT_TRUE(r.put(prompt, std::move(s), "base").is_ok());
+  std::shared_ptr<const Entry> e = r.find_exact(prompt, "base");
+  ASSERT_TRUE(e);
+  const auto& pieces = e->kv->pieces();
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[1].seg->k[0], tail_k0);  // the KvCache's own rows, moved, not copied
+  EXPECT_EQ(pieces[1].start, 32);
+  // The first piece is the donor's segment, shared by reference (the donor entry itself was
+  // superseded by this put; its segment lives on in the extended entry).
+  EXPECT_EQ(pieces[0].seg.get(), donor_seg);
+  EXPECT_EQ(r.stats().entries, 1u);
+  EXPECT_TRUE(testing::prefix_matches(*e->kv, prompt, 40));
+  // A multi-piece block still honours the contiguous KvPrefix contract (consolidated once).
+  const float* k0 = e->kv->k(0);
+  EXPECT_EQ(0, std::memcmp(k0 + 32 * kLayout.row_floats(), tail_k0, 8 * kLayout.row_floats() * 4));
+}
+
 TEST(RamTier, PutValidatesBeforeTakingOwnership) {
   RamTier r(kBig);
   SequenceState s = prefilled(seq(1, 10));
