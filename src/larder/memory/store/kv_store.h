@@ -8,6 +8,12 @@
 //   store->put(forwarded_ids, std::move(s), ns);            // after EOS/stop/cancel, not on error
 //   store->flush();                                         // SIGTERM / POST /admin/kv/flush
 //
+// Engine-loop duties: set_engine_busy(true/false) around running rows (the SSD writer's idle
+// gate); when fully idle call write_behind() (snapshots of new entries) and, every few seconds,
+// demote_idle(--ssd-demote-idle); after a take, when live memory is over budget, call
+// relieve_pressure(over_budget). stats() feeds /stats (stats_json) and /metrics
+// (stats_prometheus); every TakeResult carries its CacheReport for x-larder-cache and logs.
+//
 // Threads: one engine thread owns the store and calls every method, stats() included (the
 // server asks the engine for a copy through its queue; system.md §4). The SSD writer thread
 // (inside SpillQueue) runs the startup scan and drains the write-behind queue; all cross-thread
