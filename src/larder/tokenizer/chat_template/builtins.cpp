@@ -81,11 +81,26 @@ int64_t to_index(const Value& v, const char* what) {
   return v.as_int();
 }
 
+// Sizes are also charged to the step budget, so repeating large operations cannot run for long
+// without tripping the limit either.
+static void charge(const Interpreter& in, size_t units) {
+  auto& mut = const_cast<Interpreter&>(in);
+  mut.steps += units;
+  if (mut.steps > mut.limits.max_steps) throw_error(TemplateError::Kind::kLimit, "template evaluation step limit exceeded");
+}
+
 void check_size(const Interpreter& in, size_t n) {
-  if (n > in.limits.max_sequence) throw_error(TemplateError::Kind::kLimit, "value too large");
+  charge(in, n / 64);
+  if (n > in.limits.max_string_bytes) throw_error(TemplateError::Kind::kLimit, strfmt("string longer than %zu bytes", in.limits.max_string_bytes));
+}
+void check_items(const Interpreter& in, size_t n) {
+  charge(in, 1);
+  if (n > in.limits.max_items) throw_error(TemplateError::Kind::kLimit, strfmt("sequence longer than %zu items", in.limits.max_items));
 }
 
 List Interpreter::iterate(const Value& v) {
+  if (v.is_list()) charge(*this, v.as_list().size() / 8);
+  if (v.is_string()) charge(*this, v.as_string().size() / 8);
   switch (v.type()) {
     case Value::Type::kUndefined: return {};  // jinja2's Undefined iterates as empty
     case Value::Type::kList: return v.as_list();
@@ -144,7 +159,7 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
     }
     if (a.is_list_or_tuple() && b.is_list_or_tuple() && a.is_tuple() == b.is_tuple()) {
       List l = a.as_list();
-      check_size(*this, l.size() + b.as_list().size());
+      check_items(*this, l.size() + b.as_list().size());
       l.insert(l.end(), b.as_list().begin(), b.as_list().end());
       return Value::list(std::move(l), a.is_tuple());
     }
@@ -162,7 +177,7 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
         for (int64_t i = 0; i < n; ++i) s += seq.as_string();
         return Value::string(std::move(s), seq.is_markup());
       }
-      check_size(*this, seq.as_list().size() * static_cast<size_t>(n));
+      check_items(*this, seq.as_list().size() * static_cast<size_t>(n));
       List l;
       for (int64_t i = 0; i < n; ++i) l.insert(l.end(), seq.as_list().begin(), seq.as_list().end());
       return Value::list(std::move(l), seq.is_tuple());
@@ -513,7 +528,7 @@ void Interpreter::install_globals(Frame& g) {
     List out;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
       out.push_back(Value::integer(i));
-      check_size(in, out.size());
+      check_items(in, out.size());
     }
     std::string repr = args.size() == 1 ? strfmt("range(0, %lld)", static_cast<long long>(stop))
                        : step == 1 ? strfmt("range(%lld, %lld)", static_cast<long long>(start), static_cast<long long>(stop))

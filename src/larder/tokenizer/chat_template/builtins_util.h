@@ -24,7 +24,8 @@ struct ArgBinder {
 
 Value make_builtin(std::string name, std::function<Value(Interpreter&, std::vector<Value>&, Kwargs&)> fn);
 int64_t to_index(const Value& v, const char* what);
-void check_size(const Interpreter& in, size_t n);
+void check_size(const Interpreter& in, size_t n);   // string bytes
+void check_items(const Interpreter& in, size_t n);  // list items
 int py_compare(const Value& a, const Value& b);  // -1/0/1 (2 = unordered NaN); TypeError across types
 
 // methods.cpp

@@ -96,6 +96,7 @@ Result<std::string> Template::render(const nlohmann::ordered_json& context, cons
   in.name = name_;
   in.limits.max_output_bytes = opts.max_output_bytes;
   in.limits.max_call_depth = opts.max_call_depth;
+  in.limits.max_steps = opts.max_steps;
   in.now = opts.now ? opts.now : env_clock();
   in.program = body;
   auto globals = std::make_shared<Frame>();

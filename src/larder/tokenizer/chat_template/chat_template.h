@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <ctime>
 #include <memory>
 #include <optional>
@@ -32,6 +33,7 @@ struct RenderOptions {
   std::optional<std::tm> now;
   size_t max_output_bytes = 64u << 20;
   int max_call_depth = 200;  // macro recursion
+  uint64_t max_steps = 20'000'000;  // evaluation budget (statements, expressions, loop turns, bytes/64)
 };
 
 class Template {

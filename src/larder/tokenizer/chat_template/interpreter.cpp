@@ -115,6 +115,7 @@ Interpreter::Flow Interpreter::exec_stmt(const Node& n, const FramePtr& f) {
       Value loop_value = Value::loop(state);
       const List& list = *state->items;
       for (size_t i = 0; i < list.size(); ++i) {
+        if (++steps > limits.max_steps) throw_error(TemplateError::Kind::kLimit, "template evaluation step limit exceeded");
         state->index0 = static_cast<int64_t>(i);
         auto iter_frame = std::make_shared<Frame>(f);
         assign_targets(*this, *iter_frame, n.names, list[i]);
@@ -439,7 +440,7 @@ Value Interpreter::eval(const Node& n, const FramePtr& f) {
       std::string s;
       for (const auto& a : n.args) {
         s += eval(*a, f).str();
-        if (s.size() > limits.max_sequence) throw_error(TemplateError::Kind::kLimit, "string too long");
+        if (s.size() > limits.max_string_bytes) throw_error(TemplateError::Kind::kLimit, "string too long");
       }
       return Value::string(std::move(s));
     }

@@ -30,8 +30,9 @@ using FramePtr = std::shared_ptr<Frame>;
 struct Limits {
   size_t max_output_bytes = 64u << 20;
   int max_call_depth = 200;  // macro recursion (Python's recursion limit stops jinja2 earlier)
-  uint64_t max_steps = 50'000'000;
-  size_t max_sequence = 10'000'000;  // elements/bytes a single value may have
+  uint64_t max_steps = 20'000'000;  // real templates need well under 1M
+  size_t max_string_bytes = 64u << 20;  // any single string value
+  size_t max_items = 1'000'000;         // any single list (range(), list * n, ...)
 };
 
 struct Interpreter {

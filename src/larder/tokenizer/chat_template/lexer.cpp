@@ -139,8 +139,9 @@ class Lexer {
     return static_cast<int>(lo) + 1;
   }
   int col_at(size_t p) {
-    size_t nl = p == 0 ? std::string::npos : s_.rfind('\n', p - 1);
-    return static_cast<int>(nl == std::string::npos ? p + 1 : p - nl);
+    int line = line_at(p);  // binary search; a backwards scan would be quadratic on long lines
+    if (line == 1) return static_cast<int>(p + 1);
+    return static_cast<int>(p - nl_[static_cast<size_t>(line) - 2]);
   }
   [[noreturn]] void fail(size_t p, const std::string& msg) {
     throw_error(TemplateError::Kind::kSyntax, strfmt("%d:%d: %s", line_at(p), col_at(p), msg.c_str()), line_at(p));

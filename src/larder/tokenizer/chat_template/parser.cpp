@@ -11,7 +11,10 @@
 namespace larder::chat_template {
 namespace {
 
-constexpr int kMaxNesting = 200;  // expression/block nesting; deeper input is rejected, not crashed on
+// Nesting bound for blocks and expressions. Every chained operation (a.b.c, x|f|g, a + b + c)
+// counts as one level too, so the syntax tree — and the interpreter's recursion over it — stays
+// shallow enough for any thread stack, whatever the input.
+constexpr int kMaxNesting = 300;
 
 class Parser {
  public:
@@ -29,7 +32,19 @@ class Parser {
   int depth_ = 0;
   int loop_depth_ = 0;
   std::vector<Node*> macro_stack_;
-  std::vector<std::string> open_blocks_;
+  std::vector<std::pair<std::string, int>> open_blocks_;  // (tag, line) of unclosed blocks
+
+  // Counts the links of a left-leaning chain built in a loop; released when the chain is done.
+  struct ChainGuard {
+    Parser* p;
+    int n = 0;
+    explicit ChainGuard(Parser* pp) : p(pp) {}
+    void link() {
+      ++n;
+      if (++p->depth_ > kMaxNesting) p->fail(p->cur(), "template nesting too deep");
+    }
+    ~ChainGuard() { p->depth_ -= n; }
+  };
 
   struct DepthGuard {
     Parser* p;
@@ -99,8 +114,9 @@ class Parser {
         if (!ends.empty()) {
           std::string want;
           for (const auto& e : ends) want += (want.empty() ? "'" : " or '") + e + "'";
-          fail(t, "unexpected end of template; looking for " + want + " to close '" +
-                      (open_blocks_.empty() ? std::string("?") : open_blocks_.back()) + "'");
+          std::string what = open_blocks_.empty() ? std::string("block")
+                                                  : strfmt("'%s' opened at line %d", open_blocks_.back().first.c_str(), open_blocks_.back().second);
+          fail(t, "unexpected end of template: " + what + " is not closed (looking for " + want + ")");
         }
         return body;
       }
@@ -151,7 +167,7 @@ class Parser {
       advance();
       expect_block_end();
       auto n = make_node(NodeKind::kGeneration, line);
-      open_blocks_.push_back("generation");
+      open_blocks_.push_back({"generation", n->line});
       body_until(n->body, {"endgeneration"});
       open_blocks_.pop_back();
       expect_block_end();
@@ -191,7 +207,7 @@ class Parser {
     if (is_name("recursive")) unsupported(cur(), "recursive for loops are not supported");
     expect_block_end();
     ++loop_depth_;
-    open_blocks_.push_back("for");
+    open_blocks_.push_back({"for", n->line});
     std::string which = body_until(n->body, {"endfor", "else"});
     --loop_depth_;
     if (which == "else") {
@@ -206,7 +222,7 @@ class Parser {
   NodePtr parse_if() {
     auto n = make_node(NodeKind::kIf, cur().line);
     advance();
-    open_blocks_.push_back("if");
+    open_blocks_.push_back({"if", n->line});
     while (true) {
       NodePtr cond = parse_tuple(false, {}, false);
       expect_block_end();
@@ -251,7 +267,7 @@ class Parser {
     n->names = names;
     while (skip_op("|")) n->args.push_back(parse_filter_head(nullptr));
     expect_block_end();
-    open_blocks_.push_back("set");
+    open_blocks_.push_back({"set", n->line});
     body_until(n->body, {"endset"});
     open_blocks_.pop_back();
     expect_block_end();
@@ -280,7 +296,7 @@ class Parser {
     int saved_loops = loop_depth_;
     loop_depth_ = 0;
     macro_stack_.push_back(n.get());
-    open_blocks_.push_back("macro");
+    open_blocks_.push_back({"macro", n->line});
     body_until(n->body, {"endmacro"});
     open_blocks_.pop_back();
     macro_stack_.pop_back();
@@ -301,7 +317,7 @@ class Parser {
     int saved_loops = loop_depth_;
     loop_depth_ = 0;
     macro_stack_.push_back(n.get());
-    open_blocks_.push_back("call");
+    open_blocks_.push_back({"call", n->line});
     body_until(n->body, {"endcall"});
     open_blocks_.pop_back();
     macro_stack_.pop_back();
@@ -316,7 +332,7 @@ class Parser {
     n->args.push_back(parse_filter_head(nullptr));
     while (skip_op("|")) n->args.push_back(parse_filter_head(nullptr));
     expect_block_end();
-    open_blocks_.push_back("filter");
+    open_blocks_.push_back({"filter", n->line});
     body_until(n->body, {"endfilter"});
     open_blocks_.pop_back();
     expect_block_end();
@@ -333,7 +349,7 @@ class Parser {
       n->kwargs.emplace_back(name, parse_expression(true));
     }
     expect_block_end();
-    open_blocks_.push_back("with");
+    open_blocks_.push_back({"with", n->line});
     body_until(n->body, {"endwith"});
     open_blocks_.pop_back();
     expect_block_end();
@@ -376,8 +392,10 @@ class Parser {
   }
 
   NodePtr parse_condexpr() {
+    ChainGuard chain(this);
     NodePtr e1 = parse_or();
     while (is_name("if")) {
+      chain.link();
       int line = cur().line;
       advance();
       NodePtr cond = parse_or();
@@ -392,8 +410,10 @@ class Parser {
   }
 
   NodePtr parse_or() {
+    ChainGuard chain(this);
     NodePtr l = parse_and();
     while (is_name("or")) {
+      chain.link();
       auto n = make_node(NodeKind::kOr, cur().line);
       advance();
       n->args = {l, parse_and()};
@@ -402,8 +422,10 @@ class Parser {
     return l;
   }
   NodePtr parse_and() {
+    ChainGuard chain(this);
     NodePtr l = parse_not();
     while (is_name("and")) {
+      chain.link();
       auto n = make_node(NodeKind::kAnd, cur().line);
       advance();
       n->args = {l, parse_not()};
@@ -459,8 +481,10 @@ class Parser {
     return n;
   }
   NodePtr parse_math1() {
+    ChainGuard chain(this);
     NodePtr l = parse_concat();
     while (is_op("+") || is_op("-")) {
+      chain.link();
       std::string op = cur().text;
       int line = cur().line;
       advance();
@@ -478,8 +502,10 @@ class Parser {
     return n;
   }
   NodePtr parse_math2() {
+    ChainGuard chain(this);
     NodePtr l = parse_pow();
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      chain.link();
       std::string op = cur().text;
       int line = cur().line;
       advance();
@@ -488,8 +514,10 @@ class Parser {
     return l;
   }
   NodePtr parse_pow() {
+    ChainGuard chain(this);
     NodePtr l = parse_unary(true);
     while (is_op("**")) {
+      chain.link();
       int line = cur().line;
       advance();
       l = binary("**", l, parse_unary(true), line);
@@ -596,8 +624,10 @@ class Parser {
   }
 
   NodePtr parse_postfix(NodePtr node) {
+    ChainGuard chain(this);
     while (true) {
       int line = cur().line;
+      if (is_op(".") || is_op("[") || is_op("(")) chain.link();
       if (is_op(".")) {
         advance();
         if (cur().type == Tok::kName) {
@@ -721,7 +751,9 @@ class Parser {
   }
 
   NodePtr parse_filter_expr(NodePtr node) {
+    ChainGuard chain(this);
     while (true) {
+      if (is_op("|") || is_name("is") || is_op("(")) chain.link();
       if (is_op("|")) {
         advance();
         node = parse_filter_head(node);
