@@ -231,6 +231,10 @@ def synth_ggufs(hf_root, out_dir):
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
     write("llama3-bpe", "gpt2", toks, types, merges=merges, pre="llama-bpe", bos=128000, eos=128001)
 
+    # Vocabularies larder must refuse with an "unsupported" error naming what it lacks.
+    write("unsupported-t5", "t5", ["<pad>", "</s>", "<unk>", "\u2581a"], [3, 3, 2, 1], scores=[0.0, 0.0, 0.0, -1.0])
+    write("unsupported-pre", "gpt2", ["a", "b", "ab"], [1, 1, 1], merges=["a b"], pre="no-such-pre")
+
 
 def main():
     ap = argparse.ArgumentParser()

@@ -815,4 +815,88 @@ Result<std::unique_ptr<PreTokenizer>> make_regex_byte_level(const std::vector<st
   return std::unique_ptr<PreTokenizer>(new SequencePre(std::move(v)));
 }
 
+// ------------------------------------------------------------------ BERT (GGUF WordPiece)
+
+namespace {
+
+bool is_cjk(char32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+utf8proc_category_t cat(char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)); }
+
+// HF bert: whitespace is ' ', \t, \n, \r or category Zs; control is Cc/Cf/Cn/Co except those.
+bool bert_space(char32_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || cat(c) == UTF8PROC_CATEGORY_ZS; }
+bool bert_control(char32_t c) {
+  if (c == '\t' || c == '\n' || c == '\r') return false;
+  const auto k = cat(c);
+  return k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CN ||
+         k == UTF8PROC_CATEGORY_CO;
+}
+bool bert_punct(char32_t c) {
+  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126)) return true;
+  const auto k = cat(c);
+  return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
+}
+
+class BertNormalizer final : public Normalizer {
+ public:
+  std::string normalize(std::string s) const override {
+    std::string cleaned;
+    cleaned.reserve(s.size());
+    for (size_t i = 0; i < s.size();) {
+      const char32_t c = utf8::next_cp(s, i);
+      if (c == 0 || c == 0xFFFD || bert_control(c)) continue;
+      if (bert_space(c)) {
+        cleaned += ' ';
+      } else if (is_cjk(c)) {
+        cleaned += ' ';
+        utf8::append_cp(cleaned, c);
+        cleaned += ' ';
+      } else {
+        utf8::append_cp(cleaned, c);
+      }
+    }
+    const std::string nfd = UnicodeNormalizer(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE).normalize(std::move(cleaned));
+    std::string out;
+    out.reserve(nfd.size());
+    for (size_t i = 0; i < nfd.size();) {
+      const char32_t c = utf8::next_cp(nfd, i);
+      if (cat(c) == UTF8PROC_CATEGORY_MN) continue;  // strip accents
+      utf8::append_cp(out, c);
+    }
+    return LowercaseNormalizer().normalize(std::move(out));
+  }
+};
+
+class BertPre final : public PreTokenizer {
+ public:
+  void split(std::vector<std::string>& pieces, bool) const override {
+    std::vector<std::string> out;
+    for (const auto& p : pieces) {
+      std::string word;
+      for (size_t i = 0; i < p.size();) {
+        const size_t b = i;
+        const char32_t c = utf8::next_cp(p, i);
+        if (bert_space(c) || bert_punct(c)) {
+          if (!word.empty()) out.push_back(std::move(word));
+          word.clear();
+          if (!bert_space(c)) out.emplace_back(p.substr(b, i - b));
+        } else {
+          word.append(p, b, i - b);
+        }
+      }
+      if (!word.empty()) out.push_back(std::move(word));
+    }
+    pieces.swap(out);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Normalizer> make_bert_normalizer() { return std::make_unique<BertNormalizer>(); }
+std::unique_ptr<PreTokenizer> make_bert_pre_tokenizer() { return std::make_unique<BertPre>(); }
+
 }  // namespace larder::tokenizer::detail

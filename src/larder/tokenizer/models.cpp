@@ -4,6 +4,7 @@
 // lazy invalidation of stale entries, so a piece of n characters costs O(n log n) whatever the
 // vocabulary: SentencePiece-style tokenizers (Llama 2, Gemma) hand the whole input to the model
 // as one piece, and a 100k-token prompt must not turn quadratic.
+#include <algorithm>
 #include <cstdio>
 #include <queue>
 
@@ -251,6 +252,50 @@ std::unique_ptr<Model> make_bpe(const StrIdMap& vocab,
 std::unique_ptr<Model> make_spm(const StrIdMap& vocab, const std::vector<float>& scores,
                                 std::optional<int32_t> unk_id) {
   return std::make_unique<SpmModel>(vocab, scores, unk_id);
+}
+
+namespace {
+
+// Greedy longest-match-first WordPiece over the GGUF form of a BERT vocabulary.
+class WpmModel final : public Model {
+ public:
+  WpmModel(const StrIdMap& vocab, std::optional<int32_t> unk) : vocab_(vocab), unk_(unk) {
+    for (const auto& [s, id] : vocab_) max_len_ = std::max(max_len_, s.size());
+  }
+  void tokenize(std::string_view w, std::vector<int32_t>& out) const override {
+    if (w.empty()) return;
+    // HF WordPiece: a word longer than max_input_chars_per_word (100) is one unknown token.
+    size_t chars = 0;
+    for (unsigned char c : w) chars += (c & 0xC0) != 0x80;
+    const size_t mark = out.size();
+    if (chars <= 100) {
+      const std::string word = "\xE2\x96\x81" + std::string(w);
+      for (size_t i = 0; i < word.size();) {
+        size_t j = std::min(word.size(), i + max_len_);
+        std::optional<int32_t> id;
+        for (; j > i; --j)
+          if ((id = lookup(vocab_, std::string_view(word).substr(i, j - i)))) break;
+        if (!id) {
+          out.resize(mark);  // no segmentation: the whole word is unknown
+          break;
+        }
+        out.push_back(*id);
+        i = j;
+      }
+    }
+    if (out.size() == mark && unk_) out.push_back(*unk_);
+  }
+
+ private:
+  const StrIdMap& vocab_;
+  std::optional<int32_t> unk_;
+  size_t max_len_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_wpm(const StrIdMap& vocab, std::optional<int32_t> unk_id) {
+  return std::make_unique<WpmModel>(vocab, unk_id);
 }
 
 }  // namespace larder::tokenizer::detail

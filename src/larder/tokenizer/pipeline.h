@@ -200,6 +200,12 @@ Result<std::unique_ptr<Decoder>> build_decoder(const nlohmann::json& j, const st
 std::unique_ptr<Normalizer> make_spm_normalizer(bool add_space_prefix);
 std::unique_ptr<Decoder> make_spm_decoder(bool strip_leading_space);
 std::unique_ptr<Decoder> make_byte_level_decoder();
+// BERT (WordPiece) as GGUF stores it, where word-initial pieces carry U+2581 and continuation
+// pieces have no "##": HF BertNormalizer (clean text, pad CJK, strip accents, lowercase) and
+// BertPreTokenizer (split on whitespace, isolate punctuation), then greedy longest match.
+std::unique_ptr<Normalizer> make_bert_normalizer();
+std::unique_ptr<PreTokenizer> make_bert_pre_tokenizer();
+std::unique_ptr<Model> make_wpm(const StrIdMap& vocab, std::optional<int32_t> unk_id);
 // Regex splits in sequence (each Isolated), then byte-level mapping without its own regex.
 Result<std::unique_ptr<PreTokenizer>> make_regex_byte_level(const std::vector<std::string>& regexes);
 

@@ -689,10 +689,10 @@ Result<std::unique_ptr<Impl>> load_gguf(const formats::GgufFile& g) {
   t->source = "gguf:" + g.path();
   const std::string model = g.get_string("tokenizer.ggml.model").value_or("");
   if (model.empty()) return not_found(what + ": no tokenizer.ggml.model (the file carries no vocabulary)");
-  if (model != "llama" && model != "gpt2") {
-    const char* kind = model == "bert" ? " (WordPiece)" : model == "t5" ? " (Unigram)" : "";
+  if (model != "llama" && model != "gpt2" && model != "bert") {
+    const char* kind = model == "t5" ? " (Unigram)" : model == "rwkv" ? " (RWKV trie)" : "";
     return unsupported(what + ": unsupported GGUF tokenizer model '" + model + "'" + kind +
-                       "; supported: llama (SPM), gpt2 (BPE)");
+                       "; supported: llama (SPM), gpt2 (BPE), bert (WordPiece)");
   }
   const formats::GgufValue* toks = g.find("tokenizer.ggml.tokens");
   if (!toks || !toks->is_array() || toks->strs.empty()) return corrupt(what + ": tokenizer.ggml.tokens missing or empty");
@@ -724,6 +724,11 @@ Result<std::unique_ptr<Impl>> load_gguf(const formats::GgufFile& g) {
     t->normalizer = make_spm_normalizer(add_space_prefix);
     t->decoder = make_spm_decoder(add_space_prefix);
     add_bos = true;
+  } else if (model == "bert") {
+    t->model = make_wpm(t->model_vocab, unk);
+    t->normalizer = make_bert_normalizer();
+    t->pre_tokenizer = make_bert_pre_tokenizer();
+    t->decoder = make_spm_decoder(true);  // word starts carry U+2581: same text rules as SPM
   } else {
     const std::string pre = g.get_string("tokenizer.ggml.pre").value_or("default");
     auto spec = pre_spec(pre);
@@ -774,9 +779,25 @@ Result<std::unique_ptr<Impl>> load_gguf(const formats::GgufFile& g) {
     if (id && types[*id] == kControl) push_unique(t->eos, *id);
   }
   if (!t->eos.empty()) t->eos_str = tokens[t->eos[0]];
-  if (add_bos && t->bos) t->post.prefix.push_back(*t->bos);
-  if (add_eos) {
-    if (auto e = valid_id("tokenizer.ggml.eos_token_id")) t->post.suffix.push_back(*e);
+  if (model == "bert") {
+    // BERT wraps the sequence as [CLS] ... [SEP].
+    const auto cls = valid_id("tokenizer.ggml.cls_token_id");
+    const auto sep = valid_id("tokenizer.ggml.seperator_token_id");
+    if (!t->bos && cls) {
+      t->bos = cls;
+      t->bos_str = tokens[*cls];
+    }
+    if (gguf_bool(g, "tokenizer.ggml.add_bos_token").value_or(true) && cls) t->post.prefix.push_back(*cls);
+    if (gguf_bool(g, "tokenizer.ggml.add_sep_token").value_or(true) && sep) t->post.suffix.push_back(*sep);
+    if (t->eos.empty() && sep) {
+      t->eos.push_back(*sep);
+      t->eos_str = tokens[*sep];
+    }
+  } else {
+    if (add_bos && t->bos) t->post.prefix.push_back(*t->bos);
+    if (add_eos) {
+      if (auto e = valid_id("tokenizer.ggml.eos_token_id")) t->post.suffix.push_back(*e);
+    }
   }
   return t;
 }

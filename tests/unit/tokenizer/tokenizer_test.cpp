@@ -336,14 +336,6 @@ TEST_P(TokenizerVocabVectors, MatchExpectedIds) {
   } else {
     tok = Tokenizer::from_hf_dir(kShared + "/tokenizers/hf/" + vf.hf);
   }
-  if (vf.name == "bert-bge") {
-    // WordPiece (BERT) vocabularies are not supported: loading must say so, not pass quietly.
-    ASSERT_FALSE(tok.is_ok());
-    EXPECT_EQ(tok.status().code(), StatusCode::kUnsupported) << tok.status().to_string();
-    EXPECT_NE(tok.status().message().find("bert"), std::string::npos) << tok.status().to_string();
-    std::printf("[tokenizer] vectors %s: UNSUPPORTED (%s)\n", vf.name.c_str(), tok.status().to_string().c_str());
-    return;
-  }
   ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
   std::vector<std::string> texts;
   std::vector<std::vector<int32_t>> want;
@@ -667,13 +659,19 @@ TEST(TokenizerErrors, UnsupportedComponentsAreNamed) {
   EXPECT_EQ(check_stream(**r, {2, 1, 0}, false, "ab b a"), "");
 }
 
+// Synthesized by the fixture: a Unigram (T5) vocabulary and a BPE one with an unknown
+// pre-tokenizer name. Both must be refused as unsupported, naming what is missing.
 TEST(TokenizerErrors, UnsupportedGgufVocab) {
-  auto g = open_gguf(kShared + "/tokenizers/ggml-vocab-bert-bge.gguf");
-  ASSERT_TRUE(g.is_ok());
-  auto t = Tokenizer::from_gguf(**g);
-  ASSERT_FALSE(t.is_ok());
-  EXPECT_EQ(t.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(t.status().message().find("WordPiece"), std::string::npos) << t.status().message();
+  for (const auto& [file, name] : {std::pair<std::string, std::string>{"unsupported-t5", "'t5'"},
+                                   std::pair<std::string, std::string>{"unsupported-pre", "'no-such-pre'"}}) {
+    auto g = formats::GgufFile::open(kGolden + "/gguf/" + file + ".gguf");
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    auto t = Tokenizer::from_gguf(**g);
+    ASSERT_FALSE(t.is_ok()) << file;
+    EXPECT_EQ(t.status().code(), StatusCode::kUnsupported) << t.status().to_string();
+    EXPECT_NE(t.status().message().find(name), std::string::npos) << t.status().message();
+    EXPECT_EQ(t.status().message().rfind("[tokenizer] ", 0), 0u) << t.status().message();
+  }
 }
 
 }  // namespace
