@@ -1,3 +1,38 @@
-// larder — command-line entry point. Verbs live in tools/larder/cmd_*.cpp.
+// larder — command-line entry point. Each verb lives in its own cmd_<verb>.cpp.
 #include <cstdio>
-int main() { std::puts("larder"); return 0; }
+#include <map>
+
+#include "verbs.h"
+
+namespace larder::cli {
+
+int report(const Status& st) {
+  std::fprintf(stderr, "larder: %s\n", st.message().c_str());
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument: return 2;
+    case StatusCode::kNotFound: return 3;
+    default: return 1;
+  }
+}
+
+}  // namespace larder::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"larder — LLM inference engine and server for Linux CPUs"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "larder 0.1.0");
+  std::map<std::string, larder::cli::VerbMain> verbs;
+  verbs["generate"] = larder::cli::add_generate(app);
+  verbs["tokenize"] = larder::cli::add_tokenize(app);
+  verbs["info"] = larder::cli::add_info(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (auto* sub : app.get_subcommands()) {
+    auto it = verbs.find(sub->get_name());
+    if (it != verbs.end()) return it->second();
+  }
+  return 2;
+}

@@ -1,0 +1,110 @@
+#include "larder/runtime/loaded_model.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace larder::runtime {
+
+using nlohmann::ordered_json;
+
+namespace {
+
+void add_ids(const ordered_json& j, std::vector<int32_t>* out) {
+  if (j.is_number_integer()) out->push_back(j.get<int32_t>());
+  if (j.is_array()) {
+    for (const auto& e : j) {
+      if (e.is_number_integer()) out->push_back(e.get<int32_t>());
+    }
+  }
+}
+
+void add_unique(std::vector<int32_t>* v, int32_t id) {
+  if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(id);
+}
+
+GenerationDefaults make_defaults(const LoadedModel& m) {
+  GenerationDefaults d;
+  const ordered_json& gc = m.files.generation_config;
+  if (gc.is_object()) {
+    // HF semantics: sampling parameters apply only when do_sample is true; otherwise greedy.
+    if (gc.value("do_sample", false)) {
+      if (gc.contains("temperature") && gc["temperature"].is_number()) d.sampling.temperature = gc["temperature"].get<float>();
+      else d.sampling.temperature = 1.0f;
+      if (gc.contains("top_p") && gc["top_p"].is_number()) d.sampling.top_p = gc["top_p"].get<float>();
+      if (gc.contains("top_k") && gc["top_k"].is_number_integer()) d.sampling.top_k = gc["top_k"].get<int>();
+      if (gc.contains("min_p") && gc["min_p"].is_number()) d.sampling.min_p = gc["min_p"].get<float>();
+    }
+    if (gc.contains("repetition_penalty") && gc["repetition_penalty"].is_number())
+      d.sampling.repetition_penalty = gc["repetition_penalty"].get<float>();
+    if (gc.contains("eos_token_id")) add_ids(gc["eos_token_id"], &d.eos_ids);
+  }
+  if (m.files.config.is_object() && m.files.config.contains("eos_token_id")) {
+    std::vector<int32_t> ids;
+    add_ids(m.files.config["eos_token_id"], &ids);
+    for (int32_t id : ids) add_unique(&d.eos_ids, id);
+  }
+  if (m.model) {
+    for (int32_t id : m.model->info().eos_ids) add_unique(&d.eos_ids, id);
+  }
+  if (m.tokenizer) {
+    for (int32_t id : m.tokenizer->eos_ids()) add_unique(&d.eos_ids, id);
+  }
+  return d;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& opts) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto lm = std::make_unique<LoadedModel>();
+  formats::OpenOptions fo;
+  fo.weights = opts.weights;
+  LARDER_ASSIGN_OR_RETURN(lm->files, formats::open_model_files(path, fo));
+  const formats::ModelFiles& f = lm->files;
+
+  if (f.gguf) {
+    LARDER_ASSIGN_OR_RETURN(lm->tokenizer, tokenizer::Tokenizer::from_gguf(*f.gguf));
+  } else if (!f.tokenizer_json_path.empty()) {
+    LARDER_ASSIGN_OR_RETURN(lm->tokenizer, tokenizer::Tokenizer::from_hf_dir(f.path));
+  } else {
+    return not_found(strfmt("[model] %s: no tokenizer.json (and not a GGUF file)", f.path.c_str()));
+  }
+  if (f.has_chat_template()) {
+    LARDER_ASSIGN_OR_RETURN(auto t, chat_template::Template::parse(f.chat_template, f.path + " chat template"));
+    lm->chat_template = std::move(t);
+  }
+  if (opts.weights) {
+    LARDER_ASSIGN_OR_RETURN(lm->model, models::Model::load(f));
+    const int64_t vocab = lm->model->info().vocab;
+    if (lm->tokenizer->vocab_size() > vocab) {
+      return incompatible(strfmt("[model] %s: tokenizer has %d tokens but the model's vocabulary is %lld",
+                                 f.path.c_str(), lm->tokenizer->vocab_size(), static_cast<long long>(vocab)));
+    }
+  }
+  lm->defaults = make_defaults(*lm);
+  lm->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return lm;
+}
+
+Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector<ChatMessage>& messages,
+                                         bool add_generation_prompt, std::string* rendered) {
+  if (!m.chat_template) {
+    return invalid_argument(strfmt("[chat] %s has no chat template (tokenizer_config.json chat_template, "
+                                   "chat_template.jinja or GGUF tokenizer.chat_template)",
+                                   m.files.path.c_str()));
+  }
+  ordered_json msgs = ordered_json::array();
+  for (const auto& msg : messages) msgs.push_back({{"role", msg.role}, {"content", msg.content}});
+  chat_template::ChatRenderOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.bos_token = m.tokenizer->bos_token();
+  o.eos_token = m.tokenizer->eos_token();
+  LARDER_ASSIGN_OR_RETURN(std::string text, chat_template::render_chat(*m.chat_template, msgs, o));
+  // As HF apply_chat_template(tokenize=True) and mlx-lm do: the template writes every special
+  // token it wants (BOS included), so encoding adds none — which also rules out a double BOS.
+  std::vector<int32_t> ids = m.tokenizer->encode(text, /*add_special=*/false);
+  if (rendered) *rendered = std::move(text);
+  return ids;
+}
+
+}  // namespace larder::runtime

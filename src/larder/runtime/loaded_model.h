@@ -1,0 +1,54 @@
+// loaded_model.h — everything needed to serve one model, loaded once: the mapped files, the
+// weights bound to an architecture, the tokenizer, the chat template and the generation
+// defaults from generation_config.json. Shared by the CLI verbs and the server.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "larder/core/status.h"
+#include "larder/formats/model_files.h"
+#include "larder/models/model.h"
+#include "larder/runtime/sampler.h"
+#include "larder/tokenizer/chat_template/chat_template.h"
+#include "larder/tokenizer/tokenizer.h"
+
+namespace larder::runtime {
+
+struct LoadOptions {
+  bool weights = true;  // false: tokenizer + template only (`larder tokenize`)
+};
+
+// Defaults a request starts from (generation_config.json, then the tokenizer), before flags or
+// request fields override them.
+struct GenerationDefaults {
+  SamplingParams sampling;            // greedy unless generation_config says do_sample
+  std::vector<int32_t> eos_ids;       // config eos_token_id ∪ generation_config ∪ tokenizer eos
+  int64_t max_new_tokens = 256;
+};
+
+struct LoadedModel {
+  formats::ModelFiles files;
+  std::unique_ptr<models::Model> model;           // null when loaded without weights
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::optional<chat_template::Template> chat_template;  // absent when the model has none
+  GenerationDefaults defaults;
+  double load_seconds = 0;
+};
+
+Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& opts = {});
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+// Renders messages with the model's own template and tokenizes the result the way HF
+// `apply_chat_template(tokenize=True)` does: the template writes the special tokens, encoding
+// adds none.
+Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector<ChatMessage>& messages,
+                                         bool add_generation_prompt, std::string* rendered = nullptr);
+
+}  // namespace larder::runtime

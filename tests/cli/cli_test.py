@@ -1,0 +1,131 @@
+"""Black-box tests of the larder CLI: generate / tokenize / info on real files, and every class
+of bad input (missing, truncated, lying or foreign files, bad flags, over-long prompts) giving one
+clear message naming the problem and a non-zero exit — never a crash, hang or garbage."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import unittest
+
+BIN = os.environ["LARDER_BIN"]
+SHARED = os.environ["LARDER_SHARED_DIR"]
+STORIES = os.path.join(SHARED, "models/stories260K/stories260K.gguf")
+
+
+def run(*args, timeout=120):
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout,
+                       errors="replace")
+    return p.returncode, p.stdout, p.stderr
+
+
+class BadInputTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="larder_cli_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def assertCleanFailure(self, args, *needles):
+        code, out, err = run(*args)
+        self.assertNotEqual(code, 0, f"{args} should fail; stderr: {err}")
+        self.assertGreater(code, 0, f"{args} died by a signal ({code}); stderr: {err}")
+        self.assertLess(code, 64, f"{args}: exit {code} looks like a crash; stderr: {err}")
+        self.assertEqual(out, "", "nothing may be printed to stdout on failure")
+        for n in needles:
+            self.assertIn(n, err, f"{args}: message should mention {n!r}; got: {err}")
+        self.assertNotIn("terminate called", err)
+        return err
+
+    def test_missing_model(self):
+        self.assertCleanFailure(["generate", os.path.join(self.tmp, "nope.gguf"), "--prompt", "x"], "nope.gguf")
+
+    def test_truncated_gguf(self):
+        data = open(STORIES, "rb").read()
+        for cut in (4, 100, 5000, len(data) // 2, len(data) - 10):
+            path = os.path.join(self.tmp, f"cut{cut}.gguf")
+            with open(path, "wb") as f:
+                f.write(data[:cut])
+            self.assertCleanFailure(["generate", path, "--prompt", "x"], path)
+
+    def test_not_a_gguf(self):
+        path = os.path.join(self.tmp, "x.gguf")
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 this is a zip file" * 10)
+        self.assertCleanFailure(["info", path], "not a GGUF")
+
+    def test_directory_without_config(self):
+        self.assertCleanFailure(["info", self.tmp], "config.json")
+
+    def test_unknown_flag_is_an_error(self):
+        code, out, err = run("generate", STORIES, "--prompt", "x", "--tempurature", "1")
+        self.assertNotEqual(code, 0)
+        self.assertIn("tempurature", err)
+
+    def test_bad_flag_value(self):
+        code, out, err = run("generate", STORIES, "--prompt", "x", "-n", "lots")
+        self.assertNotEqual(code, 0)
+        self.assertIn("lots", err)
+
+    def test_prompt_longer_than_context(self):
+        err = self.assertCleanFailure(["generate", STORIES, "--prompt", "Once upon a time " * 200, "--ctx", "64"],
+                                      "context")
+
+    def test_hf_dir_with_lying_safetensors(self):
+        d = os.path.join(self.tmp, "model")
+        os.makedirs(d)
+        shutil.copy(os.path.join(SHARED, "tokenizers/hf/llama2/tokenizer.json"), d)
+        json.dump({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                   "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+                   "num_key_value_heads": 4, "vocab_size": 32000, "rms_norm_eps": 1e-5,
+                   "max_position_embeddings": 128}, open(os.path.join(d, "config.json"), "w"))
+        header = json.dumps({"model.embed_tokens.weight": {"dtype": "F32", "shape": [32000, 64],
+                                                            "data_offsets": [0, 32000 * 64 * 4]}}).encode()
+        with open(os.path.join(d, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header + b"\0" * 1000)
+        self.assertCleanFailure(["generate", d, "--prompt", "x"], "model.safetensors", "exceeds")
+
+    def test_unknown_architecture(self):
+        d = os.path.join(self.tmp, "model")
+        os.makedirs(d)
+        shutil.copy(os.path.join(SHARED, "tokenizers/hf/llama2/tokenizer.json"), d)
+        json.dump({"model_type": "frobnicator", "architectures": ["FrobForCausalLM"]},
+                  open(os.path.join(d, "config.json"), "w"))
+        header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+        with open(os.path.join(d, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+        self.assertCleanFailure(["info", d], "frobnicator")
+
+
+class TokenizeTest(unittest.TestCase):
+    def test_tokenizer_only_directory_matches_hf(self):
+        from tokenizers import Tokenizer
+        for name in ("llama3", "qwen3", "llama2"):
+            d = os.path.join(SHARED, "tokenizers/hf", name)
+            ref = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+            for text in ("Hello world", "  spaced\ttabs\n\nnewlines", "<|im_start|>user\nhi<|im_end|>", "数字 12345 😀"):
+                for special in (False, True):
+                    args = ["tokenize", d, "--text", text] + (["--add-special"] if special else [])
+                    code, out, err = run(*args)
+                    self.assertEqual(code, 0, err)
+                    self.assertEqual(json.loads(out), ref.encode(text, add_special_tokens=special).ids,
+                                     f"{name} {text!r} special={special}")
+
+    def test_gguf_stories(self):
+        code, out, err = run("tokenize", STORIES, "--text", "Once upon a time", "--add-special")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out), [1, 403, 407, 261, 378])  # published with the model (shared/README.md)
+
+
+class InfoTest(unittest.TestCase):
+    def test_info_stories(self):
+        code, out, err = run("info", STORIES)
+        self.assertEqual(code, 0, err)
+        self.assertIn("llama", out)
+        self.assertRegex(out, r"layers:\s+5")
+        self.assertRegex(out, r"vocab:\s+512")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,21 @@
+// verbs.h — each CLI verb registers its subcommand and options; main() runs the chosen one.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+#include "larder/core/status.h"
+
+namespace larder::cli {
+
+using VerbMain = std::function<int()>;
+
+VerbMain add_generate(CLI::App& app);
+VerbMain add_tokenize(CLI::App& app);
+VerbMain add_info(CLI::App& app);
+
+// Prints "larder: <message>" to stderr and returns the exit code for `st`.
+int report(const Status& st);
+
+}  // namespace larder::cli
