@@ -14,6 +14,11 @@ SHARED = os.environ["LARDER_SHARED_DIR"]
 STORIES = os.path.join(SHARED, "models/stories260K/stories260K.gguf")
 
 
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
 def run(*args, timeout=120):
     p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout,
                        errors="replace")
@@ -42,7 +47,8 @@ class BadInputTest(unittest.TestCase):
         self.assertCleanFailure(["generate", os.path.join(self.tmp, "nope.gguf"), "--prompt", "x"], "nope.gguf")
 
     def test_truncated_gguf(self):
-        data = open(STORIES, "rb").read()
+        with open(STORIES, "rb") as f:
+            data = f.read()
         for cut in (4, 100, 5000, len(data) // 2, len(data) - 10):
             path = os.path.join(self.tmp, f"cut{cut}.gguf")
             with open(path, "wb") as f:
@@ -76,10 +82,11 @@ class BadInputTest(unittest.TestCase):
         d = os.path.join(self.tmp, "model")
         os.makedirs(d)
         shutil.copy(os.path.join(SHARED, "tokenizers/hf/llama2/tokenizer.json"), d)
-        json.dump({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-                   "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
-                   "num_key_value_heads": 4, "vocab_size": 32000, "rms_norm_eps": 1e-5,
-                   "max_position_embeddings": 128}, open(os.path.join(d, "config.json"), "w"))
+        write_json(os.path.join(d, "config.json"),
+                   {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                    "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+                    "num_key_value_heads": 4, "vocab_size": 32000, "rms_norm_eps": 1e-5,
+                    "max_position_embeddings": 128})
         header = json.dumps({"model.embed_tokens.weight": {"dtype": "F32", "shape": [32000, 64],
                                                             "data_offsets": [0, 32000 * 64 * 4]}}).encode()
         with open(os.path.join(d, "model.safetensors"), "wb") as f:
@@ -90,8 +97,7 @@ class BadInputTest(unittest.TestCase):
         d = os.path.join(self.tmp, "model")
         os.makedirs(d)
         shutil.copy(os.path.join(SHARED, "tokenizers/hf/llama2/tokenizer.json"), d)
-        json.dump({"model_type": "frobnicator", "architectures": ["FrobForCausalLM"]},
-                  open(os.path.join(d, "config.json"), "w"))
+        write_json(os.path.join(d, "config.json"), {"model_type": "frobnicator", "architectures": ["FrobForCausalLM"]})
         header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
         with open(os.path.join(d, "model.safetensors"), "wb") as f:
             f.write(struct.pack("<Q", len(header)) + header + b"\0" * 4)
@@ -116,6 +122,43 @@ class TokenizeTest(unittest.TestCase):
         code, out, err = run("tokenize", STORIES, "--text", "Once upon a time", "--add-special")
         self.assertEqual(code, 0, err)
         self.assertEqual(json.loads(out), [1, 403, 407, 261, 378])  # published with the model (shared/README.md)
+
+
+class GenerateTest(unittest.TestCase):
+    """stories260K greedy generation through the whole CLI path (GGUF tokenizer, model, sampler,
+    streaming detokenizer) equals llama2.c's run.c, as reproduced by the independent numpy port in
+    tests/ref/llama2c_reference.py (which itself checks llama2.c's documented test_all.py text)."""
+
+    def reference(self):
+        path = os.path.join(os.environ["LARDER_TEST_DATA_DIR"], "llama2c", "stories260K_greedy.json")
+        with open(path) as f:
+            return json.load(f)
+
+    def test_from_bos_matches_llama2c(self):
+        ref = self.reference()
+        n = len(ref["bos"]) - 1  # the reference ids start with BOS
+        code, out, err = run("generate", STORIES, "--prompt", "", "-n", str(n))
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.strip(), ref["bos_text"].strip())
+        self.assertIn("tok/s", err)  # speed is reported on stderr, never on stdout
+
+    def test_prompt_continuation_only_on_stdout(self):
+        code, out, err = run("generate", STORIES, "--prompt", "Once upon a time", "-n", "12")
+        self.assertEqual(code, 0, err)
+        self.assertTrue(out.startswith(", there was a little girl named Lily."), out)
+
+    def test_stop_string_is_never_printed(self):
+        code, out, err = run("generate", STORIES, "--prompt", "", "-n", "100", "--stop", "Lily")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.strip(), "Once upon a time, there was a little girl named")
+
+    def test_same_seed_same_text(self):
+        args = ["generate", STORIES, "--prompt", "Once", "-n", "40", "--temp", "1.0", "--top-p", "0.9", "--seed", "7"]
+        a, b = run(*args), run(*args)
+        self.assertEqual(a[0], 0, a[2])
+        self.assertEqual(a[1], b[1])
+        c = run(*args[:-1], "8")
+        self.assertNotEqual(a[1], c[1], "a different seed should give a different sample")
 
 
 class InfoTest(unittest.TestCase):
