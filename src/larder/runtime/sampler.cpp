@@ -70,15 +70,17 @@ std::vector<int32_t> Sampler::candidates(const float* logits, int64_t vocab) con
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   // Rank by logit (descending), lower id first on ties: a total order, so results never depend
-  // on the sort implementation.
+  // on the sort implementation. NaN ranks as −inf (a NaN in a comparator breaks std::sort).
+  auto key = [&](int32_t i) { return std::isnan(logits[i]) ? -INFINITY : logits[i]; };
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+    const float ka = key(a), kb = key(b);
+    return ka != kb ? ka > kb : a < b;
   });
   // Probabilities at temperature 1 (in ranked order), in double.
-  const double mx = logits[order[0]];
+  const double mx = key(order[0]);
   std::vector<double> prob(order.size());
   double z = 0;
-  for (size_t i = 0; i < order.size(); ++i) z += (prob[i] = std::exp(static_cast<double>(logits[order[i]]) - mx));
+  for (size_t i = 0; i < order.size(); ++i) z += (prob[i] = std::exp(static_cast<double>(key(order[i])) - mx));
   for (double& q : prob) q /= z;
 
   size_t keep = order.size();
@@ -108,10 +110,13 @@ int32_t Sampler::sample_at(float* logits, int64_t vocab, const std::vector<int32
   if (!(p_.temperature > 0.0f)) return argmax(logits, vocab);
   const std::vector<int32_t> cand = candidates(logits, vocab);
   const double mx = logits[cand[0]];
+  if (!std::isfinite(mx)) return cand[0];  // degenerate logits (all NaN / -inf): nothing to draw
   std::vector<double> w(cand.size());
   double z = 0;
-  for (size_t i = 0; i < cand.size(); ++i)
-    z += (w[i] = std::exp((static_cast<double>(logits[cand[i]]) - mx) / static_cast<double>(p_.temperature)));
+  for (size_t i = 0; i < cand.size(); ++i) {
+    const double l = std::isnan(logits[cand[i]]) ? -INFINITY : static_cast<double>(logits[cand[i]]);
+    z += (w[i] = std::exp((l - mx) / static_cast<double>(p_.temperature)));
+  }
   const double u = counter_uniform(p_.seed, step) * z;
   double cum = 0;
   for (size_t i = 0; i < cand.size(); ++i) {

@@ -39,6 +39,22 @@ TEST(Sampler, GreedyIsArgmaxLowestIdOnTies) {
   EXPECT_EQ(sm.sample(tie.data(), 4, {}), 1);
 }
 
+TEST(Sampler, NanLogitsNeverDrawnNorCrash) {
+  std::vector<float> base(1000, 0.0f);
+  for (size_t i = 0; i < base.size(); i += 3) base[i] = NAN;
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 3;
+  Sampler s(p);
+  for (int i = 0; i < 200; ++i) {
+    auto l = base;
+    const int32_t t = s.sample(l.data(), 1000, {});
+    EXPECT_NE(t % 3, 0) << t;
+  }
+  std::vector<float> all(10, NAN);
+  EXPECT_GE(Sampler(p).sample(all.data(), 10, {}), 0);
+}
+
 TEST(Sampler, RepetitionPenaltyDividesPositiveMultipliesNegative) {
   SamplingParams p;
   p.repetition_penalty = 2.0f;
