@@ -46,7 +46,7 @@ struct KernelTable {
 const KernelTable& ref_table();
 
 // The table ops.h forwards to. Built on first use: the ref table, then each ISA tier the CPU
-// supports overwrites the entries it implements (none yet).
+// supports overwrites the entries it implements (kernels/cpu/common/register.cpp).
 const KernelTable& active_table();
 
 // Tests and benchmarks: replace the active table (e.g. force the ref set). Not thread-safe;
