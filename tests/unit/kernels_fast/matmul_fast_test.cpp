@@ -266,14 +266,14 @@ TEST(ActQuant, Avx2MatchesScalarBytes) {
 }
 
 TEST(Registration, FastTierOverwritesMatmulEntries) {
-  setenv("LARDER_QUANT_ACT", "1", 1);
   KernelTable t = ref_table();
   cpu::register_fast_kernels(t);
+  setenv("LARDER_QUANT_ACT", "0", 1);  // opt-out: int8-activation formats stay on the reference
+  KernelTable exact = ref_table();
+  cpu::register_fast_kernels(exact);
   unsetenv("LARDER_QUANT_ACT");
-  KernelTable plain = ref_table();
-  cpu::register_fast_kernels(plain);
-  EXPECT_EQ(plain.matmul[static_cast<int>(DType::kQ4_0)], ref_table().matmul[static_cast<int>(DType::kQ4_0)]);
-  EXPECT_EQ(plain.matmul[static_cast<int>(DType::kBF16)], t.matmul[static_cast<int>(DType::kBF16)]);
+  EXPECT_EQ(exact.matmul[static_cast<int>(DType::kQ4_0)], ref_table().matmul[static_cast<int>(DType::kQ4_0)]);
+  EXPECT_EQ(exact.matmul[static_cast<int>(DType::kBF16)], t.matmul[static_cast<int>(DType::kBF16)]);
   const bool avx512 = cpu_features().has_avx512_tier();
   EXPECT_STREQ(t.name, avx512 ? "avx512" : "avx2");
   EXPECT_EQ(t.matmul[static_cast<int>(DType::kF16)], cpu::fast_matmul("avx2", DType::kF16));

@@ -14,8 +14,8 @@ namespace larder::kernels::cpu {
 // Overwrites the matmul entries the CPU can run faster than the ref set: the AVX2 tier always
 // (the baseline flags already require AVX2), then the AVX-512 tier when CPUID reports the whole
 // tier (LARDER_ISA=avx2 hides it; LARDER_ISA=ref skips both). Entries it does not implement are
-// left as they are; row lookup (dequant_row) stays on the reference. Q8_0/Q4_0 (int8-quantized
-// activations) are registered only with LARDER_QUANT_ACT=1 for now — see register.cpp.
+// left as they are; row lookup (dequant_row) stays on the reference. LARDER_QUANT_ACT=0 keeps the
+// reference for Q8_0/Q4_0 (whose fast kernels quantize activations to int8) — see register.cpp.
 void register_fast_kernels(KernelTable& t);
 
 // Direct entry points (tests, kernel_bench). Same contract as kernels::matmul.
