@@ -6,6 +6,8 @@
 //   rows of llama models back to Meta's interleaved layout, so GGUF llama pairs (2i, 2i+1).
 //   llama2.c-trained models (stories*) are interleaved natively and converted unpermuted.
 // - HF LlamaConfig's default is tie_word_embeddings = false (Llama 3.2 1B/3B set it true).
+// - Mistral v0.1's `sliding_window: 4096` is not applied (mlx-lm's llama graph ignores it too);
+//   results differ from HF only past 4096 tokens. Later Mistrals set it to null.
 #include "larder/models/decoder.h"
 #include "larder/models/registry.h"
 
