@@ -296,6 +296,11 @@ TEST(SsdTier, CapEvictsLruAndRestoreBumpsRecency) {
   EXPECT_TRUE(t->find(cat(seq(2000, 100), {1}), "base"));
   EXPECT_LE(t->stats().bytes, one * 2 + one / 2);
   EXPECT_EQ(t->stats().evictions, 1u);
+  // Explained through the RAM tier: the longer match was evicted from the SSD tier.
+  RamTier ram(1ull << 30, t.get());
+  TakeResult miss = ram.take(cat(seq(1000, 100), {1}), "base");
+  EXPECT_FALSE(miss.hit);
+  EXPECT_EQ(miss.report.reason, "evicted:ssd");
 }
 
 TEST(SsdTier, SupersedeOnlyTrimmableDuplicatesCollapse) {

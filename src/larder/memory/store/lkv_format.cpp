@@ -484,6 +484,9 @@ Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const Sto
   LARDER_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> map, MappedFile::open(path));
   if (map->size() != info.file_bytes) return corrupt(strfmt("[lkv] %s: changed while opening", path.c_str()));
   const uint8_t* base = map->data();
+  // Start reading the tensor pages ahead of their first use (§11.2 fault cost); with full
+  // verification the checksum pass reads them anyway and leaves them in the page cache.
+  if (verify != VerifyPolicy::kFull) map->advise_willneed(info.prefix.data_offset, info.file_bytes);
   const nlohmann::json& h = info.header;
   const int64_t n = static_cast<int64_t>(info.tokens.size());
   auto e = std::make_shared<Entry>();

@@ -221,6 +221,8 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
       rep.reason = blocked_reason;
     } else if (ghost_lcp > reused) {
       rep.reason = "evicted:ram";
+    } else if (std::min(probe.evicted_lcp, cap) > reused) {
+      rep.reason = "evicted:ssd";
     } else if (reused < cap && served && static_cast<int64_t>(served->tokens.size()) > reused) {
       rep.reason = strfmt("diverged_at:%lld", static_cast<long long>(reused));
     } else {
@@ -234,6 +236,8 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
     rep.reason = blocked_reason;
   } else if (ghost_lcp > 0) {
     rep.reason = "evicted:ram";
+  } else if (std::min(probe.evicted_lcp, cap) > 0) {
+    rep.reason = "evicted:ssd";
   } else if (probe.scanning) {
     rep.reason = "ssd_scanning";
   } else if (!any_same_ns) {

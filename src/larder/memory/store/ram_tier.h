@@ -32,6 +32,7 @@ struct ColdProbe {
   bool any_same_ns = false;
   int64_t best_lcp = 0;         // longest common prefix among same-ns records (usable or not)
   int64_t best_lcp_other_ns = 0;
+  int64_t evicted_lcp = 0;      // longest usable prefix among recently evicted same-ns files
 };
 
 class ColdTier {

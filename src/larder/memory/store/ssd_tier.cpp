@@ -183,6 +183,8 @@ ColdProbe SsdTier::probe(std::span<const TokenId> prompt, const std::string& ns)
       p.best_lcp_other_ns = std::max(p.best_lcp_other_ns, lcp);
     }
   }
+  for (const auto& [ns_g, toks] : ghosts_)
+    if (ns_g == ns) p.evicted_lcp = std::max(p.evicted_lcp, common_prefix(toks, prompt));
   return p;
 }
 
@@ -330,6 +332,8 @@ void SsdTier::evict_locked(const std::string& keep_id) {
     }
     if (victim == index_.size()) break;
     ++stats_.evictions;
+    ghosts_.push_back({index_[victim].ns, index_[victim].tokens});
+    while (ghosts_.size() > 32) ghosts_.pop_front();
     remove_locked(victim, true);
   }
 }

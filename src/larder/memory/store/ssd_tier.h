@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -105,6 +106,7 @@ class SsdTier final : public ColdTier {
   mutable std::mutex mu_;
   mutable std::condition_variable ready_cv_;
   std::vector<SsdRecord> index_;  // guarded by mu_
+  std::deque<std::pair<std::string, std::vector<TokenId>>> ghosts_;  // evicted keys (evicted:ssd), mu_
   uint64_t clock_ = 0;            // guarded by mu_
   std::atomic<bool> ready_{false};
   std::mutex write_mu_;
