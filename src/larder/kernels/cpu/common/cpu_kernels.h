@@ -18,6 +18,11 @@ namespace larder::kernels::cpu {
 // reference for Q8_0/Q4_0 (whose fast kernels quantize activations to int8) — see register.cpp.
 void register_fast_kernels(KernelTable& t);
 
+// Startup self-check of an untested-here tier: `fast` must agree with `trusted` on a small
+// ragged problem in `dtype` (within 2^-6 of the output scale). register_fast_kernels applies it
+// to every AVX-512 matmul before installing it.
+bool fast_matmul_agrees(DType dtype, MatmulFn fast, MatmulFn trusted);
+
 // Direct entry points (tests, kernel_bench). Same contract as kernels::matmul.
 namespace avx2 {
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);

@@ -3,7 +3,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "larder/core/cpuid.h"
+#include "larder/core/dtype.h"
+#include "larder/core/log.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 
 namespace larder::kernels::cpu {
@@ -15,7 +21,63 @@ void set(KernelTable& t, DType d, MatmulFn f) {
 constexpr DType kFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kBF16, DType::kF16, DType::kF32};
 
 bool is_int8_act(DType d) { return d == DType::kQ8_0 || d == DType::kQ4_0; }
+
+// Deterministic weights in `dtype` for the self-check: small random codes, f16 scales ~0.01.
+std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  uint32_t s = seed;
+  auto next = [&s]() {
+    s = s * 1664525u + 1013904223u;
+    return s >> 8;
+  };
+  const uint64_t bytes = dtype_bytes(dtype, static_cast<uint64_t>(rows * cols));
+  std::vector<uint8_t> w(bytes);
+  if (dtype == DType::kBF16) {
+    for (uint64_t i = 0; i + 1 < bytes; i += 2) {
+      uint16_t h = f32_to_bf16((static_cast<float>(next() % 2001) - 1000.f) / 1000.f);
+      std::memcpy(&w[i], &h, 2);
+    }
+    return w;
+  }
+  const DTypeInfo& di = dtype_info(dtype);
+  for (uint64_t b = 0; b < bytes; b += di.block_bytes) {
+    uint16_t d = f32_to_f16(0.005f + static_cast<float>(next() % 100) / 10000.f);
+    std::memcpy(&w[b], &d, 2);
+    for (uint32_t k = 2; k < di.block_bytes; ++k) w[b + k] = static_cast<uint8_t>(next());
+  }
+  return w;
+}
+
+// The AVX-512 tier cannot be exercised by CI on machines without it, so before the tier serves
+// anything, each of its matmuls must agree with the (tested) AVX2 kernel on a small problem with
+// ragged sizes. The AVX-512 BF16 path rounds activations to bf16 (relative error 2^-9 per
+// element), so honest differences stay near 2^-8 of the output scale; the check allows 2^-6.
+// A lane or layout bug is off by the order of the output itself. On disagreement the AVX2
+// kernel stays for that format and a warning says so: a wrong fast path must never serve garbage.
+bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
+  const int64_t rows = 37, cols = 320;
+  std::vector<uint8_t> w = self_check_weights(dtype, rows, cols, 12345u + static_cast<uint32_t>(dtype));
+  WeightView v;
+  v.dtype = dtype;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = w.data();
+  for (int64_t n : {1, 3, 9, 17}) {
+    std::vector<float> x(static_cast<size_t>(n * cols)), y_fast(static_cast<size_t>(n * rows)),
+        y_trusted(y_fast.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(n));
+    fast(v, x.data(), n, y_fast.data());
+    trusted(v, x.data(), n, y_trusted.data());
+    double scale = 1e-3;
+    for (float y : y_trusted) scale = std::max(scale, std::fabs(static_cast<double>(y)));
+    for (size_t i = 0; i < y_fast.size(); ++i) {
+      if (!(std::fabs(static_cast<double>(y_fast[i]) - y_trusted[i]) <= scale / 64)) return false;
+    }
+  }
+  return true;
+}
 }  // namespace
+
+bool fast_matmul_agrees(DType dtype, MatmulFn fast, MatmulFn trusted) { return agrees_impl(dtype, fast, trusted); }
 
 MatmulFn fast_matmul(const char* tier, DType dtype) {
   if (std::strcmp(tier, "avx2") == 0) {
@@ -56,8 +118,18 @@ void register_fast_kernels(KernelTable& t) {
   }
   t.name = "avx2";
   if (f.has_avx512_tier()) {
+    const KernelTable before = t;
     for (DType d : kFormats) {
-      if (!is_int8_act(d) || int8_act) set(t, d, fast_matmul("avx512", d));
+      if (is_int8_act(d) && !int8_act) continue;
+      MatmulFn fast = fast_matmul("avx512", d);
+      if (!fast) continue;
+      MatmulFn trusted = before.matmul[static_cast<int>(d)];
+      if (trusted && fast_matmul_agrees(d, fast, trusted)) {
+        set(t, d, fast);
+      } else {
+        LARDER_LOG_WARN("[kernels] AVX-512 %s matmul failed its startup self-check; using the AVX2 kernel",
+                        dtype_name(d));
+      }
     }
     t.name = "avx512";
   }
