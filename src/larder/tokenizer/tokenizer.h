@@ -4,9 +4,10 @@
 //   * HF `tokenizer.json` (+ tokenizer_config.json, generation_config.json when present):
 //     BPE models with byte-level or SentencePiece-style (Metaspace / Replace+Prepend, byte
 //     fallback) pipelines; encoding equals the HF `tokenizers` library token for token.
-//   * GGUF vocabularies (`tokenizer.ggml.*`): SPM ("llama", score-driven merges) and BPE
-//     ("gpt2", rank-driven merges with the pre-tokenizer named by `tokenizer.ggml.pre`),
-//     equal to the HF tokenizers the GGUFs were converted from.
+//   * GGUF vocabularies (`tokenizer.ggml.*`): SPM ("llama", score-driven merges), BPE
+//     ("gpt2", rank-driven merges with the pre-tokenizer named by `tokenizer.ggml.pre`) and
+//     BERT WordPiece ("bert"), equal to the HF tokenizers the GGUFs were converted from.
+//     Other models (t5/Unigram, rwkv, ...) and unknown pre-tokenizer names are kUnsupported.
 // A Tokenizer is immutable after loading, so one instance may be shared by many threads.
 //
 // tokenizer.json components implemented (each with HF's exact semantics, quirks included):
