@@ -140,6 +140,9 @@ TEST(ChatTemplateErrors, DeepNestingIsAnErrorNotACrash) {
   for (int i = 0; i < 100000; ++i) nots += "not ";
   nots += "x }}";
   EXPECT_FALSE(parse_error(nots).is_ok());
+  EXPECT_EQ(parse_error("{{ x[1:2, 3] }}").code(), StatusCode::kUnsupported);
+  Status nest = render_error("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}");
+  EXPECT_EQ(nest.code(), StatusCode::kResourceExhausted) << nest.to_string();
   // Moderate nesting real templates use still works.
   auto ok = Template::parse("{{ ((((1 + 2) * 3) - 4) | string) ~ d.a.b.c|default('d')|upper }}");
   ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();

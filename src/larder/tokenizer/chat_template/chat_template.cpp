@@ -79,6 +79,8 @@ Result<Template> Template::parse(std::string_view source, std::string name) {
     t.program_ = body;
   } catch (const TemplateError& e) {
     return to_status(e, t.name_, 0);
+  } catch (const std::exception& e) {  // e.g. bad_alloc: never let one escape the library
+    return internal_error("[chat_template] " + t.name_ + ": " + e.what());
   }
   return t;
 }
@@ -110,6 +112,8 @@ Result<std::string> Template::render(const nlohmann::ordered_json& context, cons
     result = in.render(*body, root);
   } catch (const TemplateError& e) {
     result = to_status(e, name_, in.cur_line);
+  } catch (const std::exception& e) {
+    result = internal_error(strfmt("[chat_template] %s:%d: %s", name_.c_str(), in.cur_line, e.what()));
   }
   // Macros close over frames that hold them; break those cycles so nothing leaks.
   for (auto& f : in.pinned) f->vars.clear();

@@ -133,6 +133,7 @@ Interpreter::Flow Interpreter::exec_stmt(const Node& n, const FramePtr& f) {
         if (!n.str.empty() && n.str[0] == '_')
           runtime_error("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" + n.str +
                         "'. Please rename the attribute.");
+        ns->note_child_depth(v.depth());
         ns->mutable_dict().set(Value::string(n.str), v);
         return Flow::kNormal;
       }

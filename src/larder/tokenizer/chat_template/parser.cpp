@@ -657,6 +657,8 @@ class Parser {
         if (idx.empty()) fail(cur(), "expected subscript expression");
         NodePtr key = idx[0];
         if (idx.size() > 1) {
+          for (const auto& k : idx)
+            if (k->kind == NodeKind::kSlice) unsupported(cur(), "multi-dimensional slicing is not supported");
           key = make_node(NodeKind::kTuple, line);
           key->args = idx;
         }

@@ -196,6 +196,31 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
 
 // ---------------------------------------------------------------- Dict
 
+static uint16_t checked_depth(size_t d) {
+  if (d > Value::kMaxNesting) throw_error(TemplateError::Kind::kLimit, "values nested too deeply");
+  return static_cast<uint16_t>(d);
+}
+
+uint16_t Value::nesting_of(const List& items) {
+  size_t d = 0;
+  for (const auto& e : items) d = std::max<size_t>(d, e.depth_);
+  return checked_depth(d + 1);
+}
+
+Value Value::dict(Dict d) {
+  Value v;
+  v.t_ = Type::kDict;
+  size_t depth = 0;
+  for (const auto& kv : d.items) depth = std::max<size_t>(depth, std::max(kv.first.depth_, kv.second.depth_));
+  v.depth_ = checked_depth(depth + 1);
+  v.d_map_ = std::make_shared<Dict>(std::move(d));
+  return v;
+}
+
+void Value::note_child_depth(uint16_t d) const {
+  depth_ = std::max<uint16_t>(depth_, checked_depth(static_cast<size_t>(d) + 1));
+}
+
 bool Value::hashable() const {
   switch (t_) {
     case Type::kList: {

@@ -98,11 +98,18 @@ class Value {
   }
   static Value sequence(List items, SeqKind kind) {
     Value v; v.t_ = Type::kList; v.kind_ = kind;
+    v.depth_ = nesting_of(items);
     v.l_ = std::make_shared<const List>(std::move(items));
     return v;
   }
-  static Value dict(Dict d) { Value v; v.t_ = Type::kDict; v.d_map_ = std::make_shared<Dict>(std::move(d)); return v; }
+  static Value dict(Dict d);
   static Value namespace_(Dict d) { Value v = dict(std::move(d)); v.t_ = Type::kNamespace; return v; }
+  // Containers built at run time may nest at most this deep (a loop doing "ns.x = [ns.x]"
+  // would otherwise build a chain whose destruction recurses past any stack).
+  static constexpr uint16_t kMaxNesting = 512;
+  uint16_t depth() const { return depth_; }
+  // Namespace attribute assignment: the namespace is at least one level above what it holds.
+  void note_child_depth(uint16_t d) const;
   static Value callable(std::shared_ptr<Callable> c) { Value v; v.t_ = Type::kCallable; v.c_ = std::move(c); return v; }
   static Value loop(std::shared_ptr<LoopState> l) { Value v; v.t_ = Type::kLoop; v.loop_ = std::move(l); return v; }
   static Value from_json(const nlohmann::ordered_json& j);
@@ -158,6 +165,8 @@ class Value {
   Type t_ = Type::kUndefined;
   bool markup_ = false;
   SeqKind kind_ = SeqKind::kList;
+  mutable uint16_t depth_ = 0;  // container nesting (0 for scalars)
+  static uint16_t nesting_of(const List& items);
   int64_t i_ = 0;
   double d_ = 0;
   std::shared_ptr<const std::string> s_;
