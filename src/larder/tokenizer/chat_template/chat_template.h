@@ -6,6 +6,17 @@
 //   ChatRenderOptions o; o.add_generation_prompt = true;
 //   LARDER_ASSIGN_OR_RETURN(std::string prompt, chat_template::render_chat(t, messages, o));
 //
+// Supported: if/elif/else, for (loop.*, else, filters "for x in l if c", unpacking, break/
+// continue), set (incl. ns.attr and {% set %}...{% endset %}), macro/call/caller, filter blocks,
+// with, raw, HF's {% generation %}; all jinja2 operators, tests and string/dict/list methods
+// templates use; jinja2's builtin filters except those listed below; namespace(), dict(),
+// range(), raise_exception(), strftime_now().
+// Not supported (clear kUnsupported error naming the line): include/extends/import/from/block,
+// recursive loops, multi-dimensional slices, filters pprint/groupby/striptags/urlize/urlencode/
+// wordwrap/xmlattr/filesizeformat/random, str.format() format specs. Known approximations:
+// ints are 64-bit (overflow is an error), generators are re-iterable, Unicode case mapping is
+// simple except for "ß".upper(), repr() of generators/macros uses a fixed address.
+//
 // Errors: syntax errors and unsupported constructs fail parse() naming line:col; at render time
 // raise_exception(msg) and runtime errors (undefined attribute access, type errors) return
 // invalid_argument "[chat_template] NAME:LINE: msg"; resource limits return resource_exhausted.

@@ -228,8 +228,7 @@ class Lexer {
   bool lex_tag(bool is_var, size_t open) {
     toks_.push_back(Token{is_var ? Tok::kVarBegin : Tok::kBlockBegin, "", 0, 0, line_at(open), col_at(open)});
     const char close0 = is_var ? '}' : '%';
-    int depth = 0;  // bracket nesting: "}}" inside {{ {'a': {}} }} still closes, as in jinja2
-    (void)depth;
+    // No bracket tracking: "}}" closes the tag even inside {{ {'a': {}} }}, as in jinja2.
     while (true) {
       while (pos_ < s_.size() && is_ws(s_[pos_])) ++pos_;
       if (pos_ >= s_.size()) fail(open, is_var ? "unexpected end of template, expected '}}' to close '{{'"
