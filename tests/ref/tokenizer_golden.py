@@ -231,6 +231,15 @@ def synth_ggufs(hf_root, out_dir):
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
     write("llama3-bpe", "gpt2", toks, types, merges=merges, pre="llama-bpe", bos=128000, eos=128001)
 
+    with open(os.path.join(hf_root, "qwen3", "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    toks = vocab_list(tj)
+    special = {a["content"] for a in tj["added_tokens"] if a["special"]}
+    added = {a["content"] for a in tj["added_tokens"]}
+    types = [3 if t in special else 4 if t in added else 1 for t in toks]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    write("qwen3-bpe", "gpt2", toks, types, merges=merges, pre="qwen2", eos=151645)
+
     # Vocabularies larder must refuse with an "unsupported" error naming what it lacks.
     write("unsupported-t5", "t5", ["<pad>", "</s>", "<unk>", "\u2581a"], [3, 3, 2, 1], scores=[0.0, 0.0, 0.0, -1.0])
     write("unsupported-pre", "gpt2", ["a", "b", "ab"], [1, 1, 1], merges=["a b"], pre="no-such-pre")

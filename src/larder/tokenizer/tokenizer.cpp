@@ -587,6 +587,9 @@ struct PreSpec {
   std::vector<std::string> regexes;
   bool ignore_merges = false;
   bool add_bos = false;
+  // The HF tokenizer NFC-normalizes first (Qwen2/2.5/3). llama.cpp skips that step; HF is the
+  // reference, so we apply it (it only matters for text with decomposed characters).
+  bool nfc = false;
 };
 
 const char* kLlama3Re =
@@ -649,7 +652,8 @@ std::optional<PreSpec> pre_spec(const std::string& pre) {
           "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
           "a.x-4.0", "mellum"}))
     return PreSpec{{kGpt2Re}};
-  if (is({"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "grok-2"})) return PreSpec{{kQwen2Re}};
+  if (is({"qwen2", "deepseek-r1-qwen"})) return PreSpec{{kQwen2Re}, false, false, true};
+  if (is({"megrez", "stablelm2", "hunyuan", "grok-2"})) return PreSpec{{kQwen2Re}};
   if (is({"poro-chat", "bloom", "gpt3-finnish"})) return PreSpec{{" ?[^(\\s|.,!?…。，、।۔،)]+"}};
   if (is({"viking"})) return PreSpec{{" ?[^(\\s|.,!?…。，、।۔،)]+", "\\p{N}"}};
   if (is({"tekken"}))
@@ -747,6 +751,9 @@ Result<std::unique_ptr<Impl>> load_gguf(const formats::GgufFile& g) {
     cfg.unk_id = unk;
     t->model = make_bpe(t->model_vocab, merges, cfg, nullptr);  // lenient, as llama.cpp
     LARDER_ASSIGN_OR_RETURN(t->pre_tokenizer, make_regex_byte_level(spec->regexes));
+    if (spec->nfc) {
+      LARDER_ASSIGN_OR_RETURN(t->normalizer, build_normalizer(json{{"type", "NFC"}}, what));
+    }
     t->decoder = make_byte_level_decoder();
     add_bos = spec->add_bos;
   }

@@ -374,12 +374,13 @@ std::unique_ptr<Tokenizer> gguf_tok(const std::string& path, std::unique_ptr<for
   return t.is_ok() ? std::move(t).value() : nullptr;
 }
 
-// GGUF vocabularies synthesized from hf/llama2 (SPM with scores) and hf/llama3 (BPE merges,
-// pre "llama-bpe") by tests/ref/tokenizer_golden.py: the GGUF code paths must give HF's ids
+// GGUF vocabularies synthesized from hf/llama2 (SPM with scores), hf/llama3 (BPE merges, pre
+// "llama-bpe") and hf/qwen3 (pre "qwen2", NFC) by tests/ref/tokenizer_golden.py: the GGUF code paths must give HF's ids
 // and decodes on the whole corpus of that tokenizer's goldens.
 TEST(TokenizerGguf, SynthesizedFromHfMatchesHf) {
   for (const auto& [gguf_name, hf_name] : {std::pair<std::string, std::string>{"llama2-spm", "llama2"},
-                                           std::pair<std::string, std::string>{"llama3-bpe", "llama3"}}) {
+                                           std::pair<std::string, std::string>{"llama3-bpe", "llama3"},
+                                           std::pair<std::string, std::string>{"qwen3-bpe", "qwen3"}}) {
     const std::string path = kGolden + "/gguf/" + gguf_name + ".gguf";
     ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: the tokenizer_golden fixture did not run";
     std::unique_ptr<formats::GgufFile> g;
