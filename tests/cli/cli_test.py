@@ -161,6 +161,62 @@ class GenerateTest(unittest.TestCase):
         self.assertNotEqual(a[1], c[1], "a different seed should give a different sample")
 
 
+class SsdCacheTest(unittest.TestCase):
+    """`generate --ssd-cache`: a second process (a restart) starts from the prefix the first one
+    left on disk, and its greedy output equals the cold run token for token."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="larder_kv_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_restart_reuses_prefix_and_output_is_unchanged(self):
+        prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside"
+        cold = run("generate", STORIES, "--prompt", prompt, "-n", "40")
+        self.assertEqual(cold[0], 0, cold[2])
+        first = run("generate", STORIES, "--prompt", prompt, "-n", "40", "--ssd-cache", self.tmp)
+        self.assertEqual(first[0], 0, first[2])
+        self.assertIn("reused 0 of", first[2])
+        self.assertEqual(first[1], cold[1])
+        second = run("generate", STORIES, "--prompt", prompt, "-n", "40", "--ssd-cache", self.tmp)
+        self.assertEqual(second[0], 0, second[2])
+        self.assertRegex(second[2], r"reused [1-9][0-9]* of [0-9]+ prompt tokens from ssd")
+        self.assertEqual(second[1], cold[1], "an SSD hit must not change greedy output")
+        # A longer prompt sharing the prefix reuses it too, and still matches its own cold run.
+        longer = prompt + " in the park"
+        cold2 = run("generate", STORIES, "--prompt", longer, "-n", "30")
+        hit2 = run("generate", STORIES, "--prompt", longer, "-n", "30", "--ssd-cache", self.tmp)
+        self.assertEqual(hit2[0], 0, hit2[2])
+        self.assertRegex(hit2[2], r"reused [1-9][0-9]* of")
+        self.assertEqual(hit2[1], cold2[1])
+
+        code, out, err = run("cache", "ls", self.tmp)
+        self.assertEqual(code, 0, err)
+        self.assertIn(".lkv", out)
+        code, out, err = run("cache", "verify", self.tmp)
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("ok", out)
+        # A bit-flipped file is reported by verify and is a clean miss for generate.
+        files = [os.path.join(r, f) for r, _, fs in os.walk(self.tmp) for f in fs if f.endswith(".lkv")]
+        self.assertTrue(files)
+        for path in files:
+            with open(path, "r+b") as f:
+                f.seek(os.path.getsize(path) - 100)
+                b = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([b[0] ^ 0x10]))
+        code, out, err = run("cache", "verify", self.tmp)
+        self.assertNotEqual(code, 0)
+        self.assertIn("BAD", out)
+        again = run("generate", STORIES, "--prompt", prompt, "-n", "40", "--ssd-cache", self.tmp)
+        self.assertEqual(again[0], 0, again[2])
+        self.assertEqual(again[1], cold[1], "a corrupt cache file must never change the output")
+        code, out, err = run("cache", "clear", self.tmp)
+        self.assertEqual(code, 0, err)
+        self.assertIn("removed", out)
+
+
 class InfoTest(unittest.TestCase):
     def test_info_stories(self):
         code, out, err = run("info", STORIES)

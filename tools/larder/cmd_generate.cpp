@@ -7,7 +7,9 @@
 
 #include "larder/core/cpuid.h"
 #include "larder/core/threadpool.h"
+#include "larder/memory/store/kv_store.h"
 #include "larder/runtime/generate.h"
+#include "larder/runtime/kv_identity.h"
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/stop.h"
 #include "larder/tokenizer/tokenizer.h"
@@ -29,7 +31,23 @@ struct GenerateFlags {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool show_prompt = false;
+  std::string ssd_cache;
+  double ssd_cache_max_gb = 32;
+  double prompt_cache_gb = 4;
 };
+
+// The Layer-0 KV store for one CLI run: with --ssd-cache, a second run of the same prompt
+// starts from the prefix the first one left on disk.
+Result<std::unique_ptr<memory::KvStore>> open_store(const GenerateFlags& f, const runtime::LoadedModel& m) {
+  memory::KvStoreConfig cfg;
+  cfg.ram_cap_bytes = static_cast<size_t>(f.prompt_cache_gb * (1ull << 30));
+  cfg.ssd_dir = f.ssd_cache;
+  cfg.ssd_cap_bytes = static_cast<uint64_t>(f.ssd_cache_max_gb * (1ull << 30));
+  LARDER_ASSIGN_OR_RETURN(cfg.identity, runtime::kv_store_identity(m));
+  cfg.signature = runtime::kv_state_signature(m);
+  cfg.background_scan = false;  // the one take of this run needs the index
+  return memory::KvStore::open(std::move(cfg));
+}
 
 int run_generate(const GenerateFlags& f) {
   if (f.threads > 0) default_pool().set_threads(f.threads);
@@ -81,7 +99,20 @@ int run_generate(const GenerateFlags& f) {
   go.max_new_tokens = n;
   if (!f.ignore_eos) go.eos_ids = m.defaults.eos_ids;
 
-  memory::KvCache cache(m.model->kv_layout(), ctx);
+  std::unique_ptr<memory::KvStore> store;
+  const std::string ns = memory::namespace_id({});
+  memory::SequenceState state(m.model->kv_layout(), ctx);
+  if (!f.ssd_cache.empty()) {
+    auto opened = open_store(f, m);
+    if (!opened.is_ok()) return report(opened.status());
+    store = std::move(*opened);
+    memory::TakeResult taken = store->take(prompt, ns);
+    if (taken.hit) state = std::move(*taken.hit).into_state(m.model->kv_layout(), ctx);
+    std::fprintf(stderr, "larder: kv store: reused %lld of %zu prompt tokens from %s (%s)\n",
+                 static_cast<long long>(taken.report.reused_tokens), prompt.size(),
+                 memory::tier_name(taken.report.tier), taken.report.reason.c_str());
+  }
+  memory::KvCache& cache = state.kv;
   tokenizer::StreamDecoder decoder(*m.tokenizer, /*skip_special=*/true);
   runtime::StopMatcher stops(f.stop);
   bool stopped_by_string = false;
@@ -102,6 +133,19 @@ int run_generate(const GenerateFlags& f) {
   if (!stopped_by_string) emit(stops.push(decoder.flush()) + stops.flush());
   emit("\n");
   if (!result.is_ok()) return report(result.status());
+  if (store) {
+    // Everything forwarded (the cache holds prompt + generated tokens but the last sampled one).
+    std::vector<int32_t> forwarded = prompt;
+    forwarded.insert(forwarded.end(), result->tokens.begin(), result->tokens.end());
+    forwarded.resize(static_cast<size_t>(cache.length()));
+    Status put = store->put(forwarded, std::move(state), ns);
+    if (!put.is_ok()) std::fprintf(stderr, "larder: kv store: not kept: %s\n", put.message().c_str());
+    memory::FlushReport fr = store->flush();
+    if (!fr.durable) {
+      std::fprintf(stderr, "larder: kv store: %zu entr%s could not be written to %s\n", fr.failed,
+                   fr.failed == 1 ? "y" : "ies", f.ssd_cache.c_str());
+    }
+  }
   const runtime::GenerateStats& s = *result;
   std::fprintf(stderr,
                "larder: %s, %lld threads (%s)\n"
@@ -139,6 +183,9 @@ VerbMain add_generate(CLI::App& app) {
   cmd->add_option("-c,--ctx", f->ctx, "context length (default: the model's)")->check(CLI::PositiveNumber);
   cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past EOS tokens");
   cmd->add_flag("--show-prompt", f->show_prompt, "print the prompt before the continuation");
+  cmd->add_option("--ssd-cache", f->ssd_cache, "directory of the persistent KV cache (reused across runs)");
+  cmd->add_option("--ssd-cache-max", f->ssd_cache_max_gb, "SSD cache cap in GiB")->check(CLI::PositiveNumber);
+  cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB")->check(CLI::NonNegativeNumber);
   return [f]() { return run_generate(*f); };
 }
 

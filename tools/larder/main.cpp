@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   verbs["generate"] = larder::cli::add_generate(app);
   verbs["tokenize"] = larder::cli::add_tokenize(app);
   verbs["info"] = larder::cli::add_info(app);
+  verbs["cache"] = larder::cli::add_cache(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -14,6 +14,7 @@ using VerbMain = std::function<int()>;
 VerbMain add_generate(CLI::App& app);
 VerbMain add_tokenize(CLI::App& app);
 VerbMain add_info(CLI::App& app);
+VerbMain add_cache(CLI::App& app);
 
 // Prints "larder: <message>" to stderr and returns the exit code for `st`.
 int report(const Status& st);

@@ -1,5 +1,6 @@
 #include "larder/formats/gguf.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace larder::formats {
@@ -242,6 +243,9 @@ Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
     LARDER_RETURN_IF_ERROR(r.read(&t.offset, t.name.c_str()));
   }
   size_t data_start = (r.pos() + g->alignment_ - 1) / g->alignment_ * g->alignment_;
+  // Vocabulary-only files (llama.cpp's ggml-vocab-*.gguf) have no tensors and end right after
+  // the metadata, without the alignment padding: nothing to map, so nothing to check.
+  if (raw.empty()) data_start = std::min(data_start, mapped->size());
   if (data_start > mapped->size()) {
     return corrupt(strfmt("[gguf] %s: truncated: tensor data would start at byte %zu beyond file size %zu",
                           path.c_str(), data_start, mapped->size()));

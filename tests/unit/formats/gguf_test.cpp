@@ -42,6 +42,16 @@ TEST(GgufTest, ReadsLlama2Vocab) {
   EXPECT_EQ(scores->floats.size(), 32000u);
 }
 
+// llama.cpp writes vocabulary-only GGUFs without the trailing alignment padding.
+TEST(GgufTest, OpensVocabOnlyFilesWithoutPadding) {
+  for (const char* name : {"ggml-vocab-gpt-2.gguf", "ggml-vocab-llama-spm.gguf", "ggml-vocab-bert-bge.gguf"}) {
+    auto g = GgufFile::open(kShared + "/tokenizers/" + name);
+    ASSERT_TRUE(g.is_ok()) << name << ": " << g.status().to_string();
+    EXPECT_EQ((*g)->tensors().size(), 0u);
+    ASSERT_NE((*g)->find("tokenizer.ggml.tokens"), nullptr) << name;
+  }
+}
+
 TEST(GgufTest, TruncatedFilesFailCleanlyAtEveryCut) {
   std::string bytes = larder::testing::read_file(kStories);
   ASSERT_GT(bytes.size(), 100000u);

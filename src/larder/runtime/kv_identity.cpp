@@ -1,0 +1,44 @@
+#include "larder/runtime/kv_identity.h"
+
+#include "larder/kernels/dispatch.h"
+#include "larder/memory/store/entry.h"
+
+namespace larder::runtime {
+
+std::string kv_state_signature(const LoadedModel& m) {
+  return memory::state_signature(m.model->kv_layout(), {}, {});
+}
+
+Result<memory::StoreIdentity> kv_store_identity(const LoadedModel& m) {
+  memory::StoreIdentity id;
+  std::vector<std::string> weight_files;
+  for (const auto& f : m.files.tensors().files()) weight_files.push_back(f->path());
+  LARDER_ASSIGN_OR_RETURN(id.weights_id, memory::weights_fingerprint(weight_files));
+  // config.json shapes the graph (a GGUF's metadata is inside the weights fingerprint's header).
+  std::vector<std::string> config_files;
+  std::vector<std::string> tokenizer_files;
+  if (m.files.source == formats::ModelSource::kHfDir) {
+    config_files.push_back(m.files.path + "/config.json");
+    for (const char* name : {"/tokenizer.json", "/tokenizer_config.json"}) {
+      if (file_exists(m.files.path + name)) tokenizer_files.push_back(m.files.path + name);
+    }
+  }
+  if (!config_files.empty()) {
+    LARDER_ASSIGN_OR_RETURN(id.config_fp, memory::content_hash(config_files));
+  } else {
+    id.config_fp = "gguf-metadata";
+  }
+  if (!tokenizer_files.empty()) {
+    LARDER_ASSIGN_OR_RETURN(id.tokenizer_fp, memory::content_hash(tokenizer_files));
+  } else {
+    id.tokenizer_fp = "gguf-metadata";
+  }
+  id.kv_scheme = kv_state_signature(m);
+  // KV rows computed by different kernel tiers differ in the last bits; mixing them would break
+  // the cached == uncached contract, so the tier is part of the identity.
+  id.numerics_id = std::string("cpu:") + kernels::active_table().name + ":v1";
+  id.model_label = m.files.path;
+  return id;
+}
+
+}  // namespace larder::runtime
