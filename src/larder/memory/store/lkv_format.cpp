@@ -476,6 +476,20 @@ struct HeapRows {
   std::vector<std::vector<float>> k, v;
 };
 
+// A view of one tensor's bytes inside the restored file's mapping (the mapping stays alive as
+// long as any view of it does).
+StateTensor mapped_tensor(const TensorRec& t, const uint8_t* base, const std::shared_ptr<MappedFile>& map) {
+  StateTensor v;
+  v.name = t.name;
+  v.dtype = t.dtype;
+  v.shape = t.shape;
+  v.data = base + t.off;
+  v.bytes = t.bytes;
+  v.owner = map;
+  v.backing = Backing::kMapped;
+  return v;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const StoreIdentity* expected,
@@ -540,14 +554,7 @@ Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const Sto
       std::vector<StateTensor> views;
       for (const TensorRec& t : ts) {
         LARDER_RETURN_IF_ERROR(check(t, false));
-        StateTensor v;
-        v.name = t.name;
-        v.dtype = t.dtype;
-        v.shape = t.shape;
-        v.data = base + t.off;
-        v.bytes = t.bytes;
-        v.owner = map;
-        v.backing = Backing::kMapped;
+        StateTensor v = mapped_tensor(t, base, map);
         views.push_back(std::move(v));
       }
       LARDER_ASSIGN_OR_RETURN(std::unique_ptr<LayerState> ls, restore_layer_state(kind, lj.at("params"), views));
@@ -562,14 +569,7 @@ Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const Sto
       for (const nlohmann::json& tj : aj.at("tensors")) {
         LARDER_ASSIGN_OR_RETURN(TensorRec t, parse_tensor(tj, info.file_bytes, path));
         LARDER_RETURN_IF_ERROR(check(t, false));
-        StateTensor v;
-        v.name = t.name;
-        v.dtype = t.dtype;
-        v.shape = t.shape;
-        v.data = base + t.off;
-        v.bytes = t.bytes;
-        v.owner = map;
-        v.backing = Backing::kMapped;
+        StateTensor v = mapped_tensor(t, base, map);
         a.tensors.push_back(mode == RestoreMode::kCopy ? StateTensor::copy_of(v) : std::move(v));
       }
       e->attachments.push_back(std::move(a));

@@ -200,6 +200,25 @@ Interpreter::Flow Interpreter::exec_stmt(const Node& n, const FramePtr& f) {
 // Macro calls follow jinja2.runtime.Macro: positional then keyword binding, missing arguments
 // fall back to defaults (evaluated in the macro frame) or Undefined, extras go to varargs/kwargs
 // only when the body mentions them.
+namespace {
+
+// Renders a macro or caller body one call level deeper; the depth is restored on every exit
+// (errors propagate as exceptions inside the interpreter), the current line only on success,
+// as before.
+Value call_body(Interpreter& in, const Body& body, const FramePtr& frame) {
+  struct DepthGuard {
+    int& depth;
+    explicit DepthGuard(int& d) : depth(d) { ++depth; }
+    ~DepthGuard() { --depth; }
+  } guard(in.call_depth);
+  const int saved_line = in.cur_line;
+  std::string s = in.capture(body, frame);
+  in.cur_line = saved_line;
+  return Value::string(std::move(s));
+}
+
+}  // namespace
+
 Value Interpreter::make_macro(const Node& def, const FramePtr& closure) {
   auto c = std::make_shared<Callable>();
   c->name = def.str;
@@ -256,18 +275,7 @@ Value Interpreter::make_macro(const Node& def, const FramePtr& closure) {
     frame->set("varargs", Value::list(std::move(varargs), true));
     frame->set("kwargs", Value::dict(std::move(extra)));
     if (!caller.is_undefined()) frame->set("caller", caller);
-    ++in.call_depth;
-    int saved_line = in.cur_line;
-    std::string s;
-    try {
-      s = in.capture(d->body, frame);
-    } catch (...) {
-      --in.call_depth;
-      throw;
-    }
-    --in.call_depth;
-    in.cur_line = saved_line;
-    return Value::string(std::move(s));
+    return call_body(in, d->body, frame);
   };
   return Value::callable(std::move(c));
 }
@@ -292,18 +300,7 @@ Value Interpreter::make_caller(const Node& block, const FramePtr& closure) {
       else frame->set(params[i].first, Value::undefined("parameter '" + params[i].first + "' was not provided"));
     }
     for (auto& [k, v] : kwargs) frame->set(k, v);
-    ++in.call_depth;
-    int saved_line = in.cur_line;
-    std::string s;
-    try {
-      s = in.capture(d->body, frame);
-    } catch (...) {
-      --in.call_depth;
-      throw;
-    }
-    --in.call_depth;
-    in.cur_line = saved_line;
-    return Value::string(std::move(s));
+    return call_body(in, d->body, frame);
   };
   return Value::callable(std::move(c));
 }
