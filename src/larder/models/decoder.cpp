@@ -1,5 +1,6 @@
 #include "larder/models/decoder.h"
 
+#include <cstring>
 #include <vector>
 
 #include "larder/core/log.h"
@@ -29,7 +30,7 @@ class DecoderModel final : public Model {
   memory::KvLayout kv_layout() const override {
     return {static_cast<int>(cfg_.n_layers), static_cast<int>(cfg_.n_kv_heads), static_cast<int>(cfg_.head_dim)};
   }
-  Status forward(const int32_t* tokens, int64_t n, memory::KvCache& cache, float* logits, bool logits_all) override;
+  Status forward_batch(std::span<const BatchItem> items) override;
 
  private:
   ModelConfig cfg_;
@@ -44,6 +45,9 @@ class DecoderModel final : public Model {
   // thread owns it, system.md §4).
   std::vector<float> x_, h_, o_;
   std::vector<int64_t> positions_;
+  std::vector<AttentionSeq> seqs_;
+  std::vector<float> logits_buf_;
+  std::vector<int64_t> logit_rows_;  // rows whose logits are wanted, in item order
   AttentionScratch attn_s_;
   MlpScratch mlp_s_;
 };
@@ -135,49 +139,87 @@ Status DecoderModel::bind(const formats::ModelFiles& files) {
   return Status::ok();
 }
 
-Status DecoderModel::forward(const int32_t* tokens, int64_t n, memory::KvCache& cache, float* logits, bool logits_all) {
+Status DecoderModel::forward_batch(std::span<const BatchItem> items) {
   const ModelConfig& c = cfg_;
-  if (n <= 0) return invalid_argument(strfmt("[model] forward needs at least one token, got %lld", (long long)n));
-  if (!(cache.layout() == kv_layout()))
-    return invalid_argument("[model] KV cache layout does not match the model (layers, kv heads, head_dim)");
-  const int64_t pos0 = cache.length();
-  if (pos0 + n > c.max_context) {
-    return invalid_argument(strfmt("[model] sequence of %lld tokens (%lld cached + %lld new) exceeds the model "
-                                   "context of %lld tokens",
-                                   (long long)(pos0 + n), (long long)pos0, (long long)n, (long long)c.max_context));
+  if (items.empty()) return invalid_argument("[model] forward needs at least one sequence");
+  // Validate everything before touching any cache, so a bad item fails the call cleanly.
+  int64_t rows = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& it = items[i];
+    if (it.cache == nullptr || it.logits == nullptr) return invalid_argument("[model] forward item without cache or logits");
+    for (size_t j = 0; j < i; ++j) {
+      if (items[j].cache == it.cache) return invalid_argument("[model] forward_batch: two items share one KV cache");
+    }
+    const int64_t n = it.n;
+    if (n <= 0) return invalid_argument(strfmt("[model] forward needs at least one token, got %lld", (long long)n));
+    if (!(it.cache->layout() == kv_layout()))
+      return invalid_argument("[model] KV cache layout does not match the model (layers, kv heads, head_dim)");
+    const int64_t pos0 = it.cache->length();
+    if (pos0 + n > c.max_context) {
+      return invalid_argument(strfmt("[model] sequence of %lld tokens (%lld cached + %lld new) exceeds the model "
+                                     "context of %lld tokens",
+                                     (long long)(pos0 + n), (long long)pos0, (long long)n, (long long)c.max_context));
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      if (it.tokens[t] < 0 || it.tokens[t] >= c.vocab)
+        return invalid_argument(strfmt("[model] token id %d at index %lld is outside the vocabulary [0, %lld)",
+                                       it.tokens[t], (long long)t, (long long)c.vocab));
+    }
+    rows += n;
   }
-  for (int64_t t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= c.vocab)
-      return invalid_argument(strfmt("[model] token id %d at index %lld is outside the vocabulary [0, %lld)",
-                                     tokens[t], (long long)t, (long long)c.vocab));
-  }
-  LARDER_RETURN_IF_ERROR(cache.reserve(n));
+  // reserve() only grows storage (lengths are unchanged until advance), so a later item failing
+  // here still leaves every cache's contents as they were.
+  for (const BatchItem& it : items) LARDER_RETURN_IF_ERROR(it.cache->reserve(it.n));
 
   const int64_t d = c.hidden;
-  x_.resize(static_cast<size_t>(n * d));
-  h_.resize(static_cast<size_t>(n * d));
-  o_.resize(static_cast<size_t>(n * d));
-  positions_.resize(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) {
-    kernels::dequant_row(embed_, tokens[t], x_.data() + t * d);
-    positions_[static_cast<size_t>(t)] = pos0 + t;
+  x_.resize(static_cast<size_t>(rows * d));
+  h_.resize(static_cast<size_t>(rows * d));
+  o_.resize(static_cast<size_t>(rows * d));
+  positions_.resize(static_cast<size_t>(rows));
+  seqs_.clear();
+  logit_rows_.clear();
+  int64_t r = 0;
+  for (const BatchItem& it : items) {
+    const int64_t pos0 = it.cache->length();
+    seqs_.push_back({r, it.n, it.cache});
+    for (int64_t t = 0; t < it.n; ++t, ++r) {
+      kernels::dequant_row(embed_, it.tokens[t], x_.data() + r * d);
+      positions_[static_cast<size_t>(r)] = pos0 + t;
+      if (it.logits_all || t == it.n - 1) logit_rows_.push_back(r);
+    }
   }
   const AttentionContext actx{&cfg_, &attn_opt_, inv_freq_.data()};
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
-    L.attn_norm.apply(x_.data(), n, h_.data());
-    attention_block(actx, L.attn, h_.data(), n, positions_.data(), static_cast<int>(l), cache, attn_s_, o_.data());
-    kernels::add(x_.data(), o_.data(), x_.data(), n * d);
-    L.ffn_norm.apply(x_.data(), n, h_.data());
-    mlp_block(L.mlp, h_.data(), n, mlp_s_, o_.data());
-    kernels::add(x_.data(), o_.data(), x_.data(), n * d);
+    L.attn_norm.apply(x_.data(), rows, h_.data());
+    attention_block(actx, L.attn, h_.data(), rows, positions_.data(), static_cast<int>(l), seqs_, attn_s_, o_.data());
+    kernels::add(x_.data(), o_.data(), x_.data(), rows * d);
+    L.ffn_norm.apply(x_.data(), rows, h_.data());
+    mlp_block(L.mlp, h_.data(), rows, mlp_s_, o_.data());
+    kernels::add(x_.data(), o_.data(), x_.data(), rows * d);
   }
-  cache.advance(n);
+  for (const BatchItem& it : items) it.cache->advance(it.n);
 
-  const int64_t rows = logits_all ? n : 1;
-  const float* last = logits_all ? x_.data() : x_.data() + (n - 1) * d;
-  final_norm_.apply(last, rows, h_.data());
-  kernels::matmul(lm_head_, h_.data(), rows, logits);
+  // The lm_head is the largest matrix: gather every wanted row and run it once.
+  const int64_t lrows = static_cast<int64_t>(logit_rows_.size());
+  for (int64_t i = 0; i < lrows; ++i) {
+    std::memcpy(o_.data() + i * d, x_.data() + logit_rows_[static_cast<size_t>(i)] * d,
+                static_cast<size_t>(d) * sizeof(float));
+  }
+  final_norm_.apply(o_.data(), lrows, h_.data());
+  const int64_t V = c.vocab;
+  if (items.size() == 1) {  // the common single-sequence case writes straight into the caller's buffer
+    kernels::matmul(lm_head_, h_.data(), lrows, items[0].logits);
+    return Status::ok();
+  }
+  logits_buf_.resize(static_cast<size_t>(lrows * V));
+  kernels::matmul(lm_head_, h_.data(), lrows, logits_buf_.data());
+  int64_t at = 0;
+  for (const BatchItem& it : items) {
+    const int64_t k = it.logits_all ? it.n : 1;
+    std::memcpy(it.logits, logits_buf_.data() + at * V, static_cast<size_t>(k * V) * sizeof(float));
+    at += k;
+  }
   return Status::ok();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,16 @@ struct ModelInfo {
   std::optional<int32_t> bos_id;
 };
 
+// One sequence's part of a batched forward (continuous batching, server-api.md / system.md §4):
+// its new tokens, its cache, and where its logits go (last token only, or every token).
+struct BatchItem {
+  const int32_t* tokens = nullptr;
+  int64_t n = 0;
+  memory::KvCache* cache = nullptr;
+  float* logits = nullptr;  // [vocab] or, with logits_all, [n, vocab]
+  bool logits_all = false;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -45,8 +56,18 @@ class Model {
   // the cache, and writes logits for the last token only (logits_all = false → out[vocab]) or for
   // every token (out[n, vocab]). Fails cleanly (cache untouched) on token ids outside the vocab
   // or a sequence longer than the context / the cache's capacity.
-  virtual Status forward(const int32_t* tokens, int64_t n, memory::KvCache& cache, float* logits,
-                         bool logits_all) = 0;
+  Status forward(const int32_t* tokens, int64_t n, memory::KvCache& cache, float* logits, bool logits_all) {
+    const BatchItem one{tokens, n, &cache, logits, logits_all};
+    return forward_batch(std::span<const BatchItem>(&one, 1));
+  }
+
+  // Several sequences in one forward: every weight matrix is streamed once for all their rows
+  // (the point of batching on a bandwidth-bound decode), attention runs per sequence over its
+  // own cache. Each item's result equals its forward() alone up to floating-point summation
+  // order inside the matmul kernels (the row count changes which kernel path runs). Every item
+  // is validated before any cache is touched; on error no cache changes. Caches must be
+  // distinct objects.
+  virtual Status forward_batch(std::span<const BatchItem> items) = 0;
 };
 
 }  // namespace larder::models

@@ -121,5 +121,89 @@ TEST_F(Stories260K, PrefillEqualsDecode) {
   EXPECT_LE(max_diff, 1e-5f * max_ref);
 }
 
+// Continuous batching: sequences at different lengths advanced in one forward_batch (a mix of
+// prefill chunks, single decode rows and all-logits rows) give the logits each would get alone.
+// Bound as in PrefillEqualsDecode: the row count only changes the matmul kernels' reduction paths.
+TEST_F(Stories260K, BatchedEqualsAlone) {
+  auto ref = reference();
+  std::vector<int32_t> seq = ref["bos"].get<std::vector<int32_t>>();
+  seq.resize(64);
+  const int64_t V = model_->info().vocab;
+  struct Plan { int64_t cached, n; bool all; };
+  const std::vector<Plan> plans = {{10, 5, true}, {30, 1, false}, {0, 7, false}, {3, 1, true}};
+  std::vector<memory::KvCache> batched, alone;
+  std::vector<float> scratch(static_cast<size_t>(64 * V));
+  for (const Plan& p : plans) {
+    batched.emplace_back(model_->kv_layout(), 2048);
+    alone.emplace_back(model_->kv_layout(), 2048);
+    if (p.cached > 0) {
+      ASSERT_TRUE(model_->forward(seq.data(), p.cached, batched.back(), scratch.data(), false).is_ok());
+      ASSERT_TRUE(model_->forward(seq.data(), p.cached, alone.back(), scratch.data(), false).is_ok());
+    }
+  }
+  std::vector<std::vector<float>> got(plans.size()), want(plans.size());
+  std::vector<BatchItem> items;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const Plan& p = plans[i];
+    const size_t rows = p.all ? static_cast<size_t>(p.n) : 1;
+    got[i].assign(rows * static_cast<size_t>(V), 0.f);
+    want[i].assign(rows * static_cast<size_t>(V), 0.f);
+    items.push_back({seq.data() + p.cached, p.n, &batched[i], got[i].data(), p.all});
+    ASSERT_TRUE(model_->forward(seq.data() + p.cached, p.n, alone[i], want[i].data(), p.all).is_ok());
+  }
+  ASSERT_TRUE(model_->forward_batch(items).is_ok());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    EXPECT_EQ(batched[i].length(), plans[i].cached + plans[i].n);
+    float max_diff = 0, max_ref = 0;
+    for (size_t k = 0; k < want[i].size(); ++k) {
+      max_ref = std::max(max_ref, std::abs(want[i][k]));
+      max_diff = std::max(max_diff, std::abs(got[i][k] - want[i][k]));
+    }
+    EXPECT_LE(max_diff, 1e-5f * max_ref) << "sequence " << i;
+  }
+  // A bad item (token outside the vocabulary) fails the whole call and changes no cache.
+  const int32_t bad = static_cast<int32_t>(V);
+  std::vector<BatchItem> with_bad = {{seq.data(), 1, &batched[0], got[0].data(), false},
+                                     {&bad, 1, &batched[1], got[1].data(), false}};
+  EXPECT_FALSE(model_->forward_batch(with_bad).is_ok());
+  EXPECT_EQ(batched[0].length(), plans[0].cached + plans[0].n);
+  // Two items on one cache are refused.
+  std::vector<BatchItem> shared = {{seq.data(), 1, &batched[0], got[0].data(), false},
+                                   {seq.data(), 1, &batched[0], got[1].data(), false}};
+  EXPECT_FALSE(model_->forward_batch(shared).is_ok());
+}
+
+// Three greedy generations advanced together, one decode row each per forward, reproduce the
+// llama2.c reference ids of each generation run alone.
+TEST_F(Stories260K, BatchedGreedyMatchesReference) {
+  auto ref = reference();
+  const std::vector<int32_t> want = ref["bos"].get<std::vector<int32_t>>();
+  const int64_t V = model_->info().vocab;
+  const int kSeqs = 3, kSteps = 120;
+  std::vector<memory::KvCache> caches;
+  std::vector<std::vector<int32_t>> out(kSeqs);
+  std::vector<std::vector<float>> logits(kSeqs, std::vector<float>(static_cast<size_t>(V)));
+  for (int i = 0; i < kSeqs; ++i) {
+    caches.emplace_back(model_->kv_layout(), 2048);
+    out[i].push_back(want[0]);
+  }
+  // Start the sequences staggered (like requests arriving at different steps).
+  for (int step = 0; step < kSteps + 2 * kSeqs; ++step) {
+    std::vector<BatchItem> items;
+    std::vector<int> who;
+    for (int i = 0; i < kSeqs; ++i) {
+      if (step < 2 * i || static_cast<int>(out[i].size()) >= kSteps) continue;
+      items.push_back({&out[i].back(), 1, &caches[i], logits[i].data(), false});
+      who.push_back(i);
+    }
+    if (items.empty()) continue;
+    ASSERT_TRUE(model_->forward_batch(items).is_ok());
+    for (int i : who) out[i].push_back(argmax(logits[i]));
+  }
+  for (int i = 0; i < kSeqs; ++i) {
+    EXPECT_EQ(out[i], std::vector<int32_t>(want.begin(), want.begin() + kSteps)) << "sequence " << i;
+  }
+}
+
 }  // namespace
 }  // namespace larder::models

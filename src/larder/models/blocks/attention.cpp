@@ -30,46 +30,52 @@ Status bind_attention(WeightBinder& b, const std::string& p, const ModelConfig& 
   return Status::ok();
 }
 
-void attention_block(const AttentionContext& ctx, const AttentionWeights& w, const float* h, int64_t n,
-                     const int64_t* positions, int layer, memory::KvCache& cache, AttentionScratch& s, float* out) {
+void attention_block(const AttentionContext& ctx, const AttentionWeights& w, const float* h, int64_t rows,
+                     const int64_t* positions, int layer, std::span<const AttentionSeq> seqs, AttentionScratch& s,
+                     float* out) {
   const ModelConfig& c = *ctx.config;
   const int nh = static_cast<int>(c.n_heads), nkv = static_cast<int>(c.n_kv_heads), hd = static_cast<int>(c.head_dim);
   const int64_t q_dim = int64_t{nh} * hd, kv_dim = int64_t{nkv} * hd;
-  s.q.resize(static_cast<size_t>(n * q_dim));
-  s.k.resize(static_cast<size_t>(n * kv_dim));
-  s.v.resize(static_cast<size_t>(n * kv_dim));
-  s.att.resize(static_cast<size_t>(n * q_dim));
+  s.q.resize(static_cast<size_t>(rows * q_dim));
+  s.k.resize(static_cast<size_t>(rows * kv_dim));
+  s.v.resize(static_cast<size_t>(rows * kv_dim));
+  s.att.resize(static_cast<size_t>(rows * q_dim));
 
-  kernels::matmul(w.q, h, n, s.q.data());
-  kernels::matmul(w.k, h, n, s.k.data());
-  kernels::matmul(w.v, h, n, s.v.data());
-  add_bias(s.q.data(), n, w.q_b);
-  add_bias(s.k.data(), n, w.k_b);
-  add_bias(s.v.data(), n, w.v_b);
-  if (ctx.options->qk_norm) {  // per head: the rows are [n * heads, head_dim]
-    w.q_norm.apply(s.q.data(), n * nh, s.q.data());
-    w.k_norm.apply(s.k.data(), n * nkv, s.k.data());
+  kernels::matmul(w.q, h, rows, s.q.data());
+  kernels::matmul(w.k, h, rows, s.k.data());
+  kernels::matmul(w.v, h, rows, s.v.data());
+  add_bias(s.q.data(), rows, w.q_b);
+  add_bias(s.k.data(), rows, w.k_b);
+  add_bias(s.v.data(), rows, w.v_b);
+  if (ctx.options->qk_norm) {  // per head: the rows are [rows * heads, head_dim]
+    w.q_norm.apply(s.q.data(), rows * nh, s.q.data());
+    w.k_norm.apply(s.k.data(), rows * nkv, s.k.data());
   }
-  kernels::rope(s.q.data(), n, nh, hd, static_cast<int>(c.rope_dim), positions, ctx.inv_freq, ctx.options->pairing);
-  kernels::rope(s.k.data(), n, nkv, hd, static_cast<int>(c.rope_dim), positions, ctx.inv_freq, ctx.options->pairing);
-
-  const int64_t pos0 = positions[0];
-  for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(cache.k_row(layer, pos0 + t), s.k.data() + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
-    std::memcpy(cache.v_row(layer, pos0 + t), s.v.data() + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
-  }
-  cache.spans(layer, pos0 + n, &s.spans);
-  s.views.clear();
-  for (const auto& sp : s.spans) s.views.push_back({sp.k, sp.v, sp.start, sp.len});
+  // RoPE is per row (each row carries its own position), so one call covers every sequence.
+  kernels::rope(s.q.data(), rows, nh, hd, static_cast<int>(c.rope_dim), positions, ctx.inv_freq, ctx.options->pairing);
+  kernels::rope(s.k.data(), rows, nkv, hd, static_cast<int>(c.rope_dim), positions, ctx.inv_freq, ctx.options->pairing);
 
   kernels::AttentionParams ap;
   ap.n_heads = nh;
   ap.n_kv_heads = nkv;
   ap.head_dim = hd;
   ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  kernels::attention(s.q.data(), n, pos0, s.views.data(), static_cast<int>(s.views.size()), ap, s.att.data());
-  kernels::matmul(w.o, s.att.data(), n, out);
-  add_bias(out, n, w.o_b);
+  for (const AttentionSeq& sq : seqs) {
+    memory::KvCache& cache = *sq.cache;
+    const int64_t pos0 = positions[sq.row0];
+    for (int64_t t = 0; t < sq.n; ++t) {
+      const int64_t r = sq.row0 + t;
+      std::memcpy(cache.k_row(layer, pos0 + t), s.k.data() + r * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+      std::memcpy(cache.v_row(layer, pos0 + t), s.v.data() + r * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+    }
+    cache.spans(layer, pos0 + sq.n, &s.spans);
+    s.views.clear();
+    for (const auto& sp : s.spans) s.views.push_back({sp.k, sp.v, sp.start, sp.len});
+    kernels::attention(s.q.data() + sq.row0 * q_dim, sq.n, pos0, s.views.data(), static_cast<int>(s.views.size()), ap,
+                       s.att.data() + sq.row0 * q_dim);
+  }
+  kernels::matmul(w.o, s.att.data(), rows, out);
+  add_bias(out, rows, w.o_b);
 }
 
 }  // namespace larder::models

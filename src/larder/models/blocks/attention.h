@@ -4,6 +4,7 @@
 // cache's spans, output projection.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,9 +44,19 @@ struct AttentionContext {
   const float* inv_freq;  // [rope_dim/2]
 };
 
-// out[n, hidden] = attention(h[n, hidden]) for tokens at positions[0..n) = cache.length() + t;
-// writes their K/V rows into `layer` of the cache (reserved by the caller; not yet advanced).
-void attention_block(const AttentionContext& ctx, const AttentionWeights& w, const float* h, int64_t n,
-                     const int64_t* positions, int layer, memory::KvCache& cache, AttentionScratch& s, float* out);
+// Rows [row0, row0 + n) of a batched attention call belong to one sequence with this cache;
+// their positions are cache.length() + 0 .. n-1.
+struct AttentionSeq {
+  int64_t row0 = 0, n = 0;
+  memory::KvCache* cache = nullptr;
+};
+
+// out[rows, hidden] = attention(h[rows, hidden]) where the rows are the concatenation of the
+// sequences' new tokens (positions[r] is row r's position in its own sequence). Projections run
+// once over all rows; RoPE, the K/V write into `layer` of each cache (reserved by the caller,
+// not yet advanced) and causal attention run per sequence.
+void attention_block(const AttentionContext& ctx, const AttentionWeights& w, const float* h, int64_t rows,
+                     const int64_t* positions, int layer, std::span<const AttentionSeq> seqs, AttentionScratch& s,
+                     float* out);
 
 }  // namespace larder::models
