@@ -25,19 +25,25 @@ DequantRowFn dequant_fn(const KernelTable& t, const WeightView& w) {
 bool weight_supported(const WeightView& w) {
   const KernelTable& t = active_table();
   if (matmul_fn(t, w) == nullptr || dequant_fn(t, w) == nullptr) return false;
+  if (w.is_affine()) {
+    // The fast tiers work on whole 32-element activation blocks per group.
+    const bool scale_ok = w.scale_dtype == DType::kF32 || w.scale_dtype == DType::kF16 || w.scale_dtype == DType::kBF16;
+    return w.dtype == DType::kU32 && scale_ok && w.group_size > 0 && w.group_size % 32 == 0 &&
+           w.cols % w.group_size == 0 && w.scales != nullptr && w.biases != nullptr;
+  }
   const uint32_t be = dtype_info(w.dtype).block_elems;
-  return !w.is_affine() ? w.cols % be == 0 : true;
+  return w.cols % be == 0;
 }
 
 void matmul(const WeightView& w, const float* x, int64_t n, float* y) {
   MatmulFn f = matmul_fn(active_table(), w);
-  LARDER_CHECK(f != nullptr, "[kernels] no matmul for %s", dtype_name(w.dtype));
+  LARDER_CHECK(f != nullptr, "[kernels] no matmul for %s (affine bits %d)", dtype_name(w.dtype), w.bits);
   f(w, x, n, y);
 }
 
 void dequant_row(const WeightView& w, int64_t row, float* out) {
   DequantRowFn f = dequant_fn(active_table(), w);
-  LARDER_CHECK(f != nullptr, "[kernels] no row lookup for %s", dtype_name(w.dtype));
+  LARDER_CHECK(f != nullptr, "[kernels] no row lookup for %s (affine bits %d)", dtype_name(w.dtype), w.bits);
   LARDER_DCHECK(row >= 0 && row < w.rows, "row %lld of %lld", (long long)row, (long long)w.rows);
   f(w, row, out);
 }

@@ -22,8 +22,9 @@ namespace larder::kernels {
 // Plain dtypes (F32/F16/BF16): `data` holds rows*cols elements.
 // GGUF block dtypes (Q8_0/Q4_0/...): each row is cols/block_elems consecutive blocks (ggml puts
 // blocks along the innermost axis, which after the reader's shape reversal is `cols`).
-// MLX affine (not executed yet): dtype = kU32, `data` = packed codes [rows, cols*bits/32],
-// `scales`/`biases` [rows, cols/group_size] in `scale_dtype`, `bits` in {2,3,4,5,6,8}
+// MLX affine: dtype = kU32, `data` = packed codes [rows, cols*bits/32] (a little-endian bit
+// stream per row), `scales`/`biases` [rows, cols/group_size] in `scale_dtype` (F32/F16/BF16),
+// `bits` in {2,3,4,5,6,8}, group_size in {32,64,128}; value = scale·code + bias per group
 // (quantization.md §2). `bits > 0` marks an affine view.
 struct WeightView {
   DType dtype = DType::kUnknown;

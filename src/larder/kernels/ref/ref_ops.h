@@ -25,6 +25,16 @@ void dequant_q4_0(const uint8_t* src, int64_t blocks, float* out);
 // y[n, rows] = x[n, cols] · Wᵀ for any format with a dequant_row entry in the ref table.
 void matmul(const WeightView& w, const float* x, int64_t n, float* y);
 
+// MLX affine (ref/affine.cpp; WeightView with bits > 0, any bits in {2,3,4,5,6,8}, any group
+// size dividing cols). One function serves every `matmul_affine[bits]` / `dequant_row_affine[bits]`
+// slot: the width is read from the view.
+void dequant_row_affine(const WeightView& w, int64_t row, float* out);
+void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
+// Code j of a packed row (little-endian bit stream, quantization.md §2.2), and the f32 value of
+// a group's scale (bias = false) or bias (bias = true). Shared with tests and the fast tiers.
+uint32_t affine_code(const uint8_t* row, int64_t j, int bits);
+float affine_scale(const WeightView& w, int64_t row, int64_t group, bool bias);
+
 void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out);
 void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
           const float* inv_freq, RopePairing pairing);
