@@ -14,6 +14,15 @@ Logit sets
   bf16     bf16 checkpoint, mlx computes in bf16 as mlx-lm would        (loose: bf16 rounding)
   deq      GGUF cases: mlx-lm on an f32 checkpoint holding exactly gguf.quants.dequantize of the
            GGUF's quantized tensors (Q/K rows un-permuted back to HF order for llama)
+
+MLX affine cases (AFFINE_CASES): the f32 random checkpoint is loaded by mlx-lm, cast to the
+case's dtype (bf16/f16: the dtype scales and biases are stored in), quantized by
+mlx_lm.utils.quantize_model (uniform, or per-module parameters through quant_predicate incl. a
+module left unquantized, recorded as `false` in the config as larder's writer does) and saved as
+an MLX model directory (model.safetensors with U32 codes + scales/biases, config.json with
+`quantization` and `quantization_config`). The logits come from mlx-lm re-loading that directory
+and running with every floating parameter upcast to f32 ("f32math": the same dequantized values
+larder computes with).
 """
 import argparse
 import json
@@ -51,6 +60,29 @@ CASES = [
                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
                    tie_word_embeddings=False)),
 ]
+# name, base case (from CASES) or its own config, dtype, bits, group_size, per-module overrides
+# (module path -> {bits, group_size} or False).
+AFFINE_CASES = [
+    # Uniform q4 g64, tied embeddings: quantized embedding lookup and the embedding as lm_head.
+    ("llama_q4g64", dict(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=320,
+                         rope_theta=10000.0, tie_word_embeddings=True), "bf16", 4, 64, {}),
+    # Mixed: every width, every group size, f16 scales, an untied quantized lm_head, a module left
+    # unquantized (`false`), entries without `mode` (affine by default).
+    ("llama_mixed", dict(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=192,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=300,
+                         rope_theta=500000.0, tie_word_embeddings=False), "f16", 4, 64,
+     {"model.embed_tokens": {"bits": 8, "group_size": 128},
+      "model.layers.0.self_attn.v_proj": {"bits": 3, "group_size": 32},
+      "model.layers.0.mlp.down_proj": {"bits": 8, "group_size": 64},
+      "model.layers.1.self_attn.o_proj": {"bits": 6, "group_size": 128},
+      "model.layers.1.mlp.gate_proj": {"bits": 2, "group_size": 64},
+      "model.layers.1.mlp.up_proj": False,
+      "lm_head": {"bits": 5, "group_size": 32}}),
+    # q8 g32 on qwen3 (q/k norms, untied head, q_dim != hidden).
+    ("qwen3_q8g32", "qwen3", "bf16", 8, 32, {}),
+]
+
 GGUF_CASES = [("llama_gqa", "Q8_0"), ("llama_gqa", "Q4_0"), ("qwen3", "Q8_0"), ("qwen3", "Q4_0")]
 
 
@@ -258,6 +290,28 @@ def write_gguf(path, c, weights, qname, arch=None, qtype_for=None, skip_block_co
     return deq
 
 
+def write_affine(d, src_dir, config, dtype, bits, group_size, overrides):
+    """mlx-lm quantizes the checkpoint in src_dir and we save it the way mlx_lm.convert does."""
+    import mlx.core as mx
+    from pathlib import Path
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model, quantize_model
+    model, _ = load_model(Path(src_dir))
+    model.set_dtype({"bf16": mx.bfloat16, "f16": mx.float16}[dtype])
+    pred = (lambda path, m: overrides.get(path, True)) if overrides else None
+    model, qconfig = quantize_model(model, dict(config), group_size, bits, quant_predicate=pred)
+    for path, v in overrides.items():
+        if v is False:  # mlx-lm records nothing for a skipped module; larder's writer records `false`
+            qconfig["quantization"][path] = False
+    qconfig["quantization_config"] = qconfig["quantization"]
+    os.makedirs(d, exist_ok=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(os.path.join(d, "model.safetensors"), weights, metadata={"format": "mlx"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(qconfig, f, indent=4, sort_keys=True)
+    return {k: str(v.dtype) for k, v in weights.items()}
+
+
 def save_case(d, tokens, vocab, logit_sets, extra=None):
     meta = {"tokens": tokens, "vocab": vocab, "seq": len(tokens), "logits": {}}
     for k, v in logit_sets.items():
@@ -298,6 +352,22 @@ def main():
         save_case(d, tokens, c["vocab_size"],
                   {"f32math": mlx_logits(d, tokens, upcast=True), "bf16": mlx_logits(d, tokens)})
         print(f"model_reference: {name}", flush=True)
+
+    for name, base, dtype, bits, gs, overrides in AFFINE_CASES:
+        c = configs[base] if isinstance(base, str) else full_config(base)
+        if isinstance(base, str):
+            w = weights[base]
+        else:
+            w = random_weights(c, np.random.default_rng(2000 + len(name)))
+        src = os.path.join(root, name + "_src")
+        write_hf(src, c, w, "f32")
+        d = os.path.join(root, name)
+        dtypes = write_affine(d, src, c, dtype, bits, gs, overrides)
+        assert dtypes["model.layers.0.self_attn.q_proj.weight"] == "mlx.core.uint32", dtypes
+        rng = np.random.default_rng(11)
+        tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
+        save_case(d, tokens, c["vocab_size"], {"f32math": mlx_logits(d, tokens, upcast=True)})
+        print(f"model_reference: {name} (MLX affine)", flush=True)
 
     for name, q in GGUF_CASES:
         c = configs[name]

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "larder/core/log.h"
+
 namespace larder::models {
 
 using nlohmann::ordered_json;
@@ -89,7 +91,83 @@ Status validate(const ModelConfig& c) {
   return Status::ok();
 }
 
+bool valid_bits(int64_t b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
+bool valid_group(int64_t g) { return g == 32 || g == 64 || g == 128; }
+
+// bits/group_size of one block level (`where` names it in messages). Absent or null keys keep
+// *p's values (the caller pre-fills the defaults it wants); `defaulted` says whether it had to.
+Status read_affine(const ordered_json& j, const std::string& src, const std::string& where, AffineParams* p,
+                   bool* defaulted) {
+  if (const ordered_json* m = jfind(j, "mode")) {
+    if (!m->is_string())
+      return invalid_argument(strfmt("[config] %s: %s 'mode' must be a string, got %s", src.c_str(), where.c_str(),
+                                     m->dump().c_str()));
+    if (m->get<std::string>() != "affine")
+      return unsupported(strfmt("[config] %s: %s mode '%s' is not supported (supported: affine)", src.c_str(),
+                                where.c_str(), m->get<std::string>().c_str()));
+  }
+  int64_t bits = p->bits, g = p->group_size;
+  if (!jfind(j, "bits") || !jfind(j, "group_size")) *defaulted = true;
+  LARDER_RETURN_IF_ERROR(read_int(j, "bits", src, false, &bits));
+  LARDER_RETURN_IF_ERROR(read_int(j, "group_size", src, false, &g));
+  if (!valid_bits(bits))
+    return unsupported(strfmt("[config] %s: %s bits %lld is not supported (supported: 2, 3, 4, 5, 6, 8)", src.c_str(),
+                              where.c_str(), (long long)bits));
+  if (!valid_group(g))
+    return unsupported(strfmt("[config] %s: %s group_size %lld is not supported (supported: 32, 64, 128)",
+                              src.c_str(), where.c_str(), (long long)g));
+  p->bits = static_cast<int>(bits);
+  p->group_size = static_cast<int>(g);
+  return Status::ok();
+}
+
 }  // namespace
+
+Result<QuantizationConfig> quantization_from_config(const ordered_json& config, const std::string& src) {
+  QuantizationConfig q;
+  const char* key = "quantization";
+  const ordered_json* block = jfind(config, key);
+  if (!block) {
+    key = "quantization_config";
+    block = jfind(config, key);
+  }
+  if (!block) return q;
+  if (!block->is_object())
+    return invalid_argument(strfmt("[config] %s: '%s' must be an object, got %s", src.c_str(), key, block->dump().c_str()));
+  if (const ordered_json* qm = jfind(*block, "quant_method")) {
+    return unsupported(strfmt("[config] %s: %s.quant_method %s is not supported (larder executes MLX affine "
+                              "checkpoints: a block of bits, group_size, mode \"affine\")",
+                              src.c_str(), key, qm->dump().c_str()));
+  }
+  if (!jfind(*block, "bits") || !jfind(*block, "group_size"))
+    return invalid_argument(strfmt("[config] %s: '%s' needs top-level 'bits' and 'group_size'", src.c_str(), key));
+  q.present = true;
+  bool defaulted = false;
+  LARDER_RETURN_IF_ERROR(read_affine(*block, src, std::string("'") + key + "'", &q.global, &defaulted));
+  for (auto it = block->begin(); it != block->end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "bits" || k == "group_size" || k == "mode") continue;
+    const std::string where = std::string("'") + key + "." + k + "'";
+    const ordered_json& v = it.value();
+    if (v.is_boolean()) {
+      q.modules[k] = v.get<bool>() ? std::optional<AffineParams>(q.global) : std::nullopt;
+    } else if (v.is_object()) {
+      // mlx-lm passes the dict as keyword arguments to the module's quantize call, whose defaults
+      // are affine / 4 bits / group 64 (quantization.md §3.2) — not the top-level values.
+      AffineParams p;
+      bool filled = false;
+      LARDER_RETURN_IF_ERROR(read_affine(v, src, where, &p, &filled));
+      if (filled)
+        LARDER_LOG_WARN("[config] %s: %s lacks bits or group_size; using mlx-lm's defaults (%d bits, group %d)",
+                        src.c_str(), where.c_str(), p.bits, p.group_size);
+      q.modules[k] = p;
+    } else {
+      return invalid_argument(strfmt("[config] %s: %s must be true, false or {bits, group_size}, got %s",
+                                     src.c_str(), where.c_str(), v.dump().c_str()));
+    }
+  }
+  return q;
+}
 
 Result<std::string> architecture_of(const formats::ModelFiles& files) {
   if (files.gguf) {
@@ -138,6 +216,7 @@ Result<ModelConfig> config_from_hf(const formats::ModelFiles& files) {
   read_ids(files.generation_config, "eos_token_id", &c.eos_ids);
   int64_t bos = -1;
   if (read_int(j, "bos_token_id", src, false, &bos).is_ok() && bos >= 0) c.bos_id = static_cast<int32_t>(bos);
+  LARDER_ASSIGN_OR_RETURN(c.quantization, quantization_from_config(j, src));
   LARDER_RETURN_IF_ERROR(validate(c));
   return c;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,27 @@ struct RopeScaling {
   int64_t original_max_position = 8192;
 };
 
+// MLX affine group quantization (quantization.md §2, §3): config.json's `quantization` block
+// (or its `quantization_config` twin). Which modules are quantized is resolved per module path
+// by the weight binder (models/weights.h, §3.2): an entry here decides; otherwise a module is
+// quantized with the top-level parameters iff the checkpoint holds `<module>.scales`.
+struct AffineParams {
+  int bits = 4;         // 2, 3, 4, 5, 6, 8
+  int group_size = 64;  // 32, 64, 128
+};
+
+struct QuantizationConfig {
+  bool present = false;  // the config has a quantization block
+  AffineParams global;
+  // Per-module overrides by module path ("model.layers.0.mlp.down_proj"): params, or nullopt
+  // for `false` (left unquantized). `true` is stored as the top-level params.
+  std::map<std::string, std::optional<AffineParams>> modules;
+};
+
+// Parses the block of an HF/MLX config.json (null-safe: no block → present = false). Errors
+// (unsupported mode, bits, group size, quant_method; malformed entries) name the file and key.
+Result<QuantizationConfig> quantization_from_config(const nlohmann::ordered_json& config, const std::string& src);
+
 struct ModelConfig {
   std::string architecture;
   std::string source;  // config.json path or .gguf path (for messages)
@@ -40,6 +62,7 @@ struct ModelConfig {
   bool mlp_bias = false;
   std::vector<int32_t> eos_ids;
   std::optional<int32_t> bos_id;
+  QuantizationConfig quantization;  // HF/MLX only; GGUF block types are tensor dtypes instead
 };
 
 // Architecture name alone (model_type or general.architecture), for the registry.

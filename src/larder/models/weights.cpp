@@ -34,7 +34,10 @@ std::string gguf_tensor_name(const std::string& hf) {
   return "";
 }
 
-WeightBinder::WeightBinder(const formats::ModelFiles& files) : files_(files) {}
+WeightBinder::WeightBinder(const formats::ModelFiles& files)
+    : files_(files),
+      quant_(files.gguf ? Result<QuantizationConfig>(QuantizationConfig{})
+                        : quantization_from_config(files.config, files.path + "/config.json")) {}
 
 Result<const formats::TensorInfo*> WeightBinder::find(const std::string& hf_name) {
   const bool gguf = files_.gguf != nullptr;
@@ -59,8 +62,105 @@ std::string WeightBinder::file_of(const formats::TensorInfo& t) const {
   return t.file ? *t.file : files_.path;
 }
 
+Result<std::optional<AffineParams>> WeightBinder::affine_params(const std::string& module) const {
+  if (files_.gguf) return std::optional<AffineParams>();
+  if (!quant_.is_ok()) return quant_.status();
+  const QuantizationConfig& q = quant_.value();
+  const bool has_scales = files_.tensors().find(module + ".scales") != nullptr;
+  if (!q.present) {
+    if (has_scales)
+      return invalid_argument(strfmt("[model] %s: tensor '%s.scales' exists but config.json has no 'quantization' "
+                                     "block (bits, group_size) to read it with",
+                                     files_.path.c_str(), module.c_str()));
+    return std::optional<AffineParams>();
+  }
+  if (auto it = q.modules.find(module); it != q.modules.end()) return it->second;  // explicit entry decides
+  if (has_scales) return std::optional<AffineParams>(q.global);
+  return std::optional<AffineParams>();
+}
+
+Result<kernels::WeightView> WeightBinder::affine_matrix(const formats::TensorInfo& t, const std::string& module,
+                                                        const AffineParams& q, int64_t rows, int64_t cols,
+                                                        const char* why) {
+  const std::string file = file_of(t);
+  const char* f = file.c_str();
+  const std::string params = strfmt("bits %d, group_size %d", q.bits, q.group_size);
+  if (cols % q.group_size != 0)
+    return invalid_argument(strfmt("[model] %s: module '%s' has %lld input features, not a multiple of its "
+                                   "group_size %d (%s)",
+                                   f, module.c_str(), (long long)cols, q.group_size, why));
+  if (t.dtype != DType::kU32)
+    return invalid_argument(strfmt("[model] %s: tensor '%s' has dtype %s, expected U32 packed codes (module "
+                                   "quantized with %s per config.json)",
+                                   f, t.name.c_str(), dtype_name(t.dtype), params.c_str()));
+  const int64_t packed = cols * q.bits / 32;
+  if (t.rank() != 2 || t.dim(0) != rows || t.dim(1) != packed)
+    return invalid_argument(strfmt("[model] %s: tensor '%s' has shape %s, expected [%lld, %lld] (%s; packed %lld "
+                                   "columns at %s)",
+                                   f, t.name.c_str(), t.shape_str().c_str(), (long long)rows, (long long)packed, why,
+                                   (long long)cols, params.c_str()));
+  const int64_t ng = cols / q.group_size;
+  const formats::TensorInfo* sb[2] = {nullptr, nullptr};
+  const char* kinds[2] = {"scales", "biases"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string name = module + "." + kinds[i];
+    const formats::TensorInfo* a = files_.tensors().find(name);
+    if (!a)
+      return not_found(strfmt("[model] %s: missing tensor '%s' (module '%s' is quantized with %s per config.json)",
+                              files_.path.c_str(), name.c_str(), module.c_str(), params.c_str()));
+    bound_.insert(a->name);
+    const std::string af = file_of(*a);
+    if (a->dtype != DType::kF32 && a->dtype != DType::kF16 && a->dtype != DType::kBF16)
+      return unsupported(strfmt("[model] %s: tensor '%s' has dtype %s, expected BF16, F16 or F32", af.c_str(),
+                                name.c_str(), dtype_name(a->dtype)));
+    if (a->rank() != 2 || a->dim(0) != rows || a->dim(1) != ng)
+      return invalid_argument(strfmt("[model] %s: tensor '%s' has shape %s, expected [%lld, %lld] (%lld columns / "
+                                     "group_size %d)",
+                                     af.c_str(), name.c_str(), a->shape_str().c_str(), (long long)rows, (long long)ng,
+                                     (long long)cols, q.group_size));
+    if (a->nbytes != dtype_bytes(a->dtype, static_cast<uint64_t>(rows * ng)))
+      return corrupt(strfmt("[model] %s: tensor '%s' holds %llu bytes, expected %llu", af.c_str(), name.c_str(),
+                            (unsigned long long)a->nbytes,
+                            (unsigned long long)dtype_bytes(a->dtype, static_cast<uint64_t>(rows * ng))));
+    sb[i] = a;
+  }
+  if (sb[0]->dtype != sb[1]->dtype)
+    return invalid_argument(strfmt("[model] %s: tensors '%s' (%s) and '%s' (%s) must have the same dtype",
+                                   files_.path.c_str(), sb[0]->name.c_str(), dtype_name(sb[0]->dtype),
+                                   sb[1]->name.c_str(), dtype_name(sb[1]->dtype)));
+  kernels::WeightView w;
+  w.dtype = DType::kU32;
+  w.rows = rows;
+  w.cols = cols;
+  w.data = t.data;
+  w.scales = sb[0]->data;
+  w.biases = sb[1]->data;
+  w.scale_dtype = sb[0]->dtype;
+  w.bits = q.bits;
+  w.group_size = q.group_size;
+  if (t.nbytes != static_cast<uint64_t>(rows) * w.row_bytes())
+    return corrupt(strfmt("[model] %s: tensor '%s' holds %llu bytes, expected %llu", f, t.name.c_str(),
+                          (unsigned long long)t.nbytes, (unsigned long long)(static_cast<uint64_t>(rows) * w.row_bytes())));
+  if (!kernels::weight_supported(w))
+    return unsupported(strfmt("[model] %s: module '%s' (affine, %s, %s scales) has no kernel in the active table",
+                              f, module.c_str(), params.c_str(), dtype_name(w.scale_dtype)));
+  dtypes_.insert(strfmt("affine-q%d-g%d", q.bits, q.group_size));
+  n_params_ += rows * cols;
+  return w;
+}
+
 Result<kernels::WeightView> WeightBinder::matrix(const std::string& hf_name, int64_t rows, int64_t cols, const char* why) {
   LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* t, find(hf_name));
+  const std::string suffix = ".weight";
+  const bool has_suffix = hf_name.size() > suffix.size() &&
+                          hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string module = has_suffix ? hf_name.substr(0, hf_name.size() - suffix.size()) : hf_name;
+  LARDER_ASSIGN_OR_RETURN(std::optional<AffineParams> q, affine_params(module));
+  if (q) return affine_matrix(*t, module, *q, rows, cols, why);
+  if (t->dtype == DType::kU32 && !files_.gguf)
+    return invalid_argument(strfmt("[model] %s: tensor '%s' is U32 (packed affine codes?) but config.json's "
+                                   "quantization block leaves module '%s' unquantized",
+                                   file_of(*t).c_str(), t->name.c_str(), module.c_str()));
   if (t->rank() != 2 || t->dim(0) != rows || t->dim(1) != cols) {
     return invalid_argument(strfmt("[model] %s: tensor '%s' has shape %s, expected [%lld, %lld] (%s)",
                                    file_of(*t).c_str(), t->name.c_str(), t->shape_str().c_str(), (long long)rows,
@@ -73,7 +173,7 @@ Result<kernels::WeightView> WeightBinder::matrix(const std::string& hf_name, int
   w.data = t->data;
   if (!kernels::weight_supported(w)) {
     return unsupported(strfmt("[model] %s: tensor '%s' has dtype %s, which larder cannot execute as a matrix "
-                              "(supported: F32, F16, BF16, Q8_0, Q4_0)",
+                              "(supported: F32, F16, BF16, Q8_0, Q4_0, MLX affine U32 + scales/biases)",
                               file_of(*t).c_str(), t->name.c_str(), dtype_name(t->dtype)));
   }
   if (t->nbytes != static_cast<uint64_t>(rows) * w.row_bytes()) {

@@ -5,9 +5,15 @@
 // ("blk.3.attn_q.weight"). Matrices come back as kernels::WeightView into the mapping (no copy);
 // 1-D parameters (norm gains, biases: O(hidden) bytes) are converted to f32 once, because every
 // kernel consumes them as f32 and they are a rounding error of the model's size.
+//
+// MLX affine checkpoints (config.json `quantization` block, quantization.md §2–3): a quantized
+// module P stores `P.weight` as U32 packed codes [rows, cols·bits/32] and `P.scales`/`P.biases`
+// [rows, cols/group_size] (F32/F16/BF16). matrix("P.weight", rows, cols) resolves P's bits and
+// group size (§3.2), validates all three tensors and returns an affine WeightView over them.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,6 +21,7 @@
 #include "larder/core/status.h"
 #include "larder/formats/model_files.h"
 #include "larder/kernels/ops.h"
+#include "larder/models/config.h"
 
 namespace larder::models {
 
@@ -26,7 +33,8 @@ class WeightBinder {
   explicit WeightBinder(const formats::ModelFiles& files);
 
   bool has(const std::string& hf_name) const;
-  // A [rows, cols] matrix in any dtype the active kernel table can execute.
+  // A [rows, cols] matrix (logical shape) in any format the active kernel table can execute:
+  // plain, GGUF block, or MLX affine (then `<module>.scales`/`.biases` are bound with it).
   Result<kernels::WeightView> matrix(const std::string& hf_name, int64_t rows, int64_t cols, const char* why);
   // A [len] vector in F32/F16/BF16, converted to f32.
   Result<std::vector<float>> vector(const std::string& hf_name, int64_t len, const char* why);
@@ -41,8 +49,13 @@ class WeightBinder {
  private:
   Result<const formats::TensorInfo*> find(const std::string& hf_name);
   std::string file_of(const formats::TensorInfo& t) const;
+  // The affine parameters of module `module` (hf_name without ".weight"), or nullopt: plain.
+  Result<std::optional<AffineParams>> affine_params(const std::string& module) const;
+  Result<kernels::WeightView> affine_matrix(const formats::TensorInfo& t, const std::string& module,
+                                            const AffineParams& q, int64_t rows, int64_t cols, const char* why);
 
   const formats::ModelFiles& files_;
+  Result<QuantizationConfig> quant_;
   std::set<std::string> bound_;  // file tensor names
   std::set<std::string> dtypes_;
   int64_t n_params_ = 0;

@@ -23,7 +23,9 @@ struct T {
   std::vector<int64_t> shape;
 };
 
-size_t elem_bytes(const std::string& dt) { return dt == "F32" || dt == "I32" ? 4 : dt == "F64" ? 8 : 2; }
+size_t elem_bytes(const std::string& dt) {
+  return dt == "F32" || dt == "I32" || dt == "U32" ? 4 : dt == "F64" ? 8 : 2;
+}
 
 void write_safetensors(const std::string& path, const std::map<std::string, T>& tensors) {
   ordered_json h = ordered_json::object();
@@ -209,6 +211,150 @@ TEST_F(BadInput, UnsupportedDtype) {
   st = load(make("dtype1d", tiny_config(), t));
   ASSERT_FALSE(st.is_ok());
   EXPECT_HAS(st.message(), "model.norm.weight");
+}
+
+// ---- MLX affine checkpoints: every matrix P of tiny_tensors() as P.weight U32 [rows,
+// cols·bits/32] + P.scales / P.biases BF16 [rows, cols/g] (random bytes: only loading is tested;
+// execution is tests/unit/models/arch_parity_test.cpp against mlx-lm).
+std::map<std::string, T> affine_tensors(int bits, int g) {
+  std::map<std::string, T> out;
+  for (const auto& [name, t] : tiny_tensors()) {
+    if (t.shape.size() != 2) {
+      out[name] = t;
+      continue;
+    }
+    const std::string mod = name.substr(0, name.size() - std::string(".weight").size());
+    out[name] = {"U32", {t.shape[0], t.shape[1] * bits / 32}};
+    out[mod + ".scales"] = {"BF16", {t.shape[0], t.shape[1] / g}};
+    out[mod + ".biases"] = {"BF16", {t.shape[0], t.shape[1] / g}};
+  }
+  return out;
+}
+
+ordered_json affine_config(int bits, int g) {
+  auto c = tiny_config();
+  c["quantization"] = {{"group_size", g}, {"bits", bits}, {"mode", "affine"}};
+  c["quantization_config"] = c["quantization"];
+  return c;
+}
+
+TEST_F(BadInput, AffineCheckpointLoads) {
+  auto cfg = affine_config(4, 32);
+  auto t = affine_tensors(4, 32);
+  // Per-module overrides: an 8-bit module and one left unquantized (`false`, plain F32 tensor).
+  cfg["quantization"]["model.layers.1.mlp.down_proj"] = {{"bits", 8}, {"group_size", 32}};
+  t["model.layers.1.mlp.down_proj.weight"] = {"U32", {32, 64 * 8 / 32}};
+  cfg["quantization"]["model.layers.0.mlp.up_proj"] = false;
+  t.erase("model.layers.0.mlp.up_proj.scales");
+  t.erase("model.layers.0.mlp.up_proj.biases");
+  t["model.layers.0.mlp.up_proj.weight"] = {"F32", {64, 32}};
+  Status st = load(make("affine_good", cfg, t));
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(model_->info().weight_dtypes, "F32+affine-q4-g32+affine-q8-g32");
+  EXPECT_EQ(model_->info().n_params, 2 * 40 * 32 + 32 + 2 * (2 * 32 + 32 * 32 * 2 + 16 * 32 * 2 + 3 * 64 * 32));
+  // quantization_config alone (the twin) is read too; every matrix then uses the top level.
+  cfg = affine_config(4, 32);
+  cfg.erase("quantization");
+  st = load(make("affine_twin", cfg, affine_tensors(4, 32)));
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(model_->info().weight_dtypes, "affine-q4-g32");
+}
+
+TEST_F(BadInput, AffineConfigErrors) {
+  struct Bad {
+    const char* name;
+    ordered_json block;
+    StatusCode code;
+    const char* says;
+  } bads[] = {
+      {"mode", {{"group_size", 32}, {"bits", 4}, {"mode", "mxfp4"}}, StatusCode::kUnsupported, "mode 'mxfp4'"},
+      {"bits", {{"group_size", 32}, {"bits", 7}}, StatusCode::kUnsupported, "bits 7 is not supported"},
+      {"group", {{"group_size", 16}, {"bits", 4}}, StatusCode::kUnsupported, "group_size 16 is not supported"},
+      {"module_bits",
+       {{"group_size", 32}, {"bits", 4}, {"model.layers.0.mlp.up_proj", {{"bits", 1}, {"group_size", 32}}}},
+       StatusCode::kUnsupported, "'quantization.model.layers.0.mlp.up_proj' bits 1"},
+      {"entry", {{"group_size", 32}, {"bits", 4}, {"model.layers.0.mlp.up_proj", 3}}, StatusCode::kInvalidArgument,
+       "must be true, false or {bits, group_size}"},
+      {"gptq", {{"group_size", 32}, {"bits", 4}, {"quant_method", "gptq"}}, StatusCode::kUnsupported,
+       "quant_method \"gptq\""},
+  };
+  for (const Bad& b : bads) {
+    auto cfg = tiny_config();
+    cfg["quantization"] = b.block;
+    Status st = load(make(std::string("affine_cfg_") + b.name, cfg, affine_tensors(4, 32)));
+    ASSERT_FALSE(st.is_ok()) << b.name;
+    EXPECT_EQ(st.code(), b.code) << b.name << ": " << st.to_string();
+    EXPECT_HAS(st.message(), b.says);
+    EXPECT_HAS(st.message(), "config.json");
+  }
+}
+
+TEST_F(BadInput, AffineTensorErrors) {
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  {  // packed width of another bit count
+    auto t = affine_tensors(4, 32);
+    t[q + ".weight"] = {"U32", {32, 8}};
+    Status st = load(make("affine_packed", affine_config(4, 32), t));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_HAS(st.message(), q + ".weight' has shape [32, 8], expected [32, 4]");
+    EXPECT_HAS(st.message(), "bits 4, group_size 32");
+  }
+  {  // scales of another group size
+    auto t = affine_tensors(4, 32);
+    t[q + ".scales"] = {"BF16", {32, 2}};
+    Status st = load(make("affine_scales", affine_config(4, 32), t));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_HAS(st.message(), q + ".scales' has shape [32, 2], expected [32, 1]");
+  }
+  {  // biases missing
+    auto t = affine_tensors(4, 32);
+    t.erase("model.layers.1.mlp.up_proj.biases");
+    Status st = load(make("affine_nobias", affine_config(4, 32), t));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.code(), StatusCode::kNotFound);
+    EXPECT_HAS(st.message(), "missing tensor 'model.layers.1.mlp.up_proj.biases'");
+  }
+  {  // scales in an integer dtype; scales and biases in different dtypes
+    auto t = affine_tensors(4, 32);
+    t[q + ".scales"] = {"I32", {32, 1}};
+    Status st = load(make("affine_sdtype", affine_config(4, 32), t));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+    EXPECT_HAS(st.message(), q + ".scales' has dtype I32, expected BF16, F16 or F32");
+    t = affine_tensors(4, 32);
+    t[q + ".biases"] = {"F32", {32, 1}};
+    st = load(make("affine_mixdtype", affine_config(4, 32), t));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_HAS(st.message(), "must have the same dtype");
+  }
+  {  // codes not U32
+    auto t = affine_tensors(4, 32);
+    t[q + ".weight"] = {"I32", {32, 4}};
+    Status st = load(make("affine_codes_dtype", affine_config(4, 32), t));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_HAS(st.message(), q + ".weight' has dtype I32, expected U32 packed codes");
+  }
+  {  // a module marked `false` whose weight is still packed
+    auto cfg = affine_config(4, 32);
+    cfg["quantization"][q] = false;
+    Status st = load(make("affine_false_packed", cfg, affine_tensors(4, 32)));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_HAS(st.message(), "leaves module '" + q + "' unquantized");
+  }
+  {  // scales but no quantization block
+    Status st = load(make("affine_noblock", tiny_config(), affine_tensors(4, 32)));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_HAS(st.message(), "no 'quantization' block");
+  }
+  {  // an override that disagrees with the stored packing
+    auto cfg = affine_config(4, 32);
+    cfg["quantization"][q] = {{"bits", 8}, {"group_size", 32}};
+    Status st = load(make("affine_override", cfg, affine_tensors(4, 32)));
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_HAS(st.message(), "expected [32, 8]");
+    EXPECT_HAS(st.message(), "bits 8, group_size 32");
+  }
 }
 
 TEST_F(BadInput, UnsupportedRopeScaling) {
