@@ -14,8 +14,13 @@
 //   A second, tight check replays the quantizer (quantize_acts_ref) and computes the integer
 //   dot products exactly in double: the kernel must then agree to f32 rounding, which catches
 //   lane/layout bugs the loose bound could hide.
+// - MLX affine (FastAffine below): value ŵ = s·u + b per group. The kernel computes
+//   Σ_g [s_g·Σ u_i·x̂_i + b_g·Σ x̂_i] = Σ ŵ_i·x̂_i (x̂ int8-quantized as above), so vs the reference
+//   |err| <= Σ_blocks (d_x/2)·Σ_{i∈block} |ŵ_i|  (+ the reference's f32 rounding of ŵ, and f32
+//   accumulation); the tight check replays the quantizer and evaluates that sum in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -243,6 +248,162 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmul,
                                          TierFormat{"avx512", DType::kBF16}),
                          name_of);
 
+// ---- MLX affine -------------------------------------------------------------------------------
+
+struct AffineWeights {
+  WeightView view;
+  std::vector<uint8_t> codes, scales, biases;
+  std::vector<float> deq;
+};
+
+void put_scale(uint8_t* p, float v, DType dt) {
+  if (dt == DType::kF32) std::memcpy(p, &v, 4);
+  else put_u16(p, dt == DType::kF16 ? f32_to_f16(v) : f32_to_bf16(v));
+}
+
+AffineWeights make_affine(int bits, int gs, DType sdt, int64_t rows, int64_t cols, std::mt19937& rng) {
+  AffineWeights w;
+  WeightView& v = w.view;
+  v.dtype = DType::kU32;
+  v.rows = rows;
+  v.cols = cols;
+  v.bits = bits;
+  v.group_size = gs;
+  v.scale_dtype = sdt;
+  w.codes.resize(static_cast<size_t>(rows) * v.row_bytes());
+  for (auto& b : w.codes) b = static_cast<uint8_t>(rng() & 0xff);  // every bit pattern is a valid code row
+  const int64_t ng = cols / gs;
+  const size_t esz = dtype_info(sdt).block_bytes;
+  w.scales.resize(static_cast<size_t>(rows * ng) * esz);
+  w.biases.resize(w.scales.size());
+  std::uniform_real_distribution<float> mag(0.002f, 0.05f);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float half = static_cast<float>(1 << (bits - 1));
+  for (int64_t i = 0; i < rows * ng; ++i) {
+    const float s = (rng() & 1 ? 1.0f : -1.0f) * mag(rng);  // mlx scales can be negative
+    put_scale(w.scales.data() + i * esz, s, sdt);
+    put_scale(w.biases.data() + i * esz, -s * half + 0.01f * nd(rng), sdt);
+  }
+  v.data = w.codes.data();
+  v.scales = w.scales.data();
+  v.biases = w.biases.data();
+  w.deq.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) ref::dequant_row_affine(v, r, w.deq.data() + r * cols);
+  return w;
+}
+
+struct AffineFormat {
+  int bits;
+  int group_size;
+};
+
+class FastAffine : public testing::TestWithParam<AffineFormat> {};
+
+TEST_P(FastAffine, Avx2MatchesReferenceWithinBound) {
+  const AffineFormat af = GetParam();
+  const MatmulFn fast = cpu::fast_matmul_affine("avx2", af.bits);
+  ASSERT_NE(fast, nullptr);
+  std::mt19937 rng(static_cast<unsigned>(af.bits * 131 + af.group_size));
+  const int64_t rows_set[] = {1, 2, 3, 5, 7, 8, 9, 13, 31, 67};
+  const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33};
+  const int64_t cols_set[] = {128, 256, 384, 640, 1024};
+  const DType sdts[] = {DType::kBF16, DType::kF16, DType::kF32};
+  double worst_rel = 0, worst_ratio = 0;
+  int iter = 0;
+  for (int threads : {1, 3}) {
+    default_pool().set_threads(threads);
+    for (int64_t n : n_set) {
+      for (int i = 0; i < 3; ++i, ++iter) {
+        const int64_t rows = rows_set[rng() % std::size(rows_set)];
+        int64_t cols = cols_set[rng() % std::size(cols_set)];
+        cols = std::max<int64_t>(af.group_size, cols / af.group_size * af.group_size);
+        const DType sdt = sdts[iter % 3];
+        SCOPED_TRACE(testing::Message() << "bits " << af.bits << " g " << af.group_size << " " << dtype_name(sdt)
+                                        << " rows " << rows << " cols " << cols << " n " << n << " threads "
+                                        << threads);
+        AffineWeights w = make_affine(af.bits, af.group_size, sdt, rows, cols, rng);
+        std::vector<float> x = make_acts(n, cols, rng);
+        std::vector<float> y(n * rows, -1234.0f), yref(n * rows);
+        fast(w.view, x.data(), n, y.data());
+        ref::matmul_affine(w.view, x.data(), n, yref.data());
+        std::vector<uint8_t> qbuf(cpu::quantized_acts_bytes(n, cols) + 64);
+        cpu::QuantizedActs qa = cpu::quantized_acts_view(qbuf.data(), n, cols);
+        cpu::quantize_acts_ref(x.data(), n, cols, false, qa);
+        const int64_t nb = cols / 32, gs = af.group_size;
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const uint8_t* crow = w.codes.data() + r * w.view.row_bytes();
+            const float* xt = x.data() + t * cols;
+            double exact = 0, Sq = 0, Q = 0, S = 0, Sw = 0;
+            for (int64_t g = 0; g < cols / gs; ++g) {
+              const double s = ref::affine_scale(w.view, r, g, false), b = ref::affine_scale(w.view, r, g, true);
+              double sax = 0;
+              for (int64_t i = g * gs; i < (g + 1) * gs; ++i) {
+                const double u = ref::affine_code(crow, i, af.bits);
+                const int64_t blk = i / 32;
+                const double dx = qa.d[blk * qa.n_pad + t];
+                const double xh = dx * qa.qs[(t * nb + blk) * 32 + i % 32];
+                exact += (s * u + b) * xh;
+                Sq += std::fabs(s) * (u + (af.bits == 8 ? 128 : 0)) * std::fabs(xh);
+                Q += std::fabs(s * u + b) * dx / 2;
+                sax += std::fabs(xh);
+                const double wv = w.deq[r * cols + i];
+                S += std::fabs(wv * xt[i]);
+                Sw += (std::fabs(s * u) + std::fabs(wv)) * std::fabs(xt[i]);
+              }
+              Sq += (std::fabs(b) + (af.bits == 8 ? 128 * std::fabs(s) : 0)) * sax;
+            }
+            const double got = y[t * rows + r], want = yref[t * rows + r];
+            const double tight = 2 * (cols / 8.0 + 16) * kU * Sq + 1e-30;
+            ASSERT_LE(std::fabs(got - exact), tight) << "t " << t << " r " << r << " exact " << exact;
+            const double tol = Q * (1 + 1e-6) + tight + 2 * kU * Sw + 2 * kU * std::fabs(want);
+            const double err = std::fabs(got - want);
+            ASSERT_LE(err, tol) << "t " << t << " r " << r << " got " << got << " want " << want;
+            if (S > 0) worst_rel = std::max(worst_rel, err / S);
+            worst_ratio = std::max(worst_ratio, err / tol);
+          }
+        }
+      }
+    }
+  }
+  default_pool().set_threads(0);
+  std::printf("[ avx2 affine q%d g%d ] max |err|/sum|w*x| = %.3g, max |err|/bound = %.3g\n", af.bits, af.group_size,
+              worst_rel, worst_ratio);
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, FastAffine,
+                         testing::Values(AffineFormat{2, 32}, AffineFormat{2, 128}, AffineFormat{3, 32},
+                                         AffineFormat{3, 64}, AffineFormat{4, 32}, AffineFormat{4, 64},
+                                         AffineFormat{4, 128}, AffineFormat{5, 64}, AffineFormat{5, 128},
+                                         AffineFormat{6, 32}, AffineFormat{6, 64}, AffineFormat{8, 32},
+                                         AffineFormat{8, 64}, AffineFormat{8, 128}),
+                         [](const testing::TestParamInfo<AffineFormat>& p) {
+                           char buf[32];
+                           std::snprintf(buf, sizeof buf, "q%dg%d", p.param.bits, p.param.group_size);
+                           return std::string(buf);
+                         });
+
+TEST(FastAffine, LargeDecodeShape) {
+  // A real-model shape (2048 x 2048, q4 g64, bf16 scales), n = 1 and 4, against the reference.
+  std::mt19937 rng(99);
+  for (int bits : {4, 8}) {
+    AffineWeights w = make_affine(bits, 64, DType::kBF16, 2048, 2048, rng);
+    for (int64_t n : {1, 4}) {
+      std::vector<float> x = make_acts(n, 2048, rng);
+      std::vector<float> y(n * 2048), yref(n * 2048);
+      cpu::fast_matmul_affine("avx2", bits)(w.view, x.data(), n, y.data());
+      ref::matmul_affine(w.view, x.data(), n, yref.data());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        num += (y[i] - yref[i]) * double(y[i] - yref[i]);
+        den += double(yref[i]) * yref[i];
+      }
+      // int8 activations: relative RMS error ≈ 0.5–1 % (see the bound above); a layout bug is ≈ 100 %.
+      EXPECT_LT(std::sqrt(num / den), 0.03) << "bits " << bits << " n " << n;
+    }
+  }
+}
+
 TEST(ActQuant, Avx2MatchesScalarBytes) {
   std::mt19937 rng(7);
   for (int64_t cols : {32, 96, 2048}) {
@@ -278,6 +439,10 @@ TEST(Registration, FastTierOverwritesMatmulEntries) {
   EXPECT_STREQ(t.name, avx512 ? "avx512" : "avx2");
   EXPECT_EQ(t.matmul[static_cast<int>(DType::kF16)], cpu::fast_matmul("avx2", DType::kF16));
   EXPECT_EQ(t.matmul[static_cast<int>(DType::kQ4_0)], cpu::fast_matmul(avx512 ? "avx512" : "avx2", DType::kQ4_0));
+  EXPECT_EQ(t.matmul_affine[4], cpu::fast_matmul_affine("avx2", 4));
+  EXPECT_EQ(t.matmul_affine[3], cpu::fast_matmul_affine("avx2", 3));
+  EXPECT_EQ(exact.matmul_affine[4], ref_table().matmul_affine[4]);  // int8 activations: opt-out too
+  EXPECT_EQ(cpu::fast_matmul_affine("avx2", 7), nullptr);
   // Row lookup (embeddings) stays on the reference.
   EXPECT_EQ(t.dequant_row[static_cast<int>(DType::kQ4_0)], ref_table().dequant_row[static_cast<int>(DType::kQ4_0)]);
 }

@@ -1,7 +1,8 @@
 // cpu_kernels.h — the fast CPU matmul tiers and how they enter the dispatch table.
 //
 // Tiers (one translation unit each, compiled with that tier's flags; see src/larder/CMakeLists.txt):
-//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, BF16, F16, F32. Runs on every x86-64-v3 machine.
+//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, BF16, F16, F32, MLX affine (all widths; BMI2 for
+//            2/3/5/6 bits). Runs on every x86-64-v3 machine.
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0 (vpdpbusd), BF16 (vdpbf16ps).
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
 // Both tiers run on the process-wide core/threadpool.h pool.
@@ -15,7 +16,8 @@ namespace larder::kernels::cpu {
 // (the baseline flags already require AVX2), then the AVX-512 tier when CPUID reports the whole
 // tier (LARDER_ISA=avx2 hides it; LARDER_ISA=ref skips both). Entries it does not implement are
 // left as they are; row lookup (dequant_row) stays on the reference. LARDER_QUANT_ACT=0 keeps the
-// reference for Q8_0/Q4_0 (whose fast kernels quantize activations to int8) — see register.cpp.
+// reference for Q8_0/Q4_0 and MLX affine (whose fast kernels quantize activations to int8) — see
+// register.cpp.
 void register_fast_kernels(KernelTable& t);
 
 // Startup self-check of an untested-here tier: `fast` must agree with `trusted` on a small
@@ -30,6 +32,9 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y);
+// MLX affine, any bits in {2,3,4,5,6,8} (read from the view), group sizes that are multiples of
+// 32; int8-quantized activations like Q8_0/Q4_0 (matmul_affine_avx2.cpp).
+void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
 }  // namespace avx2
 
 namespace avx512 {
@@ -40,5 +45,7 @@ void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 
 // The tier's function for a dtype, or nullptr. tier: "avx2" or "avx512".
 MatmulFn fast_matmul(const char* tier, DType dtype);
+// The tier's function for MLX affine weights of `bits`, or nullptr.
+MatmulFn fast_matmul_affine(const char* tier, int bits);
 
 }  // namespace larder::kernels::cpu

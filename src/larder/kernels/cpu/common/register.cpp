@@ -101,6 +101,12 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
   return nullptr;
 }
 
+MatmulFn fast_matmul_affine(const char* tier, int bits) {
+  const bool valid = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+  if (valid && std::strcmp(tier, "avx2") == 0) return avx2::matmul_affine;
+  return nullptr;
+}
+
 void register_fast_kernels(KernelTable& t) {
   const CpuFeatures& f = cpu_features();
   if (!(f.avx2 && f.fma && f.f16c)) return;
@@ -115,6 +121,11 @@ void register_fast_kernels(KernelTable& t) {
   const bool int8_act = !(qa && std::strcmp(qa, "0") == 0);
   for (DType d : kFormats) {
     if (!is_int8_act(d) || int8_act) set(t, d, fast_matmul("avx2", d));
+  }
+  // MLX affine: int8 activations too (same opt-out). The AVX-512 tier has no affine kernel, so
+  // these entries stay AVX2 there.
+  if (int8_act) {
+    for (int bits : {2, 3, 4, 5, 6, 8}) t.matmul_affine[bits] = fast_matmul_affine("avx2", bits);
   }
   t.name = "avx2";
   if (f.has_avx512_tier()) {
