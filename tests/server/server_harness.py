@@ -129,6 +129,7 @@ class Server:
             return ""
 
     def _wait_healthy(self):
+        self.pre_ready = []  # (status, body) of /health answers seen before the first 200
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             rc = self.proc.poll()
@@ -141,9 +142,10 @@ class Server:
                 r = self.request("GET", "/health", timeout=2)
                 if r.status == 200:
                     return
+                self.pre_ready.append((r.status, r.body[:200]))
             except OSError:
                 pass
-            time.sleep(0.05)
+            time.sleep(0.02)
         log = self.log()
         self.kill()
         raise AssertionError(f"/health not 200 within {self.startup_timeout}s for `{' '.join(self.cmd)}`; output:\n{log}")

@@ -42,10 +42,23 @@ def boundary_stop(text, nth_space=3):
     return text[i - 2:i + 3]
 
 
-def chat_body(text, n, **kw):
-    b = {"messages": user(text), "max_tokens": n, "temperature": 0}
+def chat_body(text, max_tokens, **kw):
+    b = {"messages": user(text), "max_tokens": max_tokens, "temperature": 0}
     b.update(kw)
     return b
+
+
+def sampling_to_extra_body(kw):
+    """The anthropic 2.16 client takes no temperature/top_p/top_k arguments: send them as body fields."""
+    extra = {k: kw.pop(k) for k in ("temperature", "top_p", "top_k") if k in kw}
+    if extra:
+        kw["extra_body"] = {**kw.get("extra_body", {}), **extra}
+    return kw
+
+
+def a_create(server, api_key=None, **kw):
+    client = server.anthropic(api_key=api_key) if api_key else server.anthropic()
+    return client.messages.create(**sampling_to_extra_body(kw))
 
 
 def sse_chat_text(test, chunks):
@@ -222,7 +235,10 @@ class StoriesTest(ServerTestCase):
         self.assertEqual(finish, full["choices"][0]["finish_reason"])
         # Without include_usage larder attaches usage to the final chunk (§5.2 item 5); no choices: [] chunk.
         self.assertTrue(all(c["choices"] for c in chunks), "no choices: [] chunk without include_usage")
-        self.assertEqual(chunks[fi].get("usage"), full["usage"], "usage rides on the final chunk without include_usage")
+        fu = chunks[fi].get("usage") or {}
+        self.assertEqual((fu.get("prompt_tokens"), fu.get("completion_tokens")),
+                         (full["usage"]["prompt_tokens"], full["usage"]["completion_tokens"]),
+                         f"usage rides on the final chunk without include_usage: {chunks[fi]}")
         # The official client parses the same stream.
         s = self.server.openai().completions.create(model="x", prompt=STORIES_PROMPT, max_tokens=40,
                                                     temperature=0, stream=True)
@@ -536,7 +552,7 @@ class ChatModelTest(ServerTestCase):
         self.assertEqual(text, full["choices"][0]["message"]["content"], "joined deltas must equal the non-stream content")
         self.assertEqual(finish, "length")
         self.assertTrue(all(c["choices"] for c in chunks), "no choices: [] chunk without include_usage")
-        self.assertEqual(chunks[fi].get("usage", {}).get("completion_tokens"), 24, "usage rides on the final chunk")
+        self.assertEqual((chunks[fi].get("usage") or {}).get("completion_tokens"), 24, "usage rides on the final chunk")
         self.assertRegex(r.headers.get("x-larder-cache", ""), CACHE_HDR, "streams carry x-larder-cache too")
         # The official client.
         s = self.server.openai().chat.completions.create(model=CHAT_MODEL_NAME, messages=msgs, max_tokens=24,
@@ -602,8 +618,13 @@ class ChatModelTest(ServerTestCase):
     def test_cached_tokens_on_repeated_prefix(self):
         msgs = [{"role": "system", "content": LONG_TEXT * 3}, {"role": "user", "content": "Summarise the ledger (cache test)."}]
         first = self.chat(msgs, 12)
-        second = self.chat(msgs, 12)
+        r2 = self.server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 12, "temperature": 0})
+        second = r2.json()
         p = first["usage"]["prompt_tokens"]
+        m = re.search(r"reused=(\d+)", r2.headers.get("x-larder-cache", ""))
+        self.assertIsNotNone(m, f"x-larder-cache header with reused=<n>: {r2.headers}")
+        self.assertEqual(int(m.group(1)), second["usage"]["prompt_tokens_details"]["cached_tokens"],
+                         "x-larder-cache reused= matches usage.cached_tokens")
         self.assertEqual(second["usage"]["prompt_tokens"], p)
         cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
         self.assertGreater(cached, 0, f"a repeated prompt must report cached_tokens > 0: {second['usage']}")
@@ -614,7 +635,7 @@ class ChatModelTest(ServerTestCase):
                          generate(chat_model()["dir"], msgs[1]["content"], 12, chat=True, system=msgs[0]["content"]),
                          "and equals the cold `larder generate` run")
         # Anthropic surface: input_tokens + cache_read_input_tokens == OpenAI prompt_tokens.
-        m = self.server.anthropic().messages.create(model="m", max_tokens=12, temperature=0, system=msgs[0]["content"],
+        m = a_create(self.server, model="m", max_tokens=12, temperature=0, system=msgs[0]["content"],
                                                     messages=[msgs[1]])
         self.assertEqual(m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0), p,
                          f"Anthropic input + cache_read must equal OpenAI prompt_tokens {p}: {m.usage}")
@@ -652,7 +673,7 @@ class ChatModelTest(ServerTestCase):
                          f"Anthropic input + cache_read == OpenAI prompt_tokens: {u} vs {oa['usage']}")
         self.assertEqual(u.get("cache_creation_input_tokens", 0), 0)
         # System as blocks and content as blocks give the same prompt.
-        m2 = self.server.anthropic().messages.create(
+        m2 = a_create(self.server, 
             model="m", max_tokens=12, temperature=0, system=[{"type": "text", "text": "Be brief."}],
             messages=[{"role": "user", "content": [{"type": "text", "text": prompt}]}])
         self.assertEqual(m2.content[0].text, m["content"][0]["text"])
@@ -664,7 +685,7 @@ class ChatModelTest(ServerTestCase):
 
     def test_anthropic_stream_events(self):
         prompt = "Describe the lower market."
-        full = self.server.anthropic().messages.create(model="m", max_tokens=14, temperature=0,
+        full = a_create(self.server, model="m", max_tokens=14, temperature=0,
                                                        messages=user(prompt))
         r, events = self.server.stream("/v1/messages", {"max_tokens": 14, "temperature": 0, "stream": True,
                                                         "messages": user(prompt)})
@@ -691,7 +712,8 @@ class ChatModelTest(ServerTestCase):
         self.assertEqual(md["delta"]["stop_reason"], "max_tokens")
         self.assertEqual(md["usage"]["output_tokens"], 14)
         # The official client's stream helper.
-        with self.server.anthropic().messages.stream(model="m", max_tokens=14, temperature=0, messages=user(prompt)) as s:
+        with self.server.anthropic().messages.stream(**sampling_to_extra_body(dict(model="m", max_tokens=14, temperature=0,
+                                                                                   messages=user(prompt)))) as s:
             joined = "".join(s.text_stream)
             final = s.get_final_message()
         self.assertEqual(joined, full.content[0].text)
@@ -699,9 +721,9 @@ class ChatModelTest(ServerTestCase):
 
     def test_anthropic_stop_sequence(self):
         msgs = user("Give me a list.")
-        full = self.server.anthropic().messages.create(model="m", max_tokens=40, temperature=0, messages=msgs).content[0].text
+        full = a_create(self.server, model="m", max_tokens=40, temperature=0, messages=msgs).content[0].text
         stop = boundary_stop(full, 3)
-        m = self.server.anthropic().messages.create(model="m", max_tokens=40, temperature=0, messages=msgs,
+        m = a_create(self.server, model="m", max_tokens=40, temperature=0, messages=msgs,
                                                     stop_sequences=["\u00a7nope", stop])
         self.assertEqual(m.content[0].text if m.content else "", full[:full.index(stop)])
         self.assertEqual(m.stop_reason, "stop_sequence")
@@ -767,6 +789,45 @@ class ChatModelTest(ServerTestCase):
         self.assertEqual(a, b, "same seed at temperature 2 gives the same text")
         self.assertGreater(len({sample(s) for s in (1, 2, 3, 4)}), 1, "different seeds should differ at temperature 2")
 
+    def test_sampler_filters_that_leave_one_token_are_greedy(self):
+        msgs = user("Filters.")
+        greedy = self.text(msgs, 12)
+        for extra in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+            got = self.text(msgs, 12, temperature=2.0, seed=11, **extra)
+            self.assertEqual(got, greedy, f"{extra} keeps only the most likely token, so sampling at temperature 2 is greedy")
+        a = self.server.post("/v1/messages", {"messages": msgs, "max_tokens": 12, "temperature": 2.0, "top_k": 1})
+        self.assertEqual(a.json()["content"][0]["text"], greedy, "top_k 1 on /v1/messages is greedy too")
+
+    def test_logit_bias(self):
+        with open(os.path.join(chat_model()["dir"], "tokenizer.json"), encoding="utf-8") as f:
+            vocab = json.load(f)["model"]["vocab"]
+        by_id = {i: p for p, i in vocab.items()}
+        tok = chat_model()["allowed"][7]
+        word = by_id[tok].replace("\u0120", " ")
+        out = self.chat(user("Bias."), 5, logit_bias={str(tok): 100})
+        self.assertEqual(out["choices"][0]["message"]["content"], word * 5, f"logit_bias +100 on {tok} ({word!r}) forces it")
+        greedy = self.chat(user("Bias."), 3, logprobs=True)
+        first = greedy["choices"][0]["logprobs"]["content"][0]["token"]
+        first_id = vocab[first.replace(" ", "\u0120")]
+        banned = self.chat(user("Bias."), 3, logit_bias={str(first_id): -100}, logprobs=True)
+        self.assertNotEqual(banned["choices"][0]["logprobs"]["content"][0]["token"], first,
+                            f"logit_bias -100 on the greedy first token {first!r} must change it")
+
+    def test_count_tokens_ext(self):
+        body = {"model": "m", "system": "Count me.", "messages": user("How many tokens is this?")}
+        r = self.server.post("/v1/messages/count_tokens", body)
+        if r.status == 404:
+            self.skipTest("/v1/messages/count_tokens is [ext] in server-api.md §1")
+        self.assertEqual(r.status, 200, r)
+        m = self.server.post("/v1/messages", {**body, "max_tokens": 1, "temperature": 0}).json()["usage"]
+        self.assertEqual(r.json()["input_tokens"], m["input_tokens"] + m.get("cache_read_input_tokens", 0))
+
+    def test_max_tokens_one(self):
+        out = self.chat(user("One."), 1)
+        self.assertEqual(out["usage"]["completion_tokens"], 1)
+        self.assertEqual(out["choices"][0]["finish_reason"], "length")
+        self.assertEqual(out["choices"][0]["message"]["content"], self.text(user("One."), 4)[:len(out["choices"][0]["message"]["content"])])
+
     def test_tokenize_detokenize_roundtrip(self):
         text = "Hello world, this is a test of the tokenizer."
         code, out, err = run_cli("tokenize", chat_model()["dir"], "--text", text)
@@ -785,11 +846,14 @@ class ChatModelTest(ServerTestCase):
         bad = {"null": None, "string": "hello", "[123]": [123], "[{}]": [{}],
                "bad role": [{"role": "wizard", "content": "hi"}], "empty": [],
                "content int": [{"role": "user", "content": 123}],
-               "content bad part": [{"role": "user", "content": [{"type": "audio", "audio": "x"}]}],
+               "content bad part": [{"role": "user", "content": [{"type": "input_audio",
+                                                                   "input_audio": {"data": "AAAA", "format": "wav"}}]}],
+               "image on text model": [{"role": "user", "content": [{"type": "image_url",
+                                                                     "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}],
                "role int": [{"role": 5, "content": "hi"}]}
         for name, messages in bad.items():
             r = self.server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 2})
-            self.assertOpenAIError(r, 400, field="messages" if name not in ("content int", "content bad part") else None,
+            self.assertOpenAIError(r, 400, field="messages" if name in ("null", "string", "[123]", "[{}]", "bad role", "empty", "role int") else None,
                                    type_="invalid_request_error")
         r = self.server.post("/v1/chat/completions", {"max_tokens": 2})
         self.assertOpenAIError(r, 400, field="messages")
@@ -843,7 +907,7 @@ class ChatModelTest(ServerTestCase):
             self.assertAnthropicError(self.server.post("/v1/messages", body), 400, "invalid_request_error", field=field)
         import anthropic
         with self.assertRaises(anthropic.BadRequestError):
-            self.server.anthropic().messages.create(model="m", max_tokens=4, messages=[])
+            a_create(self.server, model="m", max_tokens=4, messages=[])
         self.assertHealthy()
 
     def test_concurrent_16_unique_markers(self):
@@ -884,8 +948,19 @@ class ChatModelTest(ServerTestCase):
             for j, mk in enumerate(markers):
                 if j != i:
                     self.assertNotIn(mk, results[i], f"marker of request {j} leaked into request {i}")
-        # Spot-check the batch against the CLI as well.
-        self.assertEqual(results[1], generate(chat_model()["dir"], prompts[1], 16, chat=True))
+        # The alone runs above were cache hits; spot-check the batch against cold CLI runs as well.
+        for i in (0, 1, 6):
+            self.assertEqual(results[i], generate(chat_model()["dir"], prompts[i], 16, chat=True),
+                             f"request {i} in the batch must equal `larder generate --chat`")
+
+    def test_route_aliases(self):
+        body = chat_body("Alias check.", 6)
+        a = self.server.post("/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+        r = self.server.post("/chat/completions", body)
+        self.assertEqual(r.status, 200, f"/chat/completions is an alias: {r}")
+        self.assertEqual(r.json()["choices"][0]["message"]["content"], a)
+        r = self.server.post("/completions", {"prompt": "Alias check.", "max_tokens": 3, "temperature": 0})
+        self.assertEqual(r.status, 200, f"/completions is an alias: {r}")
 
 
 # =============================================================================================
@@ -931,7 +1006,7 @@ class SmallContextTest(ServerTestCase):
         self.assertEqual(r.status, 200, r)
         u = r.json()["usage"]
         self.assertEqual(u["prompt_tokens"] + u["completion_tokens"], self.CTX, f"completions clamp too: {u}")
-        m = self.server.anthropic().messages.create(model="m", max_tokens=10 ** 6, temperature=0, messages=user("Hi"))
+        m = a_create(self.server, model="m", max_tokens=10 ** 6, temperature=0, messages=user("Hi"))
         self.assertEqual(m.stop_reason, "max_tokens")
         # Default max_tokens (none for chat) runs to the context limit on a model that never emits EOS.
         r = self.server.post("/v1/chat/completions", {"messages": user("Hi"), "temperature": 0})
@@ -980,6 +1055,81 @@ class PromptCacheOffTest(unittest.TestCase):
 
 
 # =============================================================================================
+class GenerationConfigTest(ServerTestCase):
+    """Defaults come from generation_config.json (here temperature 1.5 with top_k 1, i.e. greedy);
+    request fields win, field by field."""
+
+    @classmethod
+    def server_model(cls):
+        src = chat_model()["dir"]
+        d = os.path.join(tmp_root(), "tiny-chat-greedy-default")
+        if not os.path.exists(d):
+            os.makedirs(d)
+            for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
+                os.symlink(os.path.join(src, f), os.path.join(d, f))
+            with open(os.path.join(d, "generation_config.json"), "w") as f:
+                json.dump({"temperature": 1.5, "top_k": 1, "eos_token_id": chat_model()["eos_id"]}, f)
+        return d
+
+    def test_defaults_from_generation_config(self):
+        prompt = "Defaults please."
+        expected = generate(chat_model()["dir"], prompt, 12, chat=True)
+        for extra in ({}, {"seed": 4}, {"temperature": 2.0, "seed": 5}):
+            r = self.server.post("/v1/chat/completions", {"messages": user(prompt), "max_tokens": 12, **extra})
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json()["choices"][0]["message"]["content"], expected,
+                             f"{extra}: generation_config top_k 1 still applies, so the output is greedy")
+        hot = {self.server.post("/v1/chat/completions", {"messages": user(prompt), "max_tokens": 12, "temperature": 2.0,
+                                                         "top_k": 0, "seed": s}).json()["choices"][0]["message"]["content"]
+               for s in (1, 2, 3)}
+        self.assertNotEqual(hot, {expected}, "request top_k 0 (off) overrides generation_config's top_k 1")
+
+
+# =============================================================================================
+class QueueFullTest(ServerTestCase):
+    """--parallel 1 --queue-max 1: a third request while one runs and one waits gets 429 + Retry-After."""
+
+    @classmethod
+    def server_model(cls):
+        return chat_model()["dir"]
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            cls.server = Server(cls.server_model(), "--parallel", "1", "--queue-max", "1").start()
+        except AssertionError as e:
+            cls.server = None
+            raise unittest.SkipTest(f"--queue-max not accepted (spec §12 flag): {str(e)[:300]}")
+
+    def test_queue_full_429(self):
+        s = socket.create_connection(("127.0.0.1", self.server.port), timeout=60)
+        data = json.dumps(chat_body("Keep the slot busy.", 1800, stream=True)).encode()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        buf = b""
+        while buf.count(b"data:") < 3:
+            b = s.recv(4096)
+            if not b:
+                break
+            buf += b
+        queued = {}
+        t = threading.Thread(target=lambda: queued.setdefault("r", self.server.post(
+            "/v1/chat/completions", chat_body("I wait in the queue.", 3), timeout=120)))
+        t.start()
+        time.sleep(1.0)
+        try:
+            r = self.server.post("/v1/chat/completions", chat_body("No room for me.", 3), timeout=30)
+            self.assertOpenAIError(r, 429, type_="rate_limit_error")
+            self.assertIn("retry-after", r.headers, "429 carries Retry-After")
+            a = self.server.post("/v1/messages", {"messages": user("No room."), "max_tokens": 3}, timeout=30)
+            self.assertAnthropicError(a, 429, "rate_limit_error")
+        finally:
+            s.close()
+            t.join(120)
+        self.assertEqual(queued["r"].status, 200, f"the queued request runs once the slot frees: {queued['r']}")
+
+
+# =============================================================================================
 class AuthCorsTest(ServerTestCase):
     KEY = "sk-larder-test-0123456789"
     ORIGIN = "http://app.example.test"
@@ -1019,7 +1169,7 @@ class AuthCorsTest(ServerTestCase):
         import openai
         self.assertEqual(self.server.openai(api_key=self.KEY).chat.completions.create(
             model="m", messages=user("hi"), max_tokens=2, temperature=0).usage.completion_tokens, 2)
-        self.assertEqual(self.server.anthropic(api_key=self.KEY).messages.create(
+        self.assertEqual(a_create(self.server, api_key=self.KEY, 
             model="m", messages=user("hi"), max_tokens=2, temperature=0).usage.output_tokens, 2)
         with self.assertRaises(openai.AuthenticationError):
             self.server.openai(api_key="nope").models.list()
@@ -1190,6 +1340,37 @@ class ShutdownTest(unittest.TestCase):
         except subprocess.TimeoutExpired:
             self.fail(f"the server must exit within the shutdown deadline after SIGTERM; output:\n{srv.log()}")
         self.assertEqual(rc, 0, f"graceful shutdown exits 0; output:\n{srv.log()}")
+
+    def test_second_signal_exits_immediately(self):
+        srv = self.start(env={"LARDER_SHUTDOWN_TIMEOUT_MS": "120000"})
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+        data = json.dumps(chat_body("Long.", 1800, stream=True)).encode()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        buf = b""
+        while buf.count(b"data:") < 3:
+            b = s.recv(4096)
+            if not b:
+                break
+            buf += b
+        try:
+            srv.signal(signal.SIGTERM)
+            time.sleep(0.3)
+            srv.signal(signal.SIGTERM)
+            try:
+                srv.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.fail("a second SIGTERM must exit immediately (§12)")
+        finally:
+            s.close()
+
+    def test_health_before_ready_is_503(self):
+        srv = self.start()
+        for status, body in srv.pre_ready:
+            self.assertEqual(status, 503, f"/health before the model is ready is 503 loading, never another status: {body!r}")
+            self.assertIn(b"loading", body)
+        r = srv.post("/v1/chat/completions", chat_body("first request right after ready", 2))
+        self.assertEqual(r.status, 200, f"once /health is 200 the first request runs: {r}")
 
     def test_sigterm_idle_exits_zero(self):
         srv = self.start(model=STORIES)
