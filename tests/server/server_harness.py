@@ -109,7 +109,8 @@ class Server:
             self.port = free_port()
             fd, self.log_path = tempfile.mkstemp(prefix="larder_serve_", suffix=".log", dir=tmp_root())
             log = os.fdopen(fd, "wb")
-            cmd = [BIN, "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.flags]
+            cmd = [BIN, "serve", *([self.model] if self.model else []), "--host", "127.0.0.1", "--port",
+                   str(self.port), *self.flags]
             self.cmd = cmd
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
             log.close()

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import socket
@@ -134,11 +135,15 @@ def send_large_body(port, path, size, headers=None, timeout=60):
         s.sendall((head + "\r\n").encode())
         chunk = b'{"messages": "' + b"x" * (1 << 20)
         sent = 0
+        # A server may answer from the Content-Length alone: stop sending as soon as a response is
+        # readable, so its early close cannot reset the connection before the answer is read.
+        early = select.select([s], [], [], 0.3)[0]
         try:
-            while sent < size:
+            while sent < size and not early:
                 part = chunk[: min(len(chunk), size - sent)]
                 s.sendall(part)
                 sent += len(part)
+                early = select.select([s], [], [], 0)[0]
         except (BrokenPipeError, ConnectionResetError):
             pass
         data = b""
@@ -454,22 +459,27 @@ class StoriesTest(ServerTestCase):
         prompts = [f"{names[i % 8]} had a {w}" for i, w in enumerate(
             ["ball", "cat", "box", "hat", "toy", "cake", "kite", "boat", "dog", "bird", "car", "tree", "book", "cup", "bed", "sun"])]
         results = [None] * 16
+        errors = []
         barrier = threading.Barrier(16)
 
         def run(i):
-            barrier.wait()
-            body = {"prompt": prompts[i], "max_tokens": 24, "temperature": 0, "stream": i % 2 == 1}
-            if i % 2:
-                r, ev = self.server.stream("/v1/completions", body)
-                results[i] = sse_completion_text(self, openai_chunks(self, ev))[0]
-            else:
-                results[i] = self.server.post("/v1/completions", body).json()["choices"][0]["text"]
+            try:
+                barrier.wait()
+                body = {"prompt": prompts[i], "max_tokens": 24, "temperature": 0, "stream": i % 2 == 1}
+                if i % 2:
+                    r, ev = self.server.stream("/v1/completions", body)
+                    results[i] = sse_completion_text(self, openai_chunks(self, ev))[0]
+                else:
+                    results[i] = self.server.post("/v1/completions", body).json()["choices"][0]["text"]
+            except Exception as e:  # noqa: BLE001 - reported below with the request number
+                errors.append((i, repr(e)))
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(120)
+        self.assertEqual(errors, [], "all 16 concurrent completions must succeed with valid streams")
         for i, p in enumerate(prompts):
             alone = self.complete(p, 24)["choices"][0]["text"]
             self.assertEqual(results[i], alone, f"request {i} ({p!r}) in a batch of 16 must equal its greedy run alone")
@@ -1275,8 +1285,11 @@ class QueueAndDisconnectTest(ServerTestCase):
         results = {}
 
         def run(i):
-            r = self.server.post("/v1/chat/completions", chat_body(f"queued {i}", 6), timeout=120)
-            results[i] = (r.status, r.json()["choices"][0]["message"]["content"] if r.status == 200 else r.body)
+            try:
+                r = self.server.post("/v1/chat/completions", chat_body(f"queued {i}", 6), timeout=120)
+                results[i] = (r.status, r.json()["choices"][0]["message"]["content"] if r.status == 200 else r.body)
+            except Exception as e:  # noqa: BLE001
+                results[i] = (None, repr(e))
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
         for t in threads:
@@ -1390,6 +1403,48 @@ class ShutdownTest(unittest.TestCase):
         p = subprocess.run([BIN, "serve", STORIES, "--port", "0", "--paralel", "2"], capture_output=True, timeout=60)
         self.assertNotEqual(p.returncode, 0, "unknown flags are an error, not ignored")
         self.assertIn(b"paralel", p.stderr + p.stdout, "the message names the unknown flag")
+
+    def make_hf_cache(self, repo="larder-test/tiny-chat"):
+        """A Hugging Face hub cache ($HF_HOME/hub) holding the chat model, laid out as huggingface_hub writes it."""
+        home = tempfile.mkdtemp(prefix="hf_home_", dir=tmp_root())
+        org, name = repo.split("/")
+        base = os.path.join(home, "hub", f"models--{org}--{name}")
+        commit = "0123456789abcdef0123456789abcdef01234567"
+        snap = os.path.join(base, "snapshots", commit)
+        os.makedirs(snap)
+        os.makedirs(os.path.join(base, "blobs"))
+        os.makedirs(os.path.join(base, "refs"))
+        with open(os.path.join(base, "refs", "main"), "w") as f:
+            f.write(commit)
+        src = chat_model()["dir"]
+        for i, fn in enumerate(sorted(os.listdir(src))):
+            blob = f"{i:02d}" + "ab" * 31
+            os.symlink(os.path.join(src, fn), os.path.join(base, "blobs", blob))
+            os.symlink(os.path.join("..", "..", "blobs", blob), os.path.join(snap, fn))
+        return home
+
+    def test_hf_cache_repo_id_and_default_model(self):
+        home = self.make_hf_cache()
+        env = {"HF_HOME": home, "HF_HUB_CACHE": os.path.join(home, "hub")}
+        expected = generate(chat_model()["dir"], "From the cache.", 6, chat=True)
+        for model in ("larder-test/tiny-chat", None):
+            srv = Server(model, env=env)
+            self.servers.append(srv)
+            srv.start()
+            self.assertEqual(srv.model_id(), "larder-test/tiny-chat",
+                             f"model {model!r}: a model from the HF cache is served under its repo id")
+            r = srv.post("/v1/chat/completions", chat_body("From the cache.", 6))
+            self.assertEqual(r.json()["choices"][0]["message"]["content"], expected)
+            self.assertEqual(srv.stop(), 0)
+
+    def test_no_model_and_empty_cache_explains(self):
+        home = tempfile.mkdtemp(prefix="hf_empty_", dir=tmp_root())
+        env = dict(os.environ, HF_HOME=home, HF_HUB_CACHE=os.path.join(home, "hub"))
+        p = subprocess.run([BIN, "serve", "--host", "127.0.0.1", "--port", "0"], capture_output=True, timeout=60, env=env)
+        self.assertNotEqual(p.returncode, 0, "with no MODEL and an empty cache, serve exits with an error")
+        msg = (p.stderr + p.stdout).decode("utf-8", "replace")
+        self.assertIn("model", msg.lower(), f"the message says how to get a model: {msg!r}")
+        self.assertNotIn("terminate called", msg)
 
     def test_ssd_cache_survives_restart(self):
         d = tempfile.mkdtemp(prefix="kv_", dir=tmp_root())
