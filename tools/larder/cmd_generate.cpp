@@ -11,7 +11,7 @@
 #include "larder/runtime/generate.h"
 #include "larder/runtime/kv_identity.h"
 #include "larder/runtime/loaded_model.h"
-#include "larder/runtime/stop.h"
+#include "larder/runtime/text_stream.h"
 #include "larder/tokenizer/tokenizer.h"
 #include "verbs.h"
 
@@ -113,9 +113,7 @@ int run_generate(const GenerateFlags& f) {
                  memory::tier_name(taken.report.tier), taken.report.reason.c_str());
   }
   memory::KvCache& cache = state.kv;
-  tokenizer::StreamDecoder decoder(*m.tokenizer, /*skip_special=*/true);
-  runtime::StopMatcher stops(f.stop);
-  bool stopped_by_string = false;
+  runtime::TextStream text(*m.tokenizer, f.stop);
   auto emit = [](const std::string& s) {
     if (s.empty()) return;
     std::fwrite(s.data(), 1, s.size(), stdout);
@@ -123,14 +121,11 @@ int run_generate(const GenerateFlags& f) {
   };
   if (f.show_prompt) emit(m.tokenizer->decode(prompt, /*skip_special=*/true));
   auto result = runtime::generate(*m.model, cache, prompt, go, [&](int32_t token) {
-    emit(stops.push(decoder.push(token)));
-    if (stops.matched()) {
-      stopped_by_string = true;
-      return false;
-    }
-    return true;
+    emit(text.push(token));
+    return !text.stopped();
   });
-  if (!stopped_by_string) emit(stops.push(decoder.flush()) + stops.flush());
+  emit(text.finish());
+  const bool stopped_by_string = text.stopped();
   emit("\n");
   if (!result.is_ok()) return report(result.status());
   if (store) {

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   verbs["tokenize"] = larder::cli::add_tokenize(app);
   verbs["info"] = larder::cli::add_info(app);
   verbs["cache"] = larder::cli::add_cache(app);
+  verbs["serve"] = larder::cli::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -15,6 +15,7 @@ VerbMain add_generate(CLI::App& app);
 VerbMain add_tokenize(CLI::App& app);
 VerbMain add_info(CLI::App& app);
 VerbMain add_cache(CLI::App& app);
+VerbMain add_serve(CLI::App& app);
 
 // Prints "larder: <message>" to stderr and returns the exit code for `st`.
 int report(const Status& st);

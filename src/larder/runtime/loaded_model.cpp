@@ -88,18 +88,27 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
 
 Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt, std::string* rendered) {
+  ordered_json msgs = ordered_json::array();
+  for (const auto& msg : messages) msgs.push_back({{"role", msg.role}, {"content", msg.content}});
+  ChatEncodeOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  return encode_chat_json(m, msgs, o, rendered);
+}
+
+Result<std::vector<int32_t>> encode_chat_json(const LoadedModel& m, const ordered_json& messages,
+                                              const ChatEncodeOptions& opts, std::string* rendered) {
   if (!m.chat_template) {
     return invalid_argument(strfmt("[chat] %s has no chat template (tokenizer_config.json chat_template, "
                                    "chat_template.jinja or GGUF tokenizer.chat_template)",
                                    m.files.path.c_str()));
   }
-  ordered_json msgs = ordered_json::array();
-  for (const auto& msg : messages) msgs.push_back({{"role", msg.role}, {"content", msg.content}});
   chat_template::ChatRenderOptions o;
-  o.add_generation_prompt = add_generation_prompt;
+  o.add_generation_prompt = opts.add_generation_prompt;
+  o.tools = opts.tools;
+  o.extra = opts.extra;
   o.bos_token = m.tokenizer->bos_token();
   o.eos_token = m.tokenizer->eos_token();
-  LARDER_ASSIGN_OR_RETURN(std::string text, chat_template::render_chat(*m.chat_template, msgs, o));
+  LARDER_ASSIGN_OR_RETURN(std::string text, chat_template::render_chat(*m.chat_template, messages, o));
   // As HF apply_chat_template(tokenize=True) and mlx-lm do: the template writes every special
   // token it wants (BOS included), so encoding adds none — which also rules out a double BOS.
   std::vector<int32_t> ids = m.tokenizer->encode(text, /*add_special=*/false);

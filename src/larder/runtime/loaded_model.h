@@ -51,4 +51,14 @@ struct ChatMessage {
 Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt, std::string* rendered = nullptr);
 
+// The same for messages already in the HF/OpenAI JSON shape (content strings or parts, tool
+// calls, reasoning fields), with tools and extra template kwargs (chat_template_kwargs).
+struct ChatEncodeOptions {
+  bool add_generation_prompt = true;
+  nlohmann::ordered_json tools;  // null = none
+  nlohmann::ordered_json extra;  // object of extra template variables, or null
+};
+Result<std::vector<int32_t>> encode_chat_json(const LoadedModel& m, const nlohmann::ordered_json& messages,
+                                              const ChatEncodeOptions& opts, std::string* rendered = nullptr);
+
 }  // namespace larder::runtime

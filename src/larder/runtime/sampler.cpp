@@ -107,6 +107,10 @@ std::vector<int32_t> Sampler::candidates(const float* logits, int64_t vocab) con
 
 int32_t Sampler::sample_at(float* logits, int64_t vocab, const std::vector<int32_t>& history, uint64_t step) const {
   process(logits, vocab, history);
+  return pick(logits, vocab, step);
+}
+
+int32_t Sampler::pick(const float* logits, int64_t vocab, uint64_t step) const {
   if (!(p_.temperature > 0.0f)) return argmax(logits, vocab);
   const std::vector<int32_t> cand = candidates(logits, vocab);
   const double mx = logits[cand[0]];
@@ -124,6 +128,33 @@ int32_t Sampler::sample_at(float* logits, int64_t vocab, const std::vector<int32
     if (u < cum) return cand[i];
   }
   return cand.back();  // u·z rounding past the last cumulative sum
+}
+
+TokenLogprobs token_logprobs(const float* x, int64_t vocab, int32_t id, int k) {
+  // log p_i = x_i - (max + log Σ exp(x_j - max)), in double.
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isnan(x[i]) && x[i] > mx) mx = x[i];
+  double z = 0;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isnan(x[i])) z += std::exp(static_cast<double>(x[i]) - mx);
+  const double lse = mx + std::log(z);
+  auto lp = [&](int64_t i) { return std::isnan(x[i]) ? -INFINITY : static_cast<float>(x[i] - lse); };
+  TokenLogprobs r;
+  r.id = id;
+  r.logprob = (id >= 0 && id < vocab) ? lp(id) : -INFINITY;
+  k = static_cast<int>(std::min<int64_t>(std::max(k, 0), vocab));
+  if (k > 0) {
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    auto key = [&](int32_t i) { return std::isnan(x[i]) ? -INFINITY : x[i]; };
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      const float ka = key(a), kb = key(b);
+      return ka != kb ? ka > kb : a < b;
+    });
+    for (int i = 0; i < k; ++i) r.top.emplace_back(order[static_cast<size_t>(i)], lp(order[static_cast<size_t>(i)]));
+  }
+  return r;
 }
 
 int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history) {

@@ -58,6 +58,10 @@ class Sampler {
   uint64_t step() const { return step_; }
   void set_step(uint64_t s) { step_ = s; }
 
+  // Step 5 alone, on logits already processed (steps 1–4): lets the caller read the processed
+  // distribution (logprobs) without processing twice. sample_at == process + pick.
+  int32_t pick(const float* processed, int64_t vocab, uint64_t step) const;
+
   // Steps 1–4 alone (exposed for tests and for logprob reporting).
   void process(float* logits, int64_t vocab, const std::vector<int32_t>& history) const;
   // Step 5's candidate set for processed logits: token ids, most probable first.
@@ -67,5 +71,14 @@ class Sampler {
   SamplingParams p_;
   uint64_t step_ = 0;
 };
+
+// Log-probabilities of the processed distribution (full-vocabulary log-softmax after the logits
+// processors, before filters and temperature — mlx_lm.server's semantics, server-api.md §4.4).
+struct TokenLogprobs {
+  int32_t id = 0;
+  float logprob = 0;                               // of `id`
+  std::vector<std::pair<int32_t, float>> top;      // the k most likely, descending (ties: lower id)
+};
+TokenLogprobs token_logprobs(const float* processed, int64_t vocab, int32_t id, int k);
 
 }  // namespace larder::runtime

@@ -1,0 +1,696 @@
+#include "larder/server/api.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "larder/memory/store/identity.h"
+
+namespace larder::server {
+
+namespace {
+
+[[noreturn]] void bad(std::string message, std::string param = {}, std::string code = {}, int status = 400) {
+  throw ApiError{status, std::move(message), std::move(param), std::move(code)};
+}
+
+// The field's value, or nullptr when absent or null (null means "not given" for every optional
+// field of these APIs).
+const ordered_json* get(const ordered_json& o, const char* name) {
+  auto it = o.find(name);
+  if (it == o.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> number(const ordered_json& o, const char* name, double lo, double hi) {
+  const ordered_json* v = get(o, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad(strfmt("%s must be a number", name), name);
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) bad(strfmt("%s must be a finite number", name), name);
+  if (d < lo) bad(strfmt("%s must be at least %g", name, lo), name);
+  if (d > hi) bad(strfmt("%s must be at most %g", name, hi), name);
+  return d;
+}
+
+std::optional<int64_t> integer(const ordered_json& o, const char* name, int64_t lo, int64_t hi) {
+  const ordered_json* v = get(o, name);
+  if (!v) return std::nullopt;
+  int64_t x = 0;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      bad(strfmt("%s must be at most %lld", name, (long long)hi), name);
+    x = v->get<int64_t>();
+  } else if (v->is_number_float() && std::isfinite(v->get<double>()) && std::floor(v->get<double>()) == v->get<double>() &&
+             std::abs(v->get<double>()) < 9e15) {
+    x = static_cast<int64_t>(v->get<double>());
+  } else {
+    bad(strfmt("%s must be of type int", name), name);
+  }
+  if (x < lo) bad(strfmt("%s must be at least %lld", name, (long long)lo), name);
+  if (x > hi) bad(strfmt("%s must be at most %lld", name, (long long)hi), name);
+  return x;
+}
+
+std::optional<bool> boolean(const ordered_json& o, const char* name) {
+  const ordered_json* v = get(o, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad(strfmt("%s must be of type bool", name), name);
+  return v->get<bool>();
+}
+
+std::optional<std::string> string_field(const ordered_json& o, const char* name) {
+  const ordered_json* v = get(o, name);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) bad(strfmt("%s must be a string", name), name);
+  return v->get<std::string>();
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+// Options every surface shares: meaning-changing options larder cannot honour are refused.
+void refuse_unsupported(const ordered_json& b) {
+  if (auto n = integer(b, "n", 1, 1'000'000); n && *n != 1) bad("n > 1 is not supported (one choice per request)", "n");
+  if (auto n = integer(b, "best_of", 1, 1'000'000); n && *n != 1) bad("best_of > 1 is not supported", "best_of");
+  if (auto e = boolean(b, "echo"); e && *e) bad("echo is not supported", "echo");
+  if (get(b, "suffix")) bad("suffix is not supported", "suffix");
+}
+
+std::vector<std::string> stops(const ordered_json& b, const char* name) {
+  std::vector<std::string> out;
+  const ordered_json* v = get(b, name);
+  if (!v) return out;
+  if (v->is_string()) {
+    if (!v->get<std::string>().empty()) out.push_back(v->get<std::string>());
+    return out;
+  }
+  if (!v->is_array()) bad(strfmt("%s must be a string or an array of strings", name), name);
+  if (v->size() > 16) bad(strfmt("%s may hold at most 16 strings", name), name);
+  for (const auto& s : *v) {
+    if (!s.is_string()) bad(strfmt("%s must be a string or an array of strings", name), name);
+    if (!s.get<std::string>().empty()) out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+// Sampling parameters: request field → server defaults (flags over generation_config.json) →
+// built-ins (server-api.md §3).
+runtime::SamplingParams sampling(const ServedModel& sm, const ordered_json& b, bool with_penalties) {
+  runtime::SamplingParams p;
+  const ApiDefaults& d = sm.defaults;
+  p.temperature = static_cast<float>(number(b, "temperature", 0, 5).value_or(d.temperature.value_or(0.7f)));
+  p.top_p = static_cast<float>(number(b, "top_p", 0, 1).value_or(d.top_p.value_or(1.0f)));
+  if (p.top_p == 0.0f) p.top_p = 1.0f;  // 0 = off (mlx_lm.server)
+  p.top_k = static_cast<int>(integer(b, "top_k", 0, 1'000'000).value_or(d.top_k.value_or(0)));
+  p.min_p = static_cast<float>(number(b, "min_p", 0, 1).value_or(d.min_p.value_or(0.0f)));
+  if (auto s = integer(b, "seed", INT64_MIN, INT64_MAX)) {
+    p.seed = static_cast<uint64_t>(*s);
+  } else {
+    p.seed = random_seed();
+  }
+  if (!with_penalties) return p;
+  p.repetition_penalty = static_cast<float>(number(b, "repetition_penalty", 1e-6, 100).value_or(d.repetition_penalty.value_or(1.0f)));
+  p.presence_penalty = static_cast<float>(number(b, "presence_penalty", -2, 2).value_or(0));
+  p.frequency_penalty = static_cast<float>(number(b, "frequency_penalty", -2, 2).value_or(0));
+  if (auto n = integer(b, "repetition_context_size", 0, 1 << 20)) p.repetition_context_size = static_cast<int>(*n);
+  if (auto n = integer(b, "presence_context_size", 0, 1 << 20)) p.presence_context_size = static_cast<int>(*n);
+  if (auto n = integer(b, "frequency_context_size", 0, 1 << 20)) p.frequency_context_size = static_cast<int>(*n);
+  if (const ordered_json* lb = get(b, "logit_bias")) {
+    if (!lb->is_object()) bad("logit_bias must be a dict of int to float", "logit_bias");
+    const int64_t V = sm.m->model->info().vocab;
+    for (const auto& [k, v] : lb->items()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || errno != 0 || !v.is_number()) bad("logit_bias must be a dict of int to float", "logit_bias");
+      if (id < 0 || id >= V) bad(strfmt("logit_bias token id %lld is outside the vocabulary [0, %lld)", id, (long long)V), "logit_bias");
+      const double x = v.get<double>();
+      if (!std::isfinite(x) || x < -100 || x > 100) bad("logit_bias values must be between -100 and 100", "logit_bias");
+      p.logit_bias[static_cast<int32_t>(id)] = static_cast<float>(x);
+    }
+  }
+  return p;
+}
+
+// The prompt must leave room for one generated token; max_tokens is a ceiling, clamped to what
+// the context allows (server-api.md §3, §10).
+void fit_context(const ServedModel& sm, ParsedRequest& pr, std::optional<int64_t> requested, Surface surface,
+                 const char* param) {
+  const int64_t P = static_cast<int64_t>(pr.gen.prompt.size());
+  if (P == 0) bad("the prompt is empty", param);
+  if (P >= sm.ctx) {
+    if (surface == Surface::kMessages) {
+      bad(strfmt("prompt is too long: %lld tokens > %lld maximum", (long long)P, (long long)(sm.ctx - 1)), param,
+          "context_length_exceeded");
+    }
+    bad(strfmt("This model's maximum context length is %lld tokens. However, your request has %lld prompt tokens. "
+               "Please reduce the length of the messages or prompt.",
+               (long long)sm.ctx, (long long)P),
+        param, "context_length_exceeded");
+  }
+  const int64_t room = sm.ctx - P;
+  pr.gen.max_tokens = std::min(requested.value_or(room), room);
+}
+
+std::string text_of_content(const ordered_json& content, const char* where, bool allow_null) {
+  if (content.is_null()) {
+    if (!allow_null) bad(strfmt("%s.content must not be null", where), "messages");
+    return {};
+  }
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) bad(strfmt("%s.content must be a string or an array of content parts", where), "messages");
+  std::string text;
+  for (const auto& part : content) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      bad(strfmt("%s.content parts must be objects with a type", where), "messages");
+    const std::string type = part["type"].get<std::string>();
+    if (type == "text" || type == "input_text") {
+      if (!part.contains("text") || !part["text"].is_string()) bad(strfmt("%s text part needs a string text", where), "messages");
+      text += part["text"].get<std::string>();
+    } else if (type == "image_url" || type == "image" || type == "input_image") {
+      bad("this model does not accept images (text-only model)", "messages");
+    } else if (type == "input_audio" || type == "audio") {
+      bad("audio input is not supported", "messages");
+    } else {
+      bad(strfmt("%s has an unknown content part type '%s'", where, type.c_str()), "messages");
+    }
+  }
+  return text;
+}
+
+void encode_with_template(const ServedModel& sm, const ordered_json& msgs, const ordered_json& tools,
+                          const ordered_json& extra, ParsedRequest& pr) {
+  runtime::ChatEncodeOptions o;
+  o.tools = tools;
+  o.extra = extra;
+  auto ids = runtime::encode_chat_json(*sm.m, msgs, o);
+  if (!ids.is_ok()) {
+    std::string msg = ids.status().message();
+    if (!sm.m->chat_template) msg = "this model has no chat template; use /v1/completions with a plain prompt";
+    bad(msg, "messages");
+  }
+  pr.gen.prompt = std::move(*ids);
+  // A template that writes BOS over a tokenizer that also adds one: keep one (server-api.md §4.2).
+  const auto bos = sm.m->tokenizer->bos_id();
+  if (bos && pr.gen.prompt.size() >= 2 && pr.gen.prompt[0] == *bos && pr.gen.prompt[1] == *bos)
+    pr.gen.prompt.erase(pr.gen.prompt.begin());
+}
+
+std::string namespace_for(const ServedModel& sm, const ordered_json& b) {
+  auto salt = string_field(b, "cache_salt");
+  return salt && !salt->empty() ? memory::namespace_id({}, *salt) : sm.ns_base;
+}
+
+ParsedRequest start(const ordered_json& b, const char* id_prefix, const char* route) {
+  if (!b.is_object()) bad("the request body must be a JSON object");
+  ParsedRequest pr;
+  pr.response_id = random_id(id_prefix);
+  pr.gen.id = pr.response_id;
+  pr.gen.route = route;
+  pr.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  pr.stream = boolean(b, "stream").value_or(false);
+  return pr;
+}
+
+int64_t utf8_bytes_json(const std::string& s, ordered_json* out) {
+  *out = ordered_json::array();
+  for (unsigned char c : s) out->push_back(static_cast<int>(c));
+  return static_cast<int64_t>(s.size());
+}
+
+}  // namespace
+
+std::string random_id(const std::string& prefix) {
+  static const char kAlphabet[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  thread_local std::mt19937_64 rng(random_seed());
+  std::string s = prefix;
+  for (int i = 0; i < 24; ++i) s += kAlphabet[rng() % 62];
+  return s;
+}
+
+const char* openai_error_type(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 500: return "server_error";
+    case 503: return "unavailable_error";
+    default: return "invalid_request_error";
+  }
+}
+
+ordered_json openai_error_body(const ApiError& e) {
+  ordered_json err = {{"message", e.message}, {"type", openai_error_type(e.status)}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
+  return {{"error", err}};
+}
+
+ordered_json anthropic_error_body(const ApiError& e) {
+  const char* type = "invalid_request_error";
+  switch (e.status) {
+    case 401: type = "authentication_error"; break;
+    case 403: type = "permission_error"; break;
+    case 404: type = "not_found_error"; break;
+    case 413: type = "request_too_large"; break;
+    case 429: type = "rate_limit_error"; break;
+    case 500: type = "api_error"; break;
+    case 503: case 529: type = "overloaded_error"; break;
+    default: break;
+  }
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", e.message}}}};
+}
+
+ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
+  ParsedRequest pr = start(b, "chatcmpl-", "/v1/chat/completions");
+  refuse_unsupported(b);
+  const ordered_json* msgs = get(b, "messages");
+  if (!msgs) bad("messages is required", "messages");
+  if (!msgs->is_array()) bad("messages must be an array", "messages");
+  if (msgs->empty()) bad("messages must not be empty", "messages");
+  ordered_json out = ordered_json::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ordered_json& m = (*msgs)[i];
+    const std::string where = strfmt("messages[%zu]", i);
+    if (!m.is_object()) bad(where + " must be an object", "messages");
+    if (!m.contains("role") || !m["role"].is_string()) bad(where + ".role must be a string", "messages");
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      bad(strfmt("%s.role '%s' is not one of system, developer, user, assistant, tool", where.c_str(), role.c_str()),
+          "messages");
+    }
+    ordered_json msg = {{"role", role}};
+    const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    if (!m.contains("content") && !(role == "assistant" && has_calls)) bad(where + ".content is required", "messages");
+    msg["content"] = text_of_content(m.contains("content") ? m["content"] : ordered_json(), where.c_str(),
+                                     role == "assistant");
+    if (has_calls) {
+      if (!m["tool_calls"].is_array()) bad(where + ".tool_calls must be an array", "messages");
+      ordered_json calls = ordered_json::array();
+      for (const auto& c : m["tool_calls"]) {
+        if (!c.is_object()) bad(where + ".tool_calls entries must be objects", "messages");
+        ordered_json call = c;
+        if (c.contains("function") && c["function"].is_object() && c["function"].contains("arguments") &&
+            c["function"]["arguments"].is_string()) {
+          // Templates expect the arguments as an object (they tojson it themselves).
+          auto parsed = ordered_json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
+          if (!parsed.is_discarded()) call["function"]["arguments"] = parsed;
+        }
+        calls.push_back(call);
+      }
+      msg["tool_calls"] = calls;
+    }
+    for (const char* k : {"name", "tool_call_id", "reasoning_content", "reasoning"}) {
+      if (m.contains(k) && !m[k].is_null()) msg[k] = m[k];
+    }
+    out.push_back(std::move(msg));
+  }
+  ordered_json tools;
+  if (const ordered_json* t = get(b, "tools")) {
+    if (!t->is_array()) bad("tools must be an array", "tools");
+    tools = *t;
+  }
+  if (const ordered_json* tc = get(b, "tool_choice"); tc && tc->is_string() && tc->get<std::string>() == "none")
+    tools = ordered_json();
+  ordered_json extra = ordered_json::object();
+  if (const ordered_json* k = get(b, "chat_template_kwargs")) {
+    if (!k->is_object()) bad("chat_template_kwargs must be an object", "chat_template_kwargs");
+    extra = *k;
+  }
+  if (auto effort = string_field(b, "reasoning_effort"); effort && !extra.contains("enable_thinking"))
+    extra["enable_thinking"] = *effort != "none";
+
+  pr.gen.sampling = sampling(sm, b, true);
+  pr.gen.stops = stops(b, "stop");
+  pr.logprobs = boolean(b, "logprobs").value_or(false);
+  const auto top = integer(b, "top_logprobs", 0, 20);
+  pr.top_logprobs = static_cast<int>(top.value_or(0));
+  pr.gen.top_logprobs = pr.logprobs ? pr.top_logprobs : -1;
+  if (const ordered_json* so = get(b, "stream_options")) {
+    if (!so->is_object()) bad("stream_options must be an object", "stream_options");
+    pr.include_usage = boolean(*so, "include_usage").value_or(false);
+  }
+  std::optional<int64_t> max = integer(b, "max_completion_tokens", 1, INT64_MAX);
+  if (!max) max = integer(b, "max_tokens", 1, INT64_MAX);
+  if (!max) max = sm.defaults.max_tokens;
+  pr.gen.ns = namespace_for(sm, b);
+  encode_with_template(sm, out, tools, extra, pr);
+  fit_context(sm, pr, max, Surface::kChat, "messages");
+  return pr;
+}
+
+ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
+  ParsedRequest pr = start(b, "cmpl-", "/v1/completions");
+  refuse_unsupported(b);
+  const ordered_json* prompt = get(b, "prompt");
+  if (!prompt) bad("prompt is required", "prompt");
+  const int64_t V = sm.m->model->info().vocab;
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
+  if (prompt->is_string()) {
+    pr.gen.prompt = sm.m->tokenizer->encode(prompt->get<std::string>(), /*add_special=*/true);
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) {
+    for (const auto& t : *prompt) {
+      if (!t.is_number_integer()) bad("prompt token ids must be integers", "prompt");
+      const int64_t id = t.get<int64_t>();
+      if (id < 0 || id >= V) bad(strfmt("prompt token id %lld is outside the vocabulary [0, %lld)", (long long)id, (long long)V), "prompt");
+      pr.gen.prompt.push_back(static_cast<int32_t>(id));
+    }
+  } else if (prompt->is_array()) {
+    bad("prompt must be a string, an array of one string, or an array of token ids (batches are not supported)",
+        "prompt");
+  } else {
+    bad("prompt must be a string or an array of token ids", "prompt");
+  }
+  pr.gen.sampling = sampling(sm, b, true);
+  pr.gen.stops = stops(b, "stop");
+  if (auto lp = integer(b, "logprobs", 0, 20)) {
+    pr.logprobs = true;
+    pr.top_logprobs = static_cast<int>(*lp);
+    pr.gen.top_logprobs = pr.top_logprobs;
+  }
+  if (const ordered_json* so = get(b, "stream_options")) {
+    if (!so->is_object()) bad("stream_options must be an object", "stream_options");
+    pr.include_usage = boolean(*so, "include_usage").value_or(false);
+  }
+  std::optional<int64_t> max = integer(b, "max_tokens", 1, INT64_MAX);
+  if (!max) max = sm.defaults.max_tokens.value_or(512);  // mlx_lm.server's completions default
+  pr.gen.ns = namespace_for(sm, b);
+  fit_context(sm, pr, max, Surface::kCompletions, "prompt");
+  return pr;
+}
+
+ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
+  ParsedRequest pr = start(b, "msg_", "/v1/messages");
+  ordered_json out = ordered_json::array();
+  if (const ordered_json* sys = get(b, "system")) {
+    std::string text;
+    if (sys->is_string()) {
+      text = sys->get<std::string>();
+    } else if (sys->is_array()) {
+      for (const auto& blk : *sys) {
+        if (!blk.is_object() || blk.value("type", "") != "text" || !blk.contains("text") || !blk["text"].is_string())
+          bad("system must be a string or an array of text blocks", "system");
+        if (!text.empty()) text += "\n";
+        text += blk["text"].get<std::string>();
+      }
+    } else {
+      bad("system must be a string or an array of text blocks", "system");
+    }
+    if (!text.empty()) out.push_back({{"role", "system"}, {"content", text}});
+  }
+  const ordered_json* msgs = get(b, "messages");
+  if (!msgs) bad("messages: field required", "messages");
+  if (!msgs->is_array()) bad("messages must be an array", "messages");
+  if (msgs->empty()) bad("messages must not be empty", "messages");
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ordered_json& m = (*msgs)[i];
+    const std::string where = strfmt("messages.%zu", i);
+    if (!m.is_object()) bad(where + " must be an object", "messages");
+    if (!m.contains("role") || !m["role"].is_string()) bad(where + ".role must be a string", "messages");
+    const std::string role = m["role"].get<std::string>();
+    if (role != "user" && role != "assistant") bad(strfmt("%s.role '%s' must be user or assistant", where.c_str(), role.c_str()), "messages");
+    if (!m.contains("content")) bad(where + ".content: field required", "messages");
+    const ordered_json& c = m["content"];
+    if (c.is_string()) {
+      out.push_back({{"role", role}, {"content", c.get<std::string>()}});
+      continue;
+    }
+    if (!c.is_array()) bad(where + ".content must be a string or an array of content blocks", "messages");
+    std::string text;
+    ordered_json calls = ordered_json::array();
+    for (const auto& blk : c) {
+      if (!blk.is_object() || !blk.contains("type") || !blk["type"].is_string())
+        bad(where + ".content blocks must be objects with a type", "messages");
+      const std::string type = blk["type"].get<std::string>();
+      if (type == "text") {
+        if (!blk.contains("text") || !blk["text"].is_string()) bad(where + " text block needs a string text", "messages");
+        text += blk["text"].get<std::string>();
+      } else if (type == "image" || type == "document") {
+        bad("this model does not accept images (text-only model)", "messages");
+      } else if (type == "thinking" || type == "redacted_thinking") {
+        // dropped on re-ingest
+      } else if (type == "tool_use") {
+        calls.push_back({{"id", blk.value("id", "")}, {"type", "function"},
+                         {"function", {{"name", blk.value("name", "")}, {"arguments", blk.value("input", ordered_json::object())}}}});
+      } else if (type == "tool_result") {
+        std::string rt;
+        if (blk.contains("content")) {
+          const ordered_json& rc = blk["content"];
+          rt = rc.is_string() ? rc.get<std::string>() : text_of_content(rc, where.c_str(), true);
+        }
+        out.push_back({{"role", "tool"}, {"tool_call_id", blk.value("tool_use_id", "")}, {"content", rt}});
+      } else {
+        bad(strfmt("%s has an unknown content block type '%s'", where.c_str(), type.c_str()), "messages");
+      }
+    }
+    if (!text.empty() || !calls.empty()) {
+      ordered_json msg = {{"role", role}, {"content", text}};
+      if (!calls.empty()) msg["tool_calls"] = calls;
+      out.push_back(msg);
+    }
+  }
+  ordered_json tools;
+  if (const ordered_json* t = get(b, "tools")) {
+    if (!t->is_array()) bad("tools must be an array", "tools");
+    tools = ordered_json::array();
+    for (const auto& tool : *t) {
+      if (!tool.is_object() || !tool.contains("name")) continue;  // server tools (web search, ...) dropped
+      tools.push_back({{"type", "function"},
+                       {"function", {{"name", tool["name"]}, {"description", tool.value("description", "")},
+                                     {"parameters", tool.value("input_schema", ordered_json::object())}}}});
+    }
+  }
+  if (const ordered_json* tc = get(b, "tool_choice"); tc && tc->is_object() && tc->value("type", "") == "none")
+    tools = ordered_json();
+  ordered_json extra = ordered_json::object();
+  if (const ordered_json* th = get(b, "thinking"); th && th->is_object())
+    extra["enable_thinking"] = th->value("type", "") == "enabled";
+
+  runtime::SamplingParams sp = sampling(sm, b, false);
+  pr.gen.sampling = sp;
+  pr.gen.stops = stops(b, "stop_sequences");
+  std::optional<int64_t> max = integer(b, "max_tokens", 1, INT64_MAX);
+  if (!max) max = sm.defaults.max_tokens;
+  pr.gen.ns = namespace_for(sm, b);
+  encode_with_template(sm, out, tools, extra, pr);
+  fit_context(sm, pr, max, Surface::kMessages, "messages");
+  return pr;
+}
+
+// ---- responses --------------------------------------------------------------------------------
+
+ResponseWriter::ResponseWriter(const ServedModel& sm, const ParsedRequest& pr, Surface surface)
+    : sm_(sm), pr_(pr), surface_(surface) {}
+
+std::string ResponseWriter::finish_reason() const {
+  switch (outcome_.finish) {
+    case Finish::kLength: return surface_ == Surface::kMessages ? "max_tokens" : "length";
+    case Finish::kStop:
+      if (surface_ == Surface::kMessages) return outcome_.matched_stop.empty() ? "end_turn" : "stop_sequence";
+      return "stop";
+    default: return surface_ == Surface::kMessages ? "end_turn" : "stop";
+  }
+}
+
+ordered_json ResponseWriter::usage_json() const {
+  const Outcome& o = outcome_;
+  ordered_json ext = {{"cache", {{"tier", o.cache_tier}, {"reason", o.cache_reason}}},
+                      {"timings",
+                       {{"queue_ms", o.queue_ms}, {"prefill_ms", o.prefill_ms}, {"ttft_ms", o.ttft_ms},
+                        {"decode_ms", o.decode_ms},
+                        {"prefill_tps", o.prefill_ms > 0 ? (o.prompt_tokens - o.cached_tokens) / (o.prefill_ms / 1e3) : 0.0},
+                        {"decode_tps", o.decode_ms > 0 && o.completion_tokens > 1
+                                           ? (o.completion_tokens - 1) / (o.decode_ms / 1e3) : 0.0}}}};
+  if (surface_ == Surface::kMessages) {
+    return {{"input_tokens", o.prompt_tokens - o.cached_tokens},
+            {"output_tokens", o.completion_tokens},
+            {"cache_read_input_tokens", o.cached_tokens},
+            {"cache_creation_input_tokens", 0}};
+  }
+  return {{"prompt_tokens", o.prompt_tokens},
+          {"completion_tokens", o.completion_tokens},
+          {"total_tokens", o.prompt_tokens + o.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", o.cached_tokens}}},
+          {"completion_tokens_details", {{"reasoning_tokens", 0}}},
+          {"larder", ext}};
+}
+
+ordered_json ResponseWriter::logprobs_json(const std::vector<TokenInfo>& toks) const {
+  const tokenizer::Tokenizer& tk = *sm_.m->tokenizer;
+  auto piece = [&](int32_t id) { return tk.decode({id}, /*skip_special=*/false); };
+  if (surface_ == Surface::kCompletions) {  // legacy shape
+    ordered_json tokens = ordered_json::array(), lps = ordered_json::array(), tops = ordered_json::array(),
+                 offs = ordered_json::array();
+    for (const TokenInfo& t : toks) {
+      tokens.push_back(piece(t.id));
+      lps.push_back(t.lp.logprob);
+      ordered_json top = ordered_json::object();
+      for (const auto& [id, lp] : t.lp.top) top[piece(id)] = lp;
+      tops.push_back(top);
+      offs.push_back(0);
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+  }
+  ordered_json content = ordered_json::array();
+  for (const TokenInfo& t : toks) {
+    const std::string s = piece(t.id);
+    ordered_json bytes;
+    utf8_bytes_json(s, &bytes);
+    ordered_json top = ordered_json::array();
+    for (const auto& [id, lp] : t.lp.top) {
+      const std::string ts = piece(id);
+      ordered_json tb;
+      utf8_bytes_json(ts, &tb);
+      top.push_back({{"token", ts}, {"logprob", lp}, {"bytes", tb}, {"id", id}});
+    }
+    content.push_back({{"token", s}, {"logprob", t.lp.logprob}, {"bytes", bytes}, {"id", t.id}, {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+ordered_json ResponseWriter::chunk(ordered_json choice) const {
+  ordered_json c = {{"id", pr_.response_id},
+                    {"object", surface_ == Surface::kChat ? "chat.completion.chunk" : "text_completion"},
+                    {"created", pr_.created},
+                    {"model", sm_.id},
+                    {"system_fingerprint", sm_.fingerprint}};
+  choice["index"] = 0;
+  c["choices"] = ordered_json::array({choice});
+  if (pr_.include_usage) c["usage"] = nullptr;
+  return c;
+}
+
+namespace {
+std::string sse(const ordered_json& j) { return "data: " + j.dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n\n"; }
+std::string sse_event(const char* type, const ordered_json& j) {
+  return std::string("event: ") + type + "\n" + sse(j);
+}
+}  // namespace
+
+std::string ResponseWriter::stream_open() {
+  if (opened_) return {};
+  opened_ = true;
+  if (surface_ == Surface::kChat) {
+    ordered_json choice = {{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    return sse(chunk(choice));
+  }
+  if (surface_ == Surface::kMessages) {
+    ordered_json usage = {{"input_tokens", outcome_.prompt_tokens - outcome_.cached_tokens},
+                          {"output_tokens", 0},
+                          {"cache_read_input_tokens", outcome_.cached_tokens},
+                          {"cache_creation_input_tokens", 0}};
+    ordered_json msg = {{"id", pr_.response_id}, {"type", "message"}, {"role", "assistant"}, {"model", sm_.id},
+                        {"content", ordered_json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+                        {"usage", usage}};
+    block_open_ = true;
+    return sse_event("message_start", {{"type", "message_start"}, {"message", msg}}) +
+           sse_event("content_block_start",
+                     {{"type", "content_block_start"}, {"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}});
+  }
+  return {};  // completions: no opening chunk
+}
+
+std::string ResponseWriter::stream_frames(const Event& e) {
+  std::string out;
+  if (e.admitted) {
+    outcome_.prompt_tokens = e.outcome.prompt_tokens;
+    outcome_.cached_tokens = e.outcome.cached_tokens;
+    return stream_open();
+  }
+  out += stream_open();
+  if (!e.text.empty() || (!e.tokens.empty() && pr_.logprobs && surface_ != Surface::kMessages)) {
+    if (surface_ == Surface::kChat) {
+      ordered_json delta = ordered_json::object();
+      if (!e.text.empty()) delta["content"] = e.text;
+      ordered_json choice = {{"delta", delta}, {"logprobs", pr_.logprobs ? logprobs_json(e.tokens) : ordered_json()},
+                             {"finish_reason", nullptr}};
+      out += sse(chunk(choice));
+    } else if (surface_ == Surface::kCompletions) {
+      ordered_json choice = {{"text", e.text}, {"logprobs", pr_.logprobs ? logprobs_json(e.tokens) : ordered_json()},
+                             {"finish_reason", nullptr}};
+      out += sse(chunk(choice));
+    } else if (!e.text.empty()) {
+      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", 0},
+                                               {"delta", {{"type", "text_delta"}, {"text", e.text}}}});
+    }
+  }
+  if (!e.done) return out;
+  outcome_ = e.outcome;
+  if (outcome_.finish == Finish::kError || outcome_.finish == Finish::kCancelled) {
+    const std::string msg = outcome_.error.empty() ? "generation was cancelled" : outcome_.error;
+    if (surface_ == Surface::kMessages) {
+      return out + sse_event("error", {{"type", "error"}, {"error", {{"type", "api_error"}, {"message", msg}}}});
+    }
+    return out + sse({{"error", {{"message", msg}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}}) +
+           "data: [DONE]\n\n";
+  }
+  if (surface_ == Surface::kMessages) {
+    out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
+    ordered_json stop_seq = outcome_.matched_stop.empty() ? ordered_json() : ordered_json(outcome_.matched_stop);
+    out += sse_event("message_delta", {{"type", "message_delta"},
+                                       {"delta", {{"stop_reason", finish_reason()}, {"stop_sequence", stop_seq}}},
+                                       {"usage", {{"output_tokens", outcome_.completion_tokens}}}});
+    out += sse_event("message_stop", {{"type", "message_stop"}});
+    return out;
+  }
+  ordered_json choice = surface_ == Surface::kChat
+                            ? ordered_json{{"delta", ordered_json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}}
+                            : ordered_json{{"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}};
+  ordered_json last = chunk(choice);
+  if (pr_.include_usage) {
+    out += sse(last);
+    ordered_json u = {{"id", pr_.response_id}, {"object", last["object"]}, {"created", pr_.created},
+                      {"model", sm_.id}, {"system_fingerprint", sm_.fingerprint},
+                      {"choices", ordered_json::array()}, {"usage", usage_json()}};
+    out += sse(u);
+  } else {
+    last["usage"] = usage_json();  // mlx-bun behaviour: usage on the final chunk
+    out += sse(last);
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+void ResponseWriter::add(const Event& e) {
+  if (e.admitted) {
+    outcome_.prompt_tokens = e.outcome.prompt_tokens;
+    outcome_.cached_tokens = e.outcome.cached_tokens;
+    return;
+  }
+  text_ += e.text;
+  tokens_.insert(tokens_.end(), e.tokens.begin(), e.tokens.end());
+  if (e.done) outcome_ = e.outcome;
+}
+
+ordered_json ResponseWriter::body() const {
+  if (surface_ == Surface::kMessages) {
+    ordered_json stop_seq = outcome_.matched_stop.empty() ? ordered_json() : ordered_json(outcome_.matched_stop);
+    return {{"id", pr_.response_id}, {"type", "message"}, {"role", "assistant"}, {"model", sm_.id},
+            {"content", ordered_json::array({{{"type", "text"}, {"text", text_}}})},
+            {"stop_reason", finish_reason()}, {"stop_sequence", stop_seq}, {"usage", usage_json()}};
+  }
+  ordered_json lp = pr_.logprobs ? logprobs_json(tokens_) : ordered_json();
+  ordered_json choice;
+  if (surface_ == Surface::kChat) {
+    choice = {{"index", 0},
+              {"message", {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}}},
+              {"logprobs", lp},
+              {"finish_reason", finish_reason()}};
+  } else {
+    choice = {{"index", 0}, {"text", text_}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
+  }
+  return {{"id", pr_.response_id},
+          {"object", surface_ == Surface::kChat ? "chat.completion" : "text_completion"},
+          {"created", pr_.created},
+          {"model", sm_.id},
+          {"system_fingerprint", sm_.fingerprint},
+          {"choices", ordered_json::array({choice})},
+          {"usage", usage_json()}};
+}
+
+}  // namespace larder::server

@@ -1,0 +1,101 @@
+// api.h — request handling: API bodies (OpenAI chat/completions, Anthropic messages) to
+// GenRequests, engine events to response bodies and stream events. No sockets here: the
+// transport (http_server.cpp) moves bytes; this file decides what they say.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "larder/runtime/loaded_model.h"
+#include "larder/server/request.h"
+
+namespace larder::server {
+
+using ordered_json = nlohmann::ordered_json;
+
+enum class Surface { kChat, kCompletions, kMessages };
+
+// A client mistake (4xx) or a server condition, in the surface's error shape.
+struct ApiError {
+  ApiError(int s, std::string m, std::string p = {}, std::string c = {})
+      : status(s), message(std::move(m)), param(std::move(p)), code(std::move(c)) {}
+  int status = 400;
+  std::string message;
+  std::string param;  // the offending field ("" = null)
+  std::string code;   // e.g. "context_length_exceeded" ("" = null)
+};
+
+ordered_json openai_error_body(const ApiError& e);
+ordered_json anthropic_error_body(const ApiError& e);
+const char* openai_error_type(int status);
+
+// Server-wide defaults a request starts from (flags over generation_config.json over built-ins,
+// server-api.md §3).
+struct ApiDefaults {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k;
+  std::optional<int64_t> max_tokens;  // --max-tokens
+};
+
+struct ServedModel {
+  const runtime::LoadedModel* m = nullptr;
+  std::string id;            // the served model id
+  std::string fingerprint;   // system_fingerprint
+  std::string ns_base;       // KV namespace without a salt
+  int64_t ctx = 0;           // context limit per sequence
+  ApiDefaults defaults;
+};
+
+// A parsed generation request and how to answer it.
+struct ParsedRequest {
+  GenRequest gen;
+  bool stream = false;
+  bool include_usage = false;      // stream_options.include_usage
+  bool logprobs = false;
+  int top_logprobs = 0;
+  std::string response_id;
+  int64_t created = 0;
+};
+
+// Throws ApiError on invalid input.
+ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& body);
+ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& body);
+ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& body);
+
+// Accumulates one request's events into the response (non-stream) or into stream chunks.
+class ResponseWriter {
+ public:
+  ResponseWriter(const ServedModel& sm, const ParsedRequest& pr, Surface surface);
+  // Streaming: the SSE frames to send for this event (may be empty). Call in event order.
+  std::string stream_frames(const Event& e);
+  // The opening frames (role chunk / message_start) — sent once, after admission is known.
+  std::string stream_open();
+  // Non-stream: feed every event, then body().
+  void add(const Event& e);
+  ordered_json body() const;
+  // For logs.
+  const Outcome& outcome() const { return outcome_; }
+
+ private:
+  ordered_json usage_json() const;
+  ordered_json logprobs_json(const std::vector<TokenInfo>& toks) const;
+  ordered_json chunk(ordered_json choice_fields) const;
+  std::string finish_reason() const;
+  const ServedModel& sm_;
+  const ParsedRequest& pr_;
+  Surface surface_;
+  std::string text_;
+  std::vector<TokenInfo> tokens_;
+  Outcome outcome_;
+  bool opened_ = false;
+  bool block_open_ = false;  // anthropic text block started
+};
+
+// A random id: prefix + 24 base62 characters.
+std::string random_id(const std::string& prefix);
+
+}  // namespace larder::server

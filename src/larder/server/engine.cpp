@@ -1,0 +1,325 @@
+#include "larder/server/engine.h"
+
+#include <algorithm>
+#include <future>
+
+#include "larder/core/log.h"
+#include "larder/runtime/text_stream.h"
+
+namespace larder::server {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+struct Engine::Seq {
+  Seq(GenRequest r, std::shared_ptr<Channel> c, memory::SequenceState st, const tokenizer::Tokenizer& tok)
+      : req(std::move(r)), ch(std::move(c)), state(std::move(st)), sampler(req.sampling), text(tok, req.stops) {}
+  GenRequest req;
+  std::shared_ptr<Channel> ch;
+  memory::SequenceState state;
+  runtime::Sampler sampler;
+  runtime::TextStream text;
+  std::vector<int32_t> history;      // prompt + generated tokens
+  int64_t prefilled = 0;             // prompt tokens in the cache
+  int64_t generated = 0;
+  bool decoding = false;             // prompt done; `next` is the token to forward
+  int32_t next = 0;
+  bool done = false;
+  std::vector<TokenInfo> pending;    // tokens whose text is still held back
+  std::vector<float> logits;         // [vocab]
+  Outcome out;
+  Clock::time_point admitted, first_token;
+  bool has_first = false;
+};
+
+Engine::Engine(runtime::LoadedModel& model, std::unique_ptr<memory::KvStore> store, EngineConfig cfg, Metrics& metrics)
+    : m_(model), store_(std::move(store)), cfg_(cfg), metrics_(metrics) {
+  if (cfg_.ctx <= 0) cfg_.ctx = m_.model->info().max_context;
+  cfg_.parallel = std::max(cfg_.parallel, 1);
+  cfg_.step_tokens = std::max<int64_t>(cfg_.step_tokens, 1);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { shutdown(Clock::now()); }
+
+Result<std::shared_ptr<Channel>> Engine::submit(GenRequest req) {
+  auto ch = std::make_shared<Channel>();
+  std::lock_guard<std::mutex> l(mu_);
+  if (stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
+  if (queue_.size() >= cfg_.queue_max) {
+    return Status(StatusCode::kResourceExhausted,
+                  strfmt("the request queue is full (%zu waiting); retry later", queue_.size()));
+  }
+  queue_.emplace_back(std::move(req), ch);
+  cv_.notify_one();
+  return ch;
+}
+
+size_t Engine::queue_depth() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return queue_.size();
+}
+
+nlohmann::json Engine::with_store(const std::function<nlohmann::json(memory::KvStore&)>& fn) {
+  auto p = std::make_shared<std::promise<nlohmann::json>>();
+  auto fut = p->get_future();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!thread_.joinable() || flushed_) return nlohmann::json();
+    tasks_.push_back([this, p, &fn] {
+      p->set_value(store_ ? fn(*store_) : nlohmann::json());
+    });
+  }
+  cv_.notify_one();
+  return fut.get();
+}
+
+memory::FlushReport Engine::shutdown(Clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!stop_) {
+      stop_ = true;
+      deadline_ = deadline;
+      draining_ = true;
+    }
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+  return flush_report_;
+}
+
+void Engine::loop() {
+  logits_.resize(static_cast<size_t>(m_.model->info().vocab));
+  for (;;) {
+    std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>> incoming;
+    std::deque<std::function<void()>> tasks;
+    bool stopping = false, past_deadline = false;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (seqs_.empty() && queue_.empty() && tasks_.empty()) {
+        if (stop_) break;
+        // Idle: let the SSD writer run and hand it snapshots of new entries (kv-store.md §8.2).
+        if (store_) {
+          l.unlock();
+          store_->set_engine_busy(false);
+          store_->write_behind();
+          l.lock();
+        }
+        cv_.wait_for(l, std::chrono::milliseconds(500),
+                     [&] { return stop_ || !queue_.empty() || !tasks_.empty(); });
+        if (queue_.empty() && tasks_.empty()) continue;
+      }
+      tasks.swap(tasks_);
+      stopping = stop_;
+      past_deadline = stop_ && Clock::now() >= deadline_;
+      if (past_deadline) {
+        incoming.swap(queue_);
+      } else {
+        while (!queue_.empty() && seqs_.size() + incoming.size() < static_cast<size_t>(cfg_.parallel)) {
+          incoming.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
+      }
+    }
+    for (auto& t : tasks) t();
+    if (past_deadline) {
+      // Shutdown deadline: whatever has not finished is cancelled (its KV is still kept).
+      for (auto& [req, ch] : incoming) {
+        Event e;
+        e.done = true;
+        e.outcome.finish = Finish::kCancelled;
+        e.outcome.error = "the server shut down before this request ran";
+        ch->push(std::move(e));
+        metrics_.cancelled("shutdown");
+      }
+      for (auto& s : seqs_) {
+        metrics_.cancelled("shutdown");
+        finish(*s, Finish::kCancelled, "the server shut down before this request finished");
+      }
+      seqs_.clear();
+      active_count_ = 0;
+      continue;
+    }
+    (void)stopping;
+    admit(incoming);
+    if (!seqs_.empty()) step();
+  }
+  if (store_) flush_report_ = store_->flush();
+  std::lock_guard<std::mutex> l(mu_);
+  flushed_ = true;
+  for (auto& t : tasks_) t();  // nobody may wait forever on with_store
+  tasks_.clear();
+}
+
+void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& incoming) {
+  const memory::KvLayout layout = m_.model->kv_layout();
+  for (auto& [req, ch] : incoming) {
+    if (ch->cancelled()) {  // the client left while queued: never runs
+      metrics_.cancelled("client_disconnect");
+      continue;
+    }
+    const Clock::time_point now = Clock::now();
+    std::optional<memory::SequenceState> state;
+    memory::CacheReport report;
+    if (store_) {
+      store_->set_engine_busy(true);
+      memory::TakeResult t = store_->take(req.prompt, req.ns);
+      report = t.report;
+      if (t.hit) state.emplace(std::move(*t.hit).into_state(layout, cfg_.ctx));
+    }
+    if (!state) state.emplace(layout, cfg_.ctx);
+    auto s = std::make_unique<Seq>(std::move(req), ch, std::move(*state), *m_.tokenizer);
+    const int64_t P = static_cast<int64_t>(s->req.prompt.size());
+    // A take never covers the whole prompt (at least one token is forwarded for its logits).
+    if (s->state.kv.length() >= P) s->state.kv.trim(P - 1);
+    s->prefilled = s->state.kv.length();
+    s->history = s->req.prompt;
+    s->logits.resize(static_cast<size_t>(m_.model->info().vocab));
+    s->admitted = now;
+    s->out.prompt_tokens = P;
+    s->out.cached_tokens = s->prefilled;
+    s->out.cache_tier = s->prefilled > 0 ? memory::tier_name(report.tier) : "none";
+    s->out.cache_reason = report.reason.empty() ? (store_ ? "miss" : "store_off") : report.reason;
+    s->out.queue_ms = ms_between(s->req.arrived, now);
+    Event e;
+    e.admitted = true;
+    e.outcome = s->out;
+    s->ch->push(std::move(e));
+    seqs_.push_back(std::move(s));
+  }
+  active_count_ = seqs_.size();
+}
+
+void Engine::step() {
+  const int64_t V = m_.model->info().vocab;
+  // Cancellations first: a client that left frees its slot before any more compute.
+  for (auto& s : seqs_) {
+    if (!s->done && s->ch->cancelled()) {
+      metrics_.cancelled("client_disconnect");
+      finish(*s, Finish::kCancelled);
+    }
+  }
+  std::vector<models::BatchItem> items;
+  std::vector<Seq*> who;
+  std::vector<bool> completes_prompt;
+  int64_t decode_rows = 0;
+  for (auto& s : seqs_) {
+    if (s->done || !s->decoding) continue;
+    items.push_back({&s->next, 1, &s->state.kv, s->logits.data(), false});
+    who.push_back(s.get());
+    completes_prompt.push_back(false);
+    ++decode_rows;
+  }
+  // Prefill slices share what the decode rows left of the step budget (at least a minimum slice,
+  // so prompts progress even when many sequences decode).
+  int64_t budget = std::max<int64_t>(cfg_.step_tokens - decode_rows, 32);
+  for (auto& s : seqs_) {
+    if (s->done || s->decoding || budget <= 0) continue;
+    const int64_t P = static_cast<int64_t>(s->req.prompt.size());
+    const int64_t n = std::min(budget, P - s->prefilled);
+    items.push_back({s->req.prompt.data() + s->prefilled, n, &s->state.kv, s->logits.data(), false});
+    who.push_back(s.get());
+    completes_prompt.push_back(s->prefilled + n == P);
+    budget -= n;
+  }
+  if (!items.empty()) {
+    Status st = m_.model->forward_batch(items);
+    if (!st.is_ok()) {
+      LARDER_LOG_ERROR("[engine] forward failed for a batch of %zu sequences: %s", items.size(), st.message().c_str());
+      for (Seq* s : who) finish(*s, Finish::kError, st.message());
+    } else {
+      for (size_t i = 0; i < who.size(); ++i) {
+        Seq& s = *who[i];
+        if (!s.decoding) {
+          s.prefilled += items[i].n;
+          if (!completes_prompt[i]) continue;
+        }
+        // Sample the next token from this row's logits.
+        float* lg = s.logits.data();
+        s.sampler.process(lg, V, s.history);
+        const int32_t tok = s.sampler.pick(lg, V, static_cast<uint64_t>(s.generated));
+        const Clock::time_point now = Clock::now();
+        if (!s.has_first) {
+          s.has_first = true;
+          s.first_token = now;
+          s.out.prefill_ms = ms_between(s.admitted, now);
+          s.out.ttft_ms = ms_between(s.req.arrived, now);
+        }
+        if (std::find(m_.defaults.eos_ids.begin(), m_.defaults.eos_ids.end(), tok) != m_.defaults.eos_ids.end()) {
+          finish(s, Finish::kEos);
+          continue;
+        }
+        TokenInfo ti;
+        ti.id = tok;
+        if (s.req.top_logprobs >= 0) ti.lp = runtime::token_logprobs(lg, V, tok, s.req.top_logprobs);
+        s.history.push_back(tok);
+        ++s.generated;
+        s.pending.push_back(std::move(ti));
+        std::string text = s.text.push(tok);
+        if (s.text.stopped()) {
+          // Tokens whose text the stop string swallowed are not reported (server-api.md §4.4).
+          s.pending.clear();
+          if (!text.empty()) {
+            Event e;
+            e.text = std::move(text);
+            s.ch->push(std::move(e));
+          }
+          finish(s, Finish::kStop);
+          continue;
+        }
+        if (!text.empty()) {
+          Event e;
+          e.text = std::move(text);
+          e.tokens.swap(s.pending);
+          s.ch->push(std::move(e));
+        }
+        if (s.generated >= s.req.max_tokens || s.state.kv.length() + 1 > cfg_.ctx) {
+          finish(s, Finish::kLength);
+          continue;
+        }
+        s.next = tok;
+        s.decoding = true;
+      }
+    }
+  }
+  seqs_.erase(std::remove_if(seqs_.begin(), seqs_.end(), [](const std::unique_ptr<Seq>& s) { return s->done; }),
+              seqs_.end());
+  active_count_ = seqs_.size();
+}
+
+void Engine::finish(Seq& s, Finish why, std::string error) {
+  if (s.done) return;
+  s.done = true;
+  const Clock::time_point now = Clock::now();
+  Event e;
+  if (why != Finish::kStop && why != Finish::kCancelled && why != Finish::kError) {
+    e.text = s.text.finish();
+    if (s.text.stopped()) why = Finish::kStop;  // the held-back tail completed a stop string
+  }
+  e.tokens.swap(s.pending);
+  e.done = true;
+  s.out.finish = why;
+  s.out.error = std::move(error);
+  s.out.matched_stop = s.text.matched_stop();
+  s.out.completion_tokens = s.generated;
+  if (s.has_first) s.out.decode_ms = ms_between(s.first_token, now);
+  const double prefill_tps = s.out.prefill_ms > 0 ? (s.out.prompt_tokens - s.out.cached_tokens) / (s.out.prefill_ms / 1e3) : 0;
+  const double decode_tps = s.out.decode_ms > 0 && s.generated > 1 ? (s.generated - 1) / (s.out.decode_ms / 1e3) : 0;
+  metrics_.generation_done(s.out.prompt_tokens, s.out.cached_tokens, s.generated,
+                           s.has_first ? s.out.ttft_ms / 1e3 : -1, prefill_tps, decode_tps);
+  // Keep what was computed (also for a cancelled request: the next identical one hits).
+  if (store_ && why != Finish::kError && s.state.kv.length() > 0) {
+    std::vector<int32_t> forwarded(s.history.begin(), s.history.begin() + s.state.kv.length());
+    Status put = store_->put(forwarded, std::move(s.state), s.req.ns);
+    if (!put.is_ok()) LARDER_LOG_WARN("[engine] %s: KV not kept: %s", s.req.id.c_str(), put.message().c_str());
+  }
+  e.outcome = s.out;
+  s.ch->push(std::move(e));
+}
+
+}  // namespace larder::server

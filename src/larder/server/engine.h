@@ -1,0 +1,92 @@
+// engine.h — the scheduler: one engine thread owns the model, the KV store and every running
+// sequence, and advances them with continuous batching (system.md §4, server-api.md §12).
+//
+// Each step:
+//   1. admit queued requests while fewer than `parallel` run (cancelled ones are dropped unseen);
+//      an admitted request takes its longest cached prefix from the KV store;
+//   2. build one batch: every decoding sequence contributes its one new token, then prefilling
+//      sequences contribute prompt chunks from what is left of the step's token budget — so a
+//      long prompt is prefilled in slices between decode steps instead of stalling them;
+//   3. one Model::forward_batch for the whole batch;
+//   4. sample, detokenize, match stops, push events; finished or cancelled sequences put their KV
+//      into the store and free their slot.
+// A sequence's tokens depend only on its own prompt, sampling params and seed (counter-based
+// RNG): batching changes floating-point summation order in the matmuls, nothing else.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "larder/memory/store/kv_store.h"
+#include "larder/runtime/loaded_model.h"
+#include "larder/server/metrics.h"
+#include "larder/server/request.h"
+
+namespace larder::server {
+
+struct EngineConfig {
+  int parallel = 4;             // --parallel: sequences advanced together
+  size_t queue_max = 64;        // --queue-max: requests waiting for a slot (429 beyond)
+  int64_t ctx = 0;              // per-sequence context limit (tokens)
+  int64_t step_tokens = 256;    // prefill tokens per step across all prefilling sequences
+};
+
+class Engine {
+ public:
+  Engine(runtime::LoadedModel& model, std::unique_ptr<memory::KvStore> store, EngineConfig cfg, Metrics& metrics);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. Errors: resource_exhausted (queue full → 429), unavailable (draining → 503).
+  Result<std::shared_ptr<Channel>> submit(GenRequest req);
+
+  // Stop admitting; let running and queued requests finish until `deadline`, cancel the rest,
+  // flush the KV store; returns the flush report. Idempotent.
+  memory::FlushReport shutdown(std::chrono::steady_clock::time_point deadline);
+  bool draining() const { return draining_.load(); }
+
+  // Runs fn(store) on the engine thread and waits (admin flush/clear, stats snapshots).
+  nlohmann::json with_store(const std::function<nlohmann::json(memory::KvStore&)>& fn);
+
+  size_t queue_depth() const;
+  size_t active() const { return active_count_.load(); }
+  const EngineConfig& config() const { return cfg_; }
+
+ private:
+  struct Seq;
+  void loop();
+  void admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& incoming);
+  void step();
+  void finish(Seq& s, Finish why, std::string error = {});
+  void run_tasks();
+
+  runtime::LoadedModel& m_;
+  std::unique_ptr<memory::KvStore> store_;
+  EngineConfig cfg_;
+  Metrics& metrics_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>> queue_;
+  std::deque<std::function<void()>> tasks_;  // run on the engine thread between steps
+  bool stop_ = false;
+  std::atomic<bool> draining_{false};
+  std::atomic<size_t> active_count_{0};
+  std::chrono::steady_clock::time_point deadline_{};
+  bool flushed_ = false;
+  memory::FlushReport flush_report_;
+
+  std::vector<std::unique_ptr<Seq>> seqs_;  // engine thread only
+  std::vector<float> logits_;
+  std::thread thread_;
+};
+
+}  // namespace larder::server

@@ -1,0 +1,95 @@
+// request.h — one generation request as the scheduler sees it, and the channel its results
+// travel back on.
+//
+// The HTTP layer turns an API body into a GenRequest (prompt ids, sampling, limits, stops) and
+// submits it; the engine thread runs it and pushes Events into the request's Channel; the HTTP
+// thread that owns the connection pops them and writes the response. Text is produced on the
+// engine thread (runtime::TextStream), so the stop-string decision and the end of generation
+// happen at the same step, and every surface releases the same text.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "larder/runtime/sampler.h"
+
+namespace larder::server {
+
+struct GenRequest {
+  std::string id;                 // chatcmpl-…/cmpl-…/msg_… (logs)
+  std::string route;              // for metrics labels
+  std::vector<int32_t> prompt;
+  runtime::SamplingParams sampling;
+  int64_t max_tokens = 0;         // already clamped to what fits the context
+  std::vector<std::string> stops;
+  int top_logprobs = -1;          // -1: no logprobs; else 0..20 alternatives per token
+  std::string ns;                 // KV store namespace (model identity + cache_salt)
+  std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
+};
+
+enum class Finish { kNone, kStop, kLength, kEos, kCancelled, kError };
+
+struct TokenInfo {  // one generated token, with logprobs when requested
+  int32_t id = 0;
+  runtime::TokenLogprobs lp;
+};
+
+struct Outcome {
+  Finish finish = Finish::kNone;
+  std::string matched_stop;       // the stop string that ended it (kStop by string)
+  std::string error;              // kError
+  int64_t prompt_tokens = 0;      // the whole prompt
+  int64_t cached_tokens = 0;      // prompt tokens served by the KV store
+  int64_t completion_tokens = 0;  // tokens sampled (EOS excluded)
+  std::string cache_tier = "none", cache_reason;
+  double queue_ms = 0, prefill_ms = 0, ttft_ms = 0, decode_ms = 0;
+};
+
+// What the engine sends: released text (possibly empty when only logprobs are new), the tokens
+// whose text it completes, and, last, the outcome.
+struct Event {
+  bool admitted = false;          // first event: the request got a slot; outcome has prompt/cache counts
+  std::string text;
+  std::vector<TokenInfo> tokens;
+  bool done = false;
+  Outcome outcome;                // valid when done
+};
+
+// Single producer (engine thread), single consumer (the connection's HTTP thread).
+class Channel {
+ public:
+  void push(Event e) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      q_.push_back(std::move(e));
+    }
+    cv_.notify_one();
+  }
+  // Waits up to `timeout` for the next event.
+  std::optional<Event> pop(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, timeout, [&] { return !q_.empty(); })) return std::nullopt;
+    Event e = std::move(q_.front());
+    q_.pop_front();
+    return e;
+  }
+  // The consumer is gone (client disconnected) or no longer wants output: the engine drops the
+  // request at its next step (or before it starts, if still queued).
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> q_;
+  std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace larder::server

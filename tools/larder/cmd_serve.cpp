@@ -1,0 +1,193 @@
+// larder serve [MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N] ...
+// OpenAI- and Anthropic-compatible HTTP server (server-api.md). Startup order matters: the port
+// is bound first (a taken port fails at once, and /health answers 503 "loading" while the model
+// maps), then the model loads, then /health turns 200. SIGTERM/SIGINT drain: stop admitting,
+// finish running requests within LARDER_SHUTDOWN_TIMEOUT_MS (default 120 s), flush the KV
+// store, exit 0; a second signal exits at once.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include "larder/core/cpuid.h"
+#include "larder/core/threadpool.h"
+#include "larder/kernels/dispatch.h"
+#include "larder/memory/store/identity.h"
+#include "larder/memory/store/kv_store.h"
+#include "larder/runtime/kv_identity.h"
+#include "larder/runtime/loaded_model.h"
+#include "larder/runtime/model_locator.h"
+#include "larder/server/engine.h"
+#include "larder/server/http_server.h"
+#include "verbs.h"
+
+namespace larder::cli {
+
+namespace {
+
+struct ServeFlags {
+  std::string model, host = "127.0.0.1", alias, api_key, ssd_cache;
+  int port = 8080, threads = 0, parallel = 4, http_threads = 0;
+  int64_t ctx = 4096, step_tokens = 256;
+  size_t queue_max = 64;
+  double prompt_cache_gb = 4, ssd_cache_max_gb = 32, body_limit_mb = 32;
+  std::vector<std::string> cors;
+  std::optional<float> temp, top_p, min_p, repeat_penalty;
+  std::optional<int> top_k;
+  std::optional<int64_t> max_tokens;
+};
+
+std::optional<float> gc_number(const nlohmann::ordered_json& gc, const char* k) {
+  if (gc.is_object() && gc.contains(k) && gc[k].is_number()) return gc[k].get<float>();
+  return std::nullopt;
+}
+
+int run_serve(ServeFlags f) {
+  // Every thread created from here on inherits this mask; the main thread takes the signals
+  // with sigwait, so no handler runs in an arbitrary thread.
+  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  if (f.threads > 0) default_pool().set_threads(f.threads);
+  if (f.api_key.empty()) {
+    if (const char* k = std::getenv("LARDER_API_KEY")) f.api_key = k;
+  }
+  auto located = runtime::locate_model(f.model);
+  if (!located.is_ok()) return report(located.status());
+
+  server::Metrics metrics;
+  server::HttpConfig hc;
+  hc.host = f.host;
+  hc.port = f.port;
+  hc.api_key = f.api_key;
+  for (const std::string& c : f.cors) {  // accept "a,b" as well as repeated flags
+    std::stringstream ss(c);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) hc.cors.push_back(item);
+  }
+  hc.body_limit = static_cast<size_t>(f.body_limit_mb * (1 << 20));
+  hc.threads = f.http_threads > 0 ? f.http_threads : f.parallel + static_cast<int>(f.queue_max) + 8;
+  server::HttpServer http(hc, metrics);
+  if (Status st = http.bind(); !st.is_ok()) return report(st);
+  std::thread http_thread([&] { http.serve(); });
+  auto fail = [&](const Status& st) {
+    http.stop();
+    http_thread.join();
+    return report(st);
+  };
+
+  auto loaded = runtime::load_model(located->path);
+  if (!loaded.is_ok()) return fail(loaded.status());
+  runtime::LoadedModel& m = **loaded;
+  const auto& info = m.model->info();
+
+  server::ServedModel sm;
+  sm.m = &m;
+  sm.id = f.alias.empty() ? located->id : f.alias;
+  sm.fingerprint = std::string("larder-0.1.0-") + kernels::active_table().name;
+  sm.ns_base = memory::namespace_id({});
+  sm.ctx = f.ctx > 0 ? std::min<int64_t>(f.ctx, info.max_context) : info.max_context;
+  const auto& gc = m.files.generation_config;
+  sm.defaults.temperature = f.temp ? f.temp : gc_number(gc, "temperature");
+  sm.defaults.top_p = f.top_p ? f.top_p : gc_number(gc, "top_p");
+  sm.defaults.min_p = f.min_p ? f.min_p : gc_number(gc, "min_p");
+  sm.defaults.repetition_penalty = f.repeat_penalty ? f.repeat_penalty : gc_number(gc, "repetition_penalty");
+  if (f.top_k) {
+    sm.defaults.top_k = f.top_k;
+  } else if (auto k = gc_number(gc, "top_k")) {
+    sm.defaults.top_k = static_cast<int>(*k);
+  }
+  sm.defaults.max_tokens = f.max_tokens;
+
+  memory::KvStoreConfig kc;
+  kc.ram_cap_bytes = static_cast<size_t>(f.prompt_cache_gb * (1ull << 30));
+  kc.ssd_dir = f.ssd_cache;
+  kc.ssd_cap_bytes = static_cast<uint64_t>(f.ssd_cache_max_gb * (1ull << 30));
+  auto id = runtime::kv_store_identity(m);
+  if (!id.is_ok()) return fail(id.status());
+  kc.identity = *id;
+  kc.signature = runtime::kv_state_signature(m);
+  auto store = memory::KvStore::open(std::move(kc));
+  if (!store.is_ok()) return fail(store.status());
+
+  server::EngineConfig ec;
+  ec.parallel = f.parallel;
+  ec.queue_max = f.queue_max;
+  ec.ctx = sm.ctx;
+  ec.step_tokens = f.step_tokens;
+  metrics.set_model_info(sm.id, info.weight_dtypes, kernels::active_table().name);
+  server::Engine engine(m, std::move(*store), ec, metrics);
+  http.set_ready(&sm, &engine);
+  std::fprintf(stderr, "larder: serving %s (%s, %s) on http://%s:%d — context %lld, parallel %d, %d threads, load %.0f ms\n",
+               sm.id.c_str(), info.architecture.c_str(), info.weight_dtypes.c_str(), f.host.c_str(), http.port(),
+               static_cast<long long>(sm.ctx), f.parallel, default_pool().n_threads(), m.load_seconds * 1e3);
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::fprintf(stderr, "larder: %s received: draining (send it again to exit at once)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  std::thread([sigs]() mutable {
+    int s2 = 0;
+    sigwait(&sigs, &s2);
+    std::_Exit(130);
+  }).detach();
+  http.set_draining();
+  long timeout_ms = 120000;
+  if (const char* t = std::getenv("LARDER_SHUTDOWN_TIMEOUT_MS")) timeout_ms = std::max(0L, std::atol(t));
+  const memory::FlushReport fr = engine.shutdown(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
+  http.stop();
+  http_thread.join();
+  if (fr.ssd_enabled) {
+    std::fprintf(stderr, "larder: kv store flushed: %zu written, %zu already on disk, %zu failed%s\n", fr.written, fr.already,
+                 fr.failed, fr.durable ? "" : " (not durable)");
+    for (const std::string& w : fr.not_written) std::fprintf(stderr, "larder:   not written: %s\n", w.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+VerbMain add_serve(CLI::App& app) {
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI- and Anthropic-compatible HTTP server");
+  cmd->add_option("model", f->model,
+                  "model directory, .gguf file, or Hugging Face repo id in the local HF cache "
+                  "(default: the most recently used model there)");
+  cmd->add_option("--host", f->host, "address to bind (default 127.0.0.1: loopback only)");
+  cmd->add_option("--port", f->port, "port (0 = any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("-t,--threads", f->threads, "compute threads (default: physical cores)")->check(CLI::PositiveNumber);
+  cmd->add_option("-c,--ctx,--ctx-size", f->ctx, "context tokens per sequence (default 4096, capped at the model's)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--parallel,--np", f->parallel, "sequences decoded together (continuous batching)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--queue-max", f->queue_max, "requests waiting for a slot before 429")->check(CLI::Range(0, 100000));
+  cmd->add_option("--step-tokens,--batch-tokens", f->step_tokens, "prefill tokens per engine step (chunked prefill)")
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--ssd-cache", f->ssd_cache, "directory of the persistent KV cache (survives restarts)");
+  cmd->add_option("--ssd-cache-max", f->ssd_cache_max_gb, "SSD KV cache cap in GiB")->check(CLI::PositiveNumber);
+  cmd->add_option("--api-key", f->api_key, "require this key (Authorization: Bearer or x-api-key); env LARDER_API_KEY");
+  cmd->add_option("--cors,--cors-origins", f->cors, "allowed CORS origins (comma-separated or repeated; '*' = any)");
+  cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");
+  cmd->add_option("--temp,--temperature", f->temp, "default temperature")->check(CLI::Range(0.0, 5.0));
+  cmd->add_option("--top-p", f->top_p, "default top_p")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-k", f->top_k, "default top_k")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--min-p", f->min_p, "default min_p")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--repeat-penalty", f->repeat_penalty, "default repetition penalty")->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--max-tokens", f->max_tokens, "default max_tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--http-threads", f->http_threads, "connection threads (default parallel + queue-max + 8)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--body-limit-mb", f->body_limit_mb, "request body limit in MiB")->check(CLI::PositiveNumber);
+  return [f]() { return run_serve(*f); };
+}
+
+}  // namespace larder::cli
