@@ -9,7 +9,7 @@
 // - Every number is the median of `--reps` timed calls after a warm-up pass; min and max are
 //   printed so the spread is visible (the host is shared).
 //
-// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,BF16,F16,F32]
+// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,BF16,F16,F32,affine-q4-g64,...]
 //                     [--tiers avx2,avx512,ref] [--no-prefill] [--no-decode] [--model-estimate]
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -134,6 +134,46 @@ void fill_weights(uint8_t* p, DType dt, int64_t rows, int64_t cols) {
   }
 }
 
+// A benchmarked weight format: a DType, or MLX affine (bits, group size; bf16 scales/biases stored
+// after the codes of each copy, as a real checkpoint's three tensors would be).
+struct Format {
+  DType dtype = DType::kUnknown;
+  int bits = 0, group_size = 0;
+  uint64_t bytes(int64_t rows, int64_t cols) const {
+    if (bits == 0) return dtype_bytes(dtype, cols) * rows;
+    return static_cast<uint64_t>(rows) * cols * bits / 8 + 2 * static_cast<uint64_t>(rows) * (cols / group_size) * 2;
+  }
+};
+
+WeightView make_view(const Format& f, uint8_t* p, int64_t rows, int64_t cols) {
+  WeightView v;
+  v.dtype = f.dtype;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = p;
+  if (f.bits) {
+    v.dtype = DType::kU32;
+    v.bits = f.bits;
+    v.group_size = f.group_size;
+    v.scale_dtype = DType::kBF16;
+    v.scales = p + static_cast<uint64_t>(rows) * cols * f.bits / 8;
+    v.biases = v.scales + static_cast<uint64_t>(rows) * (cols / f.group_size) * 2;
+  }
+  return v;
+}
+
+void fill_affine(uint8_t* p, const Format& f, int64_t rows, int64_t cols) {
+  const uint64_t codes = static_cast<uint64_t>(rows) * cols * f.bits / 8;
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  for (uint64_t i = 0; i < codes; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    p[i] = static_cast<uint8_t>(s >> 56);
+  }
+  auto* h = reinterpret_cast<uint16_t*>(p + codes);
+  const uint64_t n = 2 * static_cast<uint64_t>(rows) * (cols / f.group_size);
+  for (uint64_t i = 0; i < n; ++i) h[i] = f32_to_bf16((i & 1 ? -0.01f : 0.002f) * static_cast<float>(1 + i % 7));
+}
+
 struct Shape {
   const char* name;
   int64_t rows, cols;
@@ -162,16 +202,22 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-DType parse_dtype(const std::string& s) {
+Format parse_format(const std::string& s) {
+  Format f;
   for (DType d : {DType::kQ4_0, DType::kQ8_0, DType::kBF16, DType::kF16, DType::kF32})
-    if (s == dtype_name(d)) return d;
-  std::fprintf(stderr, "unknown format %s\n", s.c_str());
+    if (s == dtype_name(d)) f.dtype = d;
+  if (f.dtype != DType::kUnknown) return f;
+  if (std::sscanf(s.c_str(), "affine-q%d-g%d", &f.bits, &f.group_size) == 2 && f.bits >= 2 && f.bits <= 8 &&
+      f.group_size % 32 == 0 && f.group_size > 0)
+    return f;
+  std::fprintf(stderr, "unknown format %s (Q4_0, Q8_0, BF16, F16, F32, affine-q<bits>-g<group>)\n", s.c_str());
   std::exit(2);
 }
 
-MatmulFn tier_fn(const std::string& tier, DType d) {
-  if (tier == "ref") return ref_table().matmul[static_cast<int>(d)];
-  return cpu::fast_matmul(tier.c_str(), d);
+MatmulFn tier_fn(const std::string& tier, const Format& f) {
+  if (f.bits) return tier == "ref" ? ref_table().matmul_affine[f.bits] : cpu::fast_matmul_affine(tier.c_str(), f.bits);
+  if (tier == "ref") return ref_table().matmul[static_cast<int>(f.dtype)];
+  return cpu::fast_matmul(tier.c_str(), f.dtype);
 }
 
 std::string cpu_model() {
@@ -245,8 +291,8 @@ int main(int argc, char** argv) {
 
   for (const std::string& tier : tiers) {
     for (const std::string& fs : formats) {
-      const DType dt = parse_dtype(fs);
-      const MatmulFn fn = tier_fn(tier, dt);
+      const Format fmt = parse_format(fs);
+      const MatmulFn fn = tier_fn(tier, fmt);
       if (!fn) {
         std::printf("\n%s: no %s kernel\n", tier.c_str(), fs.c_str());
         continue;
@@ -256,19 +302,18 @@ int main(int argc, char** argv) {
       std::printf("| shape | n | threads | median µs [min..max] | GB/s (weights) | %% of read BW | GOP/s | 1-thread CPU µs / GOP/s / %% of CPU-time BW |\n");
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (const Shape& sh : shapes) {
-        const uint64_t wbytes = dtype_bytes(dt, sh.cols) * sh.rows;
+        if (fmt.bits && sh.cols % fmt.group_size != 0) continue;
+        const uint64_t wbytes = fmt.bytes(sh.rows, sh.cols);
         // Copies so that one rotation streams >= 128 MiB (4x L3).
         const int copies =
             hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{128} << 20) / wbytes + 1));
         auto* wbuf = static_cast<uint8_t*>(big_alloc(wbytes * copies));
-        for (int c = 0; c < copies; ++c) fill_weights(wbuf + c * wbytes, dt, sh.rows, sh.cols);
-        std::vector<WeightView> views(copies);
         for (int c = 0; c < copies; ++c) {
-          views[c].dtype = dt;
-          views[c].rows = sh.rows;
-          views[c].cols = sh.cols;
-          views[c].data = wbuf + c * wbytes;
+          if (fmt.bits) fill_affine(wbuf + c * wbytes, fmt, sh.rows, sh.cols);
+          else fill_weights(wbuf + c * wbytes, fmt.dtype, sh.rows, sh.cols);
         }
+        std::vector<WeightView> views(copies);
+        for (int c = 0; c < copies; ++c) views[c] = make_view(fmt, wbuf + c * wbytes, sh.rows, sh.cols);
         const int64_t max_n = std::max<int64_t>(prefill_n, *std::max_element(decode_ns.begin(), decode_ns.end()));
         std::vector<float> x(max_n * sh.cols), y(max_n * sh.rows);
         for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;

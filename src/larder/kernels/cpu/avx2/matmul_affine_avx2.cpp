@@ -21,14 +21,15 @@
 // - 8 bits: codes u ∈ [0, 255] would overflow vpmaddubsw's int16 pair sums (2·255·127), so the
 //   kernel uses u − 128 (one vpxor) as a signed weight with the Q8_0 |w|/sign(x, w) trick and
 //   adds 128·s·Σ x̂ back with the bias term.
-// - 2, 3, 5, 6 bits (generic): 8 codes of B bits are B bytes; BMI2 pdep spreads them into 8
-//   bytes (4 pdep per block). Codes <= 63 are unsigned operands like 4 bits. (pdep is fast on
-//   Intel and Zen 3+; Zen 1/2 microcode it — a known slow path for these rarer widths.)
+// - 2, 3, 5, 6 bits (generic, ShufN): 8 codes of B bits are B whole bytes; a shuffle + per-lane
+//   multiply + shift spreads them into bytes (≈ 10 ops per 32 codes, see ShufN). Codes <= 63 are
+//   unsigned operands like 4 bits.
 //
 // Tiling and threading are the shared decode/prefill driver's (matmul_driver.h): R×T tiles, each
 // weight block loaded once per tile and used for all T tokens (decode n <= 8: each weight byte
 // comes from DRAM once), chunks spread over the default pool. Scales/biases are read once per
-// (row, group) and converted to f32 (F32/F16/BF16 storage).
+// (row, group) and converted to f32 (F32/F16/BF16 storage, a template parameter).
+// Not done yet: a token-lane GEMM for prefill like Q4_0Gemm (prefill runs these decode tiles).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -46,24 +47,36 @@ namespace {
 
 using namespace simd;
 
-inline float load_scale(const uint8_t* base, int64_t i, DType dt) {
-  switch (dt) {
-    case DType::kBF16: return bf16_to_f32(load_u16(base + 2 * i));
-    case DType::kF16: return f16_table()[load_u16(base + 2 * i)];
-    default: {
-      float f;
-      std::memcpy(&f, base + 4 * i, 4);
-      return f;
-    }
+#define LARDER_INLINE inline __attribute__((always_inline))
+
+// Scale/bias storage, resolved at compile time (no per-group branch).
+enum class Sd { kBF16, kF16, kF32 };
+
+template <Sd S>
+inline float load_scale(const uint8_t* base, int64_t i) {
+  if constexpr (S == Sd::kBF16) {
+    return bf16_to_f32(load_u16(base + 2 * i));
+  } else if constexpr (S == Sd::kF16) {
+    return f16_table()[load_u16(base + 2 * i)];
+  } else {
+    float f;
+    std::memcpy(&f, base + 4 * i, 4);
+    return f;
   }
 }
 
-// Code unpackers: 32 codes of one block → 32 bytes.
+// How the activation bytes of each 32-element block are reordered (once per matmul) to match the
+// order in which an unpacker delivers the codes.
+enum class Perm { kNone, kEvenOdd, kQuads };
+
+// Code unpackers: 32 codes of one block → 32 bytes. `end` is the end of the codes tensor (loads
+// must not run past it: the mapping may end there).
 struct Nib4 {
   static constexpr int kBits = 4;
-  static constexpr bool kPermuted = true;  // low lane: even elements, high lane: odd elements
+  static constexpr Perm kPerm = Perm::kEvenOdd;  // low lane: even elements, high lane: odd elements
   static constexpr bool kSigned = false;
-  static __m256i load(const uint8_t* p) {
+  static constexpr int kRows1 = 4;
+  static __m256i load(const uint8_t* p, const uint8_t*) {
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m256i sh = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     return _mm256_and_si256(sh, _mm256_set1_epi8(0x0f));
@@ -72,49 +85,144 @@ struct Nib4 {
 
 struct Byte8 {
   static constexpr int kBits = 8;
-  static constexpr bool kPermuted = false;
+  static constexpr Perm kPerm = Perm::kNone;
   static constexpr bool kSigned = true;  // u − 128 as int8
-  static __m256i load(const uint8_t* p) {
+  static constexpr int kRows1 = 4;
+  static __m256i load(const uint8_t* p, const uint8_t*) {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
                             _mm256_set1_epi8(static_cast<char>(0x80)));
   }
 };
 
+// 2, 3, 5, 6 bits. 8 consecutive codes are B whole bytes (chunk j of the block at byte B·j). Each
+// 128-bit lane takes one chunk (16-byte load at its start); vpshufb puts the two bytes holding
+// code m into 16-bit lane m; a per-lane vpmullw by 2^(8 − (B·m mod 8)) moves the code's low bit to
+// bit 8 (AVX2 has no per-16-bit shift), vpsrlw 8 brings it down; vpackuswb joins two such
+// vectors (chunks 0,1 and 2,3) into bytes ordered by chunk 0, 2, 1, 3 (Perm::kQuads), and one
+// vpand clears the bits above the code. ≈ 10 vector ops per 32 codes, no pdep (microcoded, ~250
+// cycles, on Zen 1/2).
 template <int B>
-struct PdepN {
+struct ShufN {
   static constexpr int kBits = B;
-  static constexpr bool kPermuted = false;
+  static constexpr Perm kPerm = Perm::kQuads;
   static constexpr bool kSigned = false;
-  static __m256i load(const uint8_t* p) {
-    constexpr uint64_t mask = 0x0101010101010101ull * ((1ull << B) - 1);
-    uint64_t c[4];
-    LARDER_UNROLL
-    for (int k = 0; k < 4; ++k) {
-      uint64_t v = 0;
-      std::memcpy(&v, p + k * B, B);  // exactly B bytes: never reads past the row (or the mapping)
-      c[k] = _pdep_u64(v, mask);
+  static constexpr int kRows1 = 2;  // the unpack's constants and temporaries need the registers
+  static __m256i half(const uint8_t* p, const __m256i& ctl, const __m256i& mul) {
+    const __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + B)), 1);
+    return _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, ctl), mul), 8);
+  }
+  static __m256i load(const uint8_t* p, const uint8_t* end) {
+    alignas(32) uint8_t bounce[64];
+    if (p + 3 * B + 16 > end) {  // the block's 16-byte loads would run past the tensor
+      std::memset(bounce, 0, sizeof bounce);
+      std::memcpy(bounce, p, 4 * B);
+      p = bounce;
     }
-    return _mm256_setr_epi64x(static_cast<long long>(c[0]), static_cast<long long>(c[1]),
-                              static_cast<long long>(c[2]), static_cast<long long>(c[3]));
+#define LARDER_B0(m) static_cast<char>((B * (m)) / 8)
+#define LARDER_B1(m) static_cast<char>((B * (m)) / 8 + 1)
+#define LARDER_CTL(m) LARDER_B0(m), LARDER_B1(m)
+    const __m256i ctl = _mm256_setr_epi8(LARDER_CTL(0), LARDER_CTL(1), LARDER_CTL(2), LARDER_CTL(3), LARDER_CTL(4),
+                                         LARDER_CTL(5), LARDER_CTL(6), LARDER_CTL(7), LARDER_CTL(0), LARDER_CTL(1),
+                                         LARDER_CTL(2), LARDER_CTL(3), LARDER_CTL(4), LARDER_CTL(5), LARDER_CTL(6),
+                                         LARDER_CTL(7));
+#undef LARDER_CTL
+#undef LARDER_B1
+#undef LARDER_B0
+#define LARDER_MUL(m) static_cast<short>(1 << (8 - (B * (m)) % 8))
+    const __m256i mul = _mm256_setr_epi16(LARDER_MUL(0), LARDER_MUL(1), LARDER_MUL(2), LARDER_MUL(3), LARDER_MUL(4),
+                                          LARDER_MUL(5), LARDER_MUL(6), LARDER_MUL(7), LARDER_MUL(0), LARDER_MUL(1),
+                                          LARDER_MUL(2), LARDER_MUL(3), LARDER_MUL(4), LARDER_MUL(5), LARDER_MUL(6),
+                                          LARDER_MUL(7));
+#undef LARDER_MUL
+    const __m256i lo = half(p, ctl, mul), hi = half(p + 2 * B, ctl, mul);
+    return _mm256_and_si256(_mm256_packus_epi16(lo, hi), _mm256_set1_epi8(static_cast<char>((1 << B) - 1)));
   }
 };
 
-template <class C>
+// 8 consecutive groups' scales (or biases) of one row as f32; `count` < 8 at a row's end reads
+// only what exists (the tensor may end there) and zero-fills the rest.
+template <Sd S>
+inline __m256 load_scales8(const uint8_t* row, int64_t g0, int count) {
+  constexpr int esz = S == Sd::kF32 ? 4 : 2;
+  const uint8_t* p = row + g0 * esz;
+  alignas(32) uint8_t bounce[32];
+  if (count < 8) {
+    std::memset(bounce, 0, sizeof bounce);
+    std::memcpy(bounce, p, static_cast<size_t>(count) * esz);
+    p = bounce;
+  }
+  if constexpr (S == Sd::kBF16) {
+    return bf16x8_to_f32(p);
+  } else if constexpr (S == Sd::kF16) {
+    return f16x8_to_f32(p);
+  } else {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
+}
+
+// Per group: the integer dots of its blocks are scaled by each block's d_x into a group
+// accumulator (one FMA per block and pair, d_x broadcast once per block and token, shared by the
+// rows), which is scaled by s once per group (one FMA per group and pair). Scales and biases are
+// converted 8 groups at a time per row (one vector conversion, s kept on the stack for the
+// per-group broadcast), and the bias terms of those 8 groups are one FMA per (row, token) against
+// the 8 group sums Σ x̂ — accumulated into the same vector as the dots (its lanes are summed at
+// the end anyway). Accumulators: 2·R·T vectors, so R·T <= 4 (kRows1 = 4 for one token — 2 for
+// ShufN, whose unpack needs registers too —, kRowsN = 1 for 4-token groups: each weight block is
+// still unpacked once for all 4 tokens). Hot in cache, 1 thread, 1024×2048, n = 1: q4 g64
+// 58 GOP/s, q8 g64 30 (Q4_0: 41, Q8_0: 21 on the same machine).
+template <class C, Sd S>
 struct AffineKernel {
-  static constexpr int kRows1 = 4;
-  static constexpr int kRowsN = 2;
+  static constexpr int kRows1 = C::kRows1;
+  static constexpr int kRowsN = 1;
   static constexpr int kBlockBytes = 4 * C::kBits;
 
   const uint8_t* w;
+  const uint8_t* wend;
   uint64_t row_bytes;
   const uint8_t* scales;
   const uint8_t* biases;
-  DType sdt;
   uint64_t srow_bytes;  // bytes of one row of scales
   int64_t rows, ng, bpg;
   QuantizedActs a;
-  const float* gqsum;  // [ng][n_pad] Σ x̂ over the group (from bsum)
+  const float* gq;  // [n_pad][ng_pad] Σ x̂ per (token, group), zero-padded to ng_pad = round_up(ng, 8)
+  int64_t ng_pad;
   float* y;
+
+  // One block b for all R×T pairs; First: starts the group accumulators.
+  template <int R, int T, bool First>
+  LARDER_INLINE void block(int64_t b, const uint8_t* const* wr, const int8_t* const* xq, int64_t t0,
+                           __m256 (&accg)[R][T]) const {
+    const __m256i ones = _mm256_set1_epi16(1);
+    prefetch_ahead(wr[0], R * row_bytes, b * kBlockBytes * R, kBlockBytes * R);
+    __m256i u[R], aw[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) {
+      u[r] = C::load(wr[r] + b * kBlockBytes, wend);
+      if constexpr (C::kSigned) aw[r] = _mm256_abs_epi8(u[r]);
+    }
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
+      const __m256 dxt = _mm256_broadcast_ss(a.scales(b) + t0 + t);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        __m256i p;
+        if constexpr (C::kSigned) {
+          p = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, u[r]));
+        } else {
+          p = _mm256_maddubs_epi16(u[r], xv);
+        }
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        if constexpr (First) {
+          accg[r][t] = _mm256_mul_ps(f, dxt);
+        } else {
+          accg[r][t] = _mm256_fmadd_ps(f, dxt, accg[r][t]);
+        }
+      }
+    }
+  }
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
@@ -131,107 +239,114 @@ struct AffineKernel {
     LARDER_UNROLL
     for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
     __m256 acc[R][T];
-    float bacc[R][T];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r)
       LARDER_UNROLL
-      for (int t = 0; t < T; ++t) {
-        acc[r][t] = _mm256_setzero_ps();
-        bacc[r][t] = 0.0f;
-      }
-    const __m256i ones = _mm256_set1_epi16(1);
-    float sc[R * 4];  // s_r·d_x[t] for the current block, [row][token]
-    for (int64_t g = 0; g < ng; ++g) {
-      float s[R];
-      __m128 s4[R];
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    alignas(32) float sv[R][8];
+    for (int64_t g0 = 0; g0 < ng; g0 += 8) {
+      const int gc = static_cast<int>(std::min<int64_t>(8, ng - g0));
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        s[r] = load_scale(sr[r], g, sdt);
-        s4[r] = _mm_set1_ps(s[r]);
-        // 8 bits: the vector part sums s·(u − 128)·x̂, so the bias term takes the 128·s back.
-        float bias = load_scale(br[r], g, sdt);
-        if constexpr (C::kSigned) bias += 128.0f * s[r];
+        const __m256 s8 = load_scales8<S>(sr[r], g0, gc);
+        __m256 b8 = load_scales8<S>(br[r], g0, gc);
+        // 8 bits: the dots sum s·(u − 128)·x̂, so the bias term takes the 128·s back.
+        if constexpr (C::kSigned) b8 = _mm256_fmadd_ps(s8, _mm256_set1_ps(128.0f), b8);
+        _mm256_store_ps(sv[r], s8);
         LARDER_UNROLL
-        for (int t = 0; t < T; ++t) bacc[r][t] += bias * gqsum[g * a.n_pad + t0 + t];
+        for (int t = 0; t < T; ++t)
+          acc[r][t] = _mm256_fmadd_ps(b8, _mm256_loadu_ps(gq + (t0 + t) * ng_pad + g0), acc[r][t]);
       }
-      for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) {
-        const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);  // 4 consecutive tokens (padded)
-        prefetch_ahead(wr[0], R * row_bytes, b * kBlockBytes * R, kBlockBytes * R);
-        __m256i u[R], aw[R];
+      for (int gi = 0; gi < gc; ++gi) {
+        const int64_t b0 = (g0 + gi) * bpg;
+        __m256 accg[R][T];
+        block<R, T, true>(b0, wr, xq, t0, accg);
+        for (int64_t b = b0 + 1; b < b0 + bpg; ++b) block<R, T, false>(b, wr, xq, t0, accg);
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
-          u[r] = C::load(wr[r] + b * kBlockBytes);
-          if constexpr (C::kSigned) aw[r] = _mm256_abs_epi8(u[r]);
-          _mm_storeu_ps(sc + 4 * r, _mm_mul_ps(s4[r], dx));
-        }
-        LARDER_UNROLL
-        for (int t = 0; t < T; ++t) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
+          const __m256 sg = _mm256_broadcast_ss(&sv[r][gi]);
           LARDER_UNROLL
-          for (int r = 0; r < R; ++r) {
-            __m256i p;
-            if constexpr (C::kSigned) {
-              p = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, u[r]));
-            } else {
-              p = _mm256_maddubs_epi16(u[r], xv);
-            }
-            const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-            acc[r][t] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(sc + 4 * r + t), acc[r][t]);
-          }
+          for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(accg[r][t], sg, acc[r][t]);
         }
       }
     }
     LARDER_UNROLL
     for (int t = 0; t < T; ++t)
       LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]) + bacc[r][t];
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
   }
 };
 
-// In place: each 32-byte block [x0 .. x31] → [x0 x2 .. x30 x1 x3 .. x31] (Nib4's code order).
-void permute_even_odd(QuantizedActs& a, int64_t n) {
+// In place, per 32-byte activation block, into the code order of the unpacker.
+void permute_acts(QuantizedActs& a, int64_t n, Perm perm) {
+  if (perm == Perm::kNone) return;
+  // kEvenOdd: [x0 .. x31] → [x0 x2 .. x30 x1 x3 .. x31]: within each lane evens then odds, then
+  // quads [l0 even, l0 odd, l1 even, l1 odd] → [l0 even, l1 even, l0 odd, l1 odd].
+  // kQuads: quads (8 bytes) 0, 1, 2, 3 → 0, 2, 1, 3.
   const __m256i shuf = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,  //
                                         0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (int64_t i = 0; i < n * a.nb; ++i) {
     auto* p = reinterpret_cast<__m256i*>(a.qs + i * 32);
-    const __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256(p), shuf);
-    // quads: [lane0 even, lane0 odd, lane1 even, lane1 odd] → [l0 even, l1 even, l0 odd, l1 odd]
+    __m256i v = _mm256_loadu_si256(p);
+    if (perm == Perm::kEvenOdd) v = _mm256_shuffle_epi8(v, shuf);
     _mm256_storeu_si256(p, _mm256_permute4x64_epi64(v, 0xD8));
   }
+}
+
+template <class C, Sd S>
+void run_affine(const WeightView& w, const QuantizedActs& a, const float* gq, int64_t ng, int64_t ng_pad, float* y) {
+  const uint64_t esz = S == Sd::kF32 ? 4 : 2;
+  const AffineKernel<C, S> k{w.data,
+                             w.data + static_cast<uint64_t>(w.rows) * w.row_bytes(),
+                             w.row_bytes(),
+                             w.scales,
+                             w.biases,
+                             static_cast<uint64_t>(ng) * esz,
+                             w.rows,
+                             ng,
+                             w.group_size / 32,
+                             a,
+                             gq,
+                             ng_pad,
+                             y};
+  run_matmul_tiles(k, w.rows, a.n, w.cols + 4 * (w.cols / 32));
 }
 
 template <class C>
 void matmul_affine_impl(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  const int64_t cols = w.cols, nb = cols / 32, gs = w.group_size, ng = cols / gs;
+  const int64_t cols = w.cols, gs = w.group_size, ng = cols / gs, ng_pad = (ng + 7) / 8 * 8;
   void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
   QuantizedActs a = quantized_acts_view(scratch, n, cols);
   quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
-  if constexpr (C::kPermuted) permute_even_odd(a, n);
-  auto* gqsum = static_cast<float*>(thread_scratch(static_cast<size_t>(ng * a.n_pad) * sizeof(float), 1));
+  permute_acts(a, n, C::kPerm);
+  // Σ x̂ per (token, group) from the block sums, token-major so 8 groups are one load.
+  auto* gq = static_cast<float*>(thread_scratch(static_cast<size_t>(n * ng_pad) * sizeof(float), 1));
   const int64_t bpg = gs / 32;
-  for (int64_t g = 0; g < ng; ++g) {
-    for (int64_t t = 0; t < a.n_pad; ++t) {  // padding tokens: bsum is 0 there
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t g = 0; g < ng_pad; ++g) {
       float q = 0;
-      for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) q += a.sums(b)[t];
-      gqsum[g * a.n_pad + t] = q;
+      if (g < ng)
+        for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) q += a.sums(b)[t];
+      gq[t * ng_pad + g] = q;
     }
   }
-  const uint64_t srow = static_cast<uint64_t>(ng) * dtype_info(w.scale_dtype).block_bytes;
-  const AffineKernel<C> k{w.data, w.row_bytes(), w.scales, w.biases, w.scale_dtype, srow,
-                          w.rows,  ng,          bpg,      a,        gqsum,         y};
-  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
+  switch (w.scale_dtype) {
+    case DType::kBF16: run_affine<C, Sd::kBF16>(w, a, gq, ng, ng_pad, y); break;
+    case DType::kF16: run_affine<C, Sd::kF16>(w, a, gq, ng, ng_pad, y); break;
+    default: run_affine<C, Sd::kF32>(w, a, gq, ng, ng_pad, y); break;
+  }
 }
 
 }  // namespace
 
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y) {
   switch (w.bits) {
-    case 2: matmul_affine_impl<PdepN<2>>(w, x, n, y); break;
-    case 3: matmul_affine_impl<PdepN<3>>(w, x, n, y); break;
+    case 2: matmul_affine_impl<ShufN<2>>(w, x, n, y); break;
+    case 3: matmul_affine_impl<ShufN<3>>(w, x, n, y); break;
     case 4: matmul_affine_impl<Nib4>(w, x, n, y); break;
-    case 5: matmul_affine_impl<PdepN<5>>(w, x, n, y); break;
-    case 6: matmul_affine_impl<PdepN<6>>(w, x, n, y); break;
+    case 5: matmul_affine_impl<ShufN<5>>(w, x, n, y); break;
+    case 6: matmul_affine_impl<ShufN<6>>(w, x, n, y); break;
     case 8: matmul_affine_impl<Byte8>(w, x, n, y); break;
     default: LARDER_CHECK(false, "[kernels] avx2 matmul_affine: bits %d", w.bits);
   }
