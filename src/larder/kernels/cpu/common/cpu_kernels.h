@@ -35,6 +35,10 @@ void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y);
 // MLX affine, any bits in {2,3,4,5,6,8} (read from the view), group sizes that are multiples of
 // 32; int8-quantized activations like Q8_0/Q4_0 (matmul_affine_avx2.cpp).
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
+// Causal GQA attention, f32 online softmax, on the thread pool (attention_avx2.cpp). Same
+// contract as kernels::attention.
+void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+               const AttentionParams& p, float* out);
 }  // namespace avx2
 
 namespace avx512 {

@@ -127,6 +127,7 @@ void register_fast_kernels(KernelTable& t) {
   if (int8_act) {
     for (int bits : {2, 3, 4, 5, 6, 8}) t.matmul_affine[bits] = fast_matmul_affine("avx2", bits);
   }
+  t.attention = avx2::attention;
   t.name = "avx2";
   if (f.has_avx512_tier()) {
     const KernelTable before = t;
