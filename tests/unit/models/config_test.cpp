@@ -121,5 +121,66 @@ TEST(Rope, Llama3Bands) {
   EXPECT_GT(mid, 0);
 }
 
+// MLX `quantization` block (quantization.md §3.2–3.3).
+TEST(Config, QuantizationBlockShapes) {
+  auto c = base();
+  auto r = parse(c);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_FALSE(r->quantization.present);
+  c["quantization"] = {{"group_size", 32},
+                       {"bits", 3},  // pre-2025 files: no "mode"
+                       {"model.layers.0.mlp.down_proj", {{"bits", 8}, {"group_size", 128}, {"mode", "affine"}}},
+                       {"model.layers.0.mlp.up_proj", false},
+                       {"model.layers.1.mlp.up_proj", true},
+                       {"lm_head", {{"bits", 6}, {"group_size", nullptr}}}};  // null: mlx-lm's default 64
+  r = parse(c);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const QuantizationConfig& q = r->quantization;
+  EXPECT_TRUE(q.present);
+  EXPECT_EQ(q.global.bits, 3);
+  EXPECT_EQ(q.global.group_size, 32);
+  ASSERT_EQ(q.modules.size(), 4u);
+  EXPECT_EQ(q.modules.at("model.layers.0.mlp.down_proj")->bits, 8);
+  EXPECT_EQ(q.modules.at("model.layers.0.mlp.down_proj")->group_size, 128);
+  EXPECT_FALSE(q.modules.at("model.layers.0.mlp.up_proj").has_value());
+  EXPECT_EQ(q.modules.at("model.layers.1.mlp.up_proj")->bits, 3);  // true: the top-level params
+  EXPECT_EQ(q.modules.at("lm_head")->bits, 6);
+  EXPECT_EQ(q.modules.at("lm_head")->group_size, 64);
+  // The HF-style twin alone is read the same way; `quantization` wins when both exist.
+  auto t = base();
+  t["quantization_config"] = {{"group_size", 128}, {"bits", 8}};
+  r = parse(t);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->quantization.global.bits, 8);
+  t["quantization"] = {{"group_size", 64}, {"bits", 4}, {"mode", "affine"}};
+  r = parse(t);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->quantization.global.bits, 4);
+}
+
+TEST(Config, QuantizationBlockErrors) {
+  const std::pair<ordered_json, const char*> bads[] = {
+      {{{"bits", 4}}, "needs top-level 'bits' and 'group_size'"},
+      {{{"group_size", 64}, {"bits", 4}, {"mode", "nvfp4"}}, "mode 'nvfp4' is not supported"},
+      {{{"group_size", 48}, {"bits", 4}}, "group_size 48 is not supported (supported: 32, 64, 128)"},
+      {{{"group_size", 64}, {"bits", 1}}, "bits 1 is not supported (supported: 2, 3, 4, 5, 6, 8)"},
+      {{{"group_size", 64}, {"bits", 4}, {"lm_head", {{"bits", 4}, {"mode", "mxfp8"}}}},
+       "'quantization.lm_head' mode 'mxfp8'"},
+      {{{"group_size", 64}, {"bits", "four"}}, "key 'bits' must be an integer"},
+      {{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}}, "quant_method \"awq\" is not supported"},
+  };
+  for (const auto& [block, says] : bads) {
+    auto c = base();
+    c["quantization"] = block;
+    auto r = parse(c);
+    ASSERT_FALSE(r.is_ok()) << block.dump();
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("/m/config.json"), std::string::npos) << r.status().message();
+  }
+  auto c = base();
+  c["quantization"] = 4;
+  EXPECT_FALSE(parse(c).is_ok());
+}
+
 }  // namespace
 }  // namespace larder::models
