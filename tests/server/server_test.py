@@ -3,7 +3,11 @@ loopback, driven through the official openai and anthropic clients and raw HTTP.
 stories260K (completions; no chat template) and a seeded random-weight Llama with the Llama 3
 chat template made at test time (tiny_model.py). Greedy outputs are never hard-coded: they are
 cross-checked against `larder generate`, against each other (stream vs non-stream, alone vs
-batched, cached vs cold) and against the first response of the same request."""
+batched, cached vs cold) and against the first response of the same request.
+
+Run by CTest (`ctest -L server`), or by hand from this folder:
+    LARDER_BIN=../../build/bin/larder ../../.venv/bin/python -m unittest -v server_test fuzz_test
+(LARDER_BIN and LARDER_SHARED_DIR default to ../../build/bin/larder and ../../../shared.)"""
 import http.client
 import json
 import os
