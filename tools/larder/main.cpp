@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   verbs["info"] = larder::cli::add_info(app);
   verbs["cache"] = larder::cli::add_cache(app);
   verbs["serve"] = larder::cli::add_serve(app);
+  verbs["bench"] = larder::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,26 @@
+// roofline.h — this machine's ceilings, measured in-process (performance.md §1, §5): the
+// streaming read bandwidth that bounds decode, and the multiply-add throughput that bounds
+// prefill. Benchmarks print their numbers as a fraction of these, measured in the same run, so
+// a result is never compared with a ceiling taken on another day or another host.
+#pragma once
+
+#include <cstddef>
+
+namespace larder {
+
+class ThreadPool;
+
+struct Roofline {
+  double read_gbs = 0;        // median streaming read, GB/s (1e9 B/s), all pool threads
+  double f32_fma_gflops = 0;  // FP32 FMA (ymm, independent chains), GFLOP/s (1 FMA = 2 FLOP)
+  double int8_gops = 0;       // u8×s8 multiply-adds as the AVX2 int8 kernels issue them
+                              // (vpmaddubsw + vpmaddwd + vpaddd per 32 MACs), GOP/s (1 MAC = 2 OP)
+};
+
+// Streaming read of a `bytes` buffer (one contiguous stream per thread), median of `reps`.
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, int reps = 5);
+double measure_f32_fma_peak(ThreadPool& pool);
+double measure_int8_peak(ThreadPool& pool);
+Roofline measure_roofline(ThreadPool& pool);
+
+}  // namespace larder

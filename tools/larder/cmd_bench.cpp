@@ -1,0 +1,176 @@
+// larder bench MODEL [-p 512] [-n 128] [-t T] [-r REPEATS] [--json]
+// llama-bench's two tests on larder: pp<p> (prefill p tokens into an empty cache, one forward)
+// and tg<n> (n single-token decode steps from an empty cache), median of repeats, each next to
+// this machine's ceilings measured in the same run: decode as achieved GB/s and % of the read
+// bandwidth (bytes per token = every matmul weight byte + the KV read), prefill as GOP/s and % of
+// the multiply-add peak of the format's arithmetic (int8 for Q8_0/Q4_0/MLX affine, f32 FMA else).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "larder/core/cpuid.h"
+#include "larder/core/roofline.h"
+#include "larder/core/threadpool.h"
+#include "larder/kernels/dispatch.h"
+#include "larder/memory/kv_cache.h"
+#include "larder/runtime/loaded_model.h"
+#include "verbs.h"
+
+namespace larder::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchFlags {
+  std::string model;
+  int64_t prompt = 512, gen = 128;
+  int threads = 0, repeats = 3;
+  bool json = false, no_roofline = false;
+};
+
+struct Sample {
+  double median = 0, min = 0, max = 0;
+};
+
+Sample summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Sample s;
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return s;
+}
+
+bool is_embedding(const std::string& name) {
+  return name.rfind("model.embed_tokens.", 0) == 0 || name == "token_embd.weight";
+}
+
+int run_bench(const BenchFlags& f) {
+  if (f.threads > 0) default_pool().set_threads(f.threads);
+  auto loaded = runtime::load_model(f.model);
+  if (!loaded.is_ok()) return report(loaded.status());
+  runtime::LoadedModel& m = **loaded;
+  models::Model& model = *m.model;
+  const auto& info = model.info();
+  const int64_t V = info.vocab;
+  if (f.prompt + f.gen + 1 > info.max_context) {
+    return report(invalid_argument(strfmt("[bench] -p %lld + -n %lld exceeds the model context of %lld",
+                                          (long long)f.prompt, (long long)f.gen, (long long)info.max_context)));
+  }
+
+  // Bytes a decode step streams: every tensor except the embedding table (a row gather) — unless
+  // the LM head is the embedding (tied), which is then read in full.
+  uint64_t weight_bytes = 0;
+  for (const auto& t : m.files.tensors().tensors()) {
+    if (is_embedding(t.name) && !info.tied_embeddings) continue;
+    weight_bytes += t.nbytes;
+  }
+  // Multiply-adds per token: the layer matmuls and the LM head.
+  const int64_t q_dim = info.n_heads * info.head_dim, kv_dim = info.n_kv_heads * info.head_dim;
+  const double macs_layer = static_cast<double>(info.hidden) * (2 * q_dim + 2 * kv_dim) + 3.0 * info.hidden * info.ffn;
+  const double macs_token = info.n_layers * macs_layer;  // prefill: LM head only for the last row
+  const double kv_row_bytes = 2.0 * info.n_layers * kv_dim * sizeof(float);
+  const bool int8_arith = info.weight_dtypes.find("Q8_0") != std::string::npos ||
+                          info.weight_dtypes.find("Q4_0") != std::string::npos ||
+                          info.weight_dtypes.find("affine") != std::string::npos ||
+                          info.weight_dtypes.find("U32") != std::string::npos;
+
+  Roofline roof;
+  if (!f.no_roofline) {
+    roof.read_gbs = measure_read_bandwidth(default_pool());
+    roof.f32_fma_gflops = measure_f32_fma_peak(default_pool());
+    roof.int8_gops = measure_int8_peak(default_pool());
+  }
+  const double peak = int8_arith ? roof.int8_gops : roof.f32_fma_gflops;
+
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
+  std::vector<float> logits(static_cast<size_t>(V));
+
+  // pp: one forward of `prompt` random tokens into an empty cache (llama-bench's pp<p>).
+  std::vector<double> pp_tps, tg_tps;
+  for (int r = 0; r < f.repeats + 1; ++r) {  // r = 0 warms the page cache and the pool
+    std::vector<int32_t> ids(static_cast<size_t>(f.prompt));
+    for (auto& id : ids) id = tok(rng);
+    memory::KvCache cache(model.kv_layout(), f.prompt + f.gen + 1);
+    const auto t0 = Clock::now();
+    Status st = model.forward(ids.data(), f.prompt, cache, logits.data(), false);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!st.is_ok()) return report(st);
+    if (r > 0) pp_tps.push_back(static_cast<double>(f.prompt) / dt);
+  }
+  // tg: `gen` single-token steps from an empty cache (llama-bench's tg<n>).
+  for (int r = 0; r < f.repeats + 1; ++r) {
+    memory::KvCache cache(model.kv_layout(), f.gen + 1);
+    int32_t next = tok(rng);
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < f.gen; ++i) {
+      Status st = model.forward(&next, 1, cache, logits.data(), false);
+      if (!st.is_ok()) return report(st);
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r > 0) tg_tps.push_back(static_cast<double>(f.gen) / dt);
+  }
+  const Sample pp = summarize(pp_tps), tg = summarize(tg_tps);
+  const double avg_ctx = static_cast<double>(f.gen) / 2;
+  const double bytes_token = static_cast<double>(weight_bytes) + kv_row_bytes * avg_ctx;
+  const double tg_gbs = tg.median * bytes_token / 1e9;
+  const double pp_avg_ctx = static_cast<double>(f.prompt) / 2;
+  const double attn_macs = 2.0 * info.n_layers * q_dim * pp_avg_ctx;
+  const double pp_gops = pp.median * 2 * (macs_token + attn_macs) / 1e9 +
+                         2.0 * static_cast<double>(V) * info.hidden * pp.median / f.prompt / 1e9;
+
+  if (f.json) {
+    nlohmann::ordered_json j = {
+        {"model", m.files.path}, {"architecture", info.architecture}, {"weights", info.weight_dtypes},
+        {"params", info.n_params}, {"weight_bytes_per_token", weight_bytes}, {"threads", default_pool().n_threads()},
+        {"kernels", kernels::active_table().name}, {"cpu", cpu_features().describe()}, {"repeats", f.repeats},
+        {"roofline", {{"read_gbs", roof.read_gbs}, {"f32_fma_gflops", roof.f32_fma_gflops}, {"int8_gops", roof.int8_gops}}},
+        {"pp", {{"tokens", f.prompt}, {"tok_s", pp.median}, {"tok_s_min", pp.min}, {"tok_s_max", pp.max},
+                {"gops", pp_gops}, {"pct_peak", peak > 0 ? 100 * pp_gops / peak : 0}}},
+        {"tg", {{"tokens", f.gen}, {"tok_s", tg.median}, {"tok_s_min", tg.min}, {"tok_s_max", tg.max},
+                {"gbs", tg_gbs}, {"pct_bandwidth", roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0},
+                {"bound_tok_s", roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0}}}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("model: %s (%s, %s, %.2f GB streamed per decode token)\n", m.files.path.c_str(), info.architecture.c_str(),
+              info.weight_dtypes.c_str(), weight_bytes / 1e9);
+  std::printf("cpu: %s | kernels %s | %d threads\n", cpu_features().describe().c_str(), kernels::active_table().name,
+              default_pool().n_threads());
+  if (!f.no_roofline) {
+    std::printf("roofline (this run): read %.1f GB/s | f32 FMA %.0f GFLOP/s | int8 %.0f GOP/s\n", roof.read_gbs,
+                roof.f32_fma_gflops, roof.int8_gops);
+  }
+  std::printf("%-8s %12s %22s %14s %10s\n", "test", "tok/s", "(min..max)", "rate", "of ceiling");
+  std::printf("pp%-6lld %12.1f %10.1f..%-10.1f %9.1f GOP/s %9.1f%%\n", (long long)f.prompt, pp.median, pp.min, pp.max,
+              pp_gops, peak > 0 ? 100 * pp_gops / peak : 0.0);
+  std::printf("tg%-6lld %12.2f %10.2f..%-10.2f %9.1f GB/s  %9.1f%%   (bound %.1f tok/s)\n", (long long)f.gen, tg.median,
+              tg.min, tg.max, tg_gbs, roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0.0,
+              roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0.0);
+  if (pp.max > 1.15 * pp.min || tg.max > 1.15 * tg.min)
+    std::printf("note: spread over 15%% between repeats — the host is noisy; compare medians from one run\n");
+  return 0;
+}
+
+}  // namespace
+
+VerbMain add_bench(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand("bench", "prefill and decode speed against this machine's roofline");
+  cmd->add_option("model", f->model, "model directory or .gguf file")->required();
+  cmd->add_option("-p,--prompt", f->prompt, "prefill test tokens (pp)")->check(CLI::PositiveNumber);
+  cmd->add_option("-n,--gen", f->gen, "decode test tokens (tg)")->check(CLI::PositiveNumber);
+  cmd->add_option("-t,--threads", f->threads, "compute threads (default: physical cores)")->check(CLI::PositiveNumber);
+  cmd->add_option("-r,--repeats", f->repeats, "repeats per test (median reported)")->check(CLI::Range(1, 1000));
+  cmd->add_flag("--json", f->json, "machine-readable output");
+  cmd->add_flag("--no-roofline", f->no_roofline, "skip the bandwidth/peak probes");
+  return [f]() { return run_bench(*f); };
+}
+
+}  // namespace larder::cli
