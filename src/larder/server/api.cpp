@@ -107,10 +107,18 @@ runtime::SamplingParams sampling(const ServedModel& sm, const ordered_json& b, b
   if (p.top_p == 0.0f) p.top_p = 1.0f;  // 0 = off (mlx_lm.server)
   p.top_k = static_cast<int>(integer(b, "top_k", 0, 1'000'000).value_or(d.top_k.value_or(0)));
   p.min_p = static_cast<float>(number(b, "min_p", 0, 1).value_or(d.min_p.value_or(0.0f)));
-  if (auto s = integer(b, "seed", INT64_MIN, INT64_MAX)) {
-    p.seed = static_cast<uint64_t>(*s);
-  } else {
-    p.seed = random_seed();
+  // seed: any u64; -1 means "random" (llama-server's convention); absent: not reproducible.
+  p.seed = random_seed();
+  if (const ordered_json* sv = get(b, "seed")) {
+    if (sv->is_number_unsigned()) {
+      p.seed = sv->get<uint64_t>();
+    } else if (sv->is_number_integer() && sv->get<int64_t>() == -1) {
+      // random
+    } else if (sv->is_number_integer()) {
+      bad("seed must be at least 0 (or -1 for a random seed)", "seed");
+    } else {
+      bad("seed must be of type int", "seed");
+    }
   }
   if (!with_penalties) return p;
   p.repetition_penalty = static_cast<float>(number(b, "repetition_penalty", 1e-6, 100).value_or(d.repetition_penalty.value_or(1.0f)));

@@ -132,6 +132,16 @@ struct HttpServer::Impl {
     }
     std::shared_ptr<Channel> ch = *submitted;
     auto writer = std::make_shared<ResponseWriter>(*m, *pr, surface);
+    // Wait briefly for admission so the KV store's verdict can travel as a header
+    // (x-larder-cache, kv-store.md §11.6). A request that has to queue longer gets its headers
+    // without it (usage.larder.cache carries the same report) — its connection must be watched
+    // for a disconnect, which only the content provider below can do.
+    auto first = std::make_shared<std::optional<Event>>(ch->pop(std::chrono::milliseconds(250)));
+    if (*first && (*first)->admitted) {
+      const Outcome& o = (*first)->outcome;
+      res.set_header("x-larder-cache", strfmt("tier=%s; reused=%lld; reason=%s", o.cache_tier.c_str(),
+                                              (long long)o.cached_tokens, o.cache_reason.c_str()));
+    }
     const std::string rid = req.has_header("x-request-id") ? req.get_header_value("x-request-id") : pr->response_id;
     res.set_header("x-request-id", rid);
     if (pr->stream) {
@@ -142,7 +152,7 @@ struct HttpServer::Impl {
     res.status = 200;
     res.set_chunked_content_provider(
         stream ? "text/event-stream" : "application/json",
-        [this, ch, writer, pr, stream, route, t0](size_t, httplib::DataSink& sink) {
+        [this, ch, writer, pr, stream, route, t0, first](size_t, httplib::DataSink& sink) {
           auto last_write = Clock::now();
           auto write = [&](const std::string& s) {
             if (s.empty()) return true;
@@ -150,19 +160,26 @@ struct HttpServer::Impl {
             return sink.write(s.data(), s.size());
           };
           for (;;) {
-            std::optional<Event> ev = ch->pop(std::chrono::milliseconds(100));
-            if (!ev) {
-              // Nothing new (queued, or a long prefill): probe the connection. A closed peer
-              // makes the second write fail, so a short heartbeat finds a vanished client within
-              // about a second: an SSE comment in streams, JSON-insignificant whitespace in a
-              // non-stream body (clients ignore both).
+            std::optional<Event> ev;
+            if (*first) {
+              ev = std::move(*first);
+              first->reset();
+            } else {
+              ev = ch->pop(std::chrono::milliseconds(100));
+            }
+            // Probe the connection whenever nothing was written for a while (queued, a long
+            // prefill, or a non-stream body that writes nothing until the end): a closed peer
+            // makes the second write fail, so a short heartbeat finds a vanished client within
+            // about a second. Streams send an SSE comment, non-stream bodies JSON-insignificant
+            // leading whitespace; clients ignore both.
+            if (!ev || Clock::now() - last_write > std::chrono::seconds(1)) {
               if (!sink.is_writable() ||
                   (Clock::now() - last_write > std::chrono::seconds(1) && !write(stream ? ": keep-alive\n\n" : " "))) {
                 ch->cancel();
                 metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
                 return false;
               }
-              continue;
+              if (!ev) continue;
             }
             bool ok = true;
             if (stream) {
@@ -206,6 +223,12 @@ struct HttpServer::Impl {
   void install() {
     svr.new_task_queue = [n = cfg.threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
     svr.set_payload_max_length(cfg.body_limit);
+    // SO_REUSEADDR only (a restart may rebind a port in TIME_WAIT). httplib's default also sets
+    // SO_REUSEPORT, which would let a second server bind the same port and split its traffic.
+    svr.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof(yes));
+    });
     svr.set_read_timeout(60, 0);
     svr.set_write_timeout(60, 0);
     svr.set_keep_alive_max_count(1000);
