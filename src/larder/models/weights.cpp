@@ -62,7 +62,7 @@ std::string WeightBinder::file_of(const formats::TensorInfo& t) const {
   return t.file ? *t.file : files_.path;
 }
 
-Result<std::optional<AffineParams>> WeightBinder::affine_params(const std::string& module) const {
+Result<std::optional<AffineParams>> WeightBinder::affine_params(const std::string& module, int64_t cols) const {
   if (files_.gguf) return std::optional<AffineParams>();
   if (!quant_.is_ok()) return quant_.status();
   const QuantizationConfig& q = quant_.value();
@@ -75,8 +75,23 @@ Result<std::optional<AffineParams>> WeightBinder::affine_params(const std::strin
     return std::optional<AffineParams>();
   }
   if (auto it = q.modules.find(module); it != q.modules.end()) return it->second;  // explicit entry decides
-  if (has_scales) return std::optional<AffineParams>(q.global);
-  return std::optional<AffineParams>();
+  if (!has_scales) return std::optional<AffineParams>();
+  // No entry: like mlx-lm's loader (utils.infer_quant_config), take the parameters the tensors
+  // were packed with — group = cols / scales columns, bits = code words · 32 / cols — when they
+  // form a supported pair; otherwise the top-level ones (and validation names the mismatch).
+  AffineParams p = q.global;
+  const formats::TensorInfo* wt = files_.tensors().find(module + ".weight");
+  const formats::TensorInfo* sc = files_.tensors().find(module + ".scales");
+  if (wt && sc && wt->rank() == 2 && sc->rank() == 2 && sc->dim(1) > 0 && cols > 0 && cols % sc->dim(1) == 0 &&
+      (wt->dim(1) * 32) % cols == 0) {
+    const int64_t g = cols / sc->dim(1), bits = wt->dim(1) * 32 / cols;
+    const bool ok_bits = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+    if (ok_bits && (g == 32 || g == 64 || g == 128)) {
+      p.bits = static_cast<int>(bits);
+      p.group_size = static_cast<int>(g);
+    }
+  }
+  return std::optional<AffineParams>(p);
 }
 
 Result<kernels::WeightView> WeightBinder::affine_matrix(const formats::TensorInfo& t, const std::string& module,
@@ -155,7 +170,7 @@ Result<kernels::WeightView> WeightBinder::matrix(const std::string& hf_name, int
   const bool has_suffix = hf_name.size() > suffix.size() &&
                           hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0;
   const std::string module = has_suffix ? hf_name.substr(0, hf_name.size() - suffix.size()) : hf_name;
-  LARDER_ASSIGN_OR_RETURN(std::optional<AffineParams> q, affine_params(module));
+  LARDER_ASSIGN_OR_RETURN(std::optional<AffineParams> q, affine_params(module, cols));
   if (q) return affine_matrix(*t, module, *q, rows, cols, why);
   if (t->dtype == DType::kU32 && !files_.gguf)
     return invalid_argument(strfmt("[model] %s: tensor '%s' is U32 (packed affine codes?) but config.json's "

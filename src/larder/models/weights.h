@@ -49,8 +49,10 @@ class WeightBinder {
  private:
   Result<const formats::TensorInfo*> find(const std::string& hf_name);
   std::string file_of(const formats::TensorInfo& t) const;
-  // The affine parameters of module `module` (hf_name without ".weight"), or nullopt: plain.
-  Result<std::optional<AffineParams>> affine_params(const std::string& module) const;
+  // The affine parameters of module `module` (hf_name without ".weight", `cols` input features),
+  // or nullopt: plain (quantization.md §3.2, with mlx-lm's shape inference for modules without
+  // an entry).
+  Result<std::optional<AffineParams>> affine_params(const std::string& module, int64_t cols) const;
   Result<kernels::WeightView> affine_matrix(const formats::TensorInfo& t, const std::string& module,
                                             const AffineParams& q, int64_t rows, int64_t cols, const char* why);
 

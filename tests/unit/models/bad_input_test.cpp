@@ -252,6 +252,16 @@ TEST_F(BadInput, AffineCheckpointLoads) {
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   EXPECT_EQ(model_->info().weight_dtypes, "F32+affine-q4-g32+affine-q8-g32");
   EXPECT_EQ(model_->info().n_params, 2 * 40 * 32 + 32 + 2 * (2 * 32 + 32 * 32 * 2 + 16 * 32 * 2 + 3 * 64 * 32));
+  // A module without an entry packed differently from the top level: like mlx-lm's loader
+  // (infer_quant_config), its parameters come from the tensor shapes.
+  t["model.layers.1.self_attn.o_proj.weight"] = {"U32", {32, 32 * 8 / 32}};
+  st = load(make("affine_inferred", cfg, t));
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(model_->info().weight_dtypes, "F32+affine-q4-g32+affine-q8-g32");
+  t["model.layers.1.self_attn.k_proj.weight"] = {"U32", {16, 32 * 2 / 32}};
+  st = load(make("affine_inferred2", cfg, t));
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(model_->info().weight_dtypes, "F32+affine-q2-g32+affine-q4-g32+affine-q8-g32");
   // quantization_config alone (the twin) is read too; every matrix then uses the top level.
   cfg = affine_config(4, 32);
   cfg.erase("quantization");
@@ -291,13 +301,13 @@ TEST_F(BadInput, AffineConfigErrors) {
 
 TEST_F(BadInput, AffineTensorErrors) {
   const std::string q = "model.layers.0.self_attn.q_proj";
-  {  // packed width of another bit count
+  {  // packed width of no supported bit count (7)
     auto t = affine_tensors(4, 32);
-    t[q + ".weight"] = {"U32", {32, 8}};
+    t[q + ".weight"] = {"U32", {32, 7}};
     Status st = load(make("affine_packed", affine_config(4, 32), t));
     ASSERT_FALSE(st.is_ok());
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-    EXPECT_HAS(st.message(), q + ".weight' has shape [32, 8], expected [32, 4]");
+    EXPECT_HAS(st.message(), q + ".weight' has shape [32, 7], expected [32, 4]");
     EXPECT_HAS(st.message(), "bits 4, group_size 32");
   }
   {  // scales of another group size
