@@ -100,8 +100,9 @@ struct Byte8 {
 // code m into 16-bit lane m; a per-lane vpmullw by 2^(8 − (B·m mod 8)) moves the code's low bit to
 // bit 8 (AVX2 has no per-16-bit shift), vpsrlw 8 brings it down; vpackuswb joins two such
 // vectors (chunks 0,1 and 2,3) into bytes ordered by chunk 0, 2, 1, 3 (Perm::kQuads), and one
-// vpand clears the bits above the code. ≈ 10 vector ops per 32 codes, no pdep (microcoded, ~250
-// cycles, on Zen 1/2).
+// vpand clears the bits above the code. ≈ 10 vector ops per 32 codes. (A first version spread
+// each 8-code chunk with BMI2 pdep and rebuilt the vector from 4 GPRs: 1.3 GOP/s hot on the Zen 3
+// dev host, ~10× slower than this — cause not investigated; pdep is also microcoded on Zen 1/2.)
 template <int B>
 struct ShufN {
   static constexpr int kBits = B;
