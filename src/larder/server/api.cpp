@@ -195,13 +195,20 @@ void encode_with_template(const ServedModel& sm, const ordered_json& msgs, const
   runtime::ChatEncodeOptions o;
   o.tools = tools;
   o.extra = extra;
-  auto ids = runtime::encode_chat_json(*sm.m, msgs, o);
+  std::string rendered;
+  auto ids = runtime::encode_chat_json(*sm.m, msgs, o, &rendered);
   if (!ids.is_ok()) {
     std::string msg = ids.status().message();
     if (!sm.m->chat_template) msg = "this model has no chat template; use /v1/completions with a plain prompt";
     bad(msg, "messages");
   }
   pr.gen.prompt = std::move(*ids);
+  const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
+  if (tk.token_to_id("<think>") && tk.token_to_id("</think>")) {
+    pr.split_reasoning = true;
+    const size_t open = rendered.rfind("<think>"), close = rendered.rfind("</think>");
+    pr.reasoning_start_inside = open != std::string::npos && (close == std::string::npos || close < open);
+  }
   // A template that writes BOS over a tokenizer that also adds one: keep one (server-api.md §4.2).
   const auto bos = sm.m->tokenizer->bos_id();
   if (bos && pr.gen.prompt.size() >= 2 && pr.gen.prompt[0] == *bos && pr.gen.prompt[1] == *bos)
@@ -477,8 +484,10 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
   if (const ordered_json* tc = get(b, "tool_choice"); tc && tc->is_object() && tc->value("type", "") == "none")
     tools = ordered_json();
   ordered_json extra = ordered_json::object();
-  if (const ordered_json* th = get(b, "thinking"); th && th->is_object())
+  if (const ordered_json* th = get(b, "thinking"); th && th->is_object()) {
     extra["enable_thinking"] = th->value("type", "") == "enabled";
+    pr.thinking_requested = th->value("type", "") == "enabled";
+  }
 
   runtime::SamplingParams sp = sampling(sm, b, false);
   pr.gen.sampling = sp;
@@ -494,7 +503,26 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
 // ---- responses --------------------------------------------------------------------------------
 
 ResponseWriter::ResponseWriter(const ServedModel& sm, const ParsedRequest& pr, Surface surface)
-    : sm_(sm), pr_(pr), surface_(surface) {}
+    : sm_(sm), pr_(pr), surface_(surface) {
+  if (pr.split_reasoning && surface != Surface::kCompletions) splitter_.emplace(pr.reasoning_start_inside);
+}
+
+runtime::ReasoningSplitter::Out ResponseWriter::split(const std::string& text, bool final) {
+  runtime::ReasoningSplitter::Out o;
+  if (!splitter_) {
+    o.content = text;
+    return o;
+  }
+  o = splitter_->push(text);
+  if (final) {
+    auto f = splitter_->flush();
+    o.content += f.content;
+    o.reasoning += f.reasoning;
+  }
+  // Anthropic returns reasoning only when the request enabled thinking (server-api.md §8.2).
+  if (surface_ == Surface::kMessages && !pr_.thinking_requested) o.reasoning.clear();
+  return o;
+}
 
 std::string ResponseWriter::finish_reason() const {
   switch (outcome_.finish) {
@@ -596,12 +624,22 @@ std::string ResponseWriter::stream_open() {
     ordered_json msg = {{"id", pr_.response_id}, {"type", "message"}, {"role", "assistant"}, {"model", sm_.id},
                         {"content", ordered_json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
                         {"usage", usage}};
-    block_open_ = true;
-    return sse_event("message_start", {{"type", "message_start"}, {"message", msg}}) +
-           sse_event("content_block_start",
-                     {{"type", "content_block_start"}, {"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}});
+    return sse_event("message_start", {{"type", "message_start"}, {"message", msg}});
   }
   return {};  // completions: no opening chunk
+}
+
+// Content blocks open lazily, in the order the model produces them (a thinking block, then the
+// text block); switching type closes the open one.
+std::string ResponseWriter::anthropic_block(const char* type) {
+  if (block_type_ == type) return {};
+  std::string out;
+  if (block_index_ >= 0) out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", block_index_}});
+  ++block_index_;
+  block_type_ = type;
+  ordered_json block = block_type_ == "thinking" ? ordered_json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                                                 : ordered_json{{"type", "text"}, {"text", ""}};
+  return out + sse_event("content_block_start", {{"type", "content_block_start"}, {"index", block_index_}, {"content_block", block}});
 }
 
 std::string ResponseWriter::stream_frames(const Event& e) {
@@ -612,20 +650,32 @@ std::string ResponseWriter::stream_frames(const Event& e) {
     return stream_open();
   }
   out += stream_open();
-  if (!e.text.empty() || (!e.tokens.empty() && pr_.logprobs && surface_ != Surface::kMessages)) {
+  const runtime::ReasoningSplitter::Out parts =
+      surface_ == Surface::kCompletions ? runtime::ReasoningSplitter::Out{e.text, {}} : split(e.text, e.done);
+  const bool has_text = !parts.content.empty() || !parts.reasoning.empty();
+  if (has_text || (!e.tokens.empty() && pr_.logprobs && surface_ != Surface::kMessages)) {
     if (surface_ == Surface::kChat) {
       ordered_json delta = ordered_json::object();
-      if (!e.text.empty()) delta["content"] = e.text;
+      if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
+      if (!parts.content.empty()) delta["content"] = parts.content;
       ordered_json choice = {{"delta", delta}, {"logprobs", pr_.logprobs ? logprobs_json(e.tokens) : ordered_json()},
                              {"finish_reason", nullptr}};
       out += sse(chunk(choice));
     } else if (surface_ == Surface::kCompletions) {
-      ordered_json choice = {{"text", e.text}, {"logprobs", pr_.logprobs ? logprobs_json(e.tokens) : ordered_json()},
+      ordered_json choice = {{"text", parts.content}, {"logprobs", pr_.logprobs ? logprobs_json(e.tokens) : ordered_json()},
                              {"finish_reason", nullptr}};
       out += sse(chunk(choice));
-    } else if (!e.text.empty()) {
-      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", 0},
-                                               {"delta", {{"type", "text_delta"}, {"text", e.text}}}});
+    } else {
+      if (!parts.reasoning.empty()) {
+        out += anthropic_block("thinking");
+        out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", block_index_},
+                                                 {"delta", {{"type", "thinking_delta"}, {"thinking", parts.reasoning}}}});
+      }
+      if (!parts.content.empty()) {
+        out += anthropic_block("text");
+        out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", block_index_},
+                                                 {"delta", {{"type", "text_delta"}, {"text", parts.content}}}});
+      }
     }
   }
   if (!e.done) return out;
@@ -639,7 +689,8 @@ std::string ResponseWriter::stream_frames(const Event& e) {
            "data: [DONE]\n\n";
   }
   if (surface_ == Surface::kMessages) {
-    out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
+    if (block_index_ < 0) out += anthropic_block("text");  // a message always has a content block
+    out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", block_index_}});
     ordered_json stop_seq = outcome_.matched_stop.empty() ? ordered_json() : ordered_json(outcome_.matched_stop);
     out += sse_event("message_delta", {{"type", "message_delta"},
                                        {"delta", {{"stop_reason", finish_reason()}, {"stop_sequence", stop_seq}}},
@@ -670,7 +721,13 @@ void ResponseWriter::add(const Event& e) {
     outcome_.cached_tokens = e.outcome.cached_tokens;
     return;
   }
-  text_ += e.text;
+  if (surface_ == Surface::kCompletions) {
+    text_ += e.text;
+  } else {
+    const auto parts = split(e.text, e.done);
+    text_ += parts.content;
+    reasoning_ += parts.reasoning;
+  }
   tokens_.insert(tokens_.end(), e.tokens.begin(), e.tokens.end());
   if (e.done) outcome_ = e.outcome;
 }
@@ -678,17 +735,18 @@ void ResponseWriter::add(const Event& e) {
 ordered_json ResponseWriter::body() const {
   if (surface_ == Surface::kMessages) {
     ordered_json stop_seq = outcome_.matched_stop.empty() ? ordered_json() : ordered_json(outcome_.matched_stop);
+    ordered_json content = ordered_json::array();
+    if (!reasoning_.empty()) content.push_back({{"type", "thinking"}, {"thinking", reasoning_}, {"signature", ""}});
+    content.push_back({{"type", "text"}, {"text", text_}});
     return {{"id", pr_.response_id}, {"type", "message"}, {"role", "assistant"}, {"model", sm_.id},
-            {"content", ordered_json::array({{{"type", "text"}, {"text", text_}}})},
-            {"stop_reason", finish_reason()}, {"stop_sequence", stop_seq}, {"usage", usage_json()}};
+            {"content", content}, {"stop_reason", finish_reason()}, {"stop_sequence", stop_seq}, {"usage", usage_json()}};
   }
   ordered_json lp = pr_.logprobs ? logprobs_json(tokens_) : ordered_json();
   ordered_json choice;
   if (surface_ == Surface::kChat) {
-    choice = {{"index", 0},
-              {"message", {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}}},
-              {"logprobs", lp},
-              {"finish_reason", finish_reason()}};
+    ordered_json msg = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
+    if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
+    choice = {{"index", 0}, {"message", msg}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
   } else {
     choice = {{"index", 0}, {"text", text_}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
   }

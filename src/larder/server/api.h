@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/runtime/loaded_model.h"
+#include "larder/runtime/reasoning.h"
 #include "larder/server/request.h"
 
 namespace larder::server {
@@ -59,6 +60,11 @@ struct ParsedRequest {
   int top_logprobs = 0;
   std::string response_id;
   int64_t created = 0;
+  // Reasoning models (the vocabulary has <think>/</think>): split the output into reasoning and
+  // answer; the prompt may already have opened the tag.
+  bool split_reasoning = false;
+  bool reasoning_start_inside = false;
+  bool thinking_requested = false;  // Anthropic `thinking: enabled`: return a thinking block
 };
 
 // Throws ApiError on invalid input.
@@ -82,17 +88,21 @@ class ResponseWriter {
 
  private:
   ordered_json usage_json() const;
+  runtime::ReasoningSplitter::Out split(const std::string& text, bool final);
+  std::string anthropic_block(const char* type);  // frames that make `type` the open block
   ordered_json logprobs_json(const std::vector<TokenInfo>& toks) const;
   ordered_json chunk(ordered_json choice_fields) const;
   std::string finish_reason() const;
   const ServedModel& sm_;
   const ParsedRequest& pr_;
   Surface surface_;
-  std::string text_;
+  std::string text_, reasoning_;
   std::vector<TokenInfo> tokens_;
+  std::optional<runtime::ReasoningSplitter> splitter_;
+  int block_index_ = -1;
+  std::string block_type_;
   Outcome outcome_;
   bool opened_ = false;
-  bool block_open_ = false;  // anthropic text block started
 };
 
 // A random id: prefix + 24 base62 characters.
