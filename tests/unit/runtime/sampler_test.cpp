@@ -259,3 +259,50 @@ TEST(Sampler, TemperatureFrequencies) {
 
 }  // namespace
 }  // namespace larder::runtime
+
+namespace larder::runtime {
+namespace {
+
+// candidates() ranks only the prefix the filters keep, widening it while a filter is unresolved;
+// on a large, flat vocabulary (filters keep thousands of tokens) it must equal a brute-force
+// full sort.
+TEST(Sampler, PrefixRankingEqualsFullSortOnLargeFlatVocab) {
+  const int64_t V = 5000;
+  std::vector<float> l(V);
+  uint32_t s = 7;
+  for (auto& x : l) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>(s >> 8) / 16777216.0f * 0.5f;  // flat: probabilities within e^0.5
+  }
+  std::vector<int32_t> ranked(V);
+  for (int64_t i = 0; i < V; ++i) ranked[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::sort(ranked.begin(), ranked.end(), [&](int32_t a, int32_t b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
+  double mx = l[ranked[0]], z = 0;
+  for (float x : l) z += std::exp(static_cast<double>(x) - mx);
+  for (float top_p : {0.3f, 0.9f, 0.999f}) {
+    SamplingParams p;
+    p.temperature = 1;
+    p.top_p = top_p;
+    size_t n = 0;
+    double cum = 0;
+    while (n < ranked.size()) {
+      cum += std::exp(static_cast<double>(l[ranked[n++]]) - mx) / z;
+      if (cum >= top_p) break;
+    }
+    const auto c = Sampler(p).candidates(l.data(), V);
+    ASSERT_EQ(c.size(), n) << "top_p " << top_p;
+    EXPECT_TRUE(std::equal(c.begin(), c.end(), ranked.begin())) << "top_p " << top_p;
+  }
+  SamplingParams mp;
+  mp.temperature = 1;
+  mp.min_p = 0.7f;  // keeps tokens within ln(1/0.7) ≈ 0.36 of the max: most of them
+  const auto c = Sampler(mp).candidates(l.data(), V);
+  size_t n = 0;
+  while (n < ranked.size() && std::exp(static_cast<double>(l[ranked[n]]) - mx) >= 0.7) ++n;
+  EXPECT_GT(n, 1000u);
+  ASSERT_EQ(c.size(), n);
+  EXPECT_TRUE(std::equal(c.begin(), c.end(), ranked.begin()));
+}
+
+}  // namespace
+}  // namespace larder::runtime
