@@ -19,6 +19,9 @@ KernelTable make_ref_table() {
   set(DType::kBF16, ref::dequant_row_bf16);
   set(DType::kQ8_0, ref::dequant_row_q8_0);
   set(DType::kQ4_0, ref::dequant_row_q4_0);
+  set(DType::kQ4_K, ref::dequant_row_q4_k);
+  set(DType::kQ5_K, ref::dequant_row_q5_k);
+  set(DType::kQ6_K, ref::dequant_row_q6_k);
   for (int bits : {2, 3, 4, 5, 6, 8}) {
     t.matmul_affine[bits] = ref::matmul_affine;
     t.dequant_row_affine[bits] = ref::dequant_row_affine;

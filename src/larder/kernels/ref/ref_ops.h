@@ -22,6 +22,16 @@ void dequant_row_q4_0(const WeightView& w, int64_t row, float* out);
 void dequant_q8_0(const uint8_t* src, int64_t blocks, float* out);
 void dequant_q4_0(const uint8_t* src, int64_t blocks, float* out);
 
+// GGUF K-quants (ref/kquant.cpp): `blocks` consecutive 256-element super-blocks.
+void dequant_row_q4_k(const WeightView& w, int64_t row, float* out);
+void dequant_row_q5_k(const WeightView& w, int64_t row, float* out);
+void dequant_row_q6_k(const WeightView& w, int64_t row, float* out);
+void dequant_q4_k(const uint8_t* src, int64_t blocks, float* out);
+void dequant_q5_k(const uint8_t* src, int64_t blocks, float* out);
+void dequant_q6_k(const uint8_t* src, int64_t blocks, float* out);
+// Sub-block j's 6-bit scale and min of a Q4_K/Q5_K block (`s` = its 12 scale bytes).
+void kquant_scale_min(const uint8_t* s, int j, int* sc, int* m);
+
 // y[n, rows] = x[n, cols] · Wᵀ for any format with a dequant_row entry in the ref table.
 void matmul(const WeightView& w, const float* x, int64_t n, float* y);
 
