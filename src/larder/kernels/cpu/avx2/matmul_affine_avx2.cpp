@@ -78,6 +78,7 @@ struct Nib4 {
   static constexpr Perm kPerm = Perm::kEvenOdd;  // low lane: even elements, high lane: odd elements
   static constexpr bool kSigned = false;
   static constexpr int kRows1 = 4;
+  template <bool Checked = false>
   static __m256i load(const uint8_t* p, const uint8_t*) {
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m256i sh = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
@@ -90,6 +91,7 @@ struct Byte8 {
   static constexpr Perm kPerm = Perm::kNone;
   static constexpr bool kSigned = true;  // u − 128 as int8
   static constexpr int kRows1 = 4;
+  template <bool Checked = false>
   static __m256i load(const uint8_t* p, const uint8_t*) {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
                             _mm256_set1_epi8(static_cast<char>(0x80)));
@@ -109,16 +111,19 @@ struct ShufN {
   static constexpr int kBits = B;
   static constexpr Perm kPerm = Perm::kQuads;
   static constexpr bool kSigned = false;
-  static constexpr int kRows1 = 2;  // the unpack's constants and temporaries need the registers
+  static constexpr int kRows1 = 4;
   static __m256i half(const uint8_t* p, const __m256i& ctl, const __m256i& mul) {
     const __m256i v = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + B)), 1);
     return _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, ctl), mul), 8);
   }
+  // Checked: the block may be among the tensor's last (its 16-byte loads would run past `end`,
+  // where the mapping may end); only the tile holding the last row pays for the test.
+  template <bool Checked = false>
   static __m256i load(const uint8_t* p, const uint8_t* end) {
     alignas(32) uint8_t bounce[64];
-    if (p + 3 * B + 16 > end) {  // the block's 16-byte loads would run past the tensor
+    if (Checked && p + 3 * B + 16 > end) {
       std::memset(bounce, 0, sizeof bounce);
       std::memcpy(bounce, p, 4 * B);
       p = bounce;
@@ -171,9 +176,8 @@ inline __m256 load_scales8(const uint8_t* row, int64_t g0, int count) {
 // converted 8 groups at a time per row (one vector conversion, s kept on the stack for the
 // per-group broadcast), and the bias terms of those 8 groups are one FMA per (row, token) against
 // the 8 group sums Σ x̂ — accumulated into the same vector as the dots (its lanes are summed at
-// the end anyway). Accumulators: 2·R·T vectors, so R·T <= 4 (kRows1 = 4 for one token — 2 for
-// ShufN, whose unpack needs registers too —, kRowsN = 1 for 4-token groups: each weight block is
-// still unpacked once for all 4 tokens). Hot in cache, 1 thread, 1024×2048, n = 1: q4 g64
+// the end anyway). Accumulators: 2·R·T vectors, so R·T <= 4 (kRows1 = 4 for one token,
+// kRowsN = 1 for 4-token groups: each weight block is still unpacked once for all 4 tokens). Hot in cache, 1 thread, 1024×2048, n = 1: q4 g64
 // 58 GOP/s, q8 g64 30 (Q4_0: 41, Q8_0: 21 on the same machine).
 template <class C, Sd S>
 struct AffineKernel {
@@ -194,7 +198,7 @@ struct AffineKernel {
   float* y;
 
   // One block b for all R×T pairs; First: starts the group accumulators.
-  template <int R, int T, bool First>
+  template <int R, int T, bool First, bool Checked>
   LARDER_INLINE void block(int64_t b, const uint8_t* const* wr, const int8_t* const* xq, int64_t t0,
                            __m256 (&accg)[R][T]) const {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -202,7 +206,7 @@ struct AffineKernel {
     __m256i u[R], aw[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) {
-      u[r] = C::load(wr[r] + b * kBlockBytes, wend);
+      u[r] = C::template load<Checked>(wr[r] + b * kBlockBytes, wend);
       if constexpr (C::kSigned) aw[r] = _mm256_abs_epi8(u[r]);
     }
     LARDER_UNROLL
@@ -229,6 +233,15 @@ struct AffineKernel {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (r0 + R == rows) {
+      tile_impl<R, T, true>(r0, t0);
+    } else {
+      tile_impl<R, T, false>(r0, t0);
+    }
+  }
+
+  template <int R, int T, bool Checked>
+  void tile_impl(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     const uint8_t* sr[R];
     const uint8_t* br[R];
@@ -263,8 +276,8 @@ struct AffineKernel {
       for (int gi = 0; gi < gc; ++gi) {
         const int64_t b0 = (g0 + gi) * bpg;
         __m256 accg[R][T];
-        block<R, T, true>(b0, wr, xq, t0, accg);
-        for (int64_t b = b0 + 1; b < b0 + bpg; ++b) block<R, T, false>(b, wr, xq, t0, accg);
+        block<R, T, true, Checked>(b0, wr, xq, t0, accg);
+        for (int64_t b = b0 + 1; b < b0 + bpg; ++b) block<R, T, false, Checked>(b, wr, xq, t0, accg);
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
           const __m256 sg = _mm256_broadcast_ss(&sv[r][gi]);
@@ -333,7 +346,7 @@ struct AffineGemm {
       for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) {
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
-          const __m256i u = C::load(wr[r] + b * kBlockBytes, nullptr);
+          const __m256i u = C::template load<false>(wr[r] + b * kBlockBytes, nullptr);
           _mm256_store_si256(reinterpret_cast<__m256i*>(wq[r]), u);
           if constexpr (C::kSigned) _mm256_store_si256(reinterpret_cast<__m256i*>(wa[r]), _mm256_abs_epi8(u));
         }
