@@ -1,7 +1,7 @@
 // cpu_kernels.h — the fast CPU matmul tiers and how they enter the dispatch table.
 //
 // Tiers (one translation unit each, compiled with that tier's flags; see src/larder/CMakeLists.txt):
-//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, BF16, F16, F32, MLX affine (all widths; BMI2 for
+//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, BF16, F16, F32, MLX affine (all widths; BMI2 for
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0 (vpdpbusd), BF16 (vdpbf16ps).
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
@@ -35,6 +35,9 @@ void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y);
 // MLX affine, any bits in {2,3,4,5,6,8} (read from the view), group sizes that are multiples of
 // 32; int8-quantized activations like Q8_0/Q4_0 (matmul_affine_avx2.cpp).
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
+// GGUF Q4_K / Q6_K, int8-quantized activations like Q8_0/Q4_0 (matmul_kquant_avx2.cpp).
+void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
 // Causal GQA attention, f32 online softmax, on the thread pool (attention_avx2.cpp). Same
 // contract as kernels::attention.
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,

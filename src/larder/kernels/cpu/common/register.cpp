@@ -18,9 +18,11 @@ namespace {
 void set(KernelTable& t, DType d, MatmulFn f) {
   if (f) t.matmul[static_cast<int>(d)] = f;
 }
-constexpr DType kFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kBF16, DType::kF16, DType::kF32};
+constexpr DType kFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kBF16, DType::kF16, DType::kF32};
 
-bool is_int8_act(DType d) { return d == DType::kQ8_0 || d == DType::kQ4_0; }
+bool is_int8_act(DType d) {
+  return d == DType::kQ8_0 || d == DType::kQ4_0 || d == DType::kQ4_K || d == DType::kQ6_K;
+}
 
 // Deterministic weights in `dtype` for the self-check: small random codes, f16 scales ~0.01.
 std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
@@ -84,6 +86,8 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
     switch (dtype) {
       case DType::kQ8_0: return avx2::matmul_q8_0;
       case DType::kQ4_0: return avx2::matmul_q4_0;
+      case DType::kQ4_K: return avx2::matmul_q4_k;
+      case DType::kQ6_K: return avx2::matmul_q6_k;
       case DType::kBF16: return avx2::matmul_bf16;
       case DType::kF16: return avx2::matmul_f16;
       case DType::kF32: return avx2::matmul_f32;

@@ -1,0 +1,260 @@
+// matmul_kquant_avx2.cpp — y[n, rows] = x[n, cols]·Wᵀ for GGUF Q4_K and Q6_K weights, AVX2.
+//
+// Block layouts: ref/kquant.cpp. Activations are quantized once per matmul into the same 32-wide
+// int8 blocks as Q4_0/Q8_0 (act_quant.h), which line up with the K-quant sub-blocks: a Q4_K
+// sub-block of 32 is exactly one activation block, a Q6_K pair of 16-element sub-blocks too.
+//
+// Per (row, token) and 256-element super-block, with x̂ = d_x,j·q_x over activation block j:
+//   Q4_K:  Σ_j [ d·sc_j·d_x,j·Σ u·q_x  −  dmin·m_j·(d_x,j·Σ q_x) ]         (u = 4-bit code)
+//   Q6_K:  Σ_j d·d_x,j·[ Σ_s∈j sc_s·Σ u·q_x − 32·Σ_s∈j sc_s·Σ q_x ]        (u = q + 32 ∈ 0..63)
+// The integer sub-block scale rides in the int16 multiplier of vpmaddwd (maddubs(u, q_x) gives
+// int16 pair sums, madd(·, sc) multiplies by the scale and pairs again into int32 — the same op
+// count as Q4_0's madd by ones): per (row, token, 32 values) maddubs + madd + cvt + FMA by the
+// broadcast d_x,j into a per-super-block float accumulator, which is then scaled by d once
+// (FMA) and has the min/zero-point term folded in with one more vector op. Bounds: Q4_K pair
+// sums <= 2·15·127 = 3810, ×63 ×2 < 2^19; Q6_K <= 2·63·127 = 16002 (no int16 saturation),
+// ×128 ×2 < 2^23; the Q6_K zero-point term Σ sc_s·Σ_16 q_x <= 2·128·2032 < 2^20: no overflow.
+//
+// The zero-point terms need the activation scales and sums token-major (8 consecutive blocks of
+// one token in one load) and, for Q6_K, int16 sums of q_x per 16 values: prepare_kacts builds
+// both once per matmul (n·cols/16 adds, negligible next to the matmul).
+//
+// Tiles: the codes of a row's super-block are unpacked once (to 8 × 32 bytes on the stack, a
+// handful of ops per 64 weights) and reused by every token of the tile, so decode streams each
+// weight byte from DRAM once for up to 4 tokens. R = 3 rows for one token (3 + 3 accumulators
+// + temps in 16 ymm), R = 1 row × T <= 4 tokens otherwise (8 accumulators).
+#include <immintrin.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "larder/core/dtype.h"
+#include "larder/kernels/cpu/common/act_quant.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/matmul_driver.h"
+#include "larder/kernels/cpu/common/simd_avx2.h"
+
+namespace larder::kernels::cpu::avx2 {
+
+namespace {
+
+using namespace simd;
+
+// Token-major views of the quantized activations for the K-quant kernels.
+struct KActs {
+  QuantizedActs a;
+  int64_t nb32 = 0;
+  const float* dx = nullptr;     // [n][nb32]: d_x per activation block
+  const float* bs = nullptr;     // [n][nb32]: d_x·Σ q_x per block
+  const int16_t* s16 = nullptr;  // [n][nb32·2]: Σ q_x per 16 values (Q6_K only)
+};
+
+KActs prepare_kacts(const float* x, int64_t n, int64_t cols, bool sums16) {
+  KActs k;
+  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
+  k.a = quantized_acts_view(scratch, n, cols);
+  quantize_acts_avx2(x, n, cols, /*offset128=*/false, k.a);
+  const int64_t nb = cols / 32;
+  k.nb32 = nb;
+  const size_t fl = static_cast<size_t>(n * nb);
+  auto* buf = static_cast<uint8_t*>(thread_scratch(2 * fl * sizeof(float) + fl * 2 * sizeof(int16_t) + 64, 3));
+  auto* dx = reinterpret_cast<float*>(buf);
+  auto* bs = dx + fl;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* d = k.a.scales(b);
+    const float* s = k.a.sums(b);
+    for (int64_t t = 0; t < n; ++t) {
+      dx[t * nb + b] = d[t];
+      bs[t * nb + b] = s[t];
+    }
+  }
+  k.dx = dx;
+  k.bs = bs;
+  if (sums16) {
+    auto* s16 = reinterpret_cast<int16_t*>(bs + fl);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (int64_t t = 0; t < n; ++t) {
+      const int8_t* q = k.a.token_blocks(t);
+      for (int64_t b = 0; b < nb; ++b) {
+        // maddubs(1, q) sums byte pairs into int16, madd(·, 1) pairs again: 8 sums of 4;
+        // two more horizontal steps give the two sums of 16.
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * 32));
+        const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16);
+        alignas(32) int32_t p[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p), s4);
+        s16[t * nb * 2 + 2 * b] = static_cast<int16_t>(p[0] + p[1] + p[2] + p[3]);
+        s16[t * nb * 2 + 2 * b + 1] = static_cast<int16_t>(p[4] + p[5] + p[6] + p[7]);
+      }
+    }
+    k.s16 = s16;
+  }
+  return k;
+}
+
+// Q4_K: codes and per-sub-block scale multipliers of one row's super-block.
+struct Q4KUnpacked {
+  alignas(32) uint8_t codes[8][32];
+  alignas(32) int32_t scm[8];  // sc_j in both int16 halves (the vpmaddwd multiplier)
+  __m256 dmm;                  // dmin·m_j
+  float d;
+};
+
+inline void unpack_q4k(const uint8_t* blk, const float* f16, Q4KUnpacked& u) {
+  u.d = f16[load_u16(blk)];
+  const float dmin = f16[load_u16(blk + 2)];
+  uint32_t a, b, c;
+  std::memcpy(&a, blk + 4, 4);
+  std::memcpy(&b, blk + 8, 4);
+  std::memcpy(&c, blk + 12, 4);
+  // Bytes 0..3 of each word are sub-blocks 0..3 / 4..7 (see ref/kquant.cpp for the layout).
+  const uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = b & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+  const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
+  const __m256i m = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(u.scm), _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)));
+  u.dmm = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(m));
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  LARDER_UNROLL
+  for (int c4 = 0; c4 < 4; ++c4) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c4));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[2 * c4]), _mm256_and_si256(raw, mask));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[2 * c4 + 1]),
+                       _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask));
+  }
+}
+
+// Q6_K: codes u = q + 32 per 32-value chunk, the chunk's two int16 scales (low lane: sub-block
+// 2k, high lane: 2k+1) as vpmaddwd multipliers, and all 16 scales as int16 for the zero point.
+struct Q6KUnpacked {
+  alignas(32) uint8_t codes[8][32];
+  alignas(32) int16_t sc16[16];
+  float d;
+};
+
+inline void unpack_q6k(const uint8_t* blk, const float* f16, Q6KUnpacked& u) {
+  u.d = f16[load_u16(blk + 208)];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(u.sc16),
+                     _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i m2 = _mm256_set1_epi8(0x30);
+  LARDER_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+    // High bits 2k..2k+1 of qh move to bits 4..5 (epi16 shifts; the masks drop what crosses bytes).
+    const __m256i u0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+    const __m256i u1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+    const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
+    const __m256i u3 =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[4 * h + 0]), u0);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[4 * h + 1]), u1);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[4 * h + 2]), u2);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[4 * h + 3]), u3);
+  }
+}
+
+// The vpmaddwd multiplier of Q6_K chunk k: int16 sc[2k] in the low 128-bit lane, sc[2k+1] high.
+inline __m256i q6k_chunk_scale(const Q6KUnpacked& u, int k) {
+  int32_t pair;
+  std::memcpy(&pair, u.sc16 + 2 * k, 4);
+  const __m256i ctl = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,  //
+                                       2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  return _mm256_shuffle_epi8(_mm256_set1_epi32(pair), ctl);
+}
+
+template <bool kQ6>
+struct KQuantKernel {
+  static constexpr int kRows1 = 3;
+  static constexpr int kRowsN = 1;
+  static constexpr int kBlockBytes = kQ6 ? 210 : 144;
+  using Unpacked = std::conditional_t<kQ6, Q6KUnpacked, Q4KUnpacked>;
+
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nsb;
+  KActs k;
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const float* f16 = f16_table();
+    const uint8_t* wr[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    __m256 acc[R][T];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r)
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    const int64_t nb = k.nb32;
+    Unpacked u[R];
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      prefetch_ahead(wr[0], R * row_bytes, sb * kBlockBytes * R, kBlockBytes * R);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        if constexpr (kQ6) unpack_q6k(wr[r] + sb * kBlockBytes, f16, u[r]);
+        else unpack_q4k(wr[r] + sb * kBlockBytes, f16, u[r]);
+      }
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) {
+        const int64_t tok = t0 + t;
+        const int8_t* xq = k.a.token_blocks(tok) + sb * 256;
+        const float* dxt = k.dx + tok * nb + sb * 8;
+        __m256 s[R];
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps();
+        LARDER_UNROLL
+        for (int j = 0; j < 8; ++j) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * j));
+          const __m256 dxj = _mm256_broadcast_ss(dxt + j);
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(u[r].codes[j]));
+            __m256i mul;
+            if constexpr (kQ6) mul = q6k_chunk_scale(u[r], j);
+            else mul = _mm256_set1_epi32(u[r].scm[j]);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(cv, xv), mul);
+            s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dxj, s[r]);
+          }
+        }
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          if constexpr (kQ6) {
+            // Zero point: 32·Σ_j d_x,j·Σ_s∈j sc_s·Σ_16 q_x (lane j of the madd is chunk j).
+            const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(u[r].sc16));
+            const __m256i sx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.s16 + tok * nb * 2 + sb * 16));
+            const __m256 z = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sc, sx)), _mm256_loadu_ps(dxt));
+            s[r] = _mm256_fnmadd_ps(z, _mm256_set1_ps(32.0f), s[r]);
+            acc[r][t] = _mm256_fmadd_ps(s[r], _mm256_set1_ps(u[r].d), acc[r][t]);
+          } else {
+            acc[r][t] = _mm256_fmadd_ps(s[r], _mm256_set1_ps(u[r].d), acc[r][t]);
+            acc[r][t] = _mm256_fnmadd_ps(u[r].dmm, _mm256_loadu_ps(k.bs + tok * nb + sb * 8), acc[r][t]);
+          }
+        }
+      }
+    }
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t)
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+  }
+};
+
+template <bool kQ6>
+void matmul_kquant(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  const KActs k = prepare_kacts(x, n, w.cols, kQ6);
+  const KQuantKernel<kQ6> kern{w.data, w.row_bytes(), w.rows, w.cols / 256, k, y};
+  run_matmul_tiles(kern, w.rows, n, w.cols + 8 * (w.cols / 32) + (kQ6 ? w.cols / 8 : 0));
+}
+
+}  // namespace
+
+void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_kquant<false>(w, x, n, y); }
+void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_kquant<true>(w, x, n, y); }
+
+}  // namespace larder::kernels::cpu::avx2

@@ -1,0 +1,179 @@
+// AVX2 GGUF Q4_K / Q6_K matmuls (kernels/cpu/avx2/matmul_kquant_avx2.cpp) vs the scalar reference.
+//
+// Error bound, per output y[t, r] (u = 2^-24). Like Q8_0/Q4_0 (matmul_fast_test.cpp) the kernels
+// quantize activations to int8 blocks of 32 (act_quant.h: |x − d_x·q_x| <= d_x/2), and the weight
+// values are exact, so versus the reference (double over the f32-decoded weights)
+//   |err| <= Q = Σ_blocks (d_x/2)·Σ_{i∈block} |w_i|    + rounding.
+// Rounding: the kernel evaluates each weight as integer parts (d·sc·u − dmin·m for Q4_K,
+// d·sc·(u − 32) for Q6_K) whose magnitudes A_i = |d·sc|·(u_i + z) + |dmin·m| (z = 0 / 32) exceed
+// |w_i|; the per-block integer dots are exact (int32, far from overflow) and converted exactly, so
+// what is left is f32 scaling and accumulation: 8 sub-block FMAs per super-block, nb/8
+// super-blocks, a lane tree, and the reference's own f32 decoding of w (one rounding each):
+//   tight = 2·(nb + 16)·u·Σ A_i·|x̂_i|.
+// A second, tight check replays the quantizer (quantize_acts_ref) and computes Σ w_i·x̂_i exactly
+// in double: the kernel must agree within `tight`, which catches lane/layout bugs the loose bound
+// could hide. Weights are random bytes (every code, scale and min pattern) with f16 super-scales
+// of realistic size.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "larder/core/dtype.h"
+#include "larder/core/threadpool.h"
+#include "larder/kernels/cpu/common/act_quant.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/dispatch.h"
+#include "larder/kernels/ref/ref_ops.h"
+
+namespace larder::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+uint16_t get_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+struct KWeights {
+  WeightView view;
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // [rows][cols]
+  std::vector<double> mag;  // A_i (see the header)
+};
+
+KWeights make(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
+  KWeights w;
+  const uint32_t bb = dtype_info(dt).block_bytes;
+  const int64_t nsb = cols / 256;
+  w.bytes.resize(static_cast<size_t>(rows * nsb) * bb);
+  for (auto& b : w.bytes) b = static_cast<uint8_t>(rng() & 0xff);
+  std::uniform_real_distribution<float> ds(0.0002f, 0.004f);
+  for (int64_t i = 0; i < rows * nsb; ++i) {
+    uint8_t* blk = w.bytes.data() + i * bb;
+    if (dt == DType::kQ6_K) {
+      put_u16(blk + 208, f32_to_f16((rng() & 1 ? 1 : -1) * ds(rng)));
+    } else {
+      put_u16(blk, f32_to_f16(ds(rng)));
+      put_u16(blk + 2, f32_to_f16(ds(rng)));
+    }
+  }
+  w.view = WeightView{dt, rows, cols, w.bytes.data()};
+  w.deq.resize(static_cast<size_t>(rows * cols));
+  w.mag.resize(w.deq.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    ref_table().dequant_row[static_cast<int>(dt)](w.view, r, w.deq.data() + r * cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t* blk = w.bytes.data() + (r * nsb + c / 256) * bb;
+      const int e = static_cast<int>(c % 256);
+      double a;
+      if (dt == DType::kQ6_K) {
+        const double dsc = std::fabs(double(f16_to_f32(get_u16(blk + 208))) * static_cast<int8_t>(blk[192 + e / 16]));
+        a = std::fabs(double(w.deq[r * cols + c])) + 64 * dsc;  // >= |d·sc|·(u + 32)
+      } else {
+        int sc, m;
+        ref::kquant_scale_min(blk + 4, e / 32, &sc, &m);
+        const double dm = double(f16_to_f32(get_u16(blk + 2))) * m;
+        a = std::fabs(double(w.deq[r * cols + c])) + 2 * dm;  // >= |d·sc·u| + |dmin·m|
+      }
+      w.mag[r * cols + c] = a;
+    }
+  }
+  return w;
+}
+
+std::vector<float> acts(int64_t n, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = nd(rng);
+  for (int j = 32; j < 64 && j < cols; ++j) x[j] = 0.0f;  // an all-zero activation block
+  if (x.size() > 7) x[7] = 40.0f;                         // an outlier
+  return x;
+}
+
+class FastKQuant : public testing::TestWithParam<DType> {};
+
+TEST_P(FastKQuant, Avx2MatchesReferenceWithinBound) {
+  const DType dt = GetParam();
+  const MatmulFn fast = cpu::fast_matmul("avx2", dt);
+  ASSERT_NE(fast, nullptr);
+  std::mt19937 rng(static_cast<unsigned>(static_cast<int>(dt) * 31 + 5));
+  const int64_t rows_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 31, 67};
+  const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33};
+  const int64_t cols_set[] = {256, 512, 768, 1280, 2048};
+  double worst_rel = 0, worst_ratio = 0;
+  for (int threads : {1, 3}) {
+    default_pool().set_threads(threads);
+    for (int64_t n : n_set) {
+      for (int i = 0; i < 4; ++i) {
+        const int64_t rows = rows_set[rng() % std::size(rows_set)];
+        const int64_t cols = cols_set[rng() % std::size(cols_set)];
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " rows " << rows << " cols " << cols << " n " << n
+                                        << " threads " << threads);
+        KWeights w = make(dt, rows, cols, rng);
+        std::vector<float> x = acts(n, cols, rng);
+        std::vector<float> y(static_cast<size_t>(n * rows), -1234.0f), yref(y.size());
+        fast(w.view, x.data(), n, y.data());
+        ref::matmul(w.view, x.data(), n, yref.data());
+        std::vector<uint8_t> qbuf(cpu::quantized_acts_bytes(n, cols) + 64);
+        cpu::QuantizedActs qa = cpu::quantized_acts_view(qbuf.data(), n, cols);
+        cpu::quantize_acts_ref(x.data(), n, cols, false, qa);
+        const int64_t nb = cols / 32;
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            double Q = 0, exact = 0, Sa = 0, S = 0;
+            for (int64_t b = 0; b < nb; ++b) {
+              const double dx = qa.d[b * qa.n_pad + t];
+              for (int j = 0; j < 32; ++j) {
+                const int64_t c = b * 32 + j;
+                const double wv = w.deq[r * cols + c];
+                const double xq = qa.qs[(t * nb + b) * 32 + j];
+                Q += dx / 2 * std::fabs(wv);
+                exact += dx * wv * xq;
+                Sa += dx * w.mag[r * cols + c] * std::fabs(xq);
+                S += std::fabs(wv * x[t * cols + c]);
+              }
+            }
+            const double got = y[t * rows + r], want = yref[t * rows + r];
+            const double tight = 2 * (nb + 16) * kU * Sa + 1e-30;
+            ASSERT_LE(std::fabs(got - exact), tight) << "t " << t << " r " << r << " exact " << exact;
+            const double tol = Q * (1 + 1e-6) + tight + 2 * kU * std::fabs(want);
+            const double err = std::fabs(got - want);
+            ASSERT_LE(err, tol) << "t " << t << " r " << r << " got " << got << " want " << want;
+            if (S > 0) worst_rel = std::max(worst_rel, err / S);
+            worst_ratio = std::max(worst_ratio, err / tol);
+          }
+        }
+      }
+    }
+  }
+  default_pool().set_threads(0);
+  std::printf("[ avx2 %s ] max |err|/sum|w*x| = %.3g, max |err|/bound = %.3g\n", dtype_name(dt), worst_rel,
+              worst_ratio);
+}
+
+// The active table routes Q4_K / Q6_K to the AVX2 kernels (unless LARDER_ISA / LARDER_QUANT_ACT
+// say otherwise) and row lookup stays on the reference.
+TEST(FastKQuantTable, Registered) {
+  const char* isa = std::getenv("LARDER_ISA");
+  const char* qa = std::getenv("LARDER_QUANT_ACT");
+  if ((isa && std::strcmp(isa, "ref") == 0) || (qa && std::strcmp(qa, "0") == 0)) GTEST_SKIP();
+  for (DType d : {DType::kQ4_K, DType::kQ6_K}) {
+    EXPECT_EQ(active_table().matmul[static_cast<int>(d)], cpu::fast_matmul("avx2", d)) << dtype_name(d);
+    EXPECT_EQ(active_table().dequant_row[static_cast<int>(d)], ref_table().dequant_row[static_cast<int>(d)]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, FastKQuant, testing::Values(DType::kQ4_K, DType::kQ6_K),
+                         [](const testing::TestParamInfo<DType>& p) { return std::string(dtype_name(p.param)); });
+
+}  // namespace
+}  // namespace larder::kernels
