@@ -215,6 +215,19 @@ void encode_with_template(const ServedModel& sm, const ordered_json& msgs, const
     pr.gen.prompt.erase(pr.gen.prompt.begin());
 }
 
+// How this model family writes tool calls, when the request offers tools (server-api.md §5.3).
+runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordered_json& tools) {
+  if (!tools.is_array() || tools.empty()) return runtime::ToolCallStyle::kNone;
+  const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
+  if (tk.token_to_id("<tool_call>") || sm.m->files.chat_template.find("<tool_call>") != std::string::npos)
+    return runtime::ToolCallStyle::kTagged;
+  const std::string& tpl = sm.m->files.chat_template;
+  if (tk.token_to_id("<|python_tag|>") || tpl.find("<|python_tag|>") != std::string::npos ||
+      tpl.find("\"parameters\": dictionary of argument") != std::string::npos)
+    return runtime::ToolCallStyle::kBareJson;  // Llama 3.1+ JSON tool calling
+  return runtime::ToolCallStyle::kNone;
+}
+
 std::string namespace_for(const ServedModel& sm, const ordered_json& b) {
   auto salt = string_field(b, "cache_salt");
   return salt && !salt->empty() ? memory::namespace_id({}, *salt) : sm.ns_base;
@@ -341,6 +354,7 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   if (auto effort = string_field(b, "reasoning_effort"); effort && !extra.contains("enable_thinking"))
     extra["enable_thinking"] = *effort != "none";
 
+  pr.tool_style = tool_style_for(sm, tools);
   pr.gen.sampling = sampling(sm, b, true);
   pr.gen.stops = stops(b, "stop");
   pr.logprobs = boolean(b, "logprobs").value_or(false);
@@ -489,6 +503,7 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
     pr.thinking_requested = th->value("type", "") == "enabled";
   }
 
+  pr.tool_style = tool_style_for(sm, tools);
   runtime::SamplingParams sp = sampling(sm, b, false);
   pr.gen.sampling = sp;
   pr.gen.stops = stops(b, "stop_sequences");
@@ -505,26 +520,48 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
 ResponseWriter::ResponseWriter(const ServedModel& sm, const ParsedRequest& pr, Surface surface)
     : sm_(sm), pr_(pr), surface_(surface) {
   if (pr.split_reasoning && surface != Surface::kCompletions) splitter_.emplace(pr.reasoning_start_inside);
+  if (pr.tool_style != runtime::ToolCallStyle::kNone && surface != Surface::kCompletions) tool_parser_.emplace(pr.tool_style);
 }
 
-runtime::ReasoningSplitter::Out ResponseWriter::split(const std::string& text, bool final) {
-  runtime::ReasoningSplitter::Out o;
-  if (!splitter_) {
+ResponseWriter::Pieces ResponseWriter::process(const std::string& text, bool final) {
+  Pieces o;
+  if (splitter_) {
+    runtime::ReasoningSplitter::Out r = splitter_->push(text);
+    if (final) {
+      auto f = splitter_->flush();
+      r.content += f.content;
+      r.reasoning += f.reasoning;
+    }
+    o.content = std::move(r.content);
+    // Anthropic returns reasoning only when the request enabled thinking (server-api.md §8.2).
+    if (surface_ != Surface::kMessages || pr_.thinking_requested) o.reasoning = std::move(r.reasoning);
+  } else {
     o.content = text;
-    return o;
   }
-  o = splitter_->push(text);
-  if (final) {
-    auto f = splitter_->flush();
-    o.content += f.content;
-    o.reasoning += f.reasoning;
+  if (tool_parser_) {
+    std::string c = tool_parser_->push(o.content);
+    if (final) c += tool_parser_->flush();
+    o.content = std::move(c);
+    o.calls = tool_parser_->take_calls();
+    for (const auto& call : o.calls) {
+      calls_.push_back(call);
+      call_ids_.push_back(random_id(surface_ == Surface::kMessages ? "toolu_" : "call_"));
+    }
   }
-  // Anthropic returns reasoning only when the request enabled thinking (server-api.md §8.2).
-  if (surface_ == Surface::kMessages && !pr_.thinking_requested) o.reasoning.clear();
   return o;
 }
 
+ordered_json ResponseWriter::tool_calls_json() const {
+  ordered_json a = ordered_json::array();
+  for (size_t i = 0; i < calls_.size(); ++i) {
+    a.push_back({{"id", call_ids_[i]}, {"type", "function"},
+                 {"function", {{"name", calls_[i].name}, {"arguments", calls_[i].arguments.dump()}}}});
+  }
+  return a;
+}
+
 std::string ResponseWriter::finish_reason() const {
+  if (!calls_.empty() && outcome_.finish != Finish::kLength) return surface_ == Surface::kMessages ? "tool_use" : "tool_calls";
   switch (outcome_.finish) {
     case Finish::kLength: return surface_ == Surface::kMessages ? "max_tokens" : "length";
     case Finish::kStop:
@@ -632,7 +669,7 @@ std::string ResponseWriter::stream_open() {
 // Content blocks open lazily, in the order the model produces them (a thinking block, then the
 // text block); switching type closes the open one.
 std::string ResponseWriter::anthropic_block(const char* type) {
-  if (block_type_ == type) return {};
+  if (block_type_ == type && block_type_ != "tool_use") return {};
   std::string out;
   if (block_index_ >= 0) out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", block_index_}});
   ++block_index_;
@@ -650,8 +687,8 @@ std::string ResponseWriter::stream_frames(const Event& e) {
     return stream_open();
   }
   out += stream_open();
-  const runtime::ReasoningSplitter::Out parts =
-      surface_ == Surface::kCompletions ? runtime::ReasoningSplitter::Out{e.text, {}} : split(e.text, e.done);
+  const size_t calls_before = calls_.size();
+  const Pieces parts = surface_ == Surface::kCompletions ? Pieces{e.text, {}, {}} : process(e.text, e.done);
   const bool has_text = !parts.content.empty() || !parts.reasoning.empty();
   if (has_text || (!e.tokens.empty() && pr_.logprobs && surface_ != Surface::kMessages)) {
     if (surface_ == Surface::kChat) {
@@ -676,6 +713,29 @@ std::string ResponseWriter::stream_frames(const Event& e) {
         out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", block_index_},
                                                  {"delta", {{"type", "text_delta"}, {"text", parts.content}}}});
       }
+    }
+  }
+  // Completed tool calls: OpenAI sends a header delta (id, name) then the arguments, matched by
+  // index; Anthropic a tool_use block with its input as one input_json_delta.
+  for (size_t i = calls_before; i < calls_.size(); ++i) {
+    const std::string args = calls_[i].arguments.dump();
+    if (surface_ == Surface::kChat) {
+      const int idx = static_cast<int>(i);
+      ordered_json head = {{"tool_calls", ordered_json::array({{{"index", idx}, {"id", call_ids_[i]}, {"type", "function"},
+                                                                 {"function", {{"name", calls_[i].name}, {"arguments", ""}}}}})}};
+      out += sse(chunk({{"delta", head}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+      ordered_json argd = {{"tool_calls", ordered_json::array({{{"index", idx}, {"function", {{"arguments", args}}}}})}};
+      out += sse(chunk({{"delta", argd}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+    } else if (surface_ == Surface::kMessages) {
+      if (block_index_ >= 0) out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", block_index_}});
+      ++block_index_;
+      block_type_ = "tool_use";
+      out += sse_event("content_block_start",
+                       {{"type", "content_block_start"}, {"index", block_index_},
+                        {"content_block", {{"type", "tool_use"}, {"id", call_ids_[i]}, {"name", calls_[i].name},
+                                           {"input", ordered_json::object()}}}});
+      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", block_index_},
+                                               {"delta", {{"type", "input_json_delta"}, {"partial_json", args}}}});
     }
   }
   if (!e.done) return out;
@@ -724,7 +784,7 @@ void ResponseWriter::add(const Event& e) {
   if (surface_ == Surface::kCompletions) {
     text_ += e.text;
   } else {
-    const auto parts = split(e.text, e.done);
+    const Pieces parts = process(e.text, e.done);
     text_ += parts.content;
     reasoning_ += parts.reasoning;
   }
@@ -737,7 +797,9 @@ ordered_json ResponseWriter::body() const {
     ordered_json stop_seq = outcome_.matched_stop.empty() ? ordered_json() : ordered_json(outcome_.matched_stop);
     ordered_json content = ordered_json::array();
     if (!reasoning_.empty()) content.push_back({{"type", "thinking"}, {"thinking", reasoning_}, {"signature", ""}});
-    content.push_back({{"type", "text"}, {"text", text_}});
+    if (!text_.empty() || calls_.empty()) content.push_back({{"type", "text"}, {"text", text_}});
+    for (size_t i = 0; i < calls_.size(); ++i)
+      content.push_back({{"type", "tool_use"}, {"id", call_ids_[i]}, {"name", calls_[i].name}, {"input", calls_[i].arguments}});
     return {{"id", pr_.response_id}, {"type", "message"}, {"role", "assistant"}, {"model", sm_.id},
             {"content", content}, {"stop_reason", finish_reason()}, {"stop_sequence", stop_seq}, {"usage", usage_json()}};
   }
@@ -746,6 +808,10 @@ ordered_json ResponseWriter::body() const {
   if (surface_ == Surface::kChat) {
     ordered_json msg = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
     if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
+    if (!calls_.empty()) {
+      msg["tool_calls"] = tool_calls_json();
+      if (text_.empty()) msg["content"] = nullptr;  // OpenAI: null content when there are only calls
+    }
     choice = {{"index", 0}, {"message", msg}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
   } else {
     choice = {{"index", 0}, {"text", text_}, {"logprobs", lp}, {"finish_reason", finish_reason()}};

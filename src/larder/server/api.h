@@ -12,6 +12,7 @@
 
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/reasoning.h"
+#include "larder/runtime/tool_calls.h"
 #include "larder/server/request.h"
 
 namespace larder::server {
@@ -65,6 +66,7 @@ struct ParsedRequest {
   bool split_reasoning = false;
   bool reasoning_start_inside = false;
   bool thinking_requested = false;  // Anthropic `thinking: enabled`: return a thinking block
+  runtime::ToolCallStyle tool_style = runtime::ToolCallStyle::kNone;  // tools offered: parse calls
 };
 
 // Throws ApiError on invalid input.
@@ -88,7 +90,13 @@ class ResponseWriter {
 
  private:
   ordered_json usage_json() const;
-  runtime::ReasoningSplitter::Out split(const std::string& text, bool final);
+  struct Pieces {
+    std::string content, reasoning;
+    std::vector<runtime::ToolCall> calls;  // completed by this piece
+  };
+  // The text pipeline after the engine's stop matcher: reasoning splitter → tool-call parser.
+  Pieces process(const std::string& text, bool final);
+  ordered_json tool_calls_json() const;
   std::string anthropic_block(const char* type);  // frames that make `type` the open block
   ordered_json logprobs_json(const std::vector<TokenInfo>& toks) const;
   ordered_json chunk(ordered_json choice_fields) const;
@@ -99,6 +107,9 @@ class ResponseWriter {
   std::string text_, reasoning_;
   std::vector<TokenInfo> tokens_;
   std::optional<runtime::ReasoningSplitter> splitter_;
+  std::optional<runtime::ToolCallParser> tool_parser_;
+  std::vector<runtime::ToolCall> calls_;
+  std::vector<std::string> call_ids_;
   int block_index_ = -1;
   std::string block_type_;
   Outcome outcome_;
