@@ -144,6 +144,7 @@ struct HttpServer::Impl {
     }
     const std::string rid = req.has_header("x-request-id") ? req.get_header_value("x-request-id") : pr->response_id;
     res.set_header("x-request-id", rid);
+    for (const std::string& w : pr->warnings) res.set_header("Warning", "299 larder \"" + w + "\"");
     if (pr->stream) {
       res.set_header("Cache-Control", "no-cache");
       res.set_header("X-Accel-Buffering", "no");
