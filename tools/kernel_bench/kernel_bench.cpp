@@ -9,7 +9,7 @@
 // - Every number is the median of `--reps` timed calls after a warm-up pass; min and max are
 //   printed so the spread is visible (the host is shared).
 //
-// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,BF16,F16,F32,affine-q4-g64,...]
+// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,Q4_K,Q6_K,BF16,F16,F32,affine-q4-g64,...]
 //                     [--tiers avx2,avx512,ref] [--no-prefill] [--no-decode] [--model-estimate]
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -123,6 +123,17 @@ void fill_weights(uint8_t* p, DType dt, int64_t rows, int64_t cols) {
         uint16_t h = 0x2000 | (next() & 0x3ff);
         std::memcpy(row + b * bb, &h, 2);
       }
+    } else if (dt == DType::kQ4_K || dt == DType::kQ6_K) {  // f16 d (+ dmin) per 256
+      const int bb = dt == DType::kQ4_K ? 144 : 210;
+      for (int64_t b = 0; b < cols / 256; ++b) {
+        uint16_t h = 0x1c00 | (next() & 0x3ff), h2 = 0x1c00 | (next() & 0x3ff);
+        if (dt == DType::kQ4_K) {
+          std::memcpy(row + b * bb, &h, 2);
+          std::memcpy(row + b * bb + 2, &h2, 2);
+        } else {
+          std::memcpy(row + b * bb + 208, &h, 2);
+        }
+      }
     } else if (dt == DType::kBF16 || dt == DType::kF16) {
       auto* h = reinterpret_cast<uint16_t*>(row);
       for (int64_t c = 0; c < cols; ++c)
@@ -204,13 +215,13 @@ std::vector<std::string> split(const std::string& s) {
 
 Format parse_format(const std::string& s) {
   Format f;
-  for (DType d : {DType::kQ4_0, DType::kQ8_0, DType::kBF16, DType::kF16, DType::kF32})
+  for (DType d : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kBF16, DType::kF16, DType::kF32})
     if (s == dtype_name(d)) f.dtype = d;
   if (f.dtype != DType::kUnknown) return f;
   if (std::sscanf(s.c_str(), "affine-q%d-g%d", &f.bits, &f.group_size) == 2 && f.bits >= 2 && f.bits <= 8 &&
       f.group_size % 32 == 0 && f.group_size > 0)
     return f;
-  std::fprintf(stderr, "unknown format %s (Q4_0, Q8_0, BF16, F16, F32, affine-q<bits>-g<group>)\n", s.c_str());
+  std::fprintf(stderr, "unknown format %s (Q4_0, Q8_0, Q4_K, Q6_K, BF16, F16, F32, affine-q<bits>-g<group>)\n", s.c_str());
   std::exit(2);
 }
 
