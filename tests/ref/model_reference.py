@@ -84,6 +84,17 @@ AFFINE_CASES = [
 ]
 
 GGUF_CASES = [("llama_gqa", "Q8_0"), ("llama_gqa", "Q4_0"), ("qwen3", "Q8_0"), ("qwen3", "Q4_0")]
+# K-quant GGUFs (256-element super-blocks: every matrix width a multiple of 256), mixed like a
+# Q4_K_M file: Q4_K by default, Q6_K for attn_v, ffn_down and the (tied) token embedding, which is
+# also the lm_head. Quantized by tests/ref/kquant_reference.py's numpy quantizer (gguf-py cannot
+# make K-quants); the oracle values are gguf-py's dequantization of the written blocks.
+KQUANT_CASES = [
+    ("llama_q4_k_m", dict(model_type="llama", hidden_size=256, num_hidden_layers=2, intermediate_size=512,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=320,
+                          rope_theta=10000.0, tie_word_embeddings=True), "Q4_K",
+     lambda n: "Q6_K" if (".attn_v." in n or ".ffn_down." in n or n == "token_embd.weight") else None),
+]
+KQUANTS = ("Q4_K", "Q5_K", "Q6_K")
 
 
 def full_config(over):
@@ -270,7 +281,11 @@ def write_gguf(path, c, weights, qname, arch=None, qtype_for=None, skip_block_co
         if w.ndim == 2:
             t = qtype_for(gguf_name(name)) if qtype_for else None
             t = getattr(gguf.GGMLQuantizationType, t) if t else qt
-            q = gguf.quants.quantize(w, t)
+            if t.name in KQUANTS:
+                from kquant_reference import quantize_kquant
+                q = quantize_kquant(w, t.name)
+            else:
+                q = gguf.quants.quantize(w, t)
             wr.add_tensor(gguf_name(name), q, raw_dtype=t)
             d = gguf.quants.dequantize(q, t).reshape(w.shape).astype(np.float32)
         else:
@@ -381,6 +396,19 @@ def main():
         tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
         save_case(d, tokens, c["vocab_size"], {"deq": mlx_logits(hf, tokens)})
         print(f"model_reference: {name} {q}", flush=True)
+
+    for name, over, q, qtype_for in KQUANT_CASES:
+        c = full_config(over)
+        w = random_weights(c, np.random.default_rng(3000 + len(name)))
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        deq = write_gguf(os.path.join(d, "model.gguf"), c, w, q, qtype_for=qtype_for)
+        hf = os.path.join(d, "hf")
+        write_hf(hf, c, deq, "f32")
+        rng = np.random.default_rng(7)
+        tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
+        save_case(d, tokens, c["vocab_size"], {"deq": mlx_logits(hf, tokens)})
+        print(f"model_reference: {name} (GGUF K-quants)", flush=True)
 
     # Broken GGUFs for the bad-input tests (tests/unit/models/bad_input_test.cpp).
     bad = os.path.join(root, "bad_gguf")

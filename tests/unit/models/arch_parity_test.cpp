@@ -3,7 +3,7 @@
 //
 // Bounds
 // - f32 checkpoints, and bf16 checkpoints against mlx run in f32 on the same bf16 values
-//   ("f32math"), and GGUF Q8_0/Q4_0 against mlx on the exactly dequantized values ("deq"): the
+//   ("f32math"), and GGUF Q8_0/Q4_0/Q4_K+Q6_K against mlx on the exactly dequantized values ("deq"): the
 //   math is the same as larder's, only summation order differs (mlx: f32 accumulation; larder
 //   ref: double), so max |diff| ≤ 1e-4 · max|logit| and the top-1 token must agree everywhere.
 // - bf16 checkpoints against mlx computing in bf16 ("bf16"): mlx rounds every activation (each
@@ -170,7 +170,9 @@ TEST_P(ArchParity, TightAgainstMlxLm) {
   const std::string set = ref.meta["logits"].contains("f32") ? "f32" : ref.meta["logits"].contains("f32math") ? "f32math" : "deq";
   const std::vector<float> want = ref.logits(dir, set);
   const kernels::KernelTable active = kernels::active_table();
-  const DType dt = std::string(c.dtypes) == "Q8_0" ? DType::kQ8_0 : DType::kQ4_0;
+  const DType dt = std::string(c.dtypes) == "Q8_0"                 ? DType::kQ8_0
+                   : std::string(c.dtypes).rfind("Q4_K", 0) == 0 ? DType::kQ4_K
+                                                                 : DType::kQ4_0;
   const bool affine = std::string(c.dtypes).find("affine") != std::string::npos;
   const bool loose = (is_block_format(c.dtypes) &&
                       active.matmul[static_cast<int>(dt)] != kernels::ref_table().matmul[static_cast<int>(dt)]) ||
@@ -280,6 +282,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_gqa_q4_0", "model.gguf", "llama", true, "Q4_0"},
                       Case{"qwen3_q8_0", "model.gguf", "qwen3", false, "Q8_0"},
                       Case{"qwen3_q4_0", "model.gguf", "qwen3", false, "Q4_0"},
+                      Case{"llama_q4_k_m", "model.gguf", "llama", true, "Q4_K+Q6_K"},
                       Case{"llama_q4g64", "", "llama", true, "affine-q4-g64"},
                       Case{"llama_mixed", "", "llama", false,
                            "F16+affine-q2-g64+affine-q3-g32+affine-q4-g64+affine-q5-g32+affine-q6-g128+"
