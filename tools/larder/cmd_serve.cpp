@@ -36,6 +36,7 @@ struct ServeFlags {
   int64_t ctx = 4096, step_tokens = 256;
   size_t queue_max = 64;
   double prompt_cache_gb = 4, ssd_cache_max_gb = 32, body_limit_mb = 32;
+  std::optional<double> ssd_demote_idle_s;
   std::vector<std::string> cors;
   std::optional<float> temp, top_p, min_p, repeat_penalty;
   std::optional<int> top_k;
@@ -125,6 +126,9 @@ int run_serve(ServeFlags f) {
   ec.queue_max = f.queue_max;
   ec.ctx = sm.ctx;
   ec.step_tokens = f.step_tokens;
+  // kv-store.md §12: idle demotion defaults to 300 s with an SSD tier, off without one.
+  const double demote_s = f.ssd_demote_idle_s.value_or(f.ssd_cache.empty() ? 0.0 : 300.0);
+  ec.demote_idle = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(demote_s));
   metrics.set_model_info(sm.id, info.weight_dtypes, kernels::active_table().name);
   server::Engine engine(m, std::move(*store), ec, metrics);
   http.set_ready(&sm, &engine);
@@ -175,6 +179,9 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--ssd-cache", f->ssd_cache, "directory of the persistent KV cache (survives restarts)");
   cmd->add_option("--ssd-cache-max", f->ssd_cache_max_gb, "SSD KV cache cap in GiB")->check(CLI::PositiveNumber);
+  cmd->add_option("--ssd-demote-idle", f->ssd_demote_idle_s,
+                  "seconds before an unused RAM entry moves to the SSD tier (default 300 with --ssd-cache; 0 = off)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--api-key", f->api_key, "require this key (Authorization: Bearer or x-api-key); env LARDER_API_KEY");
   cmd->add_option("--cors,--cors-origins", f->cors, "allowed CORS origins (comma-separated or repeated; '*' = any)");
   cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");

@@ -103,17 +103,39 @@ void Engine::loop() {
       std::unique_lock<std::mutex> l(mu_);
       if (seqs_.empty() && queue_.empty() && tasks_.empty()) {
         if (stop_) break;
-        // Idle: let the SSD writer run and hand it snapshots of new entries (kv-store.md §8.2).
+        // Idle (kv-store.md §8.1–8.2): open the SSD writer's idle gate; after a debounce of
+        // idle time (so the next turn of a conversation, which usually follows at once, never
+        // waits behind a disk write) hand it snapshots of new entries; every few seconds demote
+        // entries idle for longer than --ssd-demote-idle.
+        const auto now = Clock::now();
+        if (!idle_) {
+          idle_ = true;
+          idle_since_ = now;
+          snapshotted_ = false;
+        }
         if (store_) {
           l.unlock();
           store_->set_engine_busy(false);
-          store_->write_behind();
+          if (!snapshotted_ && now - idle_since_ >= cfg_.writebehind_debounce) {
+            store_->write_behind();
+            snapshotted_ = true;
+          }
+          if (cfg_.demote_idle.count() > 0 && now - last_demote_ >= std::chrono::seconds(5)) {
+            store_->demote_idle(cfg_.demote_idle);
+            last_demote_ = now;
+          }
           l.lock();
         }
-        cv_.wait_for(l, std::chrono::milliseconds(500),
+        auto wait = std::chrono::milliseconds(500);
+        if (!snapshotted_) {
+          wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    cfg_.writebehind_debounce - (now - idle_since_)) + std::chrono::milliseconds(1));
+        }
+        cv_.wait_for(l, std::max(wait, std::chrono::milliseconds(1)),
                      [&] { return stop_ || !queue_.empty() || !tasks_.empty(); });
         if (queue_.empty() && tasks_.empty()) continue;
       }
+      idle_ = false;
       tasks.swap(tasks_);
       stopping = stop_;
       past_deadline = stop_ && Clock::now() >= deadline_;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -36,6 +37,10 @@ struct EngineConfig {
   size_t queue_max = 64;        // --queue-max: requests waiting for a slot (429 beyond)
   int64_t ctx = 0;              // per-sequence context limit (tokens)
   int64_t step_tokens = 256;    // prefill tokens per step across all prefilling sequences
+  // Idle time before write-behind snapshots go to the SSD writer (kv-store.md §8.2).
+  std::chrono::steady_clock::duration writebehind_debounce = std::chrono::seconds(1);
+  // --ssd-demote-idle: RAM entries unused this long are spilled to SSD and dropped (0 = off).
+  std::chrono::steady_clock::duration demote_idle = std::chrono::seconds(0);
 };
 
 class Engine {
@@ -85,6 +90,8 @@ class Engine {
   memory::FlushReport flush_report_;
 
   std::vector<std::unique_ptr<Seq>> seqs_;  // engine thread only
+  bool idle_ = false, snapshotted_ = false;
+  std::chrono::steady_clock::time_point idle_since_{}, last_demote_{};
   std::vector<float> logits_;
   std::thread thread_;
 };
