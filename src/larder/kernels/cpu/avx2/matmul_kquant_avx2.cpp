@@ -22,9 +22,11 @@
 // Tiles: the codes of a row's super-block are unpacked once (to 8 × 32 bytes on the stack, a
 // handful of ops per 64 weights) and reused by every token of the tile, so decode streams each
 // weight byte from DRAM once for up to 4 tokens. R = 3 rows for one token (3 + 3 accumulators
-// + temps in 16 ymm), R = 1 row × T <= 4 tokens otherwise (8 accumulators).
+// + temps in 16 ymm), R = 1 row × T <= 4 tokens otherwise (8 accumulators). Q4_K prefill
+// (n >= 8) instead runs a token-lane GEMM (Q4KGemm below); Q6_K prefill still uses these tiles.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -252,9 +254,101 @@ void matmul_kquant(const WeightView& w, const float* x, int64_t n, float* y) {
   run_matmul_tiles(kern, w.rows, n, w.cols + 8 * (w.cols / 32) + (kQ6 ? w.cols / 8 : 0));
 }
 
+// Q4_K GEMM for n >= 8 tokens: the token-lane layout of the Q4_0 GEMM (matmul_avx2.cpp, act8 of
+// act_quant.h). Lane t of the int16 accumulator sums token t's products over one 32-value
+// sub-block: 8 broadcast-code maddubs steps, |sum| <= 8·2·15·127 = 30480 < 2^15 (codes 0..15 like
+// Q4_0). Once per (row, sub-block) for all 8 tokens: madd → cvt → ·d_x[t] → FMA by d·sc_j, and
+// the min folded out with the activation block sums: − dmin·m_j·bsum[t]. 2 ops per 32 MACs in the
+// k loop, vs ≈ 4 in the k-lane tiles.
+struct Q4KGemm {
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nsb, n;
+  const uint8_t* act8;
+  QuantizedActs a;
+  float* y;
+
+  template <int R>
+  void tile(int64_t r0, int64_t g) const {
+    const float* f16 = f16_table();
+    const uint8_t* wr[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    __m256 acc[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t nb = nsb * 8;
+    const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
+    Q4KUnpacked u[R];
+    alignas(32) float dsc[R][8], dmm[R][8];
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        unpack_q4k(wr[r] + sb * 144, f16, u[r]);
+        const __m256i sc = _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(u[r].scm)),
+                                            _mm256_set1_epi32(0xffff));
+        _mm256_store_ps(dsc[r], _mm256_mul_ps(_mm256_set1_ps(u[r].d), _mm256_cvtepi32_ps(sc)));
+        _mm256_store_ps(dmm[r], u[r].dmm);
+      }
+      __asm__ volatile("" ::: "memory");  // broadcasts from L1, see the Q4_0 GEMM
+      for (int j = 0; j < 8; ++j) {
+        const int64_t b = sb * 8 + j;
+        const uint8_t* ab = ag + b * 256;
+        __m256i p[R];
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+        LARDER_UNROLL
+        for (int k4 = 0; k4 < 8; ++k4) {
+          const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            int32_t u4;
+            std::memcpy(&u4, u[r].codes[j] + 4 * k4, 4);
+            p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
+            __asm__("" : "+x"(p[r]));  // keep the chain sequential (see the Q4_0 GEMM)
+          }
+        }
+        const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
+        const __m256 bs = _mm256_loadu_ps(a.sums(b) + 8 * g);
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_broadcast_ss(&dsc[r][j]), acc[r]);
+          acc[r] = _mm256_fnmadd_ps(bs, _mm256_broadcast_ss(&dmm[r][j]), acc[r]);
+        }
+      }
+    }
+    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[r]);
+      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
+    }
+  }
+};
+
+void matmul_q4_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t nb = w.cols / 32;
+  void* scratch = thread_scratch(quantized_acts_bytes(n, w.cols));
+  QuantizedActs a = quantized_acts_view(scratch, n, w.cols);
+  quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
+  auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
+  build_act8(a, n, act8);
+  const Q4KGemm k{w.data, w.row_bytes(), w.rows, w.cols / 256, n, act8, a, y};
+  run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
+}
+
 }  // namespace
 
-void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_kquant<false>(w, x, n, y); }
+void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= 8) {
+    matmul_q4_k_gemm(w, x, n, y);
+  } else {
+    matmul_kquant<false>(w, x, n, y);
+  }
+}
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_kquant<true>(w, x, n, y); }
 
 }  // namespace larder::kernels::cpu::avx2
