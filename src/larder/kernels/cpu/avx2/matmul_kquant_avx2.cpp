@@ -22,8 +22,8 @@
 // Tiles: the codes of a row's super-block are unpacked once (to 8 × 32 bytes on the stack, a
 // handful of ops per 64 weights) and reused by every token of the tile, so decode streams each
 // weight byte from DRAM once for up to 4 tokens. R = 3 rows for one token (3 + 3 accumulators
-// + temps in 16 ymm), R = 1 row × T <= 4 tokens otherwise (8 accumulators). Q4_K prefill
-// (n >= 8) instead runs a token-lane GEMM (Q4KGemm below); Q6_K prefill still uses these tiles.
+// + temps in 16 ymm), R = 1 row × T <= 4 tokens otherwise (8 accumulators). Q4_K
+// and Q6_K prefill (n >= 8) instead run token-lane GEMMs (Q4KGemm, Q6KGemm below).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -340,6 +340,100 @@ void matmul_q4_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
   run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
 }
 
+// Q6_K GEMM for n >= 8 tokens, same token-lane layout. Codes u = q + 32 reach 63, so a maddubs
+// lane reaches 2·63·127 = 16002 and int16 holds only two steps: each pair of steps is summed in
+// int16 and widened by vpmaddwd with the 16-value sub-block's scale as multiplier (steps 0..3 are
+// values 0..15 of the block = sub-block 2j, steps 4..7 sub-block 2j+1): |lane| <= 4·2·16002·128
+// < 2^25. The zero point (u − 32) is folded out per (row, block) with the token-lane sums of
+// q_x over each 16 values (z16, built once per matmul): − 32·(sc_a·Σ_lo + sc_b·Σ_hi).
+struct Q6KGemm {
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nsb, n;
+  const uint8_t* act8;
+  const float* z16;  // [groups][nb][2][8]
+  QuantizedActs a;
+  float* y;
+
+  template <int R>
+  void tile(int64_t r0, int64_t g) const {
+    const float* f16 = f16_table();
+    const uint8_t* wr[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    __m256 acc[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    const int64_t nb = nsb * 8;
+    const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
+    const float* zg = z16 + static_cast<uint64_t>(g) * nb * 16;
+    Q6KUnpacked u[R];
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) unpack_q6k(wr[r] + sb * 210, f16, u[r]);
+      __asm__ volatile("" ::: "memory");  // broadcasts from L1, see the Q4_0 GEMM
+      for (int j = 0; j < 8; ++j) {
+        const int64_t b = sb * 8 + j;
+        const uint8_t* ab = ag + b * 256;
+        __m256i p[R];
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+        LARDER_UNROLL
+        for (int k2 = 0; k2 < 4; ++k2) {
+          const __m256i xa0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 64 * k2));
+          const __m256i xa1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 64 * k2 + 32));
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            int32_t u0, u1;
+            std::memcpy(&u0, u[r].codes[j] + 8 * k2, 4);
+            std::memcpy(&u1, u[r].codes[j] + 8 * k2 + 4, 4);
+            const __m256i q2 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(u0), xa0),
+                                                _mm256_maddubs_epi16(_mm256_set1_epi32(u1), xa1));
+            const __m256i scv = _mm256_set1_epi16(u[r].sc16[2 * j + k2 / 2]);
+            p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(q2, scv));
+            __asm__("" : "+x"(p[r]));
+          }
+        }
+        const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
+        const __m256 zlo = _mm256_load_ps(zg + b * 16), zhi = _mm256_load_ps(zg + b * 16 + 8);
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const __m256 z = _mm256_fmadd_ps(zlo, _mm256_set1_ps(static_cast<float>(u[r].sc16[2 * j])),
+                                           _mm256_mul_ps(zhi, _mm256_set1_ps(static_cast<float>(u[r].sc16[2 * j + 1]))));
+          const __m256 f = _mm256_fnmadd_ps(z, _mm256_set1_ps(32.0f), _mm256_cvtepi32_ps(p[r]));
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_set1_ps(u[r].d), acc[r]);
+        }
+      }
+    }
+    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[r]);
+      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
+    }
+  }
+};
+
+void matmul_q6_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t nb = w.cols / 32;
+  const KActs k = prepare_kacts(x, n, w.cols, /*sums16=*/true);
+  const QuantizedActs& a = k.a;
+  auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
+  build_act8(a, n, act8);
+  const int64_t groups = a.n_pad / 8;
+  auto* z16 = static_cast<float*>(thread_scratch(static_cast<size_t>(groups * nb * 16) * sizeof(float), 1));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t b = 0; b < nb; ++b)
+      for (int h = 0; h < 2; ++h)
+        for (int t = 0; t < 8; ++t) {
+          const int64_t tok = 8 * g + t;
+          z16[((g * nb + b) * 2 + h) * 8 + t] = tok < n ? static_cast<float>(k.s16[tok * nb * 2 + 2 * b + h]) : 0.0f;
+        }
+  const Q6KGemm kern{w.data, w.row_bytes(), w.rows, w.cols / 256, n, act8, z16, a, y};
+  run_gemm_tiles(kern, w.rows, groups, nb);
+}
+
 }  // namespace
 
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
@@ -349,6 +443,12 @@ void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
     matmul_kquant<false>(w, x, n, y);
   }
 }
-void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_kquant<true>(w, x, n, y); }
+void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= 8) {
+    matmul_q6_k_gemm(w, x, n, y);
+  } else {
+    matmul_kquant<true>(w, x, n, y);
+  }
+}
 
 }  // namespace larder::kernels::cpu::avx2
