@@ -16,7 +16,7 @@ namespace larder::kernels::cpu {
 // (the baseline flags already require AVX2), then the AVX-512 tier when CPUID reports the whole
 // tier (LARDER_ISA=avx2 hides it; LARDER_ISA=ref skips both). Entries it does not implement are
 // left as they are; row lookup (dequant_row) stays on the reference. LARDER_QUANT_ACT=0 keeps the
-// reference for Q8_0/Q4_0 and MLX affine (whose fast kernels quantize activations to int8) — see
+// reference for Q8_0/Q4_0/Q4_K/Q6_K and MLX affine (whose fast kernels quantize activations to int8) — see
 // register.cpp.
 void register_fast_kernels(KernelTable& t);
 

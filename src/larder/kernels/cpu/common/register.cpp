@@ -117,10 +117,10 @@ void register_fast_kernels(KernelTable& t) {
   // LARDER_ISA=ref keeps the scalar reference everywhere (debugging a numerical difference).
   const char* isa = std::getenv("LARDER_ISA");
   if (isa && std::strcmp(isa, "ref") == 0) return;
-  // The Q8_0/Q4_0 kernels quantize activations to int8 (like llama.cpp), so their results differ
+  // The Q8_0/Q4_0/Q4_K/Q6_K kernels quantize activations to int8 (like llama.cpp), so their results differ
   // from the exact-dequantization reference by ~1 % of Σ|w·x| (bound: tests/unit/kernels_fast;
   // model-level: tests/unit/models ArchParity runs both tables). LARDER_QUANT_ACT=0 keeps the
-  // reference for those two formats (debugging a numerical difference).
+  // reference for those formats (debugging a numerical difference).
   const char* qa = std::getenv("LARDER_QUANT_ACT");
   const bool int8_act = !(qa && std::strcmp(qa, "0") == 0);
   for (DType d : kFormats) {
