@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# larder vs llama.cpp, side by side in one run (issue 3, deliverable 4).
+#
+#   bench/llamacpp_compare.sh [--build-only] [--rounds R] [--threads "1 2"] [--models "llama1b"]
+#                             [--cases "gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"] [--larder BIN] [--out DIR]
+#                             [--nice N (default 10; 0 = not niced)] [--wait-load L] [-p 512] [-n 128]
+#
+# 1. Test models: bench/make_models.py (random-weight Llama-shaped checkpoints, cached under
+#    ~/.cache/larder-bench/models; skipped when already there).
+# 2. llama.cpp: the source distribution of the PyPI package llama-cpp-python bundles llama.cpp under
+#    vendor/llama.cpp. `pip download llama-cpp-python --no-binary :all: --no-deps`, unpack, build only
+#    the llama-bench target (Release, GGML_NATIVE=ON = llama.cpp's default, static, no server/examples/
+#    tests/curl/openssl) into ~/.cache/larder-bench/llama.cpp-<version>; reused when present.
+#    LLAMA_CPP_PYTHON_VERSION=0.3.36 pins the version (default: the newest pip finds, then whatever is
+#    cached).
+# 3. bench/llamacpp_compare.py runs `larder bench MODEL -p 512 -n 128 -t T -r 1 --json` and
+#    `llama-bench -m GGUF -p 512 -n 128 -t T -r 1 -o json` alternately (larder, llama.cpp, larder, ...),
+#    for R rounds (default 3), every case x thread count in each round, and prints medians, spread
+#    (min..max over rounds) and larder/llama.cpp ratios; raw JSON lines go to --out.
+#
+# Cases (larder weights vs llama.cpp weights; all the same random bf16 weights):
+#   gguf-Q4_0  the same Q4_0 GGUF file in both          gguf-Q8_0  the same Q8_0 GGUF file in both
+#   mlx-q4g64  larder MLX affine 4-bit g64 vs llama.cpp Q4_0 (both 4.5 bits/weight)
+#   mlx-q8g64  larder MLX affine 8-bit g64 vs llama.cpp Q8_0 (both 8.5 bits/weight)
+#   bf16       larder HF bf16 safetensors vs llama.cpp BF16 GGUF
+# Heavy steps run under `nice -n 10` (shared machine). Check `uptime` first: the host is noisy.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+CACHE="${LARDER_BENCH_CACHE:-$HOME/.cache/larder-bench}"
+PY="${PYTHON:-$REPO/.venv/bin/python}"
+PIP="${PIP:-$REPO/.venv/bin/pip}"
+LARDER="${LARDER:-$REPO/build/bin/larder}"
+ROUNDS=3
+THREADS="1 2"
+MODELS="llama1b"
+CASES="gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"
+OUT=""
+NICE="${NICE:-10}"
+WAIT_LOAD=0
+BUILD_ONLY=0
+EXTRA=()
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-only) BUILD_ONLY=1 ;;
+    --rounds) ROUNDS="$2"; shift ;;
+    --threads) THREADS="$2"; shift ;;
+    --models) MODELS="$2"; shift ;;
+    --cases) CASES="$2"; shift ;;
+    --larder) LARDER="$2"; shift ;;
+    --out) OUT="$2"; shift ;;
+    --nice) NICE="$2"; shift ;;
+    --wait-load) WAIT_LOAD="$2"; shift ;;
+    -p|-n) EXTRA+=("$1" "$2"); shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+log() { echo "[llamacpp_compare $(date -u +%H:%M:%S)] $*" >&2; }
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp from the llama-cpp-python sdist
+mkdir -p "$CACHE/dl"
+SDIST=""
+if [ -n "${LLAMA_CPP_PYTHON_VERSION:-}" ]; then
+  SDIST="$(ls "$CACHE"/dl/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz 2>/dev/null || true)"
+  [ -n "$SDIST" ] || "$PIP" download "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" --no-binary :all: --no-deps -d "$CACHE/dl" >&2
+  SDIST="$CACHE/dl/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+else
+  if ! ls "$CACHE"/dl/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+    log "downloading the llama-cpp-python source distribution"
+    "$PIP" download llama-cpp-python --no-binary :all: --no-deps -d "$CACHE/dl" >&2
+  fi
+  SDIST="$(ls -v "$CACHE"/dl/llama_cpp_python-*.tar.gz | tail -1)"
+fi
+VER="$(basename "$SDIST" .tar.gz)"; VER="${VER#llama_cpp_python-}"
+LCPP="$CACHE/llama.cpp-$VER"
+# the llama.cpp commit the sdist vendors: first "update llama.cpp to ggml-org/llama.cpp@<sha>" in its CHANGELOG
+LCPP_COMMIT="$(tar xzOf "$SDIST" "llama_cpp_python-$VER/CHANGELOG.md" 2>/dev/null \
+  | grep -m1 -o 'llama.cpp@[0-9a-f]*' | cut -d@ -f2 || true)"
+LCPP_COMMIT="${LCPP_COMMIT:-unknown}"
+BENCH_BIN="$LCPP/build/bin/llama-bench"
+if [ ! -x "$BENCH_BIN" ]; then
+  if [ ! -f "$LCPP/src/CMakeLists.txt" ]; then
+    log "unpacking llama.cpp from $SDIST"
+    rm -rf "$LCPP/src" "$LCPP/unpack"; mkdir -p "$LCPP/unpack"
+    tar xzf "$SDIST" -C "$LCPP/unpack" "llama_cpp_python-$VER/vendor/llama.cpp"
+    mv "$LCPP/unpack/llama_cpp_python-$VER/vendor/llama.cpp" "$LCPP/src"
+    rm -rf "$LCPP/unpack"
+  fi
+  log "building llama-bench (llama-cpp-python $VER) in $LCPP/build"
+  nice -n 10 cmake -S "$LCPP/src" -B "$LCPP/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMIT="$LCPP_COMMIT" >"$LCPP/configure.log" 2>&1 \
+    || { tail -30 "$LCPP/configure.log" >&2; exit 1; }
+  nice -n 10 cmake --build "$LCPP/build" -j2 --target llama-bench >"$LCPP/build.log" 2>&1 \
+    || { tail -30 "$LCPP/build.log" >&2; exit 1; }
+fi
+log "llama-bench: $BENCH_BIN (llama-cpp-python $VER, llama.cpp $LCPP_COMMIT)"
+[ "$BUILD_ONLY" = 1 ] && exit 0
+
+# ---------------------------------------------------------------------------------------------
+# models, then the alternating run
+log "models (bench/make_models.py; cached)"
+nice -n 10 "$PY" "$HERE/make_models.py" --models "${MODELS// /,}" >&2
+
+[ -n "$OUT" ] || OUT="$CACHE/runs/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$OUT"
+exec "$PY" "$HERE/llamacpp_compare.py" --larder "$LARDER" --llama-bench "$BENCH_BIN" \
+  --llama-cpp-version "$VER, llama.cpp $LCPP_COMMIT" --rounds "$ROUNDS" --threads "$THREADS" --models "$MODELS" --cases "$CASES" \
+  --out "$OUT" --nice "$NICE" --wait-load "$WAIT_LOAD" ${EXTRA[@]+"${EXTRA[@]}"}
