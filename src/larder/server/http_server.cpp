@@ -86,6 +86,7 @@ struct HttpServer::Impl {
   std::atomic<int> state{kLoading};
   std::atomic<const ServedModel*> sm{nullptr};
   std::atomic<Engine*> engine{nullptr};
+  socket_t listen_fd = INVALID_SOCKET;  // recorded by the socket-options hook, for the backlog
 
   Impl(HttpConfig c, Metrics& m) : cfg(std::move(c)), metrics(m) {}
 
@@ -226,9 +227,10 @@ struct HttpServer::Impl {
     svr.set_payload_max_length(cfg.body_limit);
     // SO_REUSEADDR only (a restart may rebind a port in TIME_WAIT). httplib's default also sets
     // SO_REUSEPORT, which would let a second server bind the same port and split its traffic.
-    svr.set_socket_options([](socket_t sock) {
+    svr.set_socket_options([this](socket_t sock) {
       int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof(yes));
+      listen_fd = sock;
     });
     svr.set_read_timeout(60, 0);
     svr.set_write_timeout(60, 0);
@@ -443,13 +445,15 @@ Status HttpServer::bind() {
     const int p = impl_->svr.bind_to_any_port(cfg_.host);
     if (p <= 0) return io_error(strfmt("[serve] cannot bind %s (any port)", cfg_.host.c_str()));
     cfg_.port = p;
-    return Status::ok();
-  }
-  if (!impl_->svr.bind_to_port(cfg_.host, cfg_.port)) {
+  } else if (!impl_->svr.bind_to_port(cfg_.host, cfg_.port)) {
     return io_error(strfmt("[serve] cannot listen on %s:%d (port in use, or the address is not local); pick another "
                            "with --port",
                            cfg_.host.c_str(), cfg_.port));
   }
+  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): 16 clients
+  // connecting at once while the accept thread is starved overflowed it and got connection
+  // resets. Listening again on a listening socket only resizes its backlog (Linux).
+  if (impl_->listen_fd != INVALID_SOCKET) ::listen(impl_->listen_fd, SOMAXCONN);
   return Status::ok();
 }
 
