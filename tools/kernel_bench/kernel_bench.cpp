@@ -25,6 +25,7 @@
 
 #include "larder/core/cpuid.h"
 #include "larder/core/dtype.h"
+#include "larder/core/roofline.h"
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/dispatch.h"
@@ -65,39 +66,6 @@ void* big_alloc(size_t bytes) {
   void* p = std::aligned_alloc(2 << 20, (bytes + (2 << 20) - 1) / (2 << 20) * (2 << 20));
   madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming, like a THP-backed mmap
   return p;
-}
-
-// Streaming read: each thread sums its contiguous slice with 4 independent 256-bit accumulators
-// (one stream per thread, performance.md §2.1 "1 stream/thread").
-double read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes, int reps, double* cpu_gbs = nullptr) {
-  std::vector<double> gbs, cgbs;
-  volatile double sink = 0;
-  for (int rep = 0; rep < reps + 1; ++rep) {
-    const int nt = pool.n_threads();
-    std::vector<double> partial(nt * 8, 0.0);
-    const double c0 = thread_cpu_seconds();
-    auto t0 = Clock::now();
-    pool.parallel_for(nt, [&](int64_t c, int t) {
-      const size_t slice = bytes / nt / 128 * 128;
-      const uint8_t* p = buf + c * slice;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (size_t i = 0; i < slice; i += 128) {
-        a0 = _mm256_add_ps(a0, _mm256_load_ps(reinterpret_cast<const float*>(p + i)));
-        a1 = _mm256_add_ps(a1, _mm256_load_ps(reinterpret_cast<const float*>(p + i + 32)));
-        a2 = _mm256_add_ps(a2, _mm256_load_ps(reinterpret_cast<const float*>(p + i + 64)));
-        a3 = _mm256_add_ps(a3, _mm256_load_ps(reinterpret_cast<const float*>(p + i + 96)));
-      }
-      __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-      partial[c * 8] = _mm256_cvtss_f32(s);
-    });
-    const double dt = seconds_since(t0);
-    const double dc = thread_cpu_seconds() - c0;
-    for (double v : partial) sink = sink + v;
-    if (rep > 0) gbs.push_back(static_cast<double>(bytes / nt / 128 * 128 * nt) / dt / 1e9);
-    if (rep > 0) cgbs.push_back(static_cast<double>(bytes / nt / 128 * 128 * nt) / dc / 1e9);
-  }
-  if (cpu_gbs) *cpu_gbs = stats(cgbs).median;
-  return stats(gbs).median;
 }
 
 void fill_weights(uint8_t* p, DType dt, int64_t rows, int64_t cols) {
@@ -288,7 +256,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < threads.size(); ++i) {
     pool.set_threads(threads[i]);
     double cpu_gbs = 0;
-    bw_before[i] = skip_bw ? 1 : read_bandwidth(pool, bw_buf, bw_bytes, 5, &cpu_gbs);
+    bw_before[i] = skip_bw ? 1 : measure_read_bandwidth(pool, bw_buf, bw_bytes, 5, &cpu_gbs);
     if (threads[i] == 1 && !skip_bw) bw_cpu1 = cpu_gbs;
     std::printf("read bandwidth, %d thread(s): %.1f GB/s wall%s (median of 5 x 1 GiB)\n", threads[i], bw_before[i],
                 threads[i] == 1 ? (", " + std::to_string(cpu_gbs).substr(0, 5) + " GB/s per CPU-second").c_str() : "");
@@ -410,7 +378,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < threads.size(); ++i) {
     pool.set_threads(threads[i]);
     if (skip_bw) break;
-    bw_after[i] = read_bandwidth(pool, bw_buf, bw_bytes, 5);
+    bw_after[i] = measure_read_bandwidth(pool, bw_buf, bw_bytes, 5);
     std::printf("read bandwidth after, %d thread(s): %.1f GB/s (before %.1f)\n", threads[i], bw_after[i], bw_before[i]);
   }
   // Pool overhead: an empty job on all threads.

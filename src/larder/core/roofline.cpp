@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,20 +26,21 @@ double median(std::vector<double> v) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 }  // namespace
 
-double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
-  const size_t huge = size_t{2} << 20;
-  const size_t alloc = (bytes + huge - 1) / huge * huge;
-  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(huge, alloc));
-  if (!buf) return 0;
-  madvise(buf, alloc, MADV_HUGEPAGE);  // like a THP-backed weight mapping: fewer TLB misses
-  std::memset(buf, 1, alloc);
+double measure_read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes, int reps, double* cpu_gbs) {
   const int nt = pool.n_threads();
   const size_t slice = bytes / static_cast<size_t>(nt) / 128 * 128;
-  std::vector<double> gbs;
+  std::vector<double> gbs, cgbs;
   std::vector<float> partial(static_cast<size_t>(nt) * 16);
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    const double c0 = thread_cpu_seconds();
     const auto t0 = Clock::now();
     pool.parallel_for(nt, [&](int64_t c, int) {
       const uint8_t* p = buf + static_cast<size_t>(c) * slice;
@@ -51,13 +53,29 @@ double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
       }
       partial[static_cast<size_t>(c) * 16] = _mm256_cvtss_f32(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     });
-    const double dt = seconds_since(t0);
-    if (rep > 0) gbs.push_back(static_cast<double>(slice * static_cast<size_t>(nt)) / dt / 1e9);
+    const double dt = seconds_since(t0), dc = thread_cpu_seconds() - c0;
+    const double moved = static_cast<double>(slice * static_cast<size_t>(nt));
+    if (rep > 0) {
+      gbs.push_back(moved / dt / 1e9);
+      cgbs.push_back(moved / dc / 1e9);
+    }
   }
   volatile float sink = partial[0];
   (void)sink;
-  std::free(buf);
+  if (cpu_gbs) *cpu_gbs = median(cgbs);
   return median(gbs);
+}
+
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+  const size_t huge = size_t{2} << 20;
+  const size_t alloc = (bytes + huge - 1) / huge * huge;
+  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(huge, alloc));
+  if (!buf) return 0;
+  madvise(buf, alloc, MADV_HUGEPAGE);  // like a THP-backed weight mapping: fewer TLB misses
+  std::memset(buf, 1, alloc);
+  const double r = measure_read_bandwidth(pool, buf, bytes, reps);
+  std::free(buf);
+  return r;
 }
 
 double measure_f32_fma_peak(ThreadPool& pool) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace larder {
 
@@ -19,6 +20,10 @@ struct Roofline {
 
 // Streaming read of a `bytes` buffer (one contiguous stream per thread), median of `reps`.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, int reps = 5);
+// The same over a caller's buffer (reused across measurements). cpu_gbs, if given, receives the
+// bandwidth per second of the calling thread's CPU time (robust to being descheduled on a
+// shared host).
+double measure_read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes, int reps, double* cpu_gbs = nullptr);
 double measure_f32_fma_peak(ThreadPool& pool);
 double measure_int8_peak(ThreadPool& pool);
 Roofline measure_roofline(ThreadPool& pool);
