@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   verbs["cache"] = larder::cli::add_cache(app);
   verbs["serve"] = larder::cli::add_serve(app);
   verbs["bench"] = larder::cli::add_bench(app);
+  verbs["quantize"] = larder::cli::add_quantize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

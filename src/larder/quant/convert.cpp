@@ -1,0 +1,425 @@
+// convert.cpp — see convert.h.
+#include "larder/quant/convert.h"
+
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "larder/formats/model_files.h"
+#include "larder/formats/safetensors.h"
+#include "larder/quant/affine.h"
+#include "larder/quant/allocator.h"
+
+namespace larder::quant {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+bool keep_matches(const std::vector<std::string>& keep, const std::string& module) {
+  for (const std::string& k : keep) {
+    if (k.empty()) continue;
+    if (module == k) return true;
+    if (module.size() > k.size() && module.compare(module.size() - k.size(), k.size(), k) == 0 &&
+        module[module.size() - k.size() - 1] == '.')
+      return true;
+    if (k.find_first_of("*?[") != std::string::npos && ::fnmatch(k.c_str(), module.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+namespace {
+
+const char* st_dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kI8: return "I8";
+    case DType::kU8: return "U8";
+    case DType::kI16: return "I16";
+    case DType::kI32: return "I32";
+    case DType::kU32: return "U32";
+    case DType::kI64: return "I64";
+    case DType::kF64: return "F64";
+    case DType::kBool: return "BOOL";
+    default: return nullptr;
+  }
+}
+
+bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// One output tensor: either a source tensor copied verbatim, or one part of a quantized module.
+struct OutTensor {
+  std::string name;
+  DType dtype = DType::kUnknown;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  const formats::TensorInfo* src = nullptr;  // pass-through, or the module's full-precision weight
+  int part = -1;                             // -1 pass-through; 0 weight, 1 scales, 2 biases
+  int bits = 0;
+  std::string module;
+};
+
+struct QuantCache {
+  std::string module;
+  std::vector<uint32_t> packed;
+  std::vector<uint8_t> scales, biases;
+};
+
+Status quantize_module(const OutTensor& t, int group, int threads, QuantCache* c) {
+  const formats::TensorInfo& w = *t.src;
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  const size_t esz = w.dtype == DType::kF32 ? 4 : 2;
+  c->module = t.module;
+  c->packed.assign(static_cast<size_t>(rows * affine_words_per_row(cols, t.bits)), 0u);
+  c->scales.assign(static_cast<size_t>(rows * (cols / group)) * esz, 0);
+  c->biases.assign(c->scales.size(), 0);
+  int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  nt = static_cast<int>(std::min<int64_t>(nt, std::max<int64_t>(1, rows / 16)));
+  std::vector<Status> sts(static_cast<size_t>(nt));
+  auto work = [&](int i) {
+    const int64_t r0 = rows * i / nt, r1 = rows * (i + 1) / nt;
+    if (r1 <= r0) return;
+    const int64_t gpr = cols / group;
+    sts[static_cast<size_t>(i)] = quantize_affine(
+        w.data + static_cast<size_t>(r0 * cols) * esz, w.dtype, r1 - r0, cols, t.bits, group,
+        c->packed.data() + r0 * affine_words_per_row(cols, t.bits), c->scales.data() + static_cast<size_t>(r0 * gpr) * esz,
+        c->biases.data() + static_cast<size_t>(r0 * gpr) * esz);
+  };
+  std::vector<std::thread> th;
+  for (int i = 1; i < nt; ++i) th.emplace_back(work, i);
+  work(0);
+  for (auto& x : th) x.join();
+  for (const Status& s : sts)
+    if (!s) return s;
+  return Status::ok();
+}
+
+Status write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, std::min<size_t>(n, 1u << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return io_error(strfmt("[quantize] writing %s: %s", path.c_str(), std::strerror(errno)));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::ok();
+}
+
+Status write_text(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error(strfmt("[quantize] cannot create %s: %s", path.c_str(), std::strerror(errno)));
+  Status st = write_all(fd, text.data(), text.size(), path);
+  if (st && ::fsync(fd) != 0) st = io_error(strfmt("[quantize] fsync %s: %s", path.c_str(), std::strerror(errno)));
+  ::close(fd);
+  return st;
+}
+
+// Writes one shard: header then each tensor's bytes, quantizing modules on the way.
+Status write_shard(const std::string& path, const std::vector<const OutTensor*>& ts, int group, int threads,
+                   QuantCache* cache, const ConvertOptions& opts, size_t* modules_done, size_t modules_total) {
+  ordered_json header = ordered_json::object();
+  header["__metadata__"] = {{"format", "mlx"}};
+  uint64_t off = 0;
+  for (const OutTensor* t : ts) {
+    header[t->name] = {{"dtype", st_dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {off, off + t->nbytes}}};
+    off += t->nbytes;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h.push_back(' ');
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error(strfmt("[quantize] cannot create %s: %s", path.c_str(), std::strerror(errno)));
+  auto fail = [&](Status s) {
+    ::close(fd);
+    return s;
+  };
+  uint64_t hlen = h.size();
+  if (Status s = write_all(fd, &hlen, 8, path); !s) return fail(s);
+  if (Status s = write_all(fd, h.data(), h.size(), path); !s) return fail(s);
+  for (const OutTensor* t : ts) {
+    if (t->part < 0) {
+      if (Status s = write_all(fd, t->src->data, t->nbytes, path); !s) return fail(s);
+      continue;
+    }
+    if (cache->module != t->module) {
+      ++*modules_done;
+      if (opts.progress) opts.progress(*modules_done, modules_total, t->module);
+      if (Status s = quantize_module(*t, group, threads, cache); !s)
+        return fail(Status(s.code(), s.message() + " (module " + t->module + ")"));
+    }
+    const void* p = t->part == 0 ? static_cast<const void*>(cache->packed.data())
+                  : t->part == 1 ? static_cast<const void*>(cache->scales.data())
+                                 : static_cast<const void*>(cache->biases.data());
+    if (Status s = write_all(fd, p, t->nbytes, path); !s) return fail(s);
+  }
+  if (::fsync(fd) != 0) return fail(io_error(strfmt("[quantize] fsync %s: %s", path.c_str(), std::strerror(errno))));
+  ::close(fd);
+  return Status::ok();
+}
+
+// Relative quantization error of one module at `bits` (sensitivity proxy), rows split over threads.
+double weight_error(const formats::TensorInfo& w, int bits, int group, int threads) {
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  const size_t esz = w.dtype == DType::kF32 ? 4 : 2;
+  int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  nt = static_cast<int>(std::min<int64_t>(nt, std::max<int64_t>(1, rows / 16)));
+  std::vector<double> num(static_cast<size_t>(nt), 0.0), den(static_cast<size_t>(nt), 0.0);
+  auto work = [&](int t) {
+    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    const int64_t chunk = 64;
+    std::vector<uint32_t> q(static_cast<size_t>(chunk * affine_words_per_row(cols, bits)));
+    std::vector<uint8_t> s(static_cast<size_t>(chunk * (cols / group)) * esz), b(s.size());
+    std::vector<float> d(static_cast<size_t>(chunk * cols));
+    for (int64_t r = r0; r < r1; r += chunk) {
+      const int64_t n = std::min(chunk, r1 - r);
+      const uint8_t* src = w.data + static_cast<size_t>(r * cols) * esz;
+      if (!quantize_affine(src, w.dtype, n, cols, bits, group, q.data(), s.data(), b.data())) return;
+      if (!dequantize_affine(q.data(), s.data(), b.data(), w.dtype, n, cols, bits, group, d.data())) return;
+      for (int64_t i = 0; i < n * cols; ++i) {
+        const double x = load_float(src, w.dtype, i), e = x - d[static_cast<size_t>(i)];
+        num[static_cast<size_t>(t)] += e * e;
+        den[static_cast<size_t>(t)] += x * x;
+      }
+    }
+  };
+  std::vector<std::thread> th;
+  for (int i = 1; i < nt; ++i) th.emplace_back(work, i);
+  work(0);
+  for (auto& x : th) x.join();
+  double nn = 0, dd = 0;
+  for (int i = 0; i < nt; ++i) nn += num[static_cast<size_t>(i)], dd += den[static_cast<size_t>(i)];
+  return dd > 0 ? nn / dd : 0.0;
+}
+
+bool is_aux_file(const std::string& name) {
+  static const char* kNames[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model",
+                                 "chat_template.jinja", "chat_template.json", "generation_config.json",
+                                 "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                                 "kv_config.json", "README.md"};
+  for (const char* n : kNames)
+    if (name == n) return true;
+  return name.size() > 6 && name.compare(name.size() - 6, 6, ".model") == 0;
+}
+
+Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, const ConvertOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ConvertReport rep;
+  auto cfg_r = formats::read_json_file(src_dir + "/config.json");
+  if (!cfg_r) return cfg_r.status();
+  ordered_json cfg = std::move(cfg_r).value();
+  if (cfg.contains("quantization") || cfg.contains("quantization_config"))
+    return unsupported("[quantize] " + src_dir +
+                       "/config.json already has a quantization block; re-quantizing a quantized checkpoint is not supported yet");
+  const std::string mt = cfg.value("model_type", std::string());
+  if (mt != "llama" && mt != "mistral" && mt != "qwen2" && mt != "qwen3")
+    return unsupported("[quantize] model_type '" + mt + "' is not supported (llama, mistral, qwen2, qwen3)");
+  const bool tied = cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"].is_boolean() &&
+                    cfg["tie_word_embeddings"].get<bool>();
+  auto ts_r = formats::open_safetensors_dir(src_dir);
+  if (!ts_r) return ts_r.status();
+  const formats::TensorSet& ts = ts_r.value();
+
+  // Mixed precision: proxy sensitivities for the per-block linears, then the allocator.
+  std::map<std::string, int> module_bits = opts.module_bits;
+  ordered_json sens_report;
+  if (opts.target_bpw > 0) {
+    std::vector<ModuleSensitivity> table;
+    for (const formats::TensorInfo& t : ts.tensors()) {
+      const std::string& n = t.name;
+      if (t.rank() != 2 || !is_float(t.dtype) || n.size() <= 7 || n.compare(n.size() - 7, 7, ".weight") != 0) continue;
+      const std::string module = n.substr(0, n.size() - 7);
+      if (t.dim(1) % opts.group_size != 0 || keep_matches(opts.keep, module) || block_index(module) < 0) continue;
+      table.push_back({module, {}, static_cast<uint64_t>(t.numel())});
+    }
+    ordered_json layers = ordered_json::array();
+    for (size_t i = 0; i < table.size(); ++i) {
+      if (opts.progress) opts.progress(i + 1, table.size(), "sensitivity proxy: " + table[i].name);
+      const formats::TensorInfo* w = ts.find(table[i].name + ".weight");
+      ordered_json kl = ordered_json::object();
+      for (int b : opts.candidate_bits) {
+        if (Status st = check_affine_params(b, opts.group_size, w->dim(1)); !st) return st;
+        table[i].kl[b] = weight_error(*w, b, opts.group_size, opts.threads);
+        kl[std::to_string(b)] = table[i].kl[b];
+      }
+      layers.push_back({{"name", table[i].name}, {"params", table[i].params}, {"kl", kl}});
+    }
+    AllocatorOptions ao;
+    ao.target_bpw = opts.target_bpw;
+    ao.group_size = opts.group_size;
+    ao.candidates = opts.candidate_bits;
+    auto plan = allocate_bits(table, ao);
+    if (!plan) return plan.status();
+    for (const ModuleBits& m : plan.value().modules) module_bits[m.name] = m.bits;
+    rep.allocated_bpw = plan.value().achieved_bpw;
+    sens_report = {{"format", "larder-sensitivity-1"}, {"reference", "weight-error-proxy"},
+                   {"metric", "||W - deq(quant_b(W))||^2 / ||W||^2 (not calibration KL)"},
+                   {"group_size", opts.group_size}, {"target_bpw", opts.target_bpw},
+                   {"achieved_bpw", plan.value().achieved_bpw}, {"layers", layers}};
+  }
+
+  // Plan every output tensor.
+  std::vector<OutTensor> outs;
+  ordered_json block = ordered_json::object();
+  block["group_size"] = opts.group_size;
+  block["bits"] = opts.bits;
+  block["mode"] = "affine";
+  std::map<std::string, ordered_json> entries;
+  size_t n_modules = 0;
+  uint64_t bit_params = 0;
+  for (const formats::TensorInfo& t : ts.tensors()) {
+    const std::string& n = t.name;
+    if (n.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    if (tied && n == "lm_head.weight") continue;
+    const char* dn = st_dtype_name(t.dtype);
+    if (!dn) return unsupported(strfmt("[quantize] tensor '%s' has dtype %s, which cannot be written", n.c_str(), dtype_name(t.dtype)));
+    rep.total_params += static_cast<uint64_t>(t.numel());
+    const bool weight2d = t.rank() == 2 && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0;
+    if (!weight2d || !is_float(t.dtype)) {
+      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}});
+      ++rep.n_passthrough;
+      continue;
+    }
+    const std::string module = n.substr(0, n.size() - 7);
+    const int64_t rows = t.dim(0), cols = t.dim(1);
+    if (cols % opts.group_size != 0) {  // as mlx-lm: unquantized, no config entry
+      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}});
+      ++rep.n_passthrough;
+      continue;
+    }
+    if (keep_matches(opts.keep, module)) {
+      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}});
+      entries[module] = false;
+      ++rep.n_kept;
+      continue;
+    }
+    int bits = opts.bits;
+    if (auto it = module_bits.find(module); it != module_bits.end()) bits = it->second;
+    if (Status st = check_affine_params(bits, opts.group_size, cols); !st)
+      return Status(st.code(), st.message() + " (module " + module + ")");
+    const uint64_t esz = t.dtype == DType::kF32 ? 4 : 2;
+    const int64_t words = affine_words_per_row(cols, bits), groups = cols / opts.group_size;
+    outs.push_back({module + ".weight", DType::kU32, {rows, words}, static_cast<uint64_t>(rows * words) * 4, &t, 0, bits, module});
+    outs.push_back({module + ".scales", t.dtype, {rows, groups}, static_cast<uint64_t>(rows * groups) * esz, &t, 1, bits, module});
+    outs.push_back({module + ".biases", t.dtype, {rows, groups}, static_cast<uint64_t>(rows * groups) * esz, &t, 2, bits, module});
+    entries[module] = {{"bits", bits}, {"group_size", opts.group_size}};
+    ++rep.n_quantized;
+    ++n_modules;
+    rep.quantized_params += static_cast<uint64_t>(rows * cols);
+    bit_params += static_cast<uint64_t>(bits) * static_cast<uint64_t>(rows * cols);
+  }
+  if (rep.n_quantized == 0) return invalid_argument("[quantize] no module of " + src_dir + " can be quantized at group size " + std::to_string(opts.group_size));
+  // Top-level bits in mixed mode: the smallest allocated width (design §3.1).
+  int min_bits = 99;
+  for (const auto& [m, e] : entries)
+    if (e.is_object()) min_bits = std::min(min_bits, e["bits"].get<int>());
+  block["bits"] = min_bits;
+  for (auto& [m, e] : entries) block[m] = e;
+  std::sort(outs.begin(), outs.end(), [](const OutTensor& a, const OutTensor& b) { return a.name < b.name; });
+
+  // Greedy shards in name order.
+  std::vector<std::vector<const OutTensor*>> shards(1);
+  uint64_t cur = 0;
+  for (const OutTensor& o : outs) {
+    if (!shards.back().empty() && cur + o.nbytes > opts.max_shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(&o);
+    cur += o.nbytes;
+    rep.out_bytes += o.nbytes;
+  }
+  rep.n_shards = shards.size();
+  QuantCache cache;
+  size_t done = 0;
+  ordered_json weight_map = ordered_json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string fname = shards.size() == 1 ? std::string("model.safetensors")
+                                                 : strfmt("model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    if (Status st = write_shard(tmp + "/" + fname, shards[i], opts.group_size, opts.threads, &cache, opts, &done, n_modules); !st)
+      return st;
+    for (const OutTensor* o : shards[i]) weight_map[o->name] = fname;
+  }
+  if (shards.size() > 1) {
+    ordered_json idx;
+    idx["metadata"] = {{"total_size", rep.out_bytes}, {"total_parameters", rep.total_params}};
+    idx["weight_map"] = weight_map;
+    if (Status st = write_text(tmp + "/model.safetensors.index.json", idx.dump(4) + "\n"); !st) return st;
+  }
+
+  // config.json: source config + both quantization blocks, top-level keys sorted, indent 4.
+  cfg["quantization"] = block;
+  cfg["quantization_config"] = block;
+  std::vector<std::string> keys;
+  for (auto it = cfg.begin(); it != cfg.end(); ++it) keys.push_back(it.key());
+  std::sort(keys.begin(), keys.end());
+  ordered_json sorted = ordered_json::object();
+  for (const std::string& k : keys) sorted[k] = cfg[k];
+  if (Status st = write_text(tmp + "/config.json", sorted.dump(4) + "\n"); !st) return st;
+
+  if (!sens_report.is_null())
+    if (Status st = write_text(tmp + "/sensitivity.json", sens_report.dump(2) + "\n"); !st) return st;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(src_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || !is_aux_file(name)) continue;
+    fs::copy_file(e.path(), fs::path(tmp) / name, ec);
+    if (ec) return io_error("[quantize] copying " + e.path().string() + ": " + ec.message());
+  }
+  rep.nominal_bpw = static_cast<double>(bit_params) / static_cast<double>(rep.quantized_params);
+  rep.stored_bpw = rep.nominal_bpw + 32.0 / opts.group_size;
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rep;
+}
+
+}  // namespace
+
+Result<ConvertReport> quantize_checkpoint(const std::string& src_dir, const std::string& dst_dir,
+                                          const ConvertOptions& opts) {
+  if (Status st = check_affine_params(opts.bits, opts.group_size, opts.group_size); !st) return st;
+  struct stat sb;
+  if (::stat(src_dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return not_found("[quantize] source " + src_dir + " is not a directory");
+  if (::lstat(dst_dir.c_str(), &sb) == 0)
+    return invalid_argument("[quantize] output " + dst_dir + " already exists; refusing to overwrite it");
+  std::string dst = dst_dir;
+  while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
+  std::string tmpl = dst + ".partial-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr)
+    return io_error("[quantize] cannot create a temporary directory next to " + dst + ": " + std::strerror(errno));
+  const std::string tmp(buf.data());
+  ::chmod(tmp.c_str(), 0755);
+  auto r = run(src_dir, tmp, opts);
+  std::error_code ec;
+  if (!r) {
+    fs::remove_all(tmp, ec);
+    return r.status();
+  }
+  if (::lstat(dst.c_str(), &sb) == 0) {
+    fs::remove_all(tmp, ec);
+    return invalid_argument("[quantize] output " + dst + " appeared while quantizing; refusing to overwrite it");
+  }
+  if (::rename(tmp.c_str(), dst.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
+    fs::remove_all(tmp, ec);
+    return io_error("[quantize] cannot rename " + tmp + " to " + dst + ": " + err);
+  }
+  return r;
+}
+
+}  // namespace larder::quant

@@ -1,0 +1,70 @@
+// convert.h — `larder quantize`: an HF checkpoint directory (bf16/f16/f32 safetensors, single
+// or sharded) -> an MLX affine checkpoint that mlx-lm and larder load unchanged.
+//
+// What is quantized (as mlx-lm does for the Llama family): every 2-D `<module>.weight` — the
+// q/k/v/o/gate/up/down projections, lm_head and embed_tokens — whose last dimension is a multiple
+// of the group size. Norms, additive biases and other tensors pass through byte for byte (source
+// dtype). Modules matching --keep stay in the source dtype and get `false` in the config; modules
+// with a non-divisible last dim stay unquantized without a config entry. Like mlx-lm's sanitize,
+// `*.rotary_emb.inv_freq` is dropped and so is `lm_head.weight` when tie_word_embeddings is true.
+//
+// Output: model.safetensors (or model-0000i-of-0000N.safetensors + model.safetensors.index.json),
+// tensors in sorted name order, metadata {"format": "mlx"}; config.json = the source config with
+// `quantization` and `quantization_config` = {group_size, bits, mode: "affine", <module>: {bits,
+// group_size} for every quantized module, <module>: false for kept ones}, top-level keys sorted,
+// indent 4; tokenizer / template / generation files copied. Everything is written into a fresh
+// `<dst>.partial-XXXXXX` directory next to DST and renamed onto DST at the end; a failed run
+// removes it. DST must not exist.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "larder/core/status.h"
+
+namespace larder::quant {
+
+struct ConvertOptions {
+  int bits = 4;
+  int group_size = 64;
+  std::vector<std::string> keep;           // module paths (exact, dotted suffix, or fnmatch glob)
+  std::map<std::string, int> module_bits;  // per-module width overrides (mixed precision)
+  uint64_t max_shard_bytes = 5ull << 30;   // greedy shards; one tensor never spans two
+  int threads = 0;                         // 0: hardware concurrency
+  // Mixed precision (target_bpw > 0): the per-block linears get widths from allocate_bits()
+  // (allocator.h) over `candidate_bits`, driven by a cheap sensitivity PROXY — the relative
+  // weight quantization error ||W - deq(quant_b(W))||^2 / ||W||^2 of each module at each width —
+  // not the calibration KL of design §4. embed_tokens / lm_head keep `bits`. The proxy table is
+  // written to DST/sensitivity.json (reference "weight-error-proxy").
+  double target_bpw = 0;
+  std::vector<int> candidate_bits = {2, 3, 4, 6, 8};
+  // Progress: (modules done, modules total, current module) — called before each module.
+  std::function<void(size_t, size_t, const std::string&)> progress;
+};
+
+struct ConvertReport {
+  size_t n_quantized = 0, n_kept = 0, n_passthrough = 0, n_shards = 0;
+  uint64_t quantized_params = 0, total_params = 0, out_bytes = 0;
+  double nominal_bpw = 0;  // sum bits*params / sum params over quantized modules
+  double stored_bpw = 0;   // nominal + 32 / group_size (16-bit scale + bias per group), quantized modules
+  double seconds = 0;
+  double allocated_bpw = 0;  // mixed precision: the allocator's nominal bpw over the probed modules
+};
+
+// Module path -> whether its weight would be quantized (2-D float `.weight`, divisible last dim),
+// and its [rows, cols]. Listed in sorted order. Used by the allocator's sensitivity proxy.
+struct ModuleInfo {
+  std::string path;
+  int64_t rows = 0, cols = 0;
+};
+
+Result<ConvertReport> quantize_checkpoint(const std::string& src_dir, const std::string& dst_dir,
+                                          const ConvertOptions& opts);
+
+// Does `module` match a --keep entry?
+bool keep_matches(const std::vector<std::string>& keep, const std::string& module);
+
+}  // namespace larder::quant

@@ -1,0 +1,73 @@
+// larder quantize SRC DST: MLX affine checkpoint from an HF directory (see quant/convert.h).
+#include <cstdio>
+#include <sstream>
+
+#include "larder/quant/convert.h"
+#include "verbs.h"
+
+namespace larder::cli {
+
+VerbMain add_quantize(CLI::App& app) {
+  struct Opts {
+    std::string src, dst, keep, candidates = "2,3,4,6,8";
+    double target_bpw = 0;
+    int bits = 4, group = 64, threads = 0;
+    double max_shard_mb = 5 * 1024.0;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand("quantize", "write an MLX affine-quantized checkpoint (mlx-lm compatible)");
+  cmd->add_option("src", o->src, "source Hugging Face directory (bf16/f16/f32 safetensors)")->required();
+  cmd->add_option("dst", o->dst, "output directory (must not exist)")->required();
+  cmd->add_option("--bits", o->bits, "bits per weight: 2, 3, 4, 5, 6 or 8")->capture_default_str();
+  cmd->add_option("--group-size", o->group, "group size: 32, 64 or 128")->capture_default_str();
+  cmd->add_option("--keep", o->keep, "comma-separated modules left unquantized (path, dotted suffix e.g. lm_head, or glob)");
+  cmd->add_option("--target-bpw", o->target_bpw,
+                  "mixed precision: nominal bits per weight over the block linears (sensitivity proxy: weight "
+                  "quantization error; embed_tokens / lm_head keep --bits)");
+  cmd->add_option("--candidate-bits", o->candidates, "widths the allocator may choose (with --target-bpw)")
+      ->capture_default_str();
+  cmd->add_option("--max-shard-mb", o->max_shard_mb, "largest shard in MiB")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)");
+  return [o]() {
+    quant::ConvertOptions opts;
+    opts.bits = o->bits;
+    opts.group_size = o->group;
+    opts.threads = o->threads;
+    opts.max_shard_bytes = static_cast<uint64_t>(o->max_shard_mb * 1048576.0);
+    opts.target_bpw = o->target_bpw;
+    if (o->target_bpw > 0) {
+      opts.candidate_bits.clear();
+      std::stringstream cs(o->candidates);
+      for (std::string k; std::getline(cs, k, ',');) {
+        try {
+          if (!k.empty()) opts.candidate_bits.push_back(std::stoi(k));
+        } catch (const std::exception&) {
+          return report(invalid_argument("[quantize] --candidate-bits: '" + k + "' is not a number"));
+        }
+      }
+    }
+    std::stringstream ss(o->keep);
+    for (std::string k; std::getline(ss, k, ',');)
+      if (!k.empty()) opts.keep.push_back(k);
+    opts.progress = [](size_t i, size_t n, const std::string& m) {
+      std::fprintf(stderr, "\r[%zu/%zu] %3.0f%% %-60s", i, n, 100.0 * static_cast<double>(i) / static_cast<double>(n), m.c_str());
+      if (i == n) std::fputc('\n', stderr);
+      std::fflush(stderr);
+    };
+    auto r = quant::quantize_checkpoint(o->src, o->dst, opts);
+    if (!r) return report(r.status());
+    const auto& rep = r.value();
+    std::fprintf(stderr,
+                 "quantized %zu modules (%zu kept, %zu tensors passed through) into %zu shard(s), %.2f MiB, %.1f s\n"
+                 "bits per weight over quantized modules: nominal %.3f, stored %.3f (group %d)\n",
+                 rep.n_quantized, rep.n_kept, rep.n_passthrough, rep.n_shards, rep.out_bytes / 1048576.0, rep.seconds,
+                 rep.nominal_bpw, rep.stored_bpw, o->group);
+    if (o->target_bpw > 0)
+      std::fprintf(stderr, "mixed precision: target %.3f, allocated %.3f nominal over the block linears (proxy: "
+                           "weight quantization error; table in %s/sensitivity.json)\n",
+                   o->target_bpw, rep.allocated_bpw, o->dst.c_str());
+    return 0;
+  };
+}
+
+}  // namespace larder::cli
