@@ -81,6 +81,79 @@ inline void axpy(float* acc, float w, const float* v, int d) {
   for (; i < d; ++i) acc[i] += w * v[i];
 }
 
+// Block weights: sc[lo, hi) holds raw scores on entry and exp(score − m_new) on return; returns
+// their sum and updates the running max `m` (c = exp(m_old − m_new) rescales what came before).
+inline float block_softmax(float* sc, int lo, int hi, float bmax, float& m, float* c_out) {
+  const float m_new = std::max(m, bmax);
+  *c_out = m == -INFINITY ? 0.0f : std::exp(m - m_new);
+  m = m_new;
+  const __m256 vm = _mm256_set1_ps(m_new);
+  int j = lo;
+  __m256 lsum = _mm256_setzero_ps();
+  for (; j + 8 <= hi; j += 8) {
+    const __m256 w = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
+    _mm256_storeu_ps(sc + j, w);
+    lsum = _mm256_add_ps(lsum, w);
+  }
+  float ls = simd::hsum(lsum);
+  for (; j < hi; ++j) {
+    sc[j] = std::exp(sc[j] - m_new);
+    ls += sc[j];
+  }
+  return ls;
+}
+
+// One (query row, head) against keys [lo, hi) of a block, for the common head sizes: q and the
+// output accumulator live in registers for the whole block (HD/8 ymm each), so a key costs HD/8
+// FMAs for its score and HD/8 for its value, with no accumulator round trip through memory — the
+// generic version below stores and reloads acc per key, a store-forwarding chain that capped it
+// at ~180 cycles per key and head.
+template <int HD>
+void head_block(const float* qh, const float* const* kk, const float* const* vv, int lo, int hi, float scale, float* sc,
+                float& m, float& l, float* acc_mem) {
+  constexpr int V = HD / 8;
+  __m256 qv[V];
+  LARDER_UNROLL for (int i = 0; i < V; ++i) qv[i] = _mm256_loadu_ps(qh + 8 * i);
+  float bmax = -INFINITY;
+  for (int j = lo; j < hi; ++j) {
+    const float* k = kk[j];
+    __m256 s0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k)), s1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k + 8));
+    LARDER_UNROLL for (int i = 2; i < V; i += 2) {
+      s0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k + 8 * i), s0);
+      s1 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k + 8 * i + 8), s1);
+    }
+    sc[j] = simd::hsum(_mm256_add_ps(s0, s1)) * scale;
+    bmax = std::max(bmax, sc[j]);
+  }
+  float c;
+  const float ls = block_softmax(sc, lo, hi, bmax, m, &c);
+  l = l * c + ls;
+  __m256 a[V];
+  const __m256 vc = _mm256_set1_ps(c);
+  LARDER_UNROLL for (int i = 0; i < V; ++i) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc_mem + 8 * i), vc);
+  for (int j = lo; j < hi; ++j) {
+    const __m256 w = _mm256_set1_ps(sc[j]);
+    const float* v = vv[j];
+    LARDER_UNROLL for (int i = 0; i < V; ++i) a[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), a[i]);
+  }
+  LARDER_UNROLL for (int i = 0; i < V; ++i) _mm256_storeu_ps(acc_mem + 8 * i, a[i]);
+}
+
+// Any head size (tails handled by dot/axpy).
+void head_block_any(const float* qh, const float* const* kk, const float* const* vv, int lo, int hi, float scale, int hd,
+                    float* sc, float& m, float& l, float* acc) {
+  float bmax = -INFINITY;
+  for (int j = lo; j < hi; ++j) {
+    sc[j] = dot(qh, kk[j], hd) * scale;
+    bmax = std::max(bmax, sc[j]);
+  }
+  float c;
+  const float ls = block_softmax(sc, lo, hi, bmax, m, &c);
+  l = l * c + ls;
+  axpby(acc, c, sc[lo], vv[lo], hd);
+  for (int jj = lo + 1; jj < hi; ++jj) axpy(acc, sc[jj], vv[jj], hd);
+}
+
 struct Scratch {
   std::vector<float> scores;  // [kBlock]
   std::vector<float> acc;     // [rows, group, head_dim]
@@ -119,33 +192,14 @@ void attend_tile(const float* q, int64_t t0, int64_t nt, int64_t q_pos0, const K
       for (int i = 0; i < g; ++i) {
         const size_t pi = static_cast<size_t>(r) * static_cast<size_t>(g) + static_cast<size_t>(i);
         const float* qh = q + (t0 + r) * q_row + static_cast<int64_t>(h0 + i) * hd;
-        float* sc = s.scores.data();
-        float bmax = -INFINITY;
-        for (int j = lo; j < hi; ++j) {
-          sc[j] = dot(qh, kv_k[j], hd) * p.scale;
-          bmax = std::max(bmax, sc[j]);
-        }
-        const float m_old = s.m[pi];
-        const float m_new = std::max(m_old, bmax);
-        const float c = m_old == -INFINITY ? 0.0f : std::exp(m_old - m_new);
-        const __m256 vm = _mm256_set1_ps(m_new);
-        int j = lo;
-        __m256 lsum = _mm256_setzero_ps();
-        for (; j + 8 <= hi; j += 8) {
-          const __m256 w = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
-          _mm256_storeu_ps(sc + j, w);
-          lsum = _mm256_add_ps(lsum, w);
-        }
-        float ls = simd::hsum(lsum);
-        for (; j < hi; ++j) {
-          sc[j] = std::exp(sc[j] - m_new);
-          ls += sc[j];
-        }
-        s.l[pi] = s.l[pi] * c + ls;
-        s.m[pi] = m_new;
         float* acc = s.acc.data() + pi * static_cast<size_t>(hd);
-        axpby(acc, c, sc[lo], kv_v[lo], hd);
-        for (int jj = lo + 1; jj < hi; ++jj) axpy(acc, sc[jj], kv_v[jj], hd);
+        if (hd == 64) {
+          head_block<64>(qh, kv_k, kv_v, lo, hi, p.scale, s.scores.data(), s.m[pi], s.l[pi], acc);
+        } else if (hd == 128) {
+          head_block<128>(qh, kv_k, kv_v, lo, hi, p.scale, s.scores.data(), s.m[pi], s.l[pi], acc);
+        } else {
+          head_block_any(qh, kv_k, kv_v, lo, hi, p.scale, hd, s.scores.data(), s.m[pi], s.l[pi], acc);
+        }
       }
     }
     nb = 0;
