@@ -70,16 +70,7 @@ void dequant_row_affine(const WeightView& w, int64_t row, float* out) {
 
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y) {
   LARDER_CHECK(w.is_affine(), "[kernels] ref matmul_affine on a non-affine view (%s)", dtype_name(w.dtype));
-  std::vector<float> wrow(static_cast<size_t>(w.cols));
-  for (int64_t r = 0; r < w.rows; ++r) {
-    dequant_row_affine(w, r, wrow.data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xt = x + t * w.cols;
-      double acc = 0;
-      for (int64_t c = 0; c < w.cols; ++c) acc += static_cast<double>(wrow[c]) * xt[c];
-      y[t * w.rows + r] = static_cast<float>(acc);
-    }
-  }
+  matmul_rows(w, dequant_row_affine, x, n, y);
 }
 
 }  // namespace larder::kernels::ref

@@ -72,6 +72,10 @@ void dequant_row_q4_0(const WeightView& w, int64_t row, float* out) {
 void matmul(const WeightView& w, const float* x, int64_t n, float* y) {
   const DequantRowFn deq = ref_table().dequant_row[static_cast<int>(w.dtype)];
   LARDER_CHECK(deq != nullptr && !w.is_affine(), "[kernels] ref matmul: no kernel for %s", dtype_name(w.dtype));
+  matmul_rows(w, deq, x, n, y);
+}
+
+void matmul_rows(const WeightView& w, DequantRowFn deq, const float* x, int64_t n, float* y) {
   std::vector<float> wrow(static_cast<size_t>(w.cols));
   for (int64_t r = 0; r < w.rows; ++r) {
     deq(w, r, wrow.data());

@@ -7,6 +7,7 @@
 // scalar code (neither float nor double reductions vectorize without -ffast-math).
 #pragma once
 
+#include "larder/kernels/dispatch.h"
 #include "larder/kernels/ops.h"
 
 namespace larder::kernels::ref {
@@ -34,6 +35,9 @@ void kquant_scale_min(const uint8_t* s, int j, int* sc, int* m);
 
 // y[n, rows] = x[n, cols] · Wᵀ for any format with a dequant_row entry in the ref table.
 void matmul(const WeightView& w, const float* x, int64_t n, float* y);
+// The reference matmul for any format: each row dequantized by `deq`, dotted with every token in
+// double. matmul and matmul_affine are this with their row decoder.
+void matmul_rows(const WeightView& w, DequantRowFn deq, const float* x, int64_t n, float* y);
 
 // MLX affine (ref/affine.cpp; WeightView with bits > 0, any bits in {2,3,4,5,6,8}, any group
 // size dividing cols). One function serves every `matmul_affine[bits]` / `dequant_row_affine[bits]`
