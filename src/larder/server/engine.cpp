@@ -94,11 +94,10 @@ memory::FlushReport Engine::shutdown(Clock::time_point deadline) {
 }
 
 void Engine::loop() {
-  logits_.resize(static_cast<size_t>(m_.model->info().vocab));
   for (;;) {
     std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>> incoming;
     std::deque<std::function<void()>> tasks;
-    bool stopping = false, past_deadline = false;
+    bool past_deadline = false;
     {
       std::unique_lock<std::mutex> l(mu_);
       if (seqs_.empty() && queue_.empty() && tasks_.empty()) {
@@ -137,7 +136,6 @@ void Engine::loop() {
       }
       idle_ = false;
       tasks.swap(tasks_);
-      stopping = stop_;
       past_deadline = stop_ && Clock::now() >= deadline_;
       if (past_deadline) {
         incoming.swap(queue_);
@@ -167,7 +165,6 @@ void Engine::loop() {
       active_count_ = 0;
       continue;
     }
-    (void)stopping;
     admit(incoming);
     if (!seqs_.empty()) step();
   }

@@ -92,7 +92,6 @@ class Engine {
   std::vector<std::unique_ptr<Seq>> seqs_;  // engine thread only
   bool idle_ = false, snapshotted_ = false;
   std::chrono::steady_clock::time_point idle_since_{}, last_demote_{};
-  std::vector<float> logits_;
   std::thread thread_;
 };
 
