@@ -20,6 +20,7 @@
 #include "larder/formats/safetensors.h"
 #include "larder/quant/affine.h"
 #include "larder/quant/allocator.h"
+#include "larder/quant/checkpoint_io.h"
 
 namespace larder::quant {
 
@@ -39,23 +40,6 @@ bool keep_matches(const std::vector<std::string>& keep, const std::string& modul
 }
 
 namespace {
-
-const char* st_dtype_name(DType t) {
-  switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
-    case DType::kI16: return "I16";
-    case DType::kI32: return "I32";
-    case DType::kU32: return "U32";
-    case DType::kI64: return "I64";
-    case DType::kF64: return "F64";
-    case DType::kBool: return "BOOL";
-    default: return nullptr;
-  }
-}
 
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
@@ -106,71 +90,6 @@ Status quantize_module(const OutTensor& t, int group, int threads, QuantCache* c
   return Status::ok();
 }
 
-Status write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(n, 1u << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return io_error(strfmt("[quantize] writing %s: %s", path.c_str(), std::strerror(errno)));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::ok();
-}
-
-Status write_text(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error(strfmt("[quantize] cannot create %s: %s", path.c_str(), std::strerror(errno)));
-  Status st = write_all(fd, text.data(), text.size(), path);
-  if (st && ::fsync(fd) != 0) st = io_error(strfmt("[quantize] fsync %s: %s", path.c_str(), std::strerror(errno)));
-  ::close(fd);
-  return st;
-}
-
-// Writes one shard: header then each tensor's bytes, quantizing modules on the way.
-Status write_shard(const std::string& path, const std::vector<const OutTensor*>& ts, int group, int threads,
-                   QuantCache* cache, const ConvertOptions& opts, size_t* modules_done, size_t modules_total) {
-  ordered_json header = ordered_json::object();
-  header["__metadata__"] = {{"format", "mlx"}};
-  uint64_t off = 0;
-  for (const OutTensor* t : ts) {
-    header[t->name] = {{"dtype", st_dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {off, off + t->nbytes}}};
-    off += t->nbytes;
-  }
-  std::string h = header.dump();
-  while (h.size() % 8 != 0) h.push_back(' ');
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error(strfmt("[quantize] cannot create %s: %s", path.c_str(), std::strerror(errno)));
-  auto fail = [&](Status s) {
-    ::close(fd);
-    return s;
-  };
-  uint64_t hlen = h.size();
-  if (Status s = write_all(fd, &hlen, 8, path); !s) return fail(s);
-  if (Status s = write_all(fd, h.data(), h.size(), path); !s) return fail(s);
-  for (const OutTensor* t : ts) {
-    if (t->part < 0) {
-      if (Status s = write_all(fd, t->src->data, t->nbytes, path); !s) return fail(s);
-      continue;
-    }
-    if (cache->module != t->module) {
-      ++*modules_done;
-      if (opts.progress) opts.progress(*modules_done, modules_total, t->module);
-      if (Status s = quantize_module(*t, group, threads, cache); !s)
-        return fail(Status(s.code(), s.message() + " (module " + t->module + ")"));
-    }
-    const void* p = t->part == 0 ? static_cast<const void*>(cache->packed.data())
-                  : t->part == 1 ? static_cast<const void*>(cache->scales.data())
-                                 : static_cast<const void*>(cache->biases.data());
-    if (Status s = write_all(fd, p, t->nbytes, path); !s) return fail(s);
-  }
-  if (::fsync(fd) != 0) return fail(io_error(strfmt("[quantize] fsync %s: %s", path.c_str(), std::strerror(errno))));
-  ::close(fd);
-  return Status::ok();
-}
-
 // Relative quantization error of one module at `bits` (sensitivity proxy), rows split over threads.
 double weight_error(const formats::TensorInfo& w, int bits, int group, int threads) {
   const int64_t rows = w.dim(0), cols = w.dim(1);
@@ -203,16 +122,6 @@ double weight_error(const formats::TensorInfo& w, int bits, int group, int threa
   double nn = 0, dd = 0;
   for (int i = 0; i < nt; ++i) nn += num[static_cast<size_t>(i)], dd += den[static_cast<size_t>(i)];
   return dd > 0 ? nn / dd : 0.0;
-}
-
-bool is_aux_file(const std::string& name) {
-  static const char* kNames[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model",
-                                 "chat_template.jinja", "chat_template.json", "generation_config.json",
-                                 "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
-                                 "kv_config.json", "README.md"};
-  for (const char* n : kNames)
-    if (name == n) return true;
-  return name.size() > 6 && name.compare(name.size() - 6, 6, ".model") == 0;
 }
 
 Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, const ConvertOptions& opts) {
@@ -284,7 +193,7 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
     const std::string& n = t.name;
     if (n.find("rotary_emb.inv_freq") != std::string::npos) continue;
     if (tied && n == "lm_head.weight") continue;
-    const char* dn = st_dtype_name(t.dtype);
+    const char* dn = safetensors_dtype_name(t.dtype);
     if (!dn) return unsupported(strfmt("[quantize] tensor '%s' has dtype %s, which cannot be written", n.c_str(), dtype_name(t.dtype)));
     rep.total_params += static_cast<uint64_t>(t.numel());
     const bool weight2d = t.rank() == 2 && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0;
@@ -330,55 +239,37 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
   for (auto& [m, e] : entries) block[m] = e;
   std::sort(outs.begin(), outs.end(), [](const OutTensor& a, const OutTensor& b) { return a.name < b.name; });
 
-  // Greedy shards in name order.
-  std::vector<std::vector<const OutTensor*>> shards(1);
-  uint64_t cur = 0;
-  for (const OutTensor& o : outs) {
-    if (!shards.back().empty() && cur + o.nbytes > opts.max_shard_bytes) {
-      shards.emplace_back();
-      cur = 0;
-    }
-    shards.back().push_back(&o);
-    cur += o.nbytes;
-    rep.out_bytes += o.nbytes;
-  }
-  rep.n_shards = shards.size();
+  std::vector<ShardEntry> entries_out;
+  entries_out.reserve(outs.size());
+  for (const OutTensor& o : outs) entries_out.push_back({o.name, o.dtype, o.shape, o.nbytes});
   QuantCache cache;
   size_t done = 0;
-  ordered_json weight_map = ordered_json::object();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string fname = shards.size() == 1 ? std::string("model.safetensors")
-                                                 : strfmt("model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    if (Status st = write_shard(tmp + "/" + fname, shards[i], opts.group_size, opts.threads, &cache, opts, &done, n_modules); !st)
-      return st;
-    for (const OutTensor* o : shards[i]) weight_map[o->name] = fname;
-  }
-  if (shards.size() > 1) {
-    ordered_json idx;
-    idx["metadata"] = {{"total_size", rep.out_bytes}, {"total_parameters", rep.total_params}};
-    idx["weight_map"] = weight_map;
-    if (Status st = write_text(tmp + "/model.safetensors.index.json", idx.dump(4) + "\n"); !st) return st;
-  }
+  auto produce = [&](size_t i) -> Result<const void*> {
+    const OutTensor& t = outs[i];
+    if (t.part < 0) return static_cast<const void*>(t.src->data);
+    if (cache.module != t.module) {
+      ++done;
+      if (opts.progress) opts.progress(done, n_modules, t.module);
+      if (Status s = quantize_module(t, opts.group_size, opts.threads, &cache); !s)
+        return Status(s.code(), s.message() + " (module " + t.module + ")");
+    }
+    return t.part == 0 ? static_cast<const void*>(cache.packed.data())
+         : t.part == 1 ? static_cast<const void*>(cache.scales.data())
+                       : static_cast<const void*>(cache.biases.data());
+  };
+  auto written = write_safetensors_shards(tmp, entries_out, opts.max_shard_bytes, ordered_json{{"format", "mlx"}},
+                                          rep.total_params, produce);
+  if (!written) return written.status();
+  rep.n_shards = written.value().n_shards;
+  rep.out_bytes = written.value().total_bytes;
 
   // config.json: source config + both quantization blocks, top-level keys sorted, indent 4.
   cfg["quantization"] = block;
   cfg["quantization_config"] = block;
-  std::vector<std::string> keys;
-  for (auto it = cfg.begin(); it != cfg.end(); ++it) keys.push_back(it.key());
-  std::sort(keys.begin(), keys.end());
-  ordered_json sorted = ordered_json::object();
-  for (const std::string& k : keys) sorted[k] = cfg[k];
-  if (Status st = write_text(tmp + "/config.json", sorted.dump(4) + "\n"); !st) return st;
-
+  if (Status st = write_config_json(tmp + "/config.json", cfg); !st) return st;
   if (!sens_report.is_null())
-    if (Status st = write_text(tmp + "/sensitivity.json", sens_report.dump(2) + "\n"); !st) return st;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(src_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || !is_aux_file(name)) continue;
-    fs::copy_file(e.path(), fs::path(tmp) / name, ec);
-    if (ec) return io_error("[quantize] copying " + e.path().string() + ": " + ec.message());
-  }
+    if (Status st = write_text_file(tmp + "/sensitivity.json", sens_report.dump(2) + "\n"); !st) return st;
+  if (Status st = copy_aux_files(src_dir, tmp); !st) return st;
   rep.nominal_bpw = static_cast<double>(bit_params) / static_cast<double>(rep.quantized_params);
   rep.stored_bpw = rep.nominal_bpw + 32.0 / opts.group_size;
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -393,33 +284,15 @@ Result<ConvertReport> quantize_checkpoint(const std::string& src_dir, const std:
   struct stat sb;
   if (::stat(src_dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))
     return not_found("[quantize] source " + src_dir + " is not a directory");
-  if (::lstat(dst_dir.c_str(), &sb) == 0)
-    return invalid_argument("[quantize] output " + dst_dir + " already exists; refusing to overwrite it");
-  std::string dst = dst_dir;
-  while (dst.size() > 1 && dst.back() == '/') dst.pop_back();
-  std::string tmpl = dst + ".partial-XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr)
-    return io_error("[quantize] cannot create a temporary directory next to " + dst + ": " + std::strerror(errno));
-  const std::string tmp(buf.data());
-  ::chmod(tmp.c_str(), 0755);
-  auto r = run(src_dir, tmp, opts);
-  std::error_code ec;
-  if (!r) {
-    fs::remove_all(tmp, ec);
-    return r.status();
-  }
-  if (::lstat(dst.c_str(), &sb) == 0) {
-    fs::remove_all(tmp, ec);
-    return invalid_argument("[quantize] output " + dst + " appeared while quantizing; refusing to overwrite it");
-  }
-  if (::rename(tmp.c_str(), dst.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    fs::remove_all(tmp, ec);
-    return io_error("[quantize] cannot rename " + tmp + " to " + dst + ": " + err);
-  }
-  return r;
+  ConvertReport rep;
+  Status st = publish_directory(dst_dir, "[quantize]", [&](const std::string& tmp) {
+    auto r = run(src_dir, tmp, opts);
+    if (!r) return r.status();
+    rep = std::move(r).value();
+    return Status::ok();
+  });
+  if (!st) return st;
+  return rep;
 }
 
 }  // namespace larder::quant
