@@ -2,16 +2,30 @@
 // head counts and GQA groups (including groups larger than one work item), head dims that are
 // not multiples of 8, sliding windows, several KV spans (shared prefix + private tail), prefill
 // chunks that start mid-sequence, and score ranges wide enough to exercise the exp underflow.
+// The KV-split (flash-decoding) path is driven both through the public entry (whose chunking
+// depends on the pool's thread count) and directly with explicit row tiles and chunk lengths, so
+// chunks can be made small enough that span boundaries fall inside them and some are fully
+// masked for some rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "larder/core/cpuid.h"
+#include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/ref/ref_ops.h"
+
+// Internal entry points of attention_avx2.cpp (no header: tests only).
+namespace larder::kernels::cpu::avx2 {
+void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+                     const AttentionParams& p, int64_t tile, int64_t chunk_keys, float* out);
+void exp_neg_batch(const float* x, float* y, int64_t n);
+}  // namespace larder::kernels::cpu::avx2
 
 namespace larder::kernels {
 namespace {
@@ -24,8 +38,18 @@ struct Case {
   float q_scale;  // larger → peakier softmax
 };
 
-void run_case(const Case& c, std::mt19937& rng) {
+// Random q/K/V for a case, its spans, and the reference output.
+struct Problem {
+  Case c;
   AttentionParams p;
+  std::vector<float> q, k, v, want;
+  std::vector<KvSpanView> spans;
+};
+
+Problem make_problem(const Case& c, std::mt19937& rng) {
+  Problem pr;
+  pr.c = c;
+  AttentionParams& p = pr.p;
   p.n_heads = c.n_heads;
   p.n_kv_heads = c.n_kv_heads;
   p.head_dim = c.head_dim;
@@ -34,32 +58,51 @@ void run_case(const Case& c, std::mt19937& rng) {
   const int64_t total = c.pos0 + c.n;
   const int64_t kv_row = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> k(static_cast<size_t>(total * kv_row)), v(k.size());
-  for (auto& x : k) x = nd(rng);
-  for (auto& x : v) x = nd(rng);
-  std::vector<float> q(static_cast<size_t>(c.n * c.n_heads * c.head_dim));
-  for (auto& x : q) x = nd(rng) * c.q_scale;
+  pr.k.resize(static_cast<size_t>(total * kv_row));
+  pr.v.resize(pr.k.size());
+  for (auto& x : pr.k) x = nd(rng);
+  for (auto& x : pr.v) x = nd(rng);
+  pr.q.resize(static_cast<size_t>(c.n * c.n_heads * c.head_dim));
+  for (auto& x : pr.q) x = nd(rng) * c.q_scale;
   // Split [0, total) into n_spans contiguous spans at random cut points.
   std::vector<int64_t> cuts = {0, total};
   std::uniform_int_distribution<int64_t> cut(1, std::max<int64_t>(1, total - 1));
   for (int i = 1; i < c.n_spans && total > 1; ++i) cuts.push_back(cut(rng));
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  std::vector<KvSpanView> spans;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    spans.push_back({k.data() + cuts[i] * kv_row, v.data() + cuts[i] * kv_row, cuts[i], cuts[i + 1] - cuts[i]});
+    pr.spans.push_back(
+        {pr.k.data() + cuts[i] * kv_row, pr.v.data() + cuts[i] * kv_row, cuts[i], cuts[i + 1] - cuts[i]});
   }
-  std::vector<float> want(q.size()), got(q.size(), NAN);
-  ref::attention(q.data(), c.n, c.pos0, spans.data(), static_cast<int>(spans.size()), p, want.data());
-  cpu::avx2::attention(q.data(), c.n, c.pos0, spans.data(), static_cast<int>(spans.size()), p, got.data());
-  // Outputs are convex combinations of V rows (|v| ~ 1): an absolute bound is the right scale.
-  // f32 scores and sums over up to ~1500 keys: observed ≤ 1e-6; 2e-5 flags any real bug (a wrong
-  // key, head or mask is off by O(0.1)).
-  float worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
-  EXPECT_LE(worst, 2e-5f) << "heads " << c.n_heads << "/" << c.n_kv_heads << " hd " << c.head_dim << " pos0 "
-                          << c.pos0 << " n " << c.n << " window " << c.window << " spans " << spans.size();
+  pr.want.resize(pr.q.size());
+  ref::attention(pr.q.data(), c.n, c.pos0, pr.spans.data(), static_cast<int>(pr.spans.size()), p, pr.want.data());
+  return pr;
 }
+
+using Kernel = std::function<void(const Problem&, float*)>;
+
+void check(const Problem& pr, const Kernel& kernel, const char* what) {
+  const Case& c = pr.c;
+  std::vector<float> got(pr.q.size(), NAN);
+  kernel(pr, got.data());
+  // Outputs are convex combinations of V rows (|v| ~ 1): an absolute bound is the right scale.
+  // The error is f32 rounding of the scores (≤ 128-term dots), of the block and chunk sums (a
+  // weight's relative error grows ~ with log of the number of blocks and chunks, not with the
+  // key count) and the 1-ulp exp: observed ≤ ~1e-6 up to 5000 keys. 2e-5 flags any real bug
+  // (a wrong key, head, mask or merge weight is off by O(0.01..1)).
+  float worst = 0;
+  for (size_t i = 0; i < pr.want.size(); ++i) worst = std::max(worst, std::abs(got[i] - pr.want[i]));
+  EXPECT_LE(worst, 2e-5f) << what << ": heads " << c.n_heads << "/" << c.n_kv_heads << " hd " << c.head_dim
+                          << " pos0 " << c.pos0 << " n " << c.n << " window " << c.window << " spans "
+                          << pr.spans.size();
+}
+
+void public_kernel(const Problem& pr, float* out) {
+  cpu::avx2::attention(pr.q.data(), pr.c.n, pr.c.pos0, pr.spans.data(), static_cast<int>(pr.spans.size()), pr.p,
+                       out);
+}
+
+void run_case(const Case& c, std::mt19937& rng) { check(make_problem(c, rng), public_kernel, "attention"); }
 
 TEST(AttentionAvx2, MatchesReferenceOnRandomShapes) {
   if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2/FMA";
@@ -84,6 +127,103 @@ TEST(AttentionAvx2, MatchesReferenceOnRandomShapes) {
   run_case({8, 8, 64, 0, 70, 0, 1, 1.0f}, rng);
   EXPECT_EQ(cases, 42);
 }
+
+// exp_neg against the double-precision exp, in ulps of the f32 result, over its whole domain
+// [-87, 0]: every 64th float bit pattern (≈ 17M values, dense near 0 where softmax weights live).
+TEST(AttentionAvx2, ExpNegWithinOneUlp) {
+  if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2/FMA";
+  std::vector<float> x, y;
+  const uint32_t neg87 = 0xc2ae0000u;  // -87.0f; negative floats order by their bit patterns
+  for (uint32_t b = 0x80000000u; b <= neg87; b += 64) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    x.push_back(f);
+  }
+  y.resize(x.size());
+  cpu::avx2::exp_neg_batch(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  double worst = 0;
+  float worst_x = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = std::exp(static_cast<double>(x[i]));
+    const float rf = static_cast<float>(ref);
+    const double ulp = static_cast<double>(std::nextafter(rf, INFINITY)) - rf;
+    const double err = std::abs(static_cast<double>(y[i]) - ref) / ulp;
+    if (err > worst) {
+      worst = err;
+      worst_x = x[i];
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "at x = " << worst_x;
+  // Masked keys (-inf) and anything below the range weigh exactly zero.
+  const float tiny[3] = {-INFINITY, -100.0f, -87.5f};
+  float out[3];
+  cpu::avx2::exp_neg_batch(tiny, out, 3);
+  for (float o : out) EXPECT_EQ(o, 0.0f);
+}
+
+// Decode rows over long contexts, through the split path with explicit chunk lengths: 8 and 24
+// keys (span cuts fall inside chunks; with n = 8 the last chunk is often shorter than n, so it is
+// fully masked for the first rows), 100, 700, and 0 (no split) for comparison; row tiles of
+// n (one tile) and 3 (tiles that see different chunk subsets).
+TEST(AttentionAvx2, SplitKvMatchesReference) {
+  if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2/FMA";
+  std::mt19937 rng(7);
+  const int head_dims[] = {64, 128, 80, 13};
+  const std::pair<int, int> heads[] = {{4, 4}, {8, 2}, {8, 1}};  // GQA groups 1, 4, 8
+  std::uniform_int_distribution<int64_t> nrow(1, 8), ctx(513, 3000), nsp(1, 4);
+  int cases = 0;
+  for (int hd : head_dims) {
+    for (auto [nh, nkv] : heads) {
+      const int64_t n = nrow(rng);
+      Case c{nh, nkv, hd, ctx(rng) - n, n, 0, static_cast<int>(nsp(rng)), 2.0f};
+      if (cases % 3 == 1) c.window = 300 + cases * 7;  // sliding window longer than a chunk
+      const Problem pr = make_problem(c, rng);
+      for (int64_t ck : {8, 24, 100, 700, 0}) {
+        for (int64_t tile : {n, int64_t{3}}) {
+          check(pr, [&](const Problem& q, float* out) {
+            cpu::avx2::attention_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()),
+                                       q.p, tile, ck, out);
+          }, ck == 0 ? "unsplit" : "split");
+        }
+      }
+      check(pr, public_kernel, "attention");
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 12);
+  // The largest shapes: 5000 keys, 8 rows, 32/8 heads (Llama 3), peaky scores, 3 spans.
+  const Problem big = make_problem({32, 8, 64, 4992, 8, 0, 3, 4.0f}, rng);
+  for (int64_t ck : {256, 1000, 0}) {
+    check(big, [&](const Problem& q, float* out) {
+      cpu::avx2::attention_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()), q.p,
+                                 q.c.n, ck, out);
+    }, "split 32/8");
+  }
+  const Problem big128 = make_problem({16, 2, 128, 4999, 1, 0, 2, 8.0f}, rng);
+  check(big128, [&](const Problem& q, float* out) {
+    cpu::avx2::attention_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()), q.p, 1,
+                               333, out);
+  }, "split 16/2 hd128");
+}
+
+// The public entry picks its chunking from the pool size; each choice must give the same answer
+// (within rounding). 1 thread and 8 kv heads: no split; 2 and 3 threads: 2-3 chunks; one kv head:
+// 8-24 chunks.
+TEST(AttentionAvx2, DecodePolicyAnyThreadCount) {
+  if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2/FMA";
+  std::mt19937 rng(11);
+  const Problem llama = make_problem({32, 8, 64, 4095, 1, 0, 2, 4.0f}, rng);
+  const Problem one_group = make_problem({8, 1, 128, 2040, 8, 0, 1, 2.0f}, rng);
+  const Problem windowed = make_problem({8, 2, 64, 3000, 4, 1024, 3, 2.0f}, rng);
+  const Problem edge = make_problem({4, 1, 64, 511, 1, 0, 1, 1.0f}, rng);  // exactly kSplitMinKeys keys
+  const int saved = default_pool().n_threads();
+  for (int t : {1, 2, 3}) {
+    default_pool().set_threads(t);
+    for (const Problem* pr : {&llama, &one_group, &windowed, &edge}) check(*pr, public_kernel, "attention");
+  }
+  default_pool().set_threads(saved);
+}
+
 
 }  // namespace
 }  // namespace larder::kernels

@@ -1,16 +1,26 @@
 // attention_avx2.cpp — causal GQA attention with an online (streaming) softmax, f32, AVX2/FMA.
 //
-// Work item = (tile of up to 16 query rows, KV head): the `group` query heads that share a KV
-// head and the tile's rows are processed together, so each K and V row is pulled from memory
-// once per item instead of once per (row, query head) — decode attention is a stream over the
-// whole cache, GQA (group 4 in Llama 3) cuts its bytes 4x, and in prefill the row tile cuts them
-// again (a first version without row tiles ran a 256-row chunk at 4k context at ~2 GFLOP/s,
-// bound on L3 misses). Keys are taken in blocks of kBlock: the block's scores are computed, its
-// maximum found, the running sum and accumulator rescaled once per block (not per key), then V
-// rows are accumulated with exp weights. Items are spread over the thread pool.
+// Work item = (tile of up to 16 query rows, KV head, KV chunk): the `group` query heads that
+// share a KV head and the tile's rows are processed together, so each K and V row is pulled from
+// memory once per item instead of once per (row, query head) — decode attention is a stream over
+// the whole cache, GQA (group 4 in Llama 3) cuts its bytes 4x, and in prefill the row tile cuts
+// them again (a first version without row tiles ran a 256-row chunk at 4k context at ~2 GFLOP/s,
+// bound on L3 misses).
+//
+// Decode (n <= 16 rows) at long contexts has too few (tile, KV head) items to keep the pool busy
+// — one KV head is one serial item — and shrinking the row tile to make more items would re-read
+// the cache once per tile. So there the KV range is split instead (flash-decoding): each chunk
+// yields a partial (max, sum, un-normalised output) per (row, head), and a second pass merges
+// the chunks with the log-sum-exp rule. The cache is still read exactly once.
+//
+// Inside an item, keys are taken in blocks small enough that the block's K and V rows stay in
+// L1 while every (row, head) pair of the item consumes them. Per pair and block: scores are
+// computed 8 keys at a time (8 dot products reduced together with hadd, no per-key horizontal
+// sum), one vector max, one vector exp per 8 keys, the running sum and accumulator rescaled only
+// when the maximum grows, then V rows are accumulated into registers.
 //
 // Numerics differ from the double-precision reference only by f32 rounding and the polynomial
-// exp (relative error < 2e-7 on the range softmax uses): tests/unit/kernels_fast bound it.
+// exp (max error 1 ulp over [-87, 0], tested): tests/unit/kernels_fast bound the output.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,24 +33,44 @@
 
 namespace larder::kernels::cpu::avx2 {
 
+// Internal entry points, exposed (without a header) for tests/unit/kernels_fast only: attention
+// with an explicit row tile and KV chunk length, so the chunk/merge path can be driven with
+// chunks small enough that some are fully masked for some rows, whatever the thread count.
+void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+                     const AttentionParams& p, int64_t tile, int64_t chunk_keys, float* out);
+void exp_neg_batch(const float* x, float* y, int64_t n);
+
 namespace {
 
-constexpr int kBlock = 64;       // keys per softmax block
-constexpr int kMaxGroup = 16;    // query heads per KV head handled in one item (larger: split)
+constexpr int kMaxGroup = 16;       // query heads per KV head handled in one item (larger: split)
+constexpr int64_t kMaxTile = 16;    // query rows per item
+constexpr int kMaxBlock = 64;       // keys per block, upper bound
+// A chunk's fixed costs — the pool claim, initialising and writing n·g partial accumulators and
+// merging them — are a few hundred cycles against ~10 cycles per key and query head; 256 keys
+// keep them under ~2% even for one head. A context shorter than two such chunks is never split.
+constexpr int64_t kMinChunk = 256;
+constexpr int64_t kSplitMinKeys = 2 * kMinChunk;
 
-// exp(x) for x <= 0 (scores minus their maximum), 8 lanes: x = k·ln2 + r with |r| <= ln2/2,
-// exp(r) by a degree-6 polynomial (Taylor terms; error < 2e-7 relative on that interval),
-// 2^k through the exponent bits. Inputs below -87 flush to 0 (their weight is < 1e-38).
+// K+V of one block ≈ 16 KiB, half the 32 KiB L1d: the block being consumed plus the next one
+// being prefetched fit beside q, the accumulators and the scores.
+inline int block_keys(int hd) { return std::clamp((2048 / std::max(hd, 1)) & ~7, 8, kMaxBlock); }
+
+// exp(x) for x <= 0 (scores minus their maximum), 8 lanes: x = k·ln2 + r with |r| <= ln2/2
+// (Cody–Waite, two-constant ln2 so r is exact to f32), exp(r) by the degree-7 Taylor polynomial
+// (truncation < 5e-9 relative on that interval, well under the f32 rounding of the Horner steps),
+// 2^k through the exponent bits. Measured max error over [-87, 0]: 1 ulp
+// (AttentionAvx2.ExpNegWithinOneUlp). Inputs below -87 (and -inf, masked keys) flush to 0:
+// their weight is < 1e-37 of the maximum's.
 inline __m256 exp_neg(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.0f);
   const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
   x = _mm256_max_ps(x, lo);
   const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - k·ln2 in two steps (Cody–Waite) so r keeps full precision.
   __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
   r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
@@ -51,218 +81,373 @@ inline __m256 exp_neg(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
-inline float dot(const float* a, const float* b, int d) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= d; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-  }
-  for (; i + 8 <= d; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  float s = simd::hsum(_mm256_add_ps(acc0, acc1));
-  for (; i < d; ++i) s += a[i] * b[i];
-  return s;
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
 }
 
-// acc[d] = acc·c + w·v
-inline void axpby(float* acc, float c, float w, const float* v, int d) {
-  const __m256 vc = _mm256_set1_ps(c), vw = _mm256_set1_ps(w);
-  int i = 0;
-  for (; i + 8 <= d; i += 8) {
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(v + i), _mm256_mul_ps(vc, _mm256_loadu_ps(acc + i))));
-  }
-  for (; i < d; ++i) acc[i] = acc[i] * c + w * v[i];
+// Lanes [0, k) set.
+inline __m256i first_lanes(int k) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-inline void axpy(float* acc, float w, const float* v, int d) {
-  const __m256 vw = _mm256_set1_ps(w);
-  int i = 0;
-  for (; i + 8 <= d; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
-  for (; i < d; ++i) acc[i] += w * v[i];
-}
-
-// Block weights: sc[lo, hi) holds raw scores on entry and exp(score − m_new) on return; returns
-// their sum and updates the running max `m` (c = exp(m_old − m_new) rescales what came before).
-inline float block_softmax(float* sc, int lo, int hi, float bmax, float& m, float* c_out) {
-  const float m_new = std::max(m, bmax);
-  *c_out = m == -INFINITY ? 0.0f : std::exp(m - m_new);
-  m = m_new;
-  const __m256 vm = _mm256_set1_ps(m_new);
-  int j = lo;
-  __m256 lsum = _mm256_setzero_ps();
-  for (; j + 8 <= hi; j += 8) {
-    const __m256 w = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
-    _mm256_storeu_ps(sc + j, w);
-    lsum = _mm256_add_ps(lsum, w);
-  }
-  float ls = simd::hsum(lsum);
-  for (; j < hi; ++j) {
-    sc[j] = std::exp(sc[j] - m_new);
-    ls += sc[j];
-  }
-  return ls;
-}
-
-// One (query row, head) against keys [lo, hi) of a block, for the common head sizes: q and the
-// output accumulator live in registers for the whole block (HD/8 ymm each), so a key costs HD/8
-// FMAs for its score and HD/8 for its value, with no accumulator round trip through memory — the
-// generic version below stores and reloads acc per key, a store-forwarding chain that capped it
-// at ~180 cycles per key and head.
+// Eight dot products q·k_u. The eight accumulators are independent FMA chains (enough to cover
+// the FMA latency), and one hadd tree turns them into a vector of 8 scores — 9 shuffle/add ops
+// per 8 keys instead of a 6-op horizontal sum per key. q is padded with zeros to a multiple of
+// 8; a K row's ragged tail is read with a masked load so we never touch memory past the row.
 template <int HD>
-void head_block(const float* qh, const float* const* kk, const float* const* vv, int lo, int hi, float scale, float* sc,
-                float& m, float& l, float* acc_mem) {
-  constexpr int V = HD / 8;
-  __m256 qv[V];
-  LARDER_UNROLL for (int i = 0; i < V; ++i) qv[i] = _mm256_loadu_ps(qh + 8 * i);
-  float bmax = -INFINITY;
-  for (int j = lo; j < hi; ++j) {
-    const float* k = kk[j];
-    __m256 s0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k)), s1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k + 8));
-    LARDER_UNROLL for (int i = 2; i < V; i += 2) {
-      s0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k + 8 * i), s0);
-      s1 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k + 8 * i + 8), s1);
-    }
-    sc[j] = simd::hsum(_mm256_add_ps(s0, s1)) * scale;
-    bmax = std::max(bmax, sc[j]);
+inline __m256 scores8(const float* qh, const float* const* kr, int hd, __m256i tmask) {
+  const int nfull = HD ? HD / 8 : hd / 8;
+  const bool tail = HD ? false : (hd & 7) != 0;
+  __m256 s[8];
+  LARDER_UNROLL for (int u = 0; u < 8; ++u) s[u] = _mm256_setzero_ps();
+  LARDER_UNROLL for (int i = 0; i < nfull; ++i) {
+    const __m256 qv = _mm256_loadu_ps(qh + 8 * i);
+    LARDER_UNROLL for (int u = 0; u < 8; ++u) s[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[u] + 8 * i), s[u]);
   }
-  float c;
-  const float ls = block_softmax(sc, lo, hi, bmax, m, &c);
-  l = l * c + ls;
-  __m256 a[V];
-  const __m256 vc = _mm256_set1_ps(c);
-  LARDER_UNROLL for (int i = 0; i < V; ++i) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc_mem + 8 * i), vc);
-  for (int j = lo; j < hi; ++j) {
-    const __m256 w = _mm256_set1_ps(sc[j]);
-    const float* v = vv[j];
-    LARDER_UNROLL for (int i = 0; i < V; ++i) a[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), a[i]);
+  if (tail) {
+    const __m256 qv = _mm256_loadu_ps(qh + 8 * nfull);
+    LARDER_UNROLL for (int u = 0; u < 8; ++u)
+      s[u] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kr[u] + 8 * nfull, tmask), s[u]);
   }
-  LARDER_UNROLL for (int i = 0; i < V; ++i) _mm256_storeu_ps(acc_mem + 8 * i, a[i]);
+  const __m256 h01 = _mm256_hadd_ps(s[0], s[1]), h23 = _mm256_hadd_ps(s[2], s[3]);
+  const __m256 h45 = _mm256_hadd_ps(s[4], s[5]), h67 = _mm256_hadd_ps(s[6], s[7]);
+  const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+  // Lane halves: low 128 bits hold keys 0-3 / 4-7 summed over dims 0-3 of each 8, high over 4-7.
+  return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
 }
 
-// Any head size (tails handled by dot/axpy).
-void head_block_any(const float* qh, const float* const* kk, const float* const* vv, int lo, int hi, float scale, int hd,
-                    float* sc, float& m, float& l, float* acc) {
-  float bmax = -INFINITY;
-  for (int j = lo; j < hi; ++j) {
-    sc[j] = dot(qh, kk[j], hd) * scale;
-    bmax = std::max(bmax, sc[j]);
+// acc[0, 8·NV) = acc·c + Σ_j w[j]·v_j[0, 8·NV), with the NV accumulators in registers for the
+// whole block (8 independent FMA chains at NV = 8 — exactly the 2-FMA/cycle × 4-cycle latency).
+// TAIL: the last vector of a V row is ragged and read masked; acc is padded, so its padding
+// lanes simply accumulate zeros.
+template <int NV, bool TAIL>
+void accum(float* acc, const float* v0, int64_t stride, const float* w, int cnt, float c, __m256i tmask) {
+  __m256 a[NV];
+  LARDER_UNROLL for (int i = 0; i < NV; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
+  if (c != 1.0f) {
+    const __m256 vc = _mm256_set1_ps(c);
+    LARDER_UNROLL for (int i = 0; i < NV; ++i) a[i] = _mm256_mul_ps(a[i], vc);
   }
-  float c;
-  const float ls = block_softmax(sc, lo, hi, bmax, m, &c);
-  l = l * c + ls;
-  axpby(acc, c, sc[lo], vv[lo], hd);
-  for (int jj = lo + 1; jj < hi; ++jj) axpy(acc, sc[jj], vv[jj], hd);
+  const float* v = v0;
+  for (int j = 0; j < cnt; ++j, v += stride) {
+    const __m256 wj = _mm256_broadcast_ss(w + j);
+    LARDER_UNROLL for (int i = 0; i < NV - (TAIL ? 1 : 0); ++i)
+      a[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 8 * i), a[i]);
+    if (TAIL) a[NV - 1] = _mm256_fmadd_ps(wj, _mm256_maskload_ps(v + 8 * (NV - 1), tmask), a[NV - 1]);
+  }
+  LARDER_UNROLL for (int i = 0; i < NV; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
 }
 
-struct Scratch {
-  std::vector<float> scores;  // [kBlock]
-  std::vector<float> acc;     // [rows, group, head_dim]
-  std::vector<float> m, l;    // [rows, group] running max and sum
+using AccumFn = void (*)(float*, const float*, int64_t, const float*, int, float, __m256i);
+constexpr AccumFn kAccum[9][2] = {
+    {nullptr, nullptr},
+    {accum<1, false>, accum<1, true>},
+    {accum<2, false>, accum<2, true>},
+    {accum<3, false>, accum<3, true>},
+    {accum<4, false>, accum<4, true>},
+    {accum<5, false>, accum<5, true>},
+    {accum<6, false>, accum<6, true>},
+    {accum<7, false>, accum<7, true>},
+    {accum<8, false>, accum<8, true>},
 };
 
-// One work item: query rows [t0, t0 + nt) × the `g` query heads [h0, h0 + g) that read KV head
-// `kvh`. Keys are visited once per item in blocks of kBlock (K and V of a block: 32 KiB at
-// head_dim 64, L1/L2-resident), and every (row, head) pair of the item consumes the block while
-// it is hot — so K/V bytes pulled from L3/DRAM are divided by nt·g instead of paid per query.
-void attend_tile(const float* q, int64_t t0, int64_t nt, int64_t q_pos0, const KvSpanView* spans, int n_spans,
-                 const AttentionParams& p, int kvh, int h0, int g, Scratch& s, float* out) {
-  const int hd = p.head_dim;
-  const int64_t kv_row = static_cast<int64_t>(p.n_kv_heads) * hd;
-  const int64_t q_row = static_cast<int64_t>(p.n_heads) * hd;
-  const size_t pairs = static_cast<size_t>(nt) * static_cast<size_t>(g);
-  s.scores.resize(kBlock);
-  s.acc.assign(pairs * static_cast<size_t>(hd), 0.0f);
-  s.m.assign(pairs, -INFINITY);
-  s.l.assign(pairs, 0.0f);
-  const int64_t pos_lo = q_pos0 + t0, pos_hi = q_pos0 + t0 + nt - 1;  // the item's query positions
-  const int64_t first_lo = p.window > 0 ? std::max<int64_t>(0, pos_lo - p.window + 1) : 0;
-  const float* kv_k[kBlock];
-  const float* kv_v[kBlock];
-  int64_t kpos0 = 0;  // position of the block's first key (blocks hold consecutive positions)
-  int nb = 0;
-  auto flush_block = [&]() {
-    if (nb == 0) return;
-    for (int64_t r = 0; r < nt; ++r) {
-      const int64_t pos = pos_lo + r;
-      const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-      // This row sees keys [first, pos]: a contiguous range of the block.
-      const int lo = static_cast<int>(std::clamp<int64_t>(first - kpos0, 0, nb));
-      const int hi = static_cast<int>(std::clamp<int64_t>(pos + 1 - kpos0, 0, nb));
-      if (lo >= hi) continue;
-      for (int i = 0; i < g; ++i) {
-        const size_t pi = static_cast<size_t>(r) * static_cast<size_t>(g) + static_cast<size_t>(i);
-        const float* qh = q + (t0 + r) * q_row + static_cast<int64_t>(h0 + i) * hd;
-        float* acc = s.acc.data() + pi * static_cast<size_t>(hd);
-        if (hd == 64) {
-          head_block<64>(qh, kv_k, kv_v, lo, hi, p.scale, s.scores.data(), s.m[pi], s.l[pi], acc);
-        } else if (hd == 128) {
-          head_block<128>(qh, kv_k, kv_v, lo, hi, p.scale, s.scores.data(), s.m[pi], s.l[pi], acc);
-        } else {
-          head_block_any(qh, kv_k, kv_v, lo, hi, p.scale, hd, s.scores.data(), s.m[pi], s.l[pi], acc);
-        }
-      }
-    }
-    nb = 0;
-  };
-  for (int si = 0; si < n_spans; ++si) {
-    const KvSpanView& sp = spans[si];
-    const int64_t a = std::max<int64_t>(first_lo, sp.start), b = std::min<int64_t>(pos_hi + 1, sp.start + sp.len);
-    for (int64_t kp = a; kp < b; ++kp) {
-      const int64_t j = kp - sp.start;
-      if (nb == 0) kpos0 = kp;
-      kv_k[nb] = sp.k + j * kv_row + static_cast<int64_t>(kvh) * hd;
-      kv_v[nb] = sp.v + j * kv_row + static_cast<int64_t>(kvh) * hd;
-      // Pull the next block's rows toward L1 while this one is consumed (decode streams the
-      // whole cache once; its stride is a full KV row, which the hardware prefetcher ramps on
-      // slowly).
-      if (kp + kBlock < b) {
-        const float* nk = kv_k[nb] + kBlock * kv_row;
-        const float* nv = kv_v[nb] + kBlock * kv_row;
+// Any head size: 64 dims (8 registers) per pass over the block's V rows.
+void accum_any(float* acc, const float* v0, int64_t stride, const float* w, int cnt, float c, int hd,
+               __m256i tmask) {
+  for (int d0 = 0; d0 < hd; d0 += 64) {
+    const int rem = std::min(64, hd - d0);
+    const int nv = (rem + 7) / 8;
+    const bool tail = (rem & 7) != 0;
+    kAccum[nv][tail](acc + d0, v0 + d0, stride, w, cnt, c, tmask);
+  }
+}
+
+// Where a block's rows are: K and V row 0 of this KV head, and the distance between rows
+// (n_kv_heads · head_dim floats — rows are token-major, so one head's rows are strided).
+struct Block {
+  const float* k;
+  const float* v;
+  int64_t stride;
+  int n;  // rows
+};
+
+// One (query row, query head) pair against keys [lo, hi) of a block. m, l, acc: the pair's
+// running max, sum and un-normalised output (acc padded to a multiple of 8). `pf` (or null):
+// the next block, prefetched while this pair's scores are computed — only the first pair of a
+// block carries it, the rest find the block in L1.
+template <int HD>
+void pair_block(const float* qh, const Block& b, int lo, int hi, int hd, __m256i tmask, float scale, float* sc,
+                float& m, float& l, float* acc, const Block* pf) {
+  const int cnt = hi - lo;
+  const float* kb = b.k + lo * b.stride;
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  const __m256 vscale = _mm256_set1_ps(scale);
+  __m256 vmax = ninf;
+  for (int j = 0; j < cnt; j += 8) {
+    // A ragged last group repeats its last key (always a valid row) and masks the extra lanes.
+    const float* kr[8];
+    LARDER_UNROLL for (int u = 0; u < 8; ++u) kr[u] = kb + std::min(j + u, cnt - 1) * b.stride;
+    __m256 s = _mm256_mul_ps(scores8<HD>(qh, kr, hd, tmask), vscale);
+    if (j + 8 > cnt) s = _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(first_lanes(cnt - j)));
+    _mm256_storeu_ps(sc + j, s);
+    vmax = _mm256_max_ps(vmax, s);
+    if (pf) {
+      for (int u = j; u < std::min(j + 8, pf->n); ++u) {
+        const float* nk = pf->k + u * pf->stride;
+        const float* nv = pf->v + u * pf->stride;
         for (int off = 0; off < hd; off += 16) {
           _mm_prefetch(reinterpret_cast<const char*>(nk + off), _MM_HINT_T0);
           _mm_prefetch(reinterpret_cast<const char*>(nv + off), _MM_HINT_T0);
         }
       }
-      if (++nb == kBlock) flush_block();
     }
   }
-  flush_block();
+  // The first pair of a block may cover fewer keys than the next block holds (causal mask).
+  if (pf && cnt < pf->n) {
+    for (int u = (cnt + 7) & ~7; u < pf->n; ++u)
+      for (int off = 0; off < hd; off += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf->k + u * pf->stride + off), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pf->v + u * pf->stride + off), _MM_HINT_T0);
+      }
+  }
+  // Rescale what came before only when the maximum grows: after the first few blocks it rarely
+  // does, and then the block costs no scalar exp and no accumulator multiply.
+  const float bmax = hmax(vmax);
+  float c = 1.0f;
+  if (bmax > m) {
+    c = m == -INFINITY ? 0.0f : std::exp(m - bmax);
+    m = bmax;
+  }
+  const __m256 vm = _mm256_set1_ps(m);
+  __m256 lsum = _mm256_setzero_ps();
+  for (int j = 0; j < cnt; j += 8) {
+    const __m256 w = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
+    _mm256_storeu_ps(sc + j, w);
+    lsum = _mm256_add_ps(lsum, w);
+  }
+  l = l * c + simd::hsum(lsum);
+  const float* vb = b.v + lo * b.stride;
+  if (HD == 64) {
+    accum<8, false>(acc, vb, b.stride, sc, cnt, c, tmask);
+  } else if (HD == 128) {  // two passes of 8 registers: 16 accumulators would spill
+    accum<8, false>(acc, vb, b.stride, sc, cnt, c, tmask);
+    accum<8, false>(acc + 64, vb + 64, b.stride, sc, cnt, c, tmask);
+  } else {
+    accum_any(acc, vb, b.stride, sc, cnt, c, hd, tmask);
+  }
+}
+
+struct Scratch {
+  std::vector<float> q;       // [rows, group, hdp] zero-padded query heads
+  std::vector<float> acc;     // [rows, group, hdp]
+  std::vector<float> m, l;    // [rows, group]
+  float sc[kMaxBlock + 8];    // one pair's block scores / weights
+};
+
+// Where an item keeps its partial results: pair (r, i) — query row t0 + r, head h0 + i — at
+// index r·row_pairs + i of m, l and (times hdp) acc.
+struct Partial {
+  float* m;
+  float* l;
+  float* acc;
+  int64_t row_pairs;
+};
+
+// One work item: query rows [t0, t0 + nt) × the `g` query heads [h0, h0 + g) that read KV head
+// `kvh`, over key positions [k_lo, k_hi). Leaves the un-normalised online-softmax state in `out`
+// (m = -inf, l = 0, acc = 0 for pairs that see no key of the range).
+void attend_range(const float* q, int64_t t0, int64_t nt, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+                  const AttentionParams& p, int kvh, int h0, int g, int64_t k_lo, int64_t k_hi, Scratch& s,
+                  const Partial& out) {
+  const int hd = p.head_dim;
+  const int hdp = (hd + 7) & ~7;
+  const int64_t kv_row = static_cast<int64_t>(p.n_kv_heads) * hd;
+  const int64_t q_row = static_cast<int64_t>(p.n_heads) * hd;
+  const __m256i tmask = first_lanes(hd & 7);
+  s.q.assign(static_cast<size_t>(nt * g * hdp), 0.0f);
   for (int64_t r = 0; r < nt; ++r) {
     for (int i = 0; i < g; ++i) {
-      const size_t pi = static_cast<size_t>(r) * static_cast<size_t>(g) + static_cast<size_t>(i);
-      float* o = out + (t0 + r) * q_row + static_cast<int64_t>(h0 + i) * hd;
-      const float inv = s.l[pi] > 0 ? 1.0f / s.l[pi] : 0.0f;
-      const float* acc = s.acc.data() + pi * static_cast<size_t>(hd);
-      for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+      const size_t pi = static_cast<size_t>(r * out.row_pairs + i);
+      out.m[pi] = -INFINITY;
+      out.l[pi] = 0.0f;
+      std::fill_n(out.acc + pi * hdp, hdp, 0.0f);
+      std::copy_n(q + (t0 + r) * q_row + static_cast<int64_t>(h0 + i) * hd, hd, s.q.data() + (r * g + i) * hdp);
+    }
+  }
+  // Keys a row of the item can see at all.
+  const int64_t pos_lo = q_pos0 + t0, pos_hi = q_pos0 + t0 + nt - 1;
+  const int64_t first_lo = p.window > 0 ? std::max<int64_t>(0, pos_lo - p.window + 1) : 0;
+  k_lo = std::max(k_lo, first_lo);
+  k_hi = std::min(k_hi, pos_hi + 1);
+  const int bk = block_keys(hd);
+  for (int si = 0; si < n_spans; ++si) {
+    const KvSpanView& sp = spans[si];
+    const int64_t a = std::max(k_lo, sp.start), e = std::min(k_hi, sp.start + sp.len);
+    for (int64_t kb = a; kb < e; kb += bk) {
+      const Block b{sp.k + (kb - sp.start) * kv_row + static_cast<int64_t>(kvh) * hd,
+                    sp.v + (kb - sp.start) * kv_row + static_cast<int64_t>(kvh) * hd, kv_row,
+                    static_cast<int>(std::min<int64_t>(bk, e - kb))};
+      const int64_t next = kb + bk;
+      const Block nb{b.k + bk * kv_row, b.v + bk * kv_row, kv_row,
+                     static_cast<int>(std::clamp<int64_t>(e - next, 0, bk))};
+      const Block* pf = nb.n > 0 ? &nb : nullptr;
+      for (int64_t r = 0; r < nt; ++r) {
+        const int64_t pos = pos_lo + r;
+        const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+        // This row sees keys [first, pos]: a contiguous range of the block.
+        const int lo = static_cast<int>(std::clamp<int64_t>(first - kb, 0, b.n));
+        const int hi = static_cast<int>(std::clamp<int64_t>(pos + 1 - kb, 0, b.n));
+        if (lo >= hi) continue;
+        for (int i = 0; i < g; ++i) {
+          const size_t pi = static_cast<size_t>(r * out.row_pairs + i);
+          const float* qh = s.q.data() + (r * g + i) * hdp;
+          float* acc = out.acc + pi * hdp;
+          if (hd == 64) {
+            pair_block<64>(qh, b, lo, hi, hd, tmask, p.scale, s.sc, out.m[pi], out.l[pi], acc, pf);
+          } else if (hd == 128) {
+            pair_block<128>(qh, b, lo, hi, hd, tmask, p.scale, s.sc, out.m[pi], out.l[pi], acc, pf);
+          } else {
+            pair_block<0>(qh, b, lo, hi, hd, tmask, p.scale, s.sc, out.m[pi], out.l[pi], acc, pf);
+          }
+          pf = nullptr;
+        }
+      }
     }
   }
 }
 
 }  // namespace
 
-void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans, const AttentionParams& p,
-               float* out) {
+void exp_neg_batch(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_neg(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    float bx[8] = {}, by[8];
+    std::copy(x + i, x + n, bx);
+    _mm256_storeu_ps(by, exp_neg(_mm256_loadu_ps(bx)));
+    std::copy_n(by, n - i, y + i);
+  }
+}
+
+void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+                     const AttentionParams& p, int64_t tile, int64_t chunk_keys, float* out) {
   const int group = p.n_heads / p.n_kv_heads;
   const int splits = (group + kMaxGroup - 1) / kMaxGroup;  // query-head slices per KV head
   const int g = (group + splits - 1) / splits;
-  // Query rows per item: enough to amortize each K/V block over many queries, while leaving
-  // ≥ 4 items per thread for load balance.
+  const int hd = p.head_dim;
+  const int hdp = (hd + 7) & ~7;
+  const int64_t q_row = static_cast<int64_t>(p.n_heads) * hd;
   const int64_t slots = static_cast<int64_t>(p.n_kv_heads) * splits;
-  const int64_t want_items = 4 * default_pool().n_threads();
-  int64_t tile = std::clamp<int64_t>(n * slots / std::max<int64_t>(want_items, 1), 1, 16);
+  tile = std::clamp<int64_t>(tile, 1, kMaxTile);
   const int64_t row_tiles = (n + tile - 1) / tile;
-  const int64_t items = row_tiles * slots;
+  // The key positions any row sees; chunks tile this range.
+  const int64_t r0 = p.window > 0 ? std::max<int64_t>(0, q_pos0 - p.window + 1) : 0;
+  const int64_t keys = q_pos0 + n - r0;
+  const int64_t chunks = chunk_keys > 0 ? std::max<int64_t>(1, (keys + chunk_keys - 1) / chunk_keys) : 1;
+  auto slot_heads = [&](int64_t slot, int& kvh, int& h0, int& gg) {
+    kvh = static_cast<int>(slot / splits);
+    h0 = kvh * group + static_cast<int>(slot % splits) * g;
+    gg = std::min(g, kvh * group + group - h0);
+  };
   thread_local Scratch scratch;
-  default_pool().parallel_for(items, [&](int64_t it, int) {
-    const int64_t rt = it / slots;
-    const int rem = static_cast<int>(it % slots);
-    const int kvh = rem / splits, part = rem % splits;
-    const int h0 = kvh * group + part * g;
-    const int gg = std::min(g, kvh * group + group - h0);
+
+  if (chunks == 1) {
+    default_pool().parallel_for(row_tiles * slots, [&](int64_t it, int) {
+      int kvh, h0, gg;
+      slot_heads(it % slots, kvh, h0, gg);
+      if (gg <= 0) return;
+      const int64_t t0 = (it / slots) * tile, nt = std::min(tile, n - t0);
+      Scratch& s = scratch;
+      const size_t pairs = static_cast<size_t>(nt * gg);
+      s.m.resize(pairs);
+      s.l.resize(pairs);
+      s.acc.resize(pairs * hdp);
+      attend_range(q, t0, nt, q_pos0, spans, n_spans, p, kvh, h0, gg, INT64_MIN, INT64_MAX, s,
+                   {s.m.data(), s.l.data(), s.acc.data(), gg});
+      for (int64_t r = 0; r < nt; ++r) {
+        for (int i = 0; i < gg; ++i) {
+          const size_t pi = static_cast<size_t>(r * gg + i);
+          float* o = out + (t0 + r) * q_row + static_cast<int64_t>(h0 + i) * hd;
+          const float inv = s.l[pi] > 0 ? 1.0f / s.l[pi] : 0.0f;
+          const float* acc = s.acc.data() + pi * hdp;
+          for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+        }
+      }
+    });
+    return;
+  }
+
+  // Split: partials of chunk c for (row t, head h) at (c·n + t)·n_heads + h. Owned by the
+  // calling thread and reused across calls (decode calls this once per layer and step).
+  thread_local std::vector<float> part_m, part_l, part_acc;
+  const size_t planes = static_cast<size_t>(chunks * n * p.n_heads);
+  part_m.resize(planes);
+  part_l.resize(planes);
+  part_acc.resize(planes * hdp);
+  // Workers must write the caller's buffers, not their own thread_locals of the same name.
+  float* const pm = part_m.data();
+  float* const pl = part_l.data();
+  float* const pa = part_acc.data();
+  const int64_t clen = chunk_keys;
+  default_pool().parallel_for(row_tiles * slots * chunks, [&](int64_t it, int) {
+    const int64_t c = it % chunks, rest = it / chunks;
+    int kvh, h0, gg;
+    slot_heads(rest % slots, kvh, h0, gg);
     if (gg <= 0) return;
-    const int64_t t0 = rt * tile, nt = std::min(tile, n - t0);
-    attend_tile(q, t0, nt, q_pos0, spans, n_spans, p, kvh, h0, gg, scratch, out);
+    const int64_t t0 = (rest / slots) * tile, nt = std::min(tile, n - t0);
+    const size_t base = static_cast<size_t>((c * n + t0) * p.n_heads + h0);
+    attend_range(q, t0, nt, q_pos0, spans, n_spans, p, kvh, h0, gg, r0 + c * clen, r0 + (c + 1) * clen, scratch,
+                 {pm + base, pl + base, pa + base * hdp, p.n_heads});
   });
+  // Log-sum-exp merge: chunk c's state is (m_c, l_c, acc_c) relative to its own max; rescaled to
+  // the global max M, the chunk contributes exp(m_c − M)·l_c to the sum and exp(m_c − M)·acc_c to
+  // the output. A chunk the row cannot see (m_c = -inf) contributes nothing.
+  const int64_t pairs = n * p.n_heads;
+  default_pool().parallel_for(pairs, [&](int64_t pi, int) {
+    const size_t stride = static_cast<size_t>(pairs);
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, pm[c * stride + pi]);
+    float* o = out + pi * hd;  // pair index t·n_heads + h is also the output's row-major head index
+    std::fill_n(o, hd, 0.0f);
+    if (mx == -INFINITY) return;
+    float sum = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const size_t ci = c * stride + pi;
+      if (pm[ci] == -INFINITY) continue;
+      const float w = std::exp(pm[ci] - mx);
+      sum += w * pl[ci];
+      const float* acc = pa + ci * hdp;
+      for (int d = 0; d < hd; ++d) o[d] += w * acc[d];
+    }
+    const float inv = 1.0f / sum;
+    for (int d = 0; d < hd; ++d) o[d] *= inv;
+  });
+}
+
+void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans, const AttentionParams& p,
+               float* out) {
+  const int group = p.n_heads / p.n_kv_heads;
+  const int splits = (group + kMaxGroup - 1) / kMaxGroup;
+  const int64_t slots = static_cast<int64_t>(p.n_kv_heads) * splits;
+  const int64_t threads = default_pool().n_threads();
+  const int64_t r0 = p.window > 0 ? std::max<int64_t>(0, q_pos0 - p.window + 1) : 0;
+  const int64_t keys = q_pos0 + n - r0;
+  if (n <= kMaxTile && keys >= kSplitMinKeys) {
+    // Decode: all rows in one tile (the cache is read once), and enough KV chunks for ~8 items
+    // per thread (dynamic balancing on a shared host, like the matmuls), never below kMinChunk.
+    const int64_t want = 8 * threads;
+    const int64_t chunks = std::clamp<int64_t>((want + slots - 1) / slots, 1, keys / kMinChunk);
+    attention_tiled(q, n, q_pos0, spans, n_spans, p, n, chunks > 1 ? (keys + chunks - 1) / chunks : 0, out);
+    return;
+  }
+  // Prefill, or short contexts: query rows per item enough to amortize each K/V block over many
+  // queries, while leaving ≥ 4 items per thread for load balance.
+  const int64_t want_items = 4 * threads;
+  const int64_t tile = std::clamp<int64_t>(n * slots / std::max<int64_t>(want_items, 1), 1, kMaxTile);
+  attention_tiled(q, n, q_pos0, spans, n_spans, p, tile, 0, out);
 }
 
 }  // namespace larder::kernels::cpu::avx2
