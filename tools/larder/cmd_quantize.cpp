@@ -9,7 +9,8 @@ namespace larder::cli {
 
 VerbMain add_quantize(CLI::App& app) {
   struct Opts {
-    std::string src, dst, keep, candidates = "2,3,4,6,8";
+    std::string src, dst, keep, candidates = "2,3,4,6,8", sensitivity = "kl", calibration, reuse;
+    int64_t calib_len = 256, calib_n = 8;
     double target_bpw = 0;
     int bits = 4, group = 64, threads = 0;
     double max_shard_mb = 5 * 1024.0;
@@ -22,8 +23,16 @@ VerbMain add_quantize(CLI::App& app) {
   cmd->add_option("--group-size", o->group, "group size: 32, 64 or 128")->capture_default_str();
   cmd->add_option("--keep", o->keep, "comma-separated modules left unquantized (path, dotted suffix e.g. lm_head, or glob)");
   cmd->add_option("--target-bpw", o->target_bpw,
-                  "mixed precision: nominal bits per weight over the block linears (sensitivity proxy: weight "
-                  "quantization error; embed_tokens / lm_head keep --bits)");
+                  "mixed precision: nominal bits per weight over the block linears (embed_tokens / lm_head keep --bits)");
+  cmd->add_option("--sensitivity", o->sensitivity,
+                  "kl: calibration KL of each module quantized alone (design §4); proxy: relative weight error (fast, "
+                  "ignores how the model uses the module)")
+      ->check(CLI::IsMember({"kl", "proxy"}))
+      ->capture_default_str();
+  cmd->add_option("--calibration", o->calibration, "calibration text: a .jsonl file (\"text\" or \"messages\" per line) or plain text (default: built-in multi-domain corpus)");
+  cmd->add_option("--calibration-length", o->calib_len, "tokens per calibration sample")->capture_default_str();
+  cmd->add_option("--calibration-samples", o->calib_n, "calibration samples")->capture_default_str();
+  cmd->add_option("--reuse-sensitivity", o->reuse, "sensitivity.json of an earlier run with the same calibration to use instead of measuring");
   cmd->add_option("--candidate-bits", o->candidates, "widths the allocator may choose (with --target-bpw)")
       ->capture_default_str();
   cmd->add_option("--max-shard-mb", o->max_shard_mb, "largest shard in MiB")->capture_default_str();
@@ -35,6 +44,13 @@ VerbMain add_quantize(CLI::App& app) {
     opts.threads = o->threads;
     opts.max_shard_bytes = static_cast<uint64_t>(o->max_shard_mb * 1048576.0);
     opts.target_bpw = o->target_bpw;
+    opts.weight_proxy = o->sensitivity == "proxy";
+    opts.calibration.file = o->calibration;
+    opts.calibration.seq_len = o->calib_len;
+    opts.calibration.n_samples = o->calib_n;
+    opts.reuse_sensitivity = o->reuse;
+    if (o->target_bpw <= 0 && (!o->calibration.empty() || !o->reuse.empty()))
+      return report(invalid_argument("[quantize] --calibration / --reuse-sensitivity only apply with --target-bpw"));
     if (o->target_bpw > 0) {
       opts.candidate_bits.clear();
       std::stringstream cs(o->candidates);
@@ -62,10 +78,14 @@ VerbMain add_quantize(CLI::App& app) {
                  "bits per weight over quantized modules: nominal %.3f, stored %.3f (group %d)\n",
                  rep.n_quantized, rep.n_kept, rep.n_passthrough, rep.n_shards, rep.out_bytes / 1048576.0, rep.seconds,
                  rep.nominal_bpw, rep.stored_bpw, o->group);
-    if (o->target_bpw > 0)
-      std::fprintf(stderr, "mixed precision: target %.3f, allocated %.3f nominal over the block linears (proxy: "
-                           "weight quantization error; table in %s/sensitivity.json)\n",
-                   o->target_bpw, rep.allocated_bpw, o->dst.c_str());
+    if (o->target_bpw > 0) {
+      std::fprintf(stderr, "mixed precision: target %.3f, allocated %.3f nominal over the block linears; sensitivity: %s",
+                   o->target_bpw, rep.allocated_bpw,
+                   opts.weight_proxy ? "weight-error proxy" : rep.sensitivity_reused ? "reused" : "calibration KL");
+      if (!opts.weight_proxy && !rep.sensitivity_reused)
+        std::fprintf(stderr, " (%lld forwards, %.1f s)", static_cast<long long>(rep.sensitivity_forwards), rep.sensitivity_seconds);
+      std::fprintf(stderr, "; table in %s/sensitivity.json\n", o->dst.c_str());
+    }
     return 0;
   };
 }

@@ -21,6 +21,7 @@
 #include "larder/quant/affine.h"
 #include "larder/quant/allocator.h"
 #include "larder/quant/checkpoint_io.h"
+#include "larder/tokenizer/tokenizer.h"
 
 namespace larder::quant {
 
@@ -154,17 +155,53 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
       if (t.dim(1) % opts.group_size != 0 || keep_matches(opts.keep, module) || block_index(module) < 0) continue;
       table.push_back({module, {}, static_cast<uint64_t>(t.numel())});
     }
-    ordered_json layers = ordered_json::array();
-    for (size_t i = 0; i < table.size(); ++i) {
-      if (opts.progress) opts.progress(i + 1, table.size(), "sensitivity proxy: " + table[i].name);
-      const formats::TensorInfo* w = ts.find(table[i].name + ".weight");
-      ordered_json kl = ordered_json::object();
-      for (int b : opts.candidate_bits) {
-        if (Status st = check_affine_params(b, opts.group_size, w->dim(1)); !st) return st;
-        table[i].kl[b] = weight_error(*w, b, opts.group_size, opts.threads);
-        kl[std::to_string(b)] = table[i].kl[b];
+    if (opts.weight_proxy) {
+      ordered_json layers = ordered_json::array();
+      for (size_t i = 0; i < table.size(); ++i) {
+        if (opts.progress) opts.progress(i + 1, table.size(), "sensitivity proxy: " + table[i].name);
+        const formats::TensorInfo* w = ts.find(table[i].name + ".weight");
+        ordered_json kl = ordered_json::object();
+        for (int b : opts.candidate_bits) {
+          if (Status st = check_affine_params(b, opts.group_size, w->dim(1)); !st) return st;
+          table[i].kl[b] = weight_error(*w, b, opts.group_size, opts.threads);
+          kl[std::to_string(b)] = table[i].kl[b];
+        }
+        layers.push_back({{"name", table[i].name}, {"params", table[i].params}, {"kl", kl}});
       }
-      layers.push_back({{"name", table[i].name}, {"params", table[i].params}, {"kl", kl}});
+      sens_report = {{"format", "larder-sensitivity-1"}, {"reference", "weight-error-proxy"},
+                     {"metric", "||W - deq(quant_b(W))||^2 / ||W||^2 (not calibration KL)"},
+                     {"group_size", opts.group_size}, {"layers", layers}};
+    } else {
+      // Calibration KL (design §4) over the source model itself.
+      auto files = formats::open_model_files(src_dir);
+      if (!files) return files.status();
+      auto tok = tokenizer::Tokenizer::from_hf_dir(src_dir);
+      if (!tok) return tok.status();
+      auto calib = load_calibration(*tok.value(), opts.calibration);
+      if (!calib) return calib.status();
+      SensitivityOptions so;
+      so.candidates = opts.candidate_bits;
+      so.group_size = opts.group_size;
+      so.threads = opts.threads;
+      so.progress = [&](size_t i, size_t n, const std::string& what) {
+        if (opts.progress) opts.progress(i, n, "sensitivity: " + what);
+      };
+      if (!opts.reuse_sensitivity.empty()) {
+        auto prev = formats::read_json_file(opts.reuse_sensitivity);
+        if (!prev) return prev.status();
+        auto t = reuse_sensitivity_report(prev.value(), table, calib.value(), so);
+        if (!t) return Status(t.status().code(), t.status().message() + " (" + opts.reuse_sensitivity + ")");
+        table = std::move(t).value();
+        sens_report = std::move(prev).value();
+        rep.sensitivity_reused = true;
+      } else {
+        auto r = measure_kl_sensitivity(files.value(), table, calib.value(), so);
+        if (!r) return r.status();
+        table = std::move(r.value().table);
+        sens_report = std::move(r.value().report);
+        rep.sensitivity_seconds = r.value().seconds;
+        rep.sensitivity_forwards = r.value().forwards;
+      }
     }
     AllocatorOptions ao;
     ao.target_bpw = opts.target_bpw;
@@ -174,10 +211,10 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
     if (!plan) return plan.status();
     for (const ModuleBits& m : plan.value().modules) module_bits[m.name] = m.bits;
     rep.allocated_bpw = plan.value().achieved_bpw;
-    sens_report = {{"format", "larder-sensitivity-1"}, {"reference", "weight-error-proxy"},
-                   {"metric", "||W - deq(quant_b(W))||^2 / ||W||^2 (not calibration KL)"},
-                   {"group_size", opts.group_size}, {"target_bpw", opts.target_bpw},
-                   {"achieved_bpw", plan.value().achieved_bpw}, {"layers", layers}};
+    ordered_json bits = ordered_json::object();
+    for (const ModuleBits& m : plan.value().modules) bits[m.name] = m.bits;
+    sens_report["allocation"] = {{"target_bpw", opts.target_bpw}, {"achieved_bpw", plan.value().achieved_bpw},
+                                 {"candidates", plan.value().candidates}, {"bits", bits}};
   }
 
   // Plan every output tensor.

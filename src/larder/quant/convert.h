@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "larder/core/status.h"
+#include "larder/quant/sensitivity.h"
 
 namespace larder::quant {
 
@@ -34,13 +35,18 @@ struct ConvertOptions {
   std::map<std::string, int> module_bits;  // per-module width overrides (mixed precision)
   uint64_t max_shard_bytes = 5ull << 30;   // greedy shards; one tensor never spans two
   int threads = 0;                         // 0: hardware concurrency
-  // Mixed precision (target_bpw > 0): the per-block linears get widths from allocate_bits()
-  // (allocator.h) over `candidate_bits`, driven by a cheap sensitivity PROXY — the relative
-  // weight quantization error ||W - deq(quant_b(W))||^2 / ||W||^2 of each module at each width —
-  // not the calibration KL of design §4. embed_tokens / lm_head keep `bits`. The proxy table is
-  // written to DST/sensitivity.json (reference "weight-error-proxy").
+  // Mixed precision (target_bpw > 0): the per-block linears (q/k/v/o/gate/up/down of every
+  // layer) get widths from allocate_bits() (allocator.h) over `candidate_bits`; embed_tokens /
+  // lm_head keep `bits`. Sensitivities are, by default, the calibration KL of design §4
+  // (sensitivity.h); `weight_proxy` uses the cheap relative weight error
+  // ||W - deq(quant_b(W))||^2 / ||W||^2 instead (reference "weight-error-proxy"). The table is
+  // written to DST/sensitivity.json; `reuse_sensitivity` names an earlier one to use as is (it
+  // must match this run's calibration, group size, modules and candidates).
   double target_bpw = 0;
   std::vector<int> candidate_bits = {2, 3, 4, 6, 8};
+  bool weight_proxy = false;
+  CalibrationOptions calibration;
+  std::string reuse_sensitivity;
   // Progress: (modules done, modules total, current module) — called before each module.
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
@@ -52,6 +58,9 @@ struct ConvertReport {
   double stored_bpw = 0;   // nominal + 32 / group_size (16-bit scale + bias per group), quantized modules
   double seconds = 0;
   double allocated_bpw = 0;  // mixed precision: the allocator's nominal bpw over the probed modules
+  double sensitivity_seconds = 0;
+  int64_t sensitivity_forwards = 0;  // calibration forwards run (0 for the proxy or a reused table)
+  bool sensitivity_reused = false;
 };
 
 // Module path -> whether its weight would be quantized (2-D float `.weight`, divisible last dim),

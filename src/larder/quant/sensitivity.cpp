@@ -1,0 +1,343 @@
+// sensitivity.cpp — see sensitivity.h.
+#include "larder/quant/sensitivity.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "larder/memory/kv_cache.h"
+#include "larder/models/model.h"
+#include "larder/quant/affine.h"
+
+namespace larder::quant {
+
+using nlohmann::ordered_json;
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string hex64(uint64_t v) { return strfmt("%016llx", static_cast<unsigned long long>(v)); }
+
+// A JSONL calibration line -> its text (design §4: "text", or "messages" flattened).
+Result<std::string> jsonl_sample_text(const ordered_json& j, const std::string& where) {
+  if (!j.is_object()) return invalid_argument("[calibration] " + where + ": not a JSON object");
+  if (auto it = j.find("text"); it != j.end()) {
+    if (!it->is_string()) return invalid_argument("[calibration] " + where + ": \"text\" is not a string");
+    return it->get<std::string>();
+  }
+  if (auto it = j.find("messages"); it != j.end() && it->is_array()) {
+    std::string out;
+    for (const auto& m : *it) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        return invalid_argument("[calibration] " + where + ": a message without a string \"role\"");
+      std::string content;
+      if (m.contains("content") && m["content"].is_string()) content = m["content"].get<std::string>();
+      else if (m.contains("content") && m["content"].is_array())  // OpenAI content parts: the text ones
+        for (const auto& p : m["content"])
+          if (p.is_object() && p.value("type", "") == "text" && p.contains("text") && p["text"].is_string())
+            content += p["text"].get<std::string>();
+      if (!out.empty()) out += "\n\n";
+      out += "[" + m["role"].get<std::string>() + "]: " + content;
+    }
+    return out;
+  }
+  return invalid_argument("[calibration] " + where + ": no \"text\" string or \"messages\" array");
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> read_calibration_texts(const CalibrationOptions& opts, std::string* digest) {
+  std::vector<std::string> texts;
+  std::string bytes;
+  if (opts.file.empty()) {
+    bytes = builtin_calibration_text();
+    texts.push_back(bytes);
+  } else {
+    std::ifstream f(opts.file, std::ios::binary);
+    if (!f) return not_found("[calibration] cannot read " + opts.file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    bytes = ss.str();
+    if (bytes.find_first_not_of(" \t\r\n") == std::string::npos) return invalid_argument("[calibration] " + opts.file + " is empty");
+    const bool jsonl_name = opts.file.size() > 6 && opts.file.compare(opts.file.size() - 6, 6, ".jsonl") == 0;
+    const bool starts_obj = bytes[bytes.find_first_not_of(" \t\r\n")] == '{';
+    if (jsonl_name || starts_obj) {
+      std::istringstream lines(bytes);
+      int lineno = 0;
+      for (std::string line; std::getline(lines, line);) {
+        ++lineno;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const std::string where = opts.file + " line " + std::to_string(lineno);
+        ordered_json j = ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_discarded()) {
+          if (!jsonl_name && lineno == 1) {  // a plain text that merely starts with '{'
+            texts.clear();
+            break;
+          }
+          return invalid_argument("[calibration] " + where + ": not valid JSON");
+        }
+        auto t = jsonl_sample_text(j, where);
+        if (!t) return t.status();
+        texts.push_back(std::move(t).value());
+      }
+    }
+    if (texts.empty()) texts.push_back(bytes);
+  }
+  if (digest) *digest = hex64(XXH64(bytes.data(), bytes.size(), 0));
+  return texts;
+}
+
+std::vector<int64_t> calibration_starts(int64_t total, int64_t seq_len, int64_t n_samples, uint64_t seed) {
+  std::vector<int64_t> starts;
+  for (int64_t s = 0; s < total - seq_len; s += seq_len) starts.push_back(s);
+  // A stream of exactly seq_len tokens still yields its one chunk.
+  if (starts.empty() && total >= seq_len) starts.push_back(0);
+  uint64_t st = seed;
+  for (size_t i = starts.size(); i > 1; --i) {
+    const size_t j = static_cast<size_t>(splitmix64(st) % i);
+    std::swap(starts[i - 1], starts[j]);
+  }
+  if (static_cast<int64_t>(starts.size()) > n_samples) starts.resize(static_cast<size_t>(n_samples));
+  return starts;
+}
+
+Result<CalibrationSet> load_calibration(const tokenizer::Tokenizer& tok, const CalibrationOptions& opts) {
+  if (opts.seq_len < 2) return invalid_argument(strfmt("[calibration] sequence length %lld is below 2", static_cast<long long>(opts.seq_len)));
+  if (opts.n_samples < 1) return invalid_argument(strfmt("[calibration] sample count %lld is below 1", static_cast<long long>(opts.n_samples)));
+  CalibrationSet cs;
+  auto texts = read_calibration_texts(opts, &cs.digest);
+  if (!texts) return texts.status();
+  std::vector<int32_t> stream;
+  for (const std::string& t : texts.value()) {
+    std::vector<int32_t> ids = tok.encode(t, /*add_special=*/false);
+    stream.insert(stream.end(), ids.begin(), ids.end());
+  }
+  cs.source = opts.file.empty() ? "builtin" : opts.file;
+  cs.stream_tokens = static_cast<int64_t>(stream.size());
+  cs.seq_len = opts.seq_len;
+  cs.seed = opts.seed;
+  if (cs.stream_tokens < opts.seq_len)
+    return invalid_argument(strfmt("[calibration] %s has %lld tokens, fewer than one sample of %lld (lower --calibration-length or give more text)",
+                                   cs.source.c_str(), static_cast<long long>(cs.stream_tokens), static_cast<long long>(opts.seq_len)));
+  for (int64_t s : calibration_starts(cs.stream_tokens, opts.seq_len, opts.n_samples, opts.seed))
+    cs.samples.emplace_back(stream.begin() + s, stream.begin() + s + opts.seq_len);
+  return cs;
+}
+
+double kl_logprobs_vs_logits(const float* ref_logp, const float* cand_logits, int64_t vocab) {
+  float mx = -INFINITY;
+  for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, cand_logits[v]);
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(cand_logits[v]) - mx);
+  const double lse = mx + std::log(sum);
+  double kl = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    const double lp = ref_logp[v];
+    if (lp == -INFINITY) continue;
+    kl += std::exp(lp) * (lp - (static_cast<double>(cand_logits[v]) - lse));
+  }
+  return std::max(0.0, kl);  // rounding can leave a tiny negative for identical inputs
+}
+
+namespace {
+
+// The files with one tensor re-pointed at an in-memory f32 copy (same shape); everything else
+// stays a view of the mapped source. `data` must outlive every model bound to the result.
+formats::ModelFiles overlay(const formats::ModelFiles& base, const std::string& name, const float* data) {
+  auto ts = std::make_shared<formats::TensorSet>();
+  for (const auto& f : base.tensors().files()) ts->add_file(f);
+  for (const formats::TensorInfo& t : base.tensors().tensors()) {
+    formats::TensorInfo c = t;
+    if (t.name == name) {
+      c.dtype = DType::kF32;
+      c.data = reinterpret_cast<const uint8_t*>(data);
+      c.nbytes = static_cast<uint64_t>(t.numel()) * 4;
+    }
+    (void)ts->add(std::move(c));  // names are unique in the base set
+  }
+  formats::ModelFiles f = base;
+  f.hf_tensors = std::move(ts);
+  return f;
+}
+
+// w quantized at `bits` then dequantized, as f32 (rows split over threads).
+Status fake_quantize(const formats::TensorInfo& w, int bits, int group, int threads, std::vector<float>* out) {
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  const size_t esz = w.dtype == DType::kF32 ? 4 : 2;
+  out->resize(static_cast<size_t>(rows * cols));
+  int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  nt = static_cast<int>(std::min<int64_t>(nt, std::max<int64_t>(1, rows / 16)));
+  std::vector<Status> sts(static_cast<size_t>(nt));
+  auto work = [&](int t) {
+    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    const int64_t chunk = 64;
+    std::vector<uint32_t> q(static_cast<size_t>(chunk * affine_words_per_row(cols, bits)));
+    std::vector<uint8_t> s(static_cast<size_t>(chunk * (cols / group)) * esz), b(s.size());
+    for (int64_t r = r0; r < r1; r += chunk) {
+      const int64_t n = std::min(chunk, r1 - r);
+      Status st = quantize_affine(w.data + static_cast<size_t>(r * cols) * esz, w.dtype, n, cols, bits, group, q.data(), s.data(), b.data());
+      if (st) st = dequantize_affine(q.data(), s.data(), b.data(), w.dtype, n, cols, bits, group, out->data() + r * cols);
+      if (!st) {
+        sts[static_cast<size_t>(t)] = st;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> th;
+  for (int i = 1; i < nt; ++i) th.emplace_back(work, i);
+  work(0);
+  for (auto& x : th) x.join();
+  for (const Status& s : sts)
+    if (!s) return s;
+  return Status::ok();
+}
+
+// Mean over samples of the mean over positions of KL(ref ‖ model).
+Result<double> mean_kl(models::Model& model, const CalibrationSet& calib, const std::vector<float>& ref_logp,
+                       std::vector<float>* logits) {
+  const int64_t V = model.info().vocab, L = calib.seq_len;
+  double total = 0;
+  for (size_t s = 0; s < calib.samples.size(); ++s) {
+    memory::KvCache cache(model.kv_layout(), L);
+    if (Status st = model.forward(calib.samples[s].data(), L, cache, logits->data(), true); !st) return st;
+    double acc = 0;
+    for (int64_t p = 0; p < L; ++p)
+      acc += kl_logprobs_vs_logits(ref_logp.data() + (static_cast<int64_t>(s) * L + p) * V, logits->data() + p * V, V);
+    total += acc / static_cast<double>(L);
+  }
+  return total / static_cast<double>(calib.samples.size());
+}
+
+ordered_json calibration_json(const CalibrationSet& c) {
+  return {{"source", c.source}, {"digest", c.digest}, {"L", c.seq_len}, {"n", static_cast<int64_t>(c.samples.size())},
+          {"seed", c.seed}, {"stream_tokens", c.stream_tokens}};
+}
+
+}  // namespace
+
+Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& files,
+                                                 const std::vector<ModuleSensitivity>& modules,
+                                                 const CalibrationSet& calib, const SensitivityOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!files.hf_tensors) return invalid_argument("[sensitivity] " + files.path + " is not a safetensors checkpoint");
+  if (calib.samples.empty()) return invalid_argument("[sensitivity] no calibration samples");
+  auto base_r = models::Model::load(files);
+  if (!base_r) return base_r.status();
+  models::Model& base = *base_r.value();
+  const int64_t V = base.info().vocab, L = calib.seq_len;
+  if (L > base.info().max_context && base.info().max_context > 0)
+    return invalid_argument(strfmt("[sensitivity] calibration length %lld exceeds the model's context %lld",
+                                   static_cast<long long>(L), static_cast<long long>(base.info().max_context)));
+  SensitivityResult res;
+  std::vector<float> logits(static_cast<size_t>(L * V));
+  std::vector<float> ref_logp(static_cast<size_t>(static_cast<int64_t>(calib.samples.size()) * L * V));
+  for (size_t s = 0; s < calib.samples.size(); ++s) {
+    memory::KvCache cache(base.kv_layout(), L);
+    if (Status st = base.forward(calib.samples[s].data(), L, cache, logits.data(), true); !st) return st;
+    ++res.forwards;
+    for (int64_t p = 0; p < L; ++p) {
+      const float* x = logits.data() + p * V;
+      float* o = ref_logp.data() + (static_cast<int64_t>(s) * L + p) * V;
+      float mx = -INFINITY;
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, x[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(x[v]) - mx);
+      const double lse = mx + std::log(sum);
+      for (int64_t v = 0; v < V; ++v) o[v] = static_cast<float>(static_cast<double>(x[v]) - lse);
+    }
+  }
+  std::vector<int> cands = opts.candidates;
+  std::sort(cands.begin(), cands.end());
+  cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
+  const size_t total = modules.size() * cands.size();
+  size_t done = 0;
+  std::vector<float> wq;
+  ordered_json layers = ordered_json::array();
+  for (const ModuleSensitivity& m : modules) {
+    const formats::TensorInfo* w = files.tensors().find(m.name + ".weight");
+    if (!w || w->rank() != 2 || !(w->dtype == DType::kF32 || w->dtype == DType::kBF16 || w->dtype == DType::kF16))
+      return invalid_argument("[sensitivity] " + m.name + ".weight is missing or not a 2-D float tensor");
+    ModuleSensitivity out = m;
+    out.kl.clear();
+    ordered_json kl = ordered_json::object();
+    for (int b : cands) {
+      if (opts.progress) opts.progress(done, total, strfmt("%s @ %d bits", m.name.c_str(), b));
+      if (Status st = check_affine_params(b, opts.group_size, w->dim(1)); !st)
+        return Status(st.code(), st.message() + " (module " + m.name + ")");
+      if (Status st = fake_quantize(*w, b, opts.group_size, opts.threads, &wq); !st) return st;
+      const formats::ModelFiles f = overlay(files, w->name, wq.data());
+      auto probe = models::Model::load(f);
+      if (!probe) return probe.status();
+      auto r = mean_kl(*probe.value(), calib, ref_logp, &logits);
+      if (!r) return r.status();
+      res.forwards += static_cast<int64_t>(calib.samples.size());
+      const double v = r.value();
+      out.kl[b] = v;
+      if (std::isfinite(v)) kl[std::to_string(b)] = v;
+      else kl[std::to_string(b)] = nullptr;  // §4: non-finite written as null (= NaN)
+      ++done;
+    }
+    layers.push_back({{"name", m.name}, {"params", m.params}, {"kl", kl}});
+    res.table.push_back(std::move(out));
+  }
+  if (opts.progress) opts.progress(total, total, "done");
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  res.report = {{"format", "larder-sensitivity-1"},
+                {"reference", "source"},
+                {"metric", "mean KL(source || module quantized alone), nats per position"},
+                {"group_size", opts.group_size},
+                {"candidates", cands},
+                {"calibration", calibration_json(calib)},
+                {"forwards", res.forwards},
+                {"seconds", res.seconds},
+                {"layers", layers}};
+  return res;
+}
+
+Result<std::vector<ModuleSensitivity>> reuse_sensitivity_report(const ordered_json& rep,
+                                                                const std::vector<ModuleSensitivity>& modules,
+                                                                const CalibrationSet& calib, const SensitivityOptions& opts) {
+  auto mismatch = [](const std::string& what) {
+    return invalid_argument("[sensitivity] the given sensitivity report does not match this run: " + what);
+  };
+  if (!rep.is_object() || rep.value("format", "") != "larder-sensitivity-1") return mismatch("format is not larder-sensitivity-1");
+  if (rep.value("reference", "") != "source") return mismatch("it is not a calibration-KL report (reference " + rep.value("reference", std::string("?")) + ")");
+  if (!rep.contains("group_size") || rep["group_size"] != opts.group_size) return mismatch("group size");
+  const ordered_json want = calibration_json(calib);
+  if (!rep.contains("calibration") || !rep["calibration"].is_object()) return mismatch("no calibration block");
+  for (const char* k : {"digest", "L", "n", "seed"})
+    if (rep["calibration"].value(k, ordered_json()) != want[k]) return mismatch(std::string("calibration ") + k);
+  if (!rep.contains("layers") || !rep["layers"].is_array() || rep["layers"].size() != modules.size())
+    return mismatch("module count");
+  std::vector<ModuleSensitivity> out;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const ordered_json& l = rep["layers"][i];
+    if (!l.is_object() || l.value("name", "") != modules[i].name) return mismatch("module " + modules[i].name);
+    ModuleSensitivity m = modules[i];
+    m.kl.clear();
+    if (!l.contains("kl") || !l["kl"].is_object()) return mismatch("no kl table for " + m.name);
+    for (int b : opts.candidates) {
+      const std::string k = std::to_string(b);
+      if (!l["kl"].contains(k)) return mismatch(strfmt("no %d-bit entry for %s", b, m.name.c_str()));
+      const ordered_json& v = l["kl"][k];
+      if (v.is_null()) m.kl[b] = NAN;
+      else if (v.is_number()) m.kl[b] = v.get<double>();
+      else return mismatch("a non-number kl for " + m.name);
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace larder::quant
