@@ -1,23 +1,26 @@
 // attention_avx2.cpp — causal GQA attention with an online (streaming) softmax, f32, AVX2/FMA.
 //
-// Work item = (tile of up to 16 query rows, KV head, KV chunk): the `group` query heads that
+// Work item = (tile of up to 16 query rows, KV heads, KV chunk). The `group` query heads that
 // share a KV head and the tile's rows are processed together, so each K and V row is pulled from
 // memory once per item instead of once per (row, query head) — decode attention is a stream over
 // the whole cache, GQA (group 4 in Llama 3) cuts its bytes 4x, and in prefill the row tile cuts
 // them again (a first version without row tiles ran a 256-row chunk at 4k context at ~2 GFLOP/s,
 // bound on L3 misses).
 //
-// Decode (n <= 16 rows) at long contexts has too few (tile, KV head) items to keep the pool busy
-// — one KV head is one serial item — and shrinking the row tile to make more items would re-read
-// the cache once per tile. So there the KV range is split instead (flash-decoding): each chunk
-// yields a partial (max, sum, un-normalised output) per (row, head), and a second pass merges
-// the chunks with the log-sum-exp rule. The cache is still read exactly once.
+// Prefill and short contexts: one KV head per item, the whole key range, row tiles sized for
+// load balance. Decode (n <= 16 rows) at long contexts has too few such items to keep the pool
+// busy — with one KV head there is one serial item — and shrinking the row tile to make more
+// would re-read the cache once per tile. There the KV range is split instead (flash-decoding):
+// each item takes all rows and all KV heads of one chunk of keys and leaves a partial (max, sum,
+// un-normalised output) per (row, head); a second pass merges the chunks with the log-sum-exp
+// rule. The cache is still read exactly once, front to back.
 //
-// Inside an item, keys are taken in blocks small enough that the block's K and V rows stay in
-// L1 while every (row, head) pair of the item consumes them. Per pair and block: scores are
-// computed 8 keys at a time (8 dot products reduced together with hadd, no per-key horizontal
-// sum), one vector max, one vector exp per 8 keys, the running sum and accumulator rescaled only
-// when the maximum grows, then V rows are accumulated into registers.
+// Inside an item, keys are taken in blocks whose K and V rows (packed contiguously, see
+// pack_rows) stay in L1 while every (row, head) pair of the item consumes them. Per pair and
+// block: scores are computed 8 keys at a time (8 dot products reduced together with one hadd
+// tree, no per-key horizontal sum), one vector max and one vector exp per 8 keys, the running
+// sum and accumulator rescaled only when the maximum grows, then V rows are accumulated into
+// registers.
 //
 // Numerics differ from the double-precision reference only by f32 rounding and the polynomial
 // exp (max error 1 ulp over [-87, 0], tested): tests/unit/kernels_fast bound the output.
@@ -25,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "larder/core/threadpool.h"
@@ -37,7 +41,7 @@ namespace larder::kernels::cpu::avx2 {
 // with an explicit row tile and KV chunk length, so the chunk/merge path can be driven with
 // chunks small enough that some are fully masked for some rows, whatever the thread count.
 void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
-                     const AttentionParams& p, int64_t tile, int64_t chunk_keys, float* out);
+                     const AttentionParams& p, int64_t tile, int64_t chunk_keys, int64_t slots_per_item, float* out);
 void exp_neg_batch(const float* x, float* y, int64_t n);
 
 namespace {
@@ -95,22 +99,16 @@ inline __m256i first_lanes(int k) {
 
 // Eight dot products q·k_u. The eight accumulators are independent FMA chains (enough to cover
 // the FMA latency), and one hadd tree turns them into a vector of 8 scores — 9 shuffle/add ops
-// per 8 keys instead of a 6-op horizontal sum per key. q is padded with zeros to a multiple of
-// 8; a K row's ragged tail is read with a masked load so we never touch memory past the row.
+// per 8 keys instead of a 6-op horizontal sum per key. q and the packed K rows are zero-padded
+// to hdp (a multiple of 8), so every load is a full vector.
 template <int HD>
-inline __m256 scores8(const float* qh, const float* const* kr, int hd, __m256i tmask) {
-  const int nfull = HD ? HD / 8 : hd / 8;
-  const bool tail = HD ? false : (hd & 7) != 0;
+inline __m256 scores8(const float* qh, const float* const* kr, int hdp) {
+  const int nv = HD ? HD / 8 : hdp / 8;
   __m256 s[8];
   LARDER_UNROLL for (int u = 0; u < 8; ++u) s[u] = _mm256_setzero_ps();
-  LARDER_UNROLL for (int i = 0; i < nfull; ++i) {
+  LARDER_UNROLL for (int i = 0; i < nv; ++i) {
     const __m256 qv = _mm256_loadu_ps(qh + 8 * i);
     LARDER_UNROLL for (int u = 0; u < 8; ++u) s[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[u] + 8 * i), s[u]);
-  }
-  if (tail) {
-    const __m256 qv = _mm256_loadu_ps(qh + 8 * nfull);
-    LARDER_UNROLL for (int u = 0; u < 8; ++u)
-      s[u] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kr[u] + 8 * nfull, tmask), s[u]);
   }
   const __m256 h01 = _mm256_hadd_ps(s[0], s[1]), h23 = _mm256_hadd_ps(s[2], s[3]);
   const __m256 h45 = _mm256_hadd_ps(s[4], s[5]), h67 = _mm256_hadd_ps(s[6], s[7]);
@@ -121,10 +119,9 @@ inline __m256 scores8(const float* qh, const float* const* kr, int hd, __m256i t
 
 // acc[0, 8·NV) = acc·c + Σ_j w[j]·v_j[0, 8·NV), with the NV accumulators in registers for the
 // whole block (8 independent FMA chains at NV = 8 — exactly the 2-FMA/cycle × 4-cycle latency).
-// TAIL: the last vector of a V row is ragged and read masked; acc is padded, so its padding
-// lanes simply accumulate zeros.
-template <int NV, bool TAIL>
-void accum(float* acc, const float* v0, int64_t stride, const float* w, int cnt, float c, __m256i tmask) {
+// V rows are packed and zero-padded like K, so the padding lanes of acc accumulate zeros.
+template <int NV>
+void accum(float* acc, const float* v0, int64_t stride, const float* w, int cnt, float c) {
   __m256 a[NV];
   LARDER_UNROLL for (int i = 0; i < NV; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
   if (c != 1.0f) {
@@ -134,84 +131,42 @@ void accum(float* acc, const float* v0, int64_t stride, const float* w, int cnt,
   const float* v = v0;
   for (int j = 0; j < cnt; ++j, v += stride) {
     const __m256 wj = _mm256_broadcast_ss(w + j);
-    LARDER_UNROLL for (int i = 0; i < NV - (TAIL ? 1 : 0); ++i)
-      a[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 8 * i), a[i]);
-    if (TAIL) a[NV - 1] = _mm256_fmadd_ps(wj, _mm256_maskload_ps(v + 8 * (NV - 1), tmask), a[NV - 1]);
+    LARDER_UNROLL for (int i = 0; i < NV; ++i) a[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 8 * i), a[i]);
   }
   LARDER_UNROLL for (int i = 0; i < NV; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
 }
 
-using AccumFn = void (*)(float*, const float*, int64_t, const float*, int, float, __m256i);
-constexpr AccumFn kAccum[9][2] = {
-    {nullptr, nullptr},
-    {accum<1, false>, accum<1, true>},
-    {accum<2, false>, accum<2, true>},
-    {accum<3, false>, accum<3, true>},
-    {accum<4, false>, accum<4, true>},
-    {accum<5, false>, accum<5, true>},
-    {accum<6, false>, accum<6, true>},
-    {accum<7, false>, accum<7, true>},
-    {accum<8, false>, accum<8, true>},
-};
+using AccumFn = void (*)(float*, const float*, int64_t, const float*, int, float);
+constexpr AccumFn kAccum[9] = {nullptr,   accum<1>, accum<2>, accum<3>, accum<4>,
+                               accum<5>, accum<6>, accum<7>, accum<8>};
 
-// Any head size: 64 dims (8 registers) per pass over the block's V rows.
-void accum_any(float* acc, const float* v0, int64_t stride, const float* w, int cnt, float c, int hd,
-               __m256i tmask) {
-  for (int d0 = 0; d0 < hd; d0 += 64) {
-    const int rem = std::min(64, hd - d0);
-    const int nv = (rem + 7) / 8;
-    const bool tail = (rem & 7) != 0;
-    kAccum[nv][tail](acc + d0, v0 + d0, stride, w, cnt, c, tmask);
-  }
+// Any (padded) head size: 64 dims (8 registers) per pass over the block's V rows.
+void accum_any(float* acc, const float* v0, int64_t stride, const float* w, int cnt, float c, int hdp) {
+  for (int d0 = 0; d0 < hdp; d0 += 64) kAccum[std::min(64, hdp - d0) / 8](acc + d0, v0 + d0, stride, w, cnt, c);
 }
 
-// Where a block's rows are: K and V row 0 of this KV head, and the distance between rows
-// (n_kv_heads · head_dim floats — rows are token-major, so one head's rows are strided).
-struct Block {
-  const float* k;
-  const float* v;
-  int64_t stride;
-  int n;  // rows
-};
-
-// One (query row, query head) pair against keys [lo, hi) of a block. m, l, acc: the pair's
-// running max, sum and un-normalised output (acc padded to a multiple of 8). `pf` (or null):
-// the next block, prefetched while this pair's scores are computed — only the first pair of a
-// block carries it, the rest find the block in L1.
+// One (query row, query head) pair against keys [lo, hi) of a packed block (K and V rows of one
+// KV head at stride hdp). m, l, acc: the pair's running max, sum and un-normalised output (acc
+// padded to hdp).
 template <int HD>
-void pair_block(const float* qh, const Block& b, int lo, int hi, int hd, __m256i tmask, float scale, float* sc,
-                float& m, float& l, float* acc, const Block* pf) {
+void pair_block(const float* qh, const float* kp, const float* vp, int lo, int hi, int hdp, float scale, float* sc,
+                float& m, float& l, float* acc) {
   const int cnt = hi - lo;
-  const float* kb = b.k + lo * b.stride;
+  const int64_t stride = HD ? HD : hdp;
+  const float* kb = kp + lo * stride;
   const __m256 ninf = _mm256_set1_ps(-INFINITY);
   const __m256 vscale = _mm256_set1_ps(scale);
   __m256 vmax = ninf;
   for (int j = 0; j < cnt; j += 8) {
-    // A ragged last group repeats its last key (always a valid row) and masks the extra lanes.
+    // A ragged last group reads up to 7 rows past the block's keys — the packed buffer has them,
+    // holding finite stale or zero rows — and masks those lanes. With HD known the 8 row
+    // addresses are one register plus constant displacements.
     const float* kr[8];
-    LARDER_UNROLL for (int u = 0; u < 8; ++u) kr[u] = kb + std::min(j + u, cnt - 1) * b.stride;
-    __m256 s = _mm256_mul_ps(scores8<HD>(qh, kr, hd, tmask), vscale);
+    LARDER_UNROLL for (int u = 0; u < 8; ++u) kr[u] = kb + (j + u) * stride;
+    __m256 s = _mm256_mul_ps(scores8<HD>(qh, kr, hdp), vscale);
     if (j + 8 > cnt) s = _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(first_lanes(cnt - j)));
     _mm256_storeu_ps(sc + j, s);
     vmax = _mm256_max_ps(vmax, s);
-    if (pf) {
-      for (int u = j; u < std::min(j + 8, pf->n); ++u) {
-        const float* nk = pf->k + u * pf->stride;
-        const float* nv = pf->v + u * pf->stride;
-        for (int off = 0; off < hd; off += 16) {
-          _mm_prefetch(reinterpret_cast<const char*>(nk + off), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(nv + off), _MM_HINT_T0);
-        }
-      }
-    }
-  }
-  // The first pair of a block may cover fewer keys than the next block holds (causal mask).
-  if (pf && cnt < pf->n) {
-    for (int u = (cnt + 7) & ~7; u < pf->n; ++u)
-      for (int off = 0; off < hd; off += 16) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf->k + u * pf->stride + off), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(pf->v + u * pf->stride + off), _MM_HINT_T0);
-      }
   }
   // Rescale what came before only when the maximum grows: after the first few blocks it rarely
   // does, and then the block costs no scalar exp and no accumulator multiply.
@@ -229,14 +184,14 @@ void pair_block(const float* qh, const Block& b, int lo, int hi, int hd, __m256i
     lsum = _mm256_add_ps(lsum, w);
   }
   l = l * c + simd::hsum(lsum);
-  const float* vb = b.v + lo * b.stride;
+  const float* vb = vp + lo * stride;
   if (HD == 64) {
-    accum<8, false>(acc, vb, b.stride, sc, cnt, c, tmask);
+    accum<8>(acc, vb, stride, sc, cnt, c);
   } else if (HD == 128) {  // two passes of 8 registers: 16 accumulators would spill
-    accum<8, false>(acc, vb, b.stride, sc, cnt, c, tmask);
-    accum<8, false>(acc + 64, vb + 64, b.stride, sc, cnt, c, tmask);
+    accum<8>(acc, vb, stride, sc, cnt, c);
+    accum<8>(acc + 64, vb + 64, stride, sc, cnt, c);
   } else {
-    accum_any(acc, vb, b.stride, sc, cnt, c, hd, tmask);
+    accum_any(acc, vb, stride, sc, cnt, c, hdp);
   }
 }
 
@@ -244,37 +199,85 @@ struct Scratch {
   std::vector<float> q;       // [rows, group, hdp] zero-padded query heads
   std::vector<float> acc;     // [rows, group, hdp]
   std::vector<float> m, l;    // [rows, group]
+  std::vector<float> kv;      // packed block: K [block_keys + 8, hdp], V [block_keys, hdp], 64-byte aligned
   float sc[kMaxBlock + 8];    // one pair's block scores / weights
 };
 
-// Where an item keeps its partial results: pair (r, i) — query row t0 + r, head h0 + i — at
-// index r·row_pairs + i of m, l and (times hdp) acc.
+// Copies `rows` K/V rows of one KV head (source stride `stride`) into dst at stride hdp,
+// zero-padding each row. Why pack: one head's rows sit n_kv_heads·head_dim·4 bytes apart — 2 KiB
+// for Llama's 8×64, a power of two — so a 32-key block of them (128 lines of K alone) maps onto
+// only 8 of L1d's 64 sets (64 lines) and evicts itself before the group's other query heads
+// re-read it. Packed, K+V of a block are 16 contiguous KiB, and the padding lets every load be
+// a full vector. The copy is also where the cache is streamed from memory, so it prefetches the
+// next block (`pf`, into L2: an L1 prefetch of the strided rows would alias the same sets).
+template <int HD>  // 0: any head size (runtime hd)
+void pack_rows(float* dst, const float* src, int64_t stride, int rows, int hd, int hdp, const float* pf, int pf_rows) {
+  const int d = HD ? HD : hd;
+  const int nv = d / 8;
+  const __m256i tmask = first_lanes(d & 7);
+  for (int j = 0; j < rows; ++j, src += stride, pf += stride, dst += hdp) {
+    if (j < pf_rows)
+      LARDER_UNROLL for (int off = 0; off < d; off += 16) _mm_prefetch(reinterpret_cast<const char*>(pf + off), _MM_HINT_T1);
+    LARDER_UNROLL for (int i = 0; i < nv; ++i) _mm256_store_ps(dst + 8 * i, _mm256_loadu_ps(src + 8 * i));
+    if (d & 7) _mm256_store_ps(dst + 8 * nv, _mm256_maskload_ps(src + 8 * nv, tmask));  // zeros past hd
+  }
+}
+
+void pack(float* dst, const float* src, int64_t stride, int rows, int hd, int hdp, const float* pf, int pf_rows) {
+  if (hd == 64) return pack_rows<64>(dst, src, stride, rows, hd, hdp, pf, pf_rows);
+  if (hd == 128) return pack_rows<128>(dst, src, stride, rows, hd, hdp, pf, pf_rows);
+  pack_rows<0>(dst, src, stride, rows, hd, hdp, pf, pf_rows);
+}
+
+// Which query heads a slot covers: slot = (KV head, slice of its group); groups larger than
+// kMaxGroup are sliced so one pair loop never holds more than kMaxGroup heads.
+struct Slots {
+  int group, splits, g;
+  explicit Slots(const AttentionParams& p)
+      : group(p.n_heads / p.n_kv_heads),
+        splits((group + kMaxGroup - 1) / kMaxGroup),
+        g((group + splits - 1) / splits) {}
+  int64_t count(const AttentionParams& p) const { return static_cast<int64_t>(p.n_kv_heads) * splits; }
+  int kvh(int64_t slot) const { return static_cast<int>(slot / splits); }
+  int h0(int64_t slot) const { return kvh(slot) * group + static_cast<int>(slot % splits) * g; }
+  int heads(int64_t slot) const { return std::max(0, std::min(g, kvh(slot) * group + group - h0(slot))); }
+};
+
+// Where an item keeps its partial results: the pair (query row t0 + r, query head h) at index
+// r·row_pairs + (h − head0) of m, l and (times hdp) acc.
 struct Partial {
   float* m;
   float* l;
   float* acc;
   int64_t row_pairs;
+  int head0;
 };
 
-// One work item: query rows [t0, t0 + nt) × the `g` query heads [h0, h0 + g) that read KV head
-// `kvh`, over key positions [k_lo, k_hi). Leaves the un-normalised online-softmax state in `out`
-// (m = -inf, l = 0, acc = 0 for pairs that see no key of the range).
+// One work item: query rows [t0, t0 + nt) × the query heads of slots [sl0, sl1), over key
+// positions [k_lo, k_hi). Leaves the un-normalised online-softmax state in `out` (m = -inf,
+// l = 0, acc = 0 for pairs that see no key of the range).
+//
+// The block loop is outside the slot loop: with every KV head of a block handled before the
+// next block, the item walks the cache's token-major rows front to back — one sequential stream
+// the hardware prefetcher follows — instead of one 256-byte-of-2-KiB strided stream per head.
+// The other heads' parts of a block are L2 hits when their turn comes.
 void attend_range(const float* q, int64_t t0, int64_t nt, int64_t q_pos0, const KvSpanView* spans, int n_spans,
-                  const AttentionParams& p, int kvh, int h0, int g, int64_t k_lo, int64_t k_hi, Scratch& s,
-                  const Partial& out) {
+                  const AttentionParams& p, const Slots& sl, int64_t sl0, int64_t sl1, int64_t k_lo, int64_t k_hi,
+                  Scratch& s, const Partial& out) {
   const int hd = p.head_dim;
   const int hdp = (hd + 7) & ~7;
   const int64_t kv_row = static_cast<int64_t>(p.n_kv_heads) * hd;
   const int64_t q_row = static_cast<int64_t>(p.n_heads) * hd;
-  const __m256i tmask = first_lanes(hd & 7);
-  s.q.assign(static_cast<size_t>(nt * g * hdp), 0.0f);
+  const int head0 = sl.h0(sl0);
+  const int nh = sl.h0(sl1 - 1) + sl.heads(sl1 - 1) - head0;  // heads of the item (contiguous)
+  s.q.assign(static_cast<size_t>(nt * nh * hdp), 0.0f);
   for (int64_t r = 0; r < nt; ++r) {
-    for (int i = 0; i < g; ++i) {
-      const size_t pi = static_cast<size_t>(r * out.row_pairs + i);
+    for (int i = 0; i < nh; ++i) {
+      const size_t pi = static_cast<size_t>(r * out.row_pairs + (head0 + i - out.head0));
       out.m[pi] = -INFINITY;
       out.l[pi] = 0.0f;
       std::fill_n(out.acc + pi * hdp, hdp, 0.0f);
-      std::copy_n(q + (t0 + r) * q_row + static_cast<int64_t>(h0 + i) * hd, hd, s.q.data() + (r * g + i) * hdp);
+      std::copy_n(q + (t0 + r) * q_row + static_cast<int64_t>(head0 + i) * hd, hd, s.q.data() + (r * nh + i) * hdp);
     }
   }
   // Keys a row of the item can see at all.
@@ -283,36 +286,46 @@ void attend_range(const float* q, int64_t t0, int64_t nt, int64_t q_pos0, const 
   k_lo = std::max(k_lo, first_lo);
   k_hi = std::min(k_hi, pos_hi + 1);
   const int bk = block_keys(hd);
+  // resize() zero-fills what it adds, so K rows past a block's end are always finite.
+  s.kv.resize(static_cast<size_t>((2 * bk + 8) * hdp + 16));
+  float* const kp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(s.kv.data()) + 63) & ~uintptr_t{63});
+  float* const vp = kp + (bk + 8) * hdp;
   for (int si = 0; si < n_spans; ++si) {
     const KvSpanView& sp = spans[si];
     const int64_t a = std::max(k_lo, sp.start), e = std::min(k_hi, sp.start + sp.len);
     for (int64_t kb = a; kb < e; kb += bk) {
-      const Block b{sp.k + (kb - sp.start) * kv_row + static_cast<int64_t>(kvh) * hd,
-                    sp.v + (kb - sp.start) * kv_row + static_cast<int64_t>(kvh) * hd, kv_row,
-                    static_cast<int>(std::min<int64_t>(bk, e - kb))};
-      const int64_t next = kb + bk;
-      const Block nb{b.k + bk * kv_row, b.v + bk * kv_row, kv_row,
-                     static_cast<int>(std::clamp<int64_t>(e - next, 0, bk))};
-      const Block* pf = nb.n > 0 ? &nb : nullptr;
-      for (int64_t r = 0; r < nt; ++r) {
-        const int64_t pos = pos_lo + r;
-        const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-        // This row sees keys [first, pos]: a contiguous range of the block.
-        const int lo = static_cast<int>(std::clamp<int64_t>(first - kb, 0, b.n));
-        const int hi = static_cast<int>(std::clamp<int64_t>(pos + 1 - kb, 0, b.n));
-        if (lo >= hi) continue;
-        for (int i = 0; i < g; ++i) {
-          const size_t pi = static_cast<size_t>(r * out.row_pairs + i);
-          const float* qh = s.q.data() + (r * g + i) * hdp;
-          float* acc = out.acc + pi * hdp;
-          if (hd == 64) {
-            pair_block<64>(qh, b, lo, hi, hd, tmask, p.scale, s.sc, out.m[pi], out.l[pi], acc, pf);
-          } else if (hd == 128) {
-            pair_block<128>(qh, b, lo, hi, hd, tmask, p.scale, s.sc, out.m[pi], out.l[pi], acc, pf);
-          } else {
-            pair_block<0>(qh, b, lo, hi, hd, tmask, p.scale, s.sc, out.m[pi], out.l[pi], acc, pf);
+      const int nb = static_cast<int>(std::min<int64_t>(bk, e - kb));
+      const int pf_rows = static_cast<int>(std::clamp<int64_t>(e - (kb + bk), 0, bk));
+      int packed = -1;  // KV head now in kp/vp (consecutive slots may share one)
+      for (int64_t slot = sl0; slot < sl1; ++slot) {
+        const int kvh = sl.kvh(slot), h0 = sl.h0(slot), g = sl.heads(slot);
+        if (kvh != packed) {
+          const float* ks = sp.k + (kb - sp.start) * kv_row + static_cast<int64_t>(kvh) * hd;
+          const float* vs = sp.v + (kb - sp.start) * kv_row + static_cast<int64_t>(kvh) * hd;
+          pack(kp, ks, kv_row, nb, hd, hdp, ks + bk * kv_row, pf_rows);
+          pack(vp, vs, kv_row, nb, hd, hdp, vs + bk * kv_row, pf_rows);
+          packed = kvh;
+        }
+        for (int64_t r = 0; r < nt; ++r) {
+          const int64_t pos = pos_lo + r;
+          const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+          // This row sees keys [first, pos]: a contiguous range of the block.
+          const int lo = static_cast<int>(std::clamp<int64_t>(first - kb, 0, nb));
+          const int hi = static_cast<int>(std::clamp<int64_t>(pos + 1 - kb, 0, nb));
+          if (lo >= hi) continue;
+          for (int i = 0; i < g; ++i) {
+            const int h = h0 + i;
+            const size_t pi = static_cast<size_t>(r * out.row_pairs + (h - out.head0));
+            const float* qh = s.q.data() + (r * nh + (h - head0)) * hdp;
+            float* acc = out.acc + pi * hdp;
+            if (hd == 64) {
+              pair_block<64>(qh, kp, vp, lo, hi, hdp, p.scale, s.sc, out.m[pi], out.l[pi], acc);
+            } else if (hd == 128) {
+              pair_block<128>(qh, kp, vp, lo, hi, hdp, p.scale, s.sc, out.m[pi], out.l[pi], acc);
+            } else {
+              pair_block<0>(qh, kp, vp, lo, hi, hdp, p.scale, s.sc, out.m[pi], out.l[pi], acc);
+            }
           }
-          pf = nullptr;
         }
       }
     }
@@ -333,44 +346,40 @@ void exp_neg_batch(const float* x, float* y, int64_t n) {
 }
 
 void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
-                     const AttentionParams& p, int64_t tile, int64_t chunk_keys, float* out) {
-  const int group = p.n_heads / p.n_kv_heads;
-  const int splits = (group + kMaxGroup - 1) / kMaxGroup;  // query-head slices per KV head
-  const int g = (group + splits - 1) / splits;
+                     const AttentionParams& p, int64_t tile, int64_t chunk_keys, int64_t slots_per_item, float* out) {
+  const Slots sl(p);
   const int hd = p.head_dim;
   const int hdp = (hd + 7) & ~7;
   const int64_t q_row = static_cast<int64_t>(p.n_heads) * hd;
-  const int64_t slots = static_cast<int64_t>(p.n_kv_heads) * splits;
+  const int64_t slots = sl.count(p);
   tile = std::clamp<int64_t>(tile, 1, kMaxTile);
   const int64_t row_tiles = (n + tile - 1) / tile;
+  const int64_t sgs = std::clamp<int64_t>(slots_per_item, 1, slots);
+  const int64_t slot_groups = (slots + sgs - 1) / sgs;
   // The key positions any row sees; chunks tile this range.
   const int64_t r0 = p.window > 0 ? std::max<int64_t>(0, q_pos0 - p.window + 1) : 0;
   const int64_t keys = q_pos0 + n - r0;
   const int64_t chunks = chunk_keys > 0 ? std::max<int64_t>(1, (keys + chunk_keys - 1) / chunk_keys) : 1;
-  auto slot_heads = [&](int64_t slot, int& kvh, int& h0, int& gg) {
-    kvh = static_cast<int>(slot / splits);
-    h0 = kvh * group + static_cast<int>(slot % splits) * g;
-    gg = std::min(g, kvh * group + group - h0);
-  };
   thread_local Scratch scratch;
 
   if (chunks == 1) {
-    default_pool().parallel_for(row_tiles * slots, [&](int64_t it, int) {
-      int kvh, h0, gg;
-      slot_heads(it % slots, kvh, h0, gg);
-      if (gg <= 0) return;
-      const int64_t t0 = (it / slots) * tile, nt = std::min(tile, n - t0);
+    default_pool().parallel_for(row_tiles * slot_groups, [&](int64_t it, int) {
+      const int64_t sl0 = (it % slot_groups) * sgs, sl1 = std::min(slots, sl0 + sgs);
+      const int head0 = sl.h0(sl0);
+      const int nh = sl.h0(sl1 - 1) + sl.heads(sl1 - 1) - head0;
+      if (nh <= 0) return;
+      const int64_t t0 = (it / slot_groups) * tile, nt = std::min(tile, n - t0);
       Scratch& s = scratch;
-      const size_t pairs = static_cast<size_t>(nt * gg);
+      const size_t pairs = static_cast<size_t>(nt * nh);
       s.m.resize(pairs);
       s.l.resize(pairs);
       s.acc.resize(pairs * hdp);
-      attend_range(q, t0, nt, q_pos0, spans, n_spans, p, kvh, h0, gg, INT64_MIN, INT64_MAX, s,
-                   {s.m.data(), s.l.data(), s.acc.data(), gg});
+      attend_range(q, t0, nt, q_pos0, spans, n_spans, p, sl, sl0, sl1, INT64_MIN, INT64_MAX, s,
+                   {s.m.data(), s.l.data(), s.acc.data(), nh, head0});
       for (int64_t r = 0; r < nt; ++r) {
-        for (int i = 0; i < gg; ++i) {
-          const size_t pi = static_cast<size_t>(r * gg + i);
-          float* o = out + (t0 + r) * q_row + static_cast<int64_t>(h0 + i) * hd;
+        for (int i = 0; i < nh; ++i) {
+          const size_t pi = static_cast<size_t>(r * nh + i);
+          float* o = out + (t0 + r) * q_row + static_cast<int64_t>(head0 + i) * hd;
           const float inv = s.l[pi] > 0 ? 1.0f / s.l[pi] : 0.0f;
           const float* acc = s.acc.data() + pi * hdp;
           for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
@@ -392,15 +401,13 @@ void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView
   float* const pl = part_l.data();
   float* const pa = part_acc.data();
   const int64_t clen = chunk_keys;
-  default_pool().parallel_for(row_tiles * slots * chunks, [&](int64_t it, int) {
+  default_pool().parallel_for(row_tiles * slot_groups * chunks, [&](int64_t it, int) {
     const int64_t c = it % chunks, rest = it / chunks;
-    int kvh, h0, gg;
-    slot_heads(rest % slots, kvh, h0, gg);
-    if (gg <= 0) return;
-    const int64_t t0 = (rest / slots) * tile, nt = std::min(tile, n - t0);
-    const size_t base = static_cast<size_t>((c * n + t0) * p.n_heads + h0);
-    attend_range(q, t0, nt, q_pos0, spans, n_spans, p, kvh, h0, gg, r0 + c * clen, r0 + (c + 1) * clen, scratch,
-                 {pm + base, pl + base, pa + base * hdp, p.n_heads});
+    const int64_t sl0 = (rest % slot_groups) * sgs, sl1 = std::min(slots, sl0 + sgs);
+    const int64_t t0 = (rest / slot_groups) * tile, nt = std::min(tile, n - t0);
+    const size_t base = static_cast<size_t>((c * n + t0) * p.n_heads);
+    attend_range(q, t0, nt, q_pos0, spans, n_spans, p, sl, sl0, sl1, r0 + c * clen, r0 + (c + 1) * clen, scratch,
+                 {pm + base, pl + base, pa + base * hdp, p.n_heads, 0});
   });
   // Log-sum-exp merge: chunk c's state is (m_c, l_c, acc_c) relative to its own max; rescaled to
   // the global max M, the chunk contributes exp(m_c − M)·l_c to the sum and exp(m_c − M)·acc_c to
@@ -429,25 +436,23 @@ void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView
 
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans, const AttentionParams& p,
                float* out) {
-  const int group = p.n_heads / p.n_kv_heads;
-  const int splits = (group + kMaxGroup - 1) / kMaxGroup;
-  const int64_t slots = static_cast<int64_t>(p.n_kv_heads) * splits;
+  const int64_t slots = Slots(p).count(p);
   const int64_t threads = default_pool().n_threads();
   const int64_t r0 = p.window > 0 ? std::max<int64_t>(0, q_pos0 - p.window + 1) : 0;
   const int64_t keys = q_pos0 + n - r0;
   if (n <= kMaxTile && keys >= kSplitMinKeys) {
-    // Decode: all rows in one tile (the cache is read once), and enough KV chunks for ~8 items
-    // per thread (dynamic balancing on a shared host, like the matmuls), never below kMinChunk.
-    const int64_t want = 8 * threads;
-    const int64_t chunks = std::clamp<int64_t>((want + slots - 1) / slots, 1, keys / kMinChunk);
-    attention_tiled(q, n, q_pos0, spans, n_spans, p, n, chunks > 1 ? (keys + chunks - 1) / chunks : 0, out);
+    // Decode: all rows and all KV heads in each item (the cache is read once, front to back),
+    // parallel over KV chunks: ~8 items per thread (dynamic balancing on a shared host, like the
+    // matmuls), never shorter than kMinChunk keys.
+    const int64_t chunks = std::clamp<int64_t>(8 * threads, 1, keys / kMinChunk);
+    attention_tiled(q, n, q_pos0, spans, n_spans, p, n, chunks > 1 ? (keys + chunks - 1) / chunks : 0, slots, out);
     return;
   }
-  // Prefill, or short contexts: query rows per item enough to amortize each K/V block over many
-  // queries, while leaving ≥ 4 items per thread for load balance.
+  // Prefill, or short contexts: one KV head per item; query rows per item enough to amortize
+  // each K/V block over many queries, while leaving ≥ 4 items per thread for load balance.
   const int64_t want_items = 4 * threads;
   const int64_t tile = std::clamp<int64_t>(n * slots / std::max<int64_t>(want_items, 1), 1, kMaxTile);
-  attention_tiled(q, n, q_pos0, spans, n_spans, p, tile, 0, out);
+  attention_tiled(q, n, q_pos0, spans, n_spans, p, tile, 0, 1, out);
 }
 
 }  // namespace larder::kernels::cpu::avx2
