@@ -9,8 +9,13 @@
 // - Every number is the median of `--reps` timed calls after a warm-up pass; min and max are
 //   printed so the spread is visible (the host is shared).
 //
+// - The attention case rotates its K/V caches the same way (a decode step reads every layer's
+//   cache once, so a single 2 MiB cache that stays in L3 would flatter it); its GB/s counts each
+//   visible K/V byte once, the least any kernel must read.
+//
 // Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,Q4_K,Q6_K,BF16,F16,F32,affine-q4-g64,...]
 //                     [--tiers avx2,avx512,ref] [--no-prefill] [--no-decode] [--model-estimate]
+//                     [--no-attention | --attention-only] [--attn-contexts 512,4096,16384]
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -207,6 +212,101 @@ std::string cpu_model() {
   return "?";
 }
 
+
+// Attention at Llama-3.2-1B's shape (32 query heads, 8 KV heads, head_dim 64): decode (n rows at
+// the end of each context) and one prefill chunk ending at 4096. The tier's entry is the
+// dispatch table's (ref, or the active table for the fast tiers: attention has one AVX2 kernel
+// that every fast tier uses).
+void bench_attention(const std::string& tier, const std::vector<int>& threads, const std::vector<double>& bw,
+                     const std::vector<int64_t>& contexts, const std::vector<int64_t>& decode_ns, bool do_decode,
+                     bool do_prefill, int reps, bool hot, double bw_cpu1) {
+  const AttentionFn fn = tier == "ref" ? ref_table().attention : active_table().attention;
+  if (!fn) {
+    std::printf("\n%s: no attention kernel\n", tier.c_str());
+    return;
+  }
+  AttentionParams p;
+  p.n_heads = 32;
+  p.n_kv_heads = 8;
+  p.head_dim = 64;
+  p.scale = 0.125f;
+  const int64_t kv_row = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
+  const int64_t q_row = static_cast<int64_t>(p.n_heads) * p.head_dim;
+  struct Run {
+    int64_t ctx, n;  // n query rows at positions [ctx - n, ctx)
+  };
+  std::vector<Run> runs;
+  if (do_decode)
+    for (int64_t c : contexts)
+      for (int64_t n : decode_ns) runs.push_back({c, n});
+  if (do_prefill) runs.push_back({4096, 256});
+  // Decode is bound by reading the cache (GB/s against the read bandwidth), a prefill chunk by
+  // arithmetic (GFLOP/s against the FMA peak): both ceilings are printed for every row.
+  std::vector<double> fma(threads.size());
+  for (size_t ti = 0; ti < threads.size(); ++ti) {
+    default_pool().set_threads(threads[ti]);
+    fma[ti] = measure_f32_fma_peak(default_pool());
+  }
+  std::printf("\n## %s attention (heads 32/8, head_dim 64, f32 K/V; n rows at the end of the context)\n", tier.c_str());
+  for (size_t ti = 0; ti < threads.size(); ++ti)
+    std::printf("f32 FMA peak, %d thread(s): %.1f GFLOP/s\n", threads[ti], fma[ti]);
+  std::printf("| context | n | threads | median µs [min..max] | GB/s (K/V) | %% of read BW | GFLOP/s | %% of FMA peak | 1-thread CPU µs / GFLOP/s / %% of CPU-time BW |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const Run& run : runs) {
+    const int64_t q_pos0 = run.ctx - run.n;
+    // Visible (key, row) pairs under the causal mask, and the K/V bytes every kernel must read.
+    double pairs = 0;
+    for (int64_t t = 0; t < run.n; ++t) pairs += static_cast<double>(q_pos0 + t + 1);
+    const double flops = 4.0 * pairs * p.n_heads * p.head_dim;  // q·k and w·v, 2 FLOP per FMA each
+    const uint64_t kv_bytes = 2 * static_cast<uint64_t>(run.ctx) * kv_row * sizeof(float);
+    if (tier == "ref" && flops > 4e9) continue;  // the double-precision oracle is ~1 GFLOP/s
+    const int copies = hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{128} << 20) / kv_bytes + 1));
+    auto* kv = static_cast<float*>(big_alloc(kv_bytes * copies));
+    const uint64_t floats = kv_bytes / sizeof(float) * copies;
+    uint32_t h = 0x12345678u;
+    for (uint64_t i = 0; i < floats; ++i) {
+      h = h * 1664525u + 1013904223u;
+      kv[i] = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    }
+    std::vector<KvSpanView> spans(copies);
+    for (int c = 0; c < copies; ++c) {
+      float* k = kv + c * (kv_bytes / sizeof(float));
+      spans[c] = {k, k + run.ctx * kv_row, 0, run.ctx};
+    }
+    std::vector<float> q(run.n * q_row), out(run.n * q_row);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    const bool prefill = run.n > 16;
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      default_pool().set_threads(threads[ti]);
+      // Prefill calls take ~0.1-1 s: one warm-up call and few reps.
+      const int warm = prefill ? 1 : copies;
+      for (int w = 0; w < warm; ++w) fn(q.data(), run.n, q_pos0, &spans[w % copies], 1, p, out.data());
+      const int r = prefill ? std::max(1, reps / 4) : reps * std::max(1, copies / 2);
+      std::vector<double> ts, cpu;
+      for (int i = 0, c = 0; i < r; ++i, c = (c + 1) % copies) {
+        const double c0 = thread_cpu_seconds();
+        auto t0 = Clock::now();
+        fn(q.data(), run.n, q_pos0, &spans[c], 1, p, out.data());
+        ts.push_back(seconds_since(t0));
+        cpu.push_back(thread_cpu_seconds() - c0);
+      }
+      const Stats s = stats(ts), sc = stats(cpu);
+      const double gbs = kv_bytes / s.median / 1e9;
+      std::printf("| %lld | %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.0f%% | %.1f | %.0f%% | %s |\n",
+                  static_cast<long long>(run.ctx), static_cast<long long>(run.n), threads[ti], s.median * 1e6,
+                  s.min * 1e6, s.max * 1e6, gbs, 100.0 * gbs / bw[ti], flops / s.median / 1e9,
+                  100.0 * flops / s.median / 1e9 / fma[ti],
+                  threads[ti] == 1 ? (std::to_string(static_cast<int>(sc.median * 1e6)) + " / " +
+                                      std::to_string(flops / sc.median / 1e9).substr(0, 5) + " / " +
+                                      std::to_string(static_cast<int>(100 * kv_bytes / sc.median / 1e9 / bw_cpu1)) + "%")
+                                         .c_str()
+                                   : "-");
+      std::fflush(stdout);
+    }
+    std::free(kv);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -215,6 +315,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> formats = {"Q4_0", "Q8_0", "BF16", "F16", "F32"};
   std::vector<std::string> tiers = {cpu_features().has_avx512_tier() ? "avx512" : "avx2"};
   bool do_prefill = true, do_decode = true, hot = false, skip_bw = false;
+  bool do_attention = true, only_attention = false;
+  std::vector<int64_t> attn_contexts = {512, 4096, 16384};
   std::vector<Shape> shapes(std::begin(kDefaultShapes), std::end(kDefaultShapes));
   std::vector<std::string> shape_names;
   int64_t prefill_n = 512;
@@ -232,6 +334,9 @@ int main(int argc, char** argv) {
     else if (a == "--no-decode") do_decode = false;
     else if (a == "--hot") hot = true;  // one copy: cache-resident, measures instruction throughput
     else if (a == "--no-bw") skip_bw = true;
+    else if (a == "--no-attention") do_attention = false;
+    else if (a == "--attention-only") only_attention = true;
+    else if (a == "--attn-contexts") { attn_contexts.clear(); for (auto& s : split(val())) attn_contexts.push_back(std::atoll(s.c_str())); }
     else if (a == "--shapes") {  // RxC,RxC,...
       shapes.clear();
       shape_names = split(val());
@@ -268,6 +373,7 @@ int main(int argc, char** argv) {
     bool decode_full = true, prefill_full = true;
   };
 
+  if (only_attention) formats.clear();
   for (const std::string& tier : tiers) {
     for (const std::string& fs : formats) {
       const Format fmt = parse_format(fs);
@@ -374,6 +480,10 @@ int main(int argc, char** argv) {
       }
     }
   }
+
+  if (do_attention || only_attention)
+    for (const std::string& tier : tiers)
+      bench_attention(tier, threads, bw_before, attn_contexts, decode_ns, do_decode, do_prefill, reps, hot, bw_cpu1);
 
   for (size_t i = 0; i < threads.size(); ++i) {
     pool.set_threads(threads[i]);
