@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   verbs["serve"] = larder::cli::add_serve(app);
   verbs["bench"] = larder::cli::add_bench(app);
   verbs["quantize"] = larder::cli::add_quantize(app);
+  verbs["eval"] = larder::cli::add_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

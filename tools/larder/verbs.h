@@ -18,6 +18,7 @@ VerbMain add_cache(CLI::App& app);
 VerbMain add_serve(CLI::App& app);
 VerbMain add_bench(CLI::App& app);
 VerbMain add_quantize(CLI::App& app);
+VerbMain add_eval(CLI::App& app);
 
 // Prints "larder: <message>" to stderr and returns the exit code for `st`.
 int report(const Status& st);
