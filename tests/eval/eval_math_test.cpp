@@ -145,5 +145,26 @@ TEST(EvalMath, PercentileIsLinearInterpolation) {
   EXPECT_DOUBLE_EQ(sorted_percentile(v, 0), 1);
 }
 
+TEST(EvalSanity, CollapseFlag) {
+  std::vector<int32_t> base(40);
+  for (int i = 0; i < 40; ++i) base[i] = 10 + i % 7;
+  EXPECT_FALSE(generation_collapsed(base, base));
+  // Starts fine, then loops on one token for its last 16+.
+  std::vector<int32_t> loop(base.begin(), base.begin() + 10);
+  loop.insert(loop.end(), 20, 99);
+  EXPECT_TRUE(generation_collapsed(base, loop));
+  // Looping like the base is not a collapse.
+  EXPECT_FALSE(generation_collapsed(loop, loop));
+  // EOS far too early: 9 tokens against the base's 40 (under a quarter).
+  EXPECT_TRUE(generation_collapsed(base, std::vector<int32_t>(base.begin(), base.begin() + 9)));
+  EXPECT_FALSE(generation_collapsed(base, std::vector<int32_t>(base.begin(), base.begin() + 10)));
+  // A short base gives no length signal.
+  EXPECT_FALSE(generation_collapsed(std::vector<int32_t>(base.begin(), base.begin() + 12), {}));
+  // A few repeats at the end are not a loop (the window is the last 16 tokens).
+  std::vector<int32_t> seven(base.begin(), base.begin() + 33);
+  seven.insert(seven.end(), 7, 99);
+  EXPECT_FALSE(generation_collapsed(base, seven));
+}
+
 }  // namespace
 }  // namespace larder::runtime

@@ -312,17 +312,21 @@ Result<std::vector<int32_t>> greedy(LoadedModel& m, const std::vector<int32_t>& 
   return std::move(s.tokens);
 }
 
-// One token for (almost) the whole continuation is the classic quantization failure mode; a
-// continuation a quarter of the base's length means EOS came far too early.
-bool is_collapsed(const std::vector<int32_t>& base, const std::vector<int32_t>& cand) {
-  if (cand.size() >= 8 && std::all_of(cand.begin(), cand.end(), [&](int32_t t) { return t == cand[0]; }) &&
-      !(base.size() == cand.size() && base == cand)) {
-    return true;
-  }
-  return base.size() >= 16 && cand.size() * 4 < base.size();
+// A repetition loop shows as the same token over and over at the end; the window is short so a
+// loop that starts late in a 64-token continuation still counts.
+bool ends_in_repeat(const std::vector<int32_t>& t) {
+  if (t.size() < 8) return false;
+  const size_t w = std::min<size_t>(t.size(), 16);
+  return std::all_of(t.end() - static_cast<std::ptrdiff_t>(w), t.end(), [&](int32_t x) { return x == t.back(); });
 }
 
 }  // namespace
+
+bool generation_collapsed(const std::vector<int32_t>& base, const std::vector<int32_t>& cand) {
+  // A base that loops the same way is the model's own habit, not damage from quantization.
+  if (ends_in_repeat(cand) && !ends_in_repeat(base)) return true;
+  return base.size() >= 16 && cand.size() * 4 < base.size();
+}
 
 Result<SanityResult> eval_sanity(LoadedModel& base, LoadedModel& cand, int64_t max_new_tokens) {
   if (!base.model || !cand.model) return invalid_argument("[eval] sanity check needs both models' weights");
@@ -347,7 +351,7 @@ Result<SanityResult> eval_sanity(LoadedModel& base, LoadedModel& cand, int64_t m
     }
     sp.base_text = base.tokenizer->decode(sp.base_tokens, /*skip_special=*/true);
     sp.cand_text = base.tokenizer->decode(sp.cand_tokens, /*skip_special=*/true);
-    sp.collapsed = is_collapsed(sp.base_tokens, sp.cand_tokens);
+    sp.collapsed = generation_collapsed(sp.base_tokens, sp.cand_tokens);
     res.base_short += sp.base_tokens.size() < 8;
     res.cand_short += sp.cand_tokens.size() < 8;
     res.collapsed += sp.collapsed;

@@ -117,6 +117,11 @@ struct SanityResult {
   int64_t collapsed = 0;                   // prompts with the collapse flag
 };
 
+// The collapse flag of one prompt: the candidate's continuation ends in one token repeated (its
+// last min(length, 16) tokens, length >= 8) where the base's does not, or it is under a quarter
+// of the base's length when the base ran to at least 16 tokens (EOS far too early).
+bool generation_collapsed(const std::vector<int32_t>& base, const std::vector<int32_t>& cand);
+
 // The fixed built-in prompts (raw text, no chat template).
 const std::vector<std::string>& sanity_prompts();
 
