@@ -207,6 +207,8 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
     ao.target_bpw = opts.target_bpw;
     ao.group_size = opts.group_size;
     ao.candidates = opts.candidate_bits;
+    ao.protect_first_last = opts.protect_blocks > 0;
+    ao.n_protect = std::max(1, opts.protect_blocks);
     auto plan = allocate_bits(table, ao);
     if (!plan) return plan.status();
     for (const ModuleBits& m : plan.value().modules) module_bits[m.name] = m.bits;
@@ -323,9 +325,25 @@ Result<ConvertReport> quantize_checkpoint(const std::string& src_dir, const std:
     return not_found("[quantize] source " + src_dir + " is not a directory");
   ConvertReport rep;
   Status st = publish_directory(dst_dir, "[quantize]", [&](const std::string& tmp) {
-    auto r = run(src_dir, tmp, opts);
+    std::string src = src_dir;
+    RotateReport rot;
+    if (opts.rotate) {
+      // Rotated source next to the output it feeds, so a failed run removes both at once.
+      src = tmp + "/.rotated-source";
+      auto r = rotate_checkpoint(src_dir, src, opts.rotation);
+      if (!r) return r.status();
+      rot = std::move(r).value();
+    }
+    auto r = run(src, tmp, opts);
     if (!r) return r.status();
     rep = std::move(r).value();
+    if (opts.rotate) {
+      rep.rotated = true;
+      rep.rotation = rot;
+      std::error_code ec;
+      fs::remove_all(src, ec);
+      if (ec) return io_error("[quantize] removing the rotated source " + src + ": " + ec.message());
+    }
     return Status::ok();
   });
   if (!st) return st;

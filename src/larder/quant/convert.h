@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "larder/core/status.h"
+#include "larder/quant/rotate.h"
 #include "larder/quant/sensitivity.h"
 
 namespace larder::quant {
@@ -45,8 +46,17 @@ struct ConvertOptions {
   double target_bpw = 0;
   std::vector<int> candidate_bits = {2, 3, 4, 6, 8};
   bool weight_proxy = false;
+  // Boundary protection of the allocator (§5): the first and last `protect_blocks` blocks weigh
+  // x100 in the greedy race; 0 turns it off (small models, where 1 block each side is a large
+  // share of the network).
+  int protect_blocks = 1;
   CalibrationOptions calibration;
   std::string reuse_sensitivity;
+  // --rotate: fold the norms and a randomized Hadamard rotation into the weights first
+  // (rotate.h, design §6); everything after (sensitivity, quantization) sees the rotated model.
+  // The rotated full-precision copy lives inside the partial output directory until the end.
+  bool rotate = false;
+  RotateOptions rotation;
   // Progress: (modules done, modules total, current module) — called before each module.
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
@@ -61,6 +71,8 @@ struct ConvertReport {
   double sensitivity_seconds = 0;
   int64_t sensitivity_forwards = 0;  // calibration forwards run (0 for the proxy or a reused table)
   bool sensitivity_reused = false;
+  bool rotated = false;
+  RotateReport rotation;
 };
 
 // Module path -> whether its weight would be quantized (2-D float `.weight`, divisible last dim),
