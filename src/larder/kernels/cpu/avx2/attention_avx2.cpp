@@ -23,7 +23,7 @@
 // registers.
 //
 // Numerics differ from the double-precision reference only by f32 rounding and the polynomial
-// exp (max error 1 ulp over [-87, 0], tested): tests/unit/kernels_fast bound the output.
+// exp (< 1 ulp over [-87, 0], tested): tests/unit/kernels_fast bound the output.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -49,22 +49,24 @@ namespace {
 constexpr int kMaxGroup = 16;       // query heads per KV head handled in one item (larger: split)
 constexpr int64_t kMaxTile = 16;    // query rows per item
 constexpr int kMaxBlock = 64;       // keys per block, upper bound
-// A chunk's fixed costs — the pool claim, initialising and writing n·g partial accumulators and
-// merging them — are a few hundred cycles against ~10 cycles per key and query head; 256 keys
-// keep them under ~2% even for one head. A context shorter than two such chunks is never split.
+// What a chunk adds per (query row, head): initialising, writing and merging one partial
+// accumulator (~3 passes over head_dim floats, one scalar exp), plus a ragged last block — about
+// the work of 2-4 keys. At 256 keys per chunk that stays near 1%, so shorter chunks would buy
+// nothing but overhead, and a context shorter than two chunks (512 keys) is never split.
 constexpr int64_t kMinChunk = 256;
 constexpr int64_t kSplitMinKeys = 2 * kMinChunk;
 
-// K+V of one block ≈ 16 KiB, half the 32 KiB L1d: the block being consumed plus the next one
-// being prefetched fit beside q, the accumulators and the scores.
+// K+V of one packed block ≈ 16 KiB, half the 32 KiB L1d: room remains for q, the accumulators,
+// the scores and the source lines the packing streams through. (32 keys at head_dim 64, 16 at
+// 128; larger blocks would only amortise the per-block max/exp bookkeeping further.)
 inline int block_keys(int hd) { return std::clamp((2048 / std::max(hd, 1)) & ~7, 8, kMaxBlock); }
 
 // exp(x) for x <= 0 (scores minus their maximum), 8 lanes: x = k·ln2 + r with |r| <= ln2/2
 // (Cody–Waite, two-constant ln2 so r is exact to f32), exp(r) by the degree-7 Taylor polynomial
-// (truncation < 5e-9 relative on that interval, well under the f32 rounding of the Horner steps),
-// 2^k through the exponent bits. Measured max error over [-87, 0]: 1 ulp
-// (AttentionAvx2.ExpNegWithinOneUlp). Inputs below -87 (and -inf, masked keys) flush to 0:
-// their weight is < 1e-37 of the maximum's.
+// (truncation < 1e-8 relative on that interval, under the f32 rounding of the Horner steps),
+// 2^k through the exponent bits. Max error against a double exp over [-87, 0]: 0.89 ulp
+// (AttentionAvx2.ExpNegWithinOneUlp bounds it by 1 ulp). Inputs below -87 (and -inf, masked
+// keys) flush to 0: their weight is < 1e-37 of the maximum's.
 inline __m256 exp_neg(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.0f);
   const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
