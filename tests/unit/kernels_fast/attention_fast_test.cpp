@@ -195,6 +195,21 @@ TEST(AttentionAvx2, SplitKvMatchesReference) {
     }
   }
   EXPECT_EQ(cases, 12);
+  // Deterministic masking edges. 1011 keys = 42·24 + 3: with 24-key chunks the last chunk holds 3
+  // keys, so it is fully masked for rows 0-4 (and for the first 3-row tile as a whole). With a
+  // window of 600 and 4-key chunks, the first chunk lies wholly before the window of rows 4-7.
+  const Problem tail = make_problem({8, 2, 64, 1003, 8, 0, 2, 2.0f}, rng);
+  const Problem head = make_problem({8, 2, 64, 1500, 8, 600, 3, 2.0f}, rng);
+  for (const auto& [pr, ck] : {std::pair{&tail, int64_t{24}}, std::pair{&head, int64_t{4}}}) {
+    for (int64_t tile : {8, 3}) {
+      for (int64_t spi : {1, 1000}) {
+        check(*pr, [&](const Problem& q, float* out) {
+          cpu::avx2::attention_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()),
+                                     q.p, tile, ck, spi, out);
+        }, "masked chunks");
+      }
+    }
+  }
   // The largest shapes: 5000 keys, 8 rows, 32/8 heads (Llama 3), peaky scores, 3 spans.
   const Problem big = make_problem({32, 8, 64, 4992, 8, 0, 3, 4.0f}, rng);
   for (int64_t ck : {256, 1000, 0}) {
