@@ -172,6 +172,13 @@ bool parse_layer(const std::string& name, int64_t* layer, std::string* rest) {
   return true;
 }
 
+// "[hadamard] size 44 is not supported: ..." → "size 44 is not supported: ...", for nesting in a
+// "[rotate]" message that names the config key.
+std::string inner(const Status& st) {
+  const std::string& m = st.message();
+  return m.rfind("[hadamard] ", 0) == 0 ? m.substr(11) : m;
+}
+
 bool ends_with(const std::string& s, const char* suf) {
   const size_t n = std::strlen(suf);
   return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
@@ -216,7 +223,7 @@ Result<Plan> make_plan(const std::string& src_dir, const RotateOptions& opts) {
     auto r = Rotation::make(H, opts.seed, 0);
     if (!r)
       return unsupported(strfmt("[rotate] %s: hidden_size %lld cannot be rotated: %s", cfg_path.c_str(),
-                                static_cast<long long>(H), r.status().message().c_str()));
+                                static_cast<long long>(H), inner(r.status()).c_str()));
     p.r1 = std::move(r).value();
   }
   p.r2.resize(static_cast<size_t>(L));
@@ -225,7 +232,7 @@ Result<Plan> make_plan(const std::string& src_dir, const RotateOptions& opts) {
       auto r = Rotation::make(hd, opts.seed, static_cast<uint64_t>(l) + 1);
       if (!r)
         return unsupported(strfmt("[rotate] %s: head_dim %lld cannot be rotated (R2): %s; run without R2",
-                                  cfg_path.c_str(), static_cast<long long>(hd), r.status().message().c_str()));
+                                  cfg_path.c_str(), static_cast<long long>(hd), inner(r.status()).c_str()));
       p.r2[static_cast<size_t>(l)] = std::move(r).value();
     }
   }

@@ -60,14 +60,12 @@ const Spec kSpecs[] = {
     {"llama_h112", "llama", 112, 2, 4, 2, 28, 128, 100, false},
 };
 
-std::string test_root() {
-  const std::string root = std::string(LARDER_TEST_DATA_DIR) + "/rotate";
-  return root;
-}
+std::string test_root() { return std::string(LARDER_TEST_DATA_DIR) + "/rotate"; }
 
 // Writes an HF checkpoint in `dtype` (values drawn in f32, then cast) with RMSNorm gains 1 + 0.3·N.
 void make_checkpoint(const std::string& dir, const Spec& s, DType dtype, uint64_t seed, uint64_t max_shard = 1ull << 40,
-                     const std::string& drop = "", ordered_json extra_cfg = ordered_json::object()) {
+                     const std::string& drop = "", ordered_json extra_cfg = ordered_json::object(),
+                     const std::string& extra_tensor = "") {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   struct T { std::string name; std::vector<int64_t> shape; std::vector<float> v; };
@@ -110,6 +108,7 @@ void make_checkpoint(const std::string& dir, const Spec& s, DType dtype, uint64_
       add(p + "self_attn.k_norm.weight", {s.hd}, 1, 0.3f);
     }
   }
+  if (!extra_tensor.empty()) add(extra_tensor, {s.H}, 0, 1);
   std::sort(ts.begin(), ts.end(), [](const T& a, const T& b) { return a.name < b.name; });
   const size_t esz = dtype == DType::kF32 ? 4 : 2;
   std::vector<ShardEntry> entries;
@@ -224,14 +223,17 @@ void expect_nothing_left(const std::string& dst) {
     EXPECT_NE(e.path().filename().string().rfind(stem, 0), 0u) << "left behind: " << e.path();
 }
 
+// Each test owns <testdata>/rotate/<test name>/, so CTest may run them in parallel processes.
 class RotateTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  void SetUp() override {
+    root_ = test_root() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::error_code ec;
-    fs::remove_all(test_root(), ec);
-    fs::create_directories(test_root());
+    fs::remove_all(root_, ec);
+    fs::create_directories(root_);
   }
-  std::string dir(const std::string& name) { return test_root() + "/" + name; }
+  std::string dir(const std::string& name) { return root_ + "/" + name; }
+  std::string root_;
 };
 
 struct Mode {
@@ -324,6 +326,7 @@ TEST_F(RotateTest, DeterministicAndSeeded) {
   RotateOptions a;
   a.out_dtype = DType::kF32;
   a.threads = 1;
+  a.max_shard_bytes = 60000;  // several shards + index, which must be deterministic too
   RotateOptions b = a;
   b.threads = 3;
   RotateOptions c = a;
@@ -338,6 +341,7 @@ TEST_F(RotateTest, DeterministicAndSeeded) {
   for (const auto& e : fs::directory_iterator(dir("det_b"))) names_b.push_back(e.path().filename().string());
   std::sort(names_b.begin(), names_b.end());
   EXPECT_EQ(names, names_b);
+  EXPECT_TRUE(fs::exists(dir("det_a") + "/model.safetensors.index.json"));
   for (const std::string& n : names)
     EXPECT_TRUE(read_file(dir("det_a") + "/" + n) == read_file(dir("det_b") + "/" + n)) << n << " differs";
   auto ta = formats::open_safetensors_dir(dir("det_a"));
@@ -423,7 +427,7 @@ TEST_F(RotateTest, Refusals) {
     s.hd = 11;
     const std::string src = dir("ref_hidden");
     make_checkpoint(src, s, DType::kF32, 1);
-    refuse(src, RotateOptions{}, "hidden_size 44");
+    refuse(src, RotateOptions{}, "hidden_size 44 cannot be rotated: size 44 is not supported: a rotation size must be m*2^k");
   }
   {
     Spec s = base;
@@ -443,13 +447,18 @@ TEST_F(RotateTest, Refusals) {
     make_checkpoint(src, base, DType::kF32, 1, 1ull << 40, "model.layers.1.post_attention_layernorm.weight");
     refuse(src, RotateOptions{}, "missing tensor 'model.layers.1.post_attention_layernorm.weight'");
   }
-  {  // a q/k/v bias the config does not announce is still folded by role; an unknown tensor is refused
+  {  // a layer beyond num_hidden_layers
     const std::string src = dir("ref_unknown");
     make_checkpoint(src, base, DType::kF32, 1);
     ordered_json cfg = formats::read_json_file(src + "/config.json").value();
     cfg["num_hidden_layers"] = 1;
     ASSERT_TRUE(write_config_json(src + "/config.json", cfg).is_ok());
     refuse(src, RotateOptions{}, "layer 1");
+  }
+  {  // a tensor outside the fold table (TV-14): refused, never passed through unrotated
+    const std::string src = dir("ref_extra");
+    make_checkpoint(src, base, DType::kF32, 1, 1ull << 40, "", ordered_json::object(), "model.layers.0.mlp.shift.weight");
+    refuse(src, RotateOptions{}, "tensor 'model.layers.0.mlp.shift.weight' has no fold rule");
   }
   refuse(dir("does_not_exist"), RotateOptions{}, "not a directory");
 }
