@@ -34,6 +34,7 @@
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/cpu/common/simd_exp_avx2.h"
 
 namespace larder::kernels::cpu::avx2 {
 
@@ -61,30 +62,13 @@ constexpr int64_t kSplitMinKeys = 2 * kMinChunk;
 // 128; larger blocks would only amortise the per-block max/exp bookkeeping further.)
 inline int block_keys(int hd) { return std::clamp((2048 / std::max(hd, 1)) & ~7, 8, kMaxBlock); }
 
-// exp(x) for x <= 0 (scores minus their maximum), 8 lanes: x = k·ln2 + r with |r| <= ln2/2
-// (Cody–Waite, two-constant ln2 so r is exact to f32), exp(r) by the degree-7 Taylor polynomial
-// (truncation < 1e-8 relative on that interval, under the f32 rounding of the Horner steps),
-// 2^k through the exponent bits. Max error against a double exp over [-87, 0]: 0.89 ulp
-// (AttentionAvx2.ExpNegWithinOneUlp bounds it by 1 ulp). Inputs below -87 (and -inf, masked
-// keys) flush to 0: their weight is < 1e-37 of the maximum's.
+// exp(x) for x <= 0 (scores minus their maximum), 8 lanes: simd::exp_ps (Cody–Waite reduction,
+// degree-7 polynomial; max error against a double exp over [-87, 0]: 0.89 ulp, bounded by 1 ulp in
+// AttentionAvx2.ExpNegWithinOneUlp). Inputs below -87 (and -inf, masked keys) flush to 0: their
+// weight is < 1e-37 of the maximum's.
 inline __m256 exp_neg(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.0f);
-  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-  x = _mm256_max_ps(x, lo);
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+  return _mm256_and_ps(simd::exp_ps(x), keep);
 }
 
 inline float hmax(__m256 v) {

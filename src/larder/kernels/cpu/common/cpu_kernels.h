@@ -42,6 +42,13 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
 // contract as kernels::attention.
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out);
+// Elementwise ops on the pool (elementwise_avx2.cpp). Same contracts as kernels::rmsnorm, rope,
+// silu_mul, add; rope and add are bit-identical to the reference, rmsnorm and silu_mul within a few ulps.
+void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out);
+void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
+          const float* inv_freq, RopePairing pairing);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+void add(const float* a, const float* b, float* out, int64_t n);
 }  // namespace avx2
 
 namespace avx512 {

@@ -132,6 +132,10 @@ void register_fast_kernels(KernelTable& t) {
     for (int bits : {2, 3, 4, 5, 6, 8}) t.matmul_affine[bits] = fast_matmul_affine("avx2", bits);
   }
   t.attention = avx2::attention;
+  t.rmsnorm = avx2::rmsnorm;
+  t.rope = avx2::rope;
+  t.silu_mul = avx2::silu_mul;
+  t.add = avx2::add;
   t.name = "avx2";
   if (f.has_avx512_tier()) {
     const KernelTable before = t;

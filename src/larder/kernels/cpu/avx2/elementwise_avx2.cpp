@@ -1,0 +1,126 @@
+// elementwise_avx2.cpp — rmsnorm, rope, silu·mul and add for the AVX2 tier, on the thread pool.
+//
+// Why they matter: in a 512-token prefill these ops touch tokens × (hidden or ffn) floats per
+// layer. Single-threaded scalar references (double-precision exp, a sin/cos per head) were ~0.4 s
+// of a 1B model's 512-token prefill and did not speed up with threads, which is what held back the
+// 2-thread prefill scaling (Amdahl). Here each op splits its rows/elements over the pool when the
+// job is big enough to pay for a fork (≥ kMinParallel floats), and vectorises the arithmetic:
+//   silu·mul  g / (1 + e^-g) · u with an 8-lane exp (simd::exp_ps, ≤ ~1 ulp) — vs the double reference
+//             the relative error is a few f32 ulps;
+//   rmsnorm   sum of squares in 4 f32 accumulators of 8 lanes (the reference sums in double; for the
+//             dims of real models the difference is ~1e-7 relative), then HF's order: x·inv rounded
+//             to f32, times the weight;
+//   rope      the reference arithmetic (double sin/cos, double rotation), but sin/cos computed once
+//             per (token, pair) for all heads instead of per head — bit-identical to the reference;
+//   add       a plain vector add — bit-identical.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "larder/core/threadpool.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/cpu/common/simd_exp_avx2.h"
+
+namespace larder::kernels::cpu::avx2 {
+
+namespace {
+
+constexpr int64_t kMinParallel = 32 * 1024;  // floats; below this a fork/join costs more than it saves
+
+// Splits [0, n) into chunks of at least `grain` items and runs fn(begin, end) over the pool.
+template <class F>
+void split(int64_t n, int64_t grain, int64_t work_per_item, F&& fn) {
+  ThreadPool& pool = default_pool();
+  if (n <= 0) return;
+  if (n * work_per_item < kMinParallel || pool.n_threads() <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t chunks = std::min<int64_t>(4 * pool.n_threads(), std::max<int64_t>(1, n / grain));
+  pool.parallel_for(chunks, [&](int64_t c, int) { fn(n * c / chunks, n * (c + 1) / chunks); });
+}
+
+void silu_mul_range(const float* g, const float* u, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 e = simd::exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void rmsnorm_row(const float* x, const float* w, int64_t dim, float eps, float* out) {
+  __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= dim; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
+      s[k] = _mm256_fmadd_ps(v, v, s[k]);
+    }
+  for (; i + 8 <= dim; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    s[0] = _mm256_fmadd_ps(v, v, s[0]);
+  }
+  double ss = simd::hsum(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])));
+  for (; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + static_cast<double>(eps)));
+  const __m256 iv = _mm256_set1_ps(inv);
+  i = 0;
+  for (; i + 8 <= dim; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), iv), _mm256_loadu_ps(w + i)));
+  for (; i < dim; ++i) out[i] = (x[i] * inv) * w[i];
+}
+
+}  // namespace
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  split(n, 4096, 1, [&](int64_t b, int64_t e) { silu_mul_range(gate + b, up + b, out + b, e - b); });
+}
+
+void add(const float* a, const float* b, float* out, int64_t n) {
+  split(n, 8192, 1, [&](int64_t s, int64_t e) {
+    int64_t i = s;
+    for (; i + 8 <= e; i += 8) _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    for (; i < e; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out) {
+  split(n, 1, dim, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) rmsnorm_row(x + t * dim, weight, dim, eps, out + t * dim);
+  });
+}
+
+void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
+          const float* inv_freq, RopePairing pairing) {
+  const int half = rot_dim / 2;
+  split(n, 1, static_cast<int64_t>(n_heads) * head_dim, [&](int64_t b, int64_t e) {
+    std::vector<double> cs(static_cast<size_t>(2 * half));
+    for (int64_t t = b; t < e; ++t) {
+      const double pos = static_cast<double>(positions[t]);
+      for (int i = 0; i < half; ++i) {
+        const double theta = pos * static_cast<double>(inv_freq[i]);
+        cs[static_cast<size_t>(2 * i)] = std::cos(theta);
+        cs[static_cast<size_t>(2 * i + 1)] = std::sin(theta);
+      }
+      for (int h = 0; h < n_heads; ++h) {
+        float* v = x + (t * n_heads + h) * head_dim;
+        for (int i = 0; i < half; ++i) {
+          const double c = cs[static_cast<size_t>(2 * i)], s = cs[static_cast<size_t>(2 * i + 1)];
+          const int ia = pairing == RopePairing::kHalf ? i : 2 * i;
+          const int ib = pairing == RopePairing::kHalf ? i + half : 2 * i + 1;
+          const double a = v[ia], bb = v[ib];
+          v[ia] = static_cast<float>(a * c - bb * s);
+          v[ib] = static_cast<float>(a * s + bb * c);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace larder::kernels::cpu::avx2
