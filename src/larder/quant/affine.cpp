@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
+
+#include "larder/quant/parallel_rows.h"
 
 namespace larder::quant {
 
@@ -150,6 +153,31 @@ Status dequantize_affine(const uint32_t* packed, const void* scales, const void*
       out[r * cols + c] = load_float(scales, dtype, gi) * static_cast<float>(q) + load_float(biases, dtype, gi);
     }
   }
+  return Status::ok();
+}
+
+Status fake_quantize_affine(const void* src, DType dtype, int64_t rows, int64_t cols, int bits, int group_size,
+                            int threads, float* out) {
+  if (Status st = check_affine_params(bits, group_size, cols); !st) return st;
+  const size_t esz = dtype == DType::kF32 ? 4 : 2;
+  std::vector<Status> sts(static_cast<size_t>(resolve_threads(threads)));
+  parallel_rows(rows, threads, 16, [&](int part, int64_t r0, int64_t r1) {
+    constexpr int64_t kChunk = 64;  // rows per quantize/dequantize round trip (bounded scratch)
+    std::vector<uint32_t> q(static_cast<size_t>(kChunk * affine_words_per_row(cols, bits)));
+    std::vector<uint8_t> s(static_cast<size_t>(kChunk * (cols / group_size)) * esz), b(s.size());
+    for (int64_t r = r0; r < r1; r += kChunk) {
+      const int64_t n = std::min(kChunk, r1 - r);
+      Status st = quantize_affine(static_cast<const uint8_t*>(src) + static_cast<size_t>(r * cols) * esz, dtype, n, cols,
+                                  bits, group_size, q.data(), s.data(), b.data());
+      if (st) st = dequantize_affine(q.data(), s.data(), b.data(), dtype, n, cols, bits, group_size, out + r * cols);
+      if (!st) {
+        sts[static_cast<size_t>(part)] = st;
+        return;
+      }
+    }
+  });
+  for (const Status& st : sts)
+    if (!st) return st;
   return Status::ok();
 }
 

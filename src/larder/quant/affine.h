@@ -33,6 +33,11 @@ Status quantize_affine(const void* src, DType dtype, int64_t rows, int64_t cols,
 Status dequantize_affine(const uint32_t* packed, const void* scales, const void* biases, DType dtype,
                          int64_t rows, int64_t cols, int bits, int group_size, float* out);
 
+// quantize → dequantize (the weights a quantized module computes with), as f32, rows split over
+// `threads` (0: all cores). The sensitivity probes and the weight-error proxy both start here.
+Status fake_quantize_affine(const void* src, DType dtype, int64_t rows, int64_t cols, int bits, int group_size,
+                            int threads, float* out);
+
 // Helpers for the stored dtypes.
 float load_float(const void* p, DType dtype, int64_t i);
 void store_float(void* p, DType dtype, int64_t i, float v);

@@ -21,6 +21,7 @@
 #include "larder/quant/affine.h"
 #include "larder/quant/allocator.h"
 #include "larder/quant/checkpoint_io.h"
+#include "larder/quant/parallel_rows.h"
 #include "larder/tokenizer/tokenizer.h"
 
 namespace larder::quant {
@@ -70,59 +71,31 @@ Status quantize_module(const OutTensor& t, int group, int threads, QuantCache* c
   c->packed.assign(static_cast<size_t>(rows * affine_words_per_row(cols, t.bits)), 0u);
   c->scales.assign(static_cast<size_t>(rows * (cols / group)) * esz, 0);
   c->biases.assign(c->scales.size(), 0);
-  int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  nt = static_cast<int>(std::min<int64_t>(nt, std::max<int64_t>(1, rows / 16)));
-  std::vector<Status> sts(static_cast<size_t>(nt));
-  auto work = [&](int i) {
-    const int64_t r0 = rows * i / nt, r1 = rows * (i + 1) / nt;
-    if (r1 <= r0) return;
+  std::vector<Status> sts(static_cast<size_t>(resolve_threads(threads)));
+  parallel_rows(rows, threads, 16, [&](int part, int64_t r0, int64_t r1) {
     const int64_t gpr = cols / group;
-    sts[static_cast<size_t>(i)] = quantize_affine(
+    sts[static_cast<size_t>(part)] = quantize_affine(
         w.data + static_cast<size_t>(r0 * cols) * esz, w.dtype, r1 - r0, cols, t.bits, group,
         c->packed.data() + r0 * affine_words_per_row(cols, t.bits), c->scales.data() + static_cast<size_t>(r0 * gpr) * esz,
         c->biases.data() + static_cast<size_t>(r0 * gpr) * esz);
-  };
-  std::vector<std::thread> th;
-  for (int i = 1; i < nt; ++i) th.emplace_back(work, i);
-  work(0);
-  for (auto& x : th) x.join();
+  });
   for (const Status& s : sts)
     if (!s) return s;
   return Status::ok();
 }
 
 // Relative quantization error of one module at `bits` (sensitivity proxy), rows split over threads.
-double weight_error(const formats::TensorInfo& w, int bits, int group, int threads) {
+Result<double> weight_error(const formats::TensorInfo& w, int bits, int group, int threads) {
   const int64_t rows = w.dim(0), cols = w.dim(1);
-  const size_t esz = w.dtype == DType::kF32 ? 4 : 2;
-  int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  nt = static_cast<int>(std::min<int64_t>(nt, std::max<int64_t>(1, rows / 16)));
-  std::vector<double> num(static_cast<size_t>(nt), 0.0), den(static_cast<size_t>(nt), 0.0);
-  auto work = [&](int t) {
-    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
-    const int64_t chunk = 64;
-    std::vector<uint32_t> q(static_cast<size_t>(chunk * affine_words_per_row(cols, bits)));
-    std::vector<uint8_t> s(static_cast<size_t>(chunk * (cols / group)) * esz), b(s.size());
-    std::vector<float> d(static_cast<size_t>(chunk * cols));
-    for (int64_t r = r0; r < r1; r += chunk) {
-      const int64_t n = std::min(chunk, r1 - r);
-      const uint8_t* src = w.data + static_cast<size_t>(r * cols) * esz;
-      if (!quantize_affine(src, w.dtype, n, cols, bits, group, q.data(), s.data(), b.data())) return;
-      if (!dequantize_affine(q.data(), s.data(), b.data(), w.dtype, n, cols, bits, group, d.data())) return;
-      for (int64_t i = 0; i < n * cols; ++i) {
-        const double x = load_float(src, w.dtype, i), e = x - d[static_cast<size_t>(i)];
-        num[static_cast<size_t>(t)] += e * e;
-        den[static_cast<size_t>(t)] += x * x;
-      }
-    }
-  };
-  std::vector<std::thread> th;
-  for (int i = 1; i < nt; ++i) th.emplace_back(work, i);
-  work(0);
-  for (auto& x : th) x.join();
-  double nn = 0, dd = 0;
-  for (int i = 0; i < nt; ++i) nn += num[static_cast<size_t>(i)], dd += den[static_cast<size_t>(i)];
-  return dd > 0 ? nn / dd : 0.0;
+  std::vector<float> d(static_cast<size_t>(rows * cols));
+  if (Status st = fake_quantize_affine(w.data, w.dtype, rows, cols, bits, group, threads, d.data()); !st) return st;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const double x = load_float(w.data, w.dtype, i), e = x - d[static_cast<size_t>(i)];
+    num += e * e;
+    den += x * x;
+  }
+  return den > 0 ? num / den : 0.0;
 }
 
 Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, const ConvertOptions& opts) {
@@ -163,7 +136,9 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
         ordered_json kl = ordered_json::object();
         for (int b : opts.candidate_bits) {
           if (Status st = check_affine_params(b, opts.group_size, w->dim(1)); !st) return st;
-          table[i].kl[b] = weight_error(*w, b, opts.group_size, opts.threads);
+          auto e = weight_error(*w, b, opts.group_size, opts.threads);
+          if (!e) return Status(e.status().code(), e.status().message() + " (module " + table[i].name + ")");
+          table[i].kl[b] = e.value();
           kl[std::to_string(b)] = table[i].kl[b];
         }
         layers.push_back({{"name", table[i].name}, {"params", table[i].params}, {"kl", kl}});

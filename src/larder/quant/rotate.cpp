@@ -16,6 +16,7 @@
 #include "larder/formats/safetensors.h"
 #include "larder/quant/checkpoint_io.h"
 #include "larder/quant/hadamard.h"
+#include "larder/quant/parallel_rows.h"
 
 namespace larder::quant {
 
@@ -114,26 +115,11 @@ void store(const float* in, int64_t n, DType dt, uint8_t* out) {
   }
 }
 
-// Rows are independent, so splitting them over threads keeps the output bit-identical for any
-// thread count.
-template <class F>
-void parallel_rows(int64_t rows, int threads, F&& fn) {
-  int nt = static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(1, rows / 8)));
-  if (nt <= 1) {
-    fn(int64_t{0}, rows);
-    return;
-  }
-  std::vector<std::thread> th;
-  for (int i = 1; i < nt; ++i) th.emplace_back([&, i] { fn(rows * i / nt, rows * (i + 1) / nt); });
-  fn(int64_t{0}, rows / nt);
-  for (auto& t : th) t.join();
-}
-
 // Every row of a [rows, cols] matrix, split into cols / n chunks, each chunk ← chunk·R.
 void rotate_rows(float* a, int64_t rows, int64_t cols, const Rotation& r, int threads) {
   if (r.identity()) return;
   const int64_t n = r.size();
-  parallel_rows(rows, threads, [&](int64_t r0, int64_t r1) {
+  parallel_rows(rows, threads, 8, [&](int, int64_t r0, int64_t r1) {
     std::vector<float> scratch(static_cast<size_t>(n));
     for (int64_t i = r0; i < r1; ++i)
       for (int64_t c = 0; c < cols; c += n) r.rowT(a + i * cols + c, scratch.data());
@@ -143,7 +129,7 @@ void rotate_rows(float* a, int64_t rows, int64_t cols, const Rotation& r, int th
 void transpose(const float* a, int64_t rows, int64_t cols, float* b, int threads) {
   constexpr int64_t kB = 32;
   const int64_t nblk = (rows + kB - 1) / kB;
-  parallel_rows(nblk, threads, [&](int64_t b0, int64_t b1) {
+  parallel_rows(nblk, threads, 8, [&](int, int64_t b0, int64_t b1) {
     for (int64_t i0 = b0 * kB; i0 < std::min(rows, b1 * kB); i0 += kB)
       for (int64_t j0 = 0; j0 < cols; j0 += kB)
         for (int64_t i = i0; i < std::min(rows, i0 + kB); ++i)
@@ -418,7 +404,7 @@ class Folder {
   void fold_gamma(float* w, int64_t rows, int64_t cols, const formats::TensorInfo& gamma) {
     g_.resize(static_cast<size_t>(cols));
     load_f32(gamma, g_.data());
-    parallel_rows(rows, threads_, [&](int64_t r0, int64_t r1) {
+    parallel_rows(rows, threads_, 8, [&](int, int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i)
         for (int64_t j = 0; j < cols; ++j) w[i * cols + j] *= g_[static_cast<size_t>(j)];
     });
@@ -444,7 +430,7 @@ Result<RotateReport> rotate_checkpoint(const std::string& src_dir, const std::st
   auto plan_r = make_plan(src_dir, opts);
   if (!plan_r) return plan_r.status();
   Plan& plan = plan_r.value();
-  const int threads = opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = resolve_threads(opts.threads);
 
   ordered_json cfg = plan.config;
   cfg["tie_word_embeddings"] = false;

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
@@ -171,38 +170,6 @@ formats::ModelFiles overlay(const formats::ModelFiles& base, const std::string& 
   return f;
 }
 
-// w quantized at `bits` then dequantized, as f32 (rows split over threads).
-Status fake_quantize(const formats::TensorInfo& w, int bits, int group, int threads, std::vector<float>* out) {
-  const int64_t rows = w.dim(0), cols = w.dim(1);
-  const size_t esz = w.dtype == DType::kF32 ? 4 : 2;
-  out->resize(static_cast<size_t>(rows * cols));
-  int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  nt = static_cast<int>(std::min<int64_t>(nt, std::max<int64_t>(1, rows / 16)));
-  std::vector<Status> sts(static_cast<size_t>(nt));
-  auto work = [&](int t) {
-    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
-    const int64_t chunk = 64;
-    std::vector<uint32_t> q(static_cast<size_t>(chunk * affine_words_per_row(cols, bits)));
-    std::vector<uint8_t> s(static_cast<size_t>(chunk * (cols / group)) * esz), b(s.size());
-    for (int64_t r = r0; r < r1; r += chunk) {
-      const int64_t n = std::min(chunk, r1 - r);
-      Status st = quantize_affine(w.data + static_cast<size_t>(r * cols) * esz, w.dtype, n, cols, bits, group, q.data(), s.data(), b.data());
-      if (st) st = dequantize_affine(q.data(), s.data(), b.data(), w.dtype, n, cols, bits, group, out->data() + r * cols);
-      if (!st) {
-        sts[static_cast<size_t>(t)] = st;
-        return;
-      }
-    }
-  };
-  std::vector<std::thread> th;
-  for (int i = 1; i < nt; ++i) th.emplace_back(work, i);
-  work(0);
-  for (auto& x : th) x.join();
-  for (const Status& s : sts)
-    if (!s) return s;
-  return Status::ok();
-}
-
 // Mean over samples of the mean over positions of KL(ref ‖ model).
 Result<double> mean_kl(models::Model& model, const CalibrationSet& calib, const std::vector<float>& ref_logp,
                        std::vector<float>* logits) {
@@ -275,7 +242,9 @@ Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& file
       if (opts.progress) opts.progress(done, total, strfmt("%s @ %d bits", m.name.c_str(), b));
       if (Status st = check_affine_params(b, opts.group_size, w->dim(1)); !st)
         return Status(st.code(), st.message() + " (module " + m.name + ")");
-      if (Status st = fake_quantize(*w, b, opts.group_size, opts.threads, &wq); !st) return st;
+      wq.resize(static_cast<size_t>(w->numel()));
+      if (Status st = fake_quantize_affine(w->data, w->dtype, w->dim(0), w->dim(1), b, opts.group_size, opts.threads, wq.data()); !st)
+        return Status(st.code(), st.message() + " (module " + m.name + ")");
       const formats::ModelFiles f = overlay(files, w->name, wq.data());
       auto probe = models::Model::load(f);
       if (!probe) return probe.status();
