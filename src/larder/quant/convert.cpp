@@ -98,6 +98,57 @@ Result<double> weight_error(const formats::TensorInfo& w, int bits, int group, i
   return den > 0 ? num / den : 0.0;
 }
 
+// Fills table[i].kl for every probed module — the weight-error proxy, a reused report, or calibration
+// KL measured on the source model — and returns the sensitivity.json report.
+Result<ordered_json> measure_sensitivities(const formats::ModelFiles& files, std::vector<ModuleSensitivity>* table,
+                                           const ConvertOptions& opts, ConvertReport* rep) {
+  if (opts.weight_proxy) {
+    ordered_json layers = ordered_json::array();
+    for (size_t i = 0; i < table->size(); ++i) {
+      ModuleSensitivity& m = (*table)[i];
+      if (opts.progress) opts.progress(i + 1, table->size(), "sensitivity proxy: " + m.name);
+      const formats::TensorInfo* w = files.tensors().find(m.name + ".weight");
+      ordered_json kl = ordered_json::object();
+      for (int b : opts.candidate_bits) {
+        auto e = weight_error(*w, b, opts.group_size, opts.threads);
+        if (!e) return Status(e.status().code(), e.status().message() + " (module " + m.name + ")");
+        m.kl[b] = e.value();
+        kl[std::to_string(b)] = e.value();
+      }
+      layers.push_back({{"name", m.name}, {"params", m.params}, {"kl", kl}});
+    }
+    return ordered_json{{"format", "larder-sensitivity-1"}, {"reference", "weight-error-proxy"},
+                        {"metric", "||W - deq(quant_b(W))||^2 / ||W||^2 (not calibration KL)"},
+                        {"group_size", opts.group_size}, {"layers", layers}};
+  }
+  auto tok = tokenizer::Tokenizer::from_hf_dir(files.path);
+  if (!tok) return tok.status();
+  auto calib = load_calibration(*tok.value(), opts.calibration);
+  if (!calib) return calib.status();
+  SensitivityOptions so;
+  so.candidates = opts.candidate_bits;
+  so.group_size = opts.group_size;
+  so.threads = opts.threads;
+  so.progress = [&](size_t i, size_t n, const std::string& what) {
+    if (opts.progress) opts.progress(i, n, "sensitivity: " + what);
+  };
+  if (!opts.reuse_sensitivity.empty()) {
+    auto prev = formats::read_json_file(opts.reuse_sensitivity);
+    if (!prev) return prev.status();
+    auto t = reuse_sensitivity_report(prev.value(), *table, calib.value(), so);
+    if (!t) return Status(t.status().code(), t.status().message() + " (" + opts.reuse_sensitivity + ")");
+    *table = std::move(t).value();
+    rep->sensitivity_reused = true;
+    return std::move(prev).value();
+  }
+  auto r = measure_kl_sensitivity(files, *table, calib.value(), so);
+  if (!r) return r.status();
+  *table = std::move(r.value().table);
+  rep->sensitivity_seconds = r.value().seconds;
+  rep->sensitivity_forwards = r.value().forwards;
+  return std::move(r.value().report);
+}
+
 Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, const ConvertOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
   ConvertReport rep;
@@ -112,11 +163,13 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
     return unsupported("[quantize] model_type '" + mt + "' is not supported (llama, mistral, qwen2, qwen3)");
   const bool tied = cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"].is_boolean() &&
                     cfg["tie_word_embeddings"].get<bool>();
-  auto ts_r = formats::open_safetensors_dir(src_dir);
-  if (!ts_r) return ts_r.status();
-  const formats::TensorSet& ts = ts_r.value();
+  // One opening of the source serves the tensor plan and, for calibration KL, the model.
+  auto files_r = formats::open_model_files(src_dir);
+  if (!files_r) return files_r.status();
+  const formats::ModelFiles& files = files_r.value();
+  const formats::TensorSet& ts = files.tensors();
 
-  // Mixed precision: proxy sensitivities for the per-block linears, then the allocator.
+  // Mixed precision: sensitivities of the per-block linears, then the allocator.
   std::map<std::string, int> module_bits = opts.module_bits;
   ordered_json sens_report;
   if (opts.target_bpw > 0) {
@@ -128,56 +181,9 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
       if (t.dim(1) % opts.group_size != 0 || keep_matches(opts.keep, module) || block_index(module) < 0) continue;
       table.push_back({module, {}, static_cast<uint64_t>(t.numel())});
     }
-    if (opts.weight_proxy) {
-      ordered_json layers = ordered_json::array();
-      for (size_t i = 0; i < table.size(); ++i) {
-        if (opts.progress) opts.progress(i + 1, table.size(), "sensitivity proxy: " + table[i].name);
-        const formats::TensorInfo* w = ts.find(table[i].name + ".weight");
-        ordered_json kl = ordered_json::object();
-        for (int b : opts.candidate_bits) {
-          if (Status st = check_affine_params(b, opts.group_size, w->dim(1)); !st) return st;
-          auto e = weight_error(*w, b, opts.group_size, opts.threads);
-          if (!e) return Status(e.status().code(), e.status().message() + " (module " + table[i].name + ")");
-          table[i].kl[b] = e.value();
-          kl[std::to_string(b)] = table[i].kl[b];
-        }
-        layers.push_back({{"name", table[i].name}, {"params", table[i].params}, {"kl", kl}});
-      }
-      sens_report = {{"format", "larder-sensitivity-1"}, {"reference", "weight-error-proxy"},
-                     {"metric", "||W - deq(quant_b(W))||^2 / ||W||^2 (not calibration KL)"},
-                     {"group_size", opts.group_size}, {"layers", layers}};
-    } else {
-      // Calibration KL (design §4) over the source model itself.
-      auto files = formats::open_model_files(src_dir);
-      if (!files) return files.status();
-      auto tok = tokenizer::Tokenizer::from_hf_dir(src_dir);
-      if (!tok) return tok.status();
-      auto calib = load_calibration(*tok.value(), opts.calibration);
-      if (!calib) return calib.status();
-      SensitivityOptions so;
-      so.candidates = opts.candidate_bits;
-      so.group_size = opts.group_size;
-      so.threads = opts.threads;
-      so.progress = [&](size_t i, size_t n, const std::string& what) {
-        if (opts.progress) opts.progress(i, n, "sensitivity: " + what);
-      };
-      if (!opts.reuse_sensitivity.empty()) {
-        auto prev = formats::read_json_file(opts.reuse_sensitivity);
-        if (!prev) return prev.status();
-        auto t = reuse_sensitivity_report(prev.value(), table, calib.value(), so);
-        if (!t) return Status(t.status().code(), t.status().message() + " (" + opts.reuse_sensitivity + ")");
-        table = std::move(t).value();
-        sens_report = std::move(prev).value();
-        rep.sensitivity_reused = true;
-      } else {
-        auto r = measure_kl_sensitivity(files.value(), table, calib.value(), so);
-        if (!r) return r.status();
-        table = std::move(r.value().table);
-        sens_report = std::move(r.value().report);
-        rep.sensitivity_seconds = r.value().seconds;
-        rep.sensitivity_forwards = r.value().forwards;
-      }
-    }
+    auto sens = measure_sensitivities(files, &table, opts, &rep);
+    if (!sens) return sens.status();
+    sens_report = std::move(sens).value();
     AllocatorOptions ao;
     ao.target_bpw = opts.target_bpw;
     ao.group_size = opts.group_size;
@@ -186,10 +192,12 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
     ao.n_protect = std::max(1, opts.protect_blocks);
     auto plan = allocate_bits(table, ao);
     if (!plan) return plan.status();
-    for (const ModuleBits& m : plan.value().modules) module_bits[m.name] = m.bits;
     rep.allocated_bpw = plan.value().achieved_bpw;
     ordered_json bits = ordered_json::object();
-    for (const ModuleBits& m : plan.value().modules) bits[m.name] = m.bits;
+    for (const ModuleBits& m : plan.value().modules) {
+      module_bits[m.name] = m.bits;
+      bits[m.name] = m.bits;
+    }
     sens_report["allocation"] = {{"target_bpw", opts.target_bpw}, {"achieved_bpw", plan.value().achieved_bpw},
                                  {"candidates", plan.value().candidates}, {"bits", bits}};
   }

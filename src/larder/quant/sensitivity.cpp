@@ -12,6 +12,7 @@
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
 #include "larder/quant/affine.h"
+#include "larder/runtime/eval.h"
 
 namespace larder::quant {
 
@@ -134,21 +135,6 @@ Result<CalibrationSet> load_calibration(const tokenizer::Tokenizer& tok, const C
   return cs;
 }
 
-double kl_logprobs_vs_logits(const float* ref_logp, const float* cand_logits, int64_t vocab) {
-  float mx = -INFINITY;
-  for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, cand_logits[v]);
-  double sum = 0;
-  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(cand_logits[v]) - mx);
-  const double lse = mx + std::log(sum);
-  double kl = 0;
-  for (int64_t v = 0; v < vocab; ++v) {
-    const double lp = ref_logp[v];
-    if (lp == -INFINITY) continue;
-    kl += std::exp(lp) * (lp - (static_cast<double>(cand_logits[v]) - lse));
-  }
-  return std::max(0.0, kl);  // rounding can leave a tiny negative for identical inputs
-}
-
 namespace {
 
 // The files with one tensor re-pointed at an in-memory f32 copy (same shape); everything else
@@ -170,17 +156,19 @@ formats::ModelFiles overlay(const formats::ModelFiles& base, const std::string& 
   return f;
 }
 
-// Mean over samples of the mean over positions of KL(ref ‖ model).
-Result<double> mean_kl(models::Model& model, const CalibrationSet& calib, const std::vector<float>& ref_logp,
+// Mean over samples of the mean over positions of KL(ref ‖ model); ref_logits holds the source
+// model's logits of every sample, [samples][L][vocab].
+Result<double> mean_kl(models::Model& model, const CalibrationSet& calib, const std::vector<float>& ref_logits,
                        std::vector<float>* logits) {
   const int64_t V = model.info().vocab, L = calib.seq_len;
+  memory::KvCache cache(model.kv_layout(), L);
   double total = 0;
   for (size_t s = 0; s < calib.samples.size(); ++s) {
-    memory::KvCache cache(model.kv_layout(), L);
+    cache.trim(0);
     if (Status st = model.forward(calib.samples[s].data(), L, cache, logits->data(), true); !st) return st;
     double acc = 0;
     for (int64_t p = 0; p < L; ++p)
-      acc += kl_logprobs_vs_logits(ref_logp.data() + (static_cast<int64_t>(s) * L + p) * V, logits->data() + p * V, V);
+      acc += runtime::kl_divergence_logits(ref_logits.data() + (static_cast<int64_t>(s) * L + p) * V, logits->data() + p * V, V);
     total += acc / static_cast<double>(L);
   }
   return total / static_cast<double>(calib.samples.size());
@@ -208,20 +196,14 @@ Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& file
                                    static_cast<long long>(L), static_cast<long long>(base.info().max_context)));
   SensitivityResult res;
   std::vector<float> logits(static_cast<size_t>(L * V));
-  std::vector<float> ref_logp(static_cast<size_t>(static_cast<int64_t>(calib.samples.size()) * L * V));
-  for (size_t s = 0; s < calib.samples.size(); ++s) {
+  std::vector<float> ref_logits(static_cast<size_t>(static_cast<int64_t>(calib.samples.size()) * L * V));
+  {
     memory::KvCache cache(base.kv_layout(), L);
-    if (Status st = base.forward(calib.samples[s].data(), L, cache, logits.data(), true); !st) return st;
-    ++res.forwards;
-    for (int64_t p = 0; p < L; ++p) {
-      const float* x = logits.data() + p * V;
-      float* o = ref_logp.data() + (static_cast<int64_t>(s) * L + p) * V;
-      float mx = -INFINITY;
-      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, x[v]);
-      double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(x[v]) - mx);
-      const double lse = mx + std::log(sum);
-      for (int64_t v = 0; v < V; ++v) o[v] = static_cast<float>(static_cast<double>(x[v]) - lse);
+    for (size_t s = 0; s < calib.samples.size(); ++s) {
+      cache.trim(0);
+      if (Status st = base.forward(calib.samples[s].data(), L, cache, ref_logits.data() + s * static_cast<size_t>(L * V), true); !st)
+        return st;
+      ++res.forwards;
     }
   }
   std::vector<int> cands = opts.candidates;
@@ -248,7 +230,7 @@ Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& file
       const formats::ModelFiles f = overlay(files, w->name, wq.data());
       auto probe = models::Model::load(f);
       if (!probe) return probe.status();
-      auto r = mean_kl(*probe.value(), calib, ref_logp, &logits);
+      auto r = mean_kl(*probe.value(), calib, ref_logits, &logits);
       if (!r) return r.status();
       res.forwards += static_cast<int64_t>(calib.samples.size());
       const double v = r.value();

@@ -4,7 +4,7 @@
 // For every probed module (the per-block linears) and every candidate width b: quantize →
 // dequantize that module's weight alone at b (affine, the output's group size), swap it into
 // the otherwise unmodified model, run every calibration sample as one full-sequence forward and
-// measure KL(reference ‖ modified) of the next-token distributions, averaged over positions and
+// measure KL(reference ‖ modified) of the next-token distributions (runtime/eval.h), averaged over positions and
 // then over samples. The reference is the source model itself at its stored precision (the
 // "bf16 reference" of §4). The swap is a TensorSet overlay: the model is re-bound over the same
 // mapped files with one tensor pointing at an in-memory f32 copy, so no weights are copied.
@@ -57,10 +57,6 @@ Result<CalibrationSet> load_calibration(const tokenizer::Tokenizer& tok, const C
 
 // The start offsets chosen for a stream of `total` tokens (exposed for tests).
 std::vector<int64_t> calibration_starts(int64_t total, int64_t seq_len, int64_t n_samples, uint64_t seed);
-
-// KL(ref ‖ cand) of one position: ref as log-probabilities (log-softmax already applied), cand as
-// raw logits; double accumulation.
-double kl_logprobs_vs_logits(const float* ref_logp, const float* cand_logits, int64_t vocab);
 
 struct SensitivityOptions {
   std::vector<int> candidates = {2, 3, 4, 6, 8};
