@@ -7,11 +7,10 @@
 // summary (or one JSON object) to stdout.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "larder/core/mmap_file.h"
 #include "larder/core/threadpool.h"
 #include "larder/runtime/eval.h"
 #include "larder/runtime/loaded_model.h"
@@ -30,11 +29,9 @@ struct EvalFlags {
 };
 
 Result<std::string> read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(strfmt("[eval] cannot open text file '%s'", path.c_str()));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
+  auto r = read_text_file(path);
+  if (!r) return Status(r.status().code(), strfmt("[eval] cannot open text file '%s': ", path.c_str()) + r.status().message());
+  std::string s = std::move(r).value();
   if (s.find_first_not_of(" \t\r\n") == std::string::npos) {
     return invalid_argument(strfmt("[eval] text file '%s' is empty", path.c_str()));
   }

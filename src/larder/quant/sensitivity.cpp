@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
+#include "larder/core/mmap_file.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
 #include "larder/quant/affine.h"
@@ -64,11 +64,9 @@ Result<std::vector<std::string>> read_calibration_texts(const CalibrationOptions
     bytes = builtin_calibration_text();
     texts.push_back(bytes);
   } else {
-    std::ifstream f(opts.file, std::ios::binary);
-    if (!f) return not_found("[calibration] cannot read " + opts.file);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    bytes = ss.str();
+    auto r = read_text_file(opts.file);
+    if (!r) return Status(r.status().code(), "[calibration] cannot read " + opts.file + ": " + r.status().message());
+    bytes = std::move(r).value();
     if (bytes.find_first_not_of(" \t\r\n") == std::string::npos) return invalid_argument("[calibration] " + opts.file + " is empty");
     const bool jsonl_name = opts.file.size() > 6 && opts.file.compare(opts.file.size() - 6, 6, ".jsonl") == 0;
     const bool starts_obj = bytes[bytes.find_first_not_of(" \t\r\n")] == '{';
