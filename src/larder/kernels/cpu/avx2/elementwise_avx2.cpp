@@ -1,7 +1,7 @@
 // elementwise_avx2.cpp — rmsnorm, rope, silu·mul and add for the AVX2 tier, on the thread pool.
 //
 // Why they matter: in a 512-token prefill these ops touch tokens × (hidden or ffn) floats per
-// layer. Single-threaded scalar references (double-precision exp, a sin/cos per head) were ~0.4 s
+// layer. The single-threaded scalar references (double-precision exp; rope then took a sin/cos per head) were ~0.4 s
 // of a 1B model's 512-token prefill and did not speed up with threads, which is what held back the
 // 2-thread prefill scaling (Amdahl). Here each op splits its rows/elements over the pool when the
 // job is big enough to pay for a fork (≥ kMinParallel floats), and vectorises the arithmetic:
@@ -10,19 +10,19 @@
 //   rmsnorm   sum of squares in 4 f32 accumulators of 8 lanes (the reference sums in double; for the
 //             dims of real models the difference is ~1e-7 relative), then HF's order: x·inv rounded
 //             to f32, times the weight;
-//   rope      the reference arithmetic (double sin/cos, double rotation), but sin/cos computed once
-//             per (token, pair) for all heads instead of per head — bit-identical to the reference;
+//   rope      the reference itself (double sin/cos once per token and pair, double rotation) on
+//             token ranges — bit-identical;
 //   add       a plain vector add — bit-identical.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
 #include "larder/kernels/cpu/common/simd_exp_avx2.h"
+#include "larder/kernels/ref/ref_ops.h"
 
 namespace larder::kernels::cpu::avx2 {
 
@@ -98,28 +98,9 @@ void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float 
 
 void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
           const float* inv_freq, RopePairing pairing) {
-  const int half = rot_dim / 2;
-  split(n, 1, static_cast<int64_t>(n_heads) * head_dim, [&](int64_t b, int64_t e) {
-    std::vector<double> cs(static_cast<size_t>(2 * half));
-    for (int64_t t = b; t < e; ++t) {
-      const double pos = static_cast<double>(positions[t]);
-      for (int i = 0; i < half; ++i) {
-        const double theta = pos * static_cast<double>(inv_freq[i]);
-        cs[static_cast<size_t>(2 * i)] = std::cos(theta);
-        cs[static_cast<size_t>(2 * i + 1)] = std::sin(theta);
-      }
-      for (int h = 0; h < n_heads; ++h) {
-        float* v = x + (t * n_heads + h) * head_dim;
-        for (int i = 0; i < half; ++i) {
-          const double c = cs[static_cast<size_t>(2 * i)], s = cs[static_cast<size_t>(2 * i + 1)];
-          const int ia = pairing == RopePairing::kHalf ? i : 2 * i;
-          const int ib = pairing == RopePairing::kHalf ? i + half : 2 * i + 1;
-          const double a = v[ia], bb = v[ib];
-          v[ia] = static_cast<float>(a * c - bb * s);
-          v[ib] = static_cast<float>(a * s + bb * c);
-        }
-      }
-    }
+  const int64_t stride = static_cast<int64_t>(n_heads) * head_dim;
+  split(n, 1, stride, [&](int64_t b, int64_t e) {
+    ref::rope(x + b * stride, e - b, n_heads, head_dim, rot_dim, positions + b, inv_freq, pairing);
   });
 }
 
