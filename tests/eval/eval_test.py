@@ -11,8 +11,8 @@ Run with LARDER_BIN, LARDER_SHARED_DIR, LARDER_TEST_DATA_DIR set (CTest does).
 import json
 import os
 import shutil
-import struct
 import subprocess
+import sys
 import unittest
 
 import numpy as np
@@ -20,6 +20,8 @@ import mlx.core as mx
 from tokenizers import Tokenizer
 
 mx.set_default_device(mx.cpu)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
+from model_reference import write_safetensors as write_typed_safetensors  # noqa: E402
 
 BIN = os.environ["LARDER_BIN"]
 SHARED = os.environ["LARDER_SHARED_DIR"]
@@ -30,19 +32,7 @@ CTX, CHUNKS = 128, 4
 
 
 def write_safetensors(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        b = np.ascontiguousarray(tensors[name], dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    write_typed_safetensors(path, {k: ("F32", np.ascontiguousarray(v, dtype=np.float32)) for k, v in tensors.items()})
 
 
 def llama_weights(seed):

@@ -17,7 +17,6 @@ import glob
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import unittest
@@ -26,6 +25,8 @@ import numpy as np
 import mlx.core as mx
 
 mx.set_default_device(mx.cpu)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
+from model_reference import write_safetensors  # noqa: E402
 
 BIN = os.environ["LARDER_BIN"]
 SHARED = os.environ["LARDER_SHARED_DIR"]
@@ -48,23 +49,6 @@ TOKENS = [1, 450, 4996, 17354, 1701, 432, 17204, 975, 278, 17366, 11203, 29889, 
 def to_bf16_bits(a):
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def write_safetensors(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        dt, arr = tensors[name]
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
 
 
 def make_llama(d, dtype, tied, shards, seed=0):

@@ -13,8 +13,8 @@ import glob
 import json
 import os
 import shutil
-import struct
 import subprocess
+import sys
 import unittest
 from pathlib import Path
 
@@ -22,6 +22,8 @@ import numpy as np
 import mlx.core as mx
 
 mx.set_default_device(mx.cpu)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
+from model_reference import write_safetensors as write_typed_safetensors  # noqa: E402
 
 TOOL = os.environ["ROTATE_TOOL"]
 OUT = os.path.join(os.environ["LARDER_TEST_DATA_DIR"], "rotate_mlx")
@@ -39,20 +41,7 @@ TOKENS = [1, 17, 5, 99, 3, 64, 64, 2, 118, 7, 45, 33, 0, 12, 81, 90, 4, 4, 100, 
 
 
 def write_safetensors(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name], dtype=np.float32)
-        b = arr.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    write_typed_safetensors(path, {k: ("F32", np.ascontiguousarray(v, dtype=np.float32)) for k, v in tensors.items()})
 
 
 def make_model(d, model_type, H, nh, nkv, hd, inter, tied, attn_bias, seed=0):
