@@ -26,6 +26,7 @@
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/cpu/avx512/gemm16_avx512.h"
 
 namespace larder::kernels::cpu::avx512 {
 
@@ -114,112 +115,58 @@ void matmul_int(const WeightView& w, const float* x, int64_t n, float* y) {
   run_matmul_tiles(k, w.rows, n, w.cols + 4 * (w.cols / 32));
 }
 
-// Token-lane GEMMs for n >= 8 (same act8 layout as the AVX2 tier, act_quant.h): vpdpbusd takes the
-// broadcast weight bytes and 8 tokens × 4 activation bytes and adds 4 products per token lane
-// straight into int32 — 1 instruction per 32 MACs, no int16 stage, no madd.
-// Q4_0: codes u ∈ [0, 15] are the unsigned operand, activations (plain int8) the signed one; the
-// zero point folds out per (row, block) as f·d_x − 8·bsum (as in the AVX2 GEMM).
-// Q8_0: weights are signed, so the activations are stored as q + 128 (u8) and each lane's int32
-// accumulator is seeded with −128·Σw of the weight block (Σ (q+128)·w − 128·Σ w = Σ q·w).
-// R = 4 rows per tile (as the AVX2 driver): 4 int32 + 4 f32 accumulators of 32 registers; a zmm
-// 16-token version would double the work per instruction on cores with 512-bit VNNI units.
-template <bool kQ8>
-struct GemmVnni {
+// Prefill (n >= 8): the 16-token-lane VNNI GEMM of gemm16_avx512.h. Both formats become
+// unsigned byte codes with a per-block scale and a constant zero point: Q4_0 codes are its
+// nibbles (w = d·(u − 8)); Q8_0 bytes get their sign bit flipped, u = q + 128 ∈ [0, 255]
+// (w = d·(u − 128)), so signed weights need no sign trick and no per-block Σw: the zero point
+// folds out with the activation block sums like Q4_0's.
+struct Q4_0Rows {
+  static constexpr int kZero = 8;
   const uint8_t* w;
   uint64_t row_bytes;
-  int64_t rows, nb, n;
-  const uint8_t* act8;
-  QuantizedActs a;
-  float* y;
-
-  template <int R>
-  void tile(int64_t r0, int64_t g) const {
-    constexpr int kBytes = kQ8 ? 34 : 18;
+  int64_t nb;
+  int64_t groups() const { return nb; }
+  int64_t blocks_per_group() const { return 1; }
+  void unpack(int64_t row, uint8_t* codes, float* scale, float*) const {
     const float* f16 = f16_table();
-    const uint8_t* wr[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
-    __m256 acc[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    alignas(32) uint8_t wb[R][32];
-    const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    const __m256i ones8 = _mm256_set1_epi8(1);
+    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
+    const __m128i m4 = _mm_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; ++b) {
-      __m256i s[R];
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = wr[r] + b * kBytes;
-        if constexpr (kQ8) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(wb[r]), v);
-          // Σw of the block: 4-sums by vpdpbusd with 1s, then a horizontal add; every token lane
-          // starts from −128·Σw.
-          const __m256i s4 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones8, v);
-          __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-          h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-          h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-          s[r] = _mm256_set1_epi32(-128 * _mm_cvtsi128_si32(h));
-        } else {
-          const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-          const __m256i u = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
-                                             _mm256_set1_epi8(0x0f));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(wb[r]), u);
-          s[r] = _mm256_setzero_si256();
-        }
-      }
-      __asm__ volatile("" ::: "memory");  // broadcasts from L1 (see the AVX2 Q4_0Gemm)
-      const uint8_t* ab = ag + b * 256;
-      LARDER_UNROLL
-      for (int k4 = 0; k4 < 8; ++k4) {
-        const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) {
-          int32_t w4;
-          std::memcpy(&w4, wb[r] + 4 * k4, 4);
-          if constexpr (kQ8) {
-            s[r] = _mm256_dpbusd_epi32(s[r], xa, _mm256_set1_epi32(w4));  // u8 acts × s8 weights
-          } else {
-            s[r] = _mm256_dpbusd_epi32(s[r], _mm256_set1_epi32(w4), xa);  // u8 codes × s8 acts
-          }
-        }
-      }
-      const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
-      if constexpr (kQ8) {
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) {
-          const __m256 dw = _mm256_broadcast_ss(f16 + load_u16(wr[r] + b * kBytes));
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(dx, dw), acc[r]);
-        }
-      } else {
-        const __m256 bs = _mm256_mul_ps(_mm256_loadu_ps(a.sums(b) + 8 * g), _mm256_set1_ps(8.0f));
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) {
-          const __m256 dw = _mm256_broadcast_ss(f16 + load_u16(wr[r] + b * kBytes));
-          acc[r] = _mm256_fmadd_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(s[r]), dx, bs), dw, acc[r]);
-        }
-      }
-    }
-    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
+      const uint8_t* blk = p + b * 18;
+      scale[b] = f16[load_u16(blk)];
+      // Byte j: element j in the low nibble, j + 16 in the high one.
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      _mm_store_si128(reinterpret_cast<__m128i*>(codes + 32 * b), _mm_and_si128(v, m4));
+      _mm_store_si128(reinterpret_cast<__m128i*>(codes + 32 * b + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
     }
   }
 };
 
-template <bool kQ8>
+struct Q8_0Rows {
+  static constexpr int kZero = 128;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t nb;
+  int64_t groups() const { return nb; }
+  int64_t blocks_per_group() const { return 1; }
+  void unpack(int64_t row, uint8_t* codes, float* scale, float*) const {
+    const float* f16 = f16_table();
+    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = p + b * 34;
+      scale[b] = f16[load_u16(blk)];
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 32 * b), _mm256_xor_si256(v, flip));
+    }
+  }
+};
+
+template <class F>
 void matmul_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
-  const int64_t nb = w.cols / 32;
-  void* scratch = thread_scratch(quantized_acts_bytes(n, w.cols));
-  QuantizedActs a = quantized_acts_view(scratch, n, w.cols);
-  quantize_acts_avx2(x, n, w.cols, /*offset128=*/kQ8, a);
-  auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
-  build_act8(a, n, act8);
-  const GemmVnni<kQ8> k{w.data, w.row_bytes(), w.rows, nb, n, act8, a, y};
-  run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
+  const Acts16 a = quantize_acts16(x, n, w.cols);
+  const F f{w.data, w.row_bytes(), w.cols / 32};
+  run_gemm16(f, a, w.rows, y);
 }
 
 constexpr int64_t kGemmMinTokens = 8;
@@ -281,14 +228,14 @@ struct BF16Kernel {
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= kGemmMinTokens) {
-    matmul_gemm<true>(w, x, n, y);
+    matmul_gemm<Q8_0Rows>(w, x, n, y);
   } else {
     matmul_int<Q8_0Block>(w, x, n, y);
   }
 }
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= kGemmMinTokens) {
-    matmul_gemm<false>(w, x, n, y);
+    matmul_gemm<Q4_0Rows>(w, x, n, y);
   } else {
     matmul_int<Q4_0Block>(w, x, n, y);
   }

@@ -96,7 +96,7 @@ void* thread_scratch(size_t bytes, int slot) {
     size_t cap = 0;
     ~Buf() { std::free(p); }
   };
-  thread_local Buf bufs[4];
+  thread_local Buf bufs[kScratchSlots];
   Buf& b = bufs[slot];
   if (bytes > b.cap) {
     std::free(b.p);

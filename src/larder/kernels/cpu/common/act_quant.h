@@ -56,6 +56,9 @@ void build_act8(const QuantizedActs& a, int64_t n, uint8_t* act8);
 
 // A thread-local, 64-byte-aligned, grow-only scratch buffer: kernels must not own long-lived
 // memory (system.md §3), and reallocating per matmul would cost a page fault per 4 KiB.
+// Slots 0–3 hold per-matmul data prepared by the calling thread (which also runs chunks of the
+// pool's jobs); slots 4–5 are for per-chunk data inside pool chunks, so they never alias them.
+constexpr int kScratchSlots = 6;
 void* thread_scratch(size_t bytes, int slot = 0);
 
 }  // namespace larder::kernels::cpu

@@ -1,0 +1,251 @@
+// gemm16_avx512.h — the AVX-512 VNNI prefill GEMM shared by every integer weight format
+// (Q4_0, Q8_0, MLX affine 2–8 bits). Included only by translation units compiled with the
+// AVX-512 tier's flags; everything here has internal linkage so no AVX-512 code can be picked by
+// the linker for an AVX2 caller.
+//
+// Why this shape. The AVX2 GEMMs put 8 tokens in the lanes of a ymm register and broadcast 4
+// weight bytes against them. Here the lanes are 16 tokens (one zmm), and vpdpbusd does the
+// 4-way u8×s8 dot and the int32 accumulation in one instruction: one instruction per 64 MACs
+// (AVX2: maddubs + add per 32). On cores with full-width 512-bit integer units (Zen 5, Intel
+// server cores) that is 2× the ymm rate; on Zen 4 it costs the same as two ymm ops.
+//
+// Every format is reduced to one computation: unsigned codes u (one byte per weight, natural
+// element order) with a per-block scale s and bias c, w = s·u + c, so for token t
+//   Σ_block w·x̂ = s·d_x·Σ u·q + c·(d_x·Σ q) = s·d_x·S + c·bs
+// (x̂ = d_x·q, the int8 activation blocks of act_quant.h; bs = d_x·Σ q is the block sum).
+// Q4_0: u = nibble, s = d, c = −8d. Q8_0: u = q ^ 0x80, s = d, c = −128d. MLX affine: u = code,
+// s and c are the group's scale and bias (constant over the group's blocks, so they are applied
+// once per group to a group accumulator).
+//
+// Weights are unpacked once per (tile of R rows, chunk of token groups) into a per-thread buffer
+// of plain bytes [R][nb][32] plus f32 scales/biases, then every 16-token group of the chunk runs
+// over the unpacked bytes: per block and row, 8 broadcast loads + 8 vpdpbusd against the 8
+// activation vectors of the block (shared by the R rows), then 2–3 f32 ops fold in d_x, s and c.
+// The unpacking is thus amortized over all token groups of the chunk, and the format's own bit
+// layout never appears in the inner loop.
+//
+// Activations: quantize_acts16 writes the int8 blocks directly in the token-lane layout
+//   q[g][b][k4][lane][4] = x_q[16g + lane][32b + 4k4 .. +3]   (512 bytes per group and block)
+// with the same quantizer as quantize_acts_ref (bit-identical bytes and scales), on the pool.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "larder/core/threadpool.h"
+#include "larder/kernels/cpu/common/act_quant.h"
+#include "larder/kernels/cpu/common/simd_avx2.h"
+
+namespace larder::kernels::cpu::avx512 {
+namespace {
+
+struct Acts16 {
+  int64_t n = 0, nb = 0, n_pad = 0;  // n_pad = round_up(n, 16)
+  uint8_t* q = nullptr;               // [n_pad/16][nb][8][16][4] int8
+  float* d = nullptr;                 // [nb][n_pad] activation block scale d_x (0 for padding tokens)
+  float* bs = nullptr;                // [nb][n_pad] d_x·Σ q
+  const uint8_t* block(int64_t g, int64_t b) const { return q + (g * nb + b) * 512; }
+};
+
+inline size_t round_up64(size_t v) { return (v + 63) / 64 * 64; }
+
+// Quantizes x[n, cols] into `scratch` slot 0 of the calling thread (act_quant.h's quantizer:
+// amax/127, 1/d, round to nearest even; bit-identical to quantize_acts_ref).
+inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols) {
+  Acts16 a;
+  a.n = n;
+  a.nb = cols / 32;
+  a.n_pad = (n + 15) / 16 * 16;
+  const size_t qbytes = round_up64(static_cast<size_t>(a.n_pad * a.nb) * 32);
+  const size_t fbytes = round_up64(static_cast<size_t>(a.nb * a.n_pad) * sizeof(float));
+  auto* base = static_cast<uint8_t*>(thread_scratch(qbytes + 2 * fbytes + 64, 0));
+  a.q = base;
+  a.d = reinterpret_cast<float*>(base + qbytes);
+  a.bs = reinterpret_cast<float*>(base + qbytes + fbytes);
+  const int64_t groups = a.n_pad / 16;
+  const Acts16 out = a;
+  // One chunk per 16-token group: each writes only its own 512-byte blocks and scale lanes.
+  default_pool().parallel_for(groups, [&](int64_t g, int) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int lane = 0; lane < 16; ++lane) {
+      const int64_t t = 16 * g + lane;
+      if (t >= n) {
+        for (int64_t b = 0; b < out.nb; ++b) {
+          uint8_t* dst = out.q + (g * out.nb + b) * 512 + 4 * lane;
+          for (int k4 = 0; k4 < 8; ++k4) std::memset(dst + 64 * k4, 0, 4);
+          out.d[b * out.n_pad + t] = 0.0f;
+          out.bs[b * out.n_pad + t] = 0.0f;
+        }
+        continue;
+      }
+      const float* xt = x + t * cols;
+      for (int64_t b = 0; b < out.nb; ++b) {
+        const __m512 v0 = _mm512_loadu_ps(xt + 32 * b), v1 = _mm512_loadu_ps(xt + 32 * b + 16);
+        const __m512 m = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
+        __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        // cvtps2dq rounds to nearest even (the default MXCSR mode), as nearbyint does.
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+        const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(i1), _mm512_cvtepi32_epi8(i0));
+        alignas(32) uint32_t w[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w), q);
+        uint8_t* dst = out.q + (g * out.nb + b) * 512 + 4 * lane;
+        for (int k4 = 0; k4 < 8; ++k4) std::memcpy(dst + 64 * k4, &w[k4], 4);
+        out.d[b * out.n_pad + t] = d;
+        out.bs[b * out.n_pad + t] = d * static_cast<float>(sum);
+      }
+    }
+  });
+  return a;
+}
+
+// What a weight format gives the GEMM for one row (see the header comment):
+//   static constexpr int kZero: > 0 for one scale per block with c = −kZero·s (Q4_0: 8,
+//     Q8_0: 128) — the bias then folds into the block step as (S·d_x − kZero·bs)·s;
+//     0 for group-wise scale and bias (MLX affine), kept per group.
+//   int64_t groups() const, blocks_per_group() const
+//   void unpack(int64_t row, uint8_t* codes /* nb·32 */, float* scale /* per group */,
+//               float* bias /* per group, kZero == 0 only */) const
+//
+// Gemm16 runs tiles of R rows × one 16-token group over the unpacked rows.
+template <class F>
+struct Gemm16 {
+  const F& f;
+  const Acts16& a;
+  const float* gsum;  // kZero == 0: [ng][n_pad] Σ of bs over each group's blocks
+  int64_t rows;
+  float* y;
+
+  // Unpacked rows of the current tile (per-thread scratch).
+  struct Unpacked {
+    const uint8_t* codes;  // [R][nb][32]
+    const float* scale;    // [R][ng]
+    const float* bias;     // [R][ng]
+  };
+
+  template <int R>
+  Unpacked unpack(int64_t r0) const {
+    const int64_t nb = a.nb, ng = f.groups();
+    auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(R * nb) * 32, 4));
+    auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * R * ng) * sizeof(float), 5));
+    for (int r = 0; r < R; ++r) f.unpack(r0 + r, codes + r * nb * 32, sc + r * ng, sc + (R + r) * ng);
+    return {codes, sc, sc + R * ng};
+  }
+
+  template <int R>
+  void tile(const Unpacked& u, int64_t r0, int64_t g) const {
+    const int64_t nb = a.nb, ng = f.groups(), bpg = f.blocks_per_group();
+    const uint8_t* cr[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) cr[r] = u.codes + r * nb * 32;
+    __m512 acc[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      __m512 accg[R];
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) accg[r] = _mm512_setzero_ps();
+      for (int64_t b = gi * bpg; b < (gi + 1) * bpg; ++b) {
+        const uint8_t* ab = a.block(g, b);
+        __m512i s[R];
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
+        LARDER_UNROLL
+        for (int k4 = 0; k4 < 8; ++k4) {
+          const __m512i xa = _mm512_load_si512(ab + 64 * k4);
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            int32_t w4;
+            std::memcpy(&w4, cr[r] + b * 32 + 4 * k4, 4);
+            s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(w4), xa);
+          }
+        }
+        const __m512 dx = _mm512_loadu_ps(a.d + b * a.n_pad + 16 * g);
+        if constexpr (F::kZero > 0) {
+          const __m512 zb = _mm512_mul_ps(_mm512_loadu_ps(a.bs + b * a.n_pad + 16 * g),
+                                          _mm512_set1_ps(static_cast<float>(F::kZero)));
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            const __m512 t = _mm512_fmsub_ps(_mm512_cvtepi32_ps(s[r]), dx, zb);
+            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(u.scale[r * ng + gi]), acc[r]);
+          }
+        } else {
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) accg[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), dx, accg[r]);
+        }
+      }
+      if constexpr (F::kZero == 0) {
+        const __m512 gq = _mm512_loadu_ps(gsum + gi * a.n_pad + 16 * g);
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm512_fmadd_ps(accg[r], _mm512_set1_ps(u.scale[r * ng + gi]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(u.bias[r * ng + gi]), gq, acc[r]);
+        }
+      }
+    }
+    const int64_t t0 = 16 * g, nt = std::min<int64_t>(16, a.n - t0);
+    alignas(64) float out[R][16];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], acc[r]);
+    for (int64_t t = 0; t < nt; ++t)
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = out[r][t];
+  }
+
+  template <int R>
+  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
+    const Unpacked u = unpack<R>(r0);
+    for (int64_t g = g0; g < g1; ++g) tile<R>(u, r0, g);
+  }
+};
+
+// Tile rows: 8 rows × 16 tokens = 8 int32 + 8 f32 accumulators (+ group accumulators for MLX
+// affine), well inside 32 zmm; each activation vector feeds 8 vpdpbusd.
+constexpr int kGemmRows = 8;
+
+// y[n, rows] for a format F. Chunks are (32 rows × a run of token groups whose activations fit
+// ~512 KiB of L2); a chunk unpacks each 8-row tile once and runs it over its token groups.
+template <class F>
+void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
+  const int64_t groups = a.n_pad / 16, nb = a.nb, ng = f.groups(), bpg = f.blocks_per_group();
+  float* gsum = nullptr;
+  if constexpr (F::kZero == 0) {
+    gsum = static_cast<float*>(thread_scratch(static_cast<size_t>(ng * a.n_pad) * sizeof(float) + 64, 1));
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      float* dst = gsum + gi * a.n_pad;
+      for (int64_t t = 0; t < a.n_pad; t += 16) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t b = gi * bpg; b < (gi + 1) * bpg; ++b) s = _mm512_add_ps(s, _mm512_loadu_ps(a.bs + b * a.n_pad + t));
+        _mm512_storeu_ps(dst + t, s);
+      }
+    }
+  }
+  const Gemm16<F> k{f, a, gsum, rows, y};
+  const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (512 * 1024) / (nb * 512)));
+  const int64_t n_gb = (groups + gb - 1) / gb;
+  const int64_t rb = 4 * kGemmRows;
+  const int64_t n_rb = (rows + rb - 1) / rb;
+  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
+    const int64_t ib = c % n_rb, ig = c / n_rb;
+    const int64_t r_end = std::min(rows, (ib + 1) * rb);
+    const int64_t g0 = ig * gb, g1 = std::min(groups, g0 + gb);
+    int64_t r = ib * rb;
+    for (; r + kGemmRows <= r_end; r += kGemmRows) k.template rows_x_groups<kGemmRows>(r, g0, g1);
+    for (; r + 4 <= r_end; r += 4) k.template rows_x_groups<4>(r, g0, g1);
+    for (; r < r_end; ++r) k.template rows_x_groups<1>(r, g0, g1);
+  });
+}
+
+}  // namespace
+}  // namespace larder::kernels::cpu::avx512
