@@ -299,9 +299,9 @@ struct AffineFormat {
 
 class FastAffine : public testing::TestWithParam<AffineFormat> {};
 
-TEST_P(FastAffine, Avx2MatchesReferenceWithinBound) {
-  const AffineFormat af = GetParam();
-  const MatmulFn fast = cpu::fast_matmul_affine("avx2", af.bits);
+// Runs one tier's affine kernel over random shapes against the reference and the exact replay.
+void check_affine_tier(const char* tier, const AffineFormat af) {
+  const MatmulFn fast = cpu::fast_matmul_affine(tier, af.bits);
   ASSERT_NE(fast, nullptr);
   std::mt19937 rng(static_cast<unsigned>(af.bits * 131 + af.group_size));
   const int64_t rows_set[] = {1, 2, 3, 5, 7, 8, 9, 13, 31, 67};
@@ -367,8 +367,19 @@ TEST_P(FastAffine, Avx2MatchesReferenceWithinBound) {
     }
   }
   default_pool().set_threads(0);
-  std::printf("[ avx2 affine q%d g%d ] max |err|/sum|w*x| = %.3g, max |err|/bound = %.3g\n", af.bits, af.group_size,
-              worst_rel, worst_ratio);
+  std::printf("[ %s affine q%d g%d ] max |err|/sum|w*x| = %.3g, max |err|/bound = %.3g\n", tier, af.bits,
+              af.group_size, worst_rel, worst_ratio);
+}
+
+TEST_P(FastAffine, Avx2MatchesReferenceWithinBound) { check_affine_tier("avx2", GetParam()); }
+
+// The AVX-512 kernel: prefill (n >= 8) on the 16-token VNNI GEMM, decode delegated to AVX2; the
+// same bound holds (same activation quantizer, exact integer dots, f32 scaling).
+TEST_P(FastAffine, Avx512MatchesReferenceWithinBound) {
+  if (!cpu_features().has_avx512_tier()) {
+    GTEST_SKIP() << "CPU lacks the AVX-512 tier (" << cpu_features().describe() << ")";
+  }
+  check_affine_tier("avx512", GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, FastAffine,
@@ -439,8 +450,8 @@ TEST(Registration, FastTierOverwritesMatmulEntries) {
   EXPECT_STREQ(t.name, avx512 ? "avx512" : "avx2");
   EXPECT_EQ(t.matmul[static_cast<int>(DType::kF16)], cpu::fast_matmul("avx2", DType::kF16));
   EXPECT_EQ(t.matmul[static_cast<int>(DType::kQ4_0)], cpu::fast_matmul(avx512 ? "avx512" : "avx2", DType::kQ4_0));
-  EXPECT_EQ(t.matmul_affine[4], cpu::fast_matmul_affine("avx2", 4));
-  EXPECT_EQ(t.matmul_affine[3], cpu::fast_matmul_affine("avx2", 3));
+  EXPECT_EQ(t.matmul_affine[4], cpu::fast_matmul_affine(avx512 ? "avx512" : "avx2", 4));
+  EXPECT_EQ(t.matmul_affine[3], cpu::fast_matmul_affine(avx512 ? "avx512" : "avx2", 3));
   EXPECT_EQ(exact.matmul_affine[4], ref_table().matmul_affine[4]);  // int8 activations: opt-out too
   EXPECT_EQ(cpu::fast_matmul_affine("avx2", 7), nullptr);
   // Row lookup (embeddings) stays on the reference.

@@ -29,5 +29,17 @@ TEST(FastKernelSelfCheck, AcceptsAvx2AgainstReferenceAndRejectsABrokenKernel) {
   }
 }
 
+TEST(FastKernelSelfCheck, AffineAcceptsAvx2AndRejectsABrokenKernel) {
+  for (int bits : {2, 3, 4, 5, 6, 8}) {
+    MatmulFn ref = ref_table().matmul_affine[bits];
+    MatmulFn avx2 = fast_matmul_affine("avx2", bits);
+    ASSERT_NE(ref, nullptr);
+    ASSERT_NE(avx2, nullptr);
+    EXPECT_TRUE(fast_matmul_affine_agrees(bits, avx2, ref)) << bits;
+    g_ref = ref;
+    EXPECT_FALSE(fast_matmul_affine_agrees(bits, off_by_one_row, ref)) << bits;
+  }
+}
+
 }  // namespace
 }  // namespace larder::kernels::cpu

@@ -232,6 +232,7 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
     }
   }
   const Gemm16<F> k{f, a, gsum, rows, y};
+  // 512 KiB vs 1 MiB / 4 MiB of activations per chunk measured within noise (Zen 5, 1 MiB L2).
   const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (512 * 1024) / (nb * 512)));
   const int64_t n_gb = (groups + gb - 1) / gb;
   const int64_t rb = 4 * kGemmRows;

@@ -3,7 +3,8 @@
 // Tiers (one translation unit each, compiled with that tier's flags; see src/larder/CMakeLists.txt):
 //   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, BF16, F16, F32, MLX affine (all widths; BMI2 for
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
-//   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0 (vpdpbusd), BF16 (vdpbf16ps).
+//   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0 and MLX affine prefill on one 16-token-lane
+//            vpdpbusd GEMM (gemm16_avx512.h), Q8_0 decode (vpdpbusd), BF16 (vdpbf16ps).
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
 // Both tiers run on the process-wide core/threadpool.h pool.
 #pragma once
@@ -24,6 +25,8 @@ void register_fast_kernels(KernelTable& t);
 // ragged problem in `dtype` (within 2^-6 of the output scale). register_fast_kernels applies it
 // to every AVX-512 matmul before installing it.
 bool fast_matmul_agrees(DType dtype, MatmulFn fast, MatmulFn trusted);
+// The same for MLX affine weights of `bits` (bf16 scales and biases, group 64).
+bool fast_matmul_affine_agrees(int bits, MatmulFn fast, MatmulFn trusted);
 
 // Direct entry points (tests, kernel_bench). Same contract as kernels::matmul.
 namespace avx2 {
@@ -55,6 +58,9 @@ namespace avx512 {
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
+// MLX affine, bits {2,3,4,5,6,8}: prefill on the VNNI GEMM, decode on the AVX2 kernel
+// (matmul_affine_avx512.cpp).
+void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
 }  // namespace avx512
 
 // The tier's function for a dtype, or nullptr. tier: "avx2" or "avx512".

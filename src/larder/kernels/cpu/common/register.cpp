@@ -55,14 +55,8 @@ std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols,
 // element), so honest differences stay near 2^-8 of the output scale; the check allows 2^-6.
 // A lane or layout bug is off by the order of the output itself. On disagreement the AVX2
 // kernel stays for that format and a warning says so: a wrong fast path must never serve garbage.
-bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
-  const int64_t rows = 37, cols = 320;
-  std::vector<uint8_t> w = self_check_weights(dtype, rows, cols, 12345u + static_cast<uint32_t>(dtype));
-  WeightView v;
-  v.dtype = dtype;
-  v.rows = rows;
-  v.cols = cols;
-  v.data = w.data();
+bool agree_on(const WeightView& v, MatmulFn fast, MatmulFn trusted) {
+  const int64_t rows = v.rows, cols = v.cols;
   for (int64_t n : {1, 3, 9, 17}) {
     std::vector<float> x(static_cast<size_t>(n * cols)), y_fast(static_cast<size_t>(n * rows)),
         y_trusted(y_fast.size());
@@ -77,9 +71,52 @@ bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
   }
   return true;
 }
+
+bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
+  const int64_t rows = 37, cols = 320;
+  std::vector<uint8_t> w = self_check_weights(dtype, rows, cols, 12345u + static_cast<uint32_t>(dtype));
+  WeightView v;
+  v.dtype = dtype;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = w.data();
+  return agree_on(v, fast, trusted);
+}
+
+// MLX affine: random codes, bf16 scales ~0.01 and biases ~−2^(bits−1)·scale (mlx's quantizer
+// centres the codes), group 64, 5 groups per row so a group straddles no tile edge by accident.
+bool affine_agrees_impl(int bits, MatmulFn fast, MatmulFn trusted) {
+  const int64_t rows = 37, cols = 320, gs = 64, ng = cols / gs;
+  WeightView v;
+  v.dtype = DType::kU32;
+  v.rows = rows;
+  v.cols = cols;
+  v.bits = bits;
+  v.group_size = static_cast<int>(gs);
+  v.scale_dtype = DType::kBF16;
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols * bits / 8));
+  uint32_t state = 777u + static_cast<uint32_t>(bits);
+  for (auto& c : codes) {
+    state = state * 1664525u + 1013904223u;
+    c = static_cast<uint8_t>(state >> 24);
+  }
+  std::vector<uint16_t> sc(static_cast<size_t>(rows * ng)), bi(sc.size());
+  for (size_t i = 0; i < sc.size(); ++i) {
+    const float s = 0.005f + 0.001f * static_cast<float>(i % 11);
+    sc[i] = f32_to_bf16(s);
+    bi[i] = f32_to_bf16(-s * static_cast<float>(1 << (bits - 1)) + 0.002f * static_cast<float>(i % 5));
+  }
+  v.data = codes.data();
+  v.scales = reinterpret_cast<const uint8_t*>(sc.data());
+  v.biases = reinterpret_cast<const uint8_t*>(bi.data());
+  return agree_on(v, fast, trusted);
+}
 }  // namespace
 
 bool fast_matmul_agrees(DType dtype, MatmulFn fast, MatmulFn trusted) { return agrees_impl(dtype, fast, trusted); }
+bool fast_matmul_affine_agrees(int bits, MatmulFn fast, MatmulFn trusted) {
+  return affine_agrees_impl(bits, fast, trusted);
+}
 
 MatmulFn fast_matmul(const char* tier, DType dtype) {
   if (std::strcmp(tier, "avx2") == 0) {
@@ -108,6 +145,7 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
 MatmulFn fast_matmul_affine(const char* tier, int bits) {
   const bool valid = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
   if (valid && std::strcmp(tier, "avx2") == 0) return avx2::matmul_affine;
+  if (valid && std::strcmp(tier, "avx512") == 0) return avx512::matmul_affine;
   return nullptr;
 }
 
@@ -126,8 +164,7 @@ void register_fast_kernels(KernelTable& t) {
   for (DType d : kFormats) {
     if (!is_int8_act(d) || int8_act) set(t, d, fast_matmul("avx2", d));
   }
-  // MLX affine: int8 activations too (same opt-out). The AVX-512 tier has no affine kernel, so
-  // these entries stay AVX2 there.
+  // MLX affine: int8 activations too (same opt-out).
   if (int8_act) {
     for (int bits : {2, 3, 4, 5, 6, 8}) t.matmul_affine[bits] = fast_matmul_affine("avx2", bits);
   }
@@ -149,6 +186,17 @@ void register_fast_kernels(KernelTable& t) {
       } else {
         LARDER_LOG_WARN("[kernels] AVX-512 %s matmul failed its startup self-check; using the AVX2 kernel",
                         dtype_name(d));
+      }
+    }
+    if (int8_act) {
+      for (int bits : {2, 3, 4, 5, 6, 8}) {
+        MatmulFn fast = fast_matmul_affine("avx512", bits);
+        if (fast && fast_matmul_affine_agrees(bits, fast, before.matmul_affine[bits])) {
+          t.matmul_affine[bits] = fast;
+        } else {
+          LARDER_LOG_WARN("[kernels] AVX-512 affine %d-bit matmul failed its startup self-check; using the AVX2 kernel",
+                          bits);
+        }
       }
     }
     t.name = "avx512";
