@@ -24,6 +24,7 @@
 #include <random>
 #include <vector>
 
+#include "larder/core/cpuid.h"
 #include "larder/core/dtype.h"
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/act_quant.h"
@@ -101,9 +102,8 @@ std::vector<float> acts(int64_t n, int64_t cols, std::mt19937& rng) {
 
 class FastKQuant : public testing::TestWithParam<DType> {};
 
-TEST_P(FastKQuant, Avx2MatchesReferenceWithinBound) {
-  const DType dt = GetParam();
-  const MatmulFn fast = cpu::fast_matmul("avx2", dt);
+void check_kquant_tier(const char* tier, DType dt) {
+  const MatmulFn fast = cpu::fast_matmul(tier, dt);
   ASSERT_NE(fast, nullptr);
   std::mt19937 rng(static_cast<unsigned>(static_cast<int>(dt) * 31 + 5));
   const int64_t rows_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 31, 67};
@@ -156,18 +156,32 @@ TEST_P(FastKQuant, Avx2MatchesReferenceWithinBound) {
     }
   }
   default_pool().set_threads(0);
-  std::printf("[ avx2 %s ] max |err|/sum|w*x| = %.3g, max |err|/bound = %.3g\n", dtype_name(dt), worst_rel,
+  std::printf("[ %s %s ] max |err|/sum|w*x| = %.3g, max |err|/bound = %.3g\n", tier, dtype_name(dt), worst_rel,
               worst_ratio);
 }
 
-// The active table routes Q4_K / Q6_K to the AVX2 kernels (unless LARDER_ISA / LARDER_QUANT_ACT
-// say otherwise) and row lookup stays on the reference.
+TEST_P(FastKQuant, Avx2MatchesReferenceWithinBound) { check_kquant_tier("avx2", GetParam()); }
+
+// AVX-512: Q4_K prefill (n >= 8) on the VNNI GEMM, decode delegated to AVX2 — same bound (same
+// activation quantizer, exact integer dots, f32 scaling). Q6_K has no AVX-512 kernel.
+TEST_P(FastKQuant, Avx512MatchesReferenceWithinBound) {
+  if (!cpu_features().has_avx512_tier()) GTEST_SKIP() << "CPU lacks the AVX-512 tier";
+  if (!cpu::fast_matmul("avx512", GetParam())) GTEST_SKIP() << "no AVX-512 kernel for " << dtype_name(GetParam());
+  check_kquant_tier("avx512", GetParam());
+}
+
+// The active table routes Q4_K / Q6_K to the fast kernels of the CPU's tier (AVX-512 where it has
+// one, else AVX2; unless LARDER_ISA / LARDER_QUANT_ACT say otherwise) and row lookup stays on the
+// reference.
 TEST(FastKQuantTable, Registered) {
   const char* isa = std::getenv("LARDER_ISA");
   const char* qa = std::getenv("LARDER_QUANT_ACT");
   if ((isa && std::strcmp(isa, "ref") == 0) || (qa && std::strcmp(qa, "0") == 0)) GTEST_SKIP();
   for (DType d : {DType::kQ4_K, DType::kQ6_K}) {
-    EXPECT_EQ(active_table().matmul[static_cast<int>(d)], cpu::fast_matmul("avx2", d)) << dtype_name(d);
+    const bool avx512 = cpu_features().has_avx512_tier() && cpu::fast_matmul("avx512", d) &&
+                        !(isa && std::strcmp(isa, "avx2") == 0);
+    EXPECT_EQ(active_table().matmul[static_cast<int>(d)], cpu::fast_matmul(avx512 ? "avx512" : "avx2", d))
+        << dtype_name(d);
     EXPECT_EQ(active_table().dequant_row[static_cast<int>(d)], ref_table().dequant_row[static_cast<int>(d)]);
   }
 }

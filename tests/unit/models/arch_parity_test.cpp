@@ -25,6 +25,9 @@
 // mx.dequantize), so the reference table gets the tight 1e-4 bound. The AVX2 affine kernel
 // quantizes activations to int8 like the GGUF kernels (the bias term uses exact Σx), so it gets
 // the same 3e-2 bound and margin rule.
+// BF16 checkpoints on the AVX-512 table: its BF16 matmul rounds activations to bf16 once per
+// matmul (vdpbf16ps; llama.cpp's BF16 path does the same), relative error ≤ 2^-9 per element, so
+// it gets 1e-2 · max|logit| (≈ 2× the measured worst, 4.7e-3 on qwen3_bf16) and the margin rule.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/formats/model_files.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
@@ -177,8 +181,11 @@ TEST_P(ArchParity, TightAgainstMlxLm) {
   const bool loose = (is_block_format(c.dtypes) &&
                       active.matmul[static_cast<int>(dt)] != kernels::ref_table().matmul[static_cast<int>(dt)]) ||
                      (affine && active.matmul_affine[4] != kernels::ref_table().matmul_affine[4]);
+  const bool bf16_acts = std::string(c.dtypes) == "BF16" &&
+                         active.matmul[static_cast<int>(DType::kBF16)] == kernels::cpu::fast_matmul("avx512", DType::kBF16);
   struct Run { const char* name; const kernels::KernelTable* table; float rel; };
-  const Run runs[] = {{"ref", &kernels::ref_table(), 1e-4f}, {active.name, &active, loose ? 3e-2f : 1e-4f}};
+  const Run runs[] = {{"ref", &kernels::ref_table(), 1e-4f},
+                      {active.name, &active, loose ? 3e-2f : bf16_acts ? 1e-2f : 1e-4f}};
   for (const Run& run : runs) {
     with_table(*run.table, [&] {
       for (const auto& chunks :
@@ -194,7 +201,9 @@ TEST_P(ArchParity, TightAgainstMlxLm) {
                     d.top1_checked - d.top1_mismatch, d.top1_checked);
         EXPECT_LE(d.max_abs, run.rel * d.max_ref) << c.dir << " table " << run.name << " chunks " << cs;
         EXPECT_EQ(d.top1_mismatch, 0) << c.dir << " table " << run.name << " chunks " << cs;
-        if (margin == 0) EXPECT_EQ(d.top1_checked, static_cast<int>(ref.tokens.size()));
+        if (margin == 0) {
+          EXPECT_EQ(d.top1_checked, static_cast<int>(ref.tokens.size()));
+        }
       }
     });
   }

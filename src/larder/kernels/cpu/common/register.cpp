@@ -41,10 +41,15 @@ std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols,
     return w;
   }
   const DTypeInfo& di = dtype_info(dtype);
+  // Where each block keeps its f16 scales (everything else is codes, any byte is valid):
+  // Q8_0/Q4_0 d at 0; Q4_K d and dmin at 0 and 2; Q6_K d at 208.
+  const uint32_t f16_at[2] = {dtype == DType::kQ6_K ? 208u : 0u, dtype == DType::kQ4_K ? 2u : 0u};
   for (uint64_t b = 0; b < bytes; b += di.block_bytes) {
-    uint16_t d = f32_to_f16(0.005f + static_cast<float>(next() % 100) / 10000.f);
-    std::memcpy(&w[b], &d, 2);
-    for (uint32_t k = 2; k < di.block_bytes; ++k) w[b + k] = static_cast<uint8_t>(next());
+    for (uint32_t k = 0; k < di.block_bytes; ++k) w[b + k] = static_cast<uint8_t>(next());
+    for (uint32_t off : f16_at) {
+      uint16_t d = f32_to_f16(0.005f + static_cast<float>(next() % 100) / 10000.f);
+      std::memcpy(&w[b + off], &d, 2);
+    }
   }
   return w;
 }
@@ -73,7 +78,8 @@ bool agree_on(const WeightView& v, MatmulFn fast, MatmulFn trusted) {
 }
 
 bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
-  const int64_t rows = 37, cols = 320;
+  // Ragged rows; columns a few blocks of the format (10 blocks of 32, or 2 super-blocks of 256).
+  const int64_t rows = 37, cols = dtype_info(dtype).block_elems == 256 ? 512 : 320;
   std::vector<uint8_t> w = self_check_weights(dtype, rows, cols, 12345u + static_cast<uint32_t>(dtype));
   WeightView v;
   v.dtype = dtype;
@@ -135,6 +141,7 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
     switch (dtype) {
       case DType::kQ8_0: return avx512::matmul_q8_0;
       case DType::kQ4_0: return avx512::matmul_q4_0;
+      case DType::kQ4_K: return avx512::matmul_q4_k;
       case DType::kBF16: return avx512::matmul_bf16;
       default: return nullptr;
     }

@@ -1,0 +1,72 @@
+// matmul_kquant_avx512.cpp — GGUF Q4_K on the AVX-512 tier (Q4_K_M files: most of their weights).
+//
+// Prefill (n >= 8) runs the 16-token-lane VNNI GEMM (gemm16_avx512.h). A Q4_K sub-block of 32 is
+// exactly one activation block, and its value is (d·sc_j)·q − (dmin·m_j): an unsigned 4-bit code
+// with a per-block scale and bias, i.e. MLX affine with groups of one block. Unpacking a row turns
+// every super-block into 8 × 32 code bytes (chunk c's 32 bytes give sub-block 2c from the low
+// nibbles and 2c + 1 from the high ones, already in element order) plus 8 scales and biases;
+// it runs once per (8-row tile, chunk of token groups), off the inner loop. Decode (n < 8) stays on
+// the AVX2 kernel. Q6_K (16-element sub-block scales, which one 32-wide activation block cannot
+// carry as a single scale) stays on the AVX2 tier entirely.
+#include <immintrin.h>
+
+#include "larder/core/dtype.h"
+#include "larder/kernels/cpu/avx512/gemm16_avx512.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/ref/ref_ops.h"
+
+namespace larder::kernels::cpu::avx512 {
+
+namespace {
+
+using namespace simd;
+
+struct Q4_KRows {
+  static constexpr int kZero = 0;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t nsb;  // super-blocks per row
+
+  int64_t groups() const { return 8 * nsb; }
+  int64_t blocks_per_group() const { return 1; }
+
+  void unpack(int64_t row, uint8_t* codes, float* scale, float* bias) const {
+    const float* f16 = f16_table();
+    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = p + sb * 144;
+      const float d = f16[load_u16(blk)], dmin = f16[load_u16(blk + 2)];
+      for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        ref::kquant_scale_min(blk + 4, j, &sc, &m);
+        scale[8 * sb + j] = d * static_cast<float>(sc);
+        bias[8 * sb + j] = -(dmin * static_cast<float>(m));
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+        uint8_t* dst = codes + (8 * sb + 2 * c) * 32;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst), _mm256_and_si256(v, m4));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+      }
+    }
+  }
+};
+
+constexpr int64_t kGemmMinTokens = 8;
+
+}  // namespace
+
+void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  if (n < kGemmMinTokens) {
+    avx2::matmul_q4_k(w, x, n, y);
+    return;
+  }
+  const Acts16 a = quantize_acts16(x, n, w.cols);
+  const Q4_KRows f{w.data, w.row_bytes(), w.cols / 256};
+  run_gemm16(f, a, w.rows, y);
+}
+
+}  // namespace larder::kernels::cpu::avx512
