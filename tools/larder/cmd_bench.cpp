@@ -3,7 +3,9 @@
 // and tg<n> (n single-token decode steps from an empty cache), median of repeats, each next to
 // this machine's ceilings measured in the same run: decode as achieved GB/s and % of the read
 // bandwidth (bytes per token = every matmul weight byte + the KV read), prefill as GOP/s and % of
-// the multiply-add peak of the format's arithmetic (int8 for Q8_0/Q4_0/MLX affine, f32 FMA else).
+// the multiply-add peak of the format's arithmetic as the active kernels issue it (int8 dot products
+// for Q8_0/Q4_0/K-quants/MLX affine — zmm vpdpbusd on the AVX-512 tier —, bf16 dot products for
+// BF16 weights where the tier has them, f32 FMA else).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include "larder/core/cpuid.h"
 #include "larder/core/roofline.h"
 #include "larder/core/threadpool.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/runtime/loaded_model.h"
@@ -43,6 +46,25 @@ Sample summarize(std::vector<double> v) {
   s.max = v.back();
   s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   return s;
+}
+
+// Resident memory of this process from /proc/self/status, bytes: VmRSS, RssAnon, RssFile.
+struct Rss {
+  uint64_t total = 0, anon = 0, file = 0;
+};
+Rss read_rss() {
+  Rss r;
+  std::FILE* fp = std::fopen("/proc/self/status", "r");
+  if (!fp) return r;
+  char line[256];
+  while (std::fgets(line, sizeof line, fp)) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line, "VmRSS: %llu kB", &kb) == 1) r.total = kb * 1024;
+    if (std::sscanf(line, "RssAnon: %llu kB", &kb) == 1) r.anon = kb * 1024;
+    if (std::sscanf(line, "RssFile: %llu kB", &kb) == 1) r.file = kb * 1024;
+  }
+  std::fclose(fp);
+  return r;
 }
 
 bool is_embedding(const std::string& name) {
@@ -76,16 +98,23 @@ int run_bench(const BenchFlags& f) {
   const double kv_row_bytes = 2.0 * info.n_layers * kv_dim * sizeof(float);
   const bool int8_arith = info.weight_dtypes.find("Q8_0") != std::string::npos ||
                           info.weight_dtypes.find("Q4_0") != std::string::npos ||
+                          info.weight_dtypes.find("Q4_K") != std::string::npos ||
+                          info.weight_dtypes.find("Q6_K") != std::string::npos ||
                           info.weight_dtypes.find("affine") != std::string::npos ||
                           info.weight_dtypes.find("U32") != std::string::npos;
 
+  const bool bf16 = info.weight_dtypes.find("BF16") != std::string::npos;
   Roofline roof;
+  double bf16_gflops = 0;  // the active tier's BF16 dot-product ceiling, when it has one
   if (!f.no_roofline) {
     roof.read_gbs = measure_read_bandwidth(default_pool());
     roof.f32_fma_gflops = measure_f32_fma_peak(default_pool());
-    roof.int8_gops = measure_int8_peak(default_pool());
+    // Prefill ceilings of what the active kernels issue (AVX-512: zmm vpdpbusd / vdpbf16ps).
+    roof.int8_gops = kernels::cpu::active_int8_peak(default_pool());
+    if (roof.int8_gops <= 0) roof.int8_gops = measure_int8_peak(default_pool());
+    if (bf16) bf16_gflops = kernels::cpu::active_bf16_peak(default_pool());
   }
-  const double peak = int8_arith ? roof.int8_gops : roof.f32_fma_gflops;
+  const double peak = int8_arith ? roof.int8_gops : bf16_gflops > 0 ? bf16_gflops : roof.f32_fma_gflops;
 
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
@@ -93,6 +122,11 @@ int run_bench(const BenchFlags& f) {
 
   // pp: one forward of `prompt` random tokens into an empty cache (llama-bench's pp<p>).
   std::vector<double> pp_tps, tg_tps;
+  // Resident memory after the last prefill, its KV cache still alive, against what must be
+  // resident: the mapped weights (all tensors) plus that KV cache (issue 3: ≤ both + 5 %).
+  Rss rss;
+  uint64_t kv_bytes = 0, mapped_bytes = 0;
+  for (const auto& t : m.files.tensors().tensors()) mapped_bytes += t.nbytes;
   for (int r = 0; r < f.repeats + 1; ++r) {  // r = 0 warms the page cache and the pool
     std::vector<int32_t> ids(static_cast<size_t>(f.prompt));
     for (auto& id : ids) id = tok(rng);
@@ -102,6 +136,10 @@ int run_bench(const BenchFlags& f) {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!st.is_ok()) return report(st);
     if (r > 0) pp_tps.push_back(static_cast<double>(f.prompt) / dt);
+    if (r == f.repeats) {
+      rss = read_rss();
+      kv_bytes = cache.owned_bytes();
+    }
   }
   // tg: `gen` single-token steps from an empty cache (llama-bench's tg<n>).
   for (int r = 0; r < f.repeats + 1; ++r) {
@@ -130,12 +168,16 @@ int run_bench(const BenchFlags& f) {
         {"model", m.files.path}, {"architecture", info.architecture}, {"weights", info.weight_dtypes},
         {"params", info.n_params}, {"weight_bytes_per_token", weight_bytes}, {"threads", default_pool().n_threads()},
         {"kernels", kernels::active_table().name}, {"cpu", cpu_features().describe()}, {"repeats", f.repeats},
-        {"roofline", {{"read_gbs", roof.read_gbs}, {"f32_fma_gflops", roof.f32_fma_gflops}, {"int8_gops", roof.int8_gops}}},
+        {"roofline", {{"read_gbs", roof.read_gbs}, {"f32_fma_gflops", roof.f32_fma_gflops}, {"int8_gops", roof.int8_gops},
+                      {"bf16_gflops", bf16_gflops}}},
         {"pp", {{"tokens", f.prompt}, {"tok_s", pp.median}, {"tok_s_min", pp.min}, {"tok_s_max", pp.max},
                 {"gops", pp_gops}, {"pct_peak", peak > 0 ? 100 * pp_gops / peak : 0}}},
         {"tg", {{"tokens", f.gen}, {"tok_s", tg.median}, {"tok_s_min", tg.min}, {"tok_s_max", tg.max},
                 {"gbs", tg_gbs}, {"pct_bandwidth", roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0},
-                {"bound_tok_s", roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0}}}};
+                {"bound_tok_s", roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0}}},
+        {"memory", {{"rss_bytes", rss.total}, {"rss_anon_bytes", rss.anon}, {"rss_file_bytes", rss.file},
+                    {"mapped_weight_bytes", mapped_bytes}, {"kv_bytes", kv_bytes},
+                    {"rss_over_weights_plus_kv", static_cast<double>(rss.total) / static_cast<double>(mapped_bytes + kv_bytes)}}}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -144,8 +186,10 @@ int run_bench(const BenchFlags& f) {
   std::printf("cpu: %s | kernels %s | %d threads\n", cpu_features().describe().c_str(), kernels::active_table().name,
               default_pool().n_threads());
   if (!f.no_roofline) {
-    std::printf("roofline (this run): read %.1f GB/s | f32 FMA %.0f GFLOP/s | int8 %.0f GOP/s\n", roof.read_gbs,
+    std::printf("roofline (this run): read %.1f GB/s | f32 FMA %.0f GFLOP/s | int8 %.0f GOP/s", roof.read_gbs,
                 roof.f32_fma_gflops, roof.int8_gops);
+    if (bf16_gflops > 0) std::printf(" | bf16 dot %.0f GFLOP/s", bf16_gflops);
+    std::printf("\n");
   }
   std::printf("%-8s %12s %22s %14s %10s\n", "test", "tok/s", "(min..max)", "rate", "of ceiling");
   std::printf("pp%-6lld %12.1f %10.1f..%-10.1f %9.1f GOP/s %9.1f%%\n", (long long)f.prompt, pp.median, pp.min, pp.max,
@@ -153,6 +197,10 @@ int run_bench(const BenchFlags& f) {
   std::printf("tg%-6lld %12.2f %10.2f..%-10.2f %9.1f GB/s  %9.1f%%   (bound %.1f tok/s)\n", (long long)f.gen, tg.median,
               tg.min, tg.max, tg_gbs, roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0.0,
               roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0.0);
+  std::printf("memory after pp: RSS %.1f MiB (file %.1f, anon %.1f) = %.3f x (mapped weights %.1f MiB + KV %.1f MiB)\n",
+              rss.total / 1048576.0, rss.file / 1048576.0, rss.anon / 1048576.0,
+              static_cast<double>(rss.total) / static_cast<double>(mapped_bytes + kv_bytes), mapped_bytes / 1048576.0,
+              kv_bytes / 1048576.0);
   if (pp.max > 1.15 * pp.min || tg.max > 1.15 * tg.min)
     std::printf("note: spread over 15%% between repeats — the host is noisy; compare medians from one run\n");
   return 0;

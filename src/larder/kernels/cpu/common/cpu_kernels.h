@@ -11,6 +11,10 @@
 
 #include "larder/kernels/dispatch.h"
 
+namespace larder {
+class ThreadPool;
+}
+
 namespace larder::kernels::cpu {
 
 // Overwrites the matmul entries the CPU can run faster than the ref set: the AVX2 tier always
@@ -63,7 +67,17 @@ void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
 // GGUF Q4_K: prefill on the VNNI GEMM, decode on the AVX2 kernel (matmul_kquant_avx512.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
+// Compute ceilings of the tier's prefill instructions on all pool threads (peak_avx512.cpp):
+// zmm vpdpbusd, GOP/s (1 MAC = 2 OP), and zmm vdpbf16ps, GFLOP/s.
+double int8_dot_peak(ThreadPool& pool);
+double bf16_dot_peak(ThreadPool& pool);
 }  // namespace avx512
+
+// The ceiling of what the active table's prefill kernels issue, for benchmarks: int8 dot products
+// (integer formats and MLX affine) and BF16 dot products. 0 when the active tier has no probe of
+// its own (AVX2: core/roofline.h's maddubs and f32 FMA probes are its ceilings).
+double active_int8_peak(ThreadPool& pool);
+double active_bf16_peak(ThreadPool& pool);
 
 // The tier's function for a dtype, or nullptr. tier: "avx2" or "avx512".
 MatmulFn fast_matmul(const char* tier, DType dtype);

@@ -156,6 +156,14 @@ MatmulFn fast_matmul_affine(const char* tier, int bits) {
   return nullptr;
 }
 
+double active_int8_peak(ThreadPool& pool) {
+  return std::strcmp(active_table().name, "avx512") == 0 ? avx512::int8_dot_peak(pool) : 0.0;
+}
+double active_bf16_peak(ThreadPool& pool) {
+  return active_table().matmul[static_cast<int>(DType::kBF16)] == avx512::matmul_bf16 ? avx512::bf16_dot_peak(pool)
+                                                                                      : 0.0;
+}
+
 void register_fast_kernels(KernelTable& t) {
   const CpuFeatures& f = cpu_features();
   if (!(f.avx2 && f.fma && f.f16c)) return;

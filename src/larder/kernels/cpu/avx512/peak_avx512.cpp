@@ -1,0 +1,76 @@
+// peak_avx512.cpp — the compute ceilings of the instructions the AVX-512 tier's prefill kernels
+// issue (zmm vpdpbusd for every integer format, zmm vdpbf16ps for BF16), measured like
+// core/roofline.cpp's AVX2 probes: independent accumulator chains on every pool thread, best of
+// three. Benchmarks print prefill rates against these when the AVX-512 tier is active; against
+// the AVX2 probe (maddubs + madd + add per 32 MACs) a VNNI kernel would read as > 100 %.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "larder/core/threadpool.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+
+namespace larder::kernels::cpu::avx512 {
+
+namespace {
+
+template <class Body>
+double best_of_three(ThreadPool& pool, double ops_per_thread, Body body) {
+  const int nt = pool.n_threads();
+  std::vector<float> out(static_cast<size_t>(nt) * 16);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(nt, [&](int64_t c, int) { out[static_cast<size_t>(c) * 16] = body(); });
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, ops_per_thread * nt / dt / 1e9);
+  }
+  volatile float sink = out[0];
+  (void)sink;
+  return best;
+}
+
+constexpr int64_t kIters = 4'000'000;
+constexpr int kChains = 12;  // > latency (≈ 4–5 cycles) × issue width (2 per cycle)
+
+}  // namespace
+
+double int8_dot_peak(ThreadPool& pool) {
+  return best_of_three(pool, static_cast<double>(kIters) * kChains * 64 * 2, [] {
+    __m512i acc[kChains];
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_epi32(i);
+    __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
+    for (int64_t it = 0; it < kIters; ++it) {
+      __asm__ volatile("" : "+v"(u), "+v"(s));  // keeps the operands opaque (no hoisting)
+      for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], u, s);
+    }
+    __m512i t = acc[0];
+    for (int i = 1; i < kChains; ++i) t = _mm512_add_epi32(t, acc[i]);
+    alignas(64) int32_t lanes[16];
+    _mm512_store_si512(lanes, t);
+    return static_cast<float>(lanes[0]);
+  });
+}
+
+double bf16_dot_peak(ThreadPool& pool) {
+  return best_of_three(pool, static_cast<double>(kIters) * kChains * 32 * 2, [] {
+    __m512 acc[kChains];
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+    __m512i a = _mm512_set1_epi16(0x3f80), b = _mm512_set1_epi16(0x3c00);  // bf16 1.0, 2^-7
+    for (int64_t it = 0; it < kIters; ++it) {
+      __asm__ volatile("" : "+v"(a), "+v"(b));
+      for (int i = 0; i < kChains; ++i) {
+        acc[i] = _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
+      }
+    }
+    __m512 t = acc[0];
+    for (int i = 1; i < kChains; ++i) t = _mm512_add_ps(t, acc[i]);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, t);
+    return lanes[0];
+  });
+}
+
+}  // namespace larder::kernels::cpu::avx512
