@@ -43,11 +43,14 @@
 namespace larder::kernels::cpu::avx512 {
 namespace {
 
+#define LARDER_GEMM_INLINE inline __attribute__((always_inline))
+
 struct Acts16 {
   int64_t n = 0, nb = 0, n_pad = 0;  // n_pad = round_up(n, 16)
   uint8_t* q = nullptr;               // [n_pad/16][nb][8][16][4] int8
   float* d = nullptr;                 // [nb][n_pad] activation block scale d_x (0 for padding tokens)
   float* bs = nullptr;                // [nb][n_pad] d_x·Σ q
+  float* bs16 = nullptr;              // [2·nb][n_pad] d_x·Σ q per 16-element half (when asked for)
   const uint8_t* block(int64_t g, int64_t b) const { return q + (g * nb + b) * 512; }
 };
 
@@ -55,17 +58,19 @@ inline size_t round_up64(size_t v) { return (v + 63) / 64 * 64; }
 
 // Quantizes x[n, cols] into `scratch` slot 0 of the calling thread (act_quant.h's quantizer:
 // amax/127, 1/d, round to nearest even; bit-identical to quantize_acts_ref).
-inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols) {
+// half_sums: also the per-16 block sums (formats with 16-element sub-block scales, Q6_K).
+inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half_sums = false) {
   Acts16 a;
   a.n = n;
   a.nb = cols / 32;
   a.n_pad = (n + 15) / 16 * 16;
   const size_t qbytes = round_up64(static_cast<size_t>(a.n_pad * a.nb) * 32);
   const size_t fbytes = round_up64(static_cast<size_t>(a.nb * a.n_pad) * sizeof(float));
-  auto* base = static_cast<uint8_t*>(thread_scratch(qbytes + 2 * fbytes + 64, 0));
+  auto* base = static_cast<uint8_t*>(thread_scratch(qbytes + (half_sums ? 4 : 2) * fbytes + 64, 0));
   a.q = base;
   a.d = reinterpret_cast<float*>(base + qbytes);
   a.bs = reinterpret_cast<float*>(base + qbytes + fbytes);
+  if (half_sums) a.bs16 = reinterpret_cast<float*>(base + qbytes + 2 * fbytes);
   const int64_t groups = a.n_pad / 16;
   const Acts16 out = a;
   // One chunk per 16-token group: each writes only its own 512-byte blocks and scale lanes.
@@ -79,6 +84,7 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols) {
           for (int k4 = 0; k4 < 8; ++k4) std::memset(dst + 64 * k4, 0, 4);
           out.d[b * out.n_pad + t] = 0.0f;
           out.bs[b * out.n_pad + t] = 0.0f;
+          if (out.bs16) out.bs16[2 * b * out.n_pad + t] = out.bs16[(2 * b + 1) * out.n_pad + t] = 0.0f;
         }
         continue;
       }
@@ -97,7 +103,8 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols) {
         // cvtps2dq rounds to nearest even (the default MXCSR mode), as nearbyint does.
         const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
         const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        const int sum0 = _mm512_reduce_add_epi32(i0), sum1 = _mm512_reduce_add_epi32(i1);
+        const int sum = sum0 + sum1;
         const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(i1), _mm512_cvtepi32_epi8(i0));
         alignas(32) uint32_t w[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(w), q);
@@ -105,6 +112,10 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols) {
         for (int k4 = 0; k4 < 8; ++k4) std::memcpy(dst + 64 * k4, &w[k4], 4);
         out.d[b * out.n_pad + t] = d;
         out.bs[b * out.n_pad + t] = d * static_cast<float>(sum);
+        if (out.bs16) {
+          out.bs16[2 * b * out.n_pad + t] = d * static_cast<float>(sum0);
+          out.bs16[(2 * b + 1) * out.n_pad + t] = d * static_cast<float>(sum1);
+        }
       }
     }
   });
@@ -114,11 +125,14 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols) {
 // What a weight format gives the GEMM for one row (see the header comment):
 //   static constexpr int kZero: > 0 for one scale per block with c = −kZero·s (Q4_0: 8,
 //     Q8_0: 128) — the bias then folds into the block step as (S·d_x − kZero·bs)·s;
-//     0 for group-wise scale and bias (MLX affine), kept per group.
+//     0 for group-wise scale and bias (MLX affine), kept per group;
+//     −1 for a scale and bias per 16-element half block (Q6_K): groups() = 2·nb halves, and the
+//     block step keeps two int32 sums (k4 0–3 and 4–7) and folds each half's bias with the
+//     activation half sums (quantize_acts16(..., half_sums = true)).
 //   int64_t groups() const, blocks_per_group() const
 //   const uint8_t* row_data(int64_t row) const, uint64_t row_stride() const   (packed codes, prefetch)
-//   void unpack(int64_t row, uint8_t* codes /* nb·32 */, float* scale /* per group */,
-//               float* bias /* per group, kZero == 0 only */) const
+//   void unpack(int64_t row, uint8_t* codes /* block b at codes + b·stride, 32 bytes */, int64_t stride,
+//               float* scale /* per group */, float* bias /* per group, kZero == 0 only */) const
 //
 // Gemm16 runs tiles of R rows × one 16-token group over the unpacked rows.
 template <class F>
@@ -131,7 +145,7 @@ struct Gemm16 {
 
   // Unpacked rows of the current tile (per-thread scratch).
   struct Unpacked {
-    const uint8_t* codes;  // [R][nb][32]
+    const uint8_t* codes;  // [nb][R][32]: block-major, so one pointer + constant offsets address all R rows
     const float* scale;    // [R][ng]
     const float* bias;     // [R][ng]
   };
@@ -141,29 +155,29 @@ struct Gemm16 {
     const int64_t nb = a.nb, ng = f.groups();
     auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(R * nb) * 32, 4));
     auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * R * ng) * sizeof(float), 5));
-    for (int r = 0; r < R; ++r) f.unpack(r0 + r, codes + r * nb * 32, sc + r * ng, sc + (R + r) * ng);
+    for (int r = 0; r < R; ++r) f.unpack(r0 + r, codes + r * 32, R * 32, sc + r * ng, sc + (R + r) * ng);
     return {codes, sc, sc + R * ng};
   }
 
-  // pf: the next tile's packed weights to prefetch, pf_lines cache lines per block (nullptr: none).
   template <int R>
-  void tile(const Unpacked& u, int64_t r0, int64_t g, const uint8_t* pf, int pf_lines) const {
+  void tile(const Unpacked& u, int64_t r0, int64_t g) const {
     const int64_t nb = a.nb, ng = f.groups(), bpg = f.blocks_per_group();
-    const uint8_t* cr[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) cr[r] = u.codes + r * nb * 32;
+    const uint8_t* cr = u.codes;  // block b, row r at cr + (b·R + r)·32
     __m512 acc[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t gi = 0; gi < ng; ++gi) {
+    // kZero < 0: one step per block (its two halves are the "groups" of the scale arrays).
+    const int64_t steps = F::kZero < 0 ? nb : ng;
+    for (int64_t gi = 0; gi < steps; ++gi) {
       __m512 accg[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) accg[r] = _mm512_setzero_ps();
+      if constexpr (F::kZero < 0) {
+        halves<R>(u, g, gi, cr, acc);
+        continue;
+      }
       for (int64_t b = gi * bpg; b < (gi + 1) * bpg; ++b) {
         const uint8_t* ab = a.block(g, b);
-        if (pf) {
-          for (int l = 0; l < pf_lines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + (b * pf_lines + l) * 64), _MM_HINT_T1);
-        }
         __m512i s[R];
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
@@ -173,7 +187,7 @@ struct Gemm16 {
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {
             int32_t w4;
-            std::memcpy(&w4, cr[r] + b * 32 + 4 * k4, 4);
+            std::memcpy(&w4, cr + (b * R + r) * 32 + 4 * k4, 4);
             s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(w4), xa);
           }
         }
@@ -208,16 +222,60 @@ struct Gemm16 {
       for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = out[r][t];
   }
 
-  // The weights come from DRAM only in unpack(); while the first token group of a tile computes,
-  // the next tile's rows (contiguous after ours) are prefetched into L2, spread over its blocks,
-  // so the next unpack does not stall on memory. (Before: 17 % of Q4_0 pp512 samples sat in
-  // unpack at 2 threads.)
+  // Q6_K-style block b = gi (kZero < 0): two int32 sums per row, one per 16-element half, each
+  // scaled by its own s and with its own bias against the activation half sums.
+  template <int R>
+  LARDER_GEMM_INLINE void halves(const Unpacked& u, int64_t g, int64_t b, const uint8_t* cr, __m512 (&acc)[R]) const {
+    const int64_t ng = f.groups();
+    const uint8_t* ab = a.block(g, b);
+    __m512i lo[R], hi[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+    LARDER_UNROLL
+    for (int k4 = 0; k4 < 8; ++k4) {
+      const __m512i xa = _mm512_load_si512(ab + 64 * k4);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        int32_t w4;
+        std::memcpy(&w4, cr + (b * R + r) * 32 + 4 * k4, 4);
+        if (k4 < 4) {
+          lo[r] = _mm512_dpbusd_epi32(lo[r], _mm512_set1_epi32(w4), xa);
+        } else {
+          hi[r] = _mm512_dpbusd_epi32(hi[r], _mm512_set1_epi32(w4), xa);
+        }
+      }
+    }
+    const __m512 dx = _mm512_loadu_ps(a.d + b * a.n_pad + 16 * g);
+    const __m512 b0 = _mm512_loadu_ps(a.bs16 + 2 * b * a.n_pad + 16 * g);
+    const __m512 b1 = _mm512_loadu_ps(a.bs16 + (2 * b + 1) * a.n_pad + 16 * g);
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const float* sc = u.scale + r * ng + 2 * b;
+      const float* bi = u.bias + r * ng + 2 * b;
+      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(lo[r]), _mm512_set1_ps(sc[0]));
+      t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[r]), _mm512_set1_ps(sc[1]), t);
+      acc[r] = _mm512_fmadd_ps(t, dx, acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(bi[0]), b0, acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(bi[1]), b1, acc[r]);
+    }
+  }
+
+  // The weights come from DRAM only in unpack(); while this tile's token groups compute, the next
+  // tile's rows (contiguous after ours) are prefetched into L2, a slice before each group, so the
+  // next unpack does not stall on memory (Q4_0 pp512 at 2 threads: unpack 17 % -> 5 % of the
+  // samples). The prefetches stay out of tile(): inside its block loop they cost Q4_K half its
+  // speed through register allocation (577 -> 298 GOP/s), even when not executed.
   template <int R>
   void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
     const Unpacked u = unpack<R>(r0);
     const uint8_t* next = r0 + 2 * R <= rows ? f.row_data(r0 + R) : nullptr;
-    const int pf_lines = static_cast<int>((R * f.row_stride() + 64 * a.nb - 1) / (64 * a.nb));
-    for (int64_t g = g0; g < g1; ++g) tile<R>(u, r0, g, g == g0 ? next : nullptr, pf_lines);
+    const int64_t lines = next ? static_cast<int64_t>((R * f.row_stride() + 63) / 64) : 0;
+    const int64_t per_group = (lines + (g1 - g0) - 1) / (g1 - g0);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t l0 = (g - g0) * per_group, l1 = std::min(lines, l0 + per_group);
+      for (int64_t l = l0; l < l1; ++l) _mm_prefetch(reinterpret_cast<const char*>(next + 64 * l), _MM_HINT_T1);
+      tile<R>(u, r0, g);
+    }
   }
 };
 

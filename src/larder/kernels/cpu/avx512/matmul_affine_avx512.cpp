@@ -63,7 +63,7 @@ struct AffineRows {
     }
   }
 
-  void unpack(int64_t row, uint8_t* codes, float* scale, float* bias) const {
+  void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float* bias) const {
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
     const int64_t n8 = ng * bpg * 4;  // 8-code chunks in the row
     // 8-byte loads while they stay inside the row, then exact B-byte copies for the last chunks.
@@ -73,13 +73,13 @@ struct AffineRows {
       uint64_t v;
       std::memcpy(&v, p + j * B, 8);
       const uint64_t c = B == 8 ? v : _pdep_u64(v, kDeposit);
-      std::memcpy(codes + 8 * j, &c, 8);
+      std::memcpy(codes + (j / 4) * stride + 8 * (j % 4), &c, 8);
     }
     for (; j < n8; ++j) {
       uint64_t v = 0;
       std::memcpy(&v, p + j * B, B);
       const uint64_t c = _pdep_u64(v, kDeposit);
-      std::memcpy(codes + 8 * j, &c, 8);
+      std::memcpy(codes + (j / 4) * stride + 8 * (j % 4), &c, 8);
     }
     const uint64_t esz = scale_dtype == DType::kF32 ? 4 : 2;
     const uint8_t* sr = scales + static_cast<uint64_t>(row) * ng * esz;

@@ -119,7 +119,7 @@ struct Q4_0Rows {
   int64_t blocks_per_group() const { return 1; }
   const uint8_t* row_data(int64_t row) const { return w + static_cast<uint64_t>(row) * row_bytes; }
   uint64_t row_stride() const { return row_bytes; }
-  void unpack(int64_t row, uint8_t* codes, float* scale, float*) const {
+  void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float*) const {
     const float* f16 = f16_table();
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
     const __m128i m4 = _mm_set1_epi8(0x0f);
@@ -128,8 +128,8 @@ struct Q4_0Rows {
       scale[b] = f16[load_u16(blk)];
       // Byte j: element j in the low nibble, j + 16 in the high one.
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-      _mm_store_si128(reinterpret_cast<__m128i*>(codes + 32 * b), _mm_and_si128(v, m4));
-      _mm_store_si128(reinterpret_cast<__m128i*>(codes + 32 * b + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+      _mm_store_si128(reinterpret_cast<__m128i*>(codes + stride * b), _mm_and_si128(v, m4));
+      _mm_store_si128(reinterpret_cast<__m128i*>(codes + stride * b + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
     }
   }
 };
@@ -143,7 +143,7 @@ struct Q8_0Rows {
   int64_t blocks_per_group() const { return 1; }
   const uint8_t* row_data(int64_t row) const { return w + static_cast<uint64_t>(row) * row_bytes; }
   uint64_t row_stride() const { return row_bytes; }
-  void unpack(int64_t row, uint8_t* codes, float* scale, float*) const {
+  void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float*) const {
     const float* f16 = f16_table();
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -151,7 +151,7 @@ struct Q8_0Rows {
       const uint8_t* blk = p + b * 34;
       scale[b] = f16[load_u16(blk)];
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 32 * b), _mm256_xor_si256(v, flip));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes + stride * b), _mm256_xor_si256(v, flip));
     }
   }
 };

@@ -3,7 +3,7 @@
 // Tiers (one translation unit each, compiled with that tier's flags; see src/larder/CMakeLists.txt):
 //   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, BF16, F16, F32, MLX affine (all widths; BMI2 for
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
-//   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K and MLX affine prefill on one
+//   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K and MLX affine prefill on one
 //            16-token-lane vpdpbusd GEMM (gemm16_avx512.h), Q8_0 decode (vpdpbusd), BF16 (vdpbf16ps).
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
 // Both tiers run on the process-wide core/threadpool.h pool.
@@ -65,8 +65,9 @@ void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 // MLX affine, bits {2,3,4,5,6,8}: prefill on the VNNI GEMM, decode on the AVX2 kernel
 // (matmul_affine_avx512.cpp).
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
-// GGUF Q4_K: prefill on the VNNI GEMM, decode on the AVX2 kernel (matmul_kquant_avx512.cpp).
+// GGUF Q4_K / Q6_K: prefill on the VNNI GEMM, decode on the AVX2 kernels (matmul_kquant_avx512.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
 // Compute ceilings of the tier's prefill instructions on all pool threads (peak_avx512.cpp):
 // zmm vpdpbusd, GOP/s (1 MAC = 2 OP), and zmm vdpbf16ps, GFLOP/s.
 double int8_dot_peak(ThreadPool& pool);

@@ -142,6 +142,7 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
       case DType::kQ8_0: return avx512::matmul_q8_0;
       case DType::kQ4_0: return avx512::matmul_q4_0;
       case DType::kQ4_K: return avx512::matmul_q4_k;
+      case DType::kQ6_K: return avx512::matmul_q6_k;
       case DType::kBF16: return avx512::matmul_bf16;
       default: return nullptr;
     }
