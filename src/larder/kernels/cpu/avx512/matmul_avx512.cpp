@@ -21,6 +21,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "larder/core/dtype.h"
+#include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
@@ -218,6 +220,145 @@ struct BF16Kernel {
   }
 };
 
+// BF16 prefill (n >= 16, even cols): token lanes, like the integer GEMM. The activations are
+// rounded to bf16 (as in BF16Kernel) and laid out as xl[g][k][lane] = the bf16 pair (x[2k],
+// x[2k+1]) of token 16g + lane, 64 bytes per (group, pair); a weight pair (4 bytes) is broadcast
+// against it, so one vdpbf16ps does 32 multiply-adds for 16 tokens of one row. A tile is 8 rows ×
+// 2 token groups (16 accumulators); its rows are first packed pair-major ([k][8] u32) into a
+// per-thread buffer so the inner loop addresses all 8 rows from one pointer, and the packing is
+// reused by every token group of the chunk. Per pair: 2 activation loads + 8 broadcast loads for
+// 16 vdpbf16ps. (BF16Kernel's 4 × 4 k-lane tiles re-stream each weight row per 4 tokens and
+// reached 167–300 GFLOP/s per core; this measured 2048-col and 8192-col shapes alike, see
+// bench/RESULTS.md.)
+struct Bf16Gemm {
+  static constexpr int R = 8;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, kp, n;  // kp = cols / 2
+  const uint32_t* xl;   // [n_pad/16][kp][16]
+  float* y;
+
+  template <int RR>
+  const uint32_t* pack(int64_t r0) const {
+    auto* pk = static_cast<uint32_t*>(thread_scratch(static_cast<size_t>(RR * kp) * 4, 4));
+    const uint8_t* src[RR];
+    for (int r = 0; r < RR; ++r) src[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    int64_t k = 0;
+    if constexpr (RR == 8) {
+      // 8 rows × 8 pairs per step: an 8×8 transpose of 32-bit pairs (unpack 32, unpack 64, swap
+      // 128-bit halves). The scalar copy made packing ~2/3 of the time at 8192 columns, where a
+      // chunk holds only two token groups to amortize it over.
+      for (; k + 8 <= kp; k += 8) {
+        __m256i v[8], t[8], u[8];
+        for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[r] + 4 * k));
+        for (int r = 0; r < 8; r += 2) {
+          t[r] = _mm256_unpacklo_epi32(v[r], v[r + 1]);
+          t[r + 1] = _mm256_unpackhi_epi32(v[r], v[r + 1]);
+        }
+        for (int h = 0; h < 8; h += 4) {
+          u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+          u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+          u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+          u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+        }
+        auto* dst = reinterpret_cast<__m256i*>(pk + k * 8);
+        for (int i = 0; i < 4; ++i) {
+          _mm256_storeu_si256(dst + i, _mm256_permute2x128_si256(u[i], u[i + 4], 0x20));
+          _mm256_storeu_si256(dst + i + 4, _mm256_permute2x128_si256(u[i], u[i + 4], 0x31));
+        }
+      }
+    }
+    for (; k < kp; ++k)
+      for (int r = 0; r < RR; ++r) std::memcpy(pk + k * RR + r, src[r] + 4 * k, 4);
+    return pk;
+  }
+
+  template <int RR, int G>
+  void tile(const uint32_t* pk, int64_t r0, int64_t g) const {
+    __m512 acc[RR][G];
+    LARDER_UNROLL
+    for (int r = 0; r < RR; ++r)
+      LARDER_UNROLL
+      for (int j = 0; j < G; ++j) acc[r][j] = _mm512_setzero_ps();
+    const uint32_t* xg[G];
+    LARDER_UNROLL
+    for (int j = 0; j < G; ++j) xg[j] = xl + (g + j) * kp * 16;
+    for (int64_t k = 0; k < kp; ++k) {
+      __m512i xa[G];
+      LARDER_UNROLL
+      for (int j = 0; j < G; ++j) xa[j] = _mm512_load_si512(xg[j] + 16 * k);
+      LARDER_UNROLL
+      for (int r = 0; r < RR; ++r) {
+        const __m512i wv = _mm512_set1_epi32(static_cast<int>(pk[k * RR + r]));
+        LARDER_UNROLL
+        for (int j = 0; j < G; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], as_bh(wv), as_bh(xa[j]));
+      }
+    }
+    LARDER_UNROLL
+    for (int j = 0; j < G; ++j) {
+      alignas(64) float out[RR][16];
+      LARDER_UNROLL
+      for (int r = 0; r < RR; ++r) _mm512_store_ps(out[r], acc[r][j]);
+      const int64_t t0 = 16 * (g + j), nt = std::min<int64_t>(16, n - t0);
+      for (int64_t t = 0; t < nt; ++t)
+        for (int r = 0; r < RR; ++r) y[(t0 + t) * rows + r0 + r] = out[r][t];
+    }
+  }
+
+  template <int RR>
+  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
+    const uint32_t* pk = pack<RR>(r0);
+    int64_t g = g0;
+    for (; g + 2 <= g1; g += 2) tile<RR, 2>(pk, r0, g);
+    if (g < g1) tile<RR, 1>(pk, r0, g);
+  }
+};
+
+void gemm_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, kp = cols / 2, n_pad = (n + 15) / 16 * 16, groups = n_pad / 16;
+  auto* xl = static_cast<uint32_t*>(thread_scratch(static_cast<size_t>(n_pad * kp) * 4, 1));
+  // Round to bf16 (cvtne2ps2bf16: nearest even, as BF16Kernel) and scatter the pairs into lanes;
+  // padding tokens are zero.
+  default_pool().parallel_for(groups, [&](int64_t g, int) {
+    for (int lane = 0; lane < 16; ++lane) {
+      const int64_t t = 16 * g + lane;
+      uint32_t* dst = xl + g * kp * 16 + lane;
+      if (t >= n) {
+        for (int64_t k = 0; k < kp; ++k) dst[16 * k] = 0;
+        continue;
+      }
+      const float* xt = x + t * cols;
+      int64_t c = 0;
+      for (; c + 32 <= cols; c += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xt + c + 16), _mm512_loadu_ps(xt + c));
+        alignas(64) uint32_t pairs[16];
+        _mm512_store_si512(pairs, reinterpret_cast<__m512i&>(v));
+        for (int i = 0; i < 16; ++i) dst[16 * (c / 2 + i)] = pairs[i];
+      }
+      for (; c < cols; c += 2) {
+        const uint32_t lo = f32_to_bf16(xt[c]), hi = f32_to_bf16(xt[c + 1]);
+        dst[16 * (c / 2)] = lo | (hi << 16);
+      }
+    }
+  });
+  const Bf16Gemm k{w.data, w.row_bytes(), w.rows, kp, n, xl, y};
+  // Chunks: 32 rows × token groups whose activations fit ~512 KiB of L2.
+  const int64_t gb = std::max<int64_t>(2, std::min<int64_t>(groups, (512 * 1024) / (kp * 64)));
+  const int64_t n_gb = (groups + gb - 1) / gb;
+  const int64_t rb = 4 * Bf16Gemm::R, n_rb = (w.rows + rb - 1) / rb;
+  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
+    const int64_t ib = c % n_rb, ig = c / n_rb;
+    const int64_t r_end = std::min(w.rows, (ib + 1) * rb);
+    const int64_t g0 = ig * gb, g1 = std::min(groups, g0 + gb);
+    int64_t r = ib * rb;
+    for (; r + Bf16Gemm::R <= r_end; r += Bf16Gemm::R) k.rows_x_groups<Bf16Gemm::R>(r, g0, g1);
+    for (; r + 4 <= r_end; r += 4) k.rows_x_groups<4>(r, g0, g1);
+    for (; r < r_end; ++r) k.rows_x_groups<1>(r, g0, g1);
+  });
+}
+
+constexpr int64_t kBf16GemmMinTokens = 16;
+
 }  // namespace
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
@@ -239,6 +380,10 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
+  if (n >= kBf16GemmMinTokens && w.cols % 2 == 0) {
+    gemm_bf16(w, x, n, y);
+    return;
+  }
   const int64_t cols = w.cols, cols32 = (cols + 31) / 32 * 32;
   auto* xb = static_cast<uint16_t*>(thread_scratch(static_cast<size_t>(n * cols32) * 2, 1));
   for (int64_t t = 0; t < n; ++t) {
