@@ -177,7 +177,7 @@ int run_bench(const BenchFlags& f) {
                 {"bound_tok_s", roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0}}},
         {"memory", {{"rss_bytes", rss.total}, {"rss_anon_bytes", rss.anon}, {"rss_file_bytes", rss.file},
                     {"mapped_weight_bytes", mapped_bytes}, {"kv_bytes", kv_bytes},
-                    {"rss_over_weights_plus_kv", static_cast<double>(rss.total) / static_cast<double>(mapped_bytes + kv_bytes)}}}};
+                    {"rss_over_weights_plus_kv", static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes))}}}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -199,7 +199,8 @@ int run_bench(const BenchFlags& f) {
               roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0.0);
   std::printf("memory after pp: RSS %.1f MiB (file %.1f, anon %.1f) = %.3f x (mapped weights %.1f MiB + KV %.1f MiB)\n",
               rss.total / 1048576.0, rss.file / 1048576.0, rss.anon / 1048576.0,
-              static_cast<double>(rss.total) / static_cast<double>(mapped_bytes + kv_bytes), mapped_bytes / 1048576.0,
+              static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes)),
+              mapped_bytes / 1048576.0,
               kv_bytes / 1048576.0);
   if (pp.max > 1.15 * pp.min || tg.max > 1.15 * tg.min)
     std::printf("note: spread over 15%% between repeats — the host is noisy; compare medians from one run\n");

@@ -38,7 +38,9 @@ void* map_aligned(int fd, size_t size) {
   const uintptr_t aligned = (base + kHuge - 1) & ~(kHuge - 1);
   void* p = ::mmap(reinterpret_cast<void*>(aligned), size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
   if (p == MAP_FAILED) {
-    ::munmap(res, size + kHuge);
+    // A failed MAP_FIXED may have unmapped part of the reservation already, and another thread may
+    // have mapped into the hole since; leave the (PROT_NONE, unreserved) range alone rather than
+    // risk unmapping someone else's memory.
     return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   }
   // Release the parts of the reservation outside the file mapping.

@@ -162,8 +162,8 @@ void check_kquant_tier(const char* tier, DType dt) {
 
 TEST_P(FastKQuant, Avx2MatchesReferenceWithinBound) { check_kquant_tier("avx2", GetParam()); }
 
-// AVX-512: Q4_K prefill (n >= 8) on the VNNI GEMM, decode delegated to AVX2 — same bound (same
-// activation quantizer, exact integer dots, f32 scaling). Q6_K has no AVX-512 kernel.
+// AVX-512: Q4_K and Q6_K prefill (n >= 8) on the VNNI GEMM, decode delegated to AVX2 — same bound
+// (same activation quantizer, exact integer dots, f32 scaling).
 TEST_P(FastKQuant, Avx512MatchesReferenceWithinBound) {
   if (!cpu_features().has_avx512_tier()) GTEST_SKIP() << "CPU lacks the AVX-512 tier";
   if (!cpu::fast_matmul("avx512", GetParam())) GTEST_SKIP() << "no AVX-512 kernel for " << dtype_name(GetParam());

@@ -217,6 +217,15 @@ TEST_P(FastMatmul, MatchesReferenceWithinBound) {
                 for (int j = 0; j < 32; ++j) sx += std::fabs(static_cast<double>(qa.qs[(t * nb + b) * 32 + j]));
                 Sq += dx * 16 * dwb * sx;
               }
+              if (tf.dtype == DType::kQ8_0 && std::string(tf.tier) == "avx512") {
+                // The AVX-512 prefill GEMM flips Q8_0 to u = q + 128 and folds Σ u·x − 128·Σ x:
+                // terms up to 255 = |q| + 128 (+127), so rounding scales with Σ (|w| + 256·d_w)·|x̂|.
+                const double dwb = f16_to_f32(static_cast<uint16_t>(w.bytes[r * (nb * 34) + b * 34] |
+                                                                    (w.bytes[r * (nb * 34) + b * 34 + 1] << 8)));
+                double sx = 0;
+                for (int j = 0; j < 32; ++j) sx += std::fabs(static_cast<double>(qa.qs[(t * nb + b) * 32 + j]));
+                Sq += dx * 256 * dwb * sx;
+              }
             }
             // Tight: kernel vs exact integer result, only f32 scale product + accumulation.
             const double tight = 2 * (nb + 8) * kU * Sq + 1e-30;

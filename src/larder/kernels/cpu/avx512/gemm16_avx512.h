@@ -287,6 +287,7 @@ constexpr int kGemmRows = 8;
 // ~512 KiB of L2); a chunk unpacks each 8-row tile once and runs it over its token groups.
 template <class F>
 void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
+  if (a.nb <= 0 || rows <= 0 || a.n <= 0) return;
   const int64_t groups = a.n_pad / 16, nb = a.nb, ng = f.groups(), bpg = f.blocks_per_group();
   float* gsum = nullptr;
   if constexpr (F::kZero == 0) {

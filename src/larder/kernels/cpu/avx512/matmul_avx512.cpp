@@ -380,7 +380,7 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  if (n >= kBf16GemmMinTokens && w.cols % 2 == 0) {
+  if (n >= kBf16GemmMinTokens && w.cols > 0 && w.cols % 2 == 0) {
     gemm_bf16(w, x, n, y);
     return;
   }

@@ -62,7 +62,9 @@ std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols,
 // kernel stays for that format and a warning says so: a wrong fast path must never serve garbage.
 bool agree_on(const WeightView& v, MatmulFn fast, MatmulFn trusted) {
   const int64_t rows = v.rows, cols = v.cols;
-  for (int64_t n : {1, 3, 9, 17}) {
+  // Token counts: single-token and 2/3/4-token decode tiles, the 8-token GEMM switch-over, one
+  // and two 16-token GEMM groups with ragged tails.
+  for (int64_t n : {1, 2, 3, 4, 6, 9, 17, 33}) {
     std::vector<float> x(static_cast<size_t>(n * cols)), y_fast(static_cast<size_t>(n * rows)),
         y_trusted(y_fast.size());
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(n));
@@ -89,33 +91,53 @@ bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
   return agree_on(v, fast, trusted);
 }
 
-// MLX affine: random codes, bf16 scales ~0.01 and biases ~−2^(bits−1)·scale (mlx's quantizer
-// centres the codes), group 64, 5 groups per row so a group straddles no tile edge by accident.
-bool affine_agrees_impl(int bits, MatmulFn fast, MatmulFn trusted) {
-  const int64_t rows = 37, cols = 320, gs = 64, ng = cols / gs;
+// MLX affine: random codes, scales ~0.01 and biases ~−2^(bits−1)·scale (mlx's quantizer centres
+// the codes), in each scale dtype and group size the kernels branch on.
+bool affine_agrees_one(int bits, int64_t gs, DType sdt, MatmulFn fast, MatmulFn trusted) {
+  const int64_t rows = 37, cols = 384, ng = cols / gs;
   WeightView v;
   v.dtype = DType::kU32;
   v.rows = rows;
   v.cols = cols;
   v.bits = bits;
   v.group_size = static_cast<int>(gs);
-  v.scale_dtype = DType::kBF16;
+  v.scale_dtype = sdt;
   std::vector<uint8_t> codes(static_cast<size_t>(rows * cols * bits / 8));
-  uint32_t state = 777u + static_cast<uint32_t>(bits);
+  uint32_t state = 777u + static_cast<uint32_t>(bits) + static_cast<uint32_t>(gs);
   for (auto& c : codes) {
     state = state * 1664525u + 1013904223u;
     c = static_cast<uint8_t>(state >> 24);
   }
-  std::vector<uint16_t> sc(static_cast<size_t>(rows * ng)), bi(sc.size());
-  for (size_t i = 0; i < sc.size(); ++i) {
+  const size_t esz = sdt == DType::kF32 ? 4 : 2;
+  std::vector<uint8_t> sc(static_cast<size_t>(rows * ng) * esz), bi(sc.size());
+  auto put = [&](uint8_t* p, float f) {
+    if (sdt == DType::kF32) {
+      std::memcpy(p, &f, 4);
+    } else {
+      const uint16_t h = sdt == DType::kF16 ? f32_to_f16(f) : f32_to_bf16(f);
+      std::memcpy(p, &h, 2);
+    }
+  };
+  for (size_t i = 0; i < static_cast<size_t>(rows * ng); ++i) {
     const float s = 0.005f + 0.001f * static_cast<float>(i % 11);
-    sc[i] = f32_to_bf16(s);
-    bi[i] = f32_to_bf16(-s * static_cast<float>(1 << (bits - 1)) + 0.002f * static_cast<float>(i % 5));
+    put(&sc[i * esz], s);
+    put(&bi[i * esz], -s * static_cast<float>(1 << (bits - 1)) + 0.002f * static_cast<float>(i % 5));
   }
   v.data = codes.data();
-  v.scales = reinterpret_cast<const uint8_t*>(sc.data());
-  v.biases = reinterpret_cast<const uint8_t*>(bi.data());
+  v.scales = sc.data();
+  v.biases = bi.data();
   return agree_on(v, fast, trusted);
+}
+
+bool affine_agrees_impl(int bits, MatmulFn fast, MatmulFn trusted) {
+  const struct {
+    int64_t gs;
+    DType sdt;
+  } variants[] = {{64, DType::kBF16}, {128, DType::kF16}, {32, DType::kF32}};
+  for (const auto& vr : variants) {
+    if (!affine_agrees_one(bits, vr.gs, vr.sdt, fast, trusted)) return false;
+  }
+  return true;
 }
 }  // namespace
 
@@ -158,7 +180,10 @@ MatmulFn fast_matmul_affine(const char* tier, int bits) {
 }
 
 double active_int8_peak(ThreadPool& pool) {
-  return std::strcmp(active_table().name, "avx512") == 0 ? avx512::int8_dot_peak(pool) : 0.0;
+  // The VNNI ceiling only when the integer kernels in use are the tier's (not after a failed
+  // self-check or LARDER_QUANT_ACT=0).
+  return active_table().matmul[static_cast<int>(DType::kQ4_0)] == avx512::matmul_q4_0 ? avx512::int8_dot_peak(pool)
+                                                                                      : 0.0;
 }
 double active_bf16_peak(ThreadPool& pool) {
   return active_table().matmul[static_cast<int>(DType::kBF16)] == avx512::matmul_bf16 ? avx512::bf16_dot_peak(pool)
