@@ -56,6 +56,12 @@ struct Acts16 {
 
 inline size_t round_up64(size_t v) { return (v + 63) / 64 * 64; }
 
+// Sum of 16 lanes. Own reduction: GCC 12's _mm512_reduce_add_ps trips -Wuninitialized in its own
+// header (the zero-masked extract does not).
+inline float hsum16(__m512 v) {
+  return simd::hsum(_mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
+}
+
 // Quantizes x[n, cols] into `scratch` slot 0 of the calling thread (act_quant.h's quantizer:
 // amax/127, 1/d, round to nearest even; bit-identical to quantize_acts_ref).
 // half_sums: also the per-16 block sums (formats with 16-element sub-block scales, Q6_K).

@@ -203,7 +203,7 @@ struct AffineDecode {
     LARDER_UNROLL
     for (int t = 0; t < T; ++t)
       LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
   }
 };
 

@@ -167,10 +167,6 @@ void matmul_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
 
 constexpr int64_t kGemmMinTokens = 8;
 
-// Own reduction: GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized in its own header.
-inline float hsum512(__m512 v) {
-  return hsum(_mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
-}
 
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 
@@ -216,7 +212,7 @@ struct BF16Kernel {
     LARDER_UNROLL
     for (int t = 0; t < T; ++t)
       LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum512(acc[r][t]);
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
   }
 };
 
