@@ -193,6 +193,112 @@ struct Q4KDecode {
   }
 };
 
+// Q6_K decode (n < 8): 64 codes per zmm, in natural element order. Half h of a super-block
+// (elements 128h..128h+127) is one 64-byte ql load [ql A | ql B] and its 32 qh bytes broadcast to
+// both 256-bit halves: low nibbles | bits (0 | 2) of qh give elements 128h + 0..63, high nibbles
+// | bits (4 | 6) give 128h + 64..127 (a per-64-bit-lane vpsrlvq picks the qh bit pair of each
+// half). Each int32 lane of a vpdpbusd covers 4 elements of one 16-element sub-block, so the
+// scale pattern is 4 lanes per sub-block (vpermps of the 16 scales), the d_x pattern 8 lanes per
+// activation block. The zero point −32 is folded in the integer domain: the lanes of 32·Σq (4
+// activations per lane) are precomputed per token and subtracted before the conversion.
+struct Q6KDecode {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nsb;
+  const int8_t* acts;    // [n][nsb][256] int8, natural order (the quantizer's own layout)
+  const float* dxp;      // [n][nsb][4][16] per-lane d_x
+  const int32_t* zq;     // [n][nsb][4][16] 32·Σ of each lane's 4 activations
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const float* f16 = f16_table();
+    __m512 acc[R][T];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r)
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
+    const __m512i sh_lo = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
+    __m512i pat[4];
+    LARDER_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      pat[j] = _mm512_setr_epi32(4 * j, 4 * j, 4 * j, 4 * j, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 2,
+                                 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 3);
+    }
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      prefetch_ahead(base, R * row_bytes, sb * 210 * R, 210 * R);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = base + r * row_bytes + sb * 210;
+        const float d = f16[load_u16(blk + 208)];
+        const __m512 sc = _mm512_mul_ps(
+            _mm512_set1_ps(d),
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)))));
+        __m512i u[4];
+        LARDER_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+          const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+          const __m512i hl = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, sh_lo), m2), 4);
+          const __m512i hh = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, sh_hi), m2), 4);
+          u[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), hl);
+          u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hh);
+        }
+        __m512 scp[4];
+        LARDER_UNROLL
+        for (int j = 0; j < 4; ++j) scp[j] = _mm512_permutexvar_ps(pat[j], sc);
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const int64_t at = (t0 + t) * nsb + sb;
+          const int8_t* xa = acts + at * 256;
+          __m512 sum = acc[r][t];
+          LARDER_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[j], _mm512_load_si512(xa + 64 * j));
+            const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, _mm512_load_si512(zq + at * 64 + 16 * j)));
+            sum = _mm512_fmadd_ps(_mm512_mul_ps(f, _mm512_load_ps(dxp + at * 64 + 16 * j)), scp[j], sum);
+          }
+          acc[r][t] = sum;
+        }
+      }
+    }
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t)
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
+  }
+};
+
+void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
+  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
+  QuantizedActs a = quantized_acts_view(scratch, n, cols);
+  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
+  const size_t pat_bytes = static_cast<size_t>(n * nsb) * 256;  // [n][nsb][4][16] of 4 bytes
+  auto* buf = static_cast<uint8_t*>(thread_scratch(2 * pat_bytes + 64, 1));
+  auto* dxp = reinterpret_cast<float*>(buf);
+  auto* zq = reinterpret_cast<int32_t*>(buf + pat_bytes);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* q = a.token_blocks(t);
+    for (int64_t b = 0; b < nb; ++b) {
+      float* dp = dxp + t * nsb * 64 + b * 8;  // 8 lanes per activation block, blocks in order
+      const float dx = a.scales(b)[t];
+      for (int l = 0; l < 8; ++l) dp[l] = dx;
+    }
+    for (int64_t c = 0; c < nsb * 4; ++c) {
+      const __m512i s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q + 64 * c));
+      _mm512_store_si512(zq + (t * nsb * 4 + c) * 16, _mm512_slli_epi32(s4, 5));
+    }
+  }
+  const Q6KDecode k{w.data, w.row_bytes(), w.rows, nsb, a.qs, dxp, zq, y};
+  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
+}
+
 void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
   void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
@@ -227,7 +333,7 @@ void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
   if (n < kGemmMinTokens) {
-    avx2::matmul_q6_k(w, x, n, y);
+    decode_q6_k(w, x, n, y);
     return;
   }
   const Acts16 a = quantize_acts16(x, n, w.cols, /*half_sums=*/true);
