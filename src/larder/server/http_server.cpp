@@ -171,12 +171,15 @@ struct HttpServer::Impl {
             }
             // Probe the connection whenever nothing was written for a while (queued, a long
             // prefill, or a non-stream body that writes nothing until the end): a closed peer
-            // makes the second write fail, so a short heartbeat finds a vanished client within
-            // about a second. Streams send an SSE comment, non-stream bodies JSON-insignificant
-            // leading whitespace; clients ignore both.
-            if (!ev || Clock::now() - last_write > std::chrono::seconds(1)) {
+            // makes the second write fail, so a heartbeat every kProbe finds a vanished client
+            // within about 2·kProbe. Streams send an SSE comment, non-stream bodies
+            // JSON-insignificant leading whitespace; clients ignore both. 250 ms, not 1 s: a
+            // small model generates a long answer in about a second, and a client that left must
+            // free its slot before that, not be noticed only when the answer is complete.
+            constexpr auto kProbe = std::chrono::milliseconds(250);
+            if (!ev || Clock::now() - last_write > kProbe) {
               if (!sink.is_writable() ||
-                  (Clock::now() - last_write > std::chrono::seconds(1) && !write(stream ? ": keep-alive\n\n" : " "))) {
+                  (Clock::now() - last_write > kProbe && !write(stream ? ": keep-alive\n\n" : " "))) {
                 ch->cancel();
                 metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
                 return false;
