@@ -38,8 +38,10 @@ CASES = {
     "gguf-Q8_0": ("gguf-Q8_0", "gguf-Q8_0"),
     "mlx-q8g64": ("mlx-q8g64", "gguf-Q8_0"),
     "bf16": ("hf-bf16", "gguf-BF16"),
+    # llama.cpp's most downloaded mix (Q4_K + Q6_K), made by its own llama-quantize from the BF16 GGUF
+    "gguf-Q4_K_M": ("gguf-Q4_K_M", "gguf-Q4_K_M"),
 }
-ORDER = ["gguf-Q4_0", "mlx-q4g64", "gguf-Q8_0", "mlx-q8g64", "bf16"]
+ORDER = ["gguf-Q4_0", "mlx-q4g64", "gguf-Q4_K_M", "gguf-Q8_0", "mlx-q8g64", "bf16"]
 
 
 def log(msg: str) -> None:

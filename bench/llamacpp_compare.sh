@@ -23,6 +23,7 @@
 #   mlx-q4g64  larder MLX affine 4-bit g64 vs llama.cpp Q4_0 (both 4.5 bits/weight)
 #   mlx-q8g64  larder MLX affine 8-bit g64 vs llama.cpp Q8_0 (both 8.5 bits/weight)
 #   bf16       larder HF bf16 safetensors vs llama.cpp BF16 GGUF
+#   gguf-Q4_K_M the same Q4_K_M GGUF in both (made by llama.cpp's llama-quantize from the BF16 GGUF)
 # Heavy steps run under `nice -n 10` (shared machine). Check `uptime` first: the host is noisy.
 set -euo pipefail
 
@@ -108,6 +109,26 @@ log "llama-bench: $BENCH_BIN (llama-cpp-python $VER, llama.cpp $LCPP_COMMIT)"
 # models, then the alternating run
 log "models (bench/make_models.py; cached)"
 nice -n 10 "$PY" "$HERE/make_models.py" --models "${MODELS// /,}" >&2
+
+# gguf-Q4_K_M: llama.cpp's own llama-quantize (built from the same source) turns the BF16 GGUF into
+# the Q4_K_M mix (Q4_K + Q6_K) people download; cached beside the other formats.
+if [[ " $CASES " == *" gguf-Q4_K_M "* ]]; then
+  QUANT_BIN="$LCPP/build/bin/llama-quantize"
+  if [ ! -x "$QUANT_BIN" ]; then
+    log "building llama-quantize"
+    nice -n 10 cmake --build "$LCPP/build" -j2 --target llama-quantize >"$LCPP/build-quantize.log" 2>&1 \
+      || { tail -30 "$LCPP/build-quantize.log" >&2; exit 1; }
+  fi
+  for m in $MODELS; do
+    dir="$HOME/.cache/larder-bench/models/$m"  # make_models.py's and llamacpp_compare.py's default root
+    if [ ! -f "$dir/$m-Q4_K_M.gguf" ]; then
+      log "llama-quantize $m BF16 -> Q4_K_M"
+      nice -n 10 "$QUANT_BIN" "$dir/$m-BF16.gguf" "$dir/$m-Q4_K_M.gguf.partial" Q4_K_M 2 >"$dir/quantize-Q4_K_M.log" 2>&1 \
+        || { tail -20 "$dir/quantize-Q4_K_M.log" >&2; exit 1; }
+      mv "$dir/$m-Q4_K_M.gguf.partial" "$dir/$m-Q4_K_M.gguf"
+    fi
+  done
+fi
 
 [ -n "$OUT" ] || OUT="$CACHE/runs/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUT"
