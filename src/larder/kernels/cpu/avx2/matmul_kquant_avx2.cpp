@@ -33,6 +33,7 @@
 #include "larder/core/dtype.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/kquant_scales.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
 
@@ -105,16 +106,9 @@ struct Q4KUnpacked {
 inline void unpack_q4k(const uint8_t* blk, const float* f16, Q4KUnpacked& u) {
   u.d = f16[load_u16(blk)];
   const float dmin = f16[load_u16(blk + 2)];
-  uint32_t a, b, c;
-  std::memcpy(&a, blk + 4, 4);
-  std::memcpy(&b, blk + 8, 4);
-  std::memcpy(&c, blk + 12, 4);
-  // Bytes 0..3 of each word are sub-blocks 0..3 / 4..7 (see ref/kquant.cpp for the layout).
-  const uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = b & 0x3f3f3f3fu;
-  const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-  const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-  const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
-  const __m256i m = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)));
+  const Q4KScaleBytes sb = q4k_scale_bytes(blk + 4);
+  const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sb.sc_hi), static_cast<int>(sb.sc_lo)));
+  const __m256i m = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sb.m_hi), static_cast<int>(sb.m_lo)));
   _mm256_store_si256(reinterpret_cast<__m256i*>(u.scm), _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)));
   u.dmm = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(m));
   const __m256i mask = _mm256_set1_epi8(0x0f);

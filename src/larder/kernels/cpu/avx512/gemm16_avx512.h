@@ -62,6 +62,23 @@ inline float hsum16(__m512 v) {
   return simd::hsum(_mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
 }
 
+// Decode tiles (R rows × T tokens of 16-lane partial sums): zero the accumulators, and store
+// each one's lane sum to y[t0 + t][r0 + r].
+template <int R, int T>
+LARDER_GEMM_INLINE void zero_acc(__m512 (&acc)[R][T]) {
+  LARDER_UNROLL
+  for (int r = 0; r < R; ++r)
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+}
+template <int R, int T>
+LARDER_GEMM_INLINE void store_acc(const __m512 (&acc)[R][T], float* y, int64_t rows, int64_t r0, int64_t t0) {
+  LARDER_UNROLL
+  for (int t = 0; t < T; ++t)
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
+}
+
 // Quantizes x[n, cols] into `scratch` slot 0 of the calling thread (act_quant.h's quantizer:
 // amax/127, 1/d, round to nearest even; bit-identical to quantize_acts_ref).
 // half_sums: also the per-16 block sums (formats with 16-element sub-block scales, Q6_K).

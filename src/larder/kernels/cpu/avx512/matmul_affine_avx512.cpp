@@ -148,10 +148,7 @@ struct AffineDecode {
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
     __m512 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    zero_acc(acc);
     alignas(64) float sv[R][16];
     // The scales and biases of the tile two ahead (the codes are prefetched per chunk below):
     // separate tensors, so the hardware sees them as short streams that restart every tile.
@@ -200,10 +197,7 @@ struct AffineDecode {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 

@@ -189,10 +189,7 @@ struct BF16Kernel {
     LARDER_UNROLL
     for (int t = 0; t < T; ++t) xt[t] = xb + (t0 + t) * cols32;
     __m512 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    zero_acc(acc);
     auto step = [&](int64_t c, __mmask32 m) {
       prefetch_ahead(wr[0], R * row_bytes, 64 * c / 32 * R, 64 * R);
       __m512i wv[R];
@@ -209,10 +206,7 @@ struct BF16Kernel {
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) step(c, ~__mmask32{0});
     if (c < cols) step(c, static_cast<__mmask32>((uint64_t{1} << (cols - c)) - 1));
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 

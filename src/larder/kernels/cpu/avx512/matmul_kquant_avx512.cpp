@@ -15,9 +15,9 @@
 #include "larder/kernels/cpu/avx512/gemm16_avx512.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/kquant_scales.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
-#include "larder/kernels/ref/ref_ops.h"
 
 namespace larder::kernels::cpu::avx512 {
 
@@ -43,9 +43,10 @@ struct Q4_KRows {
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = p + sb * 144;
       const float d = f16[load_u16(blk)], dmin = f16[load_u16(blk + 2)];
+      const Q4KScaleBytes sm = q4k_scale_bytes(blk + 4);
       for (int j = 0; j < 8; ++j) {
-        int sc, m;
-        ref::kquant_scale_min(blk + 4, j, &sc, &m);
+        const int sh = 8 * (j % 4);
+        const uint32_t sc = ((j < 4 ? sm.sc_lo : sm.sc_hi) >> sh) & 0xff, m = ((j < 4 ? sm.m_lo : sm.m_hi) >> sh) & 0xff;
         scale[8 * sb + j] = d * static_cast<float>(sc);
         bias[8 * sb + j] = -(dmin * static_cast<float>(m));
       }
@@ -131,10 +132,7 @@ struct Q4KDecode {
   void tile(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m512 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    zero_acc(acc);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i pat[4] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
                             _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
@@ -147,21 +145,13 @@ struct Q4KDecode {
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * 144;
         const float d = f16[load_u16(blk)], dmin = f16[load_u16(blk + 2)];
-        uint32_t a, b, c;
-        std::memcpy(&a, blk + 4, 4);
-        std::memcpy(&b, blk + 8, 4);
-        std::memcpy(&c, blk + 12, 4);
-        // The 6-bit scales and mins (ref/kquant.cpp): bytes of sc_lo/m_lo are sub-blocks 0..3,
-        // of sc_hi/m_hi 4..7.
-        const uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = b & 0x3f3f3f3fu;
-        const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-        const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+        const Q4KScaleBytes sm = q4k_scale_bytes(blk + 4);
         const __m256 scf = _mm256_mul_ps(
-            _mm256_set1_ps(d),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)))));
+            _mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                   _mm_set_epi32(0, 0, static_cast<int>(sm.sc_hi), static_cast<int>(sm.sc_lo)))));
         const __m256 mf = _mm256_mul_ps(
-            _mm256_set1_ps(dmin),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)))));
+            _mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                      _mm_set_epi32(0, 0, static_cast<int>(sm.m_hi), static_cast<int>(sm.m_lo)))));
         const __m512 sc16 = _mm512_castps256_ps512(scf);
         const __m512i v01 = _mm512_loadu_si512(blk + 16), v23 = _mm512_loadu_si512(blk + 80);
         const __m512i u[4] = {_mm512_and_si512(v01, m4), _mm512_and_si512(_mm512_srli_epi16(v01, 4), m4),
@@ -186,10 +176,7 @@ struct Q4KDecode {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 
@@ -216,10 +203,7 @@ struct Q6KDecode {
   void tile(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m512 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    zero_acc(acc);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
     const __m512i sh_lo = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
     __m512i pat[4];
@@ -266,10 +250,7 @@ struct Q6KDecode {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 
