@@ -11,7 +11,7 @@
 //   shared by all T tokens):   Σ (q+128)·w − 128·Σ w = Σ q·w. Both operands stay in their natural
 //   32-byte blocks (ymm, AVX512VL); R=8, T=1 tiles for one token, R=4, T=4 otherwise. Measured
 //   at ≈ 100 % of one core's read bandwidth (Zen 5).
-// - Q4_0: the AVX2 row-pair kernel (see matmul_q4_0 below).
+// - Q4_0: two blocks per zmm (Q4_0Decode); the AVX2 row-pair kernel for odd block counts.
 //
 // BF16: activations are rounded to bf16 once per matmul; vdpbf16ps (zmm, 32 pairs per
 // instruction, f32 accumulation) gives twice the FP32 FMA rate on Zen 4 (performance.md §2.1).
@@ -349,6 +349,89 @@ void gemm_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
 
 constexpr int64_t kBf16GemmMinTokens = 16;
 
+// Q4_0 decode (n < 8): two blocks of a row per zmm. The 16 code bytes of blocks b and b+1 (18
+// bytes apart) are loaded into one ymm, doubled into a zmm, and vpsrlvq + vpand leave
+// [b lo nibbles | b+1 lo | b hi | b+1 hi] = elements [0..15 | 0..15 | 16..31 | 16..31] of the two
+// blocks; the activations are permuted once per matmul to match. One vpdpbusd per 64 weights and
+// token; lanes 0–3 and 8–11 belong to block b, 4–7 and 12–15 to b+1, so d_x and the zero-point
+// term (each lane subtracts its block's d_x·Σq: 8 lanes × that = the 8 of the zero point) are
+// per-lane patterns precomputed per token, and the two weight scales one mask blend per row.
+struct Q4_0Decode {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, np;    // block pairs per row
+  const uint8_t* acts;  // [n][np][64]
+  const float* dxp;     // [n][np][16]
+  const float* bsp;     // [n][np][16]
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const float* f16 = f16_table();
+    __m512 acc[R][T];
+    zero_acc(acc);
+    const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    for (int64_t p = 0; p < np; ++p) {
+      prefetch_ahead(base, R * row_bytes, p * 36 * R, 36 * R);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b0 = base + r * row_bytes + 36 * p;
+        const __m256i v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(b0 + 20),
+                                              reinterpret_cast<const __m128i*>(b0 + 2));
+        const __m512i u =
+            _mm512_and_si512(_mm512_srlv_epi64(_mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1), shift), m4);
+        const __m512 dw = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(f16[load_u16(b0)]),
+                                               _mm512_set1_ps(f16[load_u16(b0 + 18)]));
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const int64_t at = (t0 + t) * np + p;
+          const __m512 f =
+              _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_load_si512(acts + at * 64)));
+          const __m512 z = _mm512_fmsub_ps(f, _mm512_load_ps(dxp + at * 16), _mm512_load_ps(bsp + at * 16));
+          acc[r][t] = _mm512_fmadd_ps(z, dw, acc[r][t]);
+        }
+      }
+    }
+    store_acc(acc, y, rows, r0, t0);
+  }
+};
+
+void decode_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nb = cols / 32, np = nb / 2;
+  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
+  QuantizedActs a = quantized_acts_view(scratch, n, cols);
+  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
+  const size_t pat = static_cast<size_t>(n * np) * 64;
+  auto* buf = static_cast<uint8_t*>(thread_scratch(3 * pat + 64, 1));
+  auto* acts = buf;
+  auto* dxp = reinterpret_cast<float*>(buf + pat);
+  auto* bsp = reinterpret_cast<float*>(buf + 2 * pat);
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* q = a.token_blocks(t);
+    for (int64_t p = 0; p < np; ++p) {
+      uint8_t* dst = acts + (t * np + p) * 64;
+      const int8_t* s0 = q + 64 * p;
+      std::memcpy(dst, s0, 16);
+      std::memcpy(dst + 16, s0 + 32, 16);
+      std::memcpy(dst + 32, s0 + 16, 16);
+      std::memcpy(dst + 48, s0 + 48, 16);
+      float* dp = dxp + (t * np + p) * 16;
+      float* bp = bsp + (t * np + p) * 16;
+      for (int l = 0; l < 16; ++l) {
+        const int64_t blk = 2 * p + (l / 4) % 2;
+        dp[l] = a.scales(blk)[t];
+        bp[l] = a.sums(blk)[t];
+      }
+    }
+  }
+  const Q4_0Decode k{w.data, w.row_bytes(), w.rows, np, acts, dxp, bsp, y};
+  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
+}
+
 }  // namespace
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
@@ -362,9 +445,13 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= kGemmMinTokens) {
     matmul_gemm<Q4_0Rows>(w, x, n, y);
   } else {
-    // The AVX2 row-pair kernel streams Q4_0 at ≈ 90 % of a core's read bandwidth (Zen 5); the
-    // 8-row vpdpbusd tile here reached 47–59 % (kernel_bench decode, 1 thread).
-    avx2::matmul_q4_0(w, x, n, y);
+    // Two blocks per zmm: 35–36 GB/s per core at n = 1 against the AVX2 row-pair kernel's 32–33,
+    // 1.7× at n = 4 (kernel_bench, Zen 5, 1 thread). An odd block count keeps the AVX2 kernel.
+    if ((w.cols / 32) % 2) {
+      avx2::matmul_q4_0(w, x, n, y);
+    } else {
+      decode_q4_0(w, x, n, y);
+    }
   }
 }
 
