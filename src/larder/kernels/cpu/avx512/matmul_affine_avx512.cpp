@@ -91,7 +91,6 @@ struct AffineRows {
   }
 };
 
-constexpr int64_t kGemmMinTokens = 8;
 
 // ---------------------------------------------------------------------------------------------
 // Decode (n < 8) of 4- and 8-bit weights with groups of 64 or 128: 64 weights of a row per zmm.
@@ -210,9 +209,7 @@ template <int B, Sd S>
 void run_decode(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, nc = cols / 64, ng = cols / w.group_size;
   const int64_t ng16 = (ng + 15) / 16 * 16;
-  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
-  QuantizedActs a = quantized_acts_view(scratch, n, cols);
-  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
+  QuantizedActs a = quantize_for_decode(x, n, cols);
   // acts [n][nc][64] + dxp [n][nc][16] f32 + gq [n][ng16] f32, one scratch slot.
   const size_t acts_bytes = static_cast<size_t>(n * nc) * 64, dxp_bytes = static_cast<size_t>(n * nc) * 64;
   auto* buf = static_cast<uint8_t*>(thread_scratch(acts_bytes + dxp_bytes + static_cast<size_t>(n * ng16) * 4 + 64, 1));
@@ -274,7 +271,7 @@ void gemm_affine(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  if (n < kGemmMinTokens) {
+  if (n < kGemm16MinTokens) {
     if (w.bits == 4 && decode_fits<4>(w)) return decode_affine<4>(w, x, n, y);
     if (w.bits == 8 && decode_fits<8>(w)) return decode_affine<8>(w, x, n, y);
     avx2::matmul_affine(w, x, n, y);

@@ -100,9 +100,7 @@ struct IntKernel {
 template <class WB>
 void matmul_int(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  void* scratch = thread_scratch(quantized_acts_bytes(n, w.cols));
-  QuantizedActs a = quantized_acts_view(scratch, n, w.cols);
-  quantize_acts_avx2(x, n, w.cols, /*offset128=*/true, a);
+  QuantizedActs a = quantize_for_decode(x, n, w.cols, /*offset128=*/true);
   IntKernel<WB> k{w.data, w.row_bytes(), w.rows, w.cols / 32, a, y};
   run_matmul_tiles(k, w.rows, n, w.cols + 4 * (w.cols / 32));
 }
@@ -165,7 +163,6 @@ void matmul_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
   run_gemm16(f, a, w.rows, y);
 }
 
-constexpr int64_t kGemmMinTokens = 8;
 
 
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
@@ -402,9 +399,7 @@ struct Q4_0Decode {
 
 void decode_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, np = nb / 2;
-  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
-  QuantizedActs a = quantized_acts_view(scratch, n, cols);
-  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
+  QuantizedActs a = quantize_for_decode(x, n, cols);
   const size_t pat = static_cast<size_t>(n * np) * 64;
   auto* buf = static_cast<uint8_t*>(thread_scratch(3 * pat + 64, 1));
   auto* acts = buf;
@@ -435,14 +430,14 @@ void decode_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
 }  // namespace
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
-  if (n >= kGemmMinTokens) {
+  if (n >= kGemm16MinTokens) {
     matmul_gemm<Q8_0Rows>(w, x, n, y);
   } else {
     matmul_int<Q8_0Block>(w, x, n, y);
   }
 }
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
-  if (n >= kGemmMinTokens) {
+  if (n >= kGemm16MinTokens) {
     matmul_gemm<Q4_0Rows>(w, x, n, y);
   } else {
     // Two blocks per zmm: 35–36 GB/s per core at n = 1 against the AVX2 row-pair kernel's 32–33,

@@ -105,7 +105,6 @@ struct Q6_KRows {
   }
 };
 
-constexpr int64_t kGemmMinTokens = 8;
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K decode (n < 8): 64 codes per zmm. A super-block's 128 code bytes are two zmm loads: the
@@ -256,9 +255,7 @@ struct Q6KDecode {
 
 void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
-  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
-  QuantizedActs a = quantized_acts_view(scratch, n, cols);
-  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
+  QuantizedActs a = quantize_for_decode(x, n, cols);
   const size_t pat_bytes = static_cast<size_t>(n * nsb) * 256;  // [n][nsb][4][16] of 4 bytes
   auto* buf = static_cast<uint8_t*>(thread_scratch(2 * pat_bytes + 64, 1));
   auto* dxp = reinterpret_cast<float*>(buf);
@@ -282,9 +279,7 @@ void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
-  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
-  QuantizedActs a = quantized_acts_view(scratch, n, cols);
-  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
+  QuantizedActs a = quantize_for_decode(x, n, cols);
   const size_t acts_bytes = static_cast<size_t>(n * nb) * 32, dxp_bytes = static_cast<size_t>(n * nsb) * 256;
   auto* buf = static_cast<uint8_t*>(thread_scratch(acts_bytes + dxp_bytes + static_cast<size_t>(n * nb) * 4 + 64, 1));
   auto* acts = buf;
@@ -313,7 +308,7 @@ void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  if (n < kGemmMinTokens) {
+  if (n < kGemm16MinTokens) {
     decode_q6_k(w, x, n, y);
     return;
   }
@@ -324,7 +319,7 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  if (n < kGemmMinTokens) {
+  if (n < kGemm16MinTokens) {
     decode_q4_k(w, x, n, y);
     return;
   }

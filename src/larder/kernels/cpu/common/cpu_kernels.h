@@ -4,7 +4,9 @@
 //   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, BF16, F16, F32, MLX affine (all widths; BMI2 for
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K and MLX affine prefill on one
-//            16-token-lane vpdpbusd GEMM (gemm16_avx512.h), Q8_0 decode (vpdpbusd), BF16 (vdpbf16ps).
+//            16-token-lane vpdpbusd GEMM (gemm16_avx512.h); decode kernels with 64 weights per zmm
+//            for Q4_0, Q4_K, Q6_K, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
+//            BF16 prefill and decode on vdpbf16ps.
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
 // Both tiers run on the process-wide core/threadpool.h pool.
 #pragma once
@@ -29,7 +31,7 @@ void register_fast_kernels(KernelTable& t);
 // ragged problem in `dtype` (within 2^-6 of the output scale). register_fast_kernels applies it
 // to every AVX-512 matmul before installing it.
 bool fast_matmul_agrees(DType dtype, MatmulFn fast, MatmulFn trusted);
-// The same for MLX affine weights of `bits` (bf16 scales and biases, group 64).
+// The same for MLX affine weights of `bits` (groups 64/128/32 with bf16/f16/f32 scales and biases).
 bool fast_matmul_affine_agrees(int bits, MatmulFn fast, MatmulFn trusted);
 
 // Direct entry points (tests, kernel_bench). Same contract as kernels::matmul.
@@ -62,10 +64,10 @@ namespace avx512 {
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
-// MLX affine, bits {2,3,4,5,6,8}: prefill on the VNNI GEMM, decode on the AVX2 kernel
-// (matmul_affine_avx512.cpp).
+// MLX affine, bits {2,3,4,5,6,8}: prefill on the VNNI GEMM; decode of 4/8 bits with groups of
+// 64/128 on AVX-512, the rest on the AVX2 kernel (matmul_affine_avx512.cpp).
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
-// GGUF Q4_K / Q6_K: prefill on the VNNI GEMM, decode on the AVX2 kernels (matmul_kquant_avx512.cpp).
+// GGUF Q4_K / Q6_K: prefill on the VNNI GEMM, decode 64 codes per zmm (matmul_kquant_avx512.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
 // Compute ceilings of the tier's prefill instructions on all pool threads (peak_avx512.cpp):

@@ -4,15 +4,18 @@
 // y[t0..t0+T, r0..r0+R] over the full reduction (cols). The driver only decides tile order:
 //
 // - Decode (n <= 8): the job is bandwidth-bound, so every weight byte must come from DRAM exactly
-//   once and be used for all n tokens. Chunks are runs of output rows; inside a chunk each R-row
+//   once and be used for all n tokens. With several threads each streams one contiguous region
+//   of rows (run_decode_regions); inside a region's sub-chunks each R-row
 //   tile is streamed once per group of <= 4 tokens — for n <= 4 exactly once, for n = 5..8 the
 //   second pass re-reads the R rows from L1 (R·row_bytes <= 2×17 KiB at cols = 8192, Q8_0).
 // - Prefill (n > 8): compute-bound. Chunks are (row block × token block) tiles. The token block
 //   is sized so its activations stay in L2 (Zen 3/4: 512 KiB/1 MiB per core; we budget 128 KiB)
 //   while the row block's weights (<= ~36 KiB) are re-read from L1/L2 for each 4-token group;
 //   each weight row is therefore decoded once per 4 tokens instead of once per token.
-// - Chunk counts: ~16 per thread, so the atomic counter balances a core that a neighbour's
-//   compile slows down (shared host; performance.md §5) without claiming per tile.
+// - Chunk counts (prefill, and decode on one thread): ~16 per thread, so the atomic counter
+//   balances a core that a neighbour's compile slows down (shared host; performance.md §5)
+//   without claiming per tile. Decode regions balance by letting a finished thread take the
+//   other regions' remaining sub-chunks.
 //
 // R (rows per tile) is K::kRows1 for single-token groups and K::kRowsN otherwise: a single token
 // has only R independent accumulator chains, so it wants more rows; several tokens share the
@@ -55,7 +58,7 @@ inline void run_block(const K& k, int64_t r_begin, int64_t r_end, int64_t t_begi
 // regions (same counters, so a slowed core's rows are still shared out). Interleaving small
 // chunks of one matrix between the cores instead (chunk i to whoever is free) restarts every
 // core's hardware prefetch stream at each chunk; measured on the 2-core Zen 5 (1B Q4_0 / MLX q4
-// decode, alternating runs), contiguous regions were faster in 6 of 8 pairs (see bench/RESULTS.md).
+// decode, alternating runs), contiguous regions were faster in 8 of 8 pairs (see bench/RESULTS.md).
 template <class K>
 inline void run_decode_regions(const K& k, int64_t rows, int64_t n, int threads) {
   constexpr int kSub = 8;                          // sub-chunks per region
