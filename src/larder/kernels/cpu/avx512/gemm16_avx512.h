@@ -165,7 +165,7 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
 //     block step keeps two int32 sums (k4 0–3 and 4–7) and folds each half's bias with the
 //     activation half sums (quantize_acts16(..., half_sums = true)).
 //   int64_t groups() const, blocks_per_group() const
-//   const uint8_t* row_data(int64_t row) const, uint64_t row_stride() const   (packed codes, prefetch)
+//   members const uint8_t* w and uint64_t row_bytes: the packed rows (prefetched ahead of unpack)
 //   void unpack(int64_t row, uint8_t* codes /* block b at codes + b·stride, 32 bytes */, int64_t stride,
 //               float* scale /* per group */, float* bias /* per group, kZero == 0 only */) const
 //
@@ -303,8 +303,8 @@ struct Gemm16 {
   template <int R>
   void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
     const Unpacked u = unpack<R>(r0);
-    const uint8_t* next = r0 + 2 * R <= rows ? f.row_data(r0 + R) : nullptr;
-    const int64_t lines = next ? static_cast<int64_t>((R * f.row_stride() + 63) / 64) : 0;
+    const uint8_t* next = r0 + 2 * R <= rows ? f.w + static_cast<uint64_t>(r0 + R) * f.row_bytes : nullptr;
+    const int64_t lines = next ? static_cast<int64_t>((R * f.row_bytes + 63) / 64) : 0;
     const int64_t per_group = (lines + (g1 - g0) - 1) / (g1 - g0);
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t l0 = (g - g0) * per_group, l1 = std::min(lines, l0 + per_group);

@@ -48,8 +48,6 @@ struct AffineRows {
 
   int64_t groups() const { return ng; }
   int64_t blocks_per_group() const { return bpg; }
-  const uint8_t* row_data(int64_t row) const { return w + static_cast<uint64_t>(row) * row_bytes; }
-  uint64_t row_stride() const { return row_bytes; }
 
   float scalar(const uint8_t* base, int64_t i) const {
     switch (scale_dtype) {

@@ -117,8 +117,6 @@ struct Q4_0Rows {
   int64_t nb;
   int64_t groups() const { return nb; }
   int64_t blocks_per_group() const { return 1; }
-  const uint8_t* row_data(int64_t row) const { return w + static_cast<uint64_t>(row) * row_bytes; }
-  uint64_t row_stride() const { return row_bytes; }
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float*) const {
     const float* f16 = f16_table();
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
@@ -141,8 +139,6 @@ struct Q8_0Rows {
   int64_t nb;
   int64_t groups() const { return nb; }
   int64_t blocks_per_group() const { return 1; }
-  const uint8_t* row_data(int64_t row) const { return w + static_cast<uint64_t>(row) * row_bytes; }
-  uint64_t row_stride() const { return row_bytes; }
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float*) const {
     const float* f16 = f16_table();
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;

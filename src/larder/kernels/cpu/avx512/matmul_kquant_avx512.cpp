@@ -33,8 +33,6 @@ struct Q4_KRows {
 
   int64_t groups() const { return 8 * nsb; }
   int64_t blocks_per_group() const { return 1; }
-  const uint8_t* row_data(int64_t row) const { return w + static_cast<uint64_t>(row) * row_bytes; }
-  uint64_t row_stride() const { return row_bytes; }
 
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float* bias) const {
     const float* f16 = f16_table();
@@ -73,8 +71,6 @@ struct Q6_KRows {
 
   int64_t groups() const { return 16 * nsb; }  // 16-element halves
   int64_t blocks_per_group() const { return 1; }
-  const uint8_t* row_data(int64_t row) const { return w + static_cast<uint64_t>(row) * row_bytes; }
-  uint64_t row_stride() const { return row_bytes; }
 
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float* bias) const {
     const float* f16 = f16_table();
