@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Configures and builds larder (Release) into build/. Extra args go to cmake configure.
+# Configures and builds larder (Release) into build/ (or $LARDER_BUILD_DIR). Extra args go to
+# cmake configure. ccache is used when it is installed (several checkouts of one machine then
+# share compiled objects); it is never required.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" > /dev/null
-ninja -C build
+dir=${LARDER_BUILD_DIR:-build}
+launcher=()
+if command -v ccache > /dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" "$@" > /dev/null
+ninja -C "$dir"
