@@ -165,7 +165,7 @@ class QuantizeVsMlxLm(unittest.TestCase):
                 pred = None
                 if keep:
                     pred = lambda path, module, *rest: path != keep  # noqa: E731
-                convert(src, ours.replace("larder", "mlx"), quantize=True, q_group_size=g, q_bits=bits,
+                convert(src, theirs, quantize=True, q_group_size=g, q_bits=bits,
                         quant_predicate=pred)
                 a, b = load_dir(ours), load_dir(theirs)
                 self.assertEqual(sorted(a), sorted(b))
