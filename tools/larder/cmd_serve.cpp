@@ -3,10 +3,15 @@
 // is bound first (a taken port fails at once, and /health answers 503 "loading" while the model
 // maps), then the model loads, then /health turns 200. SIGTERM/SIGINT drain: stop admitting,
 // finish running requests within LARDER_SHUTDOWN_TIMEOUT_MS (default 120 s), flush the KV
-// store, exit 0; a second signal exits at once.
+// store, exit 0; a second signal exits at once. A signal while the model is still loading exits
+// at once (128 + signal): loading may block in the kernel (a FIFO, a hung mount), and a user who
+// presses Ctrl-C must never need kill -9. A load failure prints its reason and exits 1.
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <mutex>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -43,6 +48,61 @@ struct ServeFlags {
   std::optional<int64_t> max_tokens;
 };
 
+// Signals are taken by one dedicated thread (sigwait), never by a handler on an arbitrary
+// thread, so they work however long the main thread blocks (model loading, engine shutdown).
+class SignalWatcher {
+ public:
+  explicit SignalWatcher(sigset_t sigs) : sigs_(sigs) {
+    std::thread([this] { run(); }).detach();
+  }
+  // From now on a first signal starts a drain instead of exiting.
+  void set_serving() {
+    std::lock_guard<std::mutex> l(mu_);
+    serving_ = true;
+  }
+  // Blocks until the first signal arrives while serving; returns it.
+  int wait_first() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return count_ > 0; });
+    return first_;
+  }
+  // Called (on the watcher thread) when a second signal arrives while draining; then exits.
+  void on_second(std::function<void()> fn) {
+    std::lock_guard<std::mutex> l(mu_);
+    second_ = std::move(fn);
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      int s = 0;
+      if (sigwait(&sigs_, &s) != 0) continue;
+      std::function<void()> second;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (!serving_) {
+          std::fprintf(stderr, "larder: %s received while loading the model: exiting\n", s == SIGINT ? "SIGINT" : "SIGTERM");
+          std::_Exit(128 + s);
+        }
+        if (++count_ == 1) {
+          first_ = s;
+          cv_.notify_all();
+          continue;
+        }
+        second = second_;
+      }
+      if (second) second();
+      std::_Exit(128 + s);
+    }
+  }
+  sigset_t sigs_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool serving_ = false;
+  int count_ = 0, first_ = 0;
+  std::function<void()> second_;
+};
+
 std::optional<float> gc_number(const nlohmann::ordered_json& gc, const char* k) {
   if (gc.is_object() && gc.contains(k) && gc[k].is_number()) return gc[k].get<float>();
   return std::nullopt;
@@ -57,6 +117,7 @@ int run_serve(ServeFlags f) {
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  SignalWatcher signals(sigs);
 
   if (f.threads > 0) default_pool().set_threads(f.threads);
   if (f.api_key.empty()) {
@@ -81,10 +142,14 @@ int run_serve(ServeFlags f) {
   server::HttpServer http(hc, metrics);
   if (Status st = http.bind(); !st.is_ok()) return report(st);
   std::thread http_thread([&] { http.serve(); });
+  // A model that cannot be served: say why and exit now. Nothing is running that needs a clean
+  // stop (no engine yet, the KV store not opened), and stopping the transport first could only
+  // delay the message.
   auto fail = [&](const Status& st) {
-    http.stop();
-    http_thread.join();
-    return report(st);
+    const int rc = report(st);
+    std::fflush(nullptr);
+    std::_Exit(rc == 0 ? 1 : rc);
+    return rc;
   };
 
   auto loaded = runtime::load_model(located->path);
@@ -136,17 +201,15 @@ int run_serve(ServeFlags f) {
                sm.id.c_str(), info.architecture.c_str(), info.weight_dtypes.c_str(), f.host.c_str(), http.port(),
                static_cast<long long>(sm.ctx), f.parallel, default_pool().n_threads(), m.load_seconds * 1e3);
 
-  int sig = 0;
-  sigwait(&sigs, &sig);
-  std::fprintf(stderr, "larder: %s received: draining (send it again to exit at once)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-  std::thread([sigs]() mutable {
-    int s2 = 0;
-    sigwait(&sigs, &s2);
-    std::_Exit(130);
-  }).detach();
-  http.set_draining();
+  signals.set_serving();
+  const int sig = signals.wait_first();
   long timeout_ms = 120000;
   if (const char* t = std::getenv("LARDER_SHUTDOWN_TIMEOUT_MS")) timeout_ms = std::max(0L, std::atol(t));
+  std::fprintf(stderr,
+               "larder: %s received: draining — running requests get up to %.0f s to finish "
+               "(LARDER_SHUTDOWN_TIMEOUT_MS=%ld); send it again to stop them now\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", timeout_ms / 1e3, timeout_ms);
+  http.set_draining();
   const memory::FlushReport fr = engine.shutdown(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
   http.stop();
   http_thread.join();
