@@ -83,7 +83,8 @@ AFFINE_CASES = [
     ("qwen3_q8g32", "qwen3", "bf16", 8, 32, {}),
 ]
 
-GGUF_CASES = [("llama_gqa", "Q8_0"), ("llama_gqa", "Q4_0"), ("qwen3", "Q8_0"), ("qwen3", "Q4_0")]
+GGUF_CASES = [("llama_gqa", "Q8_0"), ("llama_gqa", "Q4_0"), ("qwen3", "Q8_0"), ("qwen3", "Q4_0"),
+              ("llama_gqa", "Q4_1"), ("llama_gqa", "Q5_1"), ("qwen3", "Q5_0")]
 # K-quant GGUFs (256-element super-blocks: every matrix width a multiple of 256), mixed like a
 # Q4_K_M file: Q4_K by default, Q6_K for attn_v, ffn_down and the (tied) token embedding, which is
 # also the lm_head. Quantized by tests/ref/kquant_reference.py's numpy quantizer (gguf-py cannot
@@ -414,8 +415,9 @@ def main():
     bad = os.path.join(root, "bad_gguf")
     os.makedirs(bad, exist_ok=True)
     c, w = configs["llama_gqa"], weights["llama_gqa"]
-    write_gguf(os.path.join(bad, "q5_0_tensor.gguf"), c, w, "Q8_0",
-               qtype_for=lambda n: "Q5_0" if n == "blk.1.ffn_up.weight" else None)
+    # MXFP4 (ggml type 39): a block format larder does not read.
+    write_gguf(os.path.join(bad, "mxfp4_tensor.gguf"), c, w, "Q8_0",
+               qtype_for=lambda n: "MXFP4" if n == "blk.1.ffn_up.weight" else None)
     write_gguf(os.path.join(bad, "no_block_count.gguf"), c, w, "Q8_0", skip_block_count=True)
     write_gguf(os.path.join(bad, "wrong_ffn.gguf"), c, w, "Q8_0", ffn=128)
     write_gguf(os.path.join(bad, "unknown_arch.gguf"), c, w, "Q8_0", arch="rwkv9")

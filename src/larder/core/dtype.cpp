@@ -3,14 +3,17 @@
 namespace larder {
 
 const DTypeInfo& dtype_info(DType t) {
-  static const DTypeInfo kInfo[] = {
+  static constexpr DTypeInfo kInfo[] = {
       {"F32", 1, 4},     {"F16", 1, 2},     {"BF16", 1, 2},    {"I8", 1, 1},
       {"U8", 1, 1},      {"I16", 1, 2},     {"I32", 1, 4},     {"U32", 1, 4},
       {"I64", 1, 8},     {"F64", 1, 8},     {"BOOL", 1, 1},    {"Q8_0", 32, 34},
       {"Q4_0", 32, 18},  {"Q4_1", 32, 20},  {"Q5_0", 32, 22},  {"Q5_1", 32, 24},
       {"Q2_K", 256, 84}, {"Q3_K", 256, 110}, {"Q4_K", 256, 144}, {"Q5_K", 256, 176},
-      {"Q6_K", 256, 210}, {"Q8_K", 256, 292}, {"UNKNOWN", 1, 0},
+      {"Q6_K", 256, 210}, {"Q8_K", 256, 292}, {"IQ4_NL", 32, 18}, {"IQ4_XS", 256, 136},
+      {"UNKNOWN", 1, 0},
   };
+  static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == static_cast<size_t>(DType::kUnknown) + 1,
+                "one entry per DType");
   return kInfo[static_cast<int>(t)];
 }
 

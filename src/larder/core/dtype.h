@@ -1,7 +1,7 @@
 // dtype.h — element types of stored tensors, and scalar fp16/bf16 conversions.
 //
 // Quantized GGUF types are block types: `block_elems` elements share one scale (see
-// ggml's docs/gguf.md); their byte size is per block. MLX affine weights are not a dtype of
+// ggml's docs/gguf.md); their byte size is per block (layouts: kernels/gguf_blocks.h). MLX affine weights are not a dtype of
 // their own: they are a packed uint32 tensor plus scales/biases tensors (formats/, quant/).
 #pragma once
 
@@ -25,15 +25,17 @@ enum class DType : uint8_t {
   kBool,
   kQ8_0,  // GGUF: 32 elems, f16 scale + 32 x int8 = 34 bytes
   kQ4_0,  // GGUF: 32 elems, f16 scale + 16 bytes of nibbles = 18 bytes
-  kQ4_1,
-  kQ5_0,
-  kQ5_1,
-  kQ2_K,
-  kQ3_K,
+  kQ4_1,  // GGUF: 32 elems, f16 d + f16 m + 16 bytes of nibbles = 20 bytes
+  kQ5_0,  // GGUF: 32 elems, 22 bytes
+  kQ5_1,  // GGUF: 32 elems, 24 bytes
+  kQ2_K,  // GGUF: 256 elems, 84 bytes
+  kQ3_K,  // GGUF: 256 elems, 110 bytes
   kQ4_K,  // GGUF: 256 elems, 144 bytes
-  kQ5_K,
+  kQ5_K,  // GGUF: 256 elems, 176 bytes
   kQ6_K,  // GGUF: 256 elems, 210 bytes
   kQ8_K,
+  kIQ4_NL,  // GGUF: 32 elems, f16 d + 16 bytes of codebook nibbles = 18 bytes
+  kIQ4_XS,  // GGUF: 256 elems, 136 bytes
   kUnknown,
 };
 

@@ -161,6 +161,8 @@ DType GgufFile::dtype_from_ggml(uint32_t t) {
     case 13: return DType::kQ5_K;
     case 14: return DType::kQ6_K;
     case 15: return DType::kQ8_K;
+    case 20: return DType::kIQ4_NL;
+    case 23: return DType::kIQ4_XS;
     case 24: return DType::kI8;
     case 25: return DType::kI16;
     case 26: return DType::kI32;

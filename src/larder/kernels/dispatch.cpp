@@ -22,6 +22,13 @@ KernelTable make_ref_table() {
   set(DType::kQ4_K, ref::dequant_row_q4_k);
   set(DType::kQ5_K, ref::dequant_row_q5_k);
   set(DType::kQ6_K, ref::dequant_row_q6_k);
+  set(DType::kQ4_1, ref::dequant_row_q4_1);
+  set(DType::kQ5_0, ref::dequant_row_q5_0);
+  set(DType::kQ5_1, ref::dequant_row_q5_1);
+  set(DType::kIQ4_NL, ref::dequant_row_iq4_nl);
+  set(DType::kQ2_K, ref::dequant_row_q2_k);
+  set(DType::kQ3_K, ref::dequant_row_q3_k);
+  set(DType::kIQ4_XS, ref::dequant_row_iq4_xs);
   for (int bits : {2, 3, 4, 5, 6, 8}) {
     t.matmul_affine[bits] = ref::matmul_affine;
     t.dequant_row_affine[bits] = ref::dequant_row_affine;

@@ -188,7 +188,8 @@ Result<kernels::WeightView> WeightBinder::matrix(const std::string& hf_name, int
   w.data = t->data;
   if (!kernels::weight_supported(w)) {
     return unsupported(strfmt("[model] %s: tensor '%s' has dtype %s, which larder cannot execute as a matrix "
-                              "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MLX affine U32 + scales/biases)",
+                              "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                              "IQ4_XS, MLX affine U32 + scales/biases)",
                               file_of(*t).c_str(), t->name.c_str(), dtype_name(t->dtype)));
   }
   if (t->nbytes != static_cast<uint64_t>(rows) * w.row_bytes()) {

@@ -174,9 +174,11 @@ TEST_P(ArchParity, TightAgainstMlxLm) {
   const std::string set = ref.meta["logits"].contains("f32") ? "f32" : ref.meta["logits"].contains("f32math") ? "f32math" : "deq";
   const std::vector<float> want = ref.logits(dir, set);
   const kernels::KernelTable active = kernels::active_table();
-  const DType dt = std::string(c.dtypes) == "Q8_0"                 ? DType::kQ8_0
-                   : std::string(c.dtypes).rfind("Q4_K", 0) == 0 ? DType::kQ4_K
-                                                                 : DType::kQ4_0;
+  // The (first) block format of the case, by name ("Q4_K+Q6_K" -> Q4_K).
+  const std::string first = std::string(c.dtypes).substr(0, std::string(c.dtypes).find('+'));
+  DType dt = DType::kQ4_0;
+  for (int i = 0; i < static_cast<int>(DType::kUnknown); ++i)
+    if (first == dtype_name(static_cast<DType>(i))) dt = static_cast<DType>(i);
   const bool affine = std::string(c.dtypes).find("affine") != std::string::npos;
   const bool loose = (is_block_format(c.dtypes) &&
                       active.matmul[static_cast<int>(dt)] != kernels::ref_table().matmul[static_cast<int>(dt)]) ||
@@ -291,6 +293,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_gqa_q4_0", "model.gguf", "llama", true, "Q4_0"},
                       Case{"qwen3_q8_0", "model.gguf", "qwen3", false, "Q8_0"},
                       Case{"qwen3_q4_0", "model.gguf", "qwen3", false, "Q4_0"},
+                      Case{"llama_gqa_q4_1", "model.gguf", "llama", true, "Q4_1"},
+                      Case{"llama_gqa_q5_1", "model.gguf", "llama", true, "Q5_1"},
+                      Case{"qwen3_q5_0", "model.gguf", "qwen3", false, "Q5_0"},
                       Case{"llama_q4_k_m", "model.gguf", "llama", true, "Q4_K+Q6_K"},
                       Case{"llama_q4g64", "", "llama", true, "affine-q4-g64"},
                       Case{"llama_mixed", "", "llama", false,

@@ -23,15 +23,33 @@ void dequant_row_q4_0(const WeightView& w, int64_t row, float* out);
 void dequant_q8_0(const uint8_t* src, int64_t blocks, float* out);
 void dequant_q4_0(const uint8_t* src, int64_t blocks, float* out);
 
-// GGUF K-quants (ref/kquant.cpp): `blocks` consecutive 256-element super-blocks.
+// Q4_1, Q5_0, Q5_1, IQ4_NL (ref/quant32.cpp): `blocks` consecutive 32-element blocks.
+void dequant_row_q4_1(const WeightView& w, int64_t row, float* out);
+void dequant_row_q5_0(const WeightView& w, int64_t row, float* out);
+void dequant_row_q5_1(const WeightView& w, int64_t row, float* out);
+void dequant_row_iq4_nl(const WeightView& w, int64_t row, float* out);
+void dequant_q4_1(const uint8_t* src, int64_t blocks, float* out);
+void dequant_q5_0(const uint8_t* src, int64_t blocks, float* out);
+void dequant_q5_1(const uint8_t* src, int64_t blocks, float* out);
+void dequant_iq4_nl(const uint8_t* src, int64_t blocks, float* out);
+
+// GGUF K-quants and IQ4_XS (ref/kquant.cpp): `blocks` consecutive 256-element super-blocks.
 void dequant_row_q4_k(const WeightView& w, int64_t row, float* out);
 void dequant_row_q5_k(const WeightView& w, int64_t row, float* out);
 void dequant_row_q6_k(const WeightView& w, int64_t row, float* out);
+void dequant_row_q2_k(const WeightView& w, int64_t row, float* out);
+void dequant_row_q3_k(const WeightView& w, int64_t row, float* out);
+void dequant_row_iq4_xs(const WeightView& w, int64_t row, float* out);
+void dequant_q2_k(const uint8_t* src, int64_t blocks, float* out);
+void dequant_q3_k(const uint8_t* src, int64_t blocks, float* out);
+void dequant_iq4_xs(const uint8_t* src, int64_t blocks, float* out);
 void dequant_q4_k(const uint8_t* src, int64_t blocks, float* out);
 void dequant_q5_k(const uint8_t* src, int64_t blocks, float* out);
 void dequant_q6_k(const uint8_t* src, int64_t blocks, float* out);
 // Sub-block j's 6-bit scale and min of a Q4_K/Q5_K block (`s` = its 12 scale bytes).
 void kquant_scale_min(const uint8_t* s, int j, int* sc, int* m);
+// Sub-block i's signed scale (−32..31) of a Q3_K block (`s` = its 12 scale bytes).
+void q3_k_scale(const uint8_t* s, int i, int* scale);
 
 // y[n, rows] = x[n, cols] · Wᵀ for any format with a dequant_row entry in the ref table.
 void matmul(const WeightView& w, const float* x, int64_t n, float* y);

@@ -1,9 +1,10 @@
 // cpu_kernels.h — the fast CPU matmul tiers and how they enter the dispatch table.
 //
 // Tiers (one translation unit each, compiled with that tier's flags; see src/larder/CMakeLists.txt):
-//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, BF16, F16, F32, MLX affine (all widths; BMI2 for
+//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats (Q4_1, Q5_0, Q5_1,
+//            IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS) on one unpacker-driven kernel, BF16, F16, F32, MLX affine (all widths; BMI2 for
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
-//   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K and MLX affine prefill on one
+//   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats and MLX affine prefill on one
 //            16-token-lane vpdpbusd GEMM (gemm16_avx512.h); decode kernels with 64 weights per zmm
 //            for Q4_0, Q4_K, Q6_K, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
 //            BF16 prefill and decode on vdpbf16ps.
@@ -23,7 +24,7 @@ namespace larder::kernels::cpu {
 // (the baseline flags already require AVX2), then the AVX-512 tier when CPUID reports the whole
 // tier (LARDER_ISA=avx2 hides it; LARDER_ISA=ref skips both). Entries it does not implement are
 // left as they are; row lookup (dequant_row) stays on the reference. LARDER_QUANT_ACT=0 keeps the
-// reference for Q8_0/Q4_0/Q4_K/Q6_K and MLX affine (whose fast kernels quantize activations to int8) — see
+// reference for the GGUF integer formats and MLX affine (whose fast kernels quantize activations to int8) — see
 // register.cpp.
 void register_fast_kernels(KernelTable& t);
 
@@ -47,6 +48,16 @@ void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
 // GGUF Q4_K / Q6_K, int8-quantized activations like Q8_0/Q4_0 (matmul_kquant_avx2.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
+// GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS: one kernel over the unpackers of
+// gguf_unpack.h, int8-quantized activations (matmul_gguf_avx2.cpp).
+void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
 // Causal GQA attention, f32 online softmax, on the thread pool (attention_avx2.cpp). Same
 // contract as kernels::attention.
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
@@ -70,6 +81,16 @@ void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
 // GGUF Q4_K / Q6_K: prefill on the VNNI GEMM, decode 64 codes per zmm (matmul_kquant_avx512.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
+// GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS: one kernel over the unpackers of
+// gguf_unpack.h, prefill on the VNNI GEMM, decode 64 weights per zmm (matmul_gguf_avx512.cpp).
+void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
 // Compute ceilings of the tier's prefill instructions on all pool threads (peak_avx512.cpp):
 // zmm vpdpbusd, GOP/s (1 MAC = 2 OP), and zmm vdpbf16ps, GFLOP/s.
 double int8_dot_peak(ThreadPool& pool);

@@ -11,6 +11,7 @@
 #include "larder/core/dtype.h"
 #include "larder/core/log.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/gguf_blocks.h"
 
 namespace larder::kernels::cpu {
 
@@ -18,10 +19,25 @@ namespace {
 void set(KernelTable& t, DType d, MatmulFn f) {
   if (f) t.matmul[static_cast<int>(d)] = f;
 }
-constexpr DType kFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kBF16, DType::kF16, DType::kF32};
+constexpr DType kFormats[] = {DType::kQ8_0, DType::kQ4_0,  DType::kQ4_1,   DType::kQ5_0, DType::kQ5_1,
+                              DType::kIQ4_NL, DType::kQ2_K, DType::kQ3_K,   DType::kQ4_K, DType::kQ5_K,
+                              DType::kQ6_K, DType::kIQ4_XS, DType::kBF16, DType::kF16,    DType::kF32};
 
-bool is_int8_act(DType d) {
-  return d == DType::kQ8_0 || d == DType::kQ4_0 || d == DType::kQ4_K || d == DType::kQ6_K;
+bool is_int8_act(DType d) { return dtype_is_block(d); }
+
+// Where a block keeps its f16 scale fields (everything else is codes and packed integer scales,
+// for which any byte is valid).
+std::vector<uint32_t> f16_fields(DType d) {
+  switch (d) {
+    case DType::kQ4_1: return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
+    case DType::kQ5_1: return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
+    case DType::kQ4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+    case DType::kQ5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
+    case DType::kQ2_K: return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
+    case DType::kQ3_K: return {offsetof(BlockQ3_K, d)};
+    case DType::kQ6_K: return {offsetof(BlockQ6_K, d)};
+    default: return {0};  // Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS: d first
+  }
 }
 
 // Deterministic weights in `dtype` for the self-check: small random codes, f16 scales ~0.01.
@@ -41,9 +57,7 @@ std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols,
     return w;
   }
   const DTypeInfo& di = dtype_info(dtype);
-  // Where each block keeps its f16 scales (everything else is codes, any byte is valid):
-  // Q8_0/Q4_0 d at 0; Q4_K d and dmin at 0 and 2; Q6_K d at 208.
-  const uint32_t f16_at[2] = {dtype == DType::kQ6_K ? 208u : 0u, dtype == DType::kQ4_K ? 2u : 0u};
+  const std::vector<uint32_t> f16_at = f16_fields(dtype);
   for (uint64_t b = 0; b < bytes; b += di.block_bytes) {
     for (uint32_t k = 0; k < di.block_bytes; ++k) w[b + k] = static_cast<uint8_t>(next());
     for (uint32_t off : f16_at) {
@@ -80,8 +94,10 @@ bool agree_on(const WeightView& v, MatmulFn fast, MatmulFn trusted) {
 }
 
 bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
-  // Ragged rows; columns a few blocks of the format (10 blocks of 32, or 2 super-blocks of 256).
-  const int64_t rows = 37, cols = dtype_info(dtype).block_elems == 256 ? 512 : 320;
+  // Ragged rows; columns a few blocks of the format (10 blocks of 32, or 2 super-blocks of 256;
+  // 11 blocks for the unpacker-driven formats, whose AVX-512 decode masks an odd last block).
+  const bool odd = dtype == DType::kQ4_1 || dtype == DType::kQ5_0 || dtype == DType::kQ5_1 || dtype == DType::kIQ4_NL;
+  const int64_t rows = 37, cols = dtype_info(dtype).block_elems == 256 ? 512 : odd ? 352 : 320;
   std::vector<uint8_t> w = self_check_weights(dtype, rows, cols, 12345u + static_cast<uint32_t>(dtype));
   WeightView v;
   v.dtype = dtype;
@@ -153,6 +169,14 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
       case DType::kQ4_0: return avx2::matmul_q4_0;
       case DType::kQ4_K: return avx2::matmul_q4_k;
       case DType::kQ6_K: return avx2::matmul_q6_k;
+      case DType::kQ4_1: return avx2::matmul_q4_1;
+      case DType::kQ5_0: return avx2::matmul_q5_0;
+      case DType::kQ5_1: return avx2::matmul_q5_1;
+      case DType::kIQ4_NL: return avx2::matmul_iq4_nl;
+      case DType::kQ2_K: return avx2::matmul_q2_k;
+      case DType::kQ3_K: return avx2::matmul_q3_k;
+      case DType::kQ5_K: return avx2::matmul_q5_k;
+      case DType::kIQ4_XS: return avx2::matmul_iq4_xs;
       case DType::kBF16: return avx2::matmul_bf16;
       case DType::kF16: return avx2::matmul_f16;
       case DType::kF32: return avx2::matmul_f32;
@@ -165,6 +189,14 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
       case DType::kQ4_0: return avx512::matmul_q4_0;
       case DType::kQ4_K: return avx512::matmul_q4_k;
       case DType::kQ6_K: return avx512::matmul_q6_k;
+      case DType::kQ4_1: return avx512::matmul_q4_1;
+      case DType::kQ5_0: return avx512::matmul_q5_0;
+      case DType::kQ5_1: return avx512::matmul_q5_1;
+      case DType::kIQ4_NL: return avx512::matmul_iq4_nl;
+      case DType::kQ2_K: return avx512::matmul_q2_k;
+      case DType::kQ3_K: return avx512::matmul_q3_k;
+      case DType::kQ5_K: return avx512::matmul_q5_k;
+      case DType::kIQ4_XS: return avx512::matmul_iq4_xs;
       case DType::kBF16: return avx512::matmul_bf16;
       default: return nullptr;
     }
@@ -196,7 +228,7 @@ void register_fast_kernels(KernelTable& t) {
   // LARDER_ISA=ref keeps the scalar reference everywhere (debugging a numerical difference).
   const char* isa = std::getenv("LARDER_ISA");
   if (isa && std::strcmp(isa, "ref") == 0) return;
-  // The Q8_0/Q4_0/Q4_K/Q6_K kernels quantize activations to int8 (like llama.cpp), so their results differ
+  // The GGUF integer-format kernels quantize activations to int8 (like llama.cpp), so their results differ
   // from the exact-dequantization reference by ~1 % of Σ|w·x| (bound: tests/unit/kernels_fast;
   // model-level: tests/unit/models ArchParity runs both tables). LARDER_QUANT_ACT=0 keeps the
   // reference for those formats (debugging a numerical difference).
