@@ -178,7 +178,7 @@ TEST(Dispatch, UnsupportedFormatsAreReported) {
   WeightView w;
   w.rows = 4;
   w.cols = 256;
-  w.dtype = DType::kQ3_K;
+  w.dtype = DType::kQ8_K;  // activation-only format: no weight kernel
   EXPECT_FALSE(weight_supported(w));
   w.dtype = DType::kI32;
   EXPECT_FALSE(weight_supported(w));
