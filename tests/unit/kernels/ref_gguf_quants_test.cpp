@@ -29,7 +29,6 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), {}};
 }
 
-void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
 DType fmt_dtype(const std::string& s) {
   for (DType d : kNewFormats)
