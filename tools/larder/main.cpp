@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   verbs["bench"] = larder::cli::add_bench(app);
   verbs["quantize"] = larder::cli::add_quantize(app);
   verbs["eval"] = larder::cli::add_eval(app);
+  verbs["pull"] = larder::cli::add_pull(app);
+  verbs["ls"] = larder::cli::add_ls(app);
+  verbs["rm"] = larder::cli::add_rm(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -19,6 +19,9 @@ VerbMain add_serve(CLI::App& app);
 VerbMain add_bench(CLI::App& app);
 VerbMain add_quantize(CLI::App& app);
 VerbMain add_eval(CLI::App& app);
+VerbMain add_pull(CLI::App& app);
+VerbMain add_ls(CLI::App& app);
+VerbMain add_rm(CLI::App& app);
 
 // Prints "larder: <message>" to stderr and returns the exit code for `st`.
 int report(const Status& st);
