@@ -17,7 +17,6 @@ APT_PACKAGES=(
   libonig-dev          # Oniguruma: Unicode regexes of HF pre-tokenizers (\p{L}, lookahead)
   libutf8proc-dev      # NFC/NFKC normalization for tokenizers
   libxxhash-dev        # XXH3: model fingerprints and KV-file checksums
-  libcpp-httplib-dev   # HTTP server transport (larder serve)
   libcurl4-openssl-dev # HTTP(S) client for larder pull
   libssl-dev           # libcrypto: sha256/sha1 to verify downloads
   libgtest-dev libgmock-dev libbenchmark-dev

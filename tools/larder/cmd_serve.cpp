@@ -42,7 +42,10 @@ struct ServeFlags {
   size_t queue_max = 64;
   double prompt_cache_gb = 4, ssd_cache_max_gb = 32, body_limit_mb = 32;
   std::optional<double> ssd_demote_idle_s;
-  std::vector<std::string> cors;
+  std::vector<std::string> cors, allowed_hosts;
+  int max_connections = 1024, max_connections_per_ip = 256;
+  double read_timeout_s = 10, idle_timeout_s = 60;
+  std::string log_format = "text";
   std::optional<float> temp, top_p, min_p, repeat_penalty;
   std::optional<int> top_k;
   std::optional<int64_t> max_tokens;
@@ -137,6 +140,19 @@ int run_serve(ServeFlags f) {
     while (std::getline(ss, item, ','))
       if (!item.empty()) hc.cors.push_back(item);
   }
+  if (Status st = server::check_cors_patterns(hc.cors); !st.is_ok()) return report(st);
+  for (const std::string& h : f.allowed_hosts) {
+    std::stringstream ss(h);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) hc.allowed_hosts.push_back(item);
+  }
+  hc.max_connections = f.max_connections;
+  hc.max_connections_per_ip = f.max_connections_per_ip;
+  hc.header_timeout_ms = static_cast<int>(f.read_timeout_s * 1e3);
+  hc.body_timeout_ms = static_cast<int>(f.read_timeout_s * 3e3);
+  hc.idle_timeout_ms = static_cast<int>(f.idle_timeout_s * 1e3);
+  hc.log_json = f.log_format == "json";
   hc.body_limit = static_cast<size_t>(f.body_limit_mb * (1 << 20));
   hc.threads = f.http_threads > 0 ? f.http_threads : f.parallel + static_cast<int>(f.queue_max) + 8;
   server::HttpServer http(hc, metrics);
@@ -247,6 +263,21 @@ VerbMain add_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--api-key", f->api_key, "require this key (Authorization: Bearer or x-api-key); env LARDER_API_KEY");
   cmd->add_option("--cors,--cors-origins", f->cors, "allowed CORS origins (comma-separated or repeated; '*' = any)");
+  cmd->add_option("--allowed-hosts", f->allowed_hosts,
+                  "Host header names accepted (comma-separated or repeated; '*' = any). A loopback bind "
+                  "always accepts localhost, 127.0.0.1 and [::1]; other binds check Host only when this is given");
+  cmd->add_option("--max-connections", f->max_connections, "open connections in total (default 1024)")
+      ->check(CLI::Range(16, 1000000));
+  cmd->add_option("--max-connections-per-ip", f->max_connections_per_ip,
+                  "open connections per client address (default 256; beyond it the oldest idle one is closed)")
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--read-timeout", f->read_timeout_s,
+                  "seconds a client has to send a request header (default 10; the body gets 3x plus 1 s per MiB)")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--idle-timeout", f->idle_timeout_s, "seconds an idle keep-alive connection stays open (default 60)")
+      ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--log-format", f->log_format, "request log lines: text (default) or json (one object per line)")
+      ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");
   cmd->add_option("--temp,--temperature", f->temp, "default temperature")->check(CLI::Range(0.0, 5.0));
   cmd->add_option("--top-p", f->top_p, "default top_p")->check(CLI::Range(0.0, 1.0));
@@ -254,7 +285,7 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--min-p", f->min_p, "default min_p")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--repeat-penalty", f->repeat_penalty, "default repetition penalty")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--max-tokens", f->max_tokens, "default max_tokens")->check(CLI::PositiveNumber);
-  cmd->add_option("--http-threads", f->http_threads, "connection threads (default parallel + queue-max + 8)")
+  cmd->add_option("--http-threads", f->http_threads, "generation worker threads (default parallel + queue-max + 8)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--body-limit-mb", f->body_limit_mb, "request body limit in MiB")->check(CLI::PositiveNumber);
   return [f]() { return run_serve(*f); };

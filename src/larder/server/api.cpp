@@ -411,6 +411,25 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   return pr;
 }
 
+std::string render_chat_prompt(const ServedModel& sm, const ordered_json& b) {
+  if (!sm.m->chat_template) bad("this model has no chat template", "messages");
+  runtime::ChatEncodeOptions o;
+  if (const ordered_json* t = get(b, "tools")) {
+    if (!t->is_array()) bad("tools must be an array", "tools");
+    o.tools = *t;
+  }
+  o.extra = ordered_json::object();
+  if (const ordered_json* k = get(b, "chat_template_kwargs")) {
+    if (!k->is_object()) bad("chat_template_kwargs must be an object", "chat_template_kwargs");
+    o.extra = *k;
+  }
+  if (auto agp = boolean(b, "add_generation_prompt")) o.add_generation_prompt = *agp;
+  std::string rendered;
+  auto ids = runtime::encode_chat_json(*sm.m, b["messages"], o, &rendered);
+  if (!ids.is_ok()) bad(ids.status().message(), "messages");
+  return rendered;
+}
+
 ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
   ParsedRequest pr = start(b, "cmpl-", "/v1/completions");
   refuse_unsupported(b);

@@ -75,6 +75,10 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& body);
 ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& body);
 ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& body);
 
+// POST /apply-template: the chat prompt the template renders for body.messages (with tools and
+// chat_template_kwargs), as text. Throws ApiError.
+std::string render_chat_prompt(const ServedModel& sm, const ordered_json& body);
+
 // Accumulates one request's events into the response (non-stream) or into stream chunks.
 class ResponseWriter {
  public:

@@ -1,13 +1,16 @@
 #include "larder/server/http_server.h"
 
-#include <httplib.h>
-
 #include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <regex>
+#include <ctime>
+#include <optional>
+#include <mutex>
 
 #include "larder/core/cpuid.h"
 #include "larder/core/log.h"
+#include "larder/server/routes.h"
+#include "larder/server/transport.h"
 
 namespace larder::server {
 
@@ -28,31 +31,96 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
-// "scheme://host:*" matches any port of that scheme and host; "*" anything; else exact.
-bool origin_allowed(const std::vector<std::string>& allowed, const std::string& origin) {
-  for (const std::string& a : allowed) {
-    if (a == "*" || a == origin) return true;
-    if (a.size() > 2 && a.compare(a.size() - 2, 2, ":*") == 0) {
-      const std::string base = a.substr(0, a.size() - 2);
-      if (origin == base || (origin.rfind(base + ":", 0) == 0 && origin.size() > base.size() + 1)) return true;
+bool is_loopback_bind(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+bool is_loopback_name(const std::string& h) { return h == "localhost" || h == "127.0.0.1" || h == "[::1]"; }
+
+// "host[:port]" → lower-case host (IPv6 keeps its brackets) and port ("" when absent).
+void split_host_port(const std::string& hp, std::string* host, std::string* port) {
+  std::string h = hp, p;
+  if (!h.empty() && h[0] == '[') {
+    const size_t close = h.find(']');
+    if (close != std::string::npos) {
+      if (close + 1 < h.size() && h[close + 1] == ':') p = h.substr(close + 2);
+      h = h.substr(0, close + 1);
     }
-    if (a.size() > 1 && a.back() == '*' && origin.rfind(a.substr(0, a.size() - 1), 0) == 0) return true;
+  } else if (const size_t c = h.rfind(':'); c != std::string::npos && h.find(':') == c) {
+    p = h.substr(c + 1);
+    h = h.substr(0, c);
   }
-  return false;
+  *host = lower(h);
+  *port = p;
+}
+
+// A browser origin "scheme://host[:port]", parsed; invalid for "null" and anything else.
+struct Origin {
+  bool valid = false;
+  std::string scheme, host, port;
+};
+
+Origin parse_origin(const std::string& s) {
+  Origin o;
+  const size_t sep = s.find("://");
+  if (sep == std::string::npos) return o;
+  o.scheme = lower(s.substr(0, sep));
+  const std::string rest = s.substr(sep + 3);
+  if (rest.empty() || rest.find('/') != std::string::npos) return o;
+  split_host_port(rest, &o.host, &o.port);
+  if (o.port.empty()) o.port = o.scheme == "https" ? "443" : o.scheme == "http" ? "80" : "";
+  o.valid = !o.host.empty() && (o.scheme == "http" || o.scheme == "https");
+  return o;
+}
+
+// One --cors entry. Forms: "*", "localhost", "scheme://host[:port|:*]", "scheme://*.domain[:port|:*]".
+bool pattern_matches(const std::string& pat, const Origin& o) {
+  if (!o.valid) return false;
+  if (pat == "*") return true;
+  if (pat == "localhost") return is_loopback_name(o.host);
+  const Origin p = parse_origin(pat);
+  if (!p.valid || p.scheme != o.scheme) return false;
+  const std::string raw_port = pat.substr(pat.find("://") + 3);
+  const bool any_port = raw_port.size() >= 2 && raw_port.compare(raw_port.size() - 2, 2, ":*") == 0;
+  std::string phost = p.host;
+  if (any_port) {
+    std::string unused;
+    split_host_port(raw_port.substr(0, raw_port.size() - 2), &phost, &unused);
+  } else if (p.port != o.port) {
+    return false;
+  }
+  if (phost.rfind("*.", 0) == 0) {  // subdomains of the domain, label boundary enforced
+    const std::string dom = phost.substr(1);  // ".domain"
+    return o.host.size() > dom.size() && o.host.compare(o.host.size() - dom.size(), dom.size(), dom) == 0;
+  }
+  return phost == o.host;
 }
 
 bool anthropic_route(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
 
-void send_json(httplib::Response& res, int status, const ordered_json& j) {
+void send_json(HttpResponse& res, int status, const ordered_json& j) {
   res.status = status;
   res.set_content(j.dump(-1, ' ', false, ordered_json::error_handler_t::replace), "application/json");
 }
 
-void send_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+void send_error(const HttpRequest& req, HttpResponse& res, const ApiError& e) {
   if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
   send_json(res, e.status, anthropic_route(req.path) ? anthropic_error_body(e) : openai_error_body(e));
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (int k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+    i += n;
+  }
+  return true;
 }
 
 const char* finish_name(Finish f) {
@@ -66,57 +134,130 @@ const char* finish_name(Finish f) {
   }
 }
 
-// Paths and the methods they answer (for 405 vs 404).
-const std::vector<std::pair<std::regex, std::string>>& known_routes() {
-  static const std::vector<std::pair<std::regex, std::string>> r = {
-      {std::regex("/(v1/)?chat/completions"), "POST"}, {std::regex("/(v1/)?completions"), "POST"},
-      {std::regex("/v1/messages(/count_tokens)?"), "POST"}, {std::regex("/(v1/)?models(/.*)?"), "GET"},
-      {std::regex("/health"), "GET"}, {std::regex("/metrics"), "GET"}, {std::regex("/stats"), "GET"},
-      {std::regex("/v1"), "GET"}, {std::regex("/(tokenize|detokenize)"), "POST"},
-      {std::regex("/admin/kv/(flush|clear)"), "POST"}};
-  return r;
+std::string utc_timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const long ms = static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return strfmt("%s.%03ldZ", buf, ms);
 }
 
 }  // namespace
 
+// One request's log line, filled in as the request goes (the generation route finishes it when
+// its stream ends).
+struct LogEntry : std::enable_shared_from_this<LogEntry> {
+  std::string method, path, route, ip, request_id, error;
+  int status = 0;
+  bool has_outcome = false;
+  Outcome outcome;
+  Clock::time_point t0 = Clock::now();
+};
+
+Status check_cors_patterns(const std::vector<std::string>& patterns) {
+  for (const std::string& p : patterns) {
+    if (p == "*" || p == "localhost") continue;
+    const Origin o = parse_origin(p);
+    const std::string rest = p.find("://") == std::string::npos ? "" : p.substr(p.find("://") + 3);
+    const std::string host_part = rest.size() >= 2 && rest.compare(rest.size() - 2, 2, ":*") == 0 ? rest.substr(0, rest.size() - 2) : rest;
+    const size_t star = host_part.find('*');
+    const bool star_ok = star == std::string::npos || (star == 0 && host_part.size() > 2 && host_part[1] == '.' &&
+                                                       host_part.find('*', 1) == std::string::npos);
+    if (!o.valid && !(star_ok && star == 0)) {
+      return invalid_argument(strfmt("[serve] --cors '%s' is not an origin: use scheme://host[:port], "
+                                     "scheme://host:* (any port), scheme://*.domain (subdomains), localhost or *",
+                                     p.c_str()));
+    }
+    if (!star_ok) {
+      return invalid_argument(strfmt("[serve] --cors '%s': '*' is allowed only as the port (':*') or as the first "
+                                     "label ('*.example.com'); a prefix pattern would also match other domains",
+                                     p.c_str()));
+    }
+  }
+  return Status::ok();
+}
+
 struct HttpServer::Impl {
   HttpConfig cfg;
   Metrics& metrics;
-  httplib::Server svr;
+  std::unique_ptr<Transport> transport;
   std::atomic<int> state{kLoading};
   std::atomic<const ServedModel*> sm{nullptr};
   std::atomic<Engine*> engine{nullptr};
-  socket_t listen_fd = INVALID_SOCKET;  // recorded by the socket-options hook, for the backlog
+  std::mutex log_mu;
 
   Impl(HttpConfig c, Metrics& m) : cfg(std::move(c)), metrics(m) {}
 
-  void log_request(const std::string& id, const std::string& route, int status, const Outcome* o, double secs) {
-    if (o) {
-      std::fprintf(stderr,
-                   "larder: %s %s %d prompt=%lld cached=%lld completion=%lld queue=%.0fms ttft=%.0fms "
-                   "decode=%.1ftok/s cache=%s(%s) finish=%s total=%.0fms\n",
-                   id.c_str(), route.c_str(), status, (long long)o->prompt_tokens, (long long)o->cached_tokens,
-                   (long long)o->completion_tokens, o->queue_ms, o->ttft_ms,
-                   o->decode_ms > 0 && o->completion_tokens > 1 ? (o->completion_tokens - 1) / (o->decode_ms / 1e3) : 0.0,
-                   o->cache_tier.c_str(), o->cache_reason.c_str(), finish_name(o->finish), secs * 1e3);
+  // -- one log line per request
+  void emit(const LogEntry& e) {
+    if (e.path == "/health" && e.status == 200 && log_level() < LogLevel::kDebug) return;
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - e.t0).count();
+    std::string line;
+    if (cfg.log_json) {
+      nlohmann::json j = {{"ts", utc_timestamp()}, {"method", e.method}, {"path", e.path}, {"status", e.status},
+                          {"ip", e.ip}, {"ms", std::round(ms * 10) / 10}};
+      if (!e.request_id.empty()) j["id"] = e.request_id;
+      if (e.has_outcome) {
+        const Outcome& o = e.outcome;
+        j["prompt_tokens"] = o.prompt_tokens;
+        j["cached_tokens"] = o.cached_tokens;
+        j["completion_tokens"] = o.completion_tokens;
+        j["queue_ms"] = std::round(o.queue_ms);
+        j["ttft_ms"] = std::round(o.ttft_ms);
+        j["cache"] = o.cache_tier;
+        j["cache_reason"] = o.cache_reason;
+        j["finish"] = finish_name(o.finish);
+      }
+      if (!e.error.empty()) j["error"] = e.error;
+      line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    } else {
+      line = strfmt("%s %s %s %d %.0fms", utc_timestamp().c_str(), e.method.c_str(), e.path.c_str(), e.status, ms);
+      if (!e.request_id.empty()) line += " id=" + e.request_id;
+      if (e.has_outcome) {
+        const Outcome& o = e.outcome;
+        line += strfmt(" prompt=%lld cached=%lld completion=%lld queue=%.0fms ttft=%.0fms decode=%.1ftok/s cache=%s(%s) finish=%s",
+                       (long long)o.prompt_tokens, (long long)o.cached_tokens, (long long)o.completion_tokens, o.queue_ms,
+                       o.ttft_ms,
+                       o.decode_ms > 0 && o.completion_tokens > 1 ? (o.completion_tokens - 1) / (o.decode_ms / 1e3) : 0.0,
+                       o.cache_tier.c_str(), o.cache_reason.c_str(), finish_name(o.finish));
+      }
+      if (!e.error.empty()) line += " error=\"" + e.error + "\"";
+      line = "larder: " + line;
     }
+    line += "\n";
+    std::lock_guard<std::mutex> l(log_mu);
+    std::fwrite(line.data(), 1, line.size(), stderr);
   }
 
-  void generate(const httplib::Request& req, httplib::Response& res, Surface surface) {
+  std::optional<ApiError> parse_body(const HttpRequest& req, ordered_json& out) {
+    const int depth = json_nesting_depth(req.body, kMaxJsonDepth);
+    if (depth > kMaxJsonDepth)
+      return ApiError{400, strfmt("the JSON body nests deeper than %d levels", kMaxJsonDepth)};
+    out = ordered_json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (out.is_discarded()) return ApiError{400, "invalid JSON body"};
+    return std::nullopt;
+  }
+
+  void generate(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface) {
     const auto t0 = Clock::now();
     const std::string route = surface == Surface::kChat ? "/v1/chat/completions"
                               : surface == Surface::kCompletions ? "/v1/completions" : "/v1/messages";
+    lg.route = route;
     const ServedModel* m = sm.load();
     Engine* eng = engine.load();
     auto fail = [&](const ApiError& e) {
       send_error(req, res, e);
+      lg.error = e.message;
       metrics.request_done(route, e.status, std::chrono::duration<double>(Clock::now() - t0).count());
     };
     if (state.load() != kReady || !m || !eng) {
       return fail({503, state.load() == kDraining ? "the server is shutting down" : "the model is loading"});
     }
-    ordered_json body = ordered_json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded()) return fail({400, "invalid JSON body"});
+    ordered_json body;
+    if (auto e = parse_body(req, body)) return fail(*e);
     auto pr = std::make_shared<ParsedRequest>();
     try {
       *pr = surface == Surface::kChat ? parse_chat(*m, body)
@@ -143,7 +284,8 @@ struct HttpServer::Impl {
       res.set_header("x-larder-cache", strfmt("tier=%s; reused=%lld; reason=%s", o.cache_tier.c_str(),
                                               (long long)o.cached_tokens, o.cache_reason.c_str()));
     }
-    const std::string rid = req.has_header("x-request-id") ? req.get_header_value("x-request-id") : pr->response_id;
+    const std::string rid = req.has_header("x-request-id") ? req.header("x-request-id") : pr->response_id;
+    lg.request_id = pr->response_id;
     res.set_header("x-request-id", rid);
     for (const std::string& w : pr->warnings) res.set_header("Warning", "299 larder \"" + w + "\"");
     if (pr->stream) {
@@ -152,9 +294,9 @@ struct HttpServer::Impl {
     }
     const bool stream = pr->stream;
     res.status = 200;
-    res.set_chunked_content_provider(
-        stream ? "text/event-stream" : "application/json",
-        [this, ch, writer, pr, stream, route, t0, first](size_t, httplib::DataSink& sink) {
+    res.content_type = stream ? "text/event-stream" : "application/json";
+    auto log = lg.shared_from_this();
+    res.provider = [this, ch, writer, pr, stream, route, t0, first, log](BodySink& sink) {
           auto last_write = Clock::now();
           auto write = [&](const std::string& s) {
             if (s.empty()) return true;
@@ -182,6 +324,8 @@ struct HttpServer::Impl {
                   (Clock::now() - last_write > kProbe && !write(stream ? ": keep-alive\n\n" : " "))) {
                 ch->cancel();
                 metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
+                log->status = 499;
+                log->error = "client disconnected";
                 return false;
               }
               if (!ev) continue;
@@ -195,6 +339,8 @@ struct HttpServer::Impl {
             if (!ok) {
               ch->cancel();
               metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
+              log->status = 499;
+              log->error = "client disconnected";
               return false;
             }
             if (!ev->done) continue;
@@ -215,254 +361,387 @@ struct HttpServer::Impl {
             const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
             const int status = o.finish == Finish::kError ? 500 : 200;
             metrics.request_done(route, status, secs);
-            log_request(pr->response_id, route, status, &o, secs);
+            log->status = status;
+            log->outcome = o;
+            log->has_outcome = true;
+            if (o.finish == Finish::kError || o.finish == Finish::kCancelled) log->error = o.error.empty() ? "generation failed" : o.error;
             sink.done();
             return true;
           }
-        },
-        [ch](bool success) {
-          if (!success) ch->cancel();
-        });
+        };
+    res.on_finish = [ch](bool success) {
+      if (!success) ch->cancel();
+    };
   }
 
-  void install() {
-    svr.new_task_queue = [n = cfg.threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
-    svr.set_payload_max_length(cfg.body_limit);
-    // SO_REUSEADDR only (a restart may rebind a port in TIME_WAIT). httplib's default also sets
-    // SO_REUSEPORT, which would let a second server bind the same port and split its traffic.
-    svr.set_socket_options([this](socket_t sock) {
-      int yes = 1;
-      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof(yes));
-      listen_fd = sock;
-    });
-    svr.set_read_timeout(60, 0);
-    svr.set_write_timeout(60, 0);
-    svr.set_keep_alive_max_count(1000);
-
-    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      // CORS: answer allowed origins only; preflight never needs a key.
-      if (!cfg.cors.empty() && req.has_header("Origin")) {
-        const std::string origin = req.get_header_value("Origin");
-        if (origin_allowed(cfg.cors, origin)) {
-          res.set_header("Access-Control-Allow-Origin", origin);
-          res.set_header("Vary", "Origin");
-          res.set_header("Access-Control-Allow-Credentials", "true");
-          res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS, DELETE");
-          std::string hdrs = "*";
-          if (req.has_header("Access-Control-Request-Headers"))
-            hdrs += ", " + req.get_header_value("Access-Control-Request-Headers");
-          res.set_header("Access-Control-Allow-Headers", hdrs);
-        }
-      }
-      if (req.method == "OPTIONS") {
-        res.status = 204;
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      // DNS-rebinding guard: a loopback server only answers loopback Host names.
-      if (is_loopback(cfg.host) && req.has_header("Host")) {
-        std::string h = req.get_header_value("Host");
-        if (!h.empty() && h[0] == '[') {
-          h = h.substr(0, h.find(']') + 1);
-        } else if (const size_t c = h.rfind(':'); c != std::string::npos) {
-          h = h.substr(0, c);
-        }
-        if (h != "localhost" && h != "127.0.0.1" && h != "[::1]") {
-          send_error(req, res, {403, "Host '" + req.get_header_value("Host") + "' is not allowed for a loopback server"});
-          return httplib::Server::HandlerResponse::Handled;
-        }
-      }
-      if (!cfg.api_key.empty() && req.path != "/health") {
-        std::string key;
-        const std::string auth = req.get_header_value("Authorization");
-        if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
-        if (key.empty()) key = req.get_header_value("x-api-key");
-        if (!constant_time_equal(key, cfg.api_key)) {
-          send_error(req, res, {401, key.empty() ? "missing API key (Authorization: Bearer <key> or x-api-key)"
-                                                 : "invalid API key"});
-          metrics.request_done(req.path, 401, 0);
-          return httplib::Server::HandlerResponse::Handled;
-        }
-      }
-      return httplib::Server::HandlerResponse::Unhandled;
-    });
-
-    svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      if (res.status == 404) {
-        for (const auto& [re, method] : known_routes()) {
-          if (std::regex_match(req.path, re) && method != req.method) {
-            send_error(req, res, {405, "method " + req.method + " is not allowed on " + req.path + " (use " + method + ")"});
-            return;
-          }
-        }
-        send_error(req, res, {404, "unknown route " + req.method + " " + req.path});
-      } else if (res.status == 413) {
-        send_error(req, res, {413, "request body too large"});
-      } else {
-        send_error(req, res, {res.status, "request failed"});
-      }
-    });
-    svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "internal error";
-      try {
-        if (ep) std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      LARDER_LOG_ERROR("[http] %s %s: %s", req.method.c_str(), req.path.c_str(), what.c_str());
-      send_error(req, res, {500, what});
-    });
-
-    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      const int s = state.load();
-      if (s == kReady) return send_json(res, 200, {{"status", "ok"}});
-      res.set_header("Retry-After", "1");
-      send_json(res, 503, {{"status", s == kLoading ? "loading" : "draining"}});
-    });
-    auto gate = [this](const httplib::Request& req, httplib::Response& res) {
-      if (state.load() == kLoading || !sm.load()) {
-        send_error(req, res, {503, "the model is loading"});
+  // -- request policy: everything a request must pass before its route runs. Returns false
+  // when it has answered.
+  bool admit(const HttpRequest& req, HttpResponse& res, const Route* route, LogEntry& lg) {
+    // Host: exactly one, compared case-insensitively (DNS-rebinding guard). A loopback server
+    // answers loopback names and --allowed-hosts; other binds check only --allowed-hosts.
+    if (req.header_count("host") > 1) {
+      send_error(req, res, {400, "more than one Host header"});
+      return false;
+    }
+    const bool check_host = is_loopback_bind(cfg.host) || !cfg.allowed_hosts.empty();
+    if (check_host && req.has_header("host")) {
+      std::string h, port;
+      split_host_port(req.header("host"), &h, &port);
+      bool ok = is_loopback_bind(cfg.host) && is_loopback_name(h);
+      for (const std::string& a : cfg.allowed_hosts) ok = ok || lower(a) == h || a == "*";
+      if (!ok) {
+        send_error(req, res, {403, "Host '" + req.header("host") + "' is not allowed" +
+                                       (is_loopback_bind(cfg.host) ? " for a loopback server" : "") + " (see --allowed-hosts)"});
         return false;
       }
-      return true;
+    }
+    // Origin: browsers send it on every cross-origin request and on same-origin POSTs. Only
+    // origins allowed by --cors (or the server's own origin) get an answer; admin routes answer
+    // no browser at all.
+    if (req.has_header("origin")) {
+      const std::string origin = req.header("origin");
+      const Origin o = parse_origin(origin);
+      std::string h, port;
+      split_host_port(req.header("host"), &h, &port);
+      if (port.empty()) port = "80";
+      const bool same_origin = o.valid && o.host == h && o.port == port;
+      if (route && route->admin) {
+        send_error(req, res, {403, "admin routes do not answer browser requests (Origin: " + origin + ")"});
+        return false;
+      }
+      bool allowed = false, any = false;
+      for (const std::string& p : cfg.cors) {
+        if (pattern_matches(p, o)) {
+          allowed = true;
+          any = any || p == "*";
+        }
+      }
+      if (!allowed && !same_origin) {
+        send_error(req, res, {403, "cross-origin request from '" + origin + "' is not allowed (see --cors)"});
+        return false;
+      }
+      if (allowed) {
+        // "*" answers with a literal * (no credentials, so no cookie ever rides along);
+        // listed origins are echoed.
+        res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+        res.set_header("Vary", "Origin");
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        std::string hdrs = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, x-request-id";
+        if (req.has_header("access-control-request-headers")) hdrs += ", " + req.header("access-control-request-headers");
+        res.set_header("Access-Control-Allow-Headers", hdrs);
+        res.set_header("Access-Control-Expose-Headers", "x-request-id, x-larder-cache, Warning, Retry-After");
+        res.set_header("Access-Control-Max-Age", "600");
+      }
+    }
+    if (req.method == "OPTIONS") {  // preflight: never needs a key; 200 as llama-server answers
+      res.status = 200;
+      res.set_header("Allow", "GET, POST, OPTIONS");
+      res.content_type = "text/plain";
+      return false;
+    }
+    // A POST body must be JSON: a browser's "simple" request (text/plain, form encodings) then
+    // needs a preflight, which --cors decides.
+    if (req.method == "POST" && !req.body.empty()) {
+      std::string ct = lower(req.header("content-type"));
+      ct = ct.substr(0, ct.find(';'));
+      while (!ct.empty() && ct.back() == ' ') ct.pop_back();
+      if (ct != "application/json") {
+        send_error(req, res, {415, "Content-Type must be application/json (got '" + req.header("content-type") + "')"});
+        return false;
+      }
+    }
+    if (!cfg.api_key.empty() && !(route && route->id == RouteId::kHealth)) {
+      std::string key;
+      const std::string auth = req.header("authorization");
+      if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
+      if (key.empty()) key = req.header("x-api-key");
+      if (!constant_time_equal(key, cfg.api_key)) {
+        send_error(req, res, {401, key.empty() ? "missing API key (Authorization: Bearer <key> or x-api-key)"
+                                               : "invalid API key"});
+        metrics.request_done(req.path, 401, 0);
+        return false;
+      }
+    }
+    (void)lg;
+    return true;
+  }
+
+  void handle(HttpRequest& req, HttpResponse& res) {
+    auto lg = std::make_shared<LogEntry>();
+    lg->method = req.method;
+    lg->path = req.path;
+    lg->ip = req.remote_ip;
+    bool path_known = false;
+    std::string capture;
+    const Route* route = match_route(req.method, req.path, &path_known, &capture);
+    if (admit(req, res, route, *lg)) {
+      if (route) {
+        req.matches = {capture};
+        run(*route, req, res, *lg);
+      } else if (path_known) {
+        send_error(req, res, {405, "method " + req.method + " is not allowed on " + req.path});
+      } else {
+        send_error(req, res, {404, "unknown route " + req.method + " " + req.path + " (GET / lists the routes)"});
+      }
+    }
+    if (lg->error.empty() && res.status >= 400 && !res.provider) {
+      const ordered_json b = ordered_json::parse(res.body, nullptr, false);
+      if (b.is_object() && b.contains("error") && b["error"].is_object()) lg->error = b["error"].value("message", "");
+    }
+    if (!res.provider) {
+      lg->status = res.status;
+      emit(*lg);
+      return;
+    }
+    lg->status = res.status;
+    auto inner = std::move(res.on_finish);
+    res.on_finish = [this, lg, inner](bool ok) {
+      if (inner) inner(ok);
+      if (!ok && lg->status < 400) {
+        lg->status = 499;
+        if (lg->error.empty()) lg->error = "client disconnected";
+      }
+      emit(*lg);
     };
-    svr.Post(R"(/(v1/)?chat/completions)", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Surface::kChat); });
-    svr.Post(R"(/(v1/)?completions)", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Surface::kCompletions); });
-    svr.Post("/v1/messages", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Surface::kMessages); });
-    svr.Post("/v1/messages/count_tokens", [this, gate](const httplib::Request& req, httplib::Response& res) {
-      if (!gate(req, res)) return;
-      ordered_json body = ordered_json::parse(req.body, nullptr, false);
-      if (body.is_discarded()) return send_error(req, res, {400, "invalid JSON body"});
-      ServedModel unlimited = *sm.load();
-      unlimited.ctx = INT64_MAX;
-      try {
-        ParsedRequest pr = parse_messages(unlimited, body);
-        send_json(res, 200, {{"input_tokens", pr.gen.prompt.size()}});
-      } catch (const ApiError& e) {
-        send_error(req, res, e);
+  }
+
+  bool gate(const HttpRequest& req, HttpResponse& res) {
+    if (state.load() == kLoading || !sm.load()) {
+      send_error(req, res, {503, "the model is loading"});
+      return false;
+    }
+    return true;
+  }
+
+  static ordered_json model_object(const ServedModel& m) {
+    const auto& info = m.m->model->info();
+    return ordered_json{{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "larder"},
+                        {"context_window", m.ctx}, {"quantization", info.weight_dtypes}};
+  }
+
+  void run(const Route& route, const HttpRequest& req, HttpResponse& res, LogEntry& lg) {
+    switch (route.id) {
+      case RouteId::kChat: return generate(req, res, lg, Surface::kChat);
+      case RouteId::kCompletions: return generate(req, res, lg, Surface::kCompletions);
+      case RouteId::kMessages: return generate(req, res, lg, Surface::kMessages);
+      case RouteId::kNativeCompletion:
+        return send_error(req, res, {501, "POST /completion (llama-server's native shape) is not implemented yet; "
+                                          "use /v1/completions (it accepts n_predict)"});
+      case RouteId::kCountTokens: {
+        if (!gate(req, res)) return;
+        ordered_json body;
+        if (auto e = parse_body(req, body)) return send_error(req, res, *e);
+        ServedModel unlimited = *sm.load();
+        unlimited.ctx = INT64_MAX;
+        try {
+          ParsedRequest pr = parse_messages(unlimited, body);
+          return send_json(res, 200, {{"input_tokens", pr.gen.prompt.size()}});
+        } catch (const ApiError& e) {
+          return send_error(req, res, e);
+        } catch (const std::exception& e) {
+          return send_error(req, res, {400, std::string("invalid request: ") + e.what()});
+        }
       }
-    });
-    auto model_object = [](const ServedModel& m) {
-      const auto& info = m.m->model->info();
-      return ordered_json{{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "larder"},
-                          {"context_window", m.ctx}, {"quantization", info.weight_dtypes}};
-    };
-    svr.Get(R"(/(v1/)?models)", [this, gate, model_object](const httplib::Request& req, httplib::Response& res) {
-      if (!gate(req, res)) return;
-      send_json(res, 200, {{"object", "list"}, {"data", ordered_json::array({model_object(*sm.load())})}});
-    });
-    svr.Get(R"(/(v1/)?models/(.+))", [this, gate, model_object](const httplib::Request& req, httplib::Response& res) {
-      if (!gate(req, res)) return;
-      const std::string id = req.matches[2];
-      if (id != sm.load()->id) return send_error(req, res, {404, "model '" + id + "' is not served here", "model", "model_not_found"});
-      send_json(res, 200, model_object(*sm.load()));
-    });
-    svr.Post("/tokenize", [this, gate](const httplib::Request& req, httplib::Response& res) {
-      if (!gate(req, res)) return;
-      ordered_json b = ordered_json::parse(req.body, nullptr, false);
-      if (b.is_discarded() || !b.is_object()) return send_error(req, res, {400, "invalid JSON body"});
-      if (!b.contains("content") || !b["content"].is_string()) return send_error(req, res, {400, "content must be a string", "content"});
-      bool add_special = false;
-      if (b.contains("add_special")) {
-        if (!b["add_special"].is_boolean()) return send_error(req, res, {400, "add_special must be of type bool", "add_special"});
-        add_special = b["add_special"].get<bool>();
+      case RouteId::kApplyTemplate: {
+        if (!gate(req, res)) return;
+        ordered_json body;
+        if (auto e = parse_body(req, body)) return send_error(req, res, *e);
+        if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array())
+          return send_error(req, res, {400, "messages must be an array", "messages"});
+        try {
+          return send_json(res, 200, {{"prompt", render_chat_prompt(*sm.load(), body)}});
+        } catch (const ApiError& e) {
+          return send_error(req, res, e);
+        }
       }
-      const auto ids = sm.load()->m->tokenizer->encode(b["content"].get<std::string>(), add_special);
-      send_json(res, 200, {{"tokens", ids}});
-    });
-    svr.Post("/detokenize", [this, gate](const httplib::Request& req, httplib::Response& res) {
-      if (!gate(req, res)) return;
-      ordered_json b = ordered_json::parse(req.body, nullptr, false);
-      if (b.is_discarded() || !b.is_object()) return send_error(req, res, {400, "invalid JSON body"});
-      if (!b.contains("tokens") || !b["tokens"].is_array()) return send_error(req, res, {400, "tokens must be an array of ints", "tokens"});
-      const int64_t V = sm.load()->m->model->info().vocab;
-      std::vector<int32_t> ids;
-      for (const auto& t : b["tokens"]) {
-        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
-          return send_error(req, res, {400, strfmt("tokens must be ints in [0, %lld)", (long long)V), "tokens"});
-        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      case RouteId::kProps: {
+        if (!gate(req, res)) return;
+        const ServedModel& m = *sm.load();
+        Engine* e = engine.load();
+        ordered_json defaults = {{"n_predict", m.defaults.max_tokens ? ordered_json(*m.defaults.max_tokens) : ordered_json(-1)},
+                                 {"temperature", m.defaults.temperature.value_or(0.7f)},
+                                 {"top_p", m.defaults.top_p.value_or(1.0f)},
+                                 {"top_k", m.defaults.top_k.value_or(0)},
+                                 {"min_p", m.defaults.min_p.value_or(0.0f)}};
+        const auto bos = m.m->tokenizer->bos_id();
+        const auto eos_ids = m.m->tokenizer->eos_ids();
+        const std::optional<int32_t> eos = eos_ids.empty() ? std::nullopt : std::optional<int32_t>(eos_ids[0]);
+        return send_json(res, 200,
+                         {{"model_alias", m.id}, {"model_path", m.m->files.path},
+                          {"default_generation_settings", {{"n_ctx", m.ctx}, {"params", defaults}}},
+                          {"total_slots", e ? e->config().parallel : 0},
+                          {"chat_template", m.m->files.chat_template},
+                          {"bos_token", bos ? m.m->tokenizer->decode({*bos}, false) : ""},
+                          {"eos_token", eos ? m.m->tokenizer->decode({*eos}, false) : ""},
+                          {"build_info", m.fingerprint}});
       }
-      send_json(res, 200, {{"content", sm.load()->m->tokenizer->decode(ids, /*skip_special=*/false)}});
-    });
-    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      Engine* e = engine.load();
-      std::string text = metrics.prometheus(e ? e->queue_depth() : 0, e ? e->active() : 0);
-      if (e) {
-        const nlohmann::json kv = e->with_store([](memory::KvStore& s) { return nlohmann::json(memory::stats_prometheus(s.stats())); });
-        if (kv.is_string()) text += kv.get<std::string>();
+      case RouteId::kTokenize: {
+        if (!gate(req, res)) return;
+        ordered_json b;
+        if (auto e = parse_body(req, b)) return send_error(req, res, *e);
+        if (!b.is_object()) return send_error(req, res, {400, "the request body must be a JSON object"});
+        if (!b.contains("content") || !b["content"].is_string()) return send_error(req, res, {400, "content must be a string", "content"});
+        bool add_special = false, with_pieces = false;
+        for (auto [name, dst] : {std::pair<const char*, bool*>{"add_special", &add_special}, {"with_pieces", &with_pieces}}) {
+          if (b.contains(name) && !b[name].is_null()) {
+            if (!b[name].is_boolean()) return send_error(req, res, {400, strfmt("%s must be of type bool", name), name});
+            *dst = b[name].get<bool>();
+          }
+        }
+        const std::string& text = b["content"].get_ref<const std::string&>();
+        const ServedModel& m = *sm.load();
+        if (text.size() > static_cast<size_t>(m.ctx) * 64 + 4096)
+          return send_error(req, res, {400, strfmt("content is too long to tokenize here (%zu bytes)", text.size()), "content"});
+        const auto ids = m.m->tokenizer->encode(text, add_special);
+        if (!with_pieces) return send_json(res, 200, {{"tokens", ids}});
+        ordered_json toks = ordered_json::array();
+        for (int32_t id : ids) {
+          const std::string piece = m.m->tokenizer->decode({id}, /*skip_special=*/false);
+          ordered_json p = piece;
+          if (!valid_utf8(piece)) {  // llama-server: bytes for pieces that are not valid UTF-8 alone
+            p = ordered_json::array();
+            for (unsigned char c : piece) p.push_back(static_cast<int>(c));
+          }
+          toks.push_back({{"id", id}, {"piece", p}});
+        }
+        return send_json(res, 200, {{"tokens", toks}});
       }
-      res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
-    });
-    svr.Get("/stats", [this, gate](const httplib::Request& req, httplib::Response& res) {
-      if (!gate(req, res)) return;
-      Engine* e = engine.load();
-      const ServedModel& m = *sm.load();
-      nlohmann::json j;
-      j["model"] = {{"id", m.id}, {"path", m.m->files.path}, {"architecture", m.m->model->info().architecture},
-                    {"weights", m.m->model->info().weight_dtypes}, {"isa", cpu_features().describe()}};
-      j["server"] = {{"context", m.ctx}, {"parallel", e->config().parallel}, {"queue_max", e->config().queue_max},
-                     {"queue_depth", e->queue_depth()}, {"active", e->active()},
-                     {"resident_bytes", process_resident_bytes()}};
-      j["requests"] = metrics.json();
-      j["kv_store"] = e->with_store([](memory::KvStore& s) { return memory::stats_json(s.stats()); });
-      res.set_content(j.dump(), "application/json");
-    });
-    svr.Get("/v1", [](const httplib::Request&, httplib::Response& res) {
-      send_json(res, 200, {{"routes", {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
-                                       "POST /v1/messages/count_tokens", "GET /v1/models", "GET /health", "GET /metrics",
-                                       "GET /stats", "POST /tokenize", "POST /detokenize", "POST /admin/kv/flush",
-                                       "POST /admin/kv/clear"}}});
-    });
-    svr.Post("/admin/kv/flush", [this, gate](const httplib::Request& req, httplib::Response& res) {
-      if (!gate(req, res)) return;
-      const nlohmann::json r = engine.load()->with_store([](memory::KvStore& s) {
-        const memory::FlushReport f = s.flush();
-        return nlohmann::json{{"durable", f.durable}, {"ssd_enabled", f.ssd_enabled}, {"written", f.written},
-                              {"already", f.already}, {"failed", f.failed}, {"dropped", f.dropped},
-                              {"missing", f.missing}, {"not_written", f.not_written}};
-      });
-      res.status = r.value("durable", false) || !r.value("ssd_enabled", false) ? 200 : 503;
-      res.set_content(r.dump(), "application/json");
-    });
-    svr.Post("/admin/kv/clear", [this, gate](const httplib::Request& req, httplib::Response& res) {
-      if (!gate(req, res)) return;
-      const bool ssd = req.get_param_value("tier") == "ssd";
-      engine.load()->with_store([ssd](memory::KvStore& s) {
-        s.clear(ssd);
-        return nlohmann::json();
-      });
-      send_json(res, 200, {{"cleared", ssd ? "ram+ssd" : "ram"}});
-    });
+      case RouteId::kDetokenize: {
+        if (!gate(req, res)) return;
+        ordered_json b;
+        if (auto e = parse_body(req, b)) return send_error(req, res, *e);
+        if (!b.is_object()) return send_error(req, res, {400, "the request body must be a JSON object"});
+        if (!b.contains("tokens") || !b["tokens"].is_array()) return send_error(req, res, {400, "tokens must be an array of ints", "tokens"});
+        const int64_t V = sm.load()->m->model->info().vocab;
+        std::vector<int32_t> ids;
+        for (const auto& t : b["tokens"]) {
+          if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
+            return send_error(req, res, {400, strfmt("tokens must be ints in [0, %lld)", (long long)V), "tokens"});
+          ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        }
+        return send_json(res, 200, {{"content", sm.load()->m->tokenizer->decode(ids, /*skip_special=*/false)}});
+      }
+      case RouteId::kModels:
+        if (!gate(req, res)) return;
+        return send_json(res, 200, {{"object", "list"}, {"data", ordered_json::array({model_object(*sm.load())})}});
+      case RouteId::kModel: {
+        if (!gate(req, res)) return;
+        const std::string id = req.matches.empty() ? "" : req.matches[0];
+        if (id != sm.load()->id) return send_error(req, res, {404, "model '" + id + "' is not served here", "model", "model_not_found"});
+        return send_json(res, 200, model_object(*sm.load()));
+      }
+      case RouteId::kHealth: {
+        const int s = state.load();
+        if (s == kReady) return send_json(res, 200, {{"status", "ok"}});
+        res.set_header("Retry-After", "1");
+        return send_json(res, 503, {{"status", s == kLoading ? "loading" : "draining"}});
+      }
+      case RouteId::kMetrics: {
+        Engine* e = engine.load();
+        std::string text = metrics.prometheus(e ? e->queue_depth() : 0, e ? e->active() : 0);
+        if (e) {
+          const nlohmann::json kv = e->with_store([](memory::KvStore& s) { return nlohmann::json(memory::stats_prometheus(s.stats())); });
+          if (kv.is_string()) text += kv.get<std::string>();
+        }
+        return res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
+      }
+      case RouteId::kStats: {
+        if (!gate(req, res)) return;
+        Engine* e = engine.load();
+        const ServedModel& m = *sm.load();
+        nlohmann::json j;
+        j["model"] = {{"id", m.id}, {"path", m.m->files.path}, {"architecture", m.m->model->info().architecture},
+                      {"weights", m.m->model->info().weight_dtypes}, {"isa", cpu_features().describe()}};
+        j["server"] = {{"context", m.ctx}, {"parallel", e->config().parallel}, {"queue_max", e->config().queue_max},
+                       {"queue_depth", e->queue_depth()}, {"active", e->active()},
+                       {"resident_bytes", process_resident_bytes()}};
+        const Transport::Counters tc = transport->counters();
+        j["connections"] = {{"accepted", tc.accepted}, {"refused", tc.refused}, {"evicted", tc.evicted},
+                            {"timed_out", tc.timed_out}, {"bad_framing", tc.bad_framing}};
+        j["requests"] = metrics.json();
+        j["kv_store"] = e->with_store([](memory::KvStore& s) { return memory::stats_json(s.stats()); });
+        return res.set_content(j.dump(), "application/json");
+      }
+      case RouteId::kIndex:
+      case RouteId::kIndexV1: {
+        ordered_json routes = ordered_json::array();
+        for (const Route& r : route_table())
+          routes.push_back({{"method", r.method}, {"path", r.path}, {"summary", r.summary}});
+        const ServedModel* m = sm.load();
+        const int s = state.load();
+        return send_json(res, 200,
+                         {{"name", "larder"},
+                          {"status", s == kReady ? "ok" : s == kLoading ? "loading" : "draining"},
+                          {"model", m ? ordered_json(m->id) : ordered_json()},
+                          {"context", m ? ordered_json(m->ctx) : ordered_json()},
+                          {"docs", "docs/server-api.md in the larder repository"},
+                          {"routes", routes}});
+      }
+      case RouteId::kAdminFlush: {
+        if (!gate(req, res)) return;
+        const nlohmann::json r = engine.load()->with_store([](memory::KvStore& s) {
+          const memory::FlushReport f = s.flush();
+          return nlohmann::json{{"durable", f.durable}, {"ssd_enabled", f.ssd_enabled}, {"written", f.written},
+                                {"already", f.already}, {"failed", f.failed}, {"dropped", f.dropped},
+                                {"missing", f.missing}, {"not_written", f.not_written}};
+        });
+        res.status = r.value("durable", false) || !r.value("ssd_enabled", false) ? 200 : 503;
+        return res.set_content(r.dump(), "application/json");
+      }
+      case RouteId::kAdminClear: {
+        if (!gate(req, res)) return;
+        const bool ssd = req.param("tier") == "ssd";
+        engine.load()->with_store([ssd](memory::KvStore& s) {
+          s.clear(ssd);
+          return nlohmann::json();
+        });
+        return send_json(res, 200, {{"cleared", ssd ? "ram+ssd" : "ram"}});
+      }
+    }
   }
 };
 
 HttpServer::HttpServer(HttpConfig cfg, Metrics& metrics) : impl_(std::make_unique<Impl>(cfg, metrics)), cfg_(cfg) {
-  impl_->install();
+  TransportConfig tc;
+  tc.host = cfg.host;
+  tc.port = cfg.port;
+  tc.body_limit = cfg.body_limit;
+  tc.work_threads = cfg.threads;
+  tc.max_connections = cfg.max_connections;
+  tc.max_connections_per_ip = cfg.max_connections_per_ip;
+  tc.header_timeout_ms = cfg.header_timeout_ms;
+  tc.body_timeout_ms = cfg.body_timeout_ms;
+  tc.idle_timeout_ms = cfg.idle_timeout_ms;
+  Impl* d = impl_.get();
+  impl_->transport = std::make_unique<Transport>(
+      tc, [d](HttpRequest& q, HttpResponse& r) { d->handle(q, r); },
+      [d](const HttpRequest& q, HttpResponse& r, int status, const std::string& msg) {
+        send_error(q, r, {status, msg});
+        LogEntry e;
+        e.method = q.method.empty() ? "-" : q.method;
+        e.path = q.path.empty() ? "-" : q.path;
+        e.ip = q.remote_ip;
+        e.status = status;
+        e.error = msg;
+        d->emit(e);
+      },
+      [](const HttpRequest& q) {
+        const Route* r = match_route(q.method, q.path, nullptr, nullptr);
+        return !r || r->control;
+      });
 }
 
 HttpServer::~HttpServer() { stop(); }
 
 Status HttpServer::bind() {
-  if (cfg_.port == 0) {
-    const int p = impl_->svr.bind_to_any_port(cfg_.host);
-    if (p <= 0) return io_error(strfmt("[serve] cannot bind %s (any port)", cfg_.host.c_str()));
-    cfg_.port = p;
-  } else if (!impl_->svr.bind_to_port(cfg_.host, cfg_.port)) {
-    return io_error(strfmt("[serve] cannot listen on %s:%d (port in use, or the address is not local); pick another "
-                           "with --port",
-                           cfg_.host.c_str(), cfg_.port));
-  }
-  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): 16 clients
-  // connecting at once while the accept thread is starved overflowed it and got connection
-  // resets. Listening again on a listening socket only resizes its backlog (Linux).
-  if (impl_->listen_fd != INVALID_SOCKET) ::listen(impl_->listen_fd, SOMAXCONN);
+  if (Status st = impl_->transport->bind(); !st.is_ok()) return st;
+  cfg_.port = impl_->transport->port();
   return Status::ok();
 }
 
-void HttpServer::serve() { impl_->svr.listen_after_bind(); }
+void HttpServer::serve() { impl_->transport->serve(); }
 void HttpServer::stop() {
-  if (impl_) impl_->svr.stop();
+  if (impl_ && impl_->transport) impl_->transport->stop();
 }
 
 void HttpServer::set_ready(const ServedModel* sm, Engine* engine) {

@@ -1,6 +1,7 @@
-// http_server.h — the transport: cpp-httplib routes, authentication, CORS, host check, body
-// limit, SSE framing and disconnect detection. Request meaning lives in api.h, scheduling in
-// engine.h; this file only moves bytes between sockets and those two.
+// http_server.h — the request policy and route handlers over the transport (transport.h):
+// Host check, CORS and Origin rules, Content-Type, JSON depth, authentication, one log line per
+// request, SSE framing and disconnect detection. Request meaning lives in api.h, scheduling in
+// engine.h, the route list in routes.h.
 #pragma once
 
 #include <atomic>
@@ -19,10 +20,25 @@ struct HttpConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string api_key;                 // empty: no authentication
-  std::vector<std::string> cors;       // allowed origins ("*", exact, or "scheme://host:*"); empty: CORS off
+  // Allowed browser origins: "*" (any, never "null", no credentials), an exact origin,
+  // "scheme://host:*" (any port), "scheme://*.domain" (subdomains), or "localhost" (http(s)
+  // origins on localhost, 127.0.0.1 and [::1], any port). Empty: no cross-origin request.
+  std::vector<std::string> cors;
+  // Host header values accepted besides the loopback names (a loopback bind) — any host when
+  // empty on other binds. Compared case-insensitively, without the port.
+  std::vector<std::string> allowed_hosts;
   size_t body_limit = 32u << 20;       // 413 beyond
-  int threads = 32;                    // connection threads (streams hold one each)
+  int threads = 32;                    // generation workers (streams hold one each)
+  int max_connections = 1024, max_connections_per_ip = 256;
+  int header_timeout_ms = 10000, body_timeout_ms = 30000, idle_timeout_ms = 60000;
+  bool log_json = false;               // --log-format json
 };
+
+// The JSON nesting limit of request bodies (400 beyond, before parsing).
+constexpr int kMaxJsonDepth = 128;
+
+// Validates --cors entries; a clear error for patterns that would match more than meant.
+Status check_cors_patterns(const std::vector<std::string>& patterns);
 
 class HttpServer {
  public:
