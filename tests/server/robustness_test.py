@@ -318,3 +318,50 @@ class TransportTest(ServerTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SsdFifoTest(unittest.TestCase):
+    """A FIFO named *.lkv in the SSD cache directory blocked the startup scan forever: every
+    request then reported ssd_scanning, /admin/kv/flush, /metrics and /stats hung, SIGTERM did
+    not stop the server and `larder cache verify` hung."""
+
+    def test_fifo_in_cache_dir(self):
+        import glob
+        import tempfile
+        from server_harness import tmp_root
+        cache = tempfile.mkdtemp(dir=tmp_root())
+        s = Server(STORIES, "--ssd-cache", cache).start()
+        try:
+            r = s.post("/v1/completions", {"prompt": "Once upon a time there was", "max_tokens": 4, "temperature": 0})
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(s.post("/admin/kv/flush", {}).status, 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        files = glob.glob(os.path.join(cache, "**", "*.lkv"), recursive=True)
+        self.assertTrue(files, "the flush wrote an .lkv file")
+        os.mkfifo(os.path.join(os.path.dirname(files[0]), "f" * 32 + ".lkv"))
+        os.unlink(files[0])
+        os.mkfifo(files[0])  # and one with a valid entry name
+
+        p = subprocess.run([BIN, "cache", "verify", cache], capture_output=True, timeout=30)
+        self.assertIsNotNone(p.returncode, "cache verify finishes")
+
+        s = Server(STORIES, "--ssd-cache", cache).start()
+        try:
+            t0 = time.monotonic()
+            r = s.post("/v1/completions", {"prompt": "Once upon a time there was", "max_tokens": 4, "temperature": 0},
+                       timeout=20)
+            self.assertEqual(r.status, 200, r)
+            self.assertNotIn("scanning", r.json()["usage"]["larder"]["cache"]["reason"])
+            r = s.post("/admin/kv/flush", {}, timeout=20)
+            self.assertIn(r.status, (200, 503), r)
+            for path in ("/metrics", "/stats"):
+                self.assertEqual(s.request("GET", path, timeout=20).status, 200, path)
+            stats = s.request("GET", "/stats", timeout=20).json()
+            self.assertGreaterEqual(stats["kv_store"]["ssd"]["corrupt"], 2,
+                                    f"files removed by the scan are counted as corrupt: {stats['kv_store']}")
+            self.assertLess(time.monotonic() - t0, 30)
+        finally:
+            self.assertEqual(s.stop(timeout=30), 0, "SIGTERM stops the server")
+        self.assertFalse([f for f in glob.glob(os.path.join(cache, "**", "*.lkv"), recursive=True)
+                          if not os.path.isfile(f)], "the FIFOs were removed as unusable")

@@ -54,7 +54,9 @@ void* map_aligned(int fd, size_t size) {
 }  // namespace
 
 Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a device) would otherwise block until a writer appears; it
+  // is refused below as not a regular file instead. It changes nothing for regular files.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
     if (e == ENOENT) return not_found(strfmt("[mmap] %s: file not found", path.c_str()));

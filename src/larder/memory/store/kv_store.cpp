@@ -132,7 +132,10 @@ FlushReport KvStore::flush() {
     return rep;
   }
   rep.ssd_enabled = true;
-  ssd_->wait_ready();
+  // Never wait on the startup scan without bound (this runs on the engine thread): entries
+  // stored while it runs are kept by it, so a flush before it ends is still complete; it may
+  // only write a file the scan would have found (counted as written, not already).
+  ssd_->wait_ready_for(std::chrono::seconds(2));
   const QueueStats before = queue_->stats();
   queue_->drain();
   const QueueStats after = queue_->stats();

@@ -60,7 +60,7 @@ std::string SsdTier::path_for(const std::string& ns, std::span<const TokenId> to
 void SsdTier::scan() {
   std::vector<SsdRecord> found;
   std::vector<std::pair<int64_t, size_t>> by_mtime;
-  uint64_t removed = 0, reaped = 0;
+  uint64_t removed = 0, reaped = 0, removed_corrupt = 0, removed_incompatible = 0;
   std::error_code ec;
   for (fs::directory_iterator nsit(id_dir_, ec), end; !ec && nsit != end; nsit.increment(ec)) {
     if (!nsit->is_directory(ec)) continue;
@@ -93,6 +93,12 @@ void SsdTier::scan() {
         LARDER_LOG_DEBUG("[ssd-cache] scan removed %s: %s", path.c_str(), bad.message().c_str());
         io_->unlink(path.c_str());
         ++removed;
+        // Counted with the restore failures of the same class, so /stats shows them.
+        if (bad.code() == StatusCode::kIncompatible) {
+          ++removed_incompatible;
+        } else if (bad.code() != StatusCode::kIoError) {
+          ++removed_corrupt;
+        }
         continue;
       }
       SsdRecord r;
@@ -125,6 +131,8 @@ void SsdTier::scan() {
     clock_ = c;
     stats_.scan_indexed = indexed = index_.size();
     stats_.scan_removed += removed;
+    stats_.corrupt += removed_corrupt;
+    stats_.incompatible += removed_incompatible;
     stats_.scan_tmp_reaped += reaped;
     evict_locked("");
     stats_.ready = true;
@@ -139,6 +147,11 @@ void SsdTier::scan() {
 void SsdTier::wait_ready() const {
   std::unique_lock<std::mutex> lock(mu_);
   ready_cv_.wait(lock, [&] { return ready_.load(); });
+}
+
+bool SsdTier::wait_ready_for(std::chrono::milliseconds limit) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return ready_cv_.wait_for(lock, limit, [&] { return ready_.load(); });
 }
 
 int64_t SsdTier::usable(const SsdRecord& r, std::span<const TokenId> prompt) {

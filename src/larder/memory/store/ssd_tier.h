@@ -13,6 +13,7 @@
 // until it publishes, lookups report `ssd_scanning`.
 #pragma once
 
+#include <chrono>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -75,6 +76,7 @@ class SsdTier final : public ColdTier {
   void scan();
   bool ready() const { return ready_.load(std::memory_order_acquire); }
   void wait_ready() const;
+  bool wait_ready_for(std::chrono::milliseconds limit) const;  // false: still scanning
 
   std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns) override;
   std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override;
