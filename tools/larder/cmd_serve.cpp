@@ -94,7 +94,13 @@ class SignalWatcher {
         }
         second = second_;
       }
-      if (second) second();
+      if (second) {
+        // Let the running requests end with an error event and the process exit by itself;
+        // exit regardless after a few seconds.
+        std::fprintf(stderr, "larder: %s received again: stopping running requests now\n", s == SIGINT ? "SIGINT" : "SIGTERM");
+        second();
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+      }
       std::_Exit(128 + s);
     }
   }
@@ -179,6 +185,7 @@ int run_serve(ServeFlags f) {
   sm.fingerprint = std::string("larder-0.1.0-") + kernels::active_table().name;
   sm.ns_base = memory::namespace_id({});
   sm.ctx = f.ctx > 0 ? std::min<int64_t>(f.ctx, info.max_context) : info.max_context;
+  sm.max_token_bytes = server::longest_token_bytes(m);
   const auto& gc = m.files.generation_config;
   sm.defaults.temperature = f.temp ? f.temp : gc_number(gc, "temperature");
   sm.defaults.top_p = f.top_p ? f.top_p : gc_number(gc, "top_p");
@@ -226,6 +233,7 @@ int run_serve(ServeFlags f) {
                "(LARDER_SHUTDOWN_TIMEOUT_MS=%ld); send it again to stop them now\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", timeout_ms / 1e3, timeout_ms);
   http.set_draining();
+  signals.on_second([&engine] { engine.hurry(); });
   const memory::FlushReport fr = engine.shutdown(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
   http.stop();
   http_thread.join();

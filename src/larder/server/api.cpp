@@ -164,6 +164,30 @@ void fit_context(const ServedModel& sm, ParsedRequest& pr, std::optional<int64_t
   pr.gen.max_tokens = std::min(requested.value_or(room), room);
 }
 
+// A cheap bound before tokenizing: `bytes` of prompt text cannot fit when even the longest
+// token could not pack them into the context. Tokenizing a 30 MB prompt only to refuse it took
+// 15 s and 1.3 GB.
+void check_prompt_bytes(const ServedModel& sm, size_t bytes, Surface surface, const char* param) {
+  if (sm.max_token_bytes <= 0 || sm.ctx <= 0 || sm.ctx == INT64_MAX) return;
+  const uint64_t cap = static_cast<uint64_t>(sm.ctx) * static_cast<uint64_t>(sm.max_token_bytes);
+  if (bytes <= cap) return;
+  if (surface == Surface::kMessages)
+    bad(strfmt("prompt is too long: %zu bytes cannot fit in %lld tokens", bytes, (long long)sm.ctx), param,
+        "context_length_exceeded");
+  bad(strfmt("This model's maximum context length is %lld tokens. However, your prompt is %zu bytes, more than "
+             "that context can hold. Please reduce the length of the messages or prompt.",
+             (long long)sm.ctx, bytes),
+      param, "context_length_exceeded");
+}
+
+size_t json_string_bytes(const ordered_json& j) {
+  if (j.is_string()) return j.get_ref<const std::string&>().size();
+  size_t n = 0;
+  if (j.is_array() || j.is_object())
+    for (const auto& v : j) n += json_string_bytes(v);
+  return n;
+}
+
 std::string text_of_content(const ordered_json& content, const char* where, bool allow_null) {
   if (content.is_null()) {
     if (!allow_null) bad(strfmt("%s.content must not be null", where), "messages");
@@ -406,9 +430,18 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   if (!max) max = integer(b, "max_tokens", 1, INT64_MAX);
   if (!max) max = sm.defaults.max_tokens;
   pr.gen.ns = namespace_for(sm, b);
+  check_prompt_bytes(sm, json_string_bytes(out), Surface::kChat, "messages");
   encode_with_template(sm, out, tools, extra, pr);
   fit_context(sm, pr, max, Surface::kChat, "messages");
   return pr;
+}
+
+int64_t longest_token_bytes(const runtime::LoadedModel& m) {
+  const int64_t V = m.model->info().vocab;
+  int64_t longest = 0;
+  for (int64_t id = 0; id < V; ++id)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(m.tokenizer->decode({static_cast<int32_t>(id)}, false).size()));
+  return longest;
 }
 
 std::string render_chat_prompt(const ServedModel& sm, const ordered_json& b) {
@@ -438,6 +471,7 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
   const int64_t V = sm.m->model->info().vocab;
   if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
   if (prompt->is_string()) {
+    check_prompt_bytes(sm, prompt->get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
     pr.gen.prompt = sm.m->tokenizer->encode(prompt->get<std::string>(), /*add_special=*/true);
   } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) {
     for (const auto& t : *prompt) {
@@ -566,6 +600,7 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
   std::optional<int64_t> max = integer(b, "max_tokens", 1, INT64_MAX);
   if (!max) max = sm.defaults.max_tokens;
   pr.gen.ns = namespace_for(sm, b);
+  check_prompt_bytes(sm, json_string_bytes(out), Surface::kMessages, "messages");
   encode_with_template(sm, out, tools, extra, pr);
   fit_context(sm, pr, max, Surface::kMessages, "messages");
   return pr;

@@ -49,6 +49,9 @@ struct ServedModel {
   std::string fingerprint;   // system_fingerprint
   std::string ns_base;       // KV namespace without a salt
   int64_t ctx = 0;           // context limit per sequence
+  // The longest text any one token decodes to: a prompt longer than ctx × this cannot fit, and
+  // is refused before tokenizing (0: no such bound).
+  int64_t max_token_bytes = 0;
   ApiDefaults defaults;
 };
 
@@ -74,6 +77,9 @@ struct ParsedRequest {
 ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& body);
 ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& body);
 ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& body);
+
+// The longest decoded token of the model (for ServedModel::max_token_bytes).
+int64_t longest_token_bytes(const runtime::LoadedModel& m);
 
 // POST /apply-template: the chat prompt the template renders for body.messages (with tools and
 // chat_template_kwargs), as text. Throws ApiError.

@@ -51,9 +51,17 @@ Result<std::shared_ptr<Channel>> Engine::submit(GenRequest req) {
   auto ch = std::make_shared<Channel>();
   std::lock_guard<std::mutex> l(mu_);
   if (stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
-  if (queue_.size() >= cfg_.queue_max) {
-    return Status(StatusCode::kResourceExhausted,
-                  strfmt("the request queue is full (%zu waiting); retry later", queue_.size()));
+  // Capacity is parallel running + queue_max waiting. queue_max 0 means no queue: a request is
+  // admitted when a slot is free and refused otherwise. Requests being admitted right now count
+  // as running (they left queue_ but are not in active_count_ yet).
+  const size_t running = active_count_.load() + admitting_;
+  const size_t waiting = queue_.size() + running > static_cast<size_t>(cfg_.parallel)
+                             ? queue_.size() + running - static_cast<size_t>(cfg_.parallel) : 0;
+  if (queue_.size() + running >= static_cast<size_t>(cfg_.parallel) + cfg_.queue_max) {
+    if (cfg_.queue_max == 0)
+      return Status(StatusCode::kResourceExhausted,
+                    strfmt("all %d slots are busy and there is no queue (--queue-max 0); retry later", cfg_.parallel));
+    return Status(StatusCode::kResourceExhausted, strfmt("the request queue is full (%zu waiting); retry later", waiting));
   }
   queue_.emplace_back(std::move(req), ch);
   cv_.notify_one();
@@ -91,6 +99,15 @@ memory::FlushReport Engine::shutdown(Clock::time_point deadline) {
   cv_.notify_one();
   if (thread_.joinable()) thread_.join();
   return flush_report_;
+}
+
+void Engine::hurry() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!stop_) return;
+    deadline_ = Clock::now();
+  }
+  cv_.notify_one();
 }
 
 void Engine::loop() {
@@ -144,6 +161,7 @@ void Engine::loop() {
           incoming.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }
+        admitting_ = incoming.size();
       }
     }
     for (auto& t : tasks) t();
@@ -211,7 +229,9 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
     s->ch->push(std::move(e));
     seqs_.push_back(std::move(s));
   }
+  std::lock_guard<std::mutex> l(mu_);
   active_count_ = seqs_.size();
+  admitting_ = 0;
 }
 
 void Engine::step() {
@@ -338,6 +358,9 @@ void Engine::finish(Seq& s, Finish why, std::string error) {
     if (!put.is_ok()) LARDER_LOG_WARN("[engine] %s: KV not kept: %s", s.req.id.c_str(), put.message().c_str());
   }
   e.outcome = s.out;
+  // The slot is free from the moment the client learns it is done (admission counts it).
+  for (size_t n = active_count_.load(); n > 0 && !active_count_.compare_exchange_weak(n, n - 1);) {
+  }
   s.ch->push(std::move(e));
 }
 

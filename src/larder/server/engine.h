@@ -34,7 +34,7 @@ namespace larder::server {
 
 struct EngineConfig {
   int parallel = 4;             // --parallel: sequences advanced together
-  size_t queue_max = 64;        // --queue-max: requests waiting for a slot (429 beyond)
+  size_t queue_max = 64;        // --queue-max: requests waiting for a slot (429 beyond; 0 = no queue)
   int64_t ctx = 0;              // per-sequence context limit (tokens)
   int64_t step_tokens = 256;    // prefill tokens per step across all prefilling sequences
   // Idle time before write-behind snapshots go to the SSD writer (kv-store.md §8.2).
@@ -57,6 +57,9 @@ class Engine {
   // flush the KV store; returns the flush report. Idempotent.
   memory::FlushReport shutdown(std::chrono::steady_clock::time_point deadline);
   bool draining() const { return draining_.load(); }
+  // During shutdown: the deadline is now — running requests end with an error event at the
+  // next step (a second Ctrl-C), instead of a cut connection.
+  void hurry();
 
   // Runs fn(store) on the engine thread and waits (admin flush/clear, stats snapshots).
   nlohmann::json with_store(const std::function<nlohmann::json(memory::KvStore&)>& fn);
@@ -83,6 +86,7 @@ class Engine {
   std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>> queue_;
   std::deque<std::function<void()>> tasks_;  // run on the engine thread between steps
   bool stop_ = false;
+  size_t admitting_ = 0;  // taken from queue_, not yet in active_count_ (guarded by mu_)
   std::atomic<bool> draining_{false};
   std::atomic<size_t> active_count_{0};
   std::chrono::steady_clock::time_point deadline_{};

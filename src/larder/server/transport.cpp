@@ -104,6 +104,10 @@ struct Conn {
   HttpRequest req;          // the request being read (valid once header_done)
   bool chunked = false;
   uint64_t seq = 0;         // arrival order, for eviction
+  // Answered with an error and half-closed: what the client still sends is read and dropped
+  // until it closes or a short deadline passes. Closing at once with unread input would make
+  // the kernel send a reset, and the client could lose the error response.
+  bool lingering = false;
 };
 
 // Parse outcome of the bytes buffered so far.
@@ -643,11 +647,23 @@ struct Transport::Impl {
     epoll_ctl(epfd, EPOLL_CTL_ADD, c.fd, &ev);
   }
 
+  void linger(Conn& c) {
+    ::shutdown(c.fd, SHUT_WR);
+    c.lingering = true;
+    c.in_request = false;
+    c.in.clear();
+    c.deadline = Clock::now() + std::chrono::seconds(2);
+  }
+
   // Tries to complete a request from what is buffered; dispatches, errors, or keeps waiting.
   void advance(int fd) {
     auto it = conns.find(fd);
     if (it == conns.end()) return;
     Conn& c = *it->second;
+    if (c.lingering) {
+      c.in.clear();
+      return;
+    }
     if (c.in.empty()) return;
     if (!c.in_request) {
       c.in_request = true;
@@ -663,15 +679,15 @@ struct Transport::Impl {
       }
       return;
     }
+    if (p == Parse::kError) {
+      count(&Counters::bad_framing);
+      LARDER_LOG_DEBUG("[http] %s: %d %s", c.ip.c_str(), err.status, err.message.c_str());
+      write_simple_error(c, err.status, err.message);
+      return linger(c);
+    }
     std::unique_ptr<Conn> owned = std::move(it->second);
     conns.erase(it);
     epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-    if (p == Parse::kError) {
-      count(&Counters::bad_framing);
-      LARDER_LOG_DEBUG("[http] %s: %d %s", owned->ip.c_str(), err.status, err.message.c_str());
-      write_simple_error(*owned, err.status, err.message);
-      return close_conn(std::move(owned));
-    }
     dispatch(std::move(owned));
   }
 
@@ -800,14 +816,17 @@ struct Transport::Impl {
       if (now >= c->deadline) dead.push_back(fd);
     for (int fd : dead) {
       auto it = conns.find(fd);
+      Conn& c = *it->second;
+      if (c.in_request && !c.lingering) {
+        count(&Counters::timed_out);
+        write_simple_error(c, 408, c.header_done ? "timed out reading the request body"
+                                                 : "timed out reading the request header");
+        linger(c);
+        continue;
+      }
       std::unique_ptr<Conn> owned = std::move(it->second);
       conns.erase(it);
       epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
-      if (owned->in_request) {
-        count(&Counters::timed_out);
-        write_simple_error(*owned, 408, owned->header_done ? "timed out reading the request body"
-                                                           : "timed out reading the request header");
-      }
       close_conn(std::move(owned));
     }
   }
