@@ -66,6 +66,17 @@ std::optional<std::string> string_field(const ordered_json& o, const char* name)
   return v->get<std::string>();
 }
 
+// A string field of a nested object, with a 400 naming it when it has another type (nlohmann's
+// value() would throw a type_error, which surfaced as a 500).
+std::string str_in(const ordered_json& o, const char* key, const std::string& where, const char* param,
+                   const std::string& dflt = {}) {
+  if (!o.is_object()) return dflt;
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return dflt;
+  if (!it->is_string()) bad(strfmt("%s.%s must be a string", where.c_str(), key), param);
+  return it->get<std::string>();
+}
+
 uint64_t random_seed() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -78,6 +89,18 @@ void refuse_unsupported(const ordered_json& b) {
   if (auto n = integer(b, "best_of", 1, 1'000'000); n && *n != 1) bad("best_of > 1 is not supported", "best_of");
   if (auto e = boolean(b, "echo"); e && *e) bad("echo is not supported", "echo");
   if (get(b, "suffix")) bad("suffix is not supported", "suffix");
+  // Until constrained decoding exists, a grammar would be silently ignored: refuse it.
+  if (get(b, "grammar")) bad("grammar is not supported (no constrained decoding yet); remove the field", "grammar");
+}
+
+// max_tokens, else llama-server's n_predict (-1: as many as the context allows).
+std::optional<int64_t> max_tokens_field(const ordered_json& b, const char* name) {
+  if (auto m = integer(b, name, 1, INT64_MAX)) return m;
+  if (auto n = integer(b, "n_predict", -1, INT64_MAX)) {
+    if (*n == 0) bad("n_predict must be -1 (no limit) or at least 1", "n_predict");
+    return *n < 0 ? INT64_MAX : *n;
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> stops(const ordered_json& b, const char* name) {
@@ -363,6 +386,17 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
     }
     out.push_back(std::move(msg));
   }
+  // The conversation rules llama-server enforces (clients written against it rely on the 400).
+  if (out.size() >= 2 && out[out.size() - 1]["role"] == "assistant" && out[out.size() - 2]["role"] == "assistant")
+    bad("cannot have 2 or more assistant messages at the end of the list", "messages");
+  {
+    const bool agp = boolean(b, "add_generation_prompt").value_or(true);
+    const bool cont = boolean(b, "continue_final_message").value_or(false);
+    if (agp && cont && get(b, "add_generation_prompt"))
+      bad("add_generation_prompt and continue_final_message cannot both be true", "continue_final_message");
+    if (cont) bad("continue_final_message is not supported yet", "continue_final_message");
+    if (!agp) bad("add_generation_prompt: false is not supported on this route (use /apply-template)", "add_generation_prompt");
+  }
   ordered_json tools;
   if (const ordered_json* t = get(b, "tools")) {
     if (!t->is_array()) bad("tools must be an array", "tools");
@@ -427,7 +461,7 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
     pr.include_usage = boolean(*so, "include_usage").value_or(false);
   }
   std::optional<int64_t> max = integer(b, "max_completion_tokens", 1, INT64_MAX);
-  if (!max) max = integer(b, "max_tokens", 1, INT64_MAX);
+  if (!max) max = max_tokens_field(b, "max_tokens");
   if (!max) max = sm.defaults.max_tokens;
   pr.gen.ns = namespace_for(sm, b);
   check_prompt_bytes(sm, json_string_bytes(out), Surface::kChat, "messages");
@@ -497,7 +531,7 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
     if (!so->is_object()) bad("stream_options must be an object", "stream_options");
     pr.include_usage = boolean(*so, "include_usage").value_or(false);
   }
-  std::optional<int64_t> max = integer(b, "max_tokens", 1, INT64_MAX);
+  std::optional<int64_t> max = max_tokens_field(b, "max_tokens");
   if (!max) max = sm.defaults.max_tokens.value_or(512);  // mlx_lm.server's completions default
   pr.gen.ns = namespace_for(sm, b);
   fit_context(sm, pr, max, Surface::kCompletions, "prompt");
@@ -513,7 +547,8 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
       text = sys->get<std::string>();
     } else if (sys->is_array()) {
       for (const auto& blk : *sys) {
-        if (!blk.is_object() || blk.value("type", "") != "text" || !blk.contains("text") || !blk["text"].is_string())
+        if (!blk.is_object() || str_in(blk, "type", "system[]", "system") != "text" || !blk.contains("text") ||
+            !blk["text"].is_string())
           bad("system must be a string or an array of text blocks", "system");
         if (!text.empty()) text += "\n";
         text += blk["text"].get<std::string>();
@@ -555,15 +590,18 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
       } else if (type == "thinking" || type == "redacted_thinking") {
         // dropped on re-ingest
       } else if (type == "tool_use") {
-        calls.push_back({{"id", blk.value("id", "")}, {"type", "function"},
-                         {"function", {{"name", blk.value("name", "")}, {"arguments", blk.value("input", ordered_json::object())}}}});
+        const ordered_json input = blk.contains("input") && !blk["input"].is_null() ? blk["input"] : ordered_json::object();
+        if (!input.is_object()) bad(where + " tool_use.input must be an object", "messages");
+        calls.push_back({{"id", str_in(blk, "id", where + ".tool_use", "messages")}, {"type", "function"},
+                         {"function", {{"name", str_in(blk, "name", where + ".tool_use", "messages")}, {"arguments", input}}}});
       } else if (type == "tool_result") {
         std::string rt;
         if (blk.contains("content")) {
           const ordered_json& rc = blk["content"];
           rt = rc.is_string() ? rc.get<std::string>() : text_of_content(rc, where.c_str(), true);
         }
-        out.push_back({{"role", "tool"}, {"tool_call_id", blk.value("tool_use_id", "")}, {"content", rt}});
+        out.push_back({{"role", "tool"}, {"tool_call_id", str_in(blk, "tool_use_id", where + ".tool_result", "messages")},
+                       {"content", rt}});
       } else {
         bad(strfmt("%s has an unknown content block type '%s'", where.c_str(), type.c_str()), "messages");
       }
@@ -580,17 +618,25 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
     tools = ordered_json::array();
     for (const auto& tool : *t) {
       if (!tool.is_object() || !tool.contains("name")) continue;  // server tools (web search, ...) dropped
+      if (!tool["name"].is_string()) bad("tools[].name must be a string", "tools");
+      const ordered_json schema = tool.contains("input_schema") && !tool["input_schema"].is_null() ? tool["input_schema"]
+                                                                                                : ordered_json::object();
+      if (!schema.is_object()) bad("tools[].input_schema must be an object", "tools");
       tools.push_back({{"type", "function"},
-                       {"function", {{"name", tool["name"]}, {"description", tool.value("description", "")},
-                                     {"parameters", tool.value("input_schema", ordered_json::object())}}}});
+                       {"function", {{"name", tool["name"]}, {"description", str_in(tool, "description", "tools[]", "tools")},
+                                     {"parameters", schema}}}});
     }
   }
-  if (const ordered_json* tc = get(b, "tool_choice"); tc && tc->is_object() && tc->value("type", "") == "none")
-    tools = ordered_json();
+  if (const ordered_json* tc = get(b, "tool_choice")) {
+    if (!tc->is_object()) bad("tool_choice must be an object", "tool_choice");
+    if (str_in(*tc, "type", "tool_choice", "tool_choice") == "none") tools = ordered_json();
+  }
   ordered_json extra = ordered_json::object();
-  if (const ordered_json* th = get(b, "thinking"); th && th->is_object()) {
-    extra["enable_thinking"] = th->value("type", "") == "enabled";
-    pr.thinking_requested = th->value("type", "") == "enabled";
+  if (const ordered_json* th = get(b, "thinking")) {
+    if (!th->is_object()) bad("thinking must be an object", "thinking");
+    const std::string type = str_in(*th, "type", "thinking", "thinking");
+    extra["enable_thinking"] = type == "enabled";
+    pr.thinking_requested = type == "enabled";
   }
 
   pr.tool_style = tool_style_for(sm, tools);

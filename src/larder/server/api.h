@@ -98,6 +98,7 @@ class ResponseWriter {
   ordered_json body() const;
   // For logs.
   const Outcome& outcome() const { return outcome_; }
+  const std::string& text() const { return text_; }
 
  private:
   ordered_json usage_json() const;

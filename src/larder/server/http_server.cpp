@@ -9,6 +9,7 @@
 
 #include "larder/core/cpuid.h"
 #include "larder/core/log.h"
+#include "larder/server/api_native.h"
 #include "larder/server/routes.h"
 #include "larder/server/transport.h"
 
@@ -241,9 +242,12 @@ struct HttpServer::Impl {
     return std::nullopt;
   }
 
-  void generate(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface) {
+  // native: llama-server's POST /completion (request parsed as /v1/completions, answered in
+  // its own shape, api_native.h).
+  void generate(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface, bool native = false) {
     const auto t0 = Clock::now();
-    const std::string route = surface == Surface::kChat ? "/v1/chat/completions"
+    const std::string route = native ? "/completion"
+                              : surface == Surface::kChat ? "/v1/chat/completions"
                               : surface == Surface::kCompletions ? "/v1/completions" : "/v1/messages";
     lg.route = route;
     const ServedModel* m = sm.load();
@@ -296,7 +300,7 @@ struct HttpServer::Impl {
     res.status = 200;
     res.content_type = stream ? "text/event-stream" : "application/json";
     auto log = lg.shared_from_this();
-    res.provider = [this, ch, writer, pr, stream, route, t0, first, log](BodySink& sink) {
+    res.provider = [this, ch, writer, pr, stream, route, t0, first, log, m, native](BodySink& sink) {
           auto last_write = Clock::now();
           auto write = [&](const std::string& s) {
             if (s.empty()) return true;
@@ -331,7 +335,11 @@ struct HttpServer::Impl {
               if (!ev) continue;
             }
             bool ok = true;
-            if (stream) {
+            if (stream && native) {
+              ok = write(native_stream_frame(*ev));
+              writer->add(*ev);
+              if (ok && ev->done) ok = write("data: " + native_completion_body(*m, *pr, ev->outcome, "").dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n\n");
+            } else if (stream) {
               ok = write(writer->stream_frames(*ev));
             } else {
               writer->add(*ev);
@@ -347,7 +355,9 @@ struct HttpServer::Impl {
             const Outcome& o = ev->outcome;
             if (!stream) {
               ordered_json b;
-              if (o.finish == Finish::kError || o.finish == Finish::kCancelled) {
+              if (native) {
+                b = native_completion_body(*m, *pr, o, writer->text());
+              } else if (o.finish == Finish::kError || o.finish == Finish::kCancelled) {
                 const ApiError e{500, o.error.empty() ? "generation failed" : o.error};
                 b = route == "/v1/messages" ? anthropic_error_body(e) : openai_error_body(e);
               } else {
@@ -524,9 +534,7 @@ struct HttpServer::Impl {
       case RouteId::kChat: return generate(req, res, lg, Surface::kChat);
       case RouteId::kCompletions: return generate(req, res, lg, Surface::kCompletions);
       case RouteId::kMessages: return generate(req, res, lg, Surface::kMessages);
-      case RouteId::kNativeCompletion:
-        return send_error(req, res, {501, "POST /completion (llama-server's native shape) is not implemented yet; "
-                                          "use /v1/completions (it accepts n_predict)"});
+      case RouteId::kNativeCompletion: return generate(req, res, lg, Surface::kCompletions, /*native=*/true);
       case RouteId::kCountTokens: {
         if (!gate(req, res)) return;
         ordered_json body;

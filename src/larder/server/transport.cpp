@@ -468,11 +468,12 @@ struct Transport::Impl {
     return Parse::kComplete;
   }
 
-  // Decodes a chunked body from c.in when complete; kNeedMore otherwise.
+  // Decodes a chunked body from c.in; complete chunks move to c.req.body as they arrive (so
+  // a large body is scanned once), kNeedMore until the last chunk and trailers are in.
   Parse parse_chunked(Conn& c, ParseError& err) {
-    std::string body;
-    size_t i = 0;
+    std::string& body = c.req.body;
     for (;;) {
+      size_t i = 0;
       const size_t nl = c.in.find('\n', i);
       if (nl == std::string::npos) return Parse::kNeedMore;
       std::string line = c.in.substr(i, nl - i);
@@ -494,7 +495,6 @@ struct Transport::Impl {
           i = tl + 1;
           if (empty) break;
         }
-        c.req.body = std::move(body);
         c.in.erase(0, i);
         return Parse::kComplete;
       }
@@ -510,11 +510,13 @@ struct Transport::Impl {
       } else if (c.in[i] == '\n') {
         i += 1;
       } else if (c.in.size() < i + 2) {
+        body.resize(body.size() - n);  // not complete yet: taken again with its CRLF
         return Parse::kNeedMore;
       } else {
         err = {400, "chunk data not followed by CRLF"};
         return Parse::kError;
       }
+      c.in.erase(0, i);
     }
   }
 

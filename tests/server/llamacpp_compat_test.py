@@ -1,0 +1,114 @@
+"""Clients written against llama-server, pointed at larder (issue 17, "Drop-in for clients
+written against llama-server"): n_predict, the native routes (/completion, /props,
+/apply-template, /tokenize with_pieces), the validation llama-server applies, grammar refused,
+and one validator for /v1/messages and /v1/messages/count_tokens."""
+import json
+import unittest
+
+from server_harness import STORIES, STORIES_PROMPT, Server, ServerTestCase, chat_model, parse_sse
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+class NativeRoutesTest(ServerTestCase):
+    def test_n_predict(self):
+        r = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "n_predict": 3, "temperature": 0})
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["usage"]["completion_tokens"], 3, "n_predict is max_tokens")
+
+    def test_native_completion(self):
+        ref = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 12, "temperature": 0}).json()
+        r = self.server.post("/completion", {"prompt": STORIES_PROMPT, "n_predict": 12, "temperature": 0})
+        self.assertEqual(r.status, 200, r)
+        j = r.json()
+        self.assertEqual(j["content"], ref["choices"][0]["text"])
+        self.assertIs(j["stop"], True)
+        self.assertEqual(j["tokens_predicted"], 12)
+        self.assertEqual(j["stop_type"], "limit")
+        self.assertIn("predicted_per_second", j["timings"])
+        r = self.server.post("/completion", {"prompt": STORIES_PROMPT, "n_predict": 12, "temperature": 0, "stream": True})
+        self.assertEqual(r.status, 200, r)
+        events = [json.loads(e.data) for e in parse_sse(r.body) if e.data]
+        self.assertNotIn("[DONE]", [e for e in events if isinstance(e, str)])
+        self.assertTrue(all(e["stop"] is False for e in events[:-1]))
+        self.assertIs(events[-1]["stop"], True)
+        self.assertEqual("".join(e["content"] for e in events), ref["choices"][0]["text"])
+
+    def test_tokenize_with_pieces(self):
+        r = self.server.post("/tokenize", {"content": STORIES_PROMPT, "add_special": True, "with_pieces": True})
+        self.assertEqual(r.status, 200, r)
+        toks = r.json()["tokens"]
+        self.assertEqual([t["id"] for t in toks], [1, 403, 407, 261, 378])
+        self.assertTrue(all(set(t) == {"id", "piece"} for t in toks), toks)
+
+    def test_grammar_refused(self):
+        r = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "grammar": "root ::= \"a\""})
+        self.assertEqual(r.status, 400, r)
+        self.assertIn("grammar", r.json()["error"]["message"])
+
+
+class ChatCompatTest(ServerTestCase):
+    @classmethod
+    def server_model(cls):
+        return chat_model()["dir"]
+
+    def test_props_and_apply_template(self):
+        r = self.server.request("GET", "/props")
+        self.assertEqual(r.status, 200, r)
+        j = r.json()
+        self.assertIn("n_ctx", j["default_generation_settings"])
+        self.assertIn("start_header_id", j["chat_template"])
+        r = self.server.post("/apply-template", {"messages": user("Hello there")})
+        self.assertEqual(r.status, 200, r)
+        self.assertIn("Hello there", r.json()["prompt"])
+        self.assertTrue(r.json()["prompt"].rstrip().endswith("assistant<|end_header_id|>"), r.json()["prompt"][-80:])
+
+    def test_llama_server_validation(self):
+        two = user("hi") + [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
+        r = self.server.post("/v1/chat/completions", {"messages": two, "max_tokens": 2})
+        self.assertEqual(r.status, 400, r)
+        r = self.server.post("/v1/chat/completions", {"messages": user("hi") + [{"role": "assistant", "content": "a"}],
+                                                      "max_tokens": 2, "add_generation_prompt": True,
+                                                      "continue_final_message": True})
+        self.assertEqual(r.status, 400, r)
+        r = self.server.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2, "grammar": "root ::= x"})
+        self.assertEqual(r.status, 400, r)
+
+    def test_count_tokens_shares_the_messages_validator(self):
+        base = {"model": "m", "max_tokens": 4}
+        bad_bodies = [
+            {"messages": user("hi"), "thinking": {"type": 5}},
+            {"messages": user("hi"), "system": [{"type": 7, "text": "x"}]},
+            {"messages": user("hi") + [{"role": "assistant", "content": [{"type": "tool_use", "id": 1, "name": "f", "input": {}}]}]},
+            {"messages": user("hi") + [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": 3, "input": {}}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": 9, "content": "x"}]}]},
+            {"messages": user("hi"), "tools": [{"name": "f", "description": 5, "input_schema": {}}]},
+            {"messages": user("hi"), "tool_choice": {"type": 4}},
+        ]
+        for body in bad_bodies:
+            with self.subTest(body=json.dumps(body)[:100]):
+                a = self.server.post("/v1/messages/count_tokens", body)
+                b = self.server.post("/v1/messages", {**base, **body})
+                self.assertEqual(a.status, 400, a)
+                self.assertEqual(b.status, 400, b)
+                self.assertEqual(a.json()["error"]["message"], b.json()["error"]["message"])
+
+
+class CorsLocalhostTest(unittest.TestCase):
+    def test_cors_origins_localhost(self):
+        s = Server(STORIES, "--cors-origins", "localhost").start()
+        try:
+            for origin in ("http://localhost:5173", "http://127.0.0.1:8000", "http://[::1]:3000"):
+                r = s.request("OPTIONS", "/v1/chat/completions", headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+                self.assertEqual(r.status, 200, r)
+                self.assertEqual(r.headers.get("access-control-allow-origin"), origin)
+            r = s.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "http://evil.test", "Access-Control-Request-Method": "POST"})
+            self.assertNotIn("access-control-allow-origin", r.headers)
+        finally:
+            s.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
