@@ -65,7 +65,7 @@ void kquant_scale_min(const uint8_t* s, int j, int* sc, int* m) {
 
 void dequant_q4_k(const uint8_t* src, int64_t blocks, float* out) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = src + b * 144;
+    const uint8_t* blk = src + b * sizeof(BlockQ4_K);
     const float d = f16_to_f32(load_u16(blk));
     const float dmin = f16_to_f32(load_u16(blk + 2));
     const uint8_t* s = blk + 4;
@@ -88,7 +88,7 @@ void dequant_q4_k(const uint8_t* src, int64_t blocks, float* out) {
 
 void dequant_q5_k(const uint8_t* src, int64_t blocks, float* out) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = src + b * 176;
+    const uint8_t* blk = src + b * sizeof(BlockQ5_K);
     const float d = f16_to_f32(load_u16(blk));
     const float dmin = f16_to_f32(load_u16(blk + 2));
     const uint8_t* s = blk + 4;
@@ -113,11 +113,11 @@ void dequant_q5_k(const uint8_t* src, int64_t blocks, float* out) {
 
 void dequant_q6_k(const uint8_t* src, int64_t blocks, float* out) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = src + b * 210;
+    const uint8_t* blk = src + b * sizeof(BlockQ6_K);
     const uint8_t* ql = blk;
     const uint8_t* qh = blk + 128;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-    const float d = f16_to_f32(load_u16(blk + 208));
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ6_K, scales));
+    const float d = f16_to_f32(load_u16(blk + offsetof(BlockQ6_K, d)));
     float* o = out + b * 256;
     for (int e = 0; e < 256; ++e) {
       const int h = e / 128, k = (e % 128) / 32, l = e % 32;

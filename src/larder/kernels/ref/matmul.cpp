@@ -10,6 +10,7 @@
 #include "larder/core/status.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/kernels/ref/ref_ops.h"
+#include "larder/kernels/gguf_blocks.h"
 
 namespace larder::kernels::ref {
 
@@ -29,7 +30,7 @@ const uint8_t* row_ptr(const WeightView& w, int64_t row) {
 
 void dequant_q8_0(const uint8_t* src, int64_t blocks, float* out) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = src + b * 34;
+    const uint8_t* blk = src + b * sizeof(BlockQ8_0);
     const float d = f16_to_f32(load_u16(blk));
     for (int j = 0; j < 32; ++j) out[b * 32 + j] = d * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
   }
@@ -37,7 +38,7 @@ void dequant_q8_0(const uint8_t* src, int64_t blocks, float* out) {
 
 void dequant_q4_0(const uint8_t* src, int64_t blocks, float* out) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = src + b * 18;
+    const uint8_t* blk = src + b * sizeof(BlockQ4_0);
     const float d = f16_to_f32(load_u16(blk));
     for (int j = 0; j < 16; ++j) {
       const uint8_t byte = blk[2 + j];

@@ -31,6 +31,7 @@
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/gguf_blocks.h"
 
 namespace larder::kernels::cpu::avx2 {
 
@@ -42,7 +43,7 @@ using namespace simd;
 constexpr int64_t kGemmMinTokens = 8;
 
 struct Q8_0Block {
-  static constexpr int kBytes = 34;
+  static constexpr int kBytes = sizeof(BlockQ8_0);
   static __m256i load(const uint8_t* blk) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
   }
@@ -156,7 +157,7 @@ struct Q4_0Kernel {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 8 * P * row_bytes + b * 18 * 2 * P), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 8 * P * row_bytes + b * sizeof(BlockQ4_0) * 2 * P), _MM_HINT_T0);
       const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + b * 32)));
       const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + b * 32 + 16)));
       const __m256 dx = _mm256_broadcast_ss(a.scales(b) + t);
@@ -164,8 +165,8 @@ struct Q4_0Kernel {
       const __m256 c2 = _mm256_add_ps(bs, bs);
       LARDER_UNROLL
       for (int p = 0; p < P; ++p) {
-        const uint8_t* ba = wr[2 * p] + b * 18;
-        const uint8_t* bb = wr[2 * p + 1] + b * 18;
+        const uint8_t* ba = wr[2 * p] + b * sizeof(BlockQ4_0);
+        const uint8_t* bb = wr[2 * p + 1] + b * sizeof(BlockQ4_0);
         const __m256i v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(bb + 2), reinterpret_cast<const __m128i*>(ba + 2));
         const __m256i lo = _mm256_and_si256(v, m4);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
@@ -213,10 +214,10 @@ struct Q4_0Kernel {
       // Software prefetch of the next tile (the R rows after ours are contiguous), at the rate this
       // tile consumes bytes: rows are short (1152 B at 2048 columns), so R interleaved 18-line
       // streams end before the hardware stream prefetcher has ramped up.
-      _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 4 * R * row_bytes + b * 18 * R), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 4 * R * row_bytes + b * sizeof(BlockQ4_0) * R), _MM_HINT_T0);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = wr[r] + b * 18;
+        const uint8_t* blk = wr[r] + b * sizeof(BlockQ4_0);
         u[r] = load_codes(blk);
         dw[r] = _mm256_broadcast_ss(f16 + load_u16(blk));
       }
@@ -281,7 +282,7 @@ struct Q4_0Gemm {
       __m256 dw[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = wr[r] + b * 18;
+        const uint8_t* blk = wr[r] + b * sizeof(BlockQ4_0);
         _mm256_store_si256(reinterpret_cast<__m256i*>(codes[r]), Q4_0Kernel::load_codes(blk));
         dw[r] = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(load_u16(blk))));
       }
@@ -352,7 +353,7 @@ struct Q8_0Gemm {
     for (int64_t b = 0; b < nb; ++b) {
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + b * 34 + 2));
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + b * sizeof(BlockQ8_0) + offsetof(BlockQ8_0, qs)));
         _mm256_store_si256(reinterpret_cast<__m256i*>(wq[r]), v);
         _mm256_store_si256(reinterpret_cast<__m256i*>(wa[r]), _mm256_abs_epi8(v));
       }
@@ -377,7 +378,7 @@ struct Q8_0Gemm {
       const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m256 dw = _mm256_broadcast_ss(f16 + load_u16(wr[r] + b * 34));
+        const __m256 dw = _mm256_broadcast_ss(f16 + load_u16(wr[r] + b * sizeof(BlockQ8_0)));
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(dx, dw), acc[r]);
       }
     }

@@ -36,6 +36,7 @@
 #include "larder/kernels/cpu/common/kquant_scales.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/gguf_blocks.h"
 
 namespace larder::kernels::cpu::avx2 {
 
@@ -130,9 +131,9 @@ struct Q6KUnpacked {
 };
 
 inline void unpack_q6k(const uint8_t* blk, const float* f16, Q6KUnpacked& u) {
-  u.d = f16[load_u16(blk + 208)];
+  u.d = f16[load_u16(blk + offsetof(BlockQ6_K, d))];
   _mm256_store_si256(reinterpret_cast<__m256i*>(u.sc16),
-                     _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
+                     _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6_K, scales)))));
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   const __m256i m2 = _mm256_set1_epi8(0x30);
   LARDER_UNROLL
@@ -166,7 +167,7 @@ template <bool kQ6>
 struct KQuantKernel {
   static constexpr int kRows1 = 3;
   static constexpr int kRowsN = 1;
-  static constexpr int kBlockBytes = kQ6 ? 210 : 144;
+  static constexpr int kBlockBytes = kQ6 ? sizeof(BlockQ6_K) : sizeof(BlockQ4_K);
   using Unpacked = std::conditional_t<kQ6, Q6KUnpacked, Q4KUnpacked>;
 
   const uint8_t* w;
@@ -279,7 +280,7 @@ struct Q4KGemm {
     for (int64_t sb = 0; sb < nsb; ++sb) {
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        unpack_q4k(wr[r] + sb * 144, f16, u[r]);
+        unpack_q4k(wr[r] + sb * sizeof(BlockQ4_K), f16, u[r]);
         const __m256i sc = _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(u[r].scm)),
                                             _mm256_set1_epi32(0xffff));
         _mm256_store_ps(dsc[r], _mm256_mul_ps(_mm256_set1_ps(u[r].d), _mm256_cvtepi32_ps(sc)));
@@ -364,7 +365,7 @@ struct Q6KGemm {
     Q6KUnpacked u[R];
     for (int64_t sb = 0; sb < nsb; ++sb) {
       LARDER_UNROLL
-      for (int r = 0; r < R; ++r) unpack_q6k(wr[r] + sb * 210, f16, u[r]);
+      for (int r = 0; r < R; ++r) unpack_q6k(wr[r] + sb * sizeof(BlockQ6_K), f16, u[r]);
       __asm__ volatile("" ::: "memory");  // broadcasts from L1, see the Q4_0 GEMM
       for (int j = 0; j < 8; ++j) {
         const int64_t b = sb * 8 + j;

@@ -28,6 +28,7 @@
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
 #include "larder/kernels/cpu/avx512/gemm16_avx512.h"
+#include "larder/kernels/gguf_blocks.h"
 
 namespace larder::kernels::cpu::avx512 {
 
@@ -36,7 +37,7 @@ namespace {
 using namespace simd;
 
 struct Q8_0Block {
-  static constexpr int kBytes = 34;
+  static constexpr int kBytes = sizeof(BlockQ8_0);
   static __m256i load(const uint8_t* blk) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
   }
@@ -122,7 +123,7 @@ struct Q4_0Rows {
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
     const __m128i m4 = _mm_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = p + b * 18;
+      const uint8_t* blk = p + b * sizeof(BlockQ4_0);
       scale[b] = f16[load_u16(blk)];
       // Byte j: element j in the low nibble, j + 16 in the high one.
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
@@ -144,7 +145,7 @@ struct Q8_0Rows {
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = p + b * 34;
+      const uint8_t* blk = p + b * sizeof(BlockQ8_0);
       scale[b] = f16[load_u16(blk)];
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
       _mm256_store_si256(reinterpret_cast<__m256i*>(codes + stride * b), _mm256_xor_si256(v, flip));
@@ -378,7 +379,7 @@ struct Q4_0Decode {
         const __m512i u =
             _mm512_and_si512(_mm512_srlv_epi64(_mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1), shift), m4);
         const __m512 dw = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(f16[load_u16(b0)]),
-                                               _mm512_set1_ps(f16[load_u16(b0 + 18)]));
+                                               _mm512_set1_ps(f16[load_u16(b0 + sizeof(BlockQ4_0))]));
         LARDER_UNROLL
         for (int t = 0; t < T; ++t) {
           const int64_t at = (t0 + t) * np + p;

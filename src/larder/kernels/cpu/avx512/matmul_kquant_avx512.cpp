@@ -18,6 +18,7 @@
 #include "larder/kernels/cpu/common/kquant_scales.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/gguf_blocks.h"
 
 namespace larder::kernels::cpu::avx512 {
 
@@ -39,7 +40,7 @@ struct Q4_KRows {
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = p + sb * 144;
+      const uint8_t* blk = p + sb * sizeof(BlockQ4_K);
       const float d = f16[load_u16(blk)], dmin = f16[load_u16(blk + 2)];
       const Q4KScaleBytes sm = q4k_scale_bytes(blk + 4);
       for (int j = 0; j < 8; ++j) {
@@ -77,11 +78,11 @@ struct Q6_KRows {
     const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = p + sb * 210;
+      const uint8_t* blk = p + sb * sizeof(BlockQ6_K);
       const uint8_t* ql = blk;
       const uint8_t* qh = blk + 128;
-      const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      const float d = f16[load_u16(blk + 208)];
+      const auto* sc = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ6_K, scales));
+      const float d = f16[load_u16(blk + offsetof(BlockQ6_K, d))];
       for (int i = 0; i < 16; ++i) {
         const float ds = d * static_cast<float>(sc[i]);
         scale[16 * sb + i] = ds;
@@ -135,10 +136,10 @@ struct Q4KDecode {
                             _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_ahead(base, R * row_bytes, sb * 144 * R, 144 * R);
+      prefetch_ahead(base, R * row_bytes, sb * sizeof(BlockQ4_K) * R, sizeof(BlockQ4_K) * R);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = base + r * row_bytes + sb * 144;
+        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockQ4_K);
         const float d = f16[load_u16(blk)], dmin = f16[load_u16(blk + 2)];
         const Q4KScaleBytes sm = q4k_scale_bytes(blk + 4);
         const __m256 scf = _mm256_mul_ps(
@@ -209,14 +210,14 @@ struct Q6KDecode {
     }
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_ahead(base, R * row_bytes, sb * 210 * R, 210 * R);
+      prefetch_ahead(base, R * row_bytes, sb * sizeof(BlockQ6_K) * R, sizeof(BlockQ6_K) * R);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = base + r * row_bytes + sb * 210;
-        const float d = f16[load_u16(blk + 208)];
+        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockQ6_K);
+        const float d = f16[load_u16(blk + offsetof(BlockQ6_K, d))];
         const __m512 sc = _mm512_mul_ps(
             _mm512_set1_ps(d),
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)))));
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6_K, scales))))));
         __m512i u[4];
         LARDER_UNROLL
         for (int h = 0; h < 2; ++h) {
