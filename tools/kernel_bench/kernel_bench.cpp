@@ -13,7 +13,7 @@
 //   cache once, so a single 2 MiB cache that stays in L3 would flatter it); its GB/s counts each
 //   visible K/V byte once, the least any kernel must read.
 //
-// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,Q4_K,Q6_K,BF16,F16,F32,affine-q4-g64,...]
+// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,Q4_1,Q5_K,IQ4_XS,...,BF16,F16,F32,affine-q4-g64,...]
 //                     [--tiers avx2,avx512,ref] [--no-prefill] [--no-decode] [--model-estimate]
 //                     [--no-attention | --attention-only] [--attn-contexts 512,4096,16384]
 #include <immintrin.h>
@@ -34,6 +34,7 @@
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/dispatch.h"
+#include "larder/kernels/gguf_blocks.h"
 
 using namespace larder;
 using namespace larder::kernels;
@@ -73,6 +74,20 @@ void* big_alloc(size_t bytes) {
   return p;
 }
 
+// Where each GGUF block keeps its f16 scale fields (the rest is codes and packed integer scales).
+std::vector<uint32_t> f16_fields(DType d) {
+  switch (d) {
+    case DType::kQ4_1: return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
+    case DType::kQ5_1: return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
+    case DType::kQ4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+    case DType::kQ5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
+    case DType::kQ2_K: return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
+    case DType::kQ3_K: return {offsetof(BlockQ3_K, d)};
+    case DType::kQ6_K: return {offsetof(BlockQ6_K, d)};
+    default: return {0};  // Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS: d first
+  }
+}
+
 void fill_weights(uint8_t* p, DType dt, int64_t rows, int64_t cols) {
   const uint64_t row_bytes = dtype_bytes(dt, cols);
   uint64_t s = 0x9e3779b97f4a7c15ull;
@@ -90,21 +105,12 @@ void fill_weights(uint8_t* p, DType dt, int64_t rows, int64_t cols) {
   // Make every scale / float a normal, finite, small value (no denormal or NaN slow paths).
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = p + r * row_bytes;
-    if (dt == DType::kQ8_0 || dt == DType::kQ4_0) {
-      const int bb = dt == DType::kQ8_0 ? 34 : 18;
-      for (int64_t b = 0; b < cols / 32; ++b) {
-        uint16_t h = 0x2000 | (next() & 0x3ff);
-        std::memcpy(row + b * bb, &h, 2);
-      }
-    } else if (dt == DType::kQ4_K || dt == DType::kQ6_K) {  // f16 d (+ dmin) per 256
-      const int bb = dt == DType::kQ4_K ? 144 : 210;
-      for (int64_t b = 0; b < cols / 256; ++b) {
-        uint16_t h = 0x1c00 | (next() & 0x3ff), h2 = 0x1c00 | (next() & 0x3ff);
-        if (dt == DType::kQ4_K) {
-          std::memcpy(row + b * bb, &h, 2);
-          std::memcpy(row + b * bb + 2, &h2, 2);
-        } else {
-          std::memcpy(row + b * bb + 208, &h, 2);
+    if (dtype_is_block(dt)) {  // every f16 scale field of every block (gguf_blocks.h)
+      const uint32_t bb = dtype_info(dt).block_bytes;
+      for (int64_t b = 0; b < cols / static_cast<int64_t>(dtype_info(dt).block_elems); ++b) {
+        for (uint32_t off : f16_fields(dt)) {
+          const uint16_t h = static_cast<uint16_t>(0x1c00 | (next() & 0x3ff));
+          std::memcpy(row + b * bb + off, &h, 2);
         }
       }
     } else if (dt == DType::kBF16 || dt == DType::kF16) {
@@ -188,13 +194,17 @@ std::vector<std::string> split(const std::string& s) {
 
 Format parse_format(const std::string& s) {
   Format f;
-  for (DType d : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kBF16, DType::kF16, DType::kF32})
-    if (s == dtype_name(d)) f.dtype = d;
+  for (int i = 0; i < static_cast<int>(DType::kUnknown); ++i) {
+    const DType d = static_cast<DType>(i);
+    const bool ok = (dtype_is_block(d) && d != DType::kQ8_K) || d == DType::kBF16 || d == DType::kF16 || d == DType::kF32;
+    if (ok && s == dtype_name(d)) f.dtype = d;
+  }
   if (f.dtype != DType::kUnknown) return f;
   if (std::sscanf(s.c_str(), "affine-q%d-g%d", &f.bits, &f.group_size) == 2 && f.bits >= 2 && f.bits <= 8 &&
       f.group_size % 32 == 0 && f.group_size > 0)
     return f;
-  std::fprintf(stderr, "unknown format %s (Q4_0, Q8_0, Q4_K, Q6_K, BF16, F16, F32, affine-q<bits>-g<group>)\n", s.c_str());
+  std::fprintf(stderr, "unknown format %s (a GGUF block format such as Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, "
+               "IQ4_XS; BF16, F16, F32, affine-q<bits>-g<group>)\n", s.c_str());
   std::exit(2);
 }
 
