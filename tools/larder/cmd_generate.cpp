@@ -10,6 +10,7 @@
 #include "larder/memory/store/kv_store.h"
 #include "larder/runtime/generate.h"
 #include "larder/runtime/kv_identity.h"
+#include "larder/runtime/fit.h"
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/text_stream.h"
 #include "larder/tokenizer/tokenizer.h"
@@ -84,6 +85,13 @@ int run_generate(const GenerateFlags& f) {
     n = ctx - static_cast<int64_t>(prompt.size());
     std::fprintf(stderr, "larder: generating at most %lld tokens: the context of %lld is full after that\n",
                  static_cast<long long>(n), static_cast<long long>(ctx));
+  }
+
+  {  // The KV grows on demand, so a run needs room for its own tokens only.
+    runtime::FitRequest fr;
+    fr.ctx = std::min<int64_t>(ctx, static_cast<int64_t>(prompt.size()) + n);
+    const auto fit = runtime::check_model_fit(info, m.files.tensors().total_bytes(), fr);
+    if (!fit.status.is_ok()) return report(fit.status);
   }
 
   runtime::GenerateOptions go;

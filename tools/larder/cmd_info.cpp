@@ -1,7 +1,11 @@
 // larder info MODEL: architecture, sizes, dtypes, vocabulary, context, template presence.
 #include <cstdio>
+#include <algorithm>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
+#include "larder/runtime/fit.h"
 #include "larder/runtime/loaded_model.h"
 #include "verbs.h"
 
@@ -9,13 +13,40 @@ namespace larder::cli {
 
 VerbMain add_info(CLI::App& app) {
   auto model = std::make_shared<std::string>();
-  CLI::App* cmd = app.add_subcommand("info", "describe a model: architecture, sizes, dtypes, vocab, context");
+  struct FitFlags {
+    int64_t ctx = 0, parallel = 1;
+    double prompt_cache_gb = 0;
+    bool json = false;
+  };
+  auto ff = std::make_shared<FitFlags>();
+  CLI::App* cmd = app.add_subcommand("info", "describe a model: architecture, sizes, dtypes, vocab, context, memory estimate");
   cmd->add_option("model", *model, "model directory or .gguf file")->required();
-  return [model]() {
+  cmd->add_option("-c,--ctx", ff->ctx, "context tokens per sequence for the memory estimate (default 4096, capped at the model's)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--parallel,--np", ff->parallel, "sequences held at once for the memory estimate")->check(CLI::PositiveNumber);
+  cmd->add_option("--prompt-cache", ff->prompt_cache_gb, "RAM KV cache cap in GiB to include")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--json", ff->json, "print the memory estimate as JSON only");
+  return [model, ff]() {
     auto lm = runtime::load_model(*model);
     if (!lm.is_ok()) return report(lm.status());
     const auto& m = **lm;
     const auto& i = m.model->info();
+    runtime::FitRequest fr;
+    fr.ctx = std::min<int64_t>(ff->ctx > 0 ? ff->ctx : 4096, i.max_context);
+    fr.parallel = ff->parallel;
+    fr.kv_store_ram_cap = static_cast<uint64_t>(ff->prompt_cache_gb * (1ull << 30));
+    const auto est = runtime::estimate_fit(i, m.files.tensors().total_bytes(), fr);
+    const auto avail = runtime::available_memory();
+    if (ff->json) {
+      const auto v = runtime::check_fit(est, fr, avail);
+      nlohmann::json j = {{"ctx", fr.ctx},          {"parallel", fr.parallel},     {"weights", est.weights},
+                          {"kv", est.kv},           {"kv_per_token", est.kv_per_token}, {"scratch", est.scratch},
+                          {"runtime", est.runtime}, {"total", est.total()},        {"prompt_cache", est.kv_store_cap},
+                          {"available", avail.bytes}, {"available_source", avail.source},
+                          {"fits", v.status.is_ok()}, {"message", v.status.message()}};
+      std::printf("%s\n", j.dump(2).c_str());
+      return 0;
+    }
     std::map<std::string, uint64_t> bytes_by_dtype;
     for (const auto& t : m.files.tensors().tensors()) bytes_by_dtype[dtype_name(t.dtype)] += t.nbytes;
     std::printf("model:          %s (%s)\n", m.files.path.c_str(),
@@ -38,6 +69,7 @@ VerbMain add_info(CLI::App& app) {
     for (int32_t id : m.defaults.eos_ids) eos += (eos.empty() ? "" : ", ") + std::to_string(id);
     std::printf("eos ids:        [%s]\n", eos.c_str());
     std::printf("load time:      %.1f ms\n", m.load_seconds * 1e3);
+    std::printf("%s", runtime::describe_fit(est, fr, avail).c_str());
     return 0;
   };
 }

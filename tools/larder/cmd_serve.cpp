@@ -25,6 +25,7 @@
 #include "larder/memory/store/identity.h"
 #include "larder/memory/store/kv_store.h"
 #include "larder/runtime/kv_identity.h"
+#include "larder/runtime/fit.h"
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/model_locator.h"
 #include "larder/server/engine.h"
@@ -186,6 +187,18 @@ int run_serve(ServeFlags f) {
   sm.ns_base = memory::namespace_id({});
   sm.ctx = f.ctx > 0 ? std::min<int64_t>(f.ctx, info.max_context) : info.max_context;
   sm.max_token_bytes = server::longest_token_bytes(m);
+  {  // Before the first weight is read: refuse a --ctx x --parallel that cannot fit, cap the prompt cache.
+    runtime::FitRequest fr;
+    fr.ctx = sm.ctx;
+    fr.parallel = f.parallel;
+    fr.kv_store_ram_cap = static_cast<uint64_t>(f.prompt_cache_gb * (1ull << 30));
+    const auto fit = runtime::check_model_fit(info, m.files.tensors().total_bytes(), fr);
+    if (!fit.status.is_ok()) return fail(fit.status);
+    if (!fit.note.empty()) {
+      std::fprintf(stderr, "larder: %s\n", fit.note.c_str());
+      f.prompt_cache_gb = static_cast<double>(fit.kv_store_cap) / (1ull << 30);
+    }
+  }
   const auto& gc = m.files.generation_config;
   sm.defaults.temperature = f.temp ? f.temp : gc_number(gc, "temperature");
   sm.defaults.top_p = f.top_p ? f.top_p : gc_number(gc, "top_p");

@@ -1,0 +1,167 @@
+#include "larder/runtime/fit.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "larder/core/progress.h"
+
+namespace larder::runtime {
+
+namespace {
+
+constexpr uint64_t kProcessBase = 16ull << 20;
+constexpr uint64_t kTokenizerPerEntry = 160;
+constexpr uint64_t kHeadroom = 64ull << 20;  // page tables, allocator slack, the OS's share
+
+std::string gib(uint64_t b) { return Progress::format_bytes(static_cast<double>(b)); }
+
+// "8G", "512M", "1048576" -> bytes; 0 when malformed.
+uint64_t parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || v < 0) return 0;
+  double mul = 1;
+  switch (*end) {
+    case 'k': case 'K': mul = 1024.0; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
+    case '\0': break;
+    default: return 0;
+  }
+  return static_cast<uint64_t>(v * mul);
+}
+
+uint64_t read_u64_file(const std::string& path, bool* ok) {
+  std::ifstream in(path);
+  std::string s;
+  *ok = static_cast<bool>(in >> s) && s != "max";
+  return *ok ? std::strtoull(s.c_str(), nullptr, 10) : 0;
+}
+
+}  // namespace
+
+FitEstimate estimate_fit(const models::ModelInfo& i, uint64_t weight_bytes, const FitRequest& req) {
+  FitEstimate e;
+  e.weights = weight_bytes;
+  e.kv_per_token = static_cast<uint64_t>(i.n_layers) * 2 * i.n_kv_heads * i.head_dim * sizeof(float);
+  e.kv = e.kv_per_token * static_cast<uint64_t>(req.ctx) * static_cast<uint64_t>(req.parallel);
+  const uint64_t rows = static_cast<uint64_t>(std::max<int64_t>(1, std::min(req.ctx, req.prefill_rows)));
+  const uint64_t q_dim = static_cast<uint64_t>(i.n_heads * i.head_dim), kv_dim = static_cast<uint64_t>(i.n_kv_heads * i.head_dim);
+  // decoder x/h/o, attention q/k/v/att, MLP gate/up, the activations quantized for the integer
+  // kernels (a byte per element), and the last row's logits (twice: model buffer + caller's).
+  const uint64_t per_row = 3 * i.hidden + 2 * q_dim + 2 * kv_dim + 2 * i.ffn;
+  e.scratch = rows * per_row * sizeof(float) + rows * std::max(i.hidden, i.ffn) + 2 * i.vocab * sizeof(float);
+  e.runtime = kProcessBase + kTokenizerPerEntry * static_cast<uint64_t>(i.vocab);
+  e.kv_store_cap = req.kv_store_ram_cap;
+  return e;
+}
+
+MemoryAvailable available_memory() {
+  MemoryAvailable a;
+  if (const char* lim = std::getenv("LARDER_MEMORY_LIMIT"); lim && *lim) {
+    a.bytes = parse_bytes(lim);
+    a.source = "LARDER_MEMORY_LIMIT";
+    return a;
+  }
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    uint64_t kb = 0;
+    std::string unit;
+    while (in >> key >> kb) {
+      std::getline(in, unit);
+      if (key == "MemAvailable:") {
+        a.bytes = kb * 1024;
+        a.source = "MemAvailable";
+        break;
+      }
+    }
+  }
+  // cgroup v2: this process's group (from /proc/self/cgroup "0::/path").
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) != 0) continue;
+    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+    bool ok_max = false, ok_cur = false;
+    const uint64_t max = read_u64_file(dir + "/memory.max", &ok_max);
+    const uint64_t cur = read_u64_file(dir + "/memory.current", &ok_cur);
+    if (ok_max && ok_cur) {
+      const uint64_t room = max > cur ? max - cur : 0;
+      if (a.source.empty() || room < a.bytes) {
+        a.bytes = room;
+        a.source = "cgroup memory.max";
+      }
+    }
+  }
+  return a;
+}
+
+FitVerdict check_fit(const FitEstimate& est, const FitRequest& req, const MemoryAvailable& avail) {
+  FitVerdict v;
+  v.kv_store_cap = req.kv_store_ram_cap;
+  if (avail.source.empty()) return v;  // nothing known: do not guess
+  const uint64_t budget = avail.bytes > kHeadroom ? avail.bytes - kHeadroom : 0;
+  if (est.total() <= budget) {
+    const uint64_t left = budget - est.total();
+    if (req.kv_store_ram_cap > left) {
+      v.kv_store_cap = left;
+      v.note = strfmt("the prompt cache's RAM cap is lowered from %s to %s so the model, its KV and the cache fit in "
+                      "%s (%s)",
+                      gib(req.kv_store_ram_cap).c_str(), gib(left).c_str(), gib(avail.bytes).c_str(),
+                      avail.source.c_str());
+    }
+    return v;
+  }
+  std::string advice;
+  if (est.fixed() + est.kv_per_token * 256 > budget) {
+    advice = strfmt("the weights alone (%s) plus the runtime leave no room for a context: pick a smaller or more "
+                    "quantized model",
+                    gib(est.weights).c_str());
+  } else {
+    const uint64_t tokens = (budget - est.fixed()) / est.kv_per_token;  // over all sequences
+    const int64_t ctx_at_p = static_cast<int64_t>(tokens / static_cast<uint64_t>(req.parallel)) / 256 * 256;
+    advice = strfmt("what fits: --ctx %lld with --parallel %lld", static_cast<long long>(ctx_at_p),
+                    static_cast<long long>(req.parallel));
+    const int64_t p_at_ctx = static_cast<int64_t>(tokens / static_cast<uint64_t>(req.ctx));
+    if (req.parallel > 1 && p_at_ctx >= 1) {
+      advice += strfmt(", or --parallel %lld with --ctx %lld", static_cast<long long>(p_at_ctx),
+                       static_cast<long long>(req.ctx));
+    }
+  }
+  v.status = Status(StatusCode::kResourceExhausted,
+                    strfmt("[fit] needs about %s (weights %s + KV %s for %lld x %lld tokens + scratch %s + runtime %s) "
+                           "but %s is available (%s); %s",
+                           gib(est.total()).c_str(), gib(est.weights).c_str(), gib(est.kv).c_str(),
+                           static_cast<long long>(req.parallel), static_cast<long long>(req.ctx),
+                           gib(est.scratch).c_str(), gib(est.runtime).c_str(), gib(avail.bytes).c_str(),
+                           avail.source.c_str(), advice.c_str()));
+  return v;
+}
+
+FitVerdict check_model_fit(const models::ModelInfo& info, uint64_t weight_bytes, const FitRequest& req) {
+  return check_fit(estimate_fit(info, weight_bytes, req), req, available_memory());
+}
+
+std::string describe_fit(const FitEstimate& est, const FitRequest& req, const MemoryAvailable& avail) {
+  std::ostringstream o;
+  o << strfmt("memory estimate (--ctx %lld --parallel %lld):\n", static_cast<long long>(req.ctx),
+              static_cast<long long>(req.parallel));
+  o << strfmt("  weights        %s\n", gib(est.weights).c_str());
+  o << strfmt("  KV cache       %s (%s per token per sequence)\n", gib(est.kv).c_str(), gib(est.kv_per_token).c_str());
+  o << strfmt("  scratch        %s\n", gib(est.scratch).c_str());
+  o << strfmt("  runtime        %s\n", gib(est.runtime).c_str());
+  o << strfmt("  total          %s\n", gib(est.total()).c_str());
+  if (est.kv_store_cap) o << strfmt("  + prompt cache up to %s\n", gib(est.kv_store_cap).c_str());
+  if (!avail.source.empty()) {
+    const FitVerdict v = check_fit(est, req, avail);
+    o << strfmt("  available      %s (%s): %s\n", gib(avail.bytes).c_str(), avail.source.c_str(),
+                v.status.is_ok() ? "fits" : v.status.message().c_str());
+  }
+  return o.str();
+}
+
+}  // namespace larder::runtime

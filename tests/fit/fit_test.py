@@ -1,0 +1,137 @@
+"""The memory estimate (`larder info --ctx N --json`, runtime/fit.h) against the resident memory a
+real run reaches: `larder generate` with a prompt that fills the context, peak RSS from wait4().
+Bound: |estimate - measured| <= 10 % of the measured peak + 4 MiB (the 4 MiB: allocator and
+page-granularity noise that dominates models of a few MB). And the refusal path: with a fake
+memory limit (LARDER_MEMORY_LIMIT) generate/serve refuse before loading the weights and say what
+would fit, and that advice does fit.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+LARDER = os.environ.get("LARDER_BIN", "larder")
+SHARED = os.environ.get("LARDER_SHARED_DIR", "../../../shared")
+SOURCE = os.environ.get("LARDER_SOURCE_DIR", "../..")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
+
+MIB = 1 << 20
+
+
+def run(*args, env=None):
+    return subprocess.run([LARDER, *args], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, **(env or {})), stdin=subprocess.DEVNULL)
+
+
+def peak_rss(*args):
+    # Through GNU time, not wait4() from here: a child's ru_maxrss keeps the high-water mark of
+    # the process it was forked from (this Python, with numpy loaded) across exec.
+    out = tempfile.NamedTemporaryFile(prefix="rss-", delete=False)
+    out.close()
+    r = subprocess.run(["/usr/bin/time", "-o", out.name, "-f", "%M", LARDER, *args], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                       env=dict(os.environ, LARDER_PROGRESS="0"), timeout=600)
+    if r.returncode != 0:
+        raise AssertionError("larder %s failed: %s" % (" ".join(args), r.stderr))
+    with open(out.name) as f:
+        kb = int(f.read().split()[-1])
+    os.unlink(out.name)
+    return kb * 1024
+
+
+def n_tokens(model, text):
+    r = run("tokenize", model, "--text", text, "--add-special")
+    assert r.returncode == 0, r.stderr
+    return len(json.loads(r.stdout))
+
+
+def prompt_of(model, target):
+    """A prompt of about `target` tokens and its exact token count."""
+    unit = "The cat sat on the mat and looked at the moon. "
+    k = max(1, target // max(1, n_tokens(model, unit * 20) // 20))
+    while True:
+        text = unit * k
+        n = n_tokens(model, text)
+        if n <= target or k == 1:
+            return text, n
+        k = max(1, k * target // n - 1)
+
+
+class FitTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="larder-fit-")
+        import tiny_model
+        cls.tiny_hf = os.path.join(cls.tmp, "tiny")
+        tiny_model.make_chat_model(cls.tiny_hf, SHARED)
+        cls.models = [
+            (os.path.join(SHARED, "models", "stories260K", "stories260K.gguf"), (64, 256, 500)),
+            (os.path.join(SHARED, "models", "llama-2-tiny-random", "llama-2-tiny-random.gguf"), (64, 512, 2000)),
+            (cls.tiny_hf, (64, 512, 2000)),
+        ]
+        # The real small model when scripts/fetch_models.sh has fetched it (KV and weights then dominate).
+        smol = sorted(glob.glob(os.path.join(SOURCE, ".cache", "models", "SmolLM2-135M-Instruct*.gguf")))
+        if smol:
+            cls.models.append((smol[0], (256, 1024, 2048)))
+
+    def estimate(self, model, ctx, parallel=1, env=None):
+        r = run("info", model, "--ctx", str(ctx), "--parallel", str(parallel), "--json", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def test_estimate_matches_measured_peak_rss(self):
+        rows = []
+        for model, ctxs in self.models:
+            for target in ctxs:
+                text, n = prompt_of(model, target - 1)
+                ctx = n + 1  # the prompt and one generated token: the whole context is used
+                measured = peak_rss("generate", model, "--prompt", text, "-n", "1", "--ctx", str(ctx), "-t", "2")
+                est = self.estimate(model, ctx)
+                self.assertEqual(est["ctx"], ctx)
+                rows.append((os.path.basename(model.rstrip("/")), ctx, est["total"], measured))
+        report = "\n".join("%-34s ctx %5d  estimate %7.1f MiB  measured %7.1f MiB  %+5.1f %%" %
+                           (m, c, e / MIB, r / MIB, 100.0 * (e - r) / r) for m, c, e, r in rows)
+        print("\n" + report, file=sys.stderr)
+        for m, c, e, r in rows:
+            self.assertLessEqual(abs(e - r), 0.10 * r + 4 * MIB, report)
+
+    def test_the_estimate_grows_with_ctx_and_parallel(self):
+        model = self.models[1][0]
+        a, b, c = self.estimate(model, 256), self.estimate(model, 512), self.estimate(model, 512, parallel=4)
+        self.assertEqual(b["kv"], 2 * a["kv"])
+        self.assertEqual(c["kv"], 4 * b["kv"])
+        self.assertEqual(a["weights"], b["weights"])
+        self.assertEqual(b["kv_per_token"] * 512, b["kv"])
+
+    def test_refusal_says_what_fits(self):
+        model = self.models[1][0]
+        est = self.estimate(model, 2048, parallel=4)
+        # A limit between "weights + a short context" and "ctx 2048 x 4".
+        limit = (est["total"] + est["weights"] + est["runtime"] + est["scratch"]) // 2 + 64 * MIB
+        env = {"LARDER_MEMORY_LIMIT": str(limit)}
+        r = run("info", model, "--ctx", "2048", "--parallel", "4", "--json", env=env)
+        self.assertFalse(json.loads(r.stdout)["fits"])
+        r = run("serve", model, "--ctx", "2048", "--parallel", "4", "--port", "0", env=env)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("[fit]", r.stderr)
+        self.assertIn("LARDER_MEMORY_LIMIT", r.stderr)
+        advice = r.stderr.split("what fits: --ctx ")[1]
+        ctx_fit = int(advice.split()[0])
+        self.assertGreater(ctx_fit, 0)
+        self.assertLess(ctx_fit, 2048)
+        self.assertTrue(json.loads(run("info", model, "--ctx", str(ctx_fit), "--parallel", "4", "--json",
+                                       env=env).stdout)["fits"])
+        # generate: refused with the weights alone over the limit, before any output.
+        r = run("generate", model, "--prompt", "hi", "-n", "2", env={"LARDER_MEMORY_LIMIT": "1M"})
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("[fit]", r.stderr)
+        self.assertEqual(r.stdout, "")
+        r = run("generate", model, "--prompt", "hi", "-n", "2", env={"LARDER_MEMORY_LIMIT": "64G"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
