@@ -133,5 +133,32 @@ class FitTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
 
 
+    def test_cold_model_load_shows_progress(self):
+        # A private copy dropped from the page cache (posix_fadvise DONTNEED on clean files) is
+        # cold: generate reads the weights with a progress line first. On disk, not tmpfs (never
+        # cold). The HF test model: its 1-D tensors sit apart from the big embedding matrices, so
+        # binding the weights (which reads the norms, with the kernel's read-around) leaves most
+        # of the file cold; a small GGUF is read whole by that read-around.
+        import shutil
+        d = tempfile.mkdtemp(prefix="cold-", dir=os.environ.get("LARDER_TEST_DATA_DIR") or None)
+        model = os.path.join(d, "cold")
+        shutil.copytree(self.tiny_hf, model)
+        for f in os.listdir(model):
+            fd = os.open(os.path.join(model, f), os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        # Above 1 MiB cold: a page or two evicted between the runs by a busy machine is not "cold".
+        env = {"LARDER_PAGE_IN_MIN": str(1 << 20), "LARDER_PROGRESS": "plain"}
+        r = run("generate", model, "--prompt", "hi", "-n", "2", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("loading model.safetensors", r.stderr)
+        self.assertIn("done in", r.stderr)
+        # Now warm: nothing to read, no line.
+        r = run("generate", model, "--prompt", "hi", "-n", "2", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("loading model.safetensors", r.stderr)
+        shutil.rmtree(d, ignore_errors=True)
+
 if __name__ == "__main__":
     unittest.main()

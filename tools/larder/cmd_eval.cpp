@@ -13,8 +13,10 @@
 #include "larder/core/mmap_file.h"
 #include "larder/core/threadpool.h"
 #include "larder/runtime/eval.h"
+#include "larder/runtime/page_in.h"
 #include "larder/runtime/loaded_model.h"
 #include "larder/tokenizer/tokenizer.h"
+#include "larder/core/progress.h"
 #include "verbs.h"
 
 namespace larder::cli {
@@ -81,8 +83,17 @@ Result<Prepared> prepare(const EvalFlags& f, const runtime::LoadedModel& m) {
   return p;
 }
 
-// llama-perplexity's running line: "[1]12.3456,[2]11.9876,..." on stderr.
+// On a terminal a bar with the running value; otherwise llama-perplexity's running line
+// "[1]12.3456,[2]11.9876,..." on stderr.
 runtime::EvalProgressFn progress_line(bool kl) {
+  if (Progress::style_for(stderr) == Progress::Style::kBar) {
+    auto bar = std::make_shared<ProgressSteps>(kl ? "eval kl" : "eval ppl");
+    return [kl, bar](const runtime::EvalProgress& p) {
+      bar->step(static_cast<size_t>(p.chunk), static_cast<size_t>(p.n_chunks),
+                strfmt("%s %.4f", kl ? "KL" : "PPL", kl ? p.kl_mean : p.ppl));
+      if (p.chunk == p.n_chunks) bar->finish();
+    };
+  }
   return [kl](const runtime::EvalProgress& p) {
     std::fprintf(stderr, "[%lld]%.4f%s", static_cast<long long>(p.chunk), kl ? p.kl_mean : p.ppl,
                  p.chunk == p.n_chunks ? "\n" : ",");
@@ -96,6 +107,7 @@ int run_ppl(const EvalFlags& f) {
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
   if (Status st = check_ctx(f, m, f.model); !st.is_ok()) return report(st);
+  runtime::page_in_weights(m.files.tensors());
   auto prep = prepare(f, m);
   if (!prep.is_ok()) return report(prep.status());
   std::fprintf(stderr, "larder: perplexity of %s over %zu chunks of %lld tokens (%lld in the text, BOS %s)\n",
@@ -146,6 +158,8 @@ int run_kl(const EvalFlags& f) {
   }
   if (Status st = check_ctx(f, base, f.model); !st.is_ok()) return report(st);
   if (Status st = check_ctx(f, cand, f.candidate); !st.is_ok()) return report(st);
+  runtime::page_in_weights(base.files.tensors());
+  runtime::page_in_weights(cand.files.tensors());
   auto prep = prepare(f, base);
   if (!prep.is_ok()) return report(prep.status());
   std::fprintf(stderr, "larder: KL(%s || %s) over %zu chunks of %lld tokens (%lld in the text, BOS %s)\n",

@@ -11,6 +11,7 @@
 #include "larder/runtime/generate.h"
 #include "larder/runtime/kv_identity.h"
 #include "larder/runtime/fit.h"
+#include "larder/runtime/page_in.h"
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/text_stream.h"
 #include "larder/tokenizer/tokenizer.h"
@@ -93,6 +94,7 @@ int run_generate(const GenerateFlags& f) {
     const auto fit = runtime::check_model_fit(info, m.files.tensors().total_bytes(), fr);
     if (!fit.status.is_ok()) return report(fit.status);
   }
+  runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read
 
   runtime::GenerateOptions go;
   go.sampling = m.defaults.sampling;

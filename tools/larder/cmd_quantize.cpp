@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "larder/quant/convert.h"
+#include "larder/core/progress.h"
 #include "verbs.h"
 
 namespace larder::cli {
@@ -83,17 +84,14 @@ VerbMain add_quantize(CLI::App& app) {
     std::stringstream ss(o->keep);
     for (std::string k; std::getline(ss, k, ',');)
       if (!k.empty()) opts.keep.push_back(k);
-    opts.rotation.progress = [](size_t i, size_t n, const std::string& t) {
-      std::fprintf(stderr, "\r[rotate %zu/%zu] %-60s", i, n, t.c_str());
-      if (i == n) std::fputc('\n', stderr);
-      std::fflush(stderr);
-    };
-    opts.progress = [](size_t i, size_t n, const std::string& m) {
-      std::fprintf(stderr, "\r[%zu/%zu] %3.0f%% %-60s", i, n, 100.0 * static_cast<double>(i) / static_cast<double>(n), m.c_str());
-      if (i == n) std::fputc('\n', stderr);
-      std::fflush(stderr);
-    };
+    // One bar per phase (rotation, sensitivity probes, quantizing tensors); plain lines off a TTY.
+    auto rot = std::make_shared<ProgressSteps>("rotate");
+    auto steps = std::make_shared<ProgressSteps>("quantize");
+    opts.rotation.progress = [rot](size_t i, size_t n, const std::string& t) { rot->step(i, n, t); };
+    opts.progress = [steps](size_t i, size_t n, const std::string& m) { steps->step(i, n, m); };
     auto r = quant::quantize_checkpoint(o->src, o->dst, opts);
+    rot->finish(r ? "" : "stopped");
+    steps->finish(r ? "" : "stopped");
     if (!r) return report(r.status());
     const auto& rep = r.value();
     std::fprintf(stderr,

@@ -26,6 +26,7 @@
 #include "larder/memory/store/kv_store.h"
 #include "larder/runtime/kv_identity.h"
 #include "larder/runtime/fit.h"
+#include "larder/runtime/page_in.h"
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/model_locator.h"
 #include "larder/server/engine.h"
@@ -199,6 +200,7 @@ int run_serve(ServeFlags f) {
       f.prompt_cache_gb = static_cast<double>(fit.kv_store_cap) / (1ull << 30);
     }
   }
+  runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read
   const auto& gc = m.files.generation_config;
   sm.defaults.temperature = f.temp ? f.temp : gc_number(gc, "temperature");
   sm.defaults.top_p = f.top_p ? f.top_p : gc_number(gc, "top_p");

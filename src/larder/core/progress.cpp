@@ -153,4 +153,20 @@ void Progress::draw_locked(bool final_line, const std::string& failure) {
   std::fflush(out_);
 }
 
+void ProgressSteps::step(size_t i, size_t n, const std::string& what) {
+  if (!p_ || n != n_ || i < last_) {
+    if (p_) p_->finish();
+    p_ = std::make_unique<Progress>(label_, n, Progress::Unit::kItems);
+    n_ = n;
+  }
+  last_ = i;
+  p_->set_detail(what);
+  p_->update(i);
+}
+
+void ProgressSteps::finish(const std::string& failure) {
+  if (p_) p_->finish(failure);
+  p_.reset();
+}
+
 }  // namespace larder

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -56,6 +57,20 @@ class Progress {
   Clock::time_point t0_, last_draw_;
   int last_decile_ = -1;
   size_t last_width_ = 0;
+};
+
+// For callbacks shaped (i, n, what) — quantize's per-tensor and sensitivity steps, eval's
+// chunks: one Progress per phase, a new one whenever n changes or i starts over.
+class ProgressSteps {
+ public:
+  explicit ProgressSteps(std::string label) : label_(std::move(label)) {}
+  void step(size_t i, size_t n, const std::string& what);
+  void finish(const std::string& failure = {});
+
+ private:
+  std::string label_;
+  std::unique_ptr<Progress> p_;
+  size_t n_ = 0, last_ = 0;
 };
 
 }  // namespace larder

@@ -1,0 +1,23 @@
+// page_in.h — read a model's weights into memory before the first forward when much of them is
+// not in the page cache, with a progress bar. The weights are mmap'd and paged in on demand, so
+// a cold multi-GB file would otherwise show as a silent first prompt of tens of seconds.
+// mincore() says what is already resident; only the cold pages are touched (through the
+// mapping, so they are mapped the way the kernels will read them). LARDER_PAGE_IN=0 skips it;
+// LARDER_PAGE_IN_MIN (bytes) changes the 64 MiB of cold data below which nothing is shown.
+#pragma once
+
+#include <cstdint>
+
+#include "larder/formats/tensor.h"
+
+namespace larder::runtime {
+
+struct PageInStats {
+  uint64_t mapped_bytes = 0;
+  uint64_t cold_bytes = 0;  // not resident before (0 when the check is off)
+  bool paged_in = false;    // cold_bytes were read, with progress
+};
+
+PageInStats page_in_weights(const formats::TensorSet& tensors);
+
+}  // namespace larder::runtime
