@@ -43,6 +43,21 @@ class NativeRoutesTest(ServerTestCase):
         self.assertEqual([t["id"] for t in toks], [1, 403, 407, 261, 378])
         self.assertTrue(all(set(t) == {"id", "piece"} for t in toks), toks)
 
+    def test_completion_logprobs_pieces_join(self):
+        r = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 16, "temperature": 0, "logprobs": 2})
+        self.assertEqual(r.status, 200, r)
+        c = r.json()["choices"][0]
+        toks, offs = c["logprobs"]["tokens"], c["logprobs"]["text_offset"]
+        self.assertEqual("".join(toks), c["text"], "token strings are the pieces of the text (leading spaces kept)")
+        self.assertEqual(offs, [len("".join(toks[:i])) for i in range(len(toks))], "text_offset is cumulative")
+        r = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 16, "temperature": 0,
+                                                 "logprobs": 1, "stream": True})
+        chunks = [json.loads(e.data) for e in parse_sse(r.body) if e.data and e.data != "[DONE]"]
+        toks = [t for ch in chunks for t in ((ch["choices"][0].get("logprobs") or {}).get("tokens") or [])]
+        offs = [t for ch in chunks for t in ((ch["choices"][0].get("logprobs") or {}).get("text_offset") or [])]
+        self.assertEqual("".join(toks), c["text"])
+        self.assertEqual(offs, [len("".join(toks[:i])) for i in range(len(toks))])
+
     def test_grammar_refused(self):
         r = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "grammar": "root ::= \"a\""})
         self.assertEqual(r.status, 400, r)
@@ -64,6 +79,16 @@ class ChatCompatTest(ServerTestCase):
         self.assertEqual(r.status, 200, r)
         self.assertIn("Hello there", r.json()["prompt"])
         self.assertTrue(r.json()["prompt"].rstrip().endswith("assistant<|end_header_id|>"), r.json()["prompt"][-80:])
+
+    def test_chat_logprobs_pieces_join(self):
+        r = self.server.post("/v1/chat/completions", {"messages": user("Tell me a story"), "max_tokens": 24,
+                                                      "temperature": 0, "logprobs": True, "top_logprobs": 2})
+        self.assertEqual(r.status, 200, r)
+        ch = r.json()["choices"][0]
+        content = ch["logprobs"]["content"]
+        self.assertEqual("".join(t["token"] for t in content), ch["message"]["content"])
+        self.assertEqual(b"".join(bytes(t["bytes"]) for t in content), ch["message"]["content"].encode("utf-8"))
+        self.assertTrue(any(t["token"].startswith(" ") for t in content), "leading spaces are kept")
 
     def test_llama_server_validation(self):
         two = user("hi") + [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]

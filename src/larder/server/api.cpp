@@ -731,19 +731,35 @@ ordered_json ResponseWriter::usage_json() const {
           {"larder", ext}};
 }
 
+namespace {
+int64_t utf8_chars(const std::string& s) {  // characters started in s (continuation bytes skipped)
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c >> 6) != 2;
+  return n;
+}
+}  // namespace
+
+// Token strings are the exact pieces the output text is made of (leading spaces kept), so they
+// join back into it; `bytes` carries the raw bytes, which matter for a token that holds only
+// part of a UTF-8 character (its `token` string then shows U+FFFD). text_offset counts
+// characters from the start of the completion.
 ordered_json ResponseWriter::logprobs_json(const std::vector<TokenInfo>& toks) const {
   const tokenizer::Tokenizer& tk = *sm_.m->tokenizer;
-  auto piece = [&](int32_t id) { return tk.decode({id}, /*skip_special=*/false); };
+  auto piece = [&](int32_t id) { return tk.token_bytes(id); };
+  // Invalid UTF-8 is replaced by U+FFFD when the JSON is written (error_handler_t::replace).
+  auto shown = [](const std::string& p) { return p; };
   if (surface_ == Surface::kCompletions) {  // legacy shape
     ordered_json tokens = ordered_json::array(), lps = ordered_json::array(), tops = ordered_json::array(),
                  offs = ordered_json::array();
     for (const TokenInfo& t : toks) {
-      tokens.push_back(piece(t.id));
+      const std::string p = piece(t.id);
+      tokens.push_back(shown(p));
       lps.push_back(t.lp.logprob);
       ordered_json top = ordered_json::object();
-      for (const auto& [id, lp] : t.lp.top) top[piece(id)] = lp;
+      for (const auto& [id, lp] : t.lp.top) top[shown(piece(id))] = lp;
       tops.push_back(top);
-      offs.push_back(0);
+      offs.push_back(lp_offset_);
+      lp_offset_ += utf8_chars(p);
     }
     return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
   }
@@ -757,9 +773,9 @@ ordered_json ResponseWriter::logprobs_json(const std::vector<TokenInfo>& toks) c
       const std::string ts = piece(id);
       ordered_json tb;
       utf8_bytes_json(ts, &tb);
-      top.push_back({{"token", ts}, {"logprob", lp}, {"bytes", tb}, {"id", id}});
+      top.push_back({{"token", shown(ts)}, {"logprob", lp}, {"bytes", tb}, {"id", id}});
     }
-    content.push_back({{"token", s}, {"logprob", t.lp.logprob}, {"bytes", bytes}, {"id", t.id}, {"top_logprobs", top}});
+    content.push_back({{"token", shown(s)}, {"logprob", t.lp.logprob}, {"bytes", bytes}, {"id", t.id}, {"top_logprobs", top}});
   }
   return {{"content", content}, {"refusal", nullptr}};
 }

@@ -126,6 +126,7 @@ class ResponseWriter {
   std::string block_type_;
   Outcome outcome_;
   bool opened_ = false;
+  mutable int64_t lp_offset_ = 0;  // text_offset of the next token (characters)
 };
 
 // A random id: prefix + 24 base62 characters.

@@ -604,7 +604,7 @@ struct HttpServer::Impl {
         if (!with_pieces) return send_json(res, 200, {{"tokens", ids}});
         ordered_json toks = ordered_json::array();
         for (int32_t id : ids) {
-          const std::string piece = m.m->tokenizer->decode({id}, /*skip_special=*/false);
+          const std::string piece = m.m->tokenizer->token_bytes(id);
           ordered_json p = piece;
           if (!valid_utf8(piece)) {  // llama-server: bytes for pieces that are not valid UTF-8 alone
             p = ordered_json::array();

@@ -205,6 +205,12 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return utf8::make_valid(impl_->decode_raw(ids.data(), ids.size(), skip_special, false));
 }
 
+std::string Tokenizer::token_bytes(int32_t id) const {
+  // A byte-fallback token is its byte (the decoder would turn a lone invalid one into U+FFFD).
+  if (impl_->is_byte_token(id)) return std::string(1, static_cast<char>(byte_token_value(impl_->id_to_str[id])));
+  return impl_->decode_raw(&id, 1, /*skip_special=*/false, /*continuation=*/true);
+}
+
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->id_to_str.size()); }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

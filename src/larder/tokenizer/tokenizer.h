@@ -66,6 +66,10 @@ class Tokenizer {
   // == HF `Tokenizer.decode(ids, skip_special_tokens)`; ids outside the vocabulary are dropped.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
 
+  // The bytes token `id` adds to a text it continues (not the first token: a SentencePiece
+  // leading space is kept), raw — possibly part of a UTF-8 character. Pieces of consecutive
+  // generated tokens concatenate to their decoded text (logprobs, /tokenize with_pieces).
+  std::string token_bytes(int32_t id) const;
   int32_t vocab_size() const;  // highest id + 1, added tokens included
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::string id_to_token(int32_t id) const;  // the vocab string ("" if out of range)
