@@ -58,6 +58,27 @@ class NativeRoutesTest(ServerTestCase):
         self.assertEqual("".join(toks), c["text"])
         self.assertEqual(offs, [len("".join(toks[:i])) for i in range(len(toks))])
 
+    def test_n_and_prompt_lists(self):
+        one = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0}).json()
+        r = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0, "n": 3})
+        self.assertEqual(r.status, 200, r)
+        j = r.json()
+        self.assertEqual([c["index"] for c in j["choices"]], [0, 1, 2])
+        self.assertTrue(all(c["text"] == one["choices"][0]["text"] for c in j["choices"]), "greedy samples are equal")
+        self.assertEqual(j["usage"]["completion_tokens"], 24)
+        r = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 7, "n": 4})
+        self.assertEqual(len({c["text"] for c in r.json()["choices"]}), 4, f"samples differ: {r.json()['choices']}")
+        prompts = ["Once upon a time", "The cat sat", "Lily liked"]
+        r = self.server.post("/v1/completions", {"prompt": prompts, "max_tokens": 6, "temperature": 0})
+        self.assertEqual(r.status, 200, r)
+        got = [c["text"] for c in r.json()["choices"]]
+        want = [self.server.post("/v1/completions", {"prompt": p, "max_tokens": 6, "temperature": 0}).json()["choices"][0]["text"]
+                for p in prompts]
+        self.assertEqual(got, want, "one choice per prompt, in order, each as if alone")
+        import openai
+        c = self.server.openai().completions.create(model="m", prompt=prompts, max_tokens=6, temperature=0)
+        self.assertEqual([x.text for x in sorted(c.choices, key=lambda x: x.index)], want)
+
     def test_grammar_refused(self):
         r = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "grammar": "root ::= \"a\""})
         self.assertEqual(r.status, 400, r)
@@ -89,6 +110,16 @@ class ChatCompatTest(ServerTestCase):
         self.assertEqual("".join(t["token"] for t in content), ch["message"]["content"])
         self.assertEqual(b"".join(bytes(t["bytes"]) for t in content), ch["message"]["content"].encode("utf-8"))
         self.assertTrue(any(t["token"].startswith(" ") for t in content), "leading spaces are kept")
+
+    def test_chat_n(self):
+        r = self.server.post("/v1/chat/completions", {"messages": user("Hi"), "max_tokens": 6, "temperature": 1.0,
+                                                      "seed": 3, "n": 3})
+        self.assertEqual(r.status, 200, r)
+        ch = r.json()["choices"]
+        self.assertEqual([c["index"] for c in ch], [0, 1, 2])
+        self.assertTrue(all(c["message"]["role"] == "assistant" for c in ch))
+        c = self.server.openai().chat.completions.create(model="m", messages=user("Hi"), max_tokens=4, n=2, temperature=0)
+        self.assertEqual(len(c.choices), 2)
 
     def test_llama_server_validation(self):
         two = user("hi") + [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]

@@ -85,7 +85,6 @@ uint64_t random_seed() {
 
 // Options every surface shares: meaning-changing options larder cannot honour are refused.
 void refuse_unsupported(const ordered_json& b) {
-  if (auto n = integer(b, "n", 1, 1'000'000); n && *n != 1) bad("n > 1 is not supported (one choice per request)", "n");
   if (auto n = integer(b, "best_of", 1, 1'000'000); n && *n != 1) bad("best_of > 1 is not supported", "best_of");
   if (auto e = boolean(b, "echo"); e && *e) bad("echo is not supported", "echo");
   if (get(b, "suffix")) bad("suffix is not supported", "suffix");
@@ -169,9 +168,9 @@ runtime::SamplingParams sampling(const ServedModel& sm, const ordered_json& b, b
 
 // The prompt must leave room for one generated token; max_tokens is a ceiling, clamped to what
 // the context allows (server-api.md §3, §10).
-void fit_context(const ServedModel& sm, ParsedRequest& pr, std::optional<int64_t> requested, Surface surface,
+void fit_context(const ServedModel& sm, GenRequest& gen, std::optional<int64_t> requested, Surface surface,
                  const char* param) {
-  const int64_t P = static_cast<int64_t>(pr.gen.prompt.size());
+  const int64_t P = static_cast<int64_t>(gen.prompt.size());
   if (P == 0) bad("the prompt is empty", param);
   if (P >= sm.ctx) {
     if (surface == Surface::kMessages) {
@@ -184,7 +183,29 @@ void fit_context(const ServedModel& sm, ParsedRequest& pr, std::optional<int64_t
         param, "context_length_exceeded");
   }
   const int64_t room = sm.ctx - P;
-  pr.gen.max_tokens = std::min(requested.value_or(room), room);
+  gen.max_tokens = std::min(requested.value_or(room), room);
+}
+
+void fit_context(const ServedModel& sm, ParsedRequest& pr, std::optional<int64_t> requested, Surface surface,
+                 const char* param) {
+  fit_context(sm, pr.gen, requested, surface, param);
+}
+
+// n samples per prompt (and, on /v1/completions, one or more prompts): choice i = prompt × n +
+// sample, each its own GenRequest with seed + i, decoded in the same batches; their common
+// prompt prefix is prefilled once through the KV store.
+void add_choices(ParsedRequest& pr, const std::vector<std::vector<int32_t>>& more_prompts, int n) {
+  std::vector<std::vector<int32_t>> prompts = {pr.gen.prompt};
+  prompts.insert(prompts.end(), more_prompts.begin(), more_prompts.end());
+  const size_t total = prompts.size() * static_cast<size_t>(n);
+  if (total > 64) bad(strfmt("at most 64 choices per request (%zu prompts x n=%d asked)", prompts.size(), n), "n");
+  if (total > 1 && pr.stream) bad("streaming more than one choice (n > 1 or a list of prompts) is not supported yet; use stream: false", "n");
+  for (size_t i = 1; i < total; ++i) {
+    GenRequest g = pr.gen;
+    g.prompt = prompts[i / static_cast<size_t>(n)];
+    g.sampling.seed = pr.gen.sampling.seed + i;
+    pr.more.push_back(std::move(g));
+  }
 }
 
 // A cheap bound before tokenizing: `bytes` of prompt text cannot fit when even the longest
@@ -467,6 +488,7 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   check_prompt_bytes(sm, json_string_bytes(out), Surface::kChat, "messages");
   encode_with_template(sm, out, tools, extra, pr);
   fit_context(sm, pr, max, Surface::kChat, "messages");
+  add_choices(pr, {}, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
   return pr;
 }
 
@@ -504,7 +526,30 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
   if (!prompt) bad("prompt is required", "prompt");
   const int64_t V = sm.m->model->info().vocab;
   if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
-  if (prompt->is_string()) {
+  // A list of prompts: strings, or lists of token ids. The first becomes pr.gen.
+  std::vector<std::vector<int32_t>> more;
+  if (prompt->is_array() && prompt->size() > 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    if (prompt->size() > 64) bad("at most 64 prompts per request", "prompt");
+    std::vector<std::vector<int32_t>> all;
+    for (const auto& p : *prompt) {
+      std::vector<int32_t> ids;
+      if (p.is_string()) {
+        check_prompt_bytes(sm, p.get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
+        ids = sm.m->tokenizer->encode(p.get<std::string>(), /*add_special=*/true);
+      } else if (p.is_array()) {
+        for (const auto& t : p) {
+          if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
+            bad(strfmt("prompt token ids must be integers in [0, %lld)", (long long)V), "prompt");
+          ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        }
+      } else {
+        bad("a list of prompts must hold strings or arrays of token ids", "prompt");
+      }
+      all.push_back(std::move(ids));
+    }
+    pr.gen.prompt = all[0];
+    more.assign(all.begin() + 1, all.end());
+  } else if (prompt->is_string()) {
     check_prompt_bytes(sm, prompt->get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
     pr.gen.prompt = sm.m->tokenizer->encode(prompt->get<std::string>(), /*add_special=*/true);
   } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) {
@@ -515,8 +560,7 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
       pr.gen.prompt.push_back(static_cast<int32_t>(id));
     }
   } else if (prompt->is_array()) {
-    bad("prompt must be a string, an array of one string, or an array of token ids (batches are not supported)",
-        "prompt");
+    bad("prompt must be a string, an array of token ids, or a list of those", "prompt");
   } else {
     bad("prompt must be a string or an array of token ids", "prompt");
   }
@@ -535,6 +579,8 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
   if (!max) max = sm.defaults.max_tokens.value_or(512);  // mlx_lm.server's completions default
   pr.gen.ns = namespace_for(sm, b);
   fit_context(sm, pr, max, Surface::kCompletions, "prompt");
+  add_choices(pr, more, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
+  for (GenRequest& g : pr.more) fit_context(sm, g, max, Surface::kCompletions, "prompt");
   return pr;
 }
 
@@ -786,7 +832,7 @@ ordered_json ResponseWriter::chunk(ordered_json choice) const {
                     {"created", pr_.created},
                     {"model", sm_.id},
                     {"system_fingerprint", sm_.fingerprint}};
-  choice["index"] = 0;
+  choice["index"] = index_;
   c["choices"] = ordered_json::array({choice});
   if (pr_.include_usage) c["usage"] = nullptr;
   return c;
@@ -965,9 +1011,9 @@ ordered_json ResponseWriter::body() const {
       msg["tool_calls"] = tool_calls_json();
       if (text_.empty()) msg["content"] = nullptr;  // OpenAI: null content when there are only calls
     }
-    choice = {{"index", 0}, {"message", msg}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
+    choice = {{"index", index_}, {"message", msg}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
   } else {
-    choice = {{"index", 0}, {"text", text_}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
+    choice = {{"index", index_}, {"text", text_}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
   }
   return {{"id", pr_.response_id},
           {"object", surface_ == Surface::kChat ? "chat.completion" : "text_completion"},

@@ -58,6 +58,7 @@ struct ServedModel {
 // A parsed generation request and how to answer it.
 struct ParsedRequest {
   GenRequest gen;
+  std::vector<GenRequest> more;  // choices 1.. (n > 1, or a list of prompts); non-stream only
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage
   bool logprobs = false;
@@ -99,6 +100,7 @@ class ResponseWriter {
   // For logs.
   const Outcome& outcome() const { return outcome_; }
   const std::string& text() const { return text_; }
+  void set_index(int i) { index_ = i; }  // the choice index this writer answers
 
  private:
   ordered_json usage_json() const;
@@ -126,7 +128,8 @@ class ResponseWriter {
   std::string block_type_;
   Outcome outcome_;
   bool opened_ = false;
-  mutable int64_t lp_offset_ = 0;  // text_offset of the next token (characters)
+  mutable int64_t lp_offset_ = 0;
+  int index_ = 0;  // text_offset of the next token (characters)
 };
 
 // A random id: prefix + 24 base62 characters.

@@ -242,6 +242,110 @@ struct HttpServer::Impl {
     return std::nullopt;
   }
 
+  // Several choices (n > 1, or a list of prompts), non-stream: every choice is its own engine
+  // request, all submitted at once so they share batches; the body merges their choices.
+  void generate_many(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface,
+                     std::shared_ptr<ParsedRequest> pr, const std::string& route, Clock::time_point t0) {
+    const ServedModel* m = sm.load();
+    Engine* eng = engine.load();
+    std::vector<GenRequest> gens = {pr->gen};
+    gens.insert(gens.end(), pr->more.begin(), pr->more.end());
+    auto chans = std::make_shared<std::vector<std::shared_ptr<Channel>>>();
+    for (const GenRequest& g : gens) {
+      auto submitted = eng->submit(g);
+      if (!submitted.is_ok()) {
+        for (auto& c : *chans) c->cancel();
+        const int status = submitted.status().code() == StatusCode::kResourceExhausted ? 429 : 503;
+        const ApiError e{status, submitted.status().message() + strfmt(" (this request needs %zu slots)", gens.size())};
+        send_error(req, res, e);
+        lg.error = e.message;
+        metrics.request_done(route, e.status, std::chrono::duration<double>(Clock::now() - t0).count());
+        return;
+      }
+      chans->push_back(*submitted);
+    }
+    auto writers = std::make_shared<std::vector<std::unique_ptr<ResponseWriter>>>();
+    for (size_t i = 0; i < gens.size(); ++i) {
+      writers->push_back(std::make_unique<ResponseWriter>(*m, *pr, surface));
+      writers->back()->set_index(static_cast<int>(i));
+    }
+    lg.request_id = pr->response_id;
+    res.set_header("x-request-id", req.has_header("x-request-id") ? req.header("x-request-id") : pr->response_id);
+    res.status = 200;
+    res.content_type = "application/json";
+    auto log = lg.shared_from_this();
+    res.provider = [this, chans, writers, pr, route, t0, log](BodySink& sink) {
+      std::vector<bool> done(chans->size(), false);
+      size_t left = chans->size();
+      auto last_write = Clock::now();
+      auto cancel_all = [&] {
+        for (auto& c : *chans) c->cancel();
+        log->status = 499;
+        log->error = "client disconnected";
+        metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
+      };
+      while (left > 0) {
+        bool any = false;
+        for (size_t i = 0; i < chans->size(); ++i) {
+          if (done[i]) continue;
+          while (auto ev = (*chans)[i]->pop(std::chrono::milliseconds(any ? 0 : 20))) {
+            any = true;
+            (*writers)[i]->add(*ev);
+            if (ev->done) {
+              done[i] = true;
+              --left;
+              break;
+            }
+          }
+        }
+        if (Clock::now() - last_write > std::chrono::milliseconds(250)) {  // heartbeat + disconnect probe
+          if (!sink.is_writable() || !sink.write(" ", 1)) {
+            cancel_all();
+            return false;
+          }
+          last_write = Clock::now();
+        }
+      }
+      ordered_json b = (*writers)[0]->body();
+      Outcome total = (*writers)[0]->outcome();
+      std::string error;
+      for (size_t i = 0; i < writers->size(); ++i) {
+        const Outcome& o = (*writers)[i]->outcome();
+        if (o.finish == Finish::kError || o.finish == Finish::kCancelled) error = o.error.empty() ? "generation failed" : o.error;
+        if (i == 0) continue;
+        b["choices"].push_back((*writers)[i]->body()["choices"][0]);
+        total.prompt_tokens += o.prompt_tokens;
+        total.cached_tokens += o.cached_tokens;
+        total.completion_tokens += o.completion_tokens;
+      }
+      if (!error.empty()) {
+        b = openai_error_body({500, error});
+      } else {
+        b["usage"]["prompt_tokens"] = total.prompt_tokens;
+        b["usage"]["completion_tokens"] = total.completion_tokens;
+        b["usage"]["total_tokens"] = total.prompt_tokens + total.completion_tokens;
+        b["usage"]["prompt_tokens_details"]["cached_tokens"] = total.cached_tokens;
+      }
+      const std::string text = b.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+      if (!sink.write(text.data(), text.size())) {
+        cancel_all();
+        return false;
+      }
+      const int status = error.empty() ? 200 : 500;
+      metrics.request_done(route, status, std::chrono::duration<double>(Clock::now() - t0).count());
+      log->status = status;
+      log->outcome = total;
+      log->has_outcome = true;
+      if (!error.empty()) log->error = error;
+      sink.done();
+      return true;
+    };
+    res.on_finish = [chans](bool ok) {
+      if (!ok)
+        for (auto& c : *chans) c->cancel();
+    };
+  }
+
   // native: llama-server's POST /completion (request parsed as /v1/completions, answered in
   // its own shape, api_native.h).
   void generate(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface, bool native = false) {
@@ -271,6 +375,7 @@ struct HttpServer::Impl {
     } catch (const std::exception& e) {  // e.g. a JSON type error deep in a template value
       return fail({400, std::string("invalid request: ") + e.what()});
     }
+    if (!pr->more.empty()) return generate_many(req, res, lg, surface, pr, route, t0);
     auto submitted = eng->submit(pr->gen);
     if (!submitted.is_ok()) {
       const int status = submitted.status().code() == StatusCode::kResourceExhausted ? 429 : 503;
