@@ -82,7 +82,7 @@ void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
 // GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS: one kernel over the unpackers of
-// gguf_unpack.h, prefill on the VNNI GEMM, decode 64 weights per zmm (matmul_gguf_avx512.cpp).
+// gguf_unpack.h, prefill on the VNNI GEMM, decode on the AVX2 kernels (measured faster) (matmul_gguf_avx512.cpp).
 void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y);

@@ -95,7 +95,7 @@ bool agree_on(const WeightView& v, MatmulFn fast, MatmulFn trusted) {
 
 bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
   // Ragged rows; columns a few blocks of the format (10 blocks of 32, or 2 super-blocks of 256;
-  // 11 blocks for the unpacker-driven formats, whose AVX-512 decode masks an odd last block).
+  // 11 blocks for the unpacker-driven 32-element formats: an odd block count per row).
   const bool odd = dtype == DType::kQ4_1 || dtype == DType::kQ5_0 || dtype == DType::kQ5_1 || dtype == DType::kIQ4_NL;
   const int64_t rows = 37, cols = dtype_info(dtype).block_elems == 256 ? 512 : odd ? 352 : 320;
   std::vector<uint8_t> w = self_check_weights(dtype, rows, cols, 12345u + static_cast<uint32_t>(dtype));
