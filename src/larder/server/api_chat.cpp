@@ -1,0 +1,158 @@
+// api_chat.cpp — OpenAI chat completions request parser (messages, tools, response_format, n) and
+// POST /apply-template; responses are written by ResponseWriter (api.cpp).
+#include "larder/server/api_fields.h"
+
+namespace larder::server {
+
+using namespace fields;
+
+ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
+  ParsedRequest pr = start(b, "chatcmpl-", "/v1/chat/completions");
+  refuse_unsupported(b);
+  const ordered_json* msgs = get(b, "messages");
+  if (!msgs) bad("messages is required", "messages");
+  if (!msgs->is_array()) bad("messages must be an array", "messages");
+  if (msgs->empty()) bad("messages must not be empty", "messages");
+  ordered_json out = ordered_json::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ordered_json& m = (*msgs)[i];
+    const std::string where = strfmt("messages[%zu]", i);
+    if (!m.is_object()) bad(where + " must be an object", "messages");
+    if (!m.contains("role") || !m["role"].is_string()) bad(where + ".role must be a string", "messages");
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      bad(strfmt("%s.role '%s' is not one of system, developer, user, assistant, tool", where.c_str(), role.c_str()),
+          "messages");
+    }
+    ordered_json msg = {{"role", role}};
+    const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    if (!m.contains("content") && !(role == "assistant" && has_calls)) bad(where + ".content is required", "messages");
+    msg["content"] = text_of_content(m.contains("content") ? m["content"] : ordered_json(), where.c_str(),
+                                     role == "assistant");
+    if (has_calls) {
+      if (!m["tool_calls"].is_array()) bad(where + ".tool_calls must be an array", "messages");
+      ordered_json calls = ordered_json::array();
+      for (const auto& c : m["tool_calls"]) {
+        if (!c.is_object()) bad(where + ".tool_calls entries must be objects", "messages");
+        ordered_json call = c;
+        if (c.contains("function") && c["function"].is_object() && c["function"].contains("arguments") &&
+            c["function"]["arguments"].is_string()) {
+          // Templates expect the arguments as an object (they tojson it themselves).
+          auto parsed = ordered_json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
+          if (!parsed.is_discarded()) call["function"]["arguments"] = parsed;
+        }
+        calls.push_back(call);
+      }
+      msg["tool_calls"] = calls;
+    }
+    for (const char* k : {"name", "tool_call_id", "reasoning_content", "reasoning"}) {
+      if (m.contains(k) && !m[k].is_null()) msg[k] = m[k];
+    }
+    out.push_back(std::move(msg));
+  }
+  // The conversation rules llama-server enforces (clients written against it rely on the 400).
+  if (out.size() >= 2 && out[out.size() - 1]["role"] == "assistant" && out[out.size() - 2]["role"] == "assistant")
+    bad("cannot have 2 or more assistant messages at the end of the list", "messages");
+  {
+    const bool agp = boolean(b, "add_generation_prompt").value_or(true);
+    const bool cont = boolean(b, "continue_final_message").value_or(false);
+    if (agp && cont && get(b, "add_generation_prompt"))
+      bad("add_generation_prompt and continue_final_message cannot both be true", "continue_final_message");
+    if (cont) bad("continue_final_message is not supported yet", "continue_final_message");
+    if (!agp) bad("add_generation_prompt: false is not supported on this route (use /apply-template)", "add_generation_prompt");
+  }
+  ordered_json tools;
+  if (const ordered_json* t = get(b, "tools")) {
+    if (!t->is_array()) bad("tools must be an array", "tools");
+    tools = *t;
+  }
+  if (const ordered_json* tc = get(b, "tool_choice")) {
+    if (tc->is_string() && tc->get<std::string>() == "none") {
+      tools = ordered_json();
+    } else if ((tc->is_string() && tc->get<std::string>() == "required") || tc->is_object()) {
+      // Passed to the template; forcing a call needs constrained decoding (not built yet).
+      pr.warnings.push_back("tool_choice not enforced");
+    }
+  }
+  ordered_json extra = ordered_json::object();
+  if (const ordered_json* k = get(b, "chat_template_kwargs")) {
+    if (!k->is_object()) bad("chat_template_kwargs must be an object", "chat_template_kwargs");
+    extra = *k;
+  }
+  if (auto effort = string_field(b, "reasoning_effort"); effort && !extra.contains("enable_thinking"))
+    extra["enable_thinking"] = *effort != "none";
+  // response_format: without constrained decoding, say so and steer the model with an
+  // instruction carrying the schema — never silently ignore it (server-api.md §4.1).
+  if (const ordered_json* rf = get(b, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      bad("response_format must be an object with a type", "response_format");
+    const std::string type = (*rf)["type"].get<std::string>();
+    std::string instruction;
+    if (type == "json_object") {
+      instruction = "Respond with a single valid JSON object and nothing else.";
+    } else if (type == "json_schema") {
+      const ordered_json schema = rf->contains("json_schema") && (*rf)["json_schema"].is_object()
+                                      ? (*rf)["json_schema"].value("schema", ordered_json::object())
+                                      : ordered_json::object();
+      instruction = "Respond with a single valid JSON value that conforms to this JSON schema, and nothing else:\n" +
+                    schema.dump();
+    } else if (type != "text") {
+      bad("response_format.type must be text, json_object or json_schema", "response_format");
+    }
+    if (!instruction.empty()) {
+      pr.warnings.push_back("grammar not enforced: no constrained decoding; schema given as a system instruction");
+      if (!out.empty() && out[0]["role"] == "system") {
+        out[0]["content"] = out[0]["content"].get<std::string>() + "\n\n" + instruction;
+      } else {
+        out.insert(out.begin(), ordered_json{{"role", "system"}, {"content", instruction}});
+      }
+    }
+  }
+
+  pr.tool_style = tool_style_for(sm, tools);
+  pr.gen.sampling = sampling(sm, b, true);
+  // Thinking-aware default temperature: with no explicit temperature and thinking turned off,
+  // cap the default at 0.7 (server-api.md §3).
+  if (!get(b, "temperature") && extra.contains("enable_thinking") && extra["enable_thinking"] == false)
+    pr.gen.sampling.temperature = std::min(pr.gen.sampling.temperature, 0.7f);
+  pr.gen.stops = stops(b, "stop");
+  pr.logprobs = boolean(b, "logprobs").value_or(false);
+  const auto top = integer(b, "top_logprobs", 0, 20);
+  pr.top_logprobs = static_cast<int>(top.value_or(0));
+  pr.gen.top_logprobs = pr.logprobs ? pr.top_logprobs : -1;
+  if (const ordered_json* so = get(b, "stream_options")) {
+    if (!so->is_object()) bad("stream_options must be an object", "stream_options");
+    pr.include_usage = boolean(*so, "include_usage").value_or(false);
+  }
+  std::optional<int64_t> max = integer(b, "max_completion_tokens", 1, INT64_MAX);
+  if (!max) max = max_tokens_field(b, "max_tokens");
+  if (!max) max = sm.defaults.max_tokens;
+  pr.gen.ns = namespace_for(sm, b);
+  check_prompt_bytes(sm, json_string_bytes(out), Surface::kChat, "messages");
+  encode_with_template(sm, out, tools, extra, pr);
+  fit_context(sm, pr, max, Surface::kChat, "messages");
+  add_choices(pr, {}, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
+  return pr;
+}
+
+std::string render_chat_prompt(const ServedModel& sm, const ordered_json& b) {
+  if (!sm.m->chat_template) bad("this model has no chat template", "messages");
+  runtime::ChatEncodeOptions o;
+  if (const ordered_json* t = get(b, "tools")) {
+    if (!t->is_array()) bad("tools must be an array", "tools");
+    o.tools = *t;
+  }
+  o.extra = ordered_json::object();
+  if (const ordered_json* k = get(b, "chat_template_kwargs")) {
+    if (!k->is_object()) bad("chat_template_kwargs must be an object", "chat_template_kwargs");
+    o.extra = *k;
+  }
+  if (auto agp = boolean(b, "add_generation_prompt")) o.add_generation_prompt = *agp;
+  std::string rendered;
+  auto ids = runtime::encode_chat_json(*sm.m, b["messages"], o, &rendered);
+  if (!ids.is_ok()) bad(ids.status().message(), "messages");
+  return rendered;
+}
+
+}  // namespace larder::server

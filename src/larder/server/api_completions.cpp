@@ -1,0 +1,74 @@
+// api_completions.cpp — OpenAI text completions request parser (a prompt string, token ids,
+// or a list of prompts; n; n_predict). Also the request side of llama-server POST /completion.
+#include "larder/server/api_fields.h"
+
+namespace larder::server {
+
+using namespace fields;
+
+ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
+  ParsedRequest pr = start(b, "cmpl-", "/v1/completions");
+  refuse_unsupported(b);
+  const ordered_json* prompt = get(b, "prompt");
+  if (!prompt) bad("prompt is required", "prompt");
+  const int64_t V = sm.m->model->info().vocab;
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
+  // A list of prompts: strings, or lists of token ids. The first becomes pr.gen.
+  std::vector<std::vector<int32_t>> more;
+  if (prompt->is_array() && prompt->size() > 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    if (prompt->size() > 64) bad("at most 64 prompts per request", "prompt");
+    std::vector<std::vector<int32_t>> all;
+    for (const auto& p : *prompt) {
+      std::vector<int32_t> ids;
+      if (p.is_string()) {
+        check_prompt_bytes(sm, p.get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
+        ids = sm.m->tokenizer->encode(p.get<std::string>(), /*add_special=*/true);
+      } else if (p.is_array()) {
+        for (const auto& t : p) {
+          if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
+            bad(strfmt("prompt token ids must be integers in [0, %lld)", (long long)V), "prompt");
+          ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        }
+      } else {
+        bad("a list of prompts must hold strings or arrays of token ids", "prompt");
+      }
+      all.push_back(std::move(ids));
+    }
+    pr.gen.prompt = all[0];
+    more.assign(all.begin() + 1, all.end());
+  } else if (prompt->is_string()) {
+    check_prompt_bytes(sm, prompt->get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
+    pr.gen.prompt = sm.m->tokenizer->encode(prompt->get<std::string>(), /*add_special=*/true);
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) {
+    for (const auto& t : *prompt) {
+      if (!t.is_number_integer()) bad("prompt token ids must be integers", "prompt");
+      const int64_t id = t.get<int64_t>();
+      if (id < 0 || id >= V) bad(strfmt("prompt token id %lld is outside the vocabulary [0, %lld)", (long long)id, (long long)V), "prompt");
+      pr.gen.prompt.push_back(static_cast<int32_t>(id));
+    }
+  } else if (prompt->is_array()) {
+    bad("prompt must be a string, an array of token ids, or a list of those", "prompt");
+  } else {
+    bad("prompt must be a string or an array of token ids", "prompt");
+  }
+  pr.gen.sampling = sampling(sm, b, true);
+  pr.gen.stops = stops(b, "stop");
+  if (auto lp = integer(b, "logprobs", 0, 20)) {
+    pr.logprobs = true;
+    pr.top_logprobs = static_cast<int>(*lp);
+    pr.gen.top_logprobs = pr.top_logprobs;
+  }
+  if (const ordered_json* so = get(b, "stream_options")) {
+    if (!so->is_object()) bad("stream_options must be an object", "stream_options");
+    pr.include_usage = boolean(*so, "include_usage").value_or(false);
+  }
+  std::optional<int64_t> max = max_tokens_field(b, "max_tokens");
+  if (!max) max = sm.defaults.max_tokens.value_or(512);  // mlx_lm.server's completions default
+  pr.gen.ns = namespace_for(sm, b);
+  fit_context(sm, pr, max, Surface::kCompletions, "prompt");
+  add_choices(pr, more, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
+  for (GenRequest& g : pr.more) fit_context(sm, g, max, Surface::kCompletions, "prompt");
+  return pr;
+}
+
+}  // namespace larder::server

@@ -1,0 +1,324 @@
+// api_fields.h — what every API surface's request parser shares: typed field access with 400s
+// that name the field, sampling parameters and their defaults, stops, context fitting, the
+// prompt byte bound, chat template encoding, choices (n, prompt lists). Internal to server/:
+// the surface parsers are api_chat.cpp, api_completions.cpp, api_messages.cpp.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "larder/memory/store/identity.h"
+#include "larder/server/api.h"
+
+namespace larder::server::fields {
+
+[[noreturn]] inline void bad(std::string message, std::string param = {}, std::string code = {}, int status = 400) {
+  throw ApiError{status, std::move(message), std::move(param), std::move(code)};
+}
+
+// The field's value, or nullptr when absent or null (null means "not given" for every optional
+// field of these APIs).
+inline const ordered_json* get(const ordered_json& o, const char* name) {
+  auto it = o.find(name);
+  if (it == o.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+inline std::optional<double> number(const ordered_json& o, const char* name, double lo, double hi) {
+  const ordered_json* v = get(o, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad(strfmt("%s must be a number", name), name);
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) bad(strfmt("%s must be a finite number", name), name);
+  if (d < lo) bad(strfmt("%s must be at least %g", name, lo), name);
+  if (d > hi) bad(strfmt("%s must be at most %g", name, hi), name);
+  return d;
+}
+
+inline std::optional<int64_t> integer(const ordered_json& o, const char* name, int64_t lo, int64_t hi) {
+  const ordered_json* v = get(o, name);
+  if (!v) return std::nullopt;
+  int64_t x = 0;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      bad(strfmt("%s must be at most %lld", name, (long long)hi), name);
+    x = v->get<int64_t>();
+  } else if (v->is_number_float() && std::isfinite(v->get<double>()) && std::floor(v->get<double>()) == v->get<double>() &&
+             std::abs(v->get<double>()) < 9e15) {
+    x = static_cast<int64_t>(v->get<double>());
+  } else {
+    bad(strfmt("%s must be of type int", name), name);
+  }
+  if (x < lo) bad(strfmt("%s must be at least %lld", name, (long long)lo), name);
+  if (x > hi) bad(strfmt("%s must be at most %lld", name, (long long)hi), name);
+  return x;
+}
+
+inline std::optional<bool> boolean(const ordered_json& o, const char* name) {
+  const ordered_json* v = get(o, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad(strfmt("%s must be of type bool", name), name);
+  return v->get<bool>();
+}
+
+inline std::optional<std::string> string_field(const ordered_json& o, const char* name) {
+  const ordered_json* v = get(o, name);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) bad(strfmt("%s must be a string", name), name);
+  return v->get<std::string>();
+}
+
+// A string field of a nested object, with a 400 naming it when it has another type (nlohmann's
+// value() would throw a type_error, which surfaced as a 500).
+inline std::string str_in(const ordered_json& o, const char* key, const std::string& where, const char* param,
+                   const std::string& dflt = {}) {
+  if (!o.is_object()) return dflt;
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return dflt;
+  if (!it->is_string()) bad(strfmt("%s.%s must be a string", where.c_str(), key), param);
+  return it->get<std::string>();
+}
+
+inline uint64_t random_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+// Options every surface shares: meaning-changing options larder cannot honour are refused.
+inline void refuse_unsupported(const ordered_json& b) {
+  if (auto n = integer(b, "best_of", 1, 1'000'000); n && *n != 1) bad("best_of > 1 is not supported", "best_of");
+  if (auto e = boolean(b, "echo"); e && *e) bad("echo is not supported", "echo");
+  if (get(b, "suffix")) bad("suffix is not supported", "suffix");
+  // Until constrained decoding exists, a grammar would be silently ignored: refuse it.
+  if (get(b, "grammar")) bad("grammar is not supported (no constrained decoding yet); remove the field", "grammar");
+}
+
+// max_tokens, else llama-server's n_predict (-1: as many as the context allows).
+inline std::optional<int64_t> max_tokens_field(const ordered_json& b, const char* name) {
+  if (auto m = integer(b, name, 1, INT64_MAX)) return m;
+  if (auto n = integer(b, "n_predict", -1, INT64_MAX)) {
+    if (*n == 0) bad("n_predict must be -1 (no limit) or at least 1", "n_predict");
+    return *n < 0 ? INT64_MAX : *n;
+  }
+  return std::nullopt;
+}
+
+inline std::vector<std::string> stops(const ordered_json& b, const char* name) {
+  std::vector<std::string> out;
+  const ordered_json* v = get(b, name);
+  if (!v) return out;
+  if (v->is_string()) {
+    if (!v->get<std::string>().empty()) out.push_back(v->get<std::string>());
+    return out;
+  }
+  if (!v->is_array()) bad(strfmt("%s must be a string or an array of strings", name), name);
+  if (v->size() > 16) bad(strfmt("%s may hold at most 16 strings", name), name);
+  for (const auto& s : *v) {
+    if (!s.is_string()) bad(strfmt("%s must be a string or an array of strings", name), name);
+    if (!s.get<std::string>().empty()) out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+// Sampling parameters: request field → server defaults (flags over generation_config.json) →
+// built-ins (server-api.md §3).
+inline runtime::SamplingParams sampling(const ServedModel& sm, const ordered_json& b, bool with_penalties) {
+  runtime::SamplingParams p;
+  const ApiDefaults& d = sm.defaults;
+  p.temperature = static_cast<float>(number(b, "temperature", 0, 5).value_or(d.temperature.value_or(0.7f)));
+  p.top_p = static_cast<float>(number(b, "top_p", 0, 1).value_or(d.top_p.value_or(1.0f)));
+  if (p.top_p == 0.0f) p.top_p = 1.0f;  // 0 = off (mlx_lm.server)
+  p.top_k = static_cast<int>(integer(b, "top_k", 0, 1'000'000).value_or(d.top_k.value_or(0)));
+  p.min_p = static_cast<float>(number(b, "min_p", 0, 1).value_or(d.min_p.value_or(0.0f)));
+  // seed: any u64; -1 means "random" (llama-server's convention); absent: not reproducible.
+  p.seed = random_seed();
+  if (const ordered_json* sv = get(b, "seed")) {
+    if (sv->is_number_unsigned()) {
+      p.seed = sv->get<uint64_t>();
+    } else if (sv->is_number_integer() && sv->get<int64_t>() == -1) {
+      // random
+    } else if (sv->is_number_integer()) {
+      bad("seed must be at least 0 (or -1 for a random seed)", "seed");
+    } else {
+      bad("seed must be of type int", "seed");
+    }
+  }
+  if (!with_penalties) return p;
+  p.repetition_penalty = static_cast<float>(number(b, "repetition_penalty", 1e-6, 100).value_or(d.repetition_penalty.value_or(1.0f)));
+  p.presence_penalty = static_cast<float>(number(b, "presence_penalty", -2, 2).value_or(0));
+  p.frequency_penalty = static_cast<float>(number(b, "frequency_penalty", -2, 2).value_or(0));
+  if (auto n = integer(b, "repetition_context_size", 0, 1 << 20)) p.repetition_context_size = static_cast<int>(*n);
+  if (auto n = integer(b, "presence_context_size", 0, 1 << 20)) p.presence_context_size = static_cast<int>(*n);
+  if (auto n = integer(b, "frequency_context_size", 0, 1 << 20)) p.frequency_context_size = static_cast<int>(*n);
+  if (const ordered_json* lb = get(b, "logit_bias")) {
+    if (!lb->is_object()) bad("logit_bias must be a dict of int to float", "logit_bias");
+    const int64_t V = sm.m->model->info().vocab;
+    for (const auto& [k, v] : lb->items()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || errno != 0 || !v.is_number()) bad("logit_bias must be a dict of int to float", "logit_bias");
+      if (id < 0 || id >= V) bad(strfmt("logit_bias token id %lld is outside the vocabulary [0, %lld)", id, (long long)V), "logit_bias");
+      const double x = v.get<double>();
+      if (!std::isfinite(x) || x < -100 || x > 100) bad("logit_bias values must be between -100 and 100", "logit_bias");
+      p.logit_bias[static_cast<int32_t>(id)] = static_cast<float>(x);
+    }
+  }
+  return p;
+}
+
+// The prompt must leave room for one generated token; max_tokens is a ceiling, clamped to what
+// the context allows (server-api.md §3, §10).
+inline void fit_context(const ServedModel& sm, GenRequest& gen, std::optional<int64_t> requested, Surface surface,
+                 const char* param) {
+  const int64_t P = static_cast<int64_t>(gen.prompt.size());
+  if (P == 0) bad("the prompt is empty", param);
+  if (P >= sm.ctx) {
+    if (surface == Surface::kMessages) {
+      bad(strfmt("prompt is too long: %lld tokens > %lld maximum", (long long)P, (long long)(sm.ctx - 1)), param,
+          "context_length_exceeded");
+    }
+    bad(strfmt("This model's maximum context length is %lld tokens. However, your request has %lld prompt tokens. "
+               "Please reduce the length of the messages or prompt.",
+               (long long)sm.ctx, (long long)P),
+        param, "context_length_exceeded");
+  }
+  const int64_t room = sm.ctx - P;
+  gen.max_tokens = std::min(requested.value_or(room), room);
+}
+
+inline void fit_context(const ServedModel& sm, ParsedRequest& pr, std::optional<int64_t> requested, Surface surface,
+                 const char* param) {
+  fit_context(sm, pr.gen, requested, surface, param);
+}
+
+// n samples per prompt (and, on /v1/completions, one or more prompts): choice i = prompt × n +
+// sample, each its own GenRequest with seed + i, decoded in the same batches; their common
+// prompt prefix is prefilled once through the KV store.
+inline void add_choices(ParsedRequest& pr, const std::vector<std::vector<int32_t>>& more_prompts, int n) {
+  std::vector<std::vector<int32_t>> prompts = {pr.gen.prompt};
+  prompts.insert(prompts.end(), more_prompts.begin(), more_prompts.end());
+  const size_t total = prompts.size() * static_cast<size_t>(n);
+  if (total > 64) bad(strfmt("at most 64 choices per request (%zu prompts x n=%d asked)", prompts.size(), n), "n");
+  if (total > 1 && pr.stream) bad("streaming more than one choice (n > 1 or a list of prompts) is not supported yet; use stream: false", "n");
+  for (size_t i = 1; i < total; ++i) {
+    GenRequest g = pr.gen;
+    g.prompt = prompts[i / static_cast<size_t>(n)];
+    g.sampling.seed = pr.gen.sampling.seed + i;
+    pr.more.push_back(std::move(g));
+  }
+}
+
+// A cheap bound before tokenizing: `bytes` of prompt text cannot fit when even the longest
+// token could not pack them into the context. Tokenizing a 30 MB prompt only to refuse it took
+// 15 s and 1.3 GB.
+inline void check_prompt_bytes(const ServedModel& sm, size_t bytes, Surface surface, const char* param) {
+  if (sm.max_token_bytes <= 0 || sm.ctx <= 0 || sm.ctx == INT64_MAX) return;
+  const uint64_t cap = static_cast<uint64_t>(sm.ctx) * static_cast<uint64_t>(sm.max_token_bytes);
+  if (bytes <= cap) return;
+  if (surface == Surface::kMessages)
+    bad(strfmt("prompt is too long: %zu bytes cannot fit in %lld tokens", bytes, (long long)sm.ctx), param,
+        "context_length_exceeded");
+  bad(strfmt("This model's maximum context length is %lld tokens. However, your prompt is %zu bytes, more than "
+             "that context can hold. Please reduce the length of the messages or prompt.",
+             (long long)sm.ctx, bytes),
+      param, "context_length_exceeded");
+}
+
+inline size_t json_string_bytes(const ordered_json& j) {
+  if (j.is_string()) return j.get_ref<const std::string&>().size();
+  size_t n = 0;
+  if (j.is_array() || j.is_object())
+    for (const auto& v : j) n += json_string_bytes(v);
+  return n;
+}
+
+inline std::string text_of_content(const ordered_json& content, const char* where, bool allow_null) {
+  if (content.is_null()) {
+    if (!allow_null) bad(strfmt("%s.content must not be null", where), "messages");
+    return {};
+  }
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) bad(strfmt("%s.content must be a string or an array of content parts", where), "messages");
+  std::string text;
+  for (const auto& part : content) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      bad(strfmt("%s.content parts must be objects with a type", where), "messages");
+    const std::string type = part["type"].get<std::string>();
+    if (type == "text" || type == "input_text") {
+      if (!part.contains("text") || !part["text"].is_string()) bad(strfmt("%s text part needs a string text", where), "messages");
+      text += part["text"].get<std::string>();
+    } else if (type == "image_url" || type == "image" || type == "input_image") {
+      bad("this model does not accept images (text-only model)", "messages");
+    } else if (type == "input_audio" || type == "audio") {
+      bad("audio input is not supported", "messages");
+    } else {
+      bad(strfmt("%s has an unknown content part type '%s'", where, type.c_str()), "messages");
+    }
+  }
+  return text;
+}
+
+inline void encode_with_template(const ServedModel& sm, const ordered_json& msgs, const ordered_json& tools,
+                          const ordered_json& extra, ParsedRequest& pr) {
+  runtime::ChatEncodeOptions o;
+  o.tools = tools;
+  o.extra = extra;
+  std::string rendered;
+  auto ids = runtime::encode_chat_json(*sm.m, msgs, o, &rendered);
+  if (!ids.is_ok()) {
+    std::string msg = ids.status().message();
+    if (!sm.m->chat_template) msg = "this model has no chat template; use /v1/completions with a plain prompt";
+    bad(msg, "messages");
+  }
+  pr.gen.prompt = std::move(*ids);
+  const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
+  if (tk.token_to_id("<think>") && tk.token_to_id("</think>")) {
+    pr.split_reasoning = true;
+    const size_t open = rendered.rfind("<think>"), close = rendered.rfind("</think>");
+    pr.reasoning_start_inside = open != std::string::npos && (close == std::string::npos || close < open);
+  }
+  // A template that writes BOS over a tokenizer that also adds one: keep one (server-api.md §4.2).
+  const auto bos = sm.m->tokenizer->bos_id();
+  if (bos && pr.gen.prompt.size() >= 2 && pr.gen.prompt[0] == *bos && pr.gen.prompt[1] == *bos)
+    pr.gen.prompt.erase(pr.gen.prompt.begin());
+}
+
+// How this model family writes tool calls, when the request offers tools (server-api.md §5.3).
+inline runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordered_json& tools) {
+  if (!tools.is_array() || tools.empty()) return runtime::ToolCallStyle::kNone;
+  const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
+  if (tk.token_to_id("<tool_call>") || sm.m->files.chat_template.find("<tool_call>") != std::string::npos)
+    return runtime::ToolCallStyle::kTagged;
+  const std::string& tpl = sm.m->files.chat_template;
+  if (tk.token_to_id("<|python_tag|>") || tpl.find("<|python_tag|>") != std::string::npos ||
+      tpl.find("\"parameters\": dictionary of argument") != std::string::npos)
+    return runtime::ToolCallStyle::kBareJson;  // Llama 3.1+ JSON tool calling
+  return runtime::ToolCallStyle::kNone;
+}
+
+inline std::string namespace_for(const ServedModel& sm, const ordered_json& b) {
+  auto salt = string_field(b, "cache_salt");
+  return salt && !salt->empty() ? memory::namespace_id({}, *salt) : sm.ns_base;
+}
+
+inline ParsedRequest start(const ordered_json& b, const char* id_prefix, const char* route) {
+  if (!b.is_object()) bad("the request body must be a JSON object");
+  ParsedRequest pr;
+  pr.response_id = random_id(id_prefix);
+  pr.gen.id = pr.response_id;
+  pr.gen.route = route;
+  pr.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  pr.stream = boolean(b, "stream").value_or(false);
+  return pr;
+}
+
+inline int64_t utf8_bytes_json(const std::string& s, ordered_json* out) {
+  *out = ordered_json::array();
+  for (unsigned char c : s) out->push_back(static_cast<int>(c));
+  return static_cast<int64_t>(s.size());
+}
+
+}  // namespace larder::server::fields

@@ -1,0 +1,123 @@
+// api_messages.cpp — Anthropic messages request parser (system, content blocks, tool_use /
+// tool_result, tools, thinking), shared by POST /v1/messages and /v1/messages/count_tokens.
+#include "larder/server/api_fields.h"
+
+namespace larder::server {
+
+using namespace fields;
+
+ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
+  ParsedRequest pr = start(b, "msg_", "/v1/messages");
+  ordered_json out = ordered_json::array();
+  if (const ordered_json* sys = get(b, "system")) {
+    std::string text;
+    if (sys->is_string()) {
+      text = sys->get<std::string>();
+    } else if (sys->is_array()) {
+      for (const auto& blk : *sys) {
+        if (!blk.is_object() || str_in(blk, "type", "system[]", "system") != "text" || !blk.contains("text") ||
+            !blk["text"].is_string())
+          bad("system must be a string or an array of text blocks", "system");
+        if (!text.empty()) text += "\n";
+        text += blk["text"].get<std::string>();
+      }
+    } else {
+      bad("system must be a string or an array of text blocks", "system");
+    }
+    if (!text.empty()) out.push_back({{"role", "system"}, {"content", text}});
+  }
+  const ordered_json* msgs = get(b, "messages");
+  if (!msgs) bad("messages: field required", "messages");
+  if (!msgs->is_array()) bad("messages must be an array", "messages");
+  if (msgs->empty()) bad("messages must not be empty", "messages");
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ordered_json& m = (*msgs)[i];
+    const std::string where = strfmt("messages.%zu", i);
+    if (!m.is_object()) bad(where + " must be an object", "messages");
+    if (!m.contains("role") || !m["role"].is_string()) bad(where + ".role must be a string", "messages");
+    const std::string role = m["role"].get<std::string>();
+    if (role != "user" && role != "assistant") bad(strfmt("%s.role '%s' must be user or assistant", where.c_str(), role.c_str()), "messages");
+    if (!m.contains("content")) bad(where + ".content: field required", "messages");
+    const ordered_json& c = m["content"];
+    if (c.is_string()) {
+      out.push_back({{"role", role}, {"content", c.get<std::string>()}});
+      continue;
+    }
+    if (!c.is_array()) bad(where + ".content must be a string or an array of content blocks", "messages");
+    std::string text;
+    ordered_json calls = ordered_json::array();
+    for (const auto& blk : c) {
+      if (!blk.is_object() || !blk.contains("type") || !blk["type"].is_string())
+        bad(where + ".content blocks must be objects with a type", "messages");
+      const std::string type = blk["type"].get<std::string>();
+      if (type == "text") {
+        if (!blk.contains("text") || !blk["text"].is_string()) bad(where + " text block needs a string text", "messages");
+        text += blk["text"].get<std::string>();
+      } else if (type == "image" || type == "document") {
+        bad("this model does not accept images (text-only model)", "messages");
+      } else if (type == "thinking" || type == "redacted_thinking") {
+        // dropped on re-ingest
+      } else if (type == "tool_use") {
+        const ordered_json input = blk.contains("input") && !blk["input"].is_null() ? blk["input"] : ordered_json::object();
+        if (!input.is_object()) bad(where + " tool_use.input must be an object", "messages");
+        calls.push_back({{"id", str_in(blk, "id", where + ".tool_use", "messages")}, {"type", "function"},
+                         {"function", {{"name", str_in(blk, "name", where + ".tool_use", "messages")}, {"arguments", input}}}});
+      } else if (type == "tool_result") {
+        std::string rt;
+        if (blk.contains("content")) {
+          const ordered_json& rc = blk["content"];
+          rt = rc.is_string() ? rc.get<std::string>() : text_of_content(rc, where.c_str(), true);
+        }
+        out.push_back({{"role", "tool"}, {"tool_call_id", str_in(blk, "tool_use_id", where + ".tool_result", "messages")},
+                       {"content", rt}});
+      } else {
+        bad(strfmt("%s has an unknown content block type '%s'", where.c_str(), type.c_str()), "messages");
+      }
+    }
+    if (!text.empty() || !calls.empty()) {
+      ordered_json msg = {{"role", role}, {"content", text}};
+      if (!calls.empty()) msg["tool_calls"] = calls;
+      out.push_back(msg);
+    }
+  }
+  ordered_json tools;
+  if (const ordered_json* t = get(b, "tools")) {
+    if (!t->is_array()) bad("tools must be an array", "tools");
+    tools = ordered_json::array();
+    for (const auto& tool : *t) {
+      if (!tool.is_object() || !tool.contains("name")) continue;  // server tools (web search, ...) dropped
+      if (!tool["name"].is_string()) bad("tools[].name must be a string", "tools");
+      const ordered_json schema = tool.contains("input_schema") && !tool["input_schema"].is_null() ? tool["input_schema"]
+                                                                                                : ordered_json::object();
+      if (!schema.is_object()) bad("tools[].input_schema must be an object", "tools");
+      tools.push_back({{"type", "function"},
+                       {"function", {{"name", tool["name"]}, {"description", str_in(tool, "description", "tools[]", "tools")},
+                                     {"parameters", schema}}}});
+    }
+  }
+  if (const ordered_json* tc = get(b, "tool_choice")) {
+    if (!tc->is_object()) bad("tool_choice must be an object", "tool_choice");
+    if (str_in(*tc, "type", "tool_choice", "tool_choice") == "none") tools = ordered_json();
+  }
+  ordered_json extra = ordered_json::object();
+  if (const ordered_json* th = get(b, "thinking")) {
+    if (!th->is_object()) bad("thinking must be an object", "thinking");
+    const std::string type = str_in(*th, "type", "thinking", "thinking");
+    extra["enable_thinking"] = type == "enabled";
+    pr.thinking_requested = type == "enabled";
+  }
+
+  pr.tool_style = tool_style_for(sm, tools);
+  runtime::SamplingParams sp = sampling(sm, b, false);
+  pr.gen.sampling = sp;
+  pr.gen.stops = stops(b, "stop_sequences");
+  std::optional<int64_t> max = integer(b, "max_tokens", 1, INT64_MAX);
+  if (!max) max = sm.defaults.max_tokens;
+  pr.gen.ns = namespace_for(sm, b);
+  check_prompt_bytes(sm, json_string_bytes(out), Surface::kMessages, "messages");
+  encode_with_template(sm, out, tools, extra, pr);
+  fit_context(sm, pr, max, Surface::kMessages, "messages");
+  return pr;
+}
+
+}  // namespace larder::server
