@@ -110,13 +110,14 @@ void matmul_gguf(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 
 
-// The linear 32-element formats (Q4_1, Q5_0, Q5_1) skip the generic lane arrays: their codes are
+// The 32-element formats (Q4_1, Q5_0, Q5_1; IQ4_NL below) skip the generic lane arrays: their codes are
 // unsigned (u <= 31, value = d·u + c with one d and c per block; Q5_0: u = q + 16, c = −16·d), so
 // they feed maddubs as they are (pair sums <= 2·31·127, exact) and the scales are broadcasts:
 //   acc += cvt(madd(maddubs(u, q_x), 1))·(d·d_x) + c·(bs/8)       (bs = d_x·Σ q_x; 8 lanes)
 // 6 vector ops per (row, token, 32 weights) against the generic kernel's 8 plus its per-block
 // lane-array stores — decode of these formats is compute-bound on one core otherwise.
 struct LinQ4_1 {
+  static constexpr bool kSigned = false;
   static constexpr size_t kBytes = sizeof(BlockQ4_1);
   static __m256i codes(const uint8_t* blk) { return gu::nibbles32(blk + offsetof(BlockQ4_1, qs)); }
   static void scales(const uint8_t* blk, const float* f16, float* d, float* c) {
@@ -125,6 +126,7 @@ struct LinQ4_1 {
   }
 };
 struct LinQ5_1 {
+  static constexpr bool kSigned = false;
   static constexpr size_t kBytes = sizeof(BlockQ5_1);
   static __m256i codes(const uint8_t* blk) {
     return _mm256_or_si256(gu::nibbles32(blk + offsetof(BlockQ5_1, qs)), gu::fifth_bits(blk + offsetof(BlockQ5_1, qh)));
@@ -135,6 +137,7 @@ struct LinQ5_1 {
   }
 };
 struct LinQ5_0 {
+  static constexpr bool kSigned = false;
   static constexpr size_t kBytes = sizeof(BlockQ5_0);
   static __m256i codes(const uint8_t* blk) {
     return _mm256_or_si256(gu::nibbles32(blk + offsetof(BlockQ5_0, qs)), gu::fifth_bits(blk + offsetof(BlockQ5_0, qh)));
@@ -142,6 +145,17 @@ struct LinQ5_0 {
   static void scales(const uint8_t* blk, const float* f16, float* d, float* c) {
     *d = f16[load_u16(blk + offsetof(BlockQ5_0, d))];
     *c = -16.0f * *d;
+  }
+};
+// IQ4_NL: signed codebook values (−127..113, no bias): maddubs takes |w| and sign(q_x, w), as the
+// Q8_0 decode kernel does.
+struct LinIQ4_NL {
+  static constexpr bool kSigned = true;
+  static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
+  static __m256i codes(const uint8_t* blk) { return gu::iq4_lookup(gu::nibbles32(blk + offsetof(BlockIQ4_NL, qs))); }
+  static void scales(const uint8_t* blk, const float* f16, float* d, float* c) {
+    *d = f16[load_u16(blk + offsetof(BlockIQ4_NL, d))];
+    *c = 0.0f;
   }
 };
 
@@ -186,9 +200,11 @@ struct LinearKernel {
         const __m256 bs = _mm256_broadcast_ss(bs8 + b * a.n_pad + t0 + t);
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u[r], xv), ones));
+          const __m256i p = L::kSigned ? _mm256_maddubs_epi16(_mm256_abs_epi8(u[r]), _mm256_sign_epi8(xv, u[r]))
+                                       : _mm256_maddubs_epi16(u[r], xv);
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
           acc[r][t] = _mm256_fmadd_ps(f, _mm256_set1_ps(d[r] * dx), acc[r][t]);
-          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(c[r]), bs, acc[r][t]);
+          if constexpr (!L::kSigned) acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(c[r]), bs, acc[r][t]);
         }
       }
     }
@@ -216,7 +232,7 @@ void matmul_linear(const WeightView& w, const float* x, int64_t n, float* y) {
 void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y) { matmul_linear<LinQ4_1>(w, x, n, y); }
 void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_linear<LinQ5_0>(w, x, n, y); }
 void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y) { matmul_linear<LinQ5_1>(w, x, n, y); }
-void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf<UnpackIQ4_NL>(w, x, n, y); }
+void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { matmul_linear<LinIQ4_NL>(w, x, n, y); }
 void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf<UnpackQ2_K>(w, x, n, y); }
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf<UnpackQ3_K>(w, x, n, y); }
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf<UnpackQ5_K>(w, x, n, y); }
