@@ -20,6 +20,8 @@
 #include "larder/kernels/dispatch.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/runtime/loaded_model.h"
+#include "model_arg.h"
+#include "validators.h"
 #include "verbs.h"
 
 namespace larder::cli {
@@ -30,6 +32,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchFlags {
   std::string model;
+  ModelArg model_arg;
   int64_t prompt = 512, gen = 128;
   int threads = 0, repeats = 3;
   bool json = false, no_roofline = false;
@@ -212,14 +215,19 @@ int run_bench(const BenchFlags& f) {
 VerbMain add_bench(CLI::App& app) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "prefill and decode speed against this machine's roofline");
-  cmd->add_option("model", f->model, "model directory or .gguf file")->required();
-  cmd->add_option("-p,--prompt", f->prompt, "prefill test tokens (pp)")->check(CLI::PositiveNumber);
-  cmd->add_option("-n,--gen", f->gen, "decode test tokens (tg)")->check(CLI::PositiveNumber);
-  cmd->add_option("-t,--threads", f->threads, "compute threads (default: physical cores)")->check(CLI::PositiveNumber);
-  cmd->add_option("-r,--repeats", f->repeats, "repeats per test (median reported)")->check(CLI::Range(1, 1000));
+  add_model_arg(cmd, f->model_arg, "");
+  cmd->add_option("-p,--prompt", f->prompt, "prefill test tokens (pp)")->check(positive());
+  cmd->add_option("-n,--gen", f->gen, "decode test tokens (tg)")->check(positive());
+  cmd->add_option("-t,--threads", f->threads, "compute threads (default: physical cores)")->check(positive());
+  cmd->add_option("-r,--repeats", f->repeats, "repeats per test (median reported)")->check(in_range(1, 1000));
   cmd->add_flag("--json", f->json, "machine-readable output");
   cmd->add_flag("--no-roofline", f->no_roofline, "skip the bandwidth/peak probes");
-  return [f]() { return run_bench(*f); };
+  return [f]() {
+    auto m = resolve_model(f->model_arg);
+    if (!m.is_ok()) return report(m.status());
+    f->model = m->path;
+    return run_bench(*f);
+  };
 }
 
 }  // namespace larder::cli

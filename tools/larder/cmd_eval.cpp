@@ -17,6 +17,8 @@
 #include "larder/runtime/loaded_model.h"
 #include "larder/tokenizer/tokenizer.h"
 #include "larder/core/progress.h"
+#include "model_arg.h"
+#include "validators.h"
 #include "verbs.h"
 
 namespace larder::cli {
@@ -25,6 +27,7 @@ namespace {
 
 struct EvalFlags {
   std::string model, candidate, text;
+  ModelArg model_arg;  // eval ppl's MODEL
   int64_t ctx = 512, chunks = 0;
   int threads = 0;
   bool json = false, no_sanity = false;
@@ -214,10 +217,10 @@ int run_kl(const EvalFlags& f) {
 }
 
 void common_options(CLI::App* cmd, EvalFlags& f) {
-  cmd->add_option("--text", f.text, "evaluation text file (tokenized as one stream)")->required();
-  cmd->add_option("-c,--ctx", f.ctx, "tokens per chunk (the second half of each is scored)");
-  cmd->add_option("--chunks", f.chunks, "evaluate at most this many chunks (default: all)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("-t,--threads", f.threads, "compute threads (default: physical cores)")->check(CLI::PositiveNumber);
+  cmd->add_option("-f,--file,--text", f.text, "evaluation text file (tokenized as one stream)")->required();
+  cmd->add_option("-c,--ctx,--ctx-size", f.ctx, "tokens per chunk (the second half of each is scored)");
+  cmd->add_option("--chunks", f.chunks, "evaluate at most this many chunks (default: all)")->check(at_least(0));
+  cmd->add_option("-t,--threads", f.threads, "compute threads (default: physical cores)")->check(positive());
   cmd->add_flag("--json", f.json, "machine-readable output");
 }
 
@@ -228,16 +231,29 @@ VerbMain add_eval(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "quality measurement: perplexity, KL divergence against a base model");
   cmd->require_subcommand(1);
   CLI::App* ppl = cmd->add_subcommand("ppl", "perplexity of a model on a text (llama.cpp convention)");
-  ppl->add_option("model", f->model, "model directory or .gguf file")->required();
+  add_model_arg(ppl, f->model_arg, "");
   common_options(ppl, *f);
   CLI::App* kl = cmd->add_subcommand("kl", "KL(base || candidate), top-1 agreement and a greedy sanity check");
-  kl->add_option("base", f->model, "reference model directory or .gguf file")->required();
+  kl->add_option("base", f->model, "reference model (a .gguf file, a directory, a folder of GGUFs or a repo id)")->required();
   kl->add_option("candidate", f->candidate, "candidate (e.g. quantized) model")->required();
   common_options(kl, *f);
   kl->add_flag("--no-sanity", f->no_sanity, "skip the greedy generation sanity check");
   return [f, ppl, kl]() {
-    if (ppl->parsed()) return run_ppl(*f);
-    if (kl->parsed()) return run_kl(*f);
+    if (ppl->parsed()) {
+      auto m = resolve_model(f->model_arg);
+      if (!m.is_ok()) return report(m.status());
+      f->model = m->path;
+      return run_ppl(*f);
+    }
+    if (kl->parsed()) {
+      auto base = resolve_model(f->model);
+      if (!base.is_ok()) return report(base.status());
+      auto cand = resolve_model(f->candidate);
+      if (!cand.is_ok()) return report(cand.status());
+      f->model = base->path;
+      f->candidate = cand->path;
+      return run_kl(*f);
+    }
     return 2;
   };
 }

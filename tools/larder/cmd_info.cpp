@@ -7,12 +7,14 @@
 
 #include "larder/runtime/fit.h"
 #include "larder/runtime/loaded_model.h"
+#include "model_arg.h"
+#include "validators.h"
 #include "verbs.h"
 
 namespace larder::cli {
 
 VerbMain add_info(CLI::App& app) {
-  auto model = std::make_shared<std::string>();
+  auto model = std::make_shared<ModelArg>();
   struct FitFlags {
     int64_t ctx = 0, parallel = 1;
     double prompt_cache_gb = 0;
@@ -20,14 +22,17 @@ VerbMain add_info(CLI::App& app) {
   };
   auto ff = std::make_shared<FitFlags>();
   CLI::App* cmd = app.add_subcommand("info", "describe a model: architecture, sizes, dtypes, vocab, context, memory estimate");
-  cmd->add_option("model", *model, "model directory or .gguf file")->required();
-  cmd->add_option("-c,--ctx", ff->ctx, "context tokens per sequence for the memory estimate (default 4096, capped at the model's)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--parallel,--np", ff->parallel, "sequences held at once for the memory estimate")->check(CLI::PositiveNumber);
-  cmd->add_option("--prompt-cache", ff->prompt_cache_gb, "RAM KV cache cap in GiB to include")->check(CLI::NonNegativeNumber);
+  add_model_arg(cmd, *model, "");
+  cmd->add_option("-c,--ctx,--ctx-size", ff->ctx,
+                  "context tokens per sequence for the memory estimate (0 = 4096, capped at the model's)")
+      ->check(at_least(0));
+  cmd->add_option("--parallel,--np", ff->parallel, "sequences held at once for the memory estimate")->check(positive());
+  cmd->add_option("--prompt-cache", ff->prompt_cache_gb, "RAM KV cache cap in GiB to include")->check(at_least(0));
   cmd->add_flag("--json", ff->json, "print the memory estimate as JSON only");
   return [model, ff]() {
-    auto lm = runtime::load_model(*model);
+    auto located = resolve_model(*model);
+    if (!located.is_ok()) return report(located.status());
+    auto lm = runtime::load_model(located->path);
     if (!lm.is_ok()) return report(lm.status());
     const auto& m = **lm;
     const auto& i = m.model->info();

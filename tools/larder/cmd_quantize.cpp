@@ -4,6 +4,8 @@
 
 #include "larder/quant/convert.h"
 #include "larder/core/progress.h"
+#include "model_arg.h"
+#include "validators.h"
 #include "verbs.h"
 
 namespace larder::cli {
@@ -20,7 +22,7 @@ VerbMain add_quantize(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("quantize", "write an MLX affine-quantized checkpoint (mlx-lm compatible)");
-  cmd->add_option("src", o->src, "source Hugging Face directory (bf16/f16/f32 safetensors)")->required();
+  cmd->add_option("src", o->src, "source Hugging Face directory (bf16/f16/f32 safetensors) or its repo id in the local Hugging Face cache")->required();
   cmd->add_option("dst", o->dst, "output directory (must not exist)")->required();
   cmd->add_option("--bits", o->bits, "bits per weight: 2, 3, 4, 5, 6 or 8")->capture_default_str();
   cmd->add_option("--group-size", o->group, "group size: 32, 64 or 128")->capture_default_str();
@@ -37,7 +39,7 @@ VerbMain add_quantize(CLI::App& app) {
   cmd->add_option("--calibration-samples", o->calib_n, "calibration samples")->capture_default_str();
   cmd->add_option("--protect-blocks", o->protect_blocks,
                   "allocator: the first and last N blocks are favoured (x100 sensitivity); 0 turns it off")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
   cmd->add_option("--reuse-sensitivity", o->reuse, "sensitivity.json of an earlier run with the same calibration to use instead of measuring");
   cmd->add_option("--candidate-bits", o->candidates, "widths the allocator may choose (with --target-bpw)")
@@ -50,6 +52,9 @@ VerbMain add_quantize(CLI::App& app) {
   cmd->add_option("--max-shard-mb", o->max_shard_mb, "largest shard in MiB")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)");
   return [o]() {
+    auto located = resolve_model(o->src);
+    if (!located.is_ok()) return report(located.status());
+    o->src = located->path;
     quant::ConvertOptions opts;
     opts.bits = o->bits;
     opts.group_size = o->group;

@@ -28,9 +28,11 @@
 #include "larder/runtime/fit.h"
 #include "larder/runtime/page_in.h"
 #include "larder/runtime/loaded_model.h"
-#include "larder/runtime/model_locator.h"
+#include "larder/runtime/generate.h"
 #include "larder/server/engine.h"
 #include "larder/server/http_server.h"
+#include "model_arg.h"
+#include "validators.h"
 #include "verbs.h"
 
 namespace larder::cli {
@@ -38,7 +40,8 @@ namespace larder::cli {
 namespace {
 
 struct ServeFlags {
-  std::string model, host = "127.0.0.1", alias, api_key, ssd_cache;
+  ModelArg model;
+  std::string host = "127.0.0.1", alias, api_key, ssd_cache;
   int port = 8080, threads = 0, parallel = 4, http_threads = 0;
   int64_t ctx = 4096, step_tokens = 256;
   size_t queue_max = 64;
@@ -50,7 +53,7 @@ struct ServeFlags {
   std::string log_format = "text";
   std::optional<float> temp, top_p, min_p, repeat_penalty;
   std::optional<int> top_k;
-  std::optional<int64_t> max_tokens;
+  int64_t max_tokens = runtime::kDefaultMaxTokens;
 };
 
 // Signals are taken by one dedicated thread (sigwait), never by a handler on an arbitrary
@@ -134,7 +137,7 @@ int run_serve(ServeFlags f) {
   if (f.api_key.empty()) {
     if (const char* k = std::getenv("LARDER_API_KEY")) f.api_key = k;
   }
-  auto located = runtime::locate_model(f.model);
+  auto located = resolve_model(f.model, /*allow_default=*/true);
   if (!located.is_ok()) return report(located.status());
 
   server::Metrics metrics;
@@ -211,7 +214,7 @@ int run_serve(ServeFlags f) {
   } else if (auto k = gc_number(gc, "top_k")) {
     sm.defaults.top_k = static_cast<int>(*k);
   }
-  sm.defaults.max_tokens = f.max_tokens;
+  if (f.max_tokens > 0) sm.defaults.max_tokens = f.max_tokens;  // -1: until the context is full
 
   memory::KvStoreConfig kc;
   kc.ram_cap_bytes = static_cast<size_t>(f.prompt_cache_gb * (1ull << 30));
@@ -265,52 +268,50 @@ int run_serve(ServeFlags f) {
 VerbMain add_serve(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI- and Anthropic-compatible HTTP server");
-  cmd->add_option("model", f->model,
-                  "model directory, .gguf file, or Hugging Face repo id in the local HF cache "
-                  "(default: the most recently used model there)");
+  add_model_arg(cmd, f->model, std::string(kModelHelp) + " (default: the most recently used model in that cache)");
   cmd->add_option("--host", f->host, "address to bind (default 127.0.0.1: loopback only)");
-  cmd->add_option("--port", f->port, "port (0 = any free port)")->check(CLI::Range(0, 65535));
-  cmd->add_option("-t,--threads", f->threads, "compute threads (default: physical cores)")->check(CLI::PositiveNumber);
+  cmd->add_option("--port", f->port, "port (0 = any free port)")->check(in_range(0, 65535));
+  cmd->add_option("-t,--threads", f->threads, "compute threads (default: physical cores)")->check(positive());
   cmd->add_option("-c,--ctx,--ctx-size", f->ctx, "context tokens per sequence (default 4096, capped at the model's)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--parallel,--np", f->parallel, "sequences decoded together (continuous batching)")
-      ->check(CLI::Range(1, 256));
-  cmd->add_option("--queue-max", f->queue_max, "requests waiting for a slot before 429")->check(CLI::Range(0, 100000));
+      ->check(in_range(1, 256));
+  cmd->add_option("--queue-max", f->queue_max, "requests waiting for a slot before 429")->check(in_range(0, 100000));
   cmd->add_option("--step-tokens,--batch-tokens", f->step_tokens, "prefill tokens per engine step (chunked prefill)")
-      ->check(CLI::Range(1, 65536));
-  cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(CLI::NonNegativeNumber);
+      ->check(in_range(1, 65536));
+  cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(at_least(0));
   cmd->add_option("--ssd-cache", f->ssd_cache, "directory of the persistent KV cache (survives restarts)");
-  cmd->add_option("--ssd-cache-max", f->ssd_cache_max_gb, "SSD KV cache cap in GiB")->check(CLI::PositiveNumber);
+  cmd->add_option("--ssd-cache-max", f->ssd_cache_max_gb, "SSD KV cache cap in GiB")->check(positive());
   cmd->add_option("--ssd-demote-idle", f->ssd_demote_idle_s,
                   "seconds before an unused RAM entry moves to the SSD tier (default 300 with --ssd-cache; 0 = off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option("--api-key", f->api_key, "require this key (Authorization: Bearer or x-api-key); env LARDER_API_KEY");
   cmd->add_option("--cors,--cors-origins", f->cors, "allowed CORS origins (comma-separated or repeated; '*' = any)");
   cmd->add_option("--allowed-hosts", f->allowed_hosts,
                   "Host header names accepted (comma-separated or repeated; '*' = any). A loopback bind "
                   "always accepts localhost, 127.0.0.1 and [::1]; other binds check Host only when this is given");
   cmd->add_option("--max-connections", f->max_connections, "open connections in total (default 1024)")
-      ->check(CLI::Range(16, 1000000));
+      ->check(in_range(16, 1000000));
   cmd->add_option("--max-connections-per-ip", f->max_connections_per_ip,
                   "open connections per client address (default 256; beyond it the oldest idle one is closed)")
-      ->check(CLI::Range(1, 1000000));
+      ->check(in_range(1, 1000000));
   cmd->add_option("--read-timeout", f->read_timeout_s,
                   "seconds a client has to send a request header (default 10; the body gets 3x plus 1 s per MiB)")
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(in_range(0.1, 3600.0));
   cmd->add_option("--idle-timeout", f->idle_timeout_s, "seconds an idle keep-alive connection stays open (default 60)")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(in_range(0.1, 86400.0));
   cmd->add_option("--log-format", f->log_format, "request log lines: text (default) or json (one object per line)")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");
-  cmd->add_option("--temp,--temperature", f->temp, "default temperature")->check(CLI::Range(0.0, 5.0));
-  cmd->add_option("--top-p", f->top_p, "default top_p")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--top-k", f->top_k, "default top_k")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--min-p", f->min_p, "default min_p")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--repeat-penalty", f->repeat_penalty, "default repetition penalty")->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--max-tokens", f->max_tokens, "default max_tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--temp,--temperature", f->temp, "default temperature")->check(in_range(0.0, 5.0));
+  cmd->add_option("--top-p", f->top_p, "default top_p")->check(in_range(0.0, 1.0));
+  cmd->add_option("--top-k", f->top_k, "default top_k")->check(at_least(0));
+  cmd->add_option("--min-p", f->min_p, "default min_p")->check(in_range(0.0, 1.0));
+  cmd->add_option("--repeat-penalty", f->repeat_penalty, "default repetition penalty")->check(in_range(0.0, 100.0));
+  cmd->add_option("-n,--n-predict,--max-tokens", f->max_tokens, runtime::kMaxTokensHelp)->check(max_tokens_check());
   cmd->add_option("--http-threads", f->http_threads, "generation worker threads (default parallel + queue-max + 8)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--body-limit-mb", f->body_limit_mb, "request body limit in MiB")->check(CLI::PositiveNumber);
+      ->check(positive());
+  cmd->add_option("--body-limit-mb", f->body_limit_mb, "request body limit in MiB")->check(positive());
   return [f]() { return run_serve(*f); };
 }
 

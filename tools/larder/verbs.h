@@ -22,6 +22,7 @@ VerbMain add_eval(CLI::App& app);
 VerbMain add_pull(CLI::App& app);
 VerbMain add_ls(CLI::App& app);
 VerbMain add_rm(CLI::App& app);
+VerbMain add_chat(CLI::App& app);
 
 // Prints "larder: <message>" to stderr and returns the exit code for `st`.
 int report(const Status& st);

@@ -23,6 +23,16 @@ enum class FinishReason {
 };
 const char* finish_reason_name(FinishReason r);  // "eos", "length", "callback"
 
+// The one default length policy (README "Generation length"): a generation stops at EOS, a stop
+// string, the context end, or after this many tokens when the request or command line names no
+// limit — `larder generate -n`, `larder chat -n`, `larder serve --max-tokens` (the default of
+// chat completions, completions and messages requests alike). -1 on the command line lifts it:
+// until the context is full (llama.cpp's -n -1). A finite default because a small model that
+// loops would otherwise run to the context end (4,058 tokens, 95 s, seen with a 4096 context).
+inline constexpr int64_t kDefaultMaxTokens = 2048;
+inline constexpr const char* kMaxTokensHelp =
+    "tokens to generate at most when a request names no limit; -1 = until the context is full";
+
 struct GenerateOptions {
   SamplingParams sampling;
   int64_t max_new_tokens = 256;

@@ -11,6 +11,7 @@
 #include "larder/core/status.h"
 #include "larder/formats/model_files.h"
 #include "larder/models/model.h"
+#include "larder/runtime/generate.h"
 #include "larder/runtime/sampler.h"
 #include "larder/tokenizer/chat_template/chat_template.h"
 #include "larder/tokenizer/tokenizer.h"
@@ -26,7 +27,7 @@ struct LoadOptions {
 struct GenerationDefaults {
   SamplingParams sampling;            // greedy unless generation_config says do_sample
   std::vector<int32_t> eos_ids;       // config eos_token_id ∪ generation_config ∪ tokenizer eos
-  int64_t max_new_tokens = 256;
+  int64_t max_new_tokens = kDefaultMaxTokens;
 };
 
 struct LoadedModel {

@@ -40,7 +40,7 @@ const char* openai_error_type(int status);
 struct ApiDefaults {
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int> top_k;
-  std::optional<int64_t> max_tokens;  // --max-tokens
+  std::optional<int64_t> max_tokens;  // --max-tokens (default runtime::kDefaultMaxTokens); none = context end
 };
 
 struct ServedModel {

@@ -63,7 +63,7 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
     pr.include_usage = boolean(*so, "include_usage").value_or(false);
   }
   std::optional<int64_t> max = max_tokens_field(b, "max_tokens");
-  if (!max) max = sm.defaults.max_tokens.value_or(512);  // mlx_lm.server's completions default
+  if (!max) max = sm.defaults.max_tokens;  // one default for every route (runtime::kDefaultMaxTokens)
   pr.gen.ns = namespace_for(sm, b);
   fit_context(sm, pr, max, Surface::kCompletions, "prompt");
   add_choices(pr, more, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));

@@ -1,0 +1,95 @@
+"""The command line as a person types it (issue 17, item 8 and the llama.cpp habits): --help shows
+defaults, range errors are one short readable line, a mistyped flag gets "did you mean", a
+llama.cpp-only flag gets the larder equivalent, an unknown verb gets the nearest verb."""
+import re
+import unittest
+
+from cli_models import STORIES, run
+
+
+class FlagsTest(unittest.TestCase):
+    def help(self, *verb):
+        code, out, err = run(*verb, "--help")
+        self.assertEqual(code, 0, err)
+        return out
+
+    def assertDefault(self, text, flag, value):
+        line = re.search(rf"^\s+(?:-\S+,)*{re.escape(flag)}\b[^\n]*", text, re.M)
+        self.assertIsNotNone(line, f"{flag} missing from the help:\n{text}")
+        self.assertRegex(line.group(0), rf"={re.escape(value)}\b", f"the help shows {flag}'s default {value}")
+
+    def test_help_shows_defaults(self):
+        serve = self.help("serve")
+        self.assertDefault(serve, "--port", "8080")
+        self.assertDefault(serve, "--parallel", "4")
+        self.assertDefault(serve, "--max-tokens", "2048")
+        self.assertDefault(serve, "--ctx-size", "4096")
+        self.assertDefault(serve, "--queue-max", "64")
+        self.assertDefault(serve, "--host", "127.0.0.1")
+        gen = self.help("generate")
+        self.assertDefault(gen, "--n-predict", "2048")
+        self.assertDefault(gen, "--seed", "0")
+        self.assertIn("--temp", gen)
+        self.assertIn("generation_config", gen, "--temp says where its default comes from")
+        self.assertDefault(self.help("chat"), "--max-tokens", "2048")
+        self.assertDefault(self.help("bench"), "--repeats", "3")
+
+    def test_range_errors_are_readable(self):
+        for args, needle in ((["generate", STORIES, "-p", "x", "--top-k", "-5"], "--top-k"),
+                             (["generate", STORIES, "-p", "x", "--temp", "-5"], "--temp"),
+                             (["serve", "--parallel", "0"], "--parallel"),
+                             (["serve", "--prompt-cache", "-1"], "--prompt-cache"),
+                             (["generate", STORIES, "-n", "0"], "-n")):
+            code, out, err = run(*args, timeout=30)
+            self.assertEqual(code, 2, f"{args}: {err}")
+            self.assertIn(needle, err)
+            self.assertNotIn("1797693", err, "no DBL_MAX in a message")
+            self.assertNotIn("000000", err, "no %f noise in a message")
+            self.assertLess(len(err.splitlines()[0]), 120, f"one short line: {err}")
+
+    def test_did_you_mean(self):
+        code, out, err = run("generate", STORIES, "--prompt", "x", "--tempurature", "1")
+        self.assertEqual(code, 2, err)
+        self.assertIn("did you mean --temperature?", err)
+        code, out, err = run("serve", "--prot", "8081")
+        self.assertEqual(code, 2, err)
+        self.assertIn("did you mean --port?", err)
+        code, out, err = run("generate", STORIES, "-p", "x", "--max-tok", "3")
+        self.assertIn("did you mean --max-tokens?", err)
+        code, out, err = run("info", STORIES, "--port", "1")
+        self.assertIn("larder serve", err, "a flag of another verb names that verb")
+        code, out, err = run("generat", STORIES)
+        self.assertEqual(code, 2)
+        self.assertIn("did you mean 'generate'?", err)
+        self.assertEqual(out, "")
+
+    def test_llamacpp_only_flags_name_the_larder_way(self):
+        cases = [(["serve", "-fa"], "flash"),
+                 (["generate", STORIES, "-cnv"], "larder chat"),
+                 (["generate", STORIES, "--interactive"], "larder chat"),
+                 (["serve", "--mlock"], "mmap"),
+                 (["serve", "-ctk", "q8_0"], "KV cache"),
+                 (["serve", "-tb", "4"], "--threads"),
+                 (["generate", STORIES, "--reverse-prompt", "User:"], "--stop"),
+                 (["serve", "--slot-save-path", "/tmp/x"], "--ssd-cache"),
+                 (["serve", "-hff", "x.gguf"], "-hf ORG/NAME:"),
+                 (["serve", "--list-devices"], "CPU")]
+        for args, needle in cases:
+            code, out, err = run(*args, timeout=30)
+            self.assertEqual(code, 2, f"{args}: {err}")
+            self.assertIn("llama.cpp", err, args)
+            self.assertIn(needle, err, args)
+            self.assertEqual(out, "", f"{args} must not print the help")
+
+    def test_llamacpp_single_dash_flags_that_larder_has(self):
+        # -np is --parallel, -sys is --system: accepted, not read as clusters of short flags.
+        code, out, err = run("generate", STORIES, "--chat", "-sys", "You are terse.", "-p", "hi")
+        self.assertNotIn("Usage", out)
+        self.assertIn("chat template", err, "-sys was taken as --system (stories has no template)")
+        code, out, err = run("serve", "-np", "0")
+        self.assertEqual(code, 2)
+        self.assertIn("--parallel", err)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,218 @@
+// larder chat MODEL [--system TEXT] [-n N] [--temp T] ... — a conversation in the terminal.
+//
+// Each line typed is a user turn; the answer streams to stdout. The whole conversation is
+// rendered with the model's chat template every turn, and the Layer-0 KV store (RAM) keeps what
+// the previous turn forwarded, so a turn only prefills what is new (its reuse is shown with
+// --verbose). Ctrl-C stops the current answer (the partial answer stays in the conversation), not
+// the session; at the prompt it discards the line. /clear starts over, /exit or Ctrl-D ends it.
+// When standard input is not a terminal every line is a turn and no prompt is printed.
+#include <cerrno>
+#include <cstdio>
+#include <string>
+
+#include <unistd.h>
+
+#include "generation_setup.h"
+#include "interrupt.h"
+#include "larder/core/threadpool.h"
+#include "larder/memory/store/kv_store.h"
+#include "larder/runtime/generate.h"
+#include "larder/runtime/loaded_model.h"
+#include "larder/runtime/text_stream.h"
+#include "model_arg.h"
+#include "verbs.h"
+
+namespace larder::cli {
+
+namespace {
+
+struct ChatFlags {
+  ModelArg model;
+  std::string system;
+  bool verbose = false;
+  GenerationFlags gen;
+};
+
+enum class LineResult { kLine, kEof, kInterrupted };
+
+// Reads one line from fd 0 without stdio, so that a Ctrl-C during the read (EINTR: the handler
+// has no SA_RESTART) is seen at once.
+class LineReader {
+ public:
+  LineResult next(std::string* line) {
+    for (;;) {
+      const size_t nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        *line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        if (!line->empty() && line->back() == '\r') line->pop_back();
+        return LineResult::kLine;
+      }
+      if (eof_) {
+        if (buf_.empty()) return LineResult::kEof;
+        *line = std::move(buf_);
+        buf_.clear();
+        return LineResult::kLine;
+      }
+      char tmp[4096];
+      const ssize_t n = ::read(STDIN_FILENO, tmp, sizeof tmp);
+      if (n < 0 && errno == EINTR) {
+        if (interrupted()) {
+          buf_.clear();  // the terminal dropped the typed line too
+          return LineResult::kInterrupted;
+        }
+        continue;
+      }
+      if (n <= 0) {
+        eof_ = true;
+        continue;
+      }
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  std::string buf_;
+  bool eof_ = false;
+};
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t");
+  if (a == std::string::npos) return {};
+  return s.substr(a, s.find_last_not_of(" \t") - a + 1);
+}
+
+int run_chat(const ChatFlags& f) {
+  install_interrupt_handler();
+  auto located = resolve_model(f.model);
+  if (!located.is_ok()) return report(located.status());
+  if (f.gen.threads > 0) default_pool().set_threads(f.gen.threads);
+  auto loaded = runtime::load_model(located->path);
+  if (!loaded.is_ok()) return report(loaded.status());
+  runtime::LoadedModel& m = **loaded;
+  if (!m.chat_template) {
+    return report(invalid_argument(strfmt("[chat] %s has no chat template, so it cannot hold a conversation (use "
+                                          "`larder generate` for plain continuation)",
+                                          located->path.c_str())));
+  }
+  auto opened = open_cli_store(f.gen, m);
+  if (!opened.is_ok()) return report(opened.status());
+  memory::KvStore& store = **opened;
+  const std::string ns = memory::namespace_id({});
+  const int64_t ctx = context_of(f.gen, m);
+  const bool tty = isatty(STDIN_FILENO);
+  if (tty) {
+    std::fprintf(stderr,
+                 "larder chat: %s (context %lld tokens). Ctrl-C stops an answer; /clear starts over; /exit or "
+                 "Ctrl-D ends.\n",
+                 located->id.c_str(), static_cast<long long>(ctx));
+  }
+
+  std::vector<runtime::ChatMessage> history;
+  if (!f.system.empty()) history.push_back({"system", f.system});
+  const size_t fixed = history.size();
+  LineReader reader;
+  auto out = [](const std::string& s) {
+    if (s.empty()) return;
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  };
+  for (;;) {
+    if (tty) out("> ");
+    std::string line;
+    const LineResult r = reader.next(&line);
+    if (r == LineResult::kEof) {
+      if (tty) out("\n");
+      return 0;
+    }
+    if (r == LineResult::kInterrupted) {
+      clear_interrupt();
+      out("\n");
+      std::fprintf(stderr, "(Ctrl-D or /exit ends the chat)\n");
+      continue;
+    }
+    const std::string cmd = trim(line);
+    if (cmd.empty()) continue;
+    if (cmd == "/exit" || cmd == "/quit" || cmd == "/bye") return 0;
+    if (cmd == "/clear") {
+      history.resize(fixed);
+      std::fprintf(stderr, "(conversation cleared)\n");
+      continue;
+    }
+    if (cmd == "/help" || cmd == "/?") {
+      std::fprintf(stderr, "/clear  start a new conversation\n/exit   end the chat (or Ctrl-D)\nCtrl-C  stop the answer\n");
+      continue;
+    }
+
+    history.push_back({"user", line});
+    auto ids = runtime::encode_chat(m, history, /*add_generation_prompt=*/true);
+    if (!ids.is_ok()) {
+      history.pop_back();
+      std::fprintf(stderr, "larder: %s\n", ids.status().message().c_str());
+      continue;
+    }
+    const std::vector<int32_t>& prompt = *ids;
+    if (static_cast<int64_t>(prompt.size()) >= ctx) {
+      history.pop_back();
+      std::fprintf(stderr, "larder: the conversation is %zu tokens and no longer fits the context of %lld; /clear "
+                   "starts over\n", prompt.size(), static_cast<long long>(ctx));
+      continue;
+    }
+    runtime::GenerateOptions go = generate_options(f.gen, m);
+    go.max_new_tokens = budget_for(f.gen, static_cast<int64_t>(prompt.size()), ctx);
+
+    memory::TakeResult taken = store.take(prompt, ns);
+    memory::SequenceState state = taken.hit ? std::move(*taken.hit).into_state(m.model->kv_layout(), ctx)
+                                            : memory::SequenceState(m.model->kv_layout(), ctx);
+    runtime::TextStream text(*m.tokenizer, f.gen.stop);
+    std::string answer;
+    auto result = runtime::generate(*m.model, state.kv, prompt, go, [&](int32_t token) {
+      const std::string piece = text.push(token);
+      answer += piece;
+      out(piece);
+      return !text.stopped() && !interrupted();
+    });
+    const std::string tail = text.finish();
+    answer += tail;
+    out(tail);
+    const bool stopped = interrupted();
+    clear_interrupt();
+    out("\n");
+    if (!result.is_ok()) {
+      history.pop_back();
+      std::fprintf(stderr, "larder: %s\n", result.status().message().c_str());
+      continue;
+    }
+    if (stopped) std::fprintf(stderr, "[stopped]\n");
+    history.push_back({"assistant", answer});
+    // Keep what was forwarded (prompt + answer but its last token) for the next turn's prefix.
+    std::vector<int32_t> forwarded = prompt;
+    forwarded.insert(forwarded.end(), result->tokens.begin(), result->tokens.end());
+    forwarded.resize(static_cast<size_t>(state.kv.length()));
+    if (Status put = store.put(forwarded, std::move(state), ns); !put.is_ok() && f.verbose) {
+      std::fprintf(stderr, "larder: kv store: not kept: %s\n", put.message().c_str());
+    }
+    if (f.verbose) {
+      const char* why = text.stopped() ? "stop string"
+                        : stopped      ? "interrupted (Ctrl-C)"
+                                       : runtime::finish_reason_name(result->finish_reason);
+      std::fprintf(stderr, "larder: reused %lld of %zu prompt tokens (%s) | %s\n",
+                   static_cast<long long>(taken.report.reused_tokens), prompt.size(),
+                   memory::tier_name(taken.report.tier), stats_text(*result, why).c_str());
+    }
+  }
+}
+
+}  // namespace
+
+VerbMain add_chat(CLI::App& app) {
+  auto f = std::make_shared<ChatFlags>();
+  CLI::App* cmd = app.add_subcommand("chat", "a conversation with a model in the terminal (streamed, multi-turn)");
+  add_model_arg(cmd, f->model, "");
+  cmd->add_option("--system,--system-prompt", f->system, "system message (kept by /clear)");
+  cmd->add_flag("-v,--verbose", f->verbose, "after each answer: prompt tokens reused from the KV store, speed");
+  add_generation_flags(cmd, f->gen);
+  return [f]() { return run_chat(*f); };
+}
+
+}  // namespace larder::cli

@@ -1,0 +1,49 @@
+// generation_setup.h — what `larder generate` and `larder chat` share: the sampling and length
+// flags (llama.cpp's spellings as aliases), the options they make for runtime::generate, the
+// Layer-0 KV store of a CLI run, and the statistics line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "larder/memory/store/kv_store.h"
+#include "larder/runtime/generate.h"
+#include "larder/runtime/loaded_model.h"
+
+namespace larder::cli {
+
+struct GenerationFlags {
+  std::optional<float> temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+  std::optional<int> top_k;
+  uint64_t seed = 0;
+  int64_t n = runtime::kDefaultMaxTokens;  // -1: until the context is full
+  int64_t ctx = 0;                         // 0: the model's
+  int threads = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::string ssd_cache;
+  double ssd_cache_max_gb = 32;
+  double prompt_cache_gb = 4;
+};
+
+void add_generation_flags(CLI::App* cmd, GenerationFlags& f);
+
+// Sampling from the model's generation_config, overridden by the flags; EOS ids unless --ignore-eos.
+runtime::GenerateOptions generate_options(const GenerationFlags& f, const runtime::LoadedModel& m);
+
+// The context a run uses: --ctx capped at the model's.
+int64_t context_of(const GenerationFlags& f, const runtime::LoadedModel& m);
+
+// The token budget for a prompt: -n capped at the room the context leaves (-1: all of it).
+int64_t budget_for(const GenerationFlags& f, int64_t prompt_tokens, int64_t ctx);
+
+// The KV store of one CLI run (RAM, plus the SSD tier with --ssd-cache).
+Result<std::unique_ptr<memory::KvStore>> open_cli_store(const GenerationFlags& f, const runtime::LoadedModel& m);
+
+// "prompt N tokens in S s (R tok/s) | generated ... | stop: X" (no "larder: " prefix, no newline).
+std::string stats_text(const runtime::GenerateStats& s, const char* stop);
+
+}  // namespace larder::cli
