@@ -13,7 +13,8 @@ STORIES = os.path.join(SHARED, "models/stories260K/stories260K.gguf")
 TINY_RANDOM = os.path.join(SHARED, "models/llama-2-tiny-random/llama-2-tiny-random.gguf")
 
 # The user message, then the story opening as the assistant's start: the answer is a story.
-STORY_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+STORY_TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
+                  "{% if m['role'] == 'assistant' %}Once upon a time{% endif %}{{ m['content'] }}\n{% endfor %}"
                   "{% if add_generation_prompt %}Once upon a time{% endif %}")
 
 
@@ -37,10 +38,11 @@ def stories_variant(path, context=None, chat_template=None):
         new[gguf.Keys.Tokenizer.CHAT_TEMPLATE] = MetadataDetails(gguf.GGUFValueType.STRING, chat_template)
     devnull = open(os.devnull, "w")
     old, sys.stdout = sys.stdout, devnull  # the writer's progress bar
+    old_err, sys.stderr = sys.stderr, devnull
     try:
         copy_with_new_metadata(reader, writer, new, [])
     finally:
-        sys.stdout = old
+        sys.stdout, sys.stderr = old, old_err
         devnull.close()
     return path
 
