@@ -2,10 +2,15 @@
 with a longer context and a chat template (so `chat`, `generate --chat` and the server's chat
 route run on a 1 MB model at ~1000 tok/s), folders of GGUFs, and a fake Hugging Face hub cache
 laid out the way huggingface_hub writes it (refs/main, snapshots/REV/ of symlinks into blobs/)."""
+import http.client
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 BIN = os.environ["LARDER_BIN"]
 SHARED = os.environ["LARDER_SHARED_DIR"]
@@ -77,3 +82,66 @@ def hub_env(hub):
     env.pop("HF_HOME", None)
     env["HF_HUB_CACHE"] = hub
     return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Serve:
+    """`larder serve` on a free loopback port, healthy when constructed."""
+
+    def __init__(self, model, *flags, env=None):
+        self.port = free_port()
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([BIN, "serve", model, "--port", str(self.port), *flags],
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited: {self.output()}")
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError(f"serve not healthy: {self.output()}")
+
+    def output(self):
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")
+
+    def get(self, path):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def post(self, path, body):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        try:
+            c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            r = c.getresponse()
+            data = r.read()
+            assert r.status == 200, f"{path}: {r.status} {data[:500]!r}"
+            return json.loads(data)
+        finally:
+            c.close()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()

@@ -7,82 +7,21 @@ tokens), /v1/completions stopped at 512 and generate at 256.
 
 The model is stories260K with a 4096-token context and a chat template (cli_models), EOS banned
 by logit_bias (or --ignore-eos), so every generation runs until the limit under test."""
-import http.client
 import json
 import os
 import re
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 import unittest
 
-from cli_models import BIN, run, story_chat_model
+import cli_models
+from cli_models import run, story_chat_model
 
 DEFAULT = 2048
 NO_EOS = {"logit_bias": {"2": -100}, "temperature": 0}  # stories260K: EOS is id 2
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Serve:
-    def __init__(self, model, *flags):
-        self.port = free_port()
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([BIN, "serve", model, "--port", str(self.port), *flags],
-                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"serve exited: {self.output()}")
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise AssertionError(f"serve not healthy: {self.output()}")
-
-    def output(self):
-        self.log.seek(0)
-        return self.log.read().decode("utf-8", "replace")
-
-    def get(self, path):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            return r.status, r.read()
-        finally:
-            c.close()
-
-    def post(self, path, body):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        try:
-            c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-            r = c.getresponse()
-            data = r.read()
-            assert r.status == 200, f"{path}: {r.status} {data[:500]!r}"
-            return json.loads(data)
-        finally:
-            c.close()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
+class Serve(cli_models.Serve):
     def lengths(self, **extra):
         """(completion tokens, finish reason) of /v1/completions and /v1/chat/completions."""
         c = self.post("/v1/completions", {"prompt": "Once upon a time", **NO_EOS, **extra})

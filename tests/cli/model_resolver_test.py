@@ -9,7 +9,9 @@ import tempfile
 import time
 import unittest
 
-from cli_models import BIN, STORIES, TINY_RANDOM, fake_hub, hub_env, run
+import json
+
+from cli_models import BIN, STORIES, TINY_RANDOM, Serve, fake_hub, hub_env, run
 
 STORY_OPENING = ", there was a little girl named Lily."
 
@@ -126,6 +128,22 @@ class ResolverTest(unittest.TestCase):
         code, out, err = run("quantize", "acme/tiny-hf", dst, "--bits", "8", env=hub_env(hub), timeout=300)
         self.assertEqual(code, 0, err)
         self.assertTrue(os.path.exists(os.path.join(dst, "config.json")))
+
+    def test_served_model_ids(self):
+        # The id /v1/models shows: a repo id, the GGUF's name, a directory's name.
+        hfdir = os.path.join(self.tmp, "my-model")
+        os.makedirs(hfdir)
+        shutil.copyfile(STORIES, os.path.join(hfdir, "stories260K.gguf"))
+        for spec, want in (("acme/stories-single", "acme/stories-single"),
+                           ("acme/stories-GGUF:Q8_0", "acme/stories-GGUF:Q8_0"),
+                           (STORIES, "stories260K"), (self.one, "stories260K")):
+            s = Serve(spec, env=self.env)
+            try:
+                status, body = s.get("/v1/models")
+                self.assertEqual(status, 200)
+                self.assertEqual(json.loads(body)["data"][0]["id"], want, spec)
+            finally:
+                s.stop()
 
     def test_repo_missing_from_cache_says_so(self):
         code, out, err = run("info", "acme/not-downloaded", env=self.env)

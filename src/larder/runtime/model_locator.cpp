@@ -117,6 +117,10 @@ Result<LocatedModel> resolve_folder(const fs::path& dir, const std::string& sele
                                 "and no .gguf file",
                                 what.c_str()));
       }
+      if (id.empty()) {  // a plain directory is served as its name
+        const fs::path p = dir.lexically_normal();
+        id = p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
+      }
       return LocatedModel{dir.string(), id, {}};  // the loader names anything else that is missing
     }
     if (ggufs.size() == 1) {
