@@ -149,7 +149,7 @@ class ResolverTest(unittest.TestCase):
         code, out, err = run("info", "acme/not-downloaded", env=self.env)
         self.assertEqual(code, 3, err)
         self.assertIn("not in the local Hugging Face cache", err)
-        self.assertIn("huggingface-cli download acme/not-downloaded", err)
+        self.assertIn("larder pull acme/not-downloaded", err)
         self.assertIn(self.hub, err)
 
     # item 3 and llama.cpp habits ------------------------------------------------------------
@@ -158,7 +158,7 @@ class ResolverTest(unittest.TestCase):
         self.assertNotIn("Usage", out, "-hf must not be read as -h -f (the help)")
         self.assertNotEqual(code, 0, "a repo that is not in the cache cannot be served")
         self.assertIn("not in the local Hugging Face cache", err)
-        self.assertIn("larder pull", err, "say that downloading is not there yet")
+        self.assertIn("larder pull acme/not-downloaded", err, "say how to fetch it")
 
     def test_dash_hf_with_quant_runs(self):
         err = self.assertStory(self.gen("-hf", "acme/stories-GGUF:Q8_0"), "-hf REPO:QUANT")

@@ -42,8 +42,8 @@ const std::map<std::string, std::string>& hint_table() {
   static const std::string batch = "prefill is chunked by `larder serve --step-tokens N`";
   static const std::map<std::string, std::string> t = {
       {"--hf-file", "pick the file with -hf ORG/NAME:FILE.gguf (or ORG/NAME:QUANT)"},
-      {"--hf-token", "larder does not download models yet (a later `larder pull`); use `huggingface-cli download`"},
-      {"--model-url", "larder does not download models yet (a later `larder pull`); download the file and pass its path"},
+      {"--hf-token", "`larder pull` reads the token from HF_TOKEN in the environment"},
+      {"--model-url", "download the file and pass its path (`larder pull ORG/NAME[:QUANT]` fetches from the Hugging Face Hub)"},
       {"--conversation", chat},
       {"--interactive", chat},
       {"--interactive-first", chat},

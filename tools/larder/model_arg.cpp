@@ -12,8 +12,8 @@ void add_model_arg(CLI::App* cmd, ModelArg& a, const std::string& what) {
   cmd->add_option("model", a.positional, what.empty() ? kModelHelp : what);
   cmd->add_option("-m,--model", a.model, "the model, as a flag (llama.cpp's -m)");
   cmd->add_option("--hf,--hf-repo", a.hf,
-                  "ORG/NAME[:QUANT]: a repo in the local Hugging Face cache (llama.cpp's -hf; larder does not "
-                  "download yet)");
+                  "ORG/NAME[:QUANT]: a repo in the local Hugging Face cache (llama.cpp's -hf; fetch it first with "
+                  "`larder pull`)");
   cmd->add_option("--n-gpu-layers,--gpu-layers", a.n_gpu_layers,
                   "accepted for llama.cpp habit (-ngl); larder runs on the CPU, so it changes nothing");
   cmd->add_flag("--jinja", a.jinja, "accepted for llama.cpp habit; the model's Jinja chat template is always used");

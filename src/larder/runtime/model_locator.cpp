@@ -182,10 +182,9 @@ bool repo_like(const std::string& s) {
 }
 
 std::string how_to_get(const std::string& repo) {
-  return strfmt("larder does not download models yet (that is a later `larder pull`): fetch it with "
-                "`huggingface-cli download %s` (add --include '*Q4_K_M*' for one GGUF), or pass a model "
-                "directory / .gguf file",
-                repo.c_str());
+  return strfmt("nothing is downloaded when a model is opened: fetch it first with `larder pull %s` "
+                "(`larder pull %s:Q4_K_M` for one GGUF), or pass a model directory / .gguf file",
+                repo.c_str(), repo.c_str());
 }
 
 Result<LocatedModel> from_hub(const std::string& repo, const std::string& selector) {
@@ -218,7 +217,7 @@ bool split_selector(const std::string& spec, std::string* base, std::string* sel
 }
 
 const char* kNoDefault =
-    "download one first, e.g. `huggingface-cli download mlx-community/Llama-3.2-1B-Instruct-4bit` "
+    "download one first, e.g. `larder pull mlx-community/Llama-3.2-1B-Instruct-4bit` "
     "(or pass a model directory / .gguf file)";
 
 }  // namespace

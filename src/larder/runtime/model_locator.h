@@ -9,7 +9,7 @@
 //   org/name:Q4_K_M, dir:Q8_0   pick one GGUF of several by its quantization (or its file name)
 //   "" (serve only)             the most recently used model in that cache
 //
-// Nothing is downloaded here (fetching is a later `larder pull`). FIFOs, devices and sockets are
+// Nothing is downloaded here (that is `larder pull`). FIFOs, devices and sockets are
 // refused before anything opens them (opening a FIFO blocks until a writer appears).
 #pragma once
 
