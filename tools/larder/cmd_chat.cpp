@@ -18,6 +18,7 @@
 #include "larder/memory/store/kv_store.h"
 #include "larder/runtime/generate.h"
 #include "larder/runtime/loaded_model.h"
+#include "larder/runtime/page_in.h"
 #include "larder/runtime/text_stream.h"
 #include "model_arg.h"
 #include "verbs.h"
@@ -95,6 +96,7 @@ int run_chat(const ChatFlags& f) {
                                           "`larder generate` for plain continuation)",
                                           located->path.c_str())));
   }
+  runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read, not in the first answer
   auto opened = open_cli_store(f.gen, m);
   if (!opened.is_ok()) return report(opened.status());
   memory::KvStore& store = **opened;
