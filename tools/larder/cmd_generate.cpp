@@ -38,6 +38,7 @@ struct GenerateFlags {
   bool chat = false;
   bool show_prompt = false;
   GenerationFlags gen;
+  runtime::ChatTemplateFlags chat_template;
 };
 
 // llama.cpp's rule for prompt files: one trailing newline is the file's, not the prompt's.
@@ -75,7 +76,9 @@ int run_generate(const GenerateFlags& f) {
   auto located = resolve_model(f.model);
   if (!located.is_ok()) return report(located.status());
   if (f.gen.threads > 0) default_pool().set_threads(f.gen.threads);
-  auto loaded = runtime::load_model(located->path);
+  runtime::LoadOptions lo;
+  lo.chat_template = f.chat_template;
+  auto loaded = runtime::load_model(located->path, lo);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
   const auto& info = m.model->info();
@@ -83,6 +86,7 @@ int run_generate(const GenerateFlags& f) {
 
   std::vector<int32_t> prompt;
   if (f.chat) {
+    runtime::announce_chat_template(m);
     std::vector<runtime::ChatMessage> msgs;
     if (!f.system.empty()) msgs.push_back({"system", f.system});
     msgs.push_back({"user", user_text});
@@ -91,6 +95,8 @@ int run_generate(const GenerateFlags& f) {
     prompt = std::move(*ids);
   } else {
     if (!f.system.empty()) return report(invalid_argument("[generate] --system needs --chat"));
+    if (!f.chat_template.spec.empty() || !f.chat_template.file.empty())
+      return report(invalid_argument("[generate] --chat-template/--chat-template-file need --chat"));
     prompt = m.tokenizer->encode(user_text, /*add_special=*/true);
   }
   if (prompt.empty()) {
@@ -186,6 +192,7 @@ VerbMain add_generate(CLI::App& app) {
   cmd->add_option("-f,--file", f->file, "read the prompt from this file (one final newline dropped)");
   cmd->add_flag("--chat", f->chat, "wrap the prompt as a user message with the model's chat template");
   cmd->add_option("--system,--system-prompt", f->system, "system message (with --chat)");
+  add_chat_template_flags(cmd, &f->chat_template);
   add_generation_flags(cmd, f->gen);
   cmd->add_flag("--show-prompt", f->show_prompt, "print the prompt before the continuation");
   return [f]() { return run_generate(*f); };

@@ -1,4 +1,4 @@
-// larder info MODEL: architecture, sizes, dtypes, vocabulary, context, template presence.
+// larder info MODEL: architecture, sizes, dtypes, vocabulary, context, the chat template's origin.
 #include <cstdio>
 #include <algorithm>
 #include <map>
@@ -21,6 +21,7 @@ VerbMain add_info(CLI::App& app) {
     bool json = false;
   };
   auto ff = std::make_shared<FitFlags>();
+  auto tpl = std::make_shared<runtime::ChatTemplateFlags>();
   CLI::App* cmd = app.add_subcommand("info", "describe a model: architecture, sizes, dtypes, vocab, context, memory estimate");
   add_model_arg(cmd, *model, "");
   cmd->add_option("-c,--ctx,--ctx-size", ff->ctx,
@@ -29,10 +30,13 @@ VerbMain add_info(CLI::App& app) {
   cmd->add_option("--parallel,--np", ff->parallel, "sequences held at once for the memory estimate")->check(positive());
   cmd->add_option("--prompt-cache", ff->prompt_cache_gb, "RAM KV cache cap in GiB to include")->check(at_least(0));
   cmd->add_flag("--json", ff->json, "print the memory estimate as JSON only");
-  return [model, ff]() {
+  add_chat_template_flags(cmd, tpl.get());
+  return [model, ff, tpl]() {
     auto located = resolve_model(*model);
     if (!located.is_ok()) return report(located.status());
-    auto lm = runtime::load_model(located->path);
+    runtime::LoadOptions lo;
+    lo.chat_template = *tpl;
+    auto lm = runtime::load_model(located->path, lo);
     if (!lm.is_ok()) return report(lm.status());
     const auto& m = **lm;
     const auto& i = m.model->info();
@@ -69,7 +73,7 @@ VerbMain add_info(CLI::App& app) {
     std::printf("tied embedding: %s\n", i.tied_embeddings ? "yes" : "no");
     std::printf("tensors:        %zu, %.2f MiB\n", m.files.tensors().size(), m.files.tensors().total_bytes() / 1048576.0);
     for (const auto& [dt, b] : bytes_by_dtype) std::printf("  %-6s        %.2f MiB\n", dt.c_str(), b / 1048576.0);
-    std::printf("chat template:  %s\n", m.chat_template ? "present" : "none");
+    std::printf("chat template:  %s\n", m.template_choice.describe().c_str());
     std::string eos;
     for (int32_t id : m.defaults.eos_ids) eos += (eos.empty() ? "" : ", ") + std::to_string(id);
     std::printf("eos ids:        [%s]\n", eos.c_str());

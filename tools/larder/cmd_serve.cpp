@@ -54,6 +54,7 @@ struct ServeFlags {
   std::optional<float> temp, top_p, min_p, repeat_penalty;
   std::optional<int> top_k;
   int64_t max_tokens = runtime::kDefaultMaxTokens;
+  runtime::ChatTemplateFlags chat_template;
 };
 
 // Signals are taken by one dedicated thread (sigwait), never by a handler on an arbitrary
@@ -179,10 +180,13 @@ int run_serve(ServeFlags f) {
     return rc;
   };
 
-  auto loaded = runtime::load_model(located->path);
+  runtime::LoadOptions lo;
+  lo.chat_template = f.chat_template;
+  auto loaded = runtime::load_model(located->path, lo);
   if (!loaded.is_ok()) return fail(loaded.status());
   runtime::LoadedModel& m = **loaded;
   const auto& info = m.model->info();
+  runtime::announce_chat_template(m);
 
   server::ServedModel sm;
   sm.m = &m;
@@ -238,9 +242,12 @@ int run_serve(ServeFlags f) {
   metrics.set_model_info(sm.id, info.weight_dtypes, kernels::active_table().name);
   server::Engine engine(m, std::move(*store), ec, metrics);
   http.set_ready(&sm, &engine);
-  std::fprintf(stderr, "larder: serving %s (%s, %s) on http://%s:%d — context %lld, parallel %d, %d threads, load %.0f ms\n",
+  std::fprintf(stderr,
+               "larder: serving %s (%s, %s) on http://%s:%d — context %lld, parallel %d, %d threads, load %.0f ms, "
+               "chat template %s\n",
                sm.id.c_str(), info.architecture.c_str(), info.weight_dtypes.c_str(), f.host.c_str(), http.port(),
-               static_cast<long long>(sm.ctx), f.parallel, default_pool().n_threads(), m.load_seconds * 1e3);
+               static_cast<long long>(sm.ctx), f.parallel, default_pool().n_threads(), m.load_seconds * 1e3,
+               m.template_choice.describe().c_str());
 
   signals.set_serving();
   const int sig = signals.wait_first();
@@ -303,6 +310,7 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--log-format", f->log_format, "request log lines: text (default) or json (one object per line)")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");
+  add_chat_template_flags(cmd, &f->chat_template);
   cmd->add_option("--temp,--temperature", f->temp, "default temperature")->check(in_range(0.0, 5.0));
   cmd->add_option("--top-p", f->top_p, "default top_p")->check(in_range(0.0, 1.0));
   cmd->add_option("--top-k", f->top_k, "default top_k")->check(at_least(0));

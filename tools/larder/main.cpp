@@ -18,6 +18,15 @@ int report(const Status& st) {
   }
 }
 
+void add_chat_template_flags(CLI::App* cmd, runtime::ChatTemplateFlags* flags) {
+  std::string names;
+  for (const auto& t : runtime::builtin_chat_templates()) names += (names.empty() ? "" : ", ") + std::string(t.name);
+  cmd->add_option("--chat-template", flags->spec,
+                  "chat template instead of the model's: a built-in name (" + names +
+                      "), a file, or the Jinja text; without one, a model lacking a template chats with ChatML");
+  cmd->add_option("--chat-template-file", flags->file, "chat template file (Jinja) instead of the model's");
+}
+
 }  // namespace larder::cli
 
 int main(int argc, char** argv) {

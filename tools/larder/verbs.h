@@ -6,6 +6,7 @@
 #include <string>
 
 #include "larder/core/status.h"
+#include "larder/runtime/chat_template_choice.h"
 
 namespace larder::cli {
 
@@ -26,5 +27,8 @@ VerbMain add_chat(CLI::App& app);
 
 // Prints "larder: <message>" to stderr and returns the exit code for `st`.
 int report(const Status& st);
+
+// --chat-template NAME|FILE|TEXT and --chat-template-file FILE (llama-server's flags) on `cmd`.
+void add_chat_template_flags(CLI::App* cmd, runtime::ChatTemplateFlags* flags);
 
 }  // namespace larder::cli

@@ -55,7 +55,10 @@ Result<ModelFiles> open_model_files(const std::string& path_in, const OpenOption
     m.source = ModelSource::kGguf;
     LARDER_ASSIGN_OR_RETURN(auto g, GgufFile::open(path));
     m.gguf = std::move(g);
-    if (auto t = m.gguf->get_string("tokenizer.chat_template")) m.chat_template = *t;
+    if (auto t = m.gguf->get_string("tokenizer.chat_template")) {
+      m.chat_template = *t;
+      m.chat_template_source = "GGUF tokenizer.chat_template";
+    }
     return m;
   }
 
@@ -76,12 +79,16 @@ Result<ModelFiles> open_model_files(const std::string& path_in, const OpenOption
   if (file_exists(path + "/tokenizer.json")) m.tokenizer_json_path = path + "/tokenizer.json";
   if (file_exists(path + "/chat_template.jinja")) {
     LARDER_ASSIGN_OR_RETURN(m.chat_template, read_text_file(path + "/chat_template.jinja"));
+    m.chat_template_source = "chat_template.jinja";
   } else if (file_exists(path + "/chat_template.json")) {
     LARDER_ASSIGN_OR_RETURN(auto ct, read_json_file(path + "/chat_template.json"));
     m.chat_template = template_from_tokenizer_config(ct);
+    m.chat_template_source = "chat_template.json";
   } else {
     m.chat_template = template_from_tokenizer_config(m.tokenizer_config);
+    m.chat_template_source = "tokenizer_config.json";
   }
+  if (m.chat_template.empty()) m.chat_template_source.clear();
   if (opts.weights) {
     LARDER_ASSIGN_OR_RETURN(auto set, open_safetensors_dir(path));
     m.hf_tensors = std::make_shared<TensorSet>(std::move(set));

@@ -25,6 +25,7 @@ struct ModelFiles {
   nlohmann::ordered_json tokenizer_config;   // tokenizer_config.json if present, else null
   std::string tokenizer_json_path;        // HF: <dir>/tokenizer.json if present
   std::string chat_template;              // chat_template.jinja > tokenizer_config.chat_template > GGUF tokenizer.chat_template
+  std::string chat_template_source;       // where it came from, for messages ("chat_template.jinja", ...); "" if none
   std::shared_ptr<GgufFile> gguf;         // GGUF source (metadata + tensors)
   std::shared_ptr<TensorSet> hf_tensors;  // HF source
 

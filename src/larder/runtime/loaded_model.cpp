@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "larder/core/log.h"
+
 namespace larder::runtime {
 
 using nlohmann::ordered_json;
@@ -69,8 +71,10 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
   } else {
     return not_found(strfmt("[model] %s: no tokenizer.json (and not a GGUF file)", f.path.c_str()));
   }
-  if (f.has_chat_template()) {
-    LARDER_ASSIGN_OR_RETURN(auto t, chat_template::Template::parse(f.chat_template, f.path + " chat template"));
+  LARDER_ASSIGN_OR_RETURN(lm->template_choice, choose_chat_template(f, opts.chat_template));
+  {
+    const ChosenTemplate& c = lm->template_choice;
+    LARDER_ASSIGN_OR_RETURN(auto t, chat_template::Template::parse(c.source, f.path + " chat template, " + c.describe()));
     lm->chat_template = std::move(t);
   }
   if (opts.weights) {
@@ -95,6 +99,17 @@ Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector
   return encode_chat_json(m, msgs, o, rendered);
 }
 
+void announce_chat_template(const LoadedModel& m) {
+  const ChosenTemplate& c = m.template_choice;
+  if (c.origin == TemplateOrigin::kFallback) {
+    LARDER_LOG_WARN("[chat] %s has no chat template: chats use the built-in ChatML template as a fallback "
+                    "(choose one with --chat-template NAME|FILE|TEXT or --chat-template-file FILE)",
+                    m.files.path.c_str());
+  } else if (c.origin != TemplateOrigin::kModel) {
+    LARDER_LOG_INFO("[chat] chat template: %s", c.describe().c_str());
+  }
+}
+
 Result<std::vector<int32_t>> encode_chat_json(const LoadedModel& m, const ordered_json& messages,
                                               const ChatEncodeOptions& opts, std::string* rendered) {
   if (!m.chat_template) {
@@ -112,6 +127,13 @@ Result<std::vector<int32_t>> encode_chat_json(const LoadedModel& m, const ordere
   // As HF apply_chat_template(tokenize=True) and mlx-lm do: the template writes every special
   // token it wants (BOS included), so encoding adds none — which also rules out a double BOS.
   std::vector<int32_t> ids = m.tokenizer->encode(text, /*add_special=*/false);
+  // Templates larder supplies write no BOS; put it in front as llama-server does when the
+  // tokenizer adds one (chat_template_choice.h).
+  if (m.template_choice.prepend_bos) {
+    const std::vector<int32_t> with = m.tokenizer->encode("", /*add_special=*/true);
+    const auto bos = m.tokenizer->bos_id();
+    if (bos && !with.empty() && with.front() == *bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
+  }
   if (rendered) *rendered = std::move(text);
   return ids;
 }

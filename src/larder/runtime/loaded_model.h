@@ -11,6 +11,7 @@
 #include "larder/core/status.h"
 #include "larder/formats/model_files.h"
 #include "larder/models/model.h"
+#include "larder/runtime/chat_template_choice.h"
 #include "larder/runtime/generate.h"
 #include "larder/runtime/sampler.h"
 #include "larder/tokenizer/chat_template/chat_template.h"
@@ -20,6 +21,7 @@ namespace larder::runtime {
 
 struct LoadOptions {
   bool weights = true;  // false: tokenizer + template only (`larder tokenize`)
+  ChatTemplateFlags chat_template;  // --chat-template / --chat-template-file (chat_template_choice.h)
 };
 
 // Defaults a request starts from (generation_config.json, then the tokenizer), before flags or
@@ -34,12 +36,17 @@ struct LoadedModel {
   formats::ModelFiles files;
   std::unique_ptr<models::Model> model;           // null when loaded without weights
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
-  std::optional<chat_template::Template> chat_template;  // absent when the model has none
+  std::optional<chat_template::Template> chat_template;  // the chosen one (always set after load_model)
+  ChosenTemplate template_choice;                        // its text and where it came from
   GenerationDefaults defaults;
   double load_seconds = 0;
 };
 
 Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& opts = {});
+
+// Logs the chat template when it is not the model's own: a warning for the ChatML fallback
+// (serve at startup, generate --chat), an info line for a chosen one.
+void announce_chat_template(const LoadedModel& m);
 
 struct ChatMessage {
   std::string role;

@@ -290,9 +290,9 @@ inline void encode_with_template(const ServedModel& sm, const ordered_json& msgs
 inline runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordered_json& tools) {
   if (!tools.is_array() || tools.empty()) return runtime::ToolCallStyle::kNone;
   const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
-  if (tk.token_to_id("<tool_call>") || sm.m->files.chat_template.find("<tool_call>") != std::string::npos)
+  const std::string& tpl = sm.m->template_choice.source;  // the template in use (--chat-template or the model's)
+  if (tk.token_to_id("<tool_call>") || tpl.find("<tool_call>") != std::string::npos)
     return runtime::ToolCallStyle::kTagged;
-  const std::string& tpl = sm.m->files.chat_template;
   if (tk.token_to_id("<|python_tag|>") || tpl.find("<|python_tag|>") != std::string::npos ||
       tpl.find("\"parameters\": dictionary of argument") != std::string::npos)
     return runtime::ToolCallStyle::kBareJson;  // Llama 3.1+ JSON tool calling

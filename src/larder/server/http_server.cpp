@@ -396,6 +396,8 @@ struct HttpServer::Impl {
     const std::string rid = req.has_header("x-request-id") ? req.header("x-request-id") : pr->response_id;
     lg.request_id = pr->response_id;
     res.set_header("x-request-id", rid);
+    // Which template rendered the chat, so a client can tell a ChatML guess from the model's own.
+    if (surface != Surface::kCompletions) res.set_header("X-Larder-Chat-Template", m->m->template_choice.header_value());
     for (const std::string& w : pr->warnings) res.set_header("Warning", "299 larder \"" + w + "\"");
     if (pr->stream) {
       res.set_header("Cache-Control", "no-cache");
@@ -662,7 +664,9 @@ struct HttpServer::Impl {
         if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array())
           return send_error(req, res, {400, "messages must be an array", "messages"});
         try {
-          return send_json(res, 200, {{"prompt", render_chat_prompt(*sm.load(), body)}});
+          const std::string prompt = render_chat_prompt(*sm.load(), body);
+          res.set_header("X-Larder-Chat-Template", sm.load()->m->template_choice.header_value());
+          return send_json(res, 200, {{"prompt", prompt}});
         } catch (const ApiError& e) {
           return send_error(req, res, e);
         }
@@ -683,7 +687,7 @@ struct HttpServer::Impl {
                          {{"model_alias", m.id}, {"model_path", m.m->files.path},
                           {"default_generation_settings", {{"n_ctx", m.ctx}, {"params", defaults}}},
                           {"total_slots", e ? e->config().parallel : 0},
-                          {"chat_template", m.m->files.chat_template},
+                          {"chat_template", m.m->template_choice.source},
                           {"bos_token", bos ? m.m->tokenizer->decode({*bos}, false) : ""},
                           {"eos_token", eos ? m.m->tokenizer->decode({*eos}, false) : ""},
                           {"build_info", m.fingerprint}});
