@@ -14,7 +14,7 @@ cat <<MSG
 larder: try, in another terminal (the official openai client: pip install openai):
   python3 -c 'from openai import OpenAI
 c = OpenAI(base_url="http://127.0.0.1:${port}/v1", api_key="none")
-r = c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}])
+r = c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Explain in one sentence what a CPU does."}])
 print(r.choices[0].message.content)'
 or with curl:
   curl -s http://127.0.0.1:${port}/v1/chat/completions -H 'Content-Type: application/json' \\
