@@ -45,7 +45,7 @@ TEST_F(EvalRunner, PerplexityMatchesWholeChunkScalarNll) {
   double sum = 0;
   int64_t count = 0;
   for (const auto& c : *chunks) {
-    memory::KvCache cache(model.kv_layout(), n);
+    memory::SequenceState cache = model.new_state(n);
     std::vector<float> logits(static_cast<size_t>(n * V));
     ASSERT_TRUE(model.forward(c.data(), n, cache, logits.data(), true).is_ok());
     for (int64_t i = n / 2; i < n - 1; ++i) {

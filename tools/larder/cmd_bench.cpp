@@ -133,7 +133,7 @@ int run_bench(const BenchFlags& f) {
   for (int r = 0; r < f.repeats + 1; ++r) {  // r = 0 warms the page cache and the pool
     std::vector<int32_t> ids(static_cast<size_t>(f.prompt));
     for (auto& id : ids) id = tok(rng);
-    memory::KvCache cache(model.kv_layout(), f.prompt + f.gen + 1);
+    memory::SequenceState cache = model.new_state(f.prompt + f.gen + 1);
     const auto t0 = Clock::now();
     Status st = model.forward(ids.data(), f.prompt, cache, logits.data(), false);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -141,12 +141,12 @@ int run_bench(const BenchFlags& f) {
     if (r > 0) pp_tps.push_back(static_cast<double>(f.prompt) / dt);
     if (r == f.repeats) {
       rss = read_rss();
-      kv_bytes = cache.owned_bytes();
+      kv_bytes = cache.resident_bytes();
     }
   }
   // tg: `gen` single-token steps from an empty cache (llama-bench's tg<n>).
   for (int r = 0; r < f.repeats + 1; ++r) {
-    memory::KvCache cache(model.kv_layout(), f.gen + 1);
+    memory::SequenceState cache = model.new_state(f.gen + 1);
     int32_t next = tok(rng);
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < f.gen; ++i) {

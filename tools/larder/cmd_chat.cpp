@@ -164,11 +164,14 @@ int run_chat(const ChatFlags& f) {
     go.max_new_tokens = budget_for(f.gen, static_cast<int64_t>(prompt.size()), ctx);
 
     memory::TakeResult taken = store.take(prompt, ns);
-    memory::SequenceState state = taken.hit ? std::move(*taken.hit).into_state(m.model->kv_layout(), ctx)
-                                            : memory::SequenceState(m.model->kv_layout(), ctx);
+    memory::SequenceState state = m.model->new_state(ctx);
+    if (taken.hit) {
+      auto st = std::move(*taken.hit).into_state(m.model->state_schema(), ctx);
+      if (st.is_ok()) state = std::move(*st);
+    }
     runtime::TextStream text(*m.tokenizer, f.gen.stop);
     std::string answer;
-    auto result = runtime::generate(*m.model, state.kv, prompt, go, [&](int32_t token) {
+    auto result = runtime::generate(*m.model, state, prompt, go, [&](int32_t token) {
       const std::string piece = text.push(token);
       answer += piece;
       out(piece);

@@ -129,18 +129,22 @@ int run_generate(const GenerateFlags& f) {
 
   std::unique_ptr<memory::KvStore> store;
   const std::string ns = memory::namespace_id({});
-  memory::SequenceState state(m.model->kv_layout(), ctx);
+  memory::SequenceState state = m.model->new_state(ctx);
   if (!f.gen.ssd_cache.empty()) {
     auto opened = open_cli_store(f.gen, m);
     if (!opened.is_ok()) return report(opened.status());
     store = std::move(*opened);
     memory::TakeResult taken = store->take(prompt, ns);
-    if (taken.hit) state = std::move(*taken.hit).into_state(m.model->kv_layout(), ctx);
+    if (taken.hit) {
+      auto st = std::move(*taken.hit).into_state(m.model->state_schema(), ctx);
+      if (!st.is_ok()) return report(st.status());
+      state = std::move(*st);
+    }
     std::fprintf(stderr, "larder: kv store: reused %lld of %zu prompt tokens from %s (%s)\n",
                  static_cast<long long>(taken.report.reused_tokens), prompt.size(),
                  memory::tier_name(taken.report.tier), taken.report.reason.c_str());
   }
-  memory::KvCache& cache = state.kv;
+  memory::SequenceState& cache = state;
   runtime::TextStream text(*m.tokenizer, f.gen.stop);
   auto emit = [](const std::string& s) {
     if (s.empty()) return;

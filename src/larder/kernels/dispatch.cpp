@@ -37,6 +37,7 @@ KernelTable make_ref_table() {
   t.rope = ref::rope;
   t.softmax = ref::softmax;
   t.silu_mul = ref::silu_mul;
+  t.gelu_tanh_mul = ref::gelu_tanh_mul;
   t.add = ref::add;
   t.attention = ref::attention;
   return t;

@@ -38,6 +38,7 @@ struct KernelTable {
   RopeFn rope = nullptr;
   SoftmaxFn softmax = nullptr;
   BinaryFn silu_mul = nullptr;
+  BinaryFn gelu_tanh_mul = nullptr;
   BinaryFn add = nullptr;
   AttentionFn attention = nullptr;
 };

@@ -61,6 +61,9 @@ void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int
 void softmax(float* x, int64_t n) { active_table().softmax(x, n); }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) { active_table().silu_mul(gate, up, out, n); }
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  active_table().gelu_tanh_mul(gate, up, out, n);
+}
 
 void add(const float* a, const float* b, float* out, int64_t n) { active_table().add(a, b, out, n); }
 

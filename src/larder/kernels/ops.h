@@ -90,6 +90,11 @@ void softmax(float* x, int64_t n);
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g). out may alias gate or up.
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = gelu_tanh(gate[i]) * up[i] (GeGLU, Gemma), with the tanh approximation
+// gelu_tanh(g) = g/2 · (1 + tanh(√(2/π) · (g + 0.044715 g³))) that Gemma's `gelu_pytorch_tanh`
+// and mlx's `gelu_approx` compute. out may alias gate or up.
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
+
 // out[i] = a[i] + b[i]. out may alias a or b.
 void add(const float* a, const float* b, float* out, int64_t n);
 

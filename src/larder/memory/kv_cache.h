@@ -18,6 +18,11 @@
 
 namespace larder::memory {
 
+// Which memory a storage handle points into. Every state is host memory today; the tag exists so
+// a GPU backend can own KV memory later without changing how the store adopts, views and
+// persists states (a device handle is staged to the host by whoever writes it to a file).
+enum class Device : uint8_t { kCpu = 0 };
+
 struct KvLayout {
   int n_layers = 0;
   int n_kv_heads = 0;
@@ -58,6 +63,7 @@ class KvCache {
   KvCache& operator=(KvCache&&) = default;
 
   const KvLayout& layout() const { return layout_; }
+  Device device() const { return Device::kCpu; }  // the private rows' memory
   int64_t length() const { return length_; }
   int64_t max_tokens() const { return max_tokens_; }
 

@@ -1,7 +1,8 @@
 // model.h — the interface every architecture implements, and the one way to load a model.
 //
 // A Model holds weights (views into the mapped files) and scratch buffers; it keeps no state
-// across requests: a sequence's state is its KvCache, owned by the caller (runtime/).
+// across requests: a sequence's state is a memory::SequenceState with one slot per layer, made by
+// new_state() and owned by the caller (runtime/, server/, the KV store).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,8 @@
 
 #include "larder/core/status.h"
 #include "larder/formats/model_files.h"
-#include "larder/memory/kv_cache.h"
+#include "larder/memory/sequence_state.h"
+#include "larder/models/layer_spec.h"
 
 namespace larder::models {
 
@@ -22,6 +24,7 @@ struct ModelInfo {
   int64_t n_layers = 0, hidden = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
   int64_t max_context = 0;
   double rope_theta = 0;
+  int64_t sliding_window = 0;  // 0: no sliding-window layers
   bool tied_embeddings = false;
   std::string weight_dtypes;  // e.g. "BF16" or "Q4_0+F32" (distinct dtypes of the bound matrices)
   int64_t n_params = 0;
@@ -30,11 +33,11 @@ struct ModelInfo {
 };
 
 // One sequence's part of a batched forward (continuous batching, server-api.md / system.md §4):
-// its new tokens, its cache, and where its logits go (last token only, or every token).
+// its new tokens, its state, and where its logits go (last token only, or every token).
 struct BatchItem {
   const int32_t* tokens = nullptr;
   int64_t n = 0;
-  memory::KvCache* cache = nullptr;
+  memory::SequenceState* state = nullptr;
   float* logits = nullptr;  // [vocab] or, with logits_all, [n, vocab]
   bool logits_all = false;
 };
@@ -50,22 +53,27 @@ class Model {
   static Result<std::unique_ptr<Model>> load(const formats::ModelFiles& files);
 
   virtual const ModelInfo& info() const = 0;
-  virtual memory::KvLayout kv_layout() const = 0;
+  // The layers, in order, and the per-sequence state they need (one slot per layer).
+  virtual std::span<const LayerSpec> layers() const = 0;
+  virtual const memory::StateSchema& state_schema() const = 0;
+  // A fresh sequence state for up to max_tokens tokens (sliding layers hold their window only).
+  memory::SequenceState new_state(int64_t max_tokens) const { return memory::SequenceState(state_schema(), max_tokens); }
 
-  // Runs tokens[0..n) at positions cache.length() .. cache.length()+n-1, appends their K/V to
-  // the cache, and writes logits for the last token only (logits_all = false → out[vocab]) or for
-  // every token (out[n, vocab]). Fails cleanly (cache untouched) on token ids outside the vocab
-  // or a sequence longer than the context / the cache's capacity.
-  Status forward(const int32_t* tokens, int64_t n, memory::KvCache& cache, float* logits, bool logits_all) {
-    const BatchItem one{tokens, n, &cache, logits, logits_all};
+  // Runs tokens[0..n) at positions state.length() .. state.length()+n-1, adds them to every
+  // layer's state, and writes logits for the last token only (logits_all = false → out[vocab]) or
+  // for every token (out[n, vocab]). Fails cleanly (state untouched) on token ids outside the
+  // vocab, a state of another model's schema, or a sequence longer than the context / the
+  // state's capacity.
+  Status forward(const int32_t* tokens, int64_t n, memory::SequenceState& state, float* logits, bool logits_all) {
+    const BatchItem one{tokens, n, &state, logits, logits_all};
     return forward_batch(std::span<const BatchItem>(&one, 1));
   }
 
   // Several sequences in one forward: every weight matrix is streamed once for all their rows
   // (the point of batching on a bandwidth-bound decode), attention runs per sequence over its
-  // own cache. Each item's result equals its forward() alone up to floating-point summation
+  // own state. Each item's result equals its forward() alone up to floating-point summation
   // order inside the matmul kernels (the row count changes which kernel path runs). Every item
-  // is validated before any cache is touched; on error no cache changes. Caches must be
+  // is validated before any state is touched; on error no state changes. States must be
   // distinct objects.
   virtual Status forward_batch(std::span<const BatchItem> items) = 0;
 };

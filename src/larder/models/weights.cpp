@@ -4,47 +4,22 @@
 
 namespace larder::models {
 
-namespace {
-
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
-
-}  // namespace
-
-std::string gguf_tensor_name(const std::string& hf) {
-  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
-  if (hf == "model.norm.weight") return "output_norm.weight";
-  if (hf == "lm_head.weight") return "output.weight";
-  if (!starts_with(hf, "model.layers.")) return "";
-  const size_t a = std::strlen("model.layers.");
-  const size_t dot = hf.find('.', a);
-  if (dot == std::string::npos) return "";
-  const std::string layer = hf.substr(a, dot - a);
-  const std::string rest = hf.substr(dot + 1);
-  static const std::pair<const char*, const char*> kMap[] = {
-      {"self_attn.q_proj.", "attn_q."},       {"self_attn.k_proj.", "attn_k."},
-      {"self_attn.v_proj.", "attn_v."},       {"self_attn.o_proj.", "attn_output."},
-      {"self_attn.q_norm.", "attn_q_norm."},  {"self_attn.k_norm.", "attn_k_norm."},
-      {"input_layernorm.", "attn_norm."},     {"post_attention_layernorm.", "ffn_norm."},
-      {"mlp.gate_proj.", "ffn_gate."},        {"mlp.up_proj.", "ffn_up."},
-      {"mlp.down_proj.", "ffn_down."},
-  };
-  for (const auto& [from, to] : kMap) {
-    if (starts_with(rest, from)) return "blk." + layer + "." + to + rest.substr(std::strlen(from));
-  }
-  return "";
-}
-
-WeightBinder::WeightBinder(const formats::ModelFiles& files)
+WeightBinder::WeightBinder(const formats::ModelFiles& files, const TensorNames& names)
     : files_(files),
+      names_(names),
       quant_(files.gguf ? Result<QuantizationConfig>(QuantizationConfig{})
                         : quantization_from_config(files.config, files.path + "/config.json")) {}
 
+std::string WeightBinder::file_name(const std::string& hf_name) const {
+  return files_.gguf ? names_.gguf(hf_name) : names_.hf_file(hf_name);
+}
+
 Result<const formats::TensorInfo*> WeightBinder::find(const std::string& hf_name) {
   const bool gguf = files_.gguf != nullptr;
-  const std::string name = gguf ? gguf_tensor_name(hf_name) : hf_name;
+  const std::string name = file_name(hf_name);
   const formats::TensorInfo* t = name.empty() ? nullptr : files_.tensors().find(name);
   if (!t) {
-    if (gguf)
+    if (gguf || name != hf_name)
       return not_found(strfmt("[model] %s: missing tensor '%s' (HF name '%s')", files_.path.c_str(), name.c_str(),
                               hf_name.c_str()));
     return not_found(strfmt("[model] %s: missing tensor '%s'", files_.path.c_str(), hf_name.c_str()));
@@ -54,7 +29,7 @@ Result<const formats::TensorInfo*> WeightBinder::find(const std::string& hf_name
 }
 
 bool WeightBinder::has(const std::string& hf_name) const {
-  const std::string name = files_.gguf ? gguf_tensor_name(hf_name) : hf_name;
+  const std::string name = file_name(hf_name);
   return !name.empty() && files_.tensors().find(name) != nullptr;
 }
 
@@ -166,10 +141,12 @@ Result<kernels::WeightView> WeightBinder::affine_matrix(const formats::TensorInf
 
 Result<kernels::WeightView> WeightBinder::matrix(const std::string& hf_name, int64_t rows, int64_t cols, const char* why) {
   LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* t, find(hf_name));
+  // Affine parameters and the scales/biases tensors are keyed by the module's name in the file.
+  const std::string fname = file_name(hf_name);
   const std::string suffix = ".weight";
-  const bool has_suffix = hf_name.size() > suffix.size() &&
-                          hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  const std::string module = has_suffix ? hf_name.substr(0, hf_name.size() - suffix.size()) : hf_name;
+  const bool has_suffix = fname.size() > suffix.size() &&
+                          fname.compare(fname.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string module = has_suffix ? fname.substr(0, fname.size() - suffix.size()) : fname;
   LARDER_ASSIGN_OR_RETURN(std::optional<AffineParams> q, affine_params(module, cols));
   if (q) return affine_matrix(*t, module, *q, rows, cols, why);
   if (t->dtype == DType::kU32 && !files_.gguf)

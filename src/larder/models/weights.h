@@ -1,8 +1,9 @@
 // weights.h — binding a model's tensors by Hugging Face name, with shape validation.
 //
-// Architecture code asks for tensors by their HF name ("model.layers.3.self_attn.q_proj.weight")
-// and the shape the config implies; for a GGUF source the name is translated to llama.cpp's
-// ("blk.3.attn_q.weight"). Matrices come back as kernels::WeightView into the mapping (no copy);
+// Architecture code asks for tensors by their canonical HF name ("model.layers.3.self_attn.q_proj.
+// weight") and the shape the config implies; the architecture's TensorNames table translates it
+// to the name the file holds (llama.cpp's "blk.3.attn_q.weight" in a GGUF, a text tower's prefix
+// in a multimodal checkpoint). Matrices come back as kernels::WeightView into the mapping (no copy);
 // 1-D parameters (norm gains, biases: O(hidden) bytes) are converted to f32 once, because every
 // kernel consumes them as f32 and they are a rounding error of the model's size.
 //
@@ -22,15 +23,14 @@
 #include "larder/formats/model_files.h"
 #include "larder/kernels/ops.h"
 #include "larder/models/config.h"
+#include "larder/models/tensor_names.h"
 
 namespace larder::models {
 
-// HF tensor name → GGUF tensor name for the Llama-style family; "" if there is no mapping.
-std::string gguf_tensor_name(const std::string& hf_name);
-
 class WeightBinder {
  public:
-  explicit WeightBinder(const formats::ModelFiles& files);
+  // `names` must outlive the binder.
+  WeightBinder(const formats::ModelFiles& files, const TensorNames& names);
 
   bool has(const std::string& hf_name) const;
   // A [rows, cols] matrix (logical shape) in any format the active kernel table can execute:
@@ -41,6 +41,9 @@ class WeightBinder {
 
   // Tensors of the file that nothing bound (file names, in file order).
   std::vector<std::string> unbound() const;
+  // The file's name of a canonical HF name ("" when a GGUF table has no mapping).
+  std::string file_name(const std::string& hf_name) const;
+  const TensorNames& names() const { return names_; }
 
   // Distinct dtypes of the bound matrices ("BF16", "Q4_0+F32"), and the bound element count.
   std::string weight_dtypes() const;
@@ -57,6 +60,7 @@ class WeightBinder {
                                             const AffineParams& q, int64_t rows, int64_t cols, const char* why);
 
   const formats::ModelFiles& files_;
+  const TensorNames& names_;
   Result<QuantizationConfig> quant_;
   std::set<std::string> bound_;  // file tensor names
   std::set<std::string> dtypes_;

@@ -159,10 +159,10 @@ formats::ModelFiles overlay(const formats::ModelFiles& base, const std::string& 
 Result<double> mean_kl(models::Model& model, const CalibrationSet& calib, const std::vector<float>& ref_logits,
                        std::vector<float>* logits) {
   const int64_t V = model.info().vocab, L = calib.seq_len;
-  memory::KvCache cache(model.kv_layout(), L);
+  memory::SequenceState cache = model.new_state(L);
   double total = 0;
   for (size_t s = 0; s < calib.samples.size(); ++s) {
-    cache.trim(0);
+    if (Status st = cache.trim(0); !st) return st;
     if (Status st = model.forward(calib.samples[s].data(), L, cache, logits->data(), true); !st) return st;
     double acc = 0;
     for (int64_t p = 0; p < L; ++p)
@@ -196,9 +196,9 @@ Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& file
   std::vector<float> logits(static_cast<size_t>(L * V));
   std::vector<float> ref_logits(static_cast<size_t>(static_cast<int64_t>(calib.samples.size()) * L * V));
   {
-    memory::KvCache cache(base.kv_layout(), L);
+    memory::SequenceState cache = base.new_state(L);
     for (size_t s = 0; s < calib.samples.size(); ++s) {
-      cache.trim(0);
+      if (Status st = cache.trim(0); !st) return st;
       if (Status st = base.forward(calib.samples[s].data(), L, cache, ref_logits.data() + s * static_cast<size_t>(L * V), true); !st)
         return st;
       ++res.forwards;

@@ -82,12 +82,12 @@ Status check_chunks(const models::Model& model, const std::vector<std::vector<in
 // the logits of positions [first, n−1) in pieces. The last token is never forwarded: nothing
 // scores its prediction.
 template <typename OnRows>
-Status forward_chunk(models::Model& model, memory::KvCache& cache, const std::vector<int32_t>& chunk,
+Status forward_chunk(models::Model& model, memory::SequenceState& cache, const std::vector<int32_t>& chunk,
                      std::vector<float>& buf, OnRows&& on_rows) {
   const int64_t n = static_cast<int64_t>(chunk.size());
   const int64_t first = eval_first_scored(n);
   const int64_t vocab = model.info().vocab;
-  cache.trim(0);
+  LARDER_RETURN_IF_ERROR(cache.trim(0));
   // The unscored first half only builds context: last-token logits are the cheapest output.
   for (int64_t p = 0; p < first; p += kRowsPerForward) {
     const int64_t rows = std::min(kRowsPerForward, first - p);
@@ -185,7 +185,7 @@ Result<PplResult> eval_perplexity(models::Model& model, const std::vector<std::v
   LARDER_RETURN_IF_ERROR(check_chunks(model, chunks, "evaluated"));
   const int64_t n = static_cast<int64_t>(chunks[0].size());
   const int64_t vocab = model.info().vocab;
-  memory::KvCache cache(model.kv_layout(), n);
+  memory::SequenceState cache = model.new_state(n);
   std::vector<float> buf(static_cast<size_t>(vocab));
   Moments nll;
   const auto t0 = Clock::now();
@@ -219,7 +219,7 @@ Result<KlResult> eval_kl(models::Model& base, models::Model& cand, const std::ve
                                static_cast<long long>(vocab), static_cast<long long>(cand.info().vocab)));
   }
   const int64_t n = static_cast<int64_t>(chunks[0].size());
-  memory::KvCache base_cache(base.kv_layout(), n), cand_cache(cand.kv_layout(), n);
+  memory::SequenceState base_cache = base.new_state(n), cand_cache = cand.new_state(n);
   std::vector<float> base_buf(static_cast<size_t>(vocab)), cand_buf(static_cast<size_t>(vocab));
   Moments base_nll, cand_nll, kl, dp;
   std::vector<double> kls;
@@ -307,7 +307,7 @@ Result<std::vector<int32_t>> greedy(LoadedModel& m, const std::vector<int32_t>& 
   GenerateOptions go;  // default sampling params: greedy, no penalties
   go.max_new_tokens = std::min(max_new, room);
   go.eos_ids = eos;
-  memory::KvCache cache(m.model->kv_layout(), static_cast<int64_t>(prompt.size()) + go.max_new_tokens + 1);
+  memory::SequenceState cache = m.model->new_state(static_cast<int64_t>(prompt.size()) + go.max_new_tokens + 1);
   LARDER_ASSIGN_OR_RETURN(GenerateStats s, generate(*m.model, cache, prompt, go, [](int32_t) { return true; }));
   return std::move(s.tokens);
 }

@@ -20,7 +20,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-Result<GenerateStats> generate(models::Model& model, memory::KvCache& cache, const std::vector<int32_t>& prompt,
+Result<GenerateStats> generate(models::Model& model, memory::SequenceState& cache, const std::vector<int32_t>& prompt,
                                const GenerateOptions& opts, const TokenCallback& on_token) {
   const int64_t P = static_cast<int64_t>(prompt.size());
   const int64_t V = model.info().vocab;
@@ -36,7 +36,7 @@ Result<GenerateStats> generate(models::Model& model, memory::KvCache& cache, con
 
   GenerateStats st;
   // A fully cached prompt still needs the logits of its last token.
-  if (cache.length() == P) cache.trim(P - 1);
+  if (cache.length() == P) LARDER_RETURN_IF_ERROR(cache.trim(P - 1));
   st.cached_tokens = cache.length();
   std::vector<float> logits(static_cast<size_t>(V));
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "larder/core/status.h"
-#include "larder/memory/kv_cache.h"
+#include "larder/memory/sequence_state.h"
 #include "larder/models/model.h"
 #include "larder/runtime/sampler.h"
 
@@ -53,12 +53,12 @@ struct GenerateStats {
 // Returns false to stop after this token.
 using TokenCallback = std::function<bool(int32_t token)>;
 
-// The cache may already hold a prefix of `prompt` (cache.length() tokens, e.g. from the KV store);
+// The state may already hold a prefix of `prompt` (state.length() tokens, e.g. from the KV store);
 // only the rest is forwarded. If it holds the whole prompt, the last prompt token is re-forwarded
-// for its logits. On return the cache holds prompt + every generated token except the last
-// sampled one (which was never forwarded). Errors: empty prompt, cache longer than the prompt,
+// for its logits. On return the state holds prompt + every generated token except the last
+// sampled one (which was never forwarded). Errors: empty prompt, state longer than the prompt,
 // prompt that leaves no room in the context, or a forward failure.
-Result<GenerateStats> generate(models::Model& model, memory::KvCache& cache, const std::vector<int32_t>& prompt,
+Result<GenerateStats> generate(models::Model& model, memory::SequenceState& cache, const std::vector<int32_t>& prompt,
                                const GenerateOptions& opts, const TokenCallback& on_token);
 
 }  // namespace larder::runtime

@@ -6,7 +6,12 @@
 namespace larder::runtime {
 
 std::string kv_state_signature(const LoadedModel& m) {
-  return memory::state_signature(m.model->kv_layout(), {}, {});
+  // The signature of the state the model declares (the same schema new_state() builds), so an
+  // entry is only ever lent to a model whose layers keep the same kinds of state.
+  const memory::SequenceState s = m.model->new_state(1);
+  std::vector<const memory::LayerState*> layers;
+  for (const auto& l : s.layers) layers.push_back(l.get());
+  return memory::state_signature(s.kv.layout(), layers, {});
 }
 
 Result<memory::StoreIdentity> kv_store_identity(const LoadedModel& m) {

@@ -194,7 +194,6 @@ void Engine::loop() {
 }
 
 void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& incoming) {
-  const memory::KvLayout layout = m_.model->kv_layout();
   for (auto& [req, ch] : incoming) {
     if (ch->cancelled()) {  // the client left while queued: never runs
       metrics_.cancelled("client_disconnect");
@@ -207,14 +206,18 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
       store_->set_engine_busy(true);
       memory::TakeResult t = store_->take(req.prompt, req.ns);
       report = t.report;
-      if (t.hit) state.emplace(std::move(*t.hit).into_state(layout, cfg_.ctx));
+      if (t.hit) {
+        auto st = std::move(*t.hit).into_state(m_.model->state_schema(), cfg_.ctx);
+        if (st.is_ok()) state.emplace(std::move(*st));
+        else LARDER_LOG_WARN("[engine] kv store hit not usable, prefilling in full: %s", st.status().message().c_str());
+      }
     }
-    if (!state) state.emplace(layout, cfg_.ctx);
+    if (!state) state.emplace(m_.model->new_state(cfg_.ctx));
     auto s = std::make_unique<Seq>(std::move(req), ch, std::move(*state), *m_.tokenizer);
     const int64_t P = static_cast<int64_t>(s->req.prompt.size());
     // A take never covers the whole prompt (at least one token is forwarded for its logits).
-    if (s->state.kv.length() >= P) s->state.kv.trim(P - 1);
-    s->prefilled = s->state.kv.length();
+    if (s->state.length() >= P && !s->state.trim(P - 1).is_ok()) s->state = m_.model->new_state(cfg_.ctx);
+    s->prefilled = s->state.length();
     s->history = s->req.prompt;
     s->logits.resize(static_cast<size_t>(m_.model->info().vocab));
     s->admitted = now;
@@ -249,7 +252,7 @@ void Engine::step() {
   int64_t decode_rows = 0;
   for (auto& s : seqs_) {
     if (s->done || !s->decoding) continue;
-    items.push_back({&s->next, 1, &s->state.kv, s->logits.data(), false});
+    items.push_back({&s->next, 1, &s->state, s->logits.data(), false});
     who.push_back(s.get());
     completes_prompt.push_back(false);
     ++decode_rows;
@@ -261,7 +264,7 @@ void Engine::step() {
     if (s->done || s->decoding || budget <= 0) continue;
     const int64_t P = static_cast<int64_t>(s->req.prompt.size());
     const int64_t n = std::min(budget, P - s->prefilled);
-    items.push_back({s->req.prompt.data() + s->prefilled, n, &s->state.kv, s->logits.data(), false});
+    items.push_back({s->req.prompt.data() + s->prefilled, n, &s->state, s->logits.data(), false});
     who.push_back(s.get());
     completes_prompt.push_back(s->prefilled + n == P);
     budget -= n;

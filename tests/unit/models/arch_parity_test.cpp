@@ -122,7 +122,7 @@ Loaded load(const std::string& path) {
 // Forward the sequence in the given chunk sizes, collecting every position's logits.
 std::vector<float> run_chunks(Model& m, const std::vector<int32_t>& toks, const std::vector<int64_t>& chunks) {
   const int64_t V = m.info().vocab;
-  memory::KvCache cache(m.kv_layout(), m.info().max_context);
+  memory::SequenceState cache = m.new_state(m.info().max_context);
   std::vector<float> out(toks.size() * static_cast<size_t>(V));
   int64_t at = 0;
   for (int64_t c : chunks) {
@@ -255,21 +255,21 @@ TEST(SharedPrefix, SpansAndTrimMatchReference) {
     for (float v : want) max_ref = std::max(max_ref, std::abs(v));
     std::vector<float> out(64 * static_cast<size_t>(V));
 
-    memory::KvCache donor(m.kv_layout(), 128);
+    memory::SequenceState donor = m.new_state(128);
     ASSERT_TRUE(m.forward(ref.tokens.data(), 20, donor, out.data(), true).is_ok());
-    auto prefix = std::make_shared<CopiedPrefix>(donor, 20);
-    memory::KvCache c(m.kv_layout(), 128);
-    c.attach_prefix(prefix, 20);
+    auto prefix = std::make_shared<CopiedPrefix>(donor.kv, 20);
+    memory::SequenceState c = m.new_state(128);
+    c.kv.attach_prefix(prefix, 20);
     std::vector<memory::KvSpan> sp;
     ASSERT_TRUE(m.forward(ref.tokens.data() + 20, 44, c, out.data() + 20 * V, true).is_ok());
-    c.spans(0, 64, &sp);
+    c.kv.spans(0, 64, &sp);
     EXPECT_EQ(sp.size(), 2u) << "prefix + tail";
     float d = 0;
     for (int64_t i = 20 * V; i < 64 * V; ++i) d = std::max(d, std::abs(out[i] - want[i]));
     EXPECT_LE(d, 1e-4f * max_ref) << name << " with a shared prefix";
 
-    c.trim(10);  // into the shared prefix: detaches (copies) it
-    EXPECT_EQ(c.prefix_tokens(), 0);
+    ASSERT_TRUE(c.trim(10).is_ok());  // into the shared prefix: detaches (copies) it
+    EXPECT_EQ(c.kv.prefix_tokens(), 0);
     ASSERT_TRUE(m.forward(ref.tokens.data() + 10, 54, c, out.data() + 10 * V, true).is_ok());
     d = 0;
     for (int64_t i = 10 * V; i < 64 * V; ++i) d = std::max(d, std::abs(out[i] - want[i]));

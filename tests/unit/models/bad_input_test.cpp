@@ -382,7 +382,7 @@ TEST_F(BadInput, ForwardRejectsTooLongAndBadTokens) {
   std::vector<float> logits(40 * 17);
   std::vector<int32_t> toks(17, 3);
   {
-    memory::KvCache cache(m.kv_layout(), 64);  // cache larger than the model context (16)
+    memory::SequenceState cache = m.new_state(64);  // cache larger than the model context (16)
     Status st = m.forward(toks.data(), 17, cache, logits.data(), true);
     ASSERT_FALSE(st.is_ok());
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
@@ -396,13 +396,13 @@ TEST_F(BadInput, ForwardRejectsTooLongAndBadTokens) {
     ASSERT_TRUE(m.forward(toks.data(), 6, cache, logits.data(), false).is_ok());
   }
   {
-    memory::KvCache small(m.kv_layout(), 8);  // the cache's own limit
+    memory::SequenceState small = m.new_state(8);  // the cache's own limit
     Status st = m.forward(toks.data(), 9, small, logits.data(), false);
     ASSERT_FALSE(st.is_ok());
     EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   }
   {
-    memory::KvCache cache(m.kv_layout(), 16);
+    memory::SequenceState cache = m.new_state(16);
     const int32_t bad[2] = {5, 40};
     Status st = m.forward(bad, 2, cache, logits.data(), false);
     ASSERT_FALSE(st.is_ok());
@@ -412,7 +412,7 @@ TEST_F(BadInput, ForwardRejectsTooLongAndBadTokens) {
     EXPECT_FALSE(m.forward(bad, 0, cache, logits.data(), false).is_ok());
   }
   {
-    memory::KvCache wrong({3, 2, 8}, 16);
+    memory::SequenceState wrong(memory::KvLayout{3, 2, 8}, 16);
     EXPECT_FALSE(m.forward(toks.data(), 1, wrong, logits.data(), false).is_ok());
   }
 }
@@ -466,7 +466,7 @@ TEST(SharedGguf, TinyRandomLlama2Runs) {
   auto m = Model::load(*f);
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
   EXPECT_EQ((*m)->info().vocab, 32000);
-  memory::KvCache cache((*m)->kv_layout(), 32);
+  memory::SequenceState cache = (*m)->new_state(32);
   std::vector<float> logits(32000);
   const int32_t toks[3] = {1, 15043, 3186};
   ASSERT_TRUE((*m)->forward(toks, 3, cache, logits.data(), false).is_ok());

@@ -32,7 +32,7 @@ int32_t argmax(const std::vector<float>& v) {
 
 // run.c's loop: force the prompt, then greedy, `steps` positions in total.
 std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int steps, int64_t prefill_chunk) {
-  memory::KvCache cache(m.kv_layout(), m.info().max_context);
+  memory::SequenceState cache = m.new_state(m.info().max_context);
   std::vector<float> logits(static_cast<size_t>(m.info().vocab));
   std::vector<int32_t> seq = prompt;
   // Prefill the whole prompt in chunks; the last prompt token's logits predict the first new token.
@@ -109,7 +109,7 @@ TEST_F(Stories260K, PrefillEqualsDecode) {
   seq.resize(64);
   const int64_t V = model_->info().vocab;
   std::vector<float> all(static_cast<size_t>(64 * V)), one(static_cast<size_t>(V));
-  memory::KvCache c1(model_->kv_layout(), 2048), c2(model_->kv_layout(), 2048);
+  memory::SequenceState c1 = model_->new_state(2048), c2 = model_->new_state(2048);
   ASSERT_TRUE(model_->forward(seq.data(), 64, c1, all.data(), true).is_ok());
   EXPECT_EQ(c1.length(), 64);
   float max_diff = 0, max_ref = 0;
@@ -131,11 +131,11 @@ TEST_F(Stories260K, BatchedEqualsAlone) {
   const int64_t V = model_->info().vocab;
   struct Plan { int64_t cached, n; bool all; };
   const std::vector<Plan> plans = {{10, 5, true}, {30, 1, false}, {0, 7, false}, {3, 1, true}};
-  std::vector<memory::KvCache> batched, alone;
+  std::vector<memory::SequenceState> batched, alone;
   std::vector<float> scratch(static_cast<size_t>(64 * V));
   for (const Plan& p : plans) {
-    batched.emplace_back(model_->kv_layout(), 2048);
-    alone.emplace_back(model_->kv_layout(), 2048);
+    batched.emplace_back(model_->new_state(2048));
+    alone.emplace_back(model_->new_state(2048));
     if (p.cached > 0) {
       ASSERT_TRUE(model_->forward(seq.data(), p.cached, batched.back(), scratch.data(), false).is_ok());
       ASSERT_TRUE(model_->forward(seq.data(), p.cached, alone.back(), scratch.data(), false).is_ok());
@@ -180,11 +180,11 @@ TEST_F(Stories260K, BatchedGreedyMatchesReference) {
   const std::vector<int32_t> want = ref["bos"].get<std::vector<int32_t>>();
   const int64_t V = model_->info().vocab;
   const int kSeqs = 3, kSteps = 120;
-  std::vector<memory::KvCache> caches;
+  std::vector<memory::SequenceState> caches;
   std::vector<std::vector<int32_t>> out(kSeqs);
   std::vector<std::vector<float>> logits(kSeqs, std::vector<float>(static_cast<size_t>(V)));
   for (int i = 0; i < kSeqs; ++i) {
-    caches.emplace_back(model_->kv_layout(), 2048);
+    caches.emplace_back(model_->new_state(2048));
     out[i].push_back(want[0]);
   }
   // Start the sequences staggered (like requests arriving at different steps).

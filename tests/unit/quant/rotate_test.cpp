@@ -165,7 +165,7 @@ std::vector<float> run_logits(const std::string& dir, const kernels::KernelTable
   std::vector<float> out(toks.size() * static_cast<size_t>(m.info().vocab));
   const kernels::KernelTable active = kernels::active_table();
   kernels::set_active_table(table);
-  memory::KvCache cache(m.kv_layout(), m.info().max_context);
+  memory::SequenceState cache = m.new_state(m.info().max_context);
   Status st = m.forward(toks.data(), static_cast<int64_t>(toks.size()), cache, out.data(), true);
   kernels::set_active_table(active);
   EXPECT_TRUE(st.is_ok()) << st.to_string();

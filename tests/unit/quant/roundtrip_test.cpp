@@ -83,7 +83,7 @@ TEST(QuantizeRoundTrip, LarderLoadsItsOutputLikeMlxLm) {
     const Run runs[] = {{"ref", &kernels::ref_table(), 1e-4f}, {active.name, &active, same ? 1e-4f : 6e-2f}};
     for (const Run& run : runs) {
       kernels::set_active_table(*run.table);
-      memory::KvCache cache(m.kv_layout(), m.info().max_context);
+      memory::SequenceState cache = m.new_state(m.info().max_context);
       std::vector<float> got(want.size());
       Status st = m.forward(toks.data(), static_cast<int64_t>(toks.size()), cache, got.data(), true);
       kernels::set_active_table(active);

@@ -33,7 +33,7 @@ class Generate : public ::testing::Test {
     delete bos_ref_;
     delete prompt_ref_;
   }
-  memory::KvCache cache(int64_t max = 512) { return memory::KvCache(model_->kv_layout(), max); }
+  memory::SequenceState cache(int64_t max = 512) { return model_->new_state(max); }
 
   static formats::ModelFiles* files_;
   static models::Model* model_;

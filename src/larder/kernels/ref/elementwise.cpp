@@ -1,4 +1,4 @@
-// elementwise.cpp — reference rmsnorm, rope, softmax, silu·mul, add.
+// elementwise.cpp — reference rmsnorm, rope, softmax, silu·mul, gelu_tanh·mul, add.
 #include <cmath>
 #include <vector>
 
@@ -57,6 +57,14 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double g = gate[i];
     out[i] = static_cast<float>(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  const double c = std::sqrt(2.0 / M_PI);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g))) * up[i]);
   }
 }
 

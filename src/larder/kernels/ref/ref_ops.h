@@ -72,6 +72,7 @@ void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int
           const float* inv_freq, RopePairing pairing);
 void softmax(float* x, int64_t n);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void add(const float* a, const float* b, float* out, int64_t n);
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out);

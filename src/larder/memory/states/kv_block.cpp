@@ -151,7 +151,7 @@ const float* KvBlock::v(int layer) const {
 }
 
 void KvBlock::storage(std::vector<StorageRef>* out) const {
-  for (const Piece& p : pieces_) out->push_back({p.seg.get(), p.seg->bytes, p.seg->backing});
+  for (const Piece& p : pieces_) out->push_back({p.seg.get(), p.seg->bytes, p.seg->backing, p.seg->device});
 }
 
 }  // namespace larder::memory

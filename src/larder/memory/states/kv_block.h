@@ -29,6 +29,7 @@ struct KvSegment {
   int64_t rows = 0;
   size_t bytes = 0;                    // physical bytes (incl. growth slack for adopted rows)
   Backing backing = Backing::kAnon;
+  Device device = Device::kCpu;
   std::shared_ptr<const void> owner;   // heap rows, a MappedFile, or a foreign KvPrefix
 };
 

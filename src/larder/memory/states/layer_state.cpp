@@ -1,5 +1,6 @@
 #include "larder/memory/states/layer_state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_set>
 
@@ -118,6 +119,38 @@ void RingState::append(const float* k, const float* v) {
   ++offset_;
 }
 
+void RingState::append_rows(const float* k, const float* v, int64_t n) {
+  const int64_t r = row();
+  const int64_t skip = n > window_ ? n - window_ : 0;
+  // The ring now reads as offset_ + skip tokens: the skipped rows land in slots that the kept
+  // rows overwrite, so only the kept rows are copied (slot of position p = (index + p - offset)).
+  index_ = (index_ + skip) % window_;
+  offset_ += skip;
+  float* kd = k_.mutable_data();
+  float* vd = v_.mutable_data();
+  for (int64_t t = skip; t < n;) {
+    const int64_t run = std::min(n - t, window_ - index_);  // up to the ring's end
+    std::memcpy(kd + index_ * r, k + t * r, static_cast<size_t>(run * r) * sizeof(float));
+    std::memcpy(vd + index_ * r, v + t * r, static_cast<size_t>(run * r) * sizeof(float));
+    index_ = (index_ + run) % window_;
+    offset_ += run;
+    t += run;
+  }
+}
+
+void RingState::spans(int64_t from, std::vector<KvSpan>* out) const {
+  LARDER_DCHECK(from >= offset_ - window_ && from <= offset_, "ring span from %lld", (long long)from);
+  int64_t pos = std::max<int64_t>(from, 0);
+  const int64_t r = row();
+  while (pos < offset_) {
+    // Slot of position p: the write index holds position offset_, walking back (p - offset_).
+    const int64_t slot = ((index_ + (pos - offset_)) % window_ + window_) % window_;
+    const int64_t len = std::min(offset_ - pos, window_ - slot);
+    out->push_back({k_.data() + slot * r, v_.data() + slot * r, pos, len});
+    pos += len;
+  }
+}
+
 std::string RingState::signature() const {
   return strfmt("ring:f32:w=%lld:h=%d:d=%d", static_cast<long long>(window_), n_heads_, head_dim_);
 }
@@ -168,6 +201,12 @@ void RecurrentState::absorb(const float* x) {
   const size_t n = mat_.size();
   for (size_t i = 0; i < n; ++i) m[i] = 0.9f * m[i] + x[i % static_cast<size_t>(conv_dim_)];
   ++offset_;
+}
+
+void RecurrentState::reset() {
+  std::fill_n(conv_.mutable_data(), conv_.size(), 0.0f);
+  std::fill_n(mat_.mutable_data(), mat_.size(), 0.0f);
+  offset_ = 0;
 }
 
 std::string RecurrentState::signature() const {
@@ -248,7 +287,7 @@ size_t Attachment::bytes() const {
 }
 
 void Attachment::storage(std::vector<StorageRef>* out) const {
-  for (const StateTensor& t : tensors) out->push_back({t.data, t.bytes, t.backing});
+  for (const StateTensor& t : tensors) out->push_back({t.data, t.bytes, t.backing, t.device});
 }
 
 }  // namespace larder::memory

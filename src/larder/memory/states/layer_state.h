@@ -19,6 +19,7 @@
 
 #include "larder/core/dtype.h"
 #include "larder/core/status.h"
+#include "larder/memory/kv_cache.h"
 
 namespace larder::memory {
 
@@ -35,6 +36,7 @@ struct StorageRef {
   const void* id = nullptr;
   size_t bytes = 0;
   Backing backing = Backing::kAnon;
+  Device device = Device::kCpu;
 };
 // Σ bytes over distinct ids.
 size_t distinct_bytes(const std::vector<StorageRef>& refs, Backing backing);
@@ -49,6 +51,7 @@ struct StateTensor {
   size_t bytes = 0;
   std::shared_ptr<const void> owner;  // keeps `data` alive
   Backing backing = Backing::kAnon;
+  Device device = Device::kCpu;
 
   int64_t elements() const;
   // Owning deep copy on the heap (used to restore mutable kinds from a mapping).
@@ -110,6 +113,16 @@ class RingState final : public LayerState {
   RingState(int64_t window, int n_heads, int head_dim);
   // Appends one token's K and V rows (n_heads * head_dim floats each).
   void append(const float* k, const float* v);
+  // Appends n tokens' rows (k, v: [n, n_heads, head_dim]); only the last min(n, window) are
+  // written, the rest would be overwritten within this call anyway.
+  void append_rows(const float* k, const float* v, int64_t n);
+  // Rows of token positions [from, offset()) as contiguous spans, oldest first: at most two (the
+  // part before the write index wraps to the ring's start). from >= offset() - window().
+  void spans(int64_t from, std::vector<KvSpan>* out) const;
+  int n_heads() const { return n_heads_; }
+  int head_dim() const { return head_dim_; }
+  // Forget everything (offset 0), wrapped or not: a fresh sequence reusing the buffers.
+  void reset() { index_ = offset_ = 0; }
   const float* k_row(int64_t slot) const { return k_.data() + slot * row(); }
   const float* v_row(int64_t slot) const { return v_.data() + slot * row(); }
   int64_t window() const { return window_; }
@@ -145,6 +158,8 @@ class RecurrentState final : public LayerState {
   // the input into the matrix. Real models write their own kernels against the same buffers.
   void absorb(const float* x);
   const float* conv() const { return conv_.data(); }
+  // Back to the initial (zero) state.
+  void reset();
   const float* matrix() const { return mat_.data(); }
 
   StateKind kind() const override { return StateKind::kRecurrent; }

@@ -41,6 +41,30 @@ SequenceState Hit::into_state(const KvLayout& layout, int64_t max_tokens) && {
   return s;
 }
 
+Result<SequenceState> Hit::into_state(const StateSchema& schema, int64_t max_tokens) && {
+  SequenceState s(schema, max_tokens);
+  const KvLayout layout = s.kv.layout();
+  if (layout.n_layers > 0 && !(kv && kv->layout() == layout))
+    return incompatible("[kv] the stored entry's plain KV does not match the model's state schema");
+  if (layers.size() != s.layers.size())
+    return incompatible(strfmt("[kv] the stored entry has %zu layer states, the model's schema %zu",
+                                      layers.size(), s.layers.size()));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i]->kind() != s.layers[i]->kind() || layers[i]->signature() != s.layers[i]->signature())
+      return incompatible(strfmt("[kv] stored layer state %zu is %s, the model declares %s", i,
+                                        layers[i]->signature().c_str(), s.layers[i]->signature().c_str()));
+  }
+  if (kv && layout.n_layers > 0) s.kv.attach_prefix(std::move(kv), tokens);
+  if (layout.n_layers == 0) {
+    // No plain layer: the KvCache still carries the sequence length.
+    LARDER_RETURN_IF_ERROR(s.kv.reserve(tokens));
+    s.kv.advance(tokens);
+  }
+  s.layers = std::move(layers);
+  s.attachments = std::move(attachments);
+  return s;
+}
+
 int64_t common_prefix(std::span<const TokenId> a, std::span<const TokenId> b) {
   const size_t n = std::min(a.size(), b.size());
   size_t i = 0;

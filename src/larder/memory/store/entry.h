@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "larder/memory/kv_cache.h"
+#include "larder/memory/sequence_state.h"
 #include "larder/memory/states/kv_block.h"
 #include "larder/memory/states/layer_state.h"
 
@@ -23,14 +24,8 @@ namespace larder::memory {
 
 using TokenId = int32_t;
 
-// A request's mutable model state: plain layers in one KvCache, other kinds as LayerStates,
-// plus method attachments. This is what the engine prefills into and what `put` takes.
-struct SequenceState {
-  SequenceState(const KvLayout& layout, int64_t max_tokens) : kv(layout, max_tokens) {}
-  KvCache kv;
-  std::vector<std::unique_ptr<LayerState>> layers;
-  std::vector<Attachment> attachments;
-};
+// A request's mutable model state (memory/sequence_state.h) is what the engine prefills into
+// and what `put` takes.
 
 struct Entry {
   std::vector<TokenId> tokens;
@@ -74,6 +69,10 @@ struct Hit {
 
   // A SequenceState positioned at `tokens`, zero-copy: the KV prefix is attached, not copied.
   SequenceState into_state(const KvLayout& layout, int64_t max_tokens) &&;
+  // The same for a model's schema: the lent layer states fill the schema's non-plain slots in
+  // order. An entry whose states do not fit the schema (kinds, count) is refused: that is a
+  // store keyed without the model's state signature, and serving it would be garbage.
+  Result<SequenceState> into_state(const StateSchema& schema, int64_t max_tokens) &&;
 };
 
 struct TakeResult {

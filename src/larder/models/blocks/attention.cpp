@@ -1,15 +1,15 @@
 #include "larder/models/blocks/attention.h"
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "larder/models/blocks/mlp.h"
 
 namespace larder::models {
 
-Status bind_attention(WeightBinder& b, const std::string& p, const ModelConfig& c, const AttentionOptions& opt,
-                      AttentionWeights* w) {
-  const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+Status bind_attention(WeightBinder& b, const std::string& p, const LayerSpec& spec, const ModelConfig& c,
+                      const AttentionOptions& opt, AttentionWeights* w) {
+  const int64_t q_dim = int64_t{spec.n_heads} * spec.head_dim, kv_dim = int64_t{spec.n_kv_heads} * spec.head_dim;
   LARDER_ASSIGN_OR_RETURN(w->q, b.matrix(p + "q_proj.weight", q_dim, c.hidden, "num_attention_heads*head_dim x hidden_size"));
   LARDER_ASSIGN_OR_RETURN(w->k, b.matrix(p + "k_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
   LARDER_ASSIGN_OR_RETURN(w->v, b.matrix(p + "v_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
@@ -22,19 +22,18 @@ Status bind_attention(WeightBinder& b, const std::string& p, const ModelConfig& 
   if (c.attention_bias) {  // llama-style attention_bias also covers o_proj (HF LlamaAttention)
     LARDER_ASSIGN_OR_RETURN(w->o_b, b.vector(p + "o_proj.bias", c.hidden, "hidden_size"));
   }
-  if (opt.qk_norm) {
-    LARDER_ASSIGN_OR_RETURN(w->q_norm.weight, b.vector(p + "q_norm.weight", c.head_dim, "head_dim"));
-    LARDER_ASSIGN_OR_RETURN(w->k_norm.weight, b.vector(p + "k_norm.weight", c.head_dim, "head_dim"));
+  if (spec.norms.qk) {
+    LARDER_ASSIGN_OR_RETURN(w->q_norm.weight, b.vector(p + "q_norm.weight", spec.head_dim, "head_dim"));
+    LARDER_ASSIGN_OR_RETURN(w->k_norm.weight, b.vector(p + "k_norm.weight", spec.head_dim, "head_dim"));
     w->q_norm.eps = w->k_norm.eps = static_cast<float>(c.rms_eps);
   }
   return Status::ok();
 }
 
-void attention_block(const AttentionContext& ctx, const AttentionWeights& w, const float* h, int64_t rows,
-                     const int64_t* positions, int layer, std::span<const AttentionSeq> seqs, AttentionScratch& s,
-                     float* out) {
-  const ModelConfig& c = *ctx.config;
-  const int nh = static_cast<int>(c.n_heads), nkv = static_cast<int>(c.n_kv_heads), hd = static_cast<int>(c.head_dim);
+void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const float* inv_freq,
+                     const AttentionWeights& w, const float* h, int64_t rows, const int64_t* positions, int layer,
+                     std::span<const AttentionSeq> seqs, AttentionScratch& s, float* out) {
+  const int nh = spec.n_heads, nkv = spec.n_kv_heads, hd = spec.head_dim;
   const int64_t q_dim = int64_t{nh} * hd, kv_dim = int64_t{nkv} * hd;
   s.q.resize(static_cast<size_t>(rows * q_dim));
   s.k.resize(static_cast<size_t>(rows * kv_dim));
@@ -47,32 +46,50 @@ void attention_block(const AttentionContext& ctx, const AttentionWeights& w, con
   add_bias(s.q.data(), rows, w.q_b);
   add_bias(s.k.data(), rows, w.k_b);
   add_bias(s.v.data(), rows, w.v_b);
-  if (ctx.options->qk_norm) {  // per head: the rows are [rows * heads, head_dim]
+  if (spec.norms.qk) {  // per head: the rows are [rows * heads, head_dim]
     w.q_norm.apply(s.q.data(), rows * nh, s.q.data());
     w.k_norm.apply(s.k.data(), rows * nkv, s.k.data());
   }
   // RoPE is per row (each row carries its own position), so one call covers every sequence.
-  kernels::rope(s.q.data(), rows, nh, hd, static_cast<int>(c.rope_dim), positions, ctx.inv_freq, ctx.options->pairing);
-  kernels::rope(s.k.data(), rows, nkv, hd, static_cast<int>(c.rope_dim), positions, ctx.inv_freq, ctx.options->pairing);
+  kernels::rope(s.q.data(), rows, nh, hd, spec.rope_dim, positions, inv_freq, opt.pairing);
+  kernels::rope(s.k.data(), rows, nkv, hd, spec.rope_dim, positions, inv_freq, opt.pairing);
 
   kernels::AttentionParams ap;
   ap.n_heads = nh;
   ap.n_kv_heads = nkv;
   ap.head_dim = hd;
-  ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  ap.scale = spec.attn_scale;
+  ap.window = spec.kind == LayerKind::kSliding ? spec.window : 0;
   for (const AttentionSeq& sq : seqs) {
-    memory::KvCache& cache = *sq.cache;
+    memory::SequenceState& st = *sq.state;
+    const memory::LayerSlot& slot = st.slots[static_cast<size_t>(layer)];
     const int64_t pos0 = positions[sq.row0];
-    for (int64_t t = 0; t < sq.n; ++t) {
-      const int64_t r = sq.row0 + t;
-      std::memcpy(cache.k_row(layer, pos0 + t), s.k.data() + r * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
-      std::memcpy(cache.v_row(layer, pos0 + t), s.v.data() + r * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+    const float* k_new = s.k.data() + sq.row0 * kv_dim;
+    const float* v_new = s.v.data() + sq.row0 * kv_dim;
+    s.spans.clear();
+    memory::RingState* ring = nullptr;
+    if (slot.kind == memory::StateKind::kPlainKv) {
+      memory::KvCache& cache = st.kv;
+      for (int64_t t = 0; t < sq.n; ++t) {
+        std::memcpy(cache.k_row(slot.index, pos0 + t), k_new + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+        std::memcpy(cache.v_row(slot.index, pos0 + t), v_new + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+      }
+      // A sliding layer kept in plain KV reads only its window (the kernel masks the rest).
+      cache.spans(slot.index, pos0 + sq.n, &s.spans);
+    } else {
+      // Ring: what the window of the chunk's first query needs from before the chunk, then the
+      // chunk's own rows straight from the projections; the ring absorbs them afterwards. So a
+      // prefill chunk longer than the window never overwrites keys its own earlier queries see.
+      ring = st.ring(layer);
+      LARDER_DCHECK(ring != nullptr && ring->offset() == pos0, "ring slot out of step");
+      ring->spans(std::max<int64_t>(0, pos0 - ring->window() + 1), &s.spans);
+      s.spans.push_back({k_new, v_new, pos0, sq.n});
     }
-    cache.spans(layer, pos0 + sq.n, &s.spans);
     s.views.clear();
     for (const auto& sp : s.spans) s.views.push_back({sp.k, sp.v, sp.start, sp.len});
     kernels::attention(s.q.data() + sq.row0 * q_dim, sq.n, pos0, s.views.data(), static_cast<int>(s.views.size()), ap,
                        s.att.data() + sq.row0 * q_dim);
+    if (ring) ring->append_rows(k_new, v_new, sq.n);
   }
   kernels::matmul(w.o, s.att.data(), rows, out);
   add_bias(out, rows, w.o_b);

@@ -1,7 +1,9 @@
-// attention.h — the self-attention block of the Llama family and its variants:
+// attention.h — the self-attention block shared by every attention layer:
 // q/k/v projections (+ optional bias: qwen2, llama attention_bias), optional per-head RMSNorm of
-// q and k before RoPE (qwen3), RoPE, append K/V to the cache, causal GQA attention over the
-// cache's spans, output projection.
+// q and k before RoPE (qwen3, gemma3), RoPE with the layer's table, the K/V write into the
+// layer's slot of each sequence state, causal GQA attention over the spans that slot hands out
+// (plain KV: shared prefix + private tail; ring: up to two spans of the window, plus the chunk's
+// own rows), output projection. Shapes, scale, window and RoPE table come from the LayerSpec.
 #pragma once
 
 #include <span>
@@ -9,23 +11,23 @@
 #include <vector>
 
 #include "larder/kernels/ops.h"
-#include "larder/memory/kv_cache.h"
+#include "larder/memory/sequence_state.h"
 #include "larder/models/blocks/norm.h"
 #include "larder/models/config.h"
+#include "larder/models/layer_spec.h"
 #include "larder/models/weights.h"
 
 namespace larder::models {
 
 struct AttentionOptions {
   bool qkv_bias = false;  // biases on q/k/v (not o): qwen2
-  bool qk_norm = false;   // RMSNorm over head_dim on q and k: qwen3
   kernels::RopePairing pairing = kernels::RopePairing::kHalf;
 };
 
 struct AttentionWeights {
   kernels::WeightView q, k, v, o;
   std::vector<float> q_b, k_b, v_b, o_b;
-  RmsNorm q_norm, k_norm;  // empty unless qk_norm
+  RmsNorm q_norm, k_norm;  // empty unless spec.norms.qk
 };
 
 struct AttentionScratch {
@@ -34,29 +36,26 @@ struct AttentionScratch {
   std::vector<kernels::KvSpanView> views;
 };
 
-// prefix: "model.layers.N.self_attn."
-Status bind_attention(WeightBinder& b, const std::string& prefix, const ModelConfig& c, const AttentionOptions& opt,
-                      AttentionWeights* out);
+// prefix: "model.layers.N.self_attn." (canonical HF names; the binder's table maps them).
+// Biases: q/k/v with opt.qkv_bias or c.attention_bias, o with c.attention_bias.
+Status bind_attention(WeightBinder& b, const std::string& prefix, const LayerSpec& spec, const ModelConfig& c,
+                      const AttentionOptions& opt, AttentionWeights* out);
 
-struct AttentionContext {
-  const ModelConfig* config;
-  const AttentionOptions* options;
-  const float* inv_freq;  // [rope_dim/2]
-};
-
-// Rows [row0, row0 + n) of a batched attention call belong to one sequence with this cache;
-// their positions are cache.length() + 0 .. n-1.
+// Rows [row0, row0 + n) of a batched attention call belong to one sequence with this state;
+// their positions are state.length() + 0 .. n-1.
 struct AttentionSeq {
   int64_t row0 = 0, n = 0;
-  memory::KvCache* cache = nullptr;
+  memory::SequenceState* state = nullptr;
 };
 
 // out[rows, hidden] = attention(h[rows, hidden]) where the rows are the concatenation of the
 // sequences' new tokens (positions[r] is row r's position in its own sequence). Projections run
-// once over all rows; RoPE, the K/V write into `layer` of each cache (reserved by the caller,
-// not yet advanced) and causal attention run per sequence.
-void attention_block(const AttentionContext& ctx, const AttentionWeights& w, const float* h, int64_t rows,
-                     const int64_t* positions, int layer, std::span<const AttentionSeq> seqs, AttentionScratch& s,
-                     float* out);
+// once over all rows; RoPE, the K/V write into slot `layer` of each state and causal attention
+// run per sequence. A plain slot's rows are written into its KvCache (reserved by the caller,
+// published by the caller's advance); a ring slot is read first and then absorbs the new rows
+// (its memory stays at the window).
+void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const float* inv_freq,
+                     const AttentionWeights& w, const float* h, int64_t rows, const int64_t* positions, int layer,
+                     std::span<const AttentionSeq> seqs, AttentionScratch& s, float* out);
 
 }  // namespace larder::models

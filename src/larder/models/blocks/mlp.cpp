@@ -8,7 +8,8 @@ void add_bias(float* y, int64_t n, const std::vector<float>& bias) {
   for (int64_t t = 0; t < n; ++t) kernels::add(y + t * d, bias.data(), y + t * d, d);
 }
 
-Status bind_mlp(WeightBinder& b, const std::string& p, const ModelConfig& c, MlpWeights* w) {
+Status bind_mlp(WeightBinder& b, const std::string& p, const ModelConfig& c, Activation act, MlpWeights* w) {
+  w->act = act;
   const char* why = "intermediate_size x hidden_size";
   LARDER_ASSIGN_OR_RETURN(w->gate, b.matrix(p + "gate_proj.weight", c.ffn, c.hidden, why));
   LARDER_ASSIGN_OR_RETURN(w->up, b.matrix(p + "up_proj.weight", c.ffn, c.hidden, why));
@@ -29,7 +30,10 @@ void mlp_block(const MlpWeights& w, const float* h, int64_t n, MlpScratch& s, fl
   add_bias(s.g.data(), n, w.gate_b);
   kernels::matmul(w.up, h, n, s.u.data());
   add_bias(s.u.data(), n, w.up_b);
-  kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), n * ffn);
+  switch (w.act) {
+    case Activation::kSilu: kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), n * ffn); break;
+    case Activation::kGeluTanh: kernels::gelu_tanh_mul(s.g.data(), s.u.data(), s.g.data(), n * ffn); break;
+  }
   kernels::matmul(w.down, s.g.data(), n, out);
   add_bias(out, n, w.down_b);
 }

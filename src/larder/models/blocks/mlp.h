@@ -1,4 +1,5 @@
-// mlp.h — the gated SiLU MLP (SwiGLU) of the Llama family: down(silu(gate(x)) * up(x)).
+// mlp.h — the gated MLP: down(act(gate(x)) * up(x)), act = SiLU (SwiGLU: Llama, Qwen) or
+// tanh-approximated GELU (GeGLU: Gemma).
 #pragma once
 
 #include <string>
@@ -10,7 +11,10 @@
 
 namespace larder::models {
 
+enum class Activation : uint8_t { kSilu, kGeluTanh };
+
 struct MlpWeights {
+  Activation act = Activation::kSilu;
   kernels::WeightView gate, up, down;      // [ffn, hidden], [ffn, hidden], [hidden, ffn]
   std::vector<float> gate_b, up_b, down_b;  // only with config mlp_bias
 };
@@ -20,7 +24,7 @@ struct MlpScratch {
 };
 
 // prefix: "model.layers.N.mlp."
-Status bind_mlp(WeightBinder& b, const std::string& prefix, const ModelConfig& c, MlpWeights* out);
+Status bind_mlp(WeightBinder& b, const std::string& prefix, const ModelConfig& c, Activation act, MlpWeights* out);
 // out[n, hidden] = mlp(h[n, hidden]).
 void mlp_block(const MlpWeights& w, const float* h, int64_t n, MlpScratch& s, float* out);
 

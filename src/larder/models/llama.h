@@ -1,10 +1,7 @@
-// decoder.h — the pre-norm decoder stack shared by the Llama-style architectures:
-//   x = embed(tokens)
-//   per layer: x += attn(rmsnorm(x)); x += mlp(rmsnorm(x))
-//   logits = lm_head(rmsnorm(x))      (lm_head = embed when tied)
-// Architecture files (llama.cpp, qwen2.cpp, qwen3.cpp) describe their differences in a
-// DecoderSpec and call make_decoder; a new member of the family is one such file plus one
-// registry line.
+// llama.h — the Llama graph and the families that are variants of it (qwen2, qwen3, mistral):
+//   per layer: x += attn(rmsnorm(x)); x += mlp(rmsnorm(x))   (pre-norm, SwiGLU, full attention)
+// A variant file (qwen2.cpp, qwen3.cpp) states its differences in a LlamaVariant and calls
+// make_llama_family; the graph, its layer declaration and its tensor-name table live in llama.cpp.
 #pragma once
 
 #include <memory>
@@ -16,7 +13,7 @@
 
 namespace larder::models {
 
-struct DecoderSpec {
+struct LlamaVariant {
   bool qkv_bias = false;       // q/k/v projections carry a bias (qwen2)
   bool qk_norm = false;        // per-head RMSNorm of q and k before RoPE (qwen3)
   bool default_tied = false;   // tie_word_embeddings when config.json does not say
@@ -27,7 +24,7 @@ struct DecoderSpec {
   kernels::RopePairing gguf_pairing = kernels::RopePairing::kHalf;
 };
 
-Result<std::unique_ptr<Model>> make_decoder(const formats::ModelFiles& files, ModelConfig config,
-                                            const DecoderSpec& spec);
+Result<std::unique_ptr<Model>> make_llama_family(const formats::ModelFiles& files, ModelConfig config,
+                                                 const LlamaVariant& variant);
 
 }  // namespace larder::models

@@ -1,0 +1,86 @@
+// transformer.h — the decoder stack every architecture shares, over its LayerSpecs:
+//   x = embed(tokens) [· embed_scale]
+//   per layer l: the architecture's composition over shared blocks (layer_forward)
+//   logits = lm_head(final_norm(x))      (lm_head = embed when tied)
+// The stack owns what does not depend on the architecture: batch validation, the per-sequence
+// state check against the schema, positions, embedding lookup, the final norm and lm_head, the
+// scratch buffers, and publishing the new tokens to every state. An architecture file (llama.cpp,
+// gemma3.cpp, ...) subclasses it: it parses its own hyper-parameters, declares its layers, binds
+// its tensors through its own TensorNames table and composes each layer from blocks/.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "larder/formats/model_files.h"
+#include "larder/kernels/ops.h"
+#include "larder/models/blocks/attention.h"
+#include "larder/models/blocks/mlp.h"
+#include "larder/models/blocks/norm.h"
+#include "larder/models/config.h"
+#include "larder/models/model.h"
+#include "larder/models/weights.h"
+
+namespace larder::models {
+
+// One layer's view of the batch: the residual stream and two work buffers of [rows, hidden],
+// the rows' positions, and which rows belong to which sequence state.
+struct LayerBatch {
+  float* x;  // residual stream, updated in place
+  float* h;
+  float* o;
+  int64_t rows;
+  const int64_t* positions;
+  std::span<const AttentionSeq> seqs;
+};
+
+class Transformer : public Model {
+ public:
+  const ModelInfo& info() const override { return info_; }
+  std::span<const LayerSpec> layers() const override { return specs_; }
+  const memory::StateSchema& state_schema() const override { return schema_; }
+  Status forward_batch(std::span<const BatchItem> items) final;
+
+ protected:
+  explicit Transformer(ModelConfig c) : cfg_(std::move(c)) {}
+
+  // Runs layer l over the batch (x in, x out).
+  virtual void layer_forward(int l, const LayerBatch& b) = 0;
+
+  // Binds the token embedding, the lm_head (the embedding when tied) and the final norm by
+  // canonical names, "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight".
+  Status bind_head(WeightBinder& b, bool tied);
+  // After the architecture bound everything: derives the state schema from specs_, rejects
+  // leftover per-layer tensors (see check_unbound) and fills info_.
+  Status finish_bind(const formats::ModelFiles& files, const WeightBinder& b, bool tied);
+
+  ModelConfig cfg_;
+  ModelInfo info_;
+  std::vector<LayerSpec> specs_;
+  memory::StateSchema schema_;
+  std::vector<std::vector<float>> rope_tables_;  // LayerSpec::rope indexes this
+  kernels::WeightView embed_, lm_head_;
+  float embed_scale_ = 1.0f;  // Gemma multiplies embeddings by √hidden
+  RmsNorm final_norm_;
+  // Scratch of the layer compositions, grown to the largest batch seen (forward is
+  // single-threaded per model: the engine thread owns it, system.md §4).
+  AttentionScratch attn_s_;
+  MlpScratch mlp_s_;
+
+ private:
+  Status check_state(const memory::SequenceState& s) const;
+  std::vector<float> x_, h_, o_;
+  std::vector<int64_t> positions_;
+  std::vector<AttentionSeq> seqs_;
+  std::vector<float> logits_buf_;
+  std::vector<int64_t> logit_rows_;  // rows whose logits are wanted, in item order
+};
+
+// A per-layer tensor that the graph does not use means the config describes a different model
+// than the weights (e.g. q/k/v biases with attention_bias unset): running without it would be
+// silently wrong, so it is an error (mlx-lm's strict load refuses it too). Other leftovers
+// (e.g. a vision tower, tied lm_head copies, precomputed rotary tables) are only reported.
+Status check_unbound(const WeightBinder& b, const formats::ModelFiles& files, bool tied);
+
+}  // namespace larder::models
