@@ -181,8 +181,9 @@ Result<std::string> architecture_of(const formats::ModelFiles& files) {
   return mt->get<std::string>();
 }
 
-Result<ModelConfig> config_from_hf(const formats::ModelFiles& files) {
-  const ordered_json& j = files.config;
+Result<ModelConfig> config_from_hf(const formats::ModelFiles& files) { return config_from_hf_json(files, files.config); }
+
+Result<ModelConfig> config_from_hf_json(const formats::ModelFiles& files, const ordered_json& j) {
   ModelConfig c;
   c.source = files.path + "/config.json";
   const std::string& src = c.source;

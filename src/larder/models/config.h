@@ -71,6 +71,10 @@ Result<std::string> architecture_of(const formats::ModelFiles& files);
 // Parses the hyper-parameters common to the Llama-style family. Missing required keys, non-positive
 // sizes and inconsistent heads (n_heads % n_kv_heads) are errors naming the file and key.
 Result<ModelConfig> config_from_hf(const formats::ModelFiles& files);
+// The same over a given JSON object (an architecture's view of config.json: e.g. Gemma 3's
+// text_config with the family's defaults filled in). eos ids are still read from `files`'
+// generation_config; model_type from files.config.
+Result<ModelConfig> config_from_hf_json(const formats::ModelFiles& files, const nlohmann::ordered_json& j);
 Result<ModelConfig> config_from_gguf(const formats::GgufFile& g);
 Result<ModelConfig> config_from_files(const formats::ModelFiles& files);
 

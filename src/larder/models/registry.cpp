@@ -9,6 +9,8 @@ constexpr ArchEntry kArchitectures[] = {
     {"mistral", load_llama},  // same graph as llama (mlx-lm maps it to llama too)
     {"qwen2", load_qwen2},
     {"qwen3", load_qwen3},
+    {"gemma3_text", load_gemma3, gemma3_config},
+    {"gemma3", load_gemma3, gemma3_config},  // multimodal HF config (text tower) and GGUF `gemma3`
 };
 }  // namespace
 
@@ -35,7 +37,7 @@ Result<std::unique_ptr<Model>> Model::load(const formats::ModelFiles& files) {
     return unsupported(strfmt("[model] %s: architecture '%s' is not supported (supported: %s)", files.path.c_str(),
                               arch.c_str(), list.c_str()));
   }
-  LARDER_ASSIGN_OR_RETURN(ModelConfig cfg, config_from_files(files));
+  LARDER_ASSIGN_OR_RETURN(ModelConfig cfg, e->config ? e->config(files) : config_from_files(files));
   return e->load(files, std::move(cfg));
 }
 

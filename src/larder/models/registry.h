@@ -15,16 +15,21 @@
 namespace larder::models {
 
 using ArchLoader = Result<std::unique_ptr<Model>> (*)(const formats::ModelFiles& files, ModelConfig config);
+// An architecture that reads its hyper-parameters its own way (defaults, nested text_config).
+using ArchConfig = Result<ModelConfig> (*)(const formats::ModelFiles& files);
 
 struct ArchEntry {
   const char* name;
   ArchLoader load;
+  ArchConfig config = nullptr;  // null: config_from_files
 };
 
 // Defined in the architecture files.
 Result<std::unique_ptr<Model>> load_llama(const formats::ModelFiles& files, ModelConfig config);
 Result<std::unique_ptr<Model>> load_qwen2(const formats::ModelFiles& files, ModelConfig config);
 Result<std::unique_ptr<Model>> load_qwen3(const formats::ModelFiles& files, ModelConfig config);
+Result<std::unique_ptr<Model>> load_gemma3(const formats::ModelFiles& files, ModelConfig config);
+Result<ModelConfig> gemma3_config(const formats::ModelFiles& files);
 
 const ArchEntry* find_architecture(const std::string& name);
 std::vector<std::string> supported_architectures();

@@ -151,6 +151,19 @@ TEST(RefSiluMul, ClosedForm) {
   EXPECT_NEAR(o[3], 15.0f, 1e-4);  // silu(x) → x for large x
 }
 
+// Values of mlx.nn.gelu_approx (= torch gelu(approximate="tanh")) at 0, 1, -2, 3, -0.5, times u.
+// mlx evaluates in f32, where 1 + tanh(z) cancels for g < 0 (at g = -2 its value is ~4e-7 off the
+// double formula), so the bound is 1e-6 relative: still far below any other formula's distance
+// (erf-GELU differs by ~1e-3 at these points).
+TEST(RefGeluTanhMul, MatchesMlxGeluApprox) {
+  const float g[5] = {0.0f, 1.0f, -2.0f, 3.0f, -0.5f}, u[5] = {5.0f, 2.0f, 3.0f, 0.5f, -1.0f};
+  const double gelu[5] = {0.0, 0.8411920070648193, -0.04540228843688965, 2.9963626861572266, -0.1542859971523285};
+  float o[5];
+  ref::gelu_tanh_mul(g, u, o, 5);
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(o[i], gelu[i] * u[i], 1e-6 * std::abs(gelu[i] * u[i]) + 1e-9) << i;
+  EXPECT_EQ(ref_table().gelu_tanh_mul, &ref::gelu_tanh_mul);
+}
+
 TEST(RefAdd, Elementwise) {
   const float a[3] = {1, 2, 3}, b[3] = {0.5f, -2, 10};
   float o[3];

@@ -1,4 +1,4 @@
-// AVX2 elementwise ops (rmsnorm, rope, silu·mul, add) vs the scalar reference over random shapes,
+// AVX2 elementwise ops (rmsnorm, rope, silu·mul, gelu_tanh·mul — also AVX-512 —, add) vs the scalar reference over random shapes,
 // ragged lengths and extreme values, at 1–3 pool threads (the ops split rows/elements over the pool).
 //
 // Bounds: rope and add do the reference's arithmetic (rope: the same double sin/cos and rotation,
@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "larder/core/cpuid.h"
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/ref/ref_ops.h"
@@ -48,6 +49,36 @@ TEST_P(ElementwiseAvx2, SiluMulMatchesReference) {
       for (int64_t i = 0; i < n; ++i) {
         const float tol = 8e-7f * std::abs(want[i]) + 1e-35f;  // g << 0: both ~0 (e^-g clamps at e^88.3)
         ASSERT_LE(std::abs(got[i] - want[i]), tol) << "n " << n << " i " << i << " g " << g[i] << " u " << u[i];
+      }
+    }
+  }
+}
+
+// gelu_tanh·mul, AVX2 and (where the CPU has the tier) AVX-512, vs the double tanh reference. The
+// fast form g·u/(1 + e^(−2z)) rounds z in f32 and its exp amplifies that by |2z|, which only
+// matters where the result is tiny next to g·u (g ≪ 0); so the bound is 8e-7 relative to the
+// result plus 2e-7·|g·u| plus 1e-35.
+TEST_P(ElementwiseAvx2, GeluTanhMulMatchesReference) {
+  using Fn = void (*)(const float*, const float*, float*, int64_t);
+  std::vector<std::pair<const char*, Fn>> tiers = {{"avx2", cpu::avx2::gelu_tanh_mul}};
+  if (cpu_features().has_avx512_tier()) tiers.push_back({"avx512", cpu::avx512::gelu_tanh_mul});
+  std::mt19937 rng(5);
+  for (const auto& [tier, fn] : tiers) {
+    for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 33, 1000, 4097, 70001}) {
+      for (float scale : {0.5f, 3.0f, 30.0f}) {
+        auto g = randv(rng, n, scale), u = randv(rng, n, 1.0f);
+        if (n > 20) {  // exp's clamp edges (2z = ±88), the saturated sides, zero, a denormal
+          g[0] = -100.0f, g[1] = 100.0f, g[2] = -7.5f, g[3] = 7.5f, g[4] = 0.0f, g[5] = -1e-30f, g[6] = -3000.0f;
+        }
+        std::vector<float> want(g.size()), got(g.size()), inplace = g;
+        ref::gelu_tanh_mul(g.data(), u.data(), want.data(), n);
+        fn(g.data(), u.data(), got.data(), n);
+        fn(inplace.data(), u.data(), inplace.data(), n);  // out may alias gate
+        for (int64_t i = 0; i < n; ++i) {
+          const float tol = 8e-7f * std::abs(want[i]) + 2e-7f * std::abs(g[i] * u[i]) + 1e-35f;
+          ASSERT_LE(std::abs(got[i] - want[i]), tol) << tier << " n " << n << " i " << i << " g " << g[i];
+          ASSERT_EQ(inplace[i], got[i]) << tier;
+        }
       }
     }
   }

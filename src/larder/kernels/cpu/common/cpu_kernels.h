@@ -68,10 +68,14 @@ void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float 
 void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
           const float* inv_freq, RopePairing pairing);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+// gelu_tanh(g)·u as g·u / (1 + e^(−2z)), z = √(2/π)(g + 0.044715 g³) (= ½(1 + tanh z)); a few ulps.
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void add(const float* a, const float* b, float* out, int64_t n);
 }  // namespace avx2
 
 namespace avx512 {
+// Same contract as avx2::gelu_tanh_mul, 16 lanes (elementwise_avx512.cpp).
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);

@@ -245,6 +245,7 @@ void register_fast_kernels(KernelTable& t) {
   t.rmsnorm = avx2::rmsnorm;
   t.rope = avx2::rope;
   t.silu_mul = avx2::silu_mul;
+  t.gelu_tanh_mul = avx2::gelu_tanh_mul;
   t.add = avx2::add;
   t.name = "avx2";
   if (f.has_avx512_tier()) {
@@ -272,6 +273,7 @@ void register_fast_kernels(KernelTable& t) {
         }
       }
     }
+    t.gelu_tanh_mul = avx512::gelu_tanh_mul;  // tested against the reference (tests/unit/kernels_fast)
     t.name = "avx512";
   }
 }
