@@ -170,10 +170,20 @@ class ChatTest(unittest.TestCase):
         finally:
             t.close()
 
-    def test_chat_refuses_a_model_without_template(self):
-        code, out, err = run("chat", STORIES, input="hi\n")
-        self.assertEqual(code, 2, err)
-        self.assertIn("chat template", err)
+    def test_chat_on_a_model_without_template_uses_chatml(self):
+        # Like serve and generate --chat: the ChatML fallback, announced before the first prompt.
+        code, out, err = run("chat", STORIES, "-n", "4", input="hi\n")
+        self.assertEqual(code, 0, err)
+        self.assertIn("has no chat template", err)
+        self.assertIn("ChatML", err)
+        # --chat-template picks another one (and the fallback warning is gone).
+        code, out, err = run("chat", STORIES, "-n", "4", "--chat-template", "llama3", input="hi\n")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("has no chat template", err)
+        self.assertIn("llama3", err)
+        code, out, err = run("chat", STORIES, "--chat-template", "no-such-template", input="hi\n")
+        self.assertNotEqual(code, 0)
+        self.assertIn("no-such-template", err)
 
     # item 10 (part): Ctrl-C in generate --------------------------------------------------------
     def test_ctrl_c_in_generate_prints_the_stats(self):

@@ -32,6 +32,7 @@ struct ChatFlags {
   std::string system;
   bool verbose = false;
   GenerationFlags gen;
+  runtime::ChatTemplateFlags chat_template;
 };
 
 enum class LineResult { kLine, kEof, kInterrupted };
@@ -88,14 +89,14 @@ int run_chat(const ChatFlags& f) {
   auto located = resolve_model(f.model);
   if (!located.is_ok()) return report(located.status());
   if (f.gen.threads > 0) default_pool().set_threads(f.gen.threads);
-  auto loaded = runtime::load_model(located->path);
+  runtime::LoadOptions lo;
+  lo.chat_template = f.chat_template;
+  auto loaded = runtime::load_model(located->path, lo);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
-  if (!m.chat_template) {
-    return report(invalid_argument(strfmt("[chat] %s has no chat template, so it cannot hold a conversation (use "
-                                          "`larder generate` for plain continuation)",
-                                          located->path.c_str())));
-  }
+  // A model without a template chats through the ChatML fallback (as serve and generate --chat
+  // do); the warning says so before the first prompt.
+  runtime::announce_chat_template(m);
   runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read, not in the first answer
   auto opened = open_cli_store(f.gen, m);
   if (!opened.is_ok()) return report(opened.status());
@@ -217,6 +218,7 @@ VerbMain add_chat(CLI::App& app) {
   cmd->add_option("--system,--system-prompt", f->system, "system message (kept by /clear)");
   cmd->add_flag("-v,--verbose", f->verbose, "after each answer: prompt tokens reused from the KV store, speed");
   add_generation_flags(cmd, f->gen);
+  add_chat_template_flags(cmd, &f->chat_template);
   return [f]() { return run_chat(*f); };
 }
 
