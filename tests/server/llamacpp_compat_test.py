@@ -132,6 +132,38 @@ class ChatCompatTest(ServerTestCase):
         r = self.server.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2, "grammar": "root ::= x"})
         self.assertEqual(r.status, 400, r)
 
+    def test_final_assistant_message_is_continued(self):
+        # llama-server's prefill_assistant, vLLM's continue_final_message, Anthropic's prefill: the
+        # turns before it with the generation prompt, then its text; the answer carries on from it.
+        head = user("Tell me a story")
+        prefill = "Once upon a time"
+        rendered = self.server.post("/apply-template", {"messages": head}).json()["prompt"]
+        ids = [t if isinstance(t, int) else t["id"] for t in
+               self.server.post("/tokenize", {"content": rendered + prefill, "add_special": False}).json()["tokens"]]
+        ref = self.server.post("/v1/completions", {"prompt": ids, "max_tokens": 12, "temperature": 0}).json()
+        msgs = head + [{"role": "assistant", "content": prefill}]
+        r = self.server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 12, "temperature": 0})
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["usage"]["prompt_tokens"], len(ids))
+        self.assertEqual(r.json()["choices"][0]["message"]["content"], ref["choices"][0]["text"])
+        r = self.server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 12, "temperature": 0,
+                                                      "continue_final_message": True, "add_generation_prompt": False})
+        self.assertEqual(r.json()["choices"][0]["message"]["content"], ref["choices"][0]["text"])
+        r = self.server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
+                                                      "continue_final_message": False})
+        self.assertEqual(r.status, 200, r)
+        self.assertGreater(r.json()["usage"]["prompt_tokens"], len(ids), "opted out: a new assistant turn")
+        r = self.server.post("/v1/chat/completions", {"messages": head, "max_tokens": 2, "continue_final_message": True})
+        self.assertEqual(r.status, 400, r)
+        self.assertIn("continue_final_message", r.json()["error"]["message"])
+        r = self.server.post("/v1/messages", {"model": "m", "max_tokens": 12, "temperature": 0, "messages": msgs})
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["content"][0]["text"], ref["choices"][0]["text"])
+        r = self.server.post("/v1/messages", {"model": "m", "max_tokens": 4,
+                                              "messages": head + [{"role": "assistant", "content": "Once "}]})
+        self.assertEqual(r.status, 400, r)
+        self.assertIn("trailing whitespace", r.json()["error"]["message"])
+
     def test_count_tokens_shares_the_messages_validator(self):
         base = {"model": "m", "max_tokens": 4}
         bad_bodies = [

@@ -123,7 +123,26 @@ Result<std::vector<int32_t>> encode_chat_json(const LoadedModel& m, const ordere
   o.extra = opts.extra;
   o.bos_token = m.tokenizer->bos_token();
   o.eos_token = m.tokenizer->eos_token();
-  LARDER_ASSIGN_OR_RETURN(std::string text, chat_template::render_chat(*m.chat_template, messages, o));
+  const ordered_json* to_render = &messages;
+  ordered_json head;
+  std::string prefill;
+  if (opts.continue_final_message) {
+    // Rendering the final message and cutting after its text (transformers' way) depends on the
+    // template echoing the text verbatim; templates trim and escape. llama-server's way does not:
+    // the turns before it, the generation prompt, then the text itself.
+    if (!messages.is_array() || messages.empty() || !messages.back().is_object() ||
+        messages.back().value("role", "") != "assistant" || !messages.back().contains("content") ||
+        !messages.back()["content"].is_string()) {
+      return invalid_argument("[chat] continuing the final message needs a last assistant message with text content");
+    }
+    prefill = messages.back()["content"].get<std::string>();
+    head = messages;
+    head.erase(head.size() - 1);
+    to_render = &head;
+    o.add_generation_prompt = true;
+  }
+  LARDER_ASSIGN_OR_RETURN(std::string text, chat_template::render_chat(*m.chat_template, *to_render, o));
+  text += prefill;
   // As HF apply_chat_template(tokenize=True) and mlx-lm do: the template writes every special
   // token it wants (BOS included), so encoding adds none — which also rules out a double BOS.
   std::vector<int32_t> ids = m.tokenizer->encode(text, /*add_special=*/false);

@@ -63,6 +63,10 @@ Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector
 // calls, reasoning fields), with tools and extra template kwargs (chat_template_kwargs).
 struct ChatEncodeOptions {
   bool add_generation_prompt = true;
+  // The last message is an assistant message to continue (Anthropic's prefill, llama-server's
+  // prefill_assistant, vLLM's continue_final_message): the messages before it are rendered with
+  // the generation prompt and its text is appended as is, so the answer carries on from it.
+  bool continue_final_message = false;
   nlohmann::ordered_json tools;  // null = none
   nlohmann::ordered_json extra;  // object of extra template variables, or null
 };

@@ -54,13 +54,22 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   // The conversation rules llama-server enforces (clients written against it rely on the 400).
   if (out.size() >= 2 && out[out.size() - 1]["role"] == "assistant" && out[out.size() - 2]["role"] == "assistant")
     bad("cannot have 2 or more assistant messages at the end of the list", "messages");
+  // A final assistant message is continued, as llama-server does by default (prefill_assistant)
+  // and vLLM does with continue_final_message; `continue_final_message: false` opts out.
+  bool continue_final = false;
   {
     const bool agp = boolean(b, "add_generation_prompt").value_or(true);
-    const bool cont = boolean(b, "continue_final_message").value_or(false);
-    if (agp && cont && get(b, "add_generation_prompt"))
+    const std::optional<bool> cont = boolean(b, "continue_final_message");
+    const bool last_assistant_text = out.back()["role"] == "assistant" && out.back()["content"].is_string() &&
+                                     !out.back().contains("tool_calls");
+    if (agp && cont.value_or(false) && get(b, "add_generation_prompt"))
       bad("add_generation_prompt and continue_final_message cannot both be true", "continue_final_message");
-    if (cont) bad("continue_final_message is not supported yet", "continue_final_message");
-    if (!agp) bad("add_generation_prompt: false is not supported on this route (use /apply-template)", "add_generation_prompt");
+    continue_final = cont.value_or(last_assistant_text);
+    if (continue_final && !last_assistant_text)
+      bad("continue_final_message needs the last message to be an assistant message with text content",
+          "continue_final_message");
+    if (!agp && !continue_final)
+      bad("add_generation_prompt: false is not supported on this route (use /apply-template)", "add_generation_prompt");
   }
   ordered_json tools;
   if (const ordered_json* t = get(b, "tools")) {
@@ -130,7 +139,7 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   if (!max) max = sm.defaults.max_tokens;
   pr.gen.ns = namespace_for(sm, b);
   check_prompt_bytes(sm, json_string_bytes(out), Surface::kChat, "messages");
-  encode_with_template(sm, out, tools, extra, pr);
+  encode_with_template(sm, out, tools, extra, pr, continue_final);
   fit_context(sm, pr, max, Surface::kChat, "messages");
   add_choices(pr, {}, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
   return pr;

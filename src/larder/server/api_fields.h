@@ -262,8 +262,9 @@ inline std::string text_of_content(const ordered_json& content, const char* wher
 }
 
 inline void encode_with_template(const ServedModel& sm, const ordered_json& msgs, const ordered_json& tools,
-                          const ordered_json& extra, ParsedRequest& pr) {
+                          const ordered_json& extra, ParsedRequest& pr, bool continue_final = false) {
   runtime::ChatEncodeOptions o;
+  o.continue_final_message = continue_final;
   o.tools = tools;
   o.extra = extra;
   std::string rendered;

@@ -1,5 +1,7 @@
 // api_messages.cpp — Anthropic messages request parser (system, content blocks, tool_use /
 // tool_result, tools, thinking), shared by POST /v1/messages and /v1/messages/count_tokens.
+#include <cctype>
+
 #include "larder/server/api_fields.h"
 
 namespace larder::server {
@@ -114,8 +116,18 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
   std::optional<int64_t> max = integer(b, "max_tokens", 1, INT64_MAX);
   if (!max) max = sm.defaults.max_tokens;
   pr.gen.ns = namespace_for(sm, b);
+  // Anthropic's prefill: a final assistant turn is the start of the answer, continued from its
+  // last character (the API refuses trailing whitespace there, which would change tokenization).
+  const bool prefill = !out.empty() && out.back()["role"] == "assistant" && out.back()["content"].is_string() &&
+                       !out.back().contains("tool_calls");
+  if (prefill) {
+    const std::string& t = out.back()["content"].get_ref<const std::string&>();
+    if (!t.empty() && std::isspace(static_cast<unsigned char>(t.back())))
+      bad("final assistant content cannot end with trailing whitespace", "messages");
+    if (pr.thinking_requested) bad("a final assistant message (prefill) cannot be combined with thinking", "messages");
+  }
   check_prompt_bytes(sm, json_string_bytes(out), Surface::kMessages, "messages");
-  encode_with_template(sm, out, tools, extra, pr);
+  encode_with_template(sm, out, tools, extra, pr, prefill);
   fit_context(sm, pr, max, Surface::kMessages, "messages");
   return pr;
 }
