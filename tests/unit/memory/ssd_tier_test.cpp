@@ -273,6 +273,17 @@ TEST(SsdTier, TruncatedBitFlippedAndVersionBumpedFilesAreMissesAndRemoved) {
       EXPECT_EQ(t2->stats().entries, 0u);
       EXPECT_FALSE(t2->find(prompt, "base"));
       EXPECT_EQ(count_files(d.path, ".lkv"), 0u);
+      // The miss names the removed file when its key was still readable (a truncated tail),
+      // never a plain divergence; a damaged key section cannot be attributed.
+      RamTier ram(1ull << 30, t2.get());
+      TakeResult miss = ram.take(prompt, "base");
+      EXPECT_FALSE(miss.hit);
+      const std::string file = path.substr(path.rfind('/') + 1);
+      if (std::string(c.name) == "truncate") {
+        EXPECT_EQ(miss.report.reason, "ssd_removed:" + file);
+      } else {
+        EXPECT_EQ(miss.report.reason.rfind("ssd_removed", 0), std::string::npos) << miss.report.reason;
+      }
     }
   }
 }

@@ -60,6 +60,7 @@ void KvStore::count(const TakeResult& r) {
   if (r.report.reason != "hit" && r.report.reason != "exact_repeat") {
     std::string key = r.report.reason;
     if (key.rfind("diverged_at:", 0) == 0) key = "diverged";  // bounded label set for metrics
+    if (key.rfind("ssd_removed:", 0) == 0) key = "ssd_removed";
     ++reasons_[key];
   }
 }

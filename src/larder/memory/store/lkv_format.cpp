@@ -378,7 +378,7 @@ struct Fd {
 
 }  // namespace
 
-Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expected) {
+Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expected, LkvKey* key) {
   // The type is checked before opening and the open never blocks: a FIFO (or a device) named
   // *.lkv would otherwise block open() forever and with it the scan and everything that waits
   // for it. O_NONBLOCK means nothing for a regular file's reads.
@@ -402,18 +402,24 @@ Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expe
   if (p.version != kLkvVersion) {
     return incompatible(strfmt("[lkv] %s: format version %u, this build reads %u", path.c_str(), p.version, kLkvVersion));
   }
+  // A size mismatch is the verdict, but it is given after the key is read (when the header and
+  // token section are intact and inside the file), so the caller can say which prompt lost it.
+  Status size_mismatch = Status::ok();
   if (p.file_size != info.file_bytes) {
-    return corrupt(strfmt("[lkv] %s: declared size %llu but the file has %llu bytes (truncated or extended)",
-                          path.c_str(), static_cast<unsigned long long>(p.file_size),
-                          static_cast<unsigned long long>(info.file_bytes)));
+    size_mismatch = corrupt(strfmt("[lkv] %s: declared size %llu but the file has %llu bytes (truncated or extended)",
+                                   path.c_str(), static_cast<unsigned long long>(p.file_size),
+                                   static_cast<unsigned long long>(info.file_bytes)));
   }
+  const uint64_t limit = std::min<uint64_t>(p.file_size, info.file_bytes);
   if (p.header_len == 0 || p.header_len > kLkvMaxHeader || p.data_offset % kLkvAlign != 0 ||
-      p.data_offset < sizeof(LkvPrefix) + p.header_len || p.data_offset > p.file_size) {
+      p.data_offset < sizeof(LkvPrefix) + p.header_len || p.data_offset > limit) {
+    if (!size_mismatch.is_ok()) return size_mismatch;
     return corrupt(strfmt("[lkv] %s: inconsistent header length / data offset", path.c_str()));
   }
   std::string text(p.header_len, '\0');
   LARDER_RETURN_IF_ERROR(pread_all(f.fd, text.data(), text.size(), sizeof(LkvPrefix), path));
   if (XXH3_64bits(text.data(), text.size()) != p.header_xxh3) {
+    if (!size_mismatch.is_ok()) return size_mismatch;
     return corrupt(strfmt("[lkv] %s: header checksum mismatch", path.c_str()));
   }
   try {
@@ -433,7 +439,8 @@ Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expe
     const int64_t n = h.at("n_tokens").get<int64_t>();
     const nlohmann::json& tj = h.at("tokens");
     const uint64_t off = tj.at("off").get<uint64_t>(), bytes = tj.at("bytes").get<uint64_t>();
-    if (n <= 0 || bytes != static_cast<uint64_t>(n) * 4 || off != p.data_offset || off + bytes > p.file_size) {
+    if (n <= 0 || bytes != static_cast<uint64_t>(n) * 4 || off != p.data_offset || off + bytes > limit) {
+      if (!size_mismatch.is_ok()) return size_mismatch;
       return corrupt(strfmt("[lkv] %s: token section out of bounds", path.c_str()));
     }
     LARDER_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(tj.at("xxh3")));
@@ -441,11 +448,15 @@ Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expe
     LARDER_RETURN_IF_ERROR(pread_all(f.fd, info.tokens.data(), bytes, off, path));
     // The token list is the key: it is always verified, whatever the tensor policy.
     if (XXH3_64bits(info.tokens.data(), bytes) != want) {
+      if (!size_mismatch.is_ok()) return size_mismatch;
       return corrupt(strfmt("[lkv] %s: token section checksum mismatch", path.c_str()));
     }
+    if (key) *key = LkvKey{info.ns, info.tokens};
   } catch (const nlohmann::json::exception& e) {
+    if (!size_mismatch.is_ok()) return size_mismatch;
     return corrupt(strfmt("[lkv] %s: malformed header: %s", path.c_str(), e.what()));
   }
+  if (!size_mismatch.is_ok()) return size_mismatch;
   return info;
 }
 

@@ -83,9 +83,16 @@ struct LkvInfo {
   uint64_t allocated_bytes = 0;  // st_blocks * 512 (what the SSD cap counts, §11.5)
   int64_t mtime_ns = 0;
 };
+// The key of a file (namespace and token list), known once its token section has verified.
+struct LkvKey {
+  std::string ns;
+  std::vector<TokenId> tokens;
+};
 // corrupt: bad magic/checksum/size/JSON; incompatible: version or (when expected != null)
-// identity mismatch; io_error: unreadable.
-Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expected);
+// identity mismatch; io_error: unreadable. `key`, when given, receives the file's key whenever
+// its token section verified — also for a file refused for its size, so that a miss can name
+// the file the startup scan removed instead of reading as a plain divergence.
+Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expected, LkvKey* key = nullptr);
 
 enum class VerifyPolicy { kFull, kSampled, kOff };
 enum class RestoreMode { kMmap, kCopy };

@@ -217,6 +217,8 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
       rep.reason = "exact_repeat";
     } else if (!cold_failure.empty()) {
       rep.reason = cold_failure;  // a longer SSD match existed but could not be used
+    } else if (std::min(probe.removed_lcp, cap) > reused) {
+      rep.reason = "ssd_removed:" + probe.removed_file;
     } else if (blocked_len > reused) {
       rep.reason = blocked_reason;
     } else if (ghost_lcp > reused) {
@@ -232,6 +234,8 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
   }
   if (!cold_failure.empty()) {
     rep.reason = cold_failure;
+  } else if (std::min(probe.removed_lcp, cap) > 0) {
+    rep.reason = "ssd_removed:" + probe.removed_file;  // the startup scan removed the file that held it
   } else if (blocked_len > 0) {
     rep.reason = blocked_reason;
   } else if (ghost_lcp > 0) {

@@ -33,6 +33,8 @@ struct ColdProbe {
   int64_t best_lcp = 0;         // longest common prefix among same-ns records (usable or not)
   int64_t best_lcp_other_ns = 0;
   int64_t evicted_lcp = 0;      // longest usable prefix among recently evicted same-ns files
+  int64_t removed_lcp = 0;      // ... among same-ns files the startup scan removed as unusable
+  std::string removed_file;     // the file name of that one
 };
 
 class ColdTier {

@@ -61,6 +61,7 @@ void SsdTier::scan() {
   std::vector<SsdRecord> found;
   std::vector<std::pair<int64_t, size_t>> by_mtime;
   uint64_t removed = 0, reaped = 0, removed_corrupt = 0, removed_incompatible = 0;
+  std::vector<Removed> removed_keys;
   std::error_code ec;
   for (fs::directory_iterator nsit(id_dir_, ec), end; !ec && nsit != end; nsit.increment(ec)) {
     if (!nsit->is_directory(ec)) continue;
@@ -74,7 +75,8 @@ void SsdTier::scan() {
         continue;
       }
       if (!ends_with(name, ".lkv")) continue;  // unknown extensions are not ours to judge
-      Result<LkvInfo> info = read_lkv_info(path, &cfg_.identity);
+      LkvKey key;
+      Result<LkvInfo> info = read_lkv_info(path, &cfg_.identity, &key);
       Status bad = info.is_ok() ? Status::ok() : info.status();
       if (bad.is_ok()) {
         // The name must be the content address of (ns, tokens): a renamed or misplaced file
@@ -93,6 +95,7 @@ void SsdTier::scan() {
         LARDER_LOG_DEBUG("[ssd-cache] scan removed %s: %s", path.c_str(), bad.message().c_str());
         io_->unlink(path.c_str());
         ++removed;
+        if (!key.tokens.empty()) removed_keys.push_back({key.ns, name, std::move(key.tokens)});
         // Counted with the restore failures of the same class, so /stats shows them.
         if (bad.code() == StatusCode::kIncompatible) {
           ++removed_incompatible;
@@ -134,6 +137,10 @@ void SsdTier::scan() {
     stats_.corrupt += removed_corrupt;
     stats_.incompatible += removed_incompatible;
     stats_.scan_tmp_reaped += reaped;
+    for (Removed& r : removed_keys) {
+      removed_keys_.push_back(std::move(r));
+      if (removed_keys_.size() > 32) removed_keys_.pop_front();
+    }
     evict_locked("");
     stats_.ready = true;
     ready_.store(true, std::memory_order_release);
@@ -198,6 +205,14 @@ ColdProbe SsdTier::probe(std::span<const TokenId> prompt, const std::string& ns)
   }
   for (const auto& [ns_g, toks] : ghosts_)
     if (ns_g == ns) p.evicted_lcp = std::max(p.evicted_lcp, common_prefix(toks, prompt));
+  for (const Removed& r : removed_keys_) {
+    if (r.ns != ns) continue;
+    const int64_t lcp = common_prefix(r.tokens, prompt);
+    if (lcp > p.removed_lcp) {
+      p.removed_lcp = lcp;
+      p.removed_file = r.file;
+    }
+  }
   return p;
 }
 

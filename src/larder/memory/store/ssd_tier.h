@@ -109,6 +109,13 @@ class SsdTier final : public ColdTier {
   mutable std::condition_variable ready_cv_;
   std::vector<SsdRecord> index_;  // guarded by mu_
   std::deque<std::pair<std::string, std::vector<TokenId>>> ghosts_;  // evicted keys (evicted:ssd), mu_
+  // Keys of files the startup scan removed as unusable, when their key was still readable, so a
+  // request that would have used one is told which file it lost (ssd_removed:FILE), mu_.
+  struct Removed {
+    std::string ns, file;
+    std::vector<TokenId> tokens;
+  };
+  std::deque<Removed> removed_keys_;
   uint64_t clock_ = 0;            // guarded by mu_
   std::atomic<bool> ready_{false};
   std::mutex write_mu_;
