@@ -58,6 +58,24 @@ class NativeRoutesTest(ServerTestCase):
         self.assertEqual("".join(toks), c["text"])
         self.assertEqual(offs, [len("".join(toks[:i])) for i in range(len(toks))])
 
+    def test_cached_logprobs_within_the_documented_bound(self):
+        # docs/server-api.md: a prefix served from the KV store gives the same tokens, and log-
+        # probabilities within 1e-4 of a cold run (the suffix is prefilled in a smaller batch,
+        # whose kernels sum in another order; the KV bytes themselves are the stored ones).
+        prompt = "Lily and Ben went to the park. They saw a big dog and a small cat. The dog"
+        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 5}
+        cold = self.server.post("/v1/completions", body).json()  # a new prompt: a miss
+        self.assertEqual(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0, cold["usage"])
+        warm = self.server.post("/v1/completions", body).json()
+        self.assertGreater(warm["usage"]["prompt_tokens_details"]["cached_tokens"], 0, warm["usage"])
+        a, b = cold["choices"][0]["logprobs"], warm["choices"][0]["logprobs"]
+        self.assertEqual(a["tokens"], b["tokens"])
+        worst = max(abs(x - y) for x, y in zip(a["token_logprobs"], b["token_logprobs"]))
+        self.assertLessEqual(worst, 1e-4, f"cached vs cold logprob difference {worst:.3g}")
+        for ta, tb in zip(a["top_logprobs"], b["top_logprobs"]):
+            for k in set(ta) & set(tb):
+                self.assertLessEqual(abs(ta[k] - tb[k]), 1e-4)
+
     def test_n_and_prompt_lists(self):
         one = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0}).json()
         r = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0, "n": 3})
