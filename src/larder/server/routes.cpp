@@ -20,8 +20,11 @@ const std::vector<Route>& route_table() {
       {RouteId::kHealth, "GET", "/health", {}, true, false, "200 ok / 503 loading or draining (never needs a key)"},
       {RouteId::kMetrics, "GET", "/metrics", {}, false, false, "Prometheus metrics"},
       {RouteId::kStats, "GET", "/stats", {}, false, false, "JSON server, request and KV store statistics"},
-      {RouteId::kIndex, "GET", "/", {}, true, false, "what is served here: the model and these routes"},
+      {RouteId::kIndex, "GET", "/", {}, true, false,
+       "the chat page for a browser (Accept: text/html), else what is served here: the model and these routes"},
       {RouteId::kIndexV1, "GET", "/v1", {}, true, false, "the same, under the OpenAI base URL"},
+      {RouteId::kWebAsset, "GET", "/webui/app.js", {"/webui/markdown.js", "/webui/app.css"}, true, false,
+       "the chat page's script, Markdown renderer and style (never needs a key)"},
       {RouteId::kAdminFlush, "POST", "/admin/kv/flush", {}, false, true, "write the KV store's RAM entries to the SSD tier"},
       {RouteId::kAdminClear, "POST", "/admin/kv/clear", {}, false, true, "drop the KV store (?tier=ssd: the SSD tier too)"},
   };

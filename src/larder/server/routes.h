@@ -13,6 +13,7 @@ enum class RouteId {
   kNativeCompletion, kApplyTemplate, kProps, kTokenize, kDetokenize,  // llama-server native
   kModels, kModel, kHealth, kMetrics, kStats, kIndex, kIndexV1,        // information
   kAdminFlush, kAdminClear,                                           // admin
+  kWebAsset,                                                          // the chat page's files (webui.h)
 };
 
 struct Route {

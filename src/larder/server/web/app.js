@@ -1,0 +1,431 @@
+// app.js — the chat page: conversations kept in this browser (localStorage), streaming answers
+// from the server's own POST /v1/chat/completions (SSE, stream_options.include_usage for the
+// token counts, the KV store's cached tokens and the server's timings), a stop button that
+// aborts the fetch (the server cancels the generation when the connection closes), settings,
+// and the API key when the server asks for one. Model text reaches the page only through
+// markdown.js, which never parses it as HTML.
+"use strict";
+(function () {
+  const K_CONVS = "larder.conversations.v1", K_CURRENT = "larder.current.v1";
+  const K_SETTINGS = "larder.settings.v1", K_KEY = "larder.apiKey";
+  const $ = (id) => document.getElementById(id);
+
+  function load(key, fallback) {
+    try {
+      const v = JSON.parse(localStorage.getItem(key));
+      return v === null ? fallback : v;
+    } catch (e) {
+      return fallback;
+    }
+  }
+  function store(key, value) {
+    try {
+      localStorage.setItem(key, JSON.stringify(value));
+    } catch (e) {
+      showStatus("could not save to this browser's storage: " + e.message);
+    }
+  }
+
+  let convs = load(K_CONVS, []);
+  if (!Array.isArray(convs)) convs = [];
+  let currentId = load(K_CURRENT, null);
+  const settings = Object.assign({ system: "", temperature: "", top_p: "", max_tokens: "", seed: "", extra: "" },
+                                 load(K_SETTINGS, {}));
+  let modelId = null;
+  let controller = null;  // the running generation's AbortController
+  let live = null;        // {msg, body, stats}: the answer being streamed and its elements
+
+  const saveConvs = () => { store(K_CONVS, convs); store(K_CURRENT, currentId); };
+  const current = () => convs.find((c) => c.id === currentId) || null;
+  const apiKey = () => localStorage.getItem(K_KEY) || "";
+
+  function showStatus(text) { $("status").textContent = text || ""; }
+
+  function headers() {
+    const h = { "Content-Type": "application/json" };
+    if (apiKey()) h["Authorization"] = "Bearer " + apiKey();
+    return h;
+  }
+
+  // -- conversations list
+  function newConversation() {
+    const c = { id: Date.now().toString(36) + Math.random().toString(36).slice(2, 8), title: "", created: Date.now(), messages: [] };
+    convs.unshift(c);
+    currentId = c.id;
+    saveConvs();
+    return c;
+  }
+
+  function renderList() {
+    const ul = $("conversations");
+    ul.textContent = "";
+    for (const c of convs) {
+      const li = document.createElement("li");
+      li.dataset.id = c.id;
+      if (c.id === currentId) li.setAttribute("aria-current", "true");
+      const open = document.createElement("button");
+      open.type = "button";
+      open.className = "open";
+      open.textContent = c.title || "New chat";
+      open.title = c.title || "New chat";
+      open.addEventListener("click", () => {
+        if (controller) return;
+        currentId = c.id;
+        saveConvs();
+        renderAll();
+        $("sidebar").classList.remove("open");
+      });
+      const del = document.createElement("button");
+      del.type = "button";
+      del.className = "delete";
+      del.textContent = "\u00d7";
+      del.setAttribute("aria-label", "Delete conversation " + (c.title || "New chat"));
+      del.addEventListener("click", () => {
+        if (controller && c.id === currentId) return;
+        convs = convs.filter((x) => x.id !== c.id);
+        if (currentId === c.id) currentId = convs.length ? convs[0].id : null;
+        saveConvs();
+        renderAll();
+      });
+      li.append(open, del);
+      ul.appendChild(li);
+    }
+  }
+
+  // -- messages
+  function statsText(m) {
+    const s = m.stats || {};
+    const parts = [];
+    if (m.state === "stopped") parts.push("stopped");
+    if (s.completion_tokens !== undefined) parts.push(s.completion_tokens + " tokens");
+    if (s.tps) parts.push(s.tps.toFixed(1) + " tok/s");
+    if (s.ttft_ms !== undefined) parts.push("TTFT " + Math.round(s.ttft_ms) + " ms");
+    if (s.prompt_tokens !== undefined) {
+      let p = "prompt " + s.prompt_tokens + " tokens, " + (s.cached_tokens || 0) + " cached";
+      if (s.cache_tier) p += " (" + s.cache_tier + ")";
+      parts.push(p);
+    }
+    return parts.join(" · ");
+  }
+
+  function renderMessage(m) {
+    const div = document.createElement("div");
+    div.className = "msg " + (m.role === "user" ? "user" : "assistant");
+    div.dataset.state = m.state || "done";
+    const role = document.createElement("div");
+    role.className = "role";
+    role.textContent = m.role === "user" ? "You" : modelId || "assistant";
+    const body = document.createElement("div");
+    body.className = "body";
+    const stats = document.createElement("div");
+    stats.className = "stats";
+    div.append(role, body, stats);
+    fillMessage(m, body, stats);
+    return { div, body, stats };
+  }
+
+  function fillMessage(m, body, stats) {
+    body.textContent = "";
+    if (m.role === "user") {
+      body.textContent = m.content;  // what the user typed, verbatim
+    } else {
+      if (m.reasoning) {
+        const d = document.createElement("details");
+        const sum = document.createElement("summary");
+        sum.textContent = "Reasoning";
+        const pre = document.createElement("div");
+        pre.className = "reasoning";
+        pre.textContent = m.reasoning;
+        d.append(sum, pre);
+        body.appendChild(d);
+      }
+      body.appendChild(window.larderMarkdown.render(m.content || ""));
+      if (m.error) {
+        const e = document.createElement("p");
+        e.className = "error";
+        e.textContent = "Error: " + m.error;
+        body.appendChild(e);
+      }
+    }
+    const s = m.stats || {};
+    stats.textContent = m.role === "user" ? "" : statsText(m);
+    for (const k of ["completion_tokens", "prompt_tokens", "cached_tokens", "ttft_ms", "tps"]) {
+      if (s[k] !== undefined) stats.dataset[k.replace(/_(\w)/g, (x, c) => c.toUpperCase())] = String(s[k]);
+    }
+  }
+
+  function renderMessages() {
+    const box = $("messages");
+    box.textContent = "";
+    const c = current();
+    if (!c) return;
+    for (const m of c.messages) box.appendChild(renderMessage(m).div);
+    box.scrollTop = box.scrollHeight;
+  }
+
+  function renderAll() {
+    renderList();
+    renderMessages();
+  }
+
+  // -- settings
+  const FIELDS = [["system-prompt", "system"], ["temperature", "temperature"], ["top-p", "top_p"],
+                  ["max-tokens", "max_tokens"], ["seed", "seed"], ["extra-json", "extra"]];
+  function bindSettings() {
+    for (const [id, key] of FIELDS) {
+      const input = $(id);
+      input.value = settings[key];
+      input.addEventListener("input", () => {
+        settings[key] = input.value;
+        store(K_SETTINGS, settings);
+        $("settings-error").textContent = "";
+      });
+    }
+  }
+
+  // The request body: the conversation so far (with the system prompt first) and the settings;
+  // throws with a message naming the bad setting.
+  function requestBody(conv) {
+    const messages = [];
+    if (settings.system.trim()) messages.push({ role: "system", content: settings.system });
+    for (const m of conv.messages) {
+      if (m.role === "assistant" && (m.state === "streaming" || (m.error && !m.content))) continue;
+      messages.push({ role: m.role, content: m.content });
+    }
+    const body = { messages, stream: true, stream_options: { include_usage: true } };
+    const num = (key, name, integer) => {
+      const v = String(settings[key]).trim();
+      if (v === "") return;
+      const n = Number(v);
+      if (!Number.isFinite(n) || (integer && !Number.isInteger(n))) throw new Error(name + " must be a number" + (integer ? " (integer)" : ""));
+      body[key] = n;
+    };
+    num("temperature", "temperature", false);
+    num("top_p", "top_p", false);
+    num("max_tokens", "max tokens", true);
+    num("seed", "seed", true);
+    if (settings.extra.trim()) {
+      let extra;
+      try {
+        extra = JSON.parse(settings.extra);
+      } catch (e) {
+        throw new Error("extra request fields are not valid JSON: " + e.message);
+      }
+      if (!extra || typeof extra !== "object" || Array.isArray(extra)) throw new Error("extra request fields must be a JSON object");
+      for (const k of Object.keys(extra)) if (k !== "messages" && k !== "stream") body[k] = extra[k];
+    }
+    return body;
+  }
+
+  // -- streaming
+  function setBusy(busy) {
+    $("send").hidden = busy;
+    $("stop").hidden = !busy;
+    $("new-chat").disabled = busy;
+  }
+
+  let frameQueued = false;
+  function scheduleRender() {
+    if (frameQueued || !live) return;
+    frameQueued = true;
+    requestAnimationFrame(() => {
+      frameQueued = false;
+      if (!live) return;
+      fillMessage(live.msg, live.body, live.stats);
+      const box = $("messages");
+      if (box.scrollHeight - box.scrollTop - box.clientHeight < 120) box.scrollTop = box.scrollHeight;
+    });
+  }
+
+  async function send(text) {
+    let conv = current() || newConversation();
+    let body;
+    const user = { role: "user", content: text };
+    conv.messages.push(user);
+    try {
+      body = requestBody(conv);
+    } catch (e) {
+      conv.messages.pop();
+      $("settings").hidden = false;
+      $("toggle-settings").setAttribute("aria-expanded", "true");
+      $("settings-error").textContent = e.message;
+      return false;
+    }
+    if (!conv.title) conv.title = text.replace(/\s+/g, " ").slice(0, 60);
+    const answer = { role: "assistant", content: "", state: "streaming", stats: {} };
+    conv.messages.push(answer);
+    saveConvs();
+    renderAll();
+    const box = $("messages");
+    const node = box.lastElementChild;
+    live = { msg: answer, body: node.querySelector(".body"), stats: node.querySelector(".stats") };
+    showStatus("");
+    setBusy(true);
+    controller = new AbortController();
+    const t0 = performance.now();
+    let tFirst = null, chunks = 0, usage = null;
+    try {
+      const r = await fetch("/v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body), signal: controller.signal });
+      if (!r.ok) {
+        let msg = "HTTP " + r.status;
+        try {
+          const j = await r.json();
+          if (j && j.error && j.error.message) msg = j.error.message;
+        } catch (e) { /* not JSON */ }
+        if (r.status === 401) showKeyPanel(msg);
+        throw new Error(msg);
+      }
+      const reader = r.body.getReader();
+      const decoder = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        buf += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buf.indexOf("\n\n")) >= 0) {
+          const frame = buf.slice(0, cut);
+          buf = buf.slice(cut + 2);
+          for (const line of frame.split("\n")) {
+            if (!line.startsWith("data:")) continue;  // ": keep-alive" comments, event names
+            const data = line.slice(5).trim();
+            if (data === "[DONE]") continue;
+            const j = JSON.parse(data);
+            if (j.error) throw new Error(j.error.message || "generation failed");
+            if (j.usage) usage = j.usage;
+            const ch = j.choices && j.choices[0];
+            const delta = ch && ch.delta;
+            if (!delta) continue;
+            if (delta.content) {
+              if (tFirst === null) tFirst = performance.now();
+              answer.content += delta.content;
+              chunks++;
+            }
+            if (delta.reasoning_content) {
+              if (tFirst === null) tFirst = performance.now();
+              answer.reasoning = (answer.reasoning || "") + delta.reasoning_content;
+              chunks++;
+            }
+            scheduleRender();
+          }
+        }
+      }
+      answer.state = "done";
+    } catch (e) {
+      if (e.name === "AbortError") {
+        answer.state = "stopped";
+      } else {
+        answer.state = "error";
+        answer.error = e.message;
+        showStatus(e.message);
+      }
+    }
+    const tEnd = performance.now();
+    const s = answer.stats;
+    if (tFirst !== null) s.ttft_ms = tFirst - t0;
+    if (usage) {
+      const lx = usage.larder || {}, tm = lx.timings || {};
+      s.prompt_tokens = usage.prompt_tokens;
+      s.completion_tokens = usage.completion_tokens;
+      s.cached_tokens = (usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens) || 0;
+      if (lx.cache && lx.cache.tier) s.cache_tier = lx.cache.tier;
+      if (tm.ttft_ms !== undefined) s.ttft_ms = tm.ttft_ms;  // the server's own measure, without the network
+      if (tm.decode_tps) s.tps = tm.decode_tps;
+    } else if (chunks) {
+      s.completion_tokens = chunks;  // one chunk per token (an estimate: no usage after a stop)
+    }
+    if (!s.tps && tFirst !== null && s.completion_tokens > 1 && tEnd > tFirst) s.tps = (s.completion_tokens - 1) / ((tEnd - tFirst) / 1000);
+    controller = null;
+    const done = live;
+    live = null;
+    fillMessage(answer, done.body, done.stats);
+    done.body.parentElement.dataset.state = answer.state;
+    setBusy(false);
+    saveConvs();
+    return true;
+  }
+
+  // -- API key
+  function showKeyPanel(reason) {
+    $("key-panel").hidden = false;
+    if (reason) showStatus(reason);
+    $("api-key").focus();
+  }
+
+  async function loadModel() {
+    try {
+      const r = await fetch("/v1/models", { headers: headers() });
+      if (r.status === 401) {
+        showKeyPanel(apiKey() ? "The API key was not accepted." : "This server needs an API key.");
+        return;
+      }
+      if (!r.ok) {
+        showStatus("GET /v1/models answered " + r.status + (r.status === 503 ? " (the model is loading; reload in a moment)" : ""));
+        return;
+      }
+      const j = await r.json();
+      modelId = j.data && j.data[0] && j.data[0].id;
+      if (modelId) {
+        $("model-name").textContent = modelId;
+        document.title = modelId + " — larder chat";
+      }
+      $("key-panel").hidden = true;
+      showStatus("");
+      renderMessages();
+    } catch (e) {
+      showStatus("the server did not answer: " + e.message);
+    }
+  }
+
+  // -- wiring
+  function init() {
+    bindSettings();
+    renderAll();
+    $("composer").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const input = $("input");
+      const text = input.value;
+      if (controller || !text.trim()) return;
+      input.value = "";
+      send(text).then((sent) => { if (!sent) input.value = text; });
+    });
+    $("input").addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+        ev.preventDefault();
+        $("composer").requestSubmit();
+      }
+    });
+    $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+    $("new-chat").addEventListener("click", () => {
+      if (controller) return;
+      const c = current();
+      if (!c || c.messages.length) newConversation();
+      renderAll();
+      $("input").focus();
+    });
+    $("toggle-settings").addEventListener("click", () => {
+      const s = $("settings");
+      s.hidden = !s.hidden;
+      $("toggle-settings").setAttribute("aria-expanded", String(!s.hidden));
+    });
+    $("toggle-sidebar").addEventListener("click", () => {
+      const open = $("sidebar").classList.toggle("open");
+      $("toggle-sidebar").setAttribute("aria-expanded", String(open));
+    });
+    $("change-key").addEventListener("click", () => showKeyPanel(""));
+    $("key-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      localStorage.setItem(K_KEY, $("api-key").value);
+      $("api-key").value = "";
+      loadModel();
+    });
+    // An answer cut short by a reload or a closed tab is kept as stopped, not left streaming.
+    let fixed = false;
+    for (const c of convs) for (const m of c.messages) if (m.state === "streaming") { m.state = "stopped"; fixed = true; }
+    if (fixed) saveConvs();
+    loadModel();
+    $("input").focus();
+  }
+
+  init();
+})();
