@@ -21,6 +21,9 @@ SMOLLM2 = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
 ARTIFACTS = os.environ.get("LARDER_ARTIFACTS_DIR") or tempfile.gettempdir()
 
 LAST = "Array.from(document.querySelectorAll('#messages .msg.assistant')).pop()"
+# The answer's text as shown, without the Copy buttons of its code blocks.
+LAST_TEXT = ("(() => { const b = %s.querySelector('.body').cloneNode(true); "
+             "b.querySelectorAll('button.copy').forEach(x => x.remove()); return b.textContent; })()" % LAST)
 
 
 def need_browser():
@@ -117,14 +120,16 @@ class ChatPageTest(unittest.TestCase):
                   if (m && m.dataset.state === 'streaming') window.__seen.push(m.querySelector('.body').textContent);
                 }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});""" % LAST)
         self.send("What is the capital of France?")
-        b.wait(f"const m = {LAST}; return m && m.dataset.state === 'streaming'", 10, "the answer to start streaming")
+        b.wait(f"const m = {LAST}; return m && m.dataset.state === 'streaming' && m.getAttribute('aria-busy') === 'true'",
+               10, "the answer to start streaming")
         self.assertEqual(b.js("return document.getElementById('stop').hidden"), False, "Stop is shown while streaming")
         self.assertEqual(self.wait_answer(), "done")
         seen = b.js("return window.__seen")
         partial = sorted({t for t in seen if t.strip()}, key=len)
         self.assertGreaterEqual(len(partial), 2, f"the answer appeared at once, not streamed: {seen!r}")
-        text = b.js(f"return {LAST}.querySelector('.body').textContent")
+        text = b.js(f"return {LAST_TEXT}")
         self.assertTrue(text.strip(), "an empty answer")
+        self.assertIsNone(b.js(f"return {LAST}.getAttribute('aria-busy')"), "aria-busy ends with the answer")
         self.assertTrue(text.startswith(partial[0]), "a partial answer is a prefix of the final one")
         st = b.js(f"return Object.assign({{}}, {LAST}.querySelector('.stats').dataset)")
         self.assertGreater(int(st["completionTokens"]), 0, st)
@@ -194,6 +199,7 @@ class ChatPageTest(unittest.TestCase):
         code = b.js("const c = document.querySelector('#messages .msg.assistant pre > code'); "
                     "return c && [c.textContent, c.className]")
         self.assertEqual(code, ["print('<b>hi</b>')", "language-python"])
+        self.assertEqual(b.js("return document.querySelectorAll('#messages pre > button.copy').length"), 1, "a Copy button")
         self.assertEqual(b.js("return document.querySelector('#messages .msg.assistant p code').textContent"), "x<y")
         self.assertEqual(b.js("return document.querySelector('#messages .msg.assistant strong').textContent"), "bold")
         body = b.js("return document.querySelector('#messages .msg.assistant .body').textContent")

@@ -798,10 +798,8 @@ struct HttpServer::Impl {
         if (!cfg.webui) return send_error(req, res, {404, "the chat page is off (serve --no-webui)"});
         return send_asset(res, std::string_view(req.path).substr(std::string_view("/webui/").size()));
       case RouteId::kIndex:
-        if (serves_page(req, &route)) {
-          res.set_header("Vary", "Accept");
-          return send_asset(res, "index.html");
-        }
+        if (cfg.webui) res.set_header("Vary", "Accept");  // the page or the JSON index, by Accept
+        if (serves_page(req, &route)) return send_asset(res, "index.html");
         [[fallthrough]];
       case RouteId::kIndexV1: {
         ordered_json routes = ordered_json::array();

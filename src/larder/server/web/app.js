@@ -112,6 +112,7 @@
     const div = document.createElement("div");
     div.className = "msg " + (m.role === "user" ? "user" : "assistant");
     div.dataset.state = m.state || "done";
+    if (m.state === "streaming") div.setAttribute("aria-busy", "true");  // screen readers: read it once, when done
     const role = document.createElement("div");
     role.className = "role";
     role.textContent = m.role === "user" ? "You" : modelId || "assistant";
@@ -140,6 +141,7 @@
         body.appendChild(d);
       }
       body.appendChild(window.larderMarkdown.render(m.content || ""));
+      if (m.state !== "streaming") addCopyButtons(body);
       if (m.error) {
         const e = document.createElement("p");
         e.className = "error";
@@ -151,6 +153,23 @@
     stats.textContent = m.role === "user" ? "" : statsText(m);
     for (const k of ["completion_tokens", "prompt_tokens", "cached_tokens", "ttft_ms", "tps"]) {
       if (s[k] !== undefined) stats.dataset[k.replace(/_(\w)/g, (x, c) => c.toUpperCase())] = String(s[k]);
+    }
+  }
+
+  function addCopyButtons(body) {
+    for (const pre of body.querySelectorAll("pre")) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.className = "copy";
+      b.textContent = "Copy";
+      b.setAttribute("aria-label", "Copy code");
+      b.addEventListener("click", () => {
+        const text = pre.querySelector("code").textContent;
+        navigator.clipboard.writeText(text).then(() => { b.textContent = "Copied"; },
+                                                  () => { b.textContent = "Copy failed"; });
+        setTimeout(() => { b.textContent = "Copy"; }, 1500);
+      });
+      pre.prepend(b);
     }
   }
 
@@ -340,6 +359,7 @@
     live = null;
     fillMessage(answer, done.body, done.stats);
     done.body.parentElement.dataset.state = answer.state;
+    done.body.parentElement.removeAttribute("aria-busy");
     setBusy(false);
     saveConvs();
     return true;
@@ -359,8 +379,13 @@
         showKeyPanel(apiKey() ? "The API key was not accepted." : "This server needs an API key.");
         return;
       }
+      if (r.status === 503) {  // the model is still loading: ask again shortly
+        showStatus("The model is loading…");
+        setTimeout(loadModel, 1000);
+        return;
+      }
       if (!r.ok) {
-        showStatus("GET /v1/models answered " + r.status + (r.status === 503 ? " (the model is loading; reload in a moment)" : ""));
+        showStatus("GET /v1/models answered " + r.status);
         return;
       }
       const j = await r.json();
@@ -423,6 +448,15 @@
     let fixed = false;
     for (const c of convs) for (const m of c.messages) if (m.state === "streaming") { m.state = "stopped"; fixed = true; }
     if (fixed) saveConvs();
+    // Another tab of this page changed the conversations: show them (not mid-answer, whose
+    // save would overwrite them anyway).
+    window.addEventListener("storage", (ev) => {
+      if (ev.key !== K_CONVS || controller) return;
+      const v = load(K_CONVS, []);
+      convs = Array.isArray(v) ? v : [];
+      if (!current()) currentId = convs.length ? convs[0].id : null;
+      renderAll();
+    });
     loadModel();
     $("input").focus();
   }
