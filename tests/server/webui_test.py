@@ -145,6 +145,19 @@ class ChatPageTest(unittest.TestCase):
         self.assertGreater(int(st2["cachedTokens"]), 0, f"the second turn reused no KV: {st2}")
         self.assertIn("cached", b.js(f"return {LAST}.querySelector('.stats').textContent"))
         self.assertEqual(b.js("return document.querySelectorAll('#messages .msg').length"), 4)
+        kv = b.wait("const t = document.getElementById('kv').textContent; return /[1-9]\\d* tokens reused/.test(t) && t", 10,
+                    "the KV store line with reused tokens")
+        self.assertIn("KV store:", kv)
+        # Regenerate replaces the last answer; its prompt is the one just run, so nearly all of
+        # it comes from the KV store.
+        self.assertEqual(b.js("return document.querySelectorAll('#messages .regenerate').length"), 1, "one Regenerate")
+        b.click("#messages .regenerate")
+        self.assertEqual(self.wait_answer(), "done")
+        st3 = b.js(f"return Object.assign({{}}, {LAST}.querySelector('.stats').dataset)")
+        self.assertEqual(b.js("return document.querySelectorAll('#messages .msg').length"), 4, "the answer was replaced")
+        self.assertEqual(st3["promptTokens"], st2["promptTokens"], st3)
+        self.assertGreaterEqual(int(st3["cachedTokens"]), int(st3["promptTokens"]) - 2, f"regenerate reused little: {st3}")
+        b.click("#toggle-settings")  # closed for the picture
         b.screenshot(os.path.join(ARTIFACTS, "larder-webui.png"))
         self.assertEqual(severe_console(b), [], "console errors while chatting")
 

@@ -125,8 +125,15 @@
     return { div, body, stats };
   }
 
+  function isLastAnswer(m) {
+    const c = current();
+    return !!c && c.messages[c.messages.length - 1] === m;
+  }
+
   function fillMessage(m, body, stats) {
     body.textContent = "";
+    const oldActions = body.parentElement && body.parentElement.querySelector(".actions");
+    if (oldActions) oldActions.remove();
     if (m.role === "user") {
       body.textContent = m.content;  // what the user typed, verbatim
     } else {
@@ -142,6 +149,17 @@
       }
       body.appendChild(window.larderMarkdown.render(m.content || ""));
       if (m.state !== "streaming") addCopyButtons(body);
+      if (m.state !== "streaming" && isLastAnswer(m)) {
+        const row = document.createElement("div");
+        row.className = "actions";
+        const again = document.createElement("button");
+        again.type = "button";
+        again.className = "regenerate";
+        again.textContent = "Regenerate";
+        again.addEventListener("click", regenerate);
+        row.appendChild(again);
+        body.after(row);
+      }
       if (m.error) {
         const e = document.createElement("p");
         e.className = "error";
@@ -256,21 +274,45 @@
     });
   }
 
+  function settingsError(e) {
+    $("settings").hidden = false;
+    $("toggle-settings").setAttribute("aria-expanded", "true");
+    $("settings-error").textContent = e.message;
+  }
+
   async function send(text) {
-    let conv = current() || newConversation();
+    const conv = current() || newConversation();
+    conv.messages.push({ role: "user", content: text });
     let body;
-    const user = { role: "user", content: text };
-    conv.messages.push(user);
     try {
       body = requestBody(conv);
     } catch (e) {
       conv.messages.pop();
-      $("settings").hidden = false;
-      $("toggle-settings").setAttribute("aria-expanded", "true");
-      $("settings-error").textContent = e.message;
+      settingsError(e);
       return false;
     }
     if (!conv.title) conv.title = text.replace(/\s+/g, " ").slice(0, 60);
+    return ask(conv, body);
+  }
+
+  // Regenerate: the last answer is replaced by a new one to the same conversation (its whole
+  // prompt is then in the KV store: the cached tokens show it).
+  function regenerate() {
+    const conv = current();
+    if (controller || !conv || !conv.messages.length || conv.messages[conv.messages.length - 1].role !== "assistant") return;
+    const old = conv.messages.pop();
+    let body;
+    try {
+      body = requestBody(conv);
+    } catch (e) {
+      conv.messages.push(old);
+      settingsError(e);
+      return;
+    }
+    ask(conv, body);
+  }
+
+  async function ask(conv, body) {
     const answer = { role: "assistant", content: "", state: "streaming", stats: {} };
     conv.messages.push(answer);
     saveConvs();
@@ -362,7 +404,27 @@
     done.body.parentElement.removeAttribute("aria-busy");
     setBusy(false);
     saveConvs();
+    if (answer.state === "done" || answer.state === "stopped") {
+      renderMessages();  // moves Regenerate to this answer
+      showKv();
+    }
     return true;
+  }
+
+  // -- the KV store, as /stats reports it
+  function mib(n) { return (n / 1048576).toFixed(1) + " MiB"; }
+  async function showKv() {
+    try {
+      const r = await fetch("/stats", { headers: headers() });
+      if (!r.ok) return;
+      const kv = (await r.json()).kv_store;
+      if (!kv || !kv.ram) return;
+      let t = "KV store: " + kv.ram.entries + " in RAM (" + mib(kv.ram.bytes) + ")";
+      if (kv.ssd && kv.ssd.enabled) t += ", " + kv.ssd.entries + " on SSD (" + mib(kv.ssd.bytes) + ")";
+      const reused = kv.reused_tokens ? (kv.reused_tokens.ram || 0) + (kv.reused_tokens.ssd || 0) : 0;
+      t += ", " + reused + " tokens reused";
+      $("kv").textContent = t;
+    } catch (e) { /* the line is a nicety: leave it as it was */ }
   }
 
   // -- API key
@@ -397,6 +459,7 @@
       $("key-panel").hidden = true;
       showStatus("");
       renderMessages();
+      showKv();
     } catch (e) {
       showStatus("the server did not answer: " + e.message);
     }
