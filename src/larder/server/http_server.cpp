@@ -10,6 +10,7 @@
 #include "larder/core/cpuid.h"
 #include "larder/core/log.h"
 #include "larder/server/api_native.h"
+#include "larder/server/api_ollama.h"
 #include "larder/server/routes.h"
 #include "larder/server/transport.h"
 #include "larder/server/webui.h"
@@ -101,6 +102,7 @@ bool pattern_matches(const std::string& pat, const Origin& o) {
 }
 
 bool anthropic_route(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
+bool ollama_route(const std::string& path) { return path.rfind("/api/", 0) == 0; }
 
 void send_json(HttpResponse& res, int status, const ordered_json& j) {
   res.status = status;
@@ -109,7 +111,9 @@ void send_json(HttpResponse& res, int status, const ordered_json& j) {
 
 void send_error(const HttpRequest& req, HttpResponse& res, const ApiError& e) {
   if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
-  send_json(res, e.status, anthropic_route(req.path) ? anthropic_error_body(e) : openai_error_body(e));
+  send_json(res, e.status, anthropic_route(req.path) ? anthropic_error_body(e)
+                           : ollama_route(req.path)  ? ordered_json{{"error", e.message}}  // Ollama's shape
+                                                     : openai_error_body(e));
 }
 
 bool valid_utf8(const std::string& s) {
@@ -347,11 +351,17 @@ struct HttpServer::Impl {
     };
   }
 
-  // native: llama-server's POST /completion (request parsed as /v1/completions, answered in
-  // its own shape, api_native.h).
-  void generate(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface, bool native = false) {
+  // kNative: llama-server's POST /completion (request parsed as /v1/completions, answered in
+  // its own shape, api_native.h); kOllama*: Ollama's /api/chat and /api/generate (api_ollama.h).
+  enum class Shape { kApi, kNative, kOllamaChat, kOllamaGenerate };
+  void generate(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface, Shape shape = Shape::kApi) {
     const auto t0 = Clock::now();
+    const bool native = shape == Shape::kNative;
+    const bool ollama = shape == Shape::kOllamaChat || shape == Shape::kOllamaGenerate;
+    const OllamaKind okind = shape == Shape::kOllamaChat ? OllamaKind::kChat : OllamaKind::kGenerate;
     const std::string route = native ? "/completion"
+                              : shape == Shape::kOllamaChat ? "/api/chat"
+                              : shape == Shape::kOllamaGenerate ? "/api/generate"
                               : surface == Surface::kChat ? "/v1/chat/completions"
                               : surface == Surface::kCompletions ? "/v1/completions" : "/v1/messages";
     lg.route = route;
@@ -369,8 +379,13 @@ struct HttpServer::Impl {
     if (auto e = parse_body(req, body)) return fail(*e);
     auto pr = std::make_shared<ParsedRequest>();
     try {
-      *pr = surface == Surface::kChat ? parse_chat(*m, body)
-            : surface == Surface::kCompletions ? parse_completion(*m, body) : parse_messages(*m, body);
+      if (ollama) {
+        if (auto loaded = ollama_load_only(*m, body, okind)) return send_json(res, 200, *loaded);
+        *pr = okind == OllamaKind::kChat ? parse_ollama_chat(*m, body) : parse_ollama_generate(*m, body);
+      } else {
+        *pr = surface == Surface::kChat ? parse_chat(*m, body)
+              : surface == Surface::kCompletions ? parse_completion(*m, body) : parse_messages(*m, body);
+      }
     } catch (const ApiError& e) {
       return fail(e);
     } catch (const std::exception& e) {  // e.g. a JSON type error deep in a template value
@@ -384,6 +399,7 @@ struct HttpServer::Impl {
     }
     std::shared_ptr<Channel> ch = *submitted;
     auto writer = std::make_shared<ResponseWriter>(*m, *pr, surface);
+    auto owriter = ollama ? std::make_shared<OllamaWriter>(*m, *pr, okind) : nullptr;
     // Wait briefly for admission so the KV store's verdict can travel as a header
     // (x-larder-cache, kv-store.md §11.6). A request that has to queue longer gets its headers
     // without it (usage.larder.cache carries the same report) — its connection must be watched
@@ -406,9 +422,9 @@ struct HttpServer::Impl {
     }
     const bool stream = pr->stream;
     res.status = 200;
-    res.content_type = stream ? "text/event-stream" : "application/json";
+    res.content_type = stream ? (ollama ? "application/x-ndjson" : "text/event-stream") : "application/json";
     auto log = lg.shared_from_this();
-    res.provider = [this, ch, writer, pr, stream, route, t0, first, log, m, native](BodySink& sink) {
+    res.provider = [this, ch, writer, owriter, pr, stream, route, t0, first, log, m, native, ollama](BodySink& sink) {
           auto last_write = Clock::now();
           auto write = [&](const std::string& s) {
             if (s.empty()) return true;
@@ -427,13 +443,14 @@ struct HttpServer::Impl {
             // prefill, or a non-stream body that writes nothing until the end): a closed peer
             // makes the second write fail, so a heartbeat every kProbe finds a vanished client
             // within about 2·kProbe. Streams send an SSE comment, non-stream bodies
-            // JSON-insignificant leading whitespace; clients ignore both. 250 ms, not 1 s: a
+            // JSON-insignificant leading whitespace (NDJSON streams too: the spaces lead the next
+            // line); clients ignore both. 250 ms, not 1 s: a
             // small model generates a long answer in about a second, and a client that left must
             // free its slot before that, not be noticed only when the answer is complete.
             constexpr auto kProbe = std::chrono::milliseconds(250);
             if (!ev || Clock::now() - last_write > kProbe) {
               if (!sink.is_writable() ||
-                  (Clock::now() - last_write > kProbe && !write(stream ? ": keep-alive\n\n" : " "))) {
+                  (Clock::now() - last_write > kProbe && !write(stream && !ollama ? ": keep-alive\n\n" : " "))) {
                 ch->cancel();
                 metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
                 log->status = 499;
@@ -443,7 +460,10 @@ struct HttpServer::Impl {
               if (!ev) continue;
             }
             bool ok = true;
-            if (stream && native) {
+            if (ollama) {
+              if (stream) ok = write(owriter->stream_lines(*ev));
+              else owriter->add(*ev);
+            } else if (stream && native) {
               ok = write(native_stream_frame(*ev));
               writer->add(*ev);
               if (ok && ev->done) ok = write("data: " + native_completion_body(*m, *pr, ev->outcome, "").dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n\n");
@@ -465,6 +485,8 @@ struct HttpServer::Impl {
               ordered_json b;
               if (native) {
                 b = native_completion_body(*m, *pr, o, writer->text());
+              } else if (ollama) {
+                b = owriter->body();
               } else if (o.finish == Finish::kError || o.finish == Finish::kCancelled) {
                 const ApiError e{500, o.error.empty() ? "generation failed" : o.error};
                 b = route == "/v1/messages" ? anthropic_error_body(e) : openai_error_body(e);
@@ -619,6 +641,7 @@ struct HttpServer::Impl {
     if (lg->error.empty() && res.status >= 400 && !res.provider) {
       const ordered_json b = ordered_json::parse(res.body, nullptr, false);
       if (b.is_object() && b.contains("error") && b["error"].is_object()) lg->error = b["error"].value("message", "");
+      if (b.is_object() && b.contains("error") && b["error"].is_string()) lg->error = b["error"].get<std::string>();
     }
     if (!res.provider) {
       lg->status = res.status;
@@ -656,7 +679,31 @@ struct HttpServer::Impl {
       case RouteId::kChat: return generate(req, res, lg, Surface::kChat);
       case RouteId::kCompletions: return generate(req, res, lg, Surface::kCompletions);
       case RouteId::kMessages: return generate(req, res, lg, Surface::kMessages);
-      case RouteId::kNativeCompletion: return generate(req, res, lg, Surface::kCompletions, /*native=*/true);
+      case RouteId::kNativeCompletion: return generate(req, res, lg, Surface::kCompletions, Shape::kNative);
+      case RouteId::kOllamaChat: return generate(req, res, lg, Surface::kChat, Shape::kOllamaChat);
+      case RouteId::kOllamaGenerate: return generate(req, res, lg, Surface::kChat, Shape::kOllamaGenerate);
+      case RouteId::kOllamaTags:
+        if (!gate(req, res)) return;
+        return send_json(res, 200, ollama_tags(*sm.load()));
+      case RouteId::kOllamaPs:
+        if (!gate(req, res)) return;
+        return send_json(res, 200, ollama_ps(*sm.load()));
+      case RouteId::kOllamaVersion: return send_json(res, 200, ollama_version());
+      case RouteId::kOllamaShow: {
+        if (!gate(req, res)) return;
+        ordered_json body;
+        if (auto e = parse_body(req, body)) return send_error(req, res, *e);
+        try {
+          return send_json(res, 200, ollama_show(*sm.load(), body));
+        } catch (const ApiError& e) {
+          return send_error(req, res, e);
+        }
+      }
+      case RouteId::kOllamaEmbed:
+        return send_error(req, res, {501, "embeddings are not supported by larder yet: it serves text generation only"});
+      case RouteId::kOllamaPull:
+        return send_error(req, res, {501, "larder serve does not download models: run `larder pull REPO[:QUANT]` "
+                                          "(from the Hugging Face Hub), then start larder serve with that model"});
       case RouteId::kCountTokens: {
         if (!gate(req, res)) return;
         ordered_json body;

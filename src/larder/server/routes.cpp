@@ -27,6 +27,14 @@ const std::vector<Route>& route_table() {
        "the chat page's script, Markdown renderer and style (never needs a key)"},
       {RouteId::kAdminFlush, "POST", "/admin/kv/flush", {}, false, true, "write the KV store's RAM entries to the SSD tier"},
       {RouteId::kAdminClear, "POST", "/admin/kv/clear", {}, false, true, "drop the KV store (?tier=ssd: the SSD tier too)"},
+      {RouteId::kOllamaChat, "POST", "/api/chat", {}, false, false, "Ollama chat (NDJSON stream by default, tools, options)"},
+      {RouteId::kOllamaGenerate, "POST", "/api/generate", {}, false, false, "Ollama generate (prompt, system, raw, options)"},
+      {RouteId::kOllamaTags, "GET", "/api/tags", {}, true, false, "Ollama: the served model as a local model list"},
+      {RouteId::kOllamaShow, "POST", "/api/show", {}, true, false, "Ollama: details, parameters, template, capabilities"},
+      {RouteId::kOllamaPs, "GET", "/api/ps", {}, true, false, "Ollama: the loaded model"},
+      {RouteId::kOllamaVersion, "GET", "/api/version", {}, true, false, "Ollama API level these routes follow"},
+      {RouteId::kOllamaEmbed, "POST", "/api/embed", {"/api/embeddings"}, true, false, "Ollama embeddings: 501, not supported"},
+      {RouteId::kOllamaPull, "POST", "/api/pull", {}, true, false, "Ollama pull: 501, use `larder pull`"},
   };
   return r;
 }

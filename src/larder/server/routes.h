@@ -14,6 +14,8 @@ enum class RouteId {
   kModels, kModel, kHealth, kMetrics, kStats, kIndex, kIndexV1,        // information
   kAdminFlush, kAdminClear,                                           // admin
   kWebAsset,                                                          // the chat page's files (webui.h)
+  kOllamaChat, kOllamaGenerate, kOllamaTags, kOllamaShow, kOllamaPs,  // Ollama native (api_ollama.h)
+  kOllamaVersion, kOllamaEmbed, kOllamaPull,
 };
 
 struct Route {
