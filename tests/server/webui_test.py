@@ -74,6 +74,18 @@ class ChatPageTest(unittest.TestCase):
         return self.b.wait(f"const m = {LAST}; return m && m.dataset.state !== 'streaming' && m.dataset.state;",
                            timeout, "the answer to finish")
 
+    def test_0_no_html_parsing_of_text(self):
+        # The page's scripts never hand a string to the HTML parser: model text can only become
+        # text nodes (test_4 checks the rendering itself).
+        web = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../src/larder/server/web")
+        for name in ("app.js", "markdown.js"):
+            with open(os.path.join(web, name), encoding="utf-8") as f:
+                code = [l for l in f.read().splitlines() if not l.lstrip().startswith("//")]  # whole-line comments may name them
+            for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function",
+                         "createContextualFragment", "DOMParser"):
+                uses = [l.strip() for l in code if sink in l]
+                self.assertEqual(uses, [], f"{name} uses {sink}")
+
     def test_1_page_loads_clean(self):
         s, b = self.server, self.b
         r = s.request("GET", "/", headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
@@ -190,6 +202,12 @@ class ChatPageTest(unittest.TestCase):
         self.assertRegex(log, r"POST /v1/chat/completions 499 .*finish=cancelled|POST /v1/chat/completions 499 .*client disconnected",
                          "the server did not log the stopped request as cancelled")
         self.assertTrue(b.js("return document.getElementById('stop').hidden"), "Stop hides again")
+        # Escape stops too (keyboard users).
+        self.send("Another story, please.")
+        b.wait(f"const m = {LAST}; return m.dataset.state === 'streaming' && m.querySelector('.body').textContent.length > 20",
+               30, "the second story streaming")
+        b.s("POST", f"/element/{b.find('#input')}/value", {"text": "\ue00c"})
+        self.assertEqual(b.wait(f"return {LAST}.dataset.state !== 'streaming' && {LAST}.dataset.state", 5, "Escape"), "stopped")
         self.set_field("#extra-json", "")
         self.set_field("#max-tokens", "40")
 

@@ -484,6 +484,9 @@
       }
     });
     $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+    document.addEventListener("keydown", (ev) => {  // Escape stops an answer from anywhere on the page
+      if (ev.key === "Escape" && controller) controller.abort();
+    });
     $("new-chat").addEventListener("click", () => {
       if (controller) return;
       const c = current();
