@@ -97,6 +97,36 @@ class NativeRoutesTest(ServerTestCase):
         c = self.server.openai().completions.create(model="m", prompt=prompts, max_tokens=6, temperature=0)
         self.assertEqual([x.text for x in sorted(c.choices, key=lambda x: x.index)], want)
 
+    def test_n_and_prompt_lists_streamed(self):
+        one = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0}).json()
+        r = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0, "n": 3,
+                                                 "stream": True, "stream_options": {"include_usage": True}})
+        self.assertEqual(r.status, 200, r)
+        data = [e.data for e in parse_sse(r.body) if e.data]
+        self.assertEqual(data.count("[DONE]"), 1, "one [DONE] for all choices")
+        self.assertEqual(data[-1], "[DONE]")
+        chunks = [json.loads(d) for d in data[:-1]]
+        texts, finishes = {}, {}
+        for ch in chunks:
+            for c in ch["choices"]:
+                texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+                if c.get("finish_reason"):
+                    finishes[c["index"]] = c["finish_reason"]
+        self.assertEqual(sorted(texts), [0, 1, 2])
+        self.assertTrue(all(t == one["choices"][0]["text"] for t in texts.values()), texts)
+        self.assertEqual(sorted(finishes), [0, 1, 2], "every choice ends with its finish_reason")
+        self.assertEqual(chunks[-1]["choices"], [])
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], 24, "usage sums the choices")
+        # The official client, chat: two streamed choices, each the greedy answer.
+        msgs = [{"role": "user", "content": "Hi"}]
+        want = self.server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0}).json()
+        got = {}
+        for ch in self.server.openai().chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0,
+                                                                n=2, stream=True):
+            for c in ch.choices:
+                got[c.index] = got.get(c.index, "") + (c.delta.content or "")
+        self.assertEqual(got, {0: want["choices"][0]["message"]["content"], 1: want["choices"][0]["message"]["content"]})
+
     def test_grammar_refused(self):
         r = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "grammar": "root ::= \"a\""})
         self.assertEqual(r.status, 400, r)

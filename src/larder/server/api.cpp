@@ -308,7 +308,7 @@ std::string ResponseWriter::stream_frames(const Event& e) {
       return out + sse_event("error", {{"type", "error"}, {"error", {{"type", "api_error"}, {"message", msg}}}});
     }
     return out + sse({{"error", {{"message", msg}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}}) +
-           "data: [DONE]\n\n";
+           (part_of_many_ ? "" : "data: [DONE]\n\n");
   }
   if (surface_ == Surface::kMessages) {
     if (block_index_ < 0) out += anthropic_block("text");  // a message always has a content block
@@ -324,6 +324,7 @@ std::string ResponseWriter::stream_frames(const Event& e) {
                             ? ordered_json{{"delta", ordered_json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}}
                             : ordered_json{{"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}};
   ordered_json last = chunk(choice);
+  if (part_of_many_) return out + sse(last);
   if (pr_.include_usage) {
     out += sse(last);
     ordered_json u = {{"id", pr_.response_id}, {"object", last["object"]}, {"created", pr_.created},
@@ -335,6 +336,15 @@ std::string ResponseWriter::stream_frames(const Event& e) {
     out += sse(last);
   }
   return out + "data: [DONE]\n\n";
+}
+
+std::string ResponseWriter::usage_frame(const Outcome& total) {
+  outcome_ = total;
+  ordered_json u = {{"id", pr_.response_id},
+                    {"object", surface_ == Surface::kChat ? "chat.completion.chunk" : "text_completion"},
+                    {"created", pr_.created}, {"model", sm_.id}, {"system_fingerprint", sm_.fingerprint},
+                    {"choices", ordered_json::array()}, {"usage", usage_json()}};
+  return sse(u);
 }
 
 void ResponseWriter::add(const Event& e) {

@@ -101,9 +101,15 @@ class ResponseWriter {
   const Outcome& outcome() const { return outcome_; }
   const std::string& text() const { return text_; }
   void set_index(int i) { index_ = i; }  // the choice index this writer answers
+  // One of several choices streamed together (n > 1, prompt lists): this writer's frames end
+  // with its finish chunk; the caller sends the merged usage and the one [DONE].
+  void set_part_of_many() { part_of_many_ = true; }
+  // The usage chunk of a multi-choice stream, from the merged outcome (stream_options.include_usage).
+  std::string usage_frame(const Outcome& total);
 
  private:
   ordered_json usage_json() const;
+  bool part_of_many_ = false;
   struct Pieces {
     std::string content, reasoning;
     std::vector<runtime::ToolCall> calls;  // completed by this piece

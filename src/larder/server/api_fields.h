@@ -202,7 +202,6 @@ inline void add_choices(ParsedRequest& pr, const std::vector<std::vector<int32_t
   prompts.insert(prompts.end(), more_prompts.begin(), more_prompts.end());
   const size_t total = prompts.size() * static_cast<size_t>(n);
   if (total > 64) bad(strfmt("at most 64 choices per request (%zu prompts x n=%d asked)", prompts.size(), n), "n");
-  if (total > 1 && pr.stream) bad("streaming more than one choice (n > 1 or a list of prompts) is not supported yet; use stream: false", "n");
   for (size_t i = 1; i < total; ++i) {
     GenRequest g = pr.gen;
     g.prompt = prompts[i / static_cast<size_t>(n)];

@@ -247,8 +247,10 @@ struct HttpServer::Impl {
     return std::nullopt;
   }
 
-  // Several choices (n > 1, or a list of prompts), non-stream: every choice is its own engine
-  // request, all submitted at once so they share batches; the body merges their choices.
+  // Several choices (n > 1, or a list of prompts): every choice is its own engine request, all
+  // submitted at once so they share batches. Non-stream, the body merges their choices; a stream
+  // interleaves each choice's chunks (their own index) as they come, then one usage chunk
+  // (include_usage) and one [DONE].
   void generate_many(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface,
                      std::shared_ptr<ParsedRequest> pr, const std::string& route, Clock::time_point t0) {
     const ServedModel* m = sm.load();
@@ -270,16 +272,22 @@ struct HttpServer::Impl {
       chans->push_back(*submitted);
     }
     auto writers = std::make_shared<std::vector<std::unique_ptr<ResponseWriter>>>();
+    const bool stream = pr->stream;
     for (size_t i = 0; i < gens.size(); ++i) {
       writers->push_back(std::make_unique<ResponseWriter>(*m, *pr, surface));
       writers->back()->set_index(static_cast<int>(i));
+      if (stream) writers->back()->set_part_of_many();
     }
     lg.request_id = pr->response_id;
     res.set_header("x-request-id", req.has_header("x-request-id") ? req.header("x-request-id") : pr->response_id);
+    if (stream) {
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Accel-Buffering", "no");
+    }
     res.status = 200;
-    res.content_type = "application/json";
+    res.content_type = stream ? "text/event-stream" : "application/json";
     auto log = lg.shared_from_this();
-    res.provider = [this, chans, writers, pr, route, t0, log](BodySink& sink) {
+    res.provider = [this, chans, writers, pr, route, t0, log, stream](BodySink& sink) {
       std::vector<bool> done(chans->size(), false);
       size_t left = chans->size();
       auto last_write = Clock::now();
@@ -295,7 +303,18 @@ struct HttpServer::Impl {
           if (done[i]) continue;
           while (auto ev = (*chans)[i]->pop(std::chrono::milliseconds(any ? 0 : 20))) {
             any = true;
-            (*writers)[i]->add(*ev);
+            if (stream) {
+              const std::string frames = (*writers)[i]->stream_frames(*ev);
+              if (!frames.empty()) {
+                if (!sink.write(frames.data(), frames.size())) {
+                  cancel_all();
+                  return false;
+                }
+                last_write = Clock::now();
+              }
+            } else {
+              (*writers)[i]->add(*ev);
+            }
             if (ev->done) {
               done[i] = true;
               --left;
@@ -304,7 +323,8 @@ struct HttpServer::Impl {
           }
         }
         if (Clock::now() - last_write > std::chrono::milliseconds(250)) {  // heartbeat + disconnect probe
-          if (!sink.is_writable() || !sink.write(" ", 1)) {
+          const std::string beat = stream ? ": keep-alive\n\n" : " ";
+          if (!sink.is_writable() || !sink.write(beat.data(), beat.size())) {
             cancel_all();
             return false;
           }
@@ -322,6 +342,23 @@ struct HttpServer::Impl {
         total.prompt_tokens += o.prompt_tokens;
         total.cached_tokens += o.cached_tokens;
         total.completion_tokens += o.completion_tokens;
+      }
+      if (stream) {
+        // Each choice already sent its finish chunk (or its error event).
+        std::string tail = pr->include_usage && error.empty() ? (*writers)[0]->usage_frame(total) : std::string();
+        tail += "data: [DONE]\n\n";
+        if (!sink.write(tail.data(), tail.size())) {
+          cancel_all();
+          return false;
+        }
+        const int status = error.empty() ? 200 : 500;
+        metrics.request_done(route, status, std::chrono::duration<double>(Clock::now() - t0).count());
+        log->status = status;
+        log->outcome = total;
+        log->has_outcome = true;
+        if (!error.empty()) log->error = error;
+        sink.done();
+        return true;
       }
       if (!error.empty()) {
         b = openai_error_body({500, error});
