@@ -274,6 +274,12 @@ class ChatPageTest(unittest.TestCase):
             b.wait("const r = document.getElementById('sidebar').getBoundingClientRect(); return r.left >= 0 && r.right > 100",
                    5, "the conversation list sliding in")
             b.screenshot(os.path.join(ARTIFACTS, "larder-webui-narrow.png"))
+            b.click("#close-sidebar")
+            b.wait("return document.getElementById('sidebar').getBoundingClientRect().right <= 0", 5, "the list closing")
+            b.click("#toggle-sidebar")
+            b.wait("return document.getElementById('sidebar').getBoundingClientRect().left >= 0", 5, "the list again")
+            b.click("#conversations li:nth-child(1) .open")  # choosing a conversation closes the list
+            b.wait("return document.getElementById('sidebar').getBoundingClientRect().right <= 0", 5, "the list closing")
         finally:
             b.s("POST", "/window/rect", {"width": 1100, "height": 900})
 

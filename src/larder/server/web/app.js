@@ -47,7 +47,14 @@
     return h;
   }
 
-  // -- conversations list
+  // -- conversations list (on a narrow window: a panel over the chat)
+  function closeSidebar() {
+    if (!$("sidebar").classList.contains("open")) return;
+    $("sidebar").classList.remove("open");
+    $("toggle-sidebar").setAttribute("aria-expanded", "false");
+    $("toggle-sidebar").focus();
+  }
+
   function newConversation() {
     const c = { id: Date.now().toString(36) + Math.random().toString(36).slice(2, 8), title: "", created: Date.now(), messages: [] };
     convs.unshift(c);
@@ -73,7 +80,7 @@
         currentId = c.id;
         saveConvs();
         renderAll();
-        $("sidebar").classList.remove("open");
+        closeSidebar();
       });
       const del = document.createElement("button");
       del.type = "button";
@@ -485,13 +492,16 @@
     });
     $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
     document.addEventListener("keydown", (ev) => {  // Escape stops an answer from anywhere on the page
-      if (ev.key === "Escape" && controller) controller.abort();
+      if (ev.key !== "Escape") return;
+      if (controller) controller.abort();
+      else if ($("sidebar").classList.contains("open")) closeSidebar();
     });
     $("new-chat").addEventListener("click", () => {
       if (controller) return;
       const c = current();
       if (!c || c.messages.length) newConversation();
       renderAll();
+      closeSidebar();
       $("input").focus();
     });
     $("toggle-settings").addEventListener("click", () => {
@@ -502,7 +512,9 @@
     $("toggle-sidebar").addEventListener("click", () => {
       const open = $("sidebar").classList.toggle("open");
       $("toggle-sidebar").setAttribute("aria-expanded", String(open));
+      if (open) $("close-sidebar").focus();
     });
+    $("close-sidebar").addEventListener("click", closeSidebar);
     $("change-key").addEventListener("click", () => showKeyPanel(""));
     $("key-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
