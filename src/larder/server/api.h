@@ -86,57 +86,9 @@ int64_t longest_token_bytes(const runtime::LoadedModel& m);
 // chat_template_kwargs), as text. Throws ApiError.
 std::string render_chat_prompt(const ServedModel& sm, const ordered_json& body);
 
-// Accumulates one request's events into the response (non-stream) or into stream chunks.
-class ResponseWriter {
- public:
-  ResponseWriter(const ServedModel& sm, const ParsedRequest& pr, Surface surface);
-  // Streaming: the SSE frames to send for this event (may be empty). Call in event order.
-  std::string stream_frames(const Event& e);
-  // The opening frames (role chunk / message_start) — sent once, after admission is known.
-  std::string stream_open();
-  // Non-stream: feed every event, then body().
-  void add(const Event& e);
-  ordered_json body() const;
-  // For logs.
-  const Outcome& outcome() const { return outcome_; }
-  const std::string& text() const { return text_; }
-  void set_index(int i) { index_ = i; }  // the choice index this writer answers
-  // One of several choices streamed together (n > 1, prompt lists): this writer's frames end
-  // with its finish chunk; the caller sends the merged usage and the one [DONE].
-  void set_part_of_many() { part_of_many_ = true; }
-  // The usage chunk of a multi-choice stream, from the merged outcome (stream_options.include_usage).
-  std::string usage_frame(const Outcome& total);
-
- private:
-  ordered_json usage_json() const;
-  bool part_of_many_ = false;
-  struct Pieces {
-    std::string content, reasoning;
-    std::vector<runtime::ToolCall> calls;  // completed by this piece
-  };
-  // The text pipeline after the engine's stop matcher: reasoning splitter → tool-call parser.
-  Pieces process(const std::string& text, bool final);
-  ordered_json tool_calls_json() const;
-  std::string anthropic_block(const char* type);  // frames that make `type` the open block
-  ordered_json logprobs_json(const std::vector<TokenInfo>& toks) const;
-  ordered_json chunk(ordered_json choice_fields) const;
-  std::string finish_reason() const;
-  const ServedModel& sm_;
-  const ParsedRequest& pr_;
-  Surface surface_;
-  std::string text_, reasoning_;
-  std::vector<TokenInfo> tokens_;
-  std::optional<runtime::ReasoningSplitter> splitter_;
-  std::optional<runtime::ToolCallParser> tool_parser_;
-  std::vector<runtime::ToolCall> calls_;
-  std::vector<std::string> call_ids_;
-  int block_index_ = -1;
-  std::string block_type_;
-  Outcome outcome_;
-  bool opened_ = false;
-  mutable int64_t lp_offset_ = 0;
-  int index_ = 0;  // text_offset of the next token (characters)
-};
+// Engine events → a surface's response body or stream frames: ResponseWriter and
+// make_response_writer() in response_writer.h.
+class ResponseWriter;
 
 // A random id: prefix + 24 base62 characters.
 std::string random_id(const std::string& prefix);

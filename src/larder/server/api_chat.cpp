@@ -1,6 +1,7 @@
 // api_chat.cpp — OpenAI chat completions request parser (messages, tools, response_format, n) and
 // POST /apply-template; responses are written by ResponseWriter (api.cpp).
 #include "larder/server/api_fields.h"
+#include "larder/server/response_writer.h"
 
 namespace larder::server {
 
@@ -162,6 +163,94 @@ std::string render_chat_prompt(const ServedModel& sm, const ordered_json& b) {
   auto ids = runtime::encode_chat_json(*sm.m, b["messages"], o, &rendered);
   if (!ids.is_ok()) bad(ids.status().message(), "messages");
   return rendered;
+}
+
+// ---- response ------------------------------------------------------------------------------
+
+namespace {
+
+// chat.completion / chat.completion.chunk: a role chunk, content and reasoning_content deltas,
+// tool calls as a header delta (id, name) then the arguments, matched by index.
+class ChatWriter final : public OpenAiWriter {
+ public:
+  ChatWriter(const ServedModel& sm, const ParsedRequest& pr)
+      : OpenAiWriter(sm, pr, /*text_pipeline=*/true, "chat.completion", "chat.completion.chunk") {}
+
+  ordered_json body() const override {
+    ordered_json msg = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
+    if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
+    if (!calls_.empty()) {
+      ordered_json calls = ordered_json::array();
+      for (size_t i = 0; i < calls_.size(); ++i) {
+        calls.push_back({{"id", call_ids_[i]}, {"type", "function"},
+                         {"function", {{"name", calls_[i].name}, {"arguments", calls_[i].arguments.dump()}}}});
+      }
+      msg["tool_calls"] = calls;
+      if (text_.empty()) msg["content"] = nullptr;  // OpenAI: null content when there are only calls
+    }
+    ordered_json choice = {{"index", index_}, {"message", msg},
+                           {"logprobs", pr_.logprobs ? logprobs_json(tokens_) : ordered_json()},
+                           {"finish_reason", finish_reason()}};
+    ordered_json b = envelope(object_);
+    b["choices"] = ordered_json::array({choice});
+    b["usage"] = usage_json();
+    return b;
+  }
+
+ private:
+  std::string open_frames() override {
+    return sse(chunk({{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  }
+
+  std::string delta_frames(const Pieces& parts, const std::vector<TokenInfo>& tokens) override {
+    const bool has_text = !parts.content.empty() || !parts.reasoning.empty();
+    if (!has_text && (tokens.empty() || !pr_.logprobs)) return {};
+    ordered_json delta = ordered_json::object();
+    if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
+    if (!parts.content.empty()) delta["content"] = parts.content;
+    return sse(chunk({{"delta", delta}, {"logprobs", pr_.logprobs ? logprobs_json(tokens) : ordered_json()},
+                      {"finish_reason", nullptr}}));
+  }
+
+  std::string tool_call_frames(size_t i) override {
+    const int idx = static_cast<int>(i);
+    ordered_json head = {{"tool_calls", ordered_json::array({{{"index", idx}, {"id", call_ids_[i]}, {"type", "function"},
+                                                               {"function", {{"name", calls_[i].name}, {"arguments", ""}}}}})}};
+    ordered_json args = {{"tool_calls", ordered_json::array({{{"index", idx},
+                                                               {"function", {{"arguments", calls_[i].arguments.dump()}}}}})}};
+    return sse(chunk({{"delta", head}, {"logprobs", nullptr}, {"finish_reason", nullptr}})) +
+           sse(chunk({{"delta", args}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  }
+
+  ordered_json final_choice() const override { return {{"delta", ordered_json::object()}}; }
+
+  // Token strings are the exact pieces the output text is made of (leading spaces kept), so they
+  // join back into it; `bytes` carries the raw bytes, which matter for a token that holds only
+  // part of a UTF-8 character (its `token` string shows U+FFFD when the JSON is written).
+  ordered_json logprobs_json(const std::vector<TokenInfo>& toks) const {
+    const tokenizer::Tokenizer& tk = *sm_.m->tokenizer;
+    ordered_json content = ordered_json::array();
+    for (const TokenInfo& t : toks) {
+      const std::string s = tk.token_bytes(t.id);
+      ordered_json bytes;
+      utf8_bytes_json(s, &bytes);
+      ordered_json top = ordered_json::array();
+      for (const auto& [id, lp] : t.lp.top) {
+        const std::string ts = tk.token_bytes(id);
+        ordered_json tb;
+        utf8_bytes_json(ts, &tb);
+        top.push_back({{"token", ts}, {"logprob", lp}, {"bytes", tb}, {"id", id}});
+      }
+      content.push_back({{"token", s}, {"logprob", t.lp.logprob}, {"bytes", bytes}, {"id", t.id}, {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ResponseWriter> make_chat_writer(const ServedModel& sm, const ParsedRequest& pr) {
+  return std::make_unique<ChatWriter>(sm, pr);
 }
 
 }  // namespace larder::server

@@ -1,6 +1,7 @@
 // api_completions.cpp — OpenAI text completions request parser (a prompt string, token ids,
 // or a list of prompts; n; n_predict). Also the request side of llama-server POST /completion.
 #include "larder/server/api_fields.h"
+#include "larder/server/response_writer.h"
 
 namespace larder::server {
 
@@ -69,6 +70,65 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
   add_choices(pr, more, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
   for (GenRequest& g : pr.more) fit_context(sm, g, max, Surface::kCompletions, "prompt");
   return pr;
+}
+
+// ---- response ------------------------------------------------------------------------------
+
+namespace {
+
+// text_completion: text deltas, no role chunk, no tool calls; logprobs in the legacy shape
+// (tokens, token_logprobs, top_logprobs, text_offset).
+class CompletionsWriter final : public OpenAiWriter {
+ public:
+  CompletionsWriter(const ServedModel& sm, const ParsedRequest& pr)
+      : OpenAiWriter(sm, pr, /*text_pipeline=*/false, "text_completion", "text_completion") {}
+
+  ordered_json body() const override {
+    ordered_json choice = {{"index", index_}, {"text", text_},
+                           {"logprobs", pr_.logprobs ? logprobs_json(tokens_) : ordered_json()},
+                           {"finish_reason", finish_reason()}};
+    ordered_json b = envelope(object_);
+    b["choices"] = ordered_json::array({choice});
+    b["usage"] = usage_json();
+    return b;
+  }
+
+ private:
+  std::string open_frames() override { return {}; }
+
+  std::string delta_frames(const Pieces& parts, const std::vector<TokenInfo>& tokens) override {
+    if (parts.content.empty() && (tokens.empty() || !pr_.logprobs)) return {};
+    return sse(chunk({{"text", parts.content}, {"logprobs", pr_.logprobs ? logprobs_json(tokens) : ordered_json()},
+                      {"finish_reason", nullptr}}));
+  }
+
+  std::string tool_call_frames(size_t) override { return {}; }
+  ordered_json final_choice() const override { return {{"text", ""}}; }
+
+  // Token strings are the exact pieces of the text (leading spaces kept, joining back into it);
+  // text_offset counts characters from the start of the completion, across stream chunks.
+  ordered_json logprobs_json(const std::vector<TokenInfo>& toks) const {
+    const tokenizer::Tokenizer& tk = *sm_.m->tokenizer;
+    ordered_json tokens = ordered_json::array(), lps = ordered_json::array(), tops = ordered_json::array(),
+                 offs = ordered_json::array();
+    for (const TokenInfo& t : toks) {
+      const std::string p = tk.token_bytes(t.id);
+      tokens.push_back(p);
+      lps.push_back(t.lp.logprob);
+      ordered_json top = ordered_json::object();
+      for (const auto& [id, lp] : t.lp.top) top[tk.token_bytes(id)] = lp;
+      tops.push_back(top);
+      offs.push_back(lp_offset_);
+      lp_offset_ += utf8_chars(p);
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ResponseWriter> make_completions_writer(const ServedModel& sm, const ParsedRequest& pr) {
+  return std::make_unique<CompletionsWriter>(sm, pr);
 }
 
 }  // namespace larder::server

@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "larder/server/api_fields.h"
+#include "larder/server/response_writer.h"
 
 namespace larder::server {
 
@@ -130,6 +131,122 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
   encode_with_template(sm, out, tools, extra, pr, prefill);
   fit_context(sm, pr, max, Surface::kMessages, "messages");
   return pr;
+}
+
+// ---- response ------------------------------------------------------------------------------
+
+namespace {
+
+// Anthropic message: message_start, content blocks opened lazily in the order the model produces
+// them (thinking, text, tool_use), message_delta with the stop reason, message_stop.
+class MessagesWriter final : public ResponseWriter {
+ public:
+  MessagesWriter(const ServedModel& sm, const ParsedRequest& pr)
+      : ResponseWriter(sm, pr, /*text_pipeline=*/true, "toolu_") {}
+
+  ordered_json body() const override {
+    ordered_json content = ordered_json::array();
+    if (!reasoning_.empty()) content.push_back({{"type", "thinking"}, {"thinking", reasoning_}, {"signature", ""}});
+    if (!text_.empty() || calls_.empty()) content.push_back({{"type", "text"}, {"text", text_}});
+    for (size_t i = 0; i < calls_.size(); ++i)
+      content.push_back({{"type", "tool_use"}, {"id", call_ids_[i]}, {"name", calls_[i].name}, {"input", calls_[i].arguments}});
+    return {{"id", pr_.response_id}, {"type", "message"}, {"role", "assistant"}, {"model", sm_.id},
+            {"content", content}, {"stop_reason", stop_reason()}, {"stop_sequence", stop_sequence()},
+            {"usage", usage_json()}};
+  }
+
+ private:
+  bool keeps_reasoning() const override { return pr_.thinking_requested; }
+
+  ordered_json usage_json() const {
+    return {{"input_tokens", outcome_.prompt_tokens - outcome_.cached_tokens},
+            {"output_tokens", outcome_.completion_tokens},
+            {"cache_read_input_tokens", outcome_.cached_tokens},
+            {"cache_creation_input_tokens", 0}};
+  }
+
+  std::string stop_reason() const {
+    if (!calls_.empty() && outcome_.finish != Finish::kLength) return "tool_use";
+    if (outcome_.finish == Finish::kLength) return "max_tokens";
+    return outcome_.finish == Finish::kStop && !outcome_.matched_stop.empty() ? "stop_sequence" : "end_turn";
+  }
+
+  ordered_json stop_sequence() const {
+    return outcome_.matched_stop.empty() ? ordered_json() : ordered_json(outcome_.matched_stop);
+  }
+
+  std::string open_frames() override {
+    ordered_json usage = usage_json();
+    usage["output_tokens"] = 0;
+    ordered_json msg = {{"id", pr_.response_id}, {"type", "message"}, {"role", "assistant"}, {"model", sm_.id},
+                        {"content", ordered_json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+                        {"usage", usage}};
+    return sse_event("message_start", {{"type", "message_start"}, {"message", msg}});
+  }
+
+  // Frames that make `type` the open block; switching type closes the open one.
+  std::string open_block(const char* type) {
+    if (block_type_ == type && block_type_ != "tool_use") return {};
+    std::string out = close_block();
+    ++block_index_;
+    block_type_ = type;
+    ordered_json block = block_type_ == "thinking" ? ordered_json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                                                   : ordered_json{{"type", "text"}, {"text", ""}};
+    return out + sse_event("content_block_start",
+                           {{"type", "content_block_start"}, {"index", block_index_}, {"content_block", block}});
+  }
+
+  std::string close_block() const {
+    if (block_index_ < 0) return {};
+    return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", block_index_}});
+  }
+
+  std::string block_delta(const ordered_json& delta) const {
+    return sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", block_index_}, {"delta", delta}});
+  }
+
+  std::string delta_frames(const Pieces& parts, const std::vector<TokenInfo>&) override {
+    std::string out;
+    if (!parts.reasoning.empty())
+      out += open_block("thinking") + block_delta({{"type", "thinking_delta"}, {"thinking", parts.reasoning}});
+    if (!parts.content.empty()) out += open_block("text") + block_delta({{"type", "text_delta"}, {"text", parts.content}});
+    return out;
+  }
+
+  // A tool_use block with its whole input as one input_json_delta.
+  std::string tool_call_frames(size_t i) override {
+    std::string out = close_block();
+    ++block_index_;
+    block_type_ = "tool_use";
+    out += sse_event("content_block_start",
+                     {{"type", "content_block_start"}, {"index", block_index_},
+                      {"content_block", {{"type", "tool_use"}, {"id", call_ids_[i]}, {"name", calls_[i].name},
+                                         {"input", ordered_json::object()}}}});
+    return out + block_delta({{"type", "input_json_delta"}, {"partial_json", calls_[i].arguments.dump()}});
+  }
+
+  std::string finish_frames() override {
+    std::string out;
+    if (block_index_ < 0) out += open_block("text");  // a message always has a content block
+    out += close_block();
+    out += sse_event("message_delta", {{"type", "message_delta"},
+                                       {"delta", {{"stop_reason", stop_reason()}, {"stop_sequence", stop_sequence()}}},
+                                       {"usage", {{"output_tokens", outcome_.completion_tokens}}}});
+    return out + sse_event("message_stop", {{"type", "message_stop"}});
+  }
+
+  std::string error_frames(const std::string& message) override {
+    return sse_event("error", {{"type", "error"}, {"error", {{"type", "api_error"}, {"message", message}}}});
+  }
+
+  int block_index_ = -1;
+  std::string block_type_;
+};
+
+}  // namespace
+
+std::unique_ptr<ResponseWriter> make_messages_writer(const ServedModel& sm, const ParsedRequest& pr) {
+  return std::make_unique<MessagesWriter>(sm, pr);
 }
 
 }  // namespace larder::server

@@ -9,6 +9,7 @@
 
 #include "larder/core/cpuid.h"
 #include "larder/core/log.h"
+#include "larder/server/response_writer.h"
 #include "larder/server/api_native.h"
 #include "larder/server/api_ollama.h"
 #include "larder/server/routes.h"
@@ -274,7 +275,7 @@ struct HttpServer::Impl {
     auto writers = std::make_shared<std::vector<std::unique_ptr<ResponseWriter>>>();
     const bool stream = pr->stream;
     for (size_t i = 0; i < gens.size(); ++i) {
-      writers->push_back(std::make_unique<ResponseWriter>(*m, *pr, surface));
+      writers->push_back(make_response_writer(*m, *pr, surface));
       writers->back()->set_index(static_cast<int>(i));
       if (stream) writers->back()->set_part_of_many();
     }
@@ -435,7 +436,7 @@ struct HttpServer::Impl {
       return fail({status, submitted.status().message()});
     }
     std::shared_ptr<Channel> ch = *submitted;
-    auto writer = std::make_shared<ResponseWriter>(*m, *pr, surface);
+    std::shared_ptr<ResponseWriter> writer = make_response_writer(*m, *pr, surface);
     auto owriter = ollama ? std::make_shared<OllamaWriter>(*m, *pr, okind) : nullptr;
     // Wait briefly for admission so the KV store's verdict can travel as a header
     // (x-larder-cache, kv-store.md §11.6). A request that has to queue longer gets its headers

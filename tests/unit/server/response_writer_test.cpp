@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "larder/server/api.h"
+#include "larder/server/response_writer.h"
 
 namespace larder::server {
 namespace {
@@ -76,9 +76,9 @@ const std::vector<std::string> kToolPieces = {"Sure.", "<tool_", "call>{\"name\"
 TEST(ResponseWriter, ChatToolCallNonStream) {
   Fixture f;
   f.pr.tool_style = runtime::ToolCallStyle::kTagged;
-  ResponseWriter w(f.sm, f.pr, Surface::kChat);
-  for (const Event& e : events(kToolPieces)) w.add(e);
-  const ordered_json b = w.body();
+  auto w = make_response_writer(f.sm, f.pr, Surface::kChat);
+  for (const Event& e : events(kToolPieces)) w->add(e);
+  const ordered_json b = w->body();
   const ordered_json& msg = b["choices"][0]["message"];
   EXPECT_EQ(msg["content"], "Sure.");
   ASSERT_EQ(msg["tool_calls"].size(), 1u);
@@ -93,9 +93,9 @@ TEST(ResponseWriter, ChatToolCallStream) {
   Fixture f;
   f.pr.tool_style = runtime::ToolCallStyle::kTagged;
   f.pr.stream = true;
-  ResponseWriter w(f.sm, f.pr, Surface::kChat);
+  auto w = make_response_writer(f.sm, f.pr, Surface::kChat);
   std::string sse;
-  for (const Event& e : events(kToolPieces)) sse += w.stream_frames(e);
+  for (const Event& e : events(kToolPieces)) sse += w->stream_frames(e);
   auto fr = frames(sse);
   std::string content, name, args;
   int finishes = 0;
@@ -127,12 +127,12 @@ TEST(ResponseWriter, AnthropicToolUseStreamAndBody) {
   Fixture f;
   f.pr.tool_style = runtime::ToolCallStyle::kTagged;
   f.pr.response_id = "msg_test";
-  ResponseWriter w(f.sm, f.pr, Surface::kMessages);
-  ResponseWriter nw(f.sm, f.pr, Surface::kMessages);
+  auto w = make_response_writer(f.sm, f.pr, Surface::kMessages);
+  auto nw = make_response_writer(f.sm, f.pr, Surface::kMessages);
   std::string sse;
   for (const Event& e : events(kToolPieces)) {
-    sse += w.stream_frames(e);
-    nw.add(e);
+    sse += w->stream_frames(e);
+    nw->add(e);
   }
   std::vector<std::string> order;
   for (const auto& [ev, j] : frames(sse)) {
@@ -150,7 +150,7 @@ TEST(ResponseWriter, AnthropicToolUseStreamAndBody) {
                                          "content_block_stop",  "content_block_start", "content_block_delta",
                                          "content_block_stop",  "message_delta",       "message_stop"};
   EXPECT_EQ(order, want);
-  const ordered_json b = nw.body();
+  const ordered_json b = nw->body();
   ASSERT_EQ(b["content"].size(), 2u);
   EXPECT_EQ(b["content"][0]["text"], "Sure.");
   EXPECT_EQ(b["content"][1]["type"], "tool_use");
@@ -161,9 +161,9 @@ TEST(ResponseWriter, AnthropicToolUseStreamAndBody) {
 
 TEST(ResponseWriter, NoToolsOfferedMeansPlainText) {
   Fixture f;  // tool_style kNone
-  ResponseWriter w(f.sm, f.pr, Surface::kChat);
-  for (const Event& e : events(kToolPieces)) w.add(e);
-  const ordered_json b = w.body();
+  auto w = make_response_writer(f.sm, f.pr, Surface::kChat);
+  for (const Event& e : events(kToolPieces)) w->add(e);
+  const ordered_json b = w->body();
   EXPECT_FALSE(b["choices"][0]["message"].contains("tool_calls"));
   EXPECT_EQ(b["choices"][0]["message"]["content"],
             "Sure.<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>");
@@ -174,15 +174,15 @@ TEST(ResponseWriter, ReasoningSplitChatAndAnthropic) {
   Fixture f;
   f.pr.split_reasoning = true;
   const std::vector<std::string> pieces = {"<thi", "nk>\nweighing it</th", "ink>\n\nThe answer."};
-  ResponseWriter chat(f.sm, f.pr, Surface::kChat);
-  for (const Event& e : events(pieces)) chat.add(e);
-  const ordered_json cb = chat.body();
+  auto chat = make_response_writer(f.sm, f.pr, Surface::kChat);
+  for (const Event& e : events(pieces)) chat->add(e);
+  const ordered_json cb = chat->body();
   EXPECT_EQ(cb["choices"][0]["message"]["reasoning_content"], "\nweighing it");
   EXPECT_EQ(cb["choices"][0]["message"]["content"], "The answer.");
 
-  ResponseWriter stream(f.sm, f.pr, Surface::kChat);
+  auto stream = make_response_writer(f.sm, f.pr, Surface::kChat);
   std::string sse, reasoning, content;
-  for (const Event& e : events(pieces)) sse += stream.stream_frames(e);
+  for (const Event& e : events(pieces)) sse += stream->stream_frames(e);
   for (const auto& [ev, j] : frames(sse)) {
     if (j == "[DONE]") continue;
     const ordered_json& d = j["choices"][0]["delta"];
@@ -192,15 +192,15 @@ TEST(ResponseWriter, ReasoningSplitChatAndAnthropic) {
   EXPECT_EQ(reasoning, "\nweighing it");
   EXPECT_EQ(content, "The answer.");
 
-  ResponseWriter hidden(f.sm, f.pr, Surface::kMessages);  // thinking not requested: omitted
-  for (const Event& e : events(pieces)) hidden.add(e);
-  const ordered_json hb = hidden.body();
+  auto hidden = make_response_writer(f.sm, f.pr, Surface::kMessages);  // thinking not requested: omitted
+  for (const Event& e : events(pieces)) hidden->add(e);
+  const ordered_json hb = hidden->body();
   ASSERT_EQ(hb["content"].size(), 1u);
   EXPECT_EQ(hb["content"][0]["text"], "The answer.");
   f.pr.thinking_requested = true;
-  ResponseWriter shown(f.sm, f.pr, Surface::kMessages);
-  for (const Event& e : events(pieces)) shown.add(e);
-  const ordered_json sb = shown.body();
+  auto shown = make_response_writer(f.sm, f.pr, Surface::kMessages);
+  for (const Event& e : events(pieces)) shown->add(e);
+  const ordered_json sb = shown->body();
   ASSERT_EQ(sb["content"].size(), 2u);
   EXPECT_EQ(sb["content"][0]["type"], "thinking");
   EXPECT_EQ(sb["content"][0]["thinking"], "\nweighing it");
