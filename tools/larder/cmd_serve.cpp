@@ -45,6 +45,8 @@ struct ServeFlags {
   int port = 8080, threads = 0, parallel = 4, http_threads = 0;
   int64_t ctx = 4096, step_tokens = 256;
   size_t queue_max = 64;
+  std::string kv_budget;     // memory admission: empty = off
+  double admit_wait_s = 30;
   double prompt_cache_gb = 4, ssd_cache_max_gb = 32, body_limit_mb = 32;
   std::optional<double> ssd_demote_idle_s;
   std::vector<std::string> cors, allowed_hosts;
@@ -191,6 +193,7 @@ int run_serve(ServeFlags f) {
   runtime::announce_chat_template(m);
 
   server::ServedModel sm;
+  uint64_t kv_budget = 0, kv_bytes_per_token = 0;  // memory admission (engine.h)
   sm.m = &m;
   sm.id = f.alias.empty() ? located->id : f.alias;
   sm.fingerprint = std::string("larder-0.1.0-") + kernels::active_table().name;
@@ -202,8 +205,22 @@ int run_serve(ServeFlags f) {
     fr.ctx = sm.ctx;
     fr.parallel = f.parallel;
     fr.kv_store_ram_cap = static_cast<uint64_t>(f.prompt_cache_gb * (1ull << 30));
+    kv_bytes_per_token = runtime::estimate_fit(info, m.files.tensors().total_bytes(), fr).kv_per_token;
+    if (!f.kv_budget.empty()) {
+      kv_budget = runtime::parse_bytes(f.kv_budget);
+      if (kv_budget == 0)
+        return fail(invalid_argument(strfmt("[serve] --kv-budget '%s' is not a size (e.g. 2G, 512M, 1048576)", f.kv_budget.c_str())));
+      // The running requests' KV is capped by the budget, not by ctx x parallel: check that.
+      const uint64_t per_seq = static_cast<uint64_t>(sm.ctx) * std::max<uint64_t>(kv_bytes_per_token, 1);
+      fr.parallel = std::clamp<int64_t>(static_cast<int64_t>((kv_budget + per_seq - 1) / per_seq), 1, f.parallel);
+    }
     const auto fit = runtime::check_model_fit(info, m.files.tensors().total_bytes(), fr);
-    if (!fit.status.is_ok()) return fail(fit.status);
+    if (!fit.status.is_ok()) {
+      if (!f.kv_budget.empty()) return fail(fit.status);
+      return fail(Status(fit.status.code(), fit.status.message() +
+                                                "; or keep --parallel and cap the running requests' KV with --kv-budget "
+                                                "(requests wait for memory instead)"));
+    }
     if (!fit.note.empty()) {
       std::fprintf(stderr, "larder: %s\n", fit.note.c_str());
       f.prompt_cache_gb = static_cast<double>(fit.kv_store_cap) / (1ull << 30);
@@ -238,6 +255,9 @@ int run_serve(ServeFlags f) {
   ec.queue_max = f.queue_max;
   ec.ctx = sm.ctx;
   ec.step_tokens = f.step_tokens;
+  ec.kv_budget = kv_budget;
+  ec.kv_bytes_per_token = kv_bytes_per_token;
+  ec.admit_wait = std::chrono::milliseconds(static_cast<int64_t>(f.admit_wait_s * 1e3));
   // kv-store.md §12: idle demotion defaults to 300 s with an SSD tier, off without one.
   const double demote_s = f.ssd_demote_idle_s.value_or(f.ssd_cache.empty() ? 0.0 : 300.0);
   ec.demote_idle = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(demote_s));
@@ -291,6 +311,12 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--parallel,--np", f->parallel, "sequences decoded together (continuous batching)")
       ->check(in_range(1, 256));
   cmd->add_option("--queue-max", f->queue_max, "requests waiting for a slot before 429")->check(in_range(0, 100000));
+  cmd->add_option("--kv-budget", f->kv_budget,
+                  "memory the running requests' KV may take together (e.g. 2G, 512M): a request whose prompt + "
+                  "max_tokens does not fit waits for memory, then 503 (default: off; the startup check makes ctx x "
+                  "parallel fit)");
+  cmd->add_option("--admit-wait", f->admit_wait_s, "seconds a request may wait for KV memory before 503 (default 30)")
+      ->check(at_least(0));
   cmd->add_option("--step-tokens,--batch-tokens", f->step_tokens, "prefill tokens per engine step (chunked prefill)")
       ->check(in_range(1, 65536));
   cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(at_least(0));

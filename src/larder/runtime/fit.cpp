@@ -17,7 +17,15 @@ constexpr uint64_t kHeadroom = 64ull << 20;  // page tables, allocator slack, th
 
 std::string gib(uint64_t b) { return Progress::format_bytes(static_cast<double>(b)); }
 
-// "8G", "512M", "1048576" -> bytes; 0 when malformed.
+uint64_t read_u64_file(const std::string& path, bool* ok) {
+  std::ifstream in(path);
+  std::string s;
+  *ok = static_cast<bool>(in >> s) && s != "max";
+  return *ok ? std::strtoull(s.c_str(), nullptr, 10) : 0;
+}
+
+}  // namespace
+
 uint64_t parse_bytes(const std::string& s) {
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
@@ -34,14 +42,6 @@ uint64_t parse_bytes(const std::string& s) {
   return static_cast<uint64_t>(v * mul);
 }
 
-uint64_t read_u64_file(const std::string& path, bool* ok) {
-  std::ifstream in(path);
-  std::string s;
-  *ok = static_cast<bool>(in >> s) && s != "max";
-  return *ok ? std::strtoull(s.c_str(), nullptr, 10) : 0;
-}
-
-}  // namespace
 
 FitEstimate estimate_fit(const models::ModelInfo& i, uint64_t weight_bytes, const FitRequest& req) {
   FitEstimate e;

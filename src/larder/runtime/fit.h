@@ -48,6 +48,9 @@ struct MemoryAvailable {
 };
 MemoryAvailable available_memory();
 
+// "8G", "512M", "1048576" (K/M/G/T are powers of 1024) -> bytes; 0 when malformed.
+uint64_t parse_bytes(const std::string& s);
+
 // The verdict: ok (possibly with the KV store's cap lowered to fit), or a resource_exhausted
 // Status that says what would fit (a smaller --ctx, or fewer --parallel).
 struct FitVerdict {

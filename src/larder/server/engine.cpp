@@ -1,6 +1,7 @@
 #include "larder/server/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <future>
 
 #include "larder/core/log.h"
@@ -35,7 +36,55 @@ struct Engine::Seq {
   Outcome out;
   Clock::time_point admitted, first_token;
   bool has_first = false;
+  uint64_t kv_reserved = 0;          // memory admission: bytes reserved until finish()
 };
+
+namespace {
+std::string mib(uint64_t b) { return strfmt("%.1f MiB", b / 1048576.0); }
+}  // namespace
+
+uint64_t Engine::kv_need(const GenRequest& r) const {
+  const uint64_t tokens = std::min<uint64_t>(static_cast<uint64_t>(cfg_.ctx),
+                                             r.prompt.size() + static_cast<uint64_t>(std::max<int64_t>(r.max_tokens, 0)));
+  return tokens * cfg_.kv_bytes_per_token;
+}
+
+Event Engine::memory_refusal(const GenRequest& r, uint64_t need, uint64_t reserving) const {
+  // When would it fit? Running sequences free their reservation as they finish; the one whose
+  // end makes room bounds the wait (remaining prompt + tokens, at the recent step time).
+  std::vector<std::pair<int64_t, uint64_t>> ends;  // (steps left, bytes freed)
+  for (const auto& s : seqs_) {
+    if (s->done) continue;
+    const int64_t left = (static_cast<int64_t>(s->req.prompt.size()) - s->prefilled) / std::max<int64_t>(cfg_.step_tokens, 1) +
+                         (s->req.max_tokens - s->generated);
+    ends.emplace_back(std::max<int64_t>(left, 1), s->kv_reserved);
+  }
+  std::sort(ends.begin(), ends.end());
+  uint64_t used = kv_reserved_.load() + reserving;
+  int64_t steps = 1;
+  for (const auto& [left, bytes] : ends) {
+    if (used + need <= cfg_.kv_budget) break;
+    used -= std::min(used, bytes);
+    steps = left;
+  }
+  const double secs = steps * std::max(step_ms_, 1.0) / 1e3;
+  const uint64_t free_now = cfg_.kv_budget > kv_reserved_.load() + reserving ? cfg_.kv_budget - kv_reserved_.load() - reserving : 0;
+  Event e;
+  e.done = true;
+  e.refuse_status = 503;
+  e.retry_after_s = static_cast<int>(std::min(std::ceil(secs), 3600.0));
+  if (e.retry_after_s < 1) e.retry_after_s = 1;
+  e.outcome.finish = Finish::kError;
+  e.outcome.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  e.outcome.error = strfmt(
+      "not admitted within %.1f s: this request's KV (prompt %zu + max_tokens %lld tokens = %s) does not fit beside the "
+      "%zu running requests, which hold %s of the %s KV budget; what fits now is %lld tokens (%s) — lower max_tokens, "
+      "or retry in about %d s",
+      std::chrono::duration<double>(cfg_.admit_wait).count(), r.prompt.size(), (long long)r.max_tokens, mib(need).c_str(),
+      ends.size(), mib(kv_reserved_.load() + reserving).c_str(), mib(cfg_.kv_budget).c_str(),
+      (long long)(free_now / std::max<uint64_t>(cfg_.kv_bytes_per_token, 1)), mib(free_now).c_str(), e.retry_after_s);
+  return e;
+}
 
 Engine::Engine(runtime::LoadedModel& model, std::unique_ptr<memory::KvStore> store, EngineConfig cfg, Metrics& metrics)
     : m_(model), store_(std::move(store)), cfg_(cfg), metrics_(metrics) {
@@ -49,6 +98,16 @@ Engine::~Engine() { shutdown(Clock::now()); }
 
 Result<std::shared_ptr<Channel>> Engine::submit(GenRequest req) {
   auto ch = std::make_shared<Channel>();
+  if (cfg_.kv_budget > 0 && kv_need(req) > cfg_.kv_budget) {
+    // It could never be admitted, whatever finishes first: say what would fit.
+    const uint64_t fit_tokens = cfg_.kv_budget / std::max<uint64_t>(cfg_.kv_bytes_per_token, 1);
+    return Status(StatusCode::kUnavailable,
+                  strfmt("this request's KV (prompt %zu + max_tokens %lld tokens = %s) is larger than the whole KV budget "
+                         "of %s (serve --kv-budget): at most %llu tokens (prompt + max_tokens) fit; lower max_tokens "
+                         "or shorten the prompt",
+                         req.prompt.size(), (long long)req.max_tokens, mib(kv_need(req)).c_str(),
+                         mib(cfg_.kv_budget).c_str(), (unsigned long long)fit_tokens));
+  }
   std::lock_guard<std::mutex> l(mu_);
   if (stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
   // Capacity is parallel running + queue_max waiting. queue_max 0 means no queue: a request is
@@ -114,6 +173,7 @@ void Engine::loop() {
   for (;;) {
     std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>> incoming;
     std::deque<std::function<void()>> tasks;
+    std::vector<std::pair<std::shared_ptr<Channel>, Event>> verdicts;  // held / refused, sent unlocked
     bool past_deadline = false;
     {
       std::unique_lock<std::mutex> l(mu_);
@@ -157,13 +217,38 @@ void Engine::loop() {
       if (past_deadline) {
         incoming.swap(queue_);
       } else {
+        uint64_t reserving = 0;  // reservations of `incoming`
         while (!queue_.empty() && seqs_.size() + incoming.size() < static_cast<size_t>(cfg_.parallel)) {
+          auto& [req, ch] = queue_.front();
+          if (cfg_.kv_budget > 0 && !ch->cancelled()) {
+            const uint64_t need = kv_need(req);
+            if (kv_reserved_.load() + reserving + need > cfg_.kv_budget) {
+              if (Clock::now() - req.arrived < cfg_.admit_wait) {
+                // First in line waits, and the ones behind it too (no overtaking): all are told,
+                // so their HTTP threads keep the status line until admission or refusal.
+                for (auto& [qreq, qch] : queue_) {
+                  if (qreq.memory_held) continue;
+                  qreq.memory_held = true;
+                  Event e;
+                  e.held = true;
+                  verdicts.emplace_back(qch, std::move(e));
+                }
+                break;
+              }
+              verdicts.emplace_back(ch, memory_refusal(req, need, reserving));
+              metrics_.cancelled("memory");
+              queue_.pop_front();
+              continue;
+            }
+            reserving += need;
+          }
           incoming.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }
         admitting_ = incoming.size();
       }
     }
+    for (auto& [ch, e] : verdicts) ch->push(std::move(e));
     for (auto& t : tasks) t();
     if (past_deadline) {
       // Shutdown deadline: whatever has not finished is cancelled (its KV is still kept).
@@ -181,10 +266,15 @@ void Engine::loop() {
       }
       seqs_.clear();
       active_count_ = 0;
+      kv_reserved_ = 0;
       continue;
     }
     admit(incoming);
-    if (!seqs_.empty()) step();
+    if (!seqs_.empty()) {
+      const auto t = Clock::now();
+      step();
+      step_ms_ = step_ms_ == 0 ? ms_between(t, Clock::now()) : 0.8 * step_ms_ + 0.2 * ms_between(t, Clock::now());
+    }
   }
   if (store_) flush_report_ = store_->flush();
   std::lock_guard<std::mutex> l(mu_);
@@ -214,6 +304,10 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
     }
     if (!state) state.emplace(m_.model->new_state(cfg_.ctx));
     auto s = std::make_unique<Seq>(std::move(req), ch, std::move(*state), *m_.tokenizer);
+    if (cfg_.kv_budget > 0) {
+      s->kv_reserved = kv_need(s->req);
+      kv_reserved_ += s->kv_reserved;
+    }
     const int64_t P = static_cast<int64_t>(s->req.prompt.size());
     // A take never covers the whole prompt (at least one token is forwarded for its logits).
     if (s->state.length() >= P && !s->state.trim(P - 1).is_ok()) s->state = m_.model->new_state(cfg_.ctx);
@@ -337,6 +431,8 @@ void Engine::step() {
 void Engine::finish(Seq& s, Finish why, std::string error) {
   if (s.done) return;
   s.done = true;
+  kv_reserved_ -= std::min(kv_reserved_.load(), s.kv_reserved);
+  s.kv_reserved = 0;
   const Clock::time_point now = Clock::now();
   Event e;
   if (why != Finish::kStop && why != Finish::kCancelled && why != Finish::kError) {

@@ -41,6 +41,16 @@ struct EngineConfig {
   std::chrono::steady_clock::duration writebehind_debounce = std::chrono::seconds(1);
   // --ssd-demote-idle: RAM entries unused this long are spilled to SSD and dropped (0 = off).
   std::chrono::steady_clock::duration demote_idle = std::chrono::seconds(0);
+  // Memory admission (issue 16 item 3): the bytes the running sequences' KV may take together
+  // (0 = no limit) and what one token of one sequence takes (runtime/fit.h). A request reserves
+  // its prompt + max_tokens (both already fitted to the context) and is admitted only when that
+  // fits beside the reservations of the running ones; otherwise it is held, first in line (FIFO:
+  // the ones behind it wait too), until enough finish — at most admit_wait, then it is refused
+  // with 503 and a Retry-After estimated from the running sequences' remaining tokens. One that
+  // could never fit is refused at submit.
+  uint64_t kv_budget = 0;
+  uint64_t kv_bytes_per_token = 0;
+  std::chrono::milliseconds admit_wait{30000};
 };
 
 class Engine {
@@ -50,7 +60,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request. Errors: resource_exhausted (queue full → 429), unavailable (draining → 503).
+  // Queues a request. Errors: resource_exhausted (queue full → 429), unavailable (draining, or
+  // KV larger than the whole budget → 503).
   Result<std::shared_ptr<Channel>> submit(GenRequest req);
 
   // Stop admitting; let running and queued requests finish until `deadline`, cancel the rest,
@@ -66,6 +77,7 @@ class Engine {
 
   size_t queue_depth() const;
   size_t active() const { return active_count_.load(); }
+  uint64_t kv_reserved() const { return kv_reserved_.load(); }  // bytes held by running sequences
   const EngineConfig& config() const { return cfg_; }
 
  private:
@@ -75,6 +87,9 @@ class Engine {
   void step();
   void finish(Seq& s, Finish why, std::string error = {});
   void run_tasks();
+  uint64_t kv_need(const GenRequest& r) const;
+  // Called with mu_ held: a refusal for the request first in line that has waited too long.
+  Event memory_refusal(const GenRequest& r, uint64_t need, uint64_t reserving) const;
 
   runtime::LoadedModel& m_;
   std::unique_ptr<memory::KvStore> store_;
@@ -89,6 +104,8 @@ class Engine {
   size_t admitting_ = 0;  // taken from queue_, not yet in active_count_ (guarded by mu_)
   std::atomic<bool> draining_{false};
   std::atomic<size_t> active_count_{0};
+  std::atomic<uint64_t> kv_reserved_{0};  // sum of the running sequences' reservations
+  double step_ms_ = 0;                    // recent step time (engine thread), for Retry-After
   std::chrono::steady_clock::time_point deadline_{};
   bool flushed_ = false;
   memory::FlushReport flush_report_;

@@ -111,7 +111,7 @@ void send_json(HttpResponse& res, int status, const ordered_json& j) {
 }
 
 void send_error(const HttpRequest& req, HttpResponse& res, const ApiError& e) {
-  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+  if ((e.status == 429 || e.status == 503) && !res.has_header("Retry-After")) res.set_header("Retry-After", "1");
   send_json(res, e.status, anthropic_route(req.path) ? anthropic_error_body(e)
                            : ollama_route(req.path)  ? ordered_json{{"error", e.message}}  // Ollama's shape
                                                      : openai_error_body(e));
@@ -304,6 +304,7 @@ struct HttpServer::Impl {
           if (done[i]) continue;
           while (auto ev = (*chans)[i]->pop(std::chrono::milliseconds(any ? 0 : 20))) {
             any = true;
+            if (ev->held) continue;
             if (stream) {
               const std::string frames = (*writers)[i]->stream_frames(*ev);
               if (!frames.empty()) {
@@ -443,6 +444,14 @@ struct HttpServer::Impl {
     // without it (usage.larder.cache carries the same report) — its connection must be watched
     // for a disconnect, which only the content provider below can do.
     auto first = std::make_shared<std::optional<Event>>(ch->pop(std::chrono::milliseconds(250)));
+    // Held for memory (engine.h, memory admission): wait for admission or the refusal before any
+    // header goes out, so a refusal is a real 503 with Retry-After. The engine bounds the wait
+    // (--admit-wait); a client that leaves meanwhile is noticed once the answer starts.
+    while (*first && (*first)->held) *first = ch->pop(eng->config().admit_wait + std::chrono::seconds(5));
+    if (*first && (*first)->done && (*first)->refuse_status) {
+      res.set_header("Retry-After", std::to_string((*first)->retry_after_s));
+      return fail({(*first)->refuse_status, (*first)->outcome.error});
+    }
     if (*first && (*first)->admitted) {
       const Outcome& o = (*first)->outcome;
       res.set_header("x-larder-cache", strfmt("tier=%s; reused=%lld; reason=%s", o.cache_tier.c_str(),
@@ -477,6 +486,7 @@ struct HttpServer::Impl {
             } else {
               ev = ch->pop(std::chrono::milliseconds(100));
             }
+            if (ev && ev->held) continue;  // waited for memory after the headers went out: nothing to say
             // Probe the connection whenever nothing was written for a while (queued, a long
             // prefill, or a non-stream body that writes nothing until the end): a closed peer
             // makes the second write fail, so a heartbeat every kProbe finds a vanished client
@@ -871,6 +881,8 @@ struct HttpServer::Impl {
                       {"weights", m.m->model->info().weight_dtypes}, {"isa", cpu_features().describe()}};
         j["server"] = {{"context", m.ctx}, {"parallel", e->config().parallel}, {"queue_max", e->config().queue_max},
                        {"queue_depth", e->queue_depth()}, {"active", e->active()},
+                       {"kv_budget_bytes", e->config().kv_budget}, {"kv_bytes_per_token", e->config().kv_bytes_per_token},
+                       {"kv_reserved_bytes", e->kv_reserved()}, {"admit_wait_ms", e->config().admit_wait.count()},
                        {"resident_bytes", process_resident_bytes()}};
         const Transport::Counters tc = transport->counters();
         j["connections"] = {{"accepted", tc.accepted}, {"refused", tc.refused}, {"evicted", tc.evicted},

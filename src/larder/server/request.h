@@ -32,6 +32,7 @@ struct GenRequest {
   int top_logprobs = -1;          // -1: no logprobs; else 0..20 alternatives per token
   std::string ns;                 // KV store namespace (model identity + cache_salt)
   std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
+  bool memory_held = false;       // engine: the `held` event was sent (memory admission)
 };
 
 enum class Finish { kNone, kStop, kLength, kEos, kCancelled, kError };
@@ -56,6 +57,13 @@ struct Outcome {
 // whose text it completes, and, last, the outcome.
 struct Event {
   bool admitted = false;          // first event: the request got a slot; outcome has prompt/cache counts
+  // Memory admission (engine.h): the request is first in line but its KV does not fit beside the
+  // running ones; it waits for them (up to --admit-wait). An admitted or refused event follows.
+  bool held = false;
+  // A refusal before admission (done is set, outcome.error says why and what would fit): the
+  // HTTP status (503) and the Retry-After seconds to answer with.
+  int refuse_status = 0;
+  int retry_after_s = 0;
   std::string text;
   std::vector<TokenInfo> tokens;
   bool done = false;
