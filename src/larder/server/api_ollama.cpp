@@ -317,46 +317,19 @@ std::optional<ordered_json> ollama_load_only(const ServedModel& sm, const ordere
 
 // ---- responses --------------------------------------------------------------------------------
 
-OllamaWriter::OllamaWriter(const ServedModel& sm, const ParsedRequest& pr, OllamaKind kind) : sm_(sm), pr_(pr), kind_(kind) {
-  if (pr.split_reasoning) splitter_.emplace(pr.reasoning_start_inside);
-  if (kind == OllamaKind::kChat && pr.tool_style != runtime::ToolCallStyle::kNone) tool_parser_.emplace(pr.tool_style);
-}
-
-OllamaWriter::Piece OllamaWriter::process(const std::string& text, bool final) {
-  Piece p;
-  if (splitter_) {
-    auto r = splitter_->push(text);
-    if (final) {
-      auto f = splitter_->flush();
-      r.content += f.content;
-      r.reasoning += f.reasoning;
-    }
-    p.content = std::move(r.content);
-    p.thinking = std::move(r.reasoning);
-  } else {
-    p.content = text;
-  }
-  if (tool_parser_) {
-    std::string c = tool_parser_->push(p.content);
-    if (final) c += tool_parser_->flush();
-    p.content = std::move(c);
-    p.calls = tool_parser_->take_calls();
-  }
-  all_.content += p.content;
-  all_.thinking += p.thinking;
-  all_.calls.insert(all_.calls.end(), p.calls.begin(), p.calls.end());
-  return p;
-}
+OllamaWriter::OllamaWriter(const ServedModel& sm, const ParsedRequest& pr, OllamaKind kind)
+    : ResponseWriter(sm, pr, /*text_pipeline=*/true, "call_"), kind_(kind) {}
 
 ordered_json OllamaWriter::head() const { return {{"model", sm_.id}, {"created_at", rfc3339_now()}}; }
 
-ordered_json OllamaWriter::message(const Piece& p) const {
-  ordered_json m = {{"role", "assistant"}, {"content", p.content}};
-  if (!p.thinking.empty()) m["thinking"] = p.thinking;
-  if (!p.calls.empty()) {
-    ordered_json calls = ordered_json::array();
-    for (const auto& c : p.calls) calls.push_back({{"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-    m["tool_calls"] = calls;
+ordered_json OllamaWriter::message(const std::string& content, const std::string& thinking,
+                                   const std::vector<runtime::ToolCall>& calls) const {
+  ordered_json m = {{"role", "assistant"}, {"content", content}};
+  if (!thinking.empty()) m["thinking"] = thinking;
+  if (!calls.empty()) {
+    ordered_json a = ordered_json::array();
+    for (const auto& c : calls) a.push_back({{"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    m["tool_calls"] = a;
   }
   return m;
 }
@@ -386,60 +359,49 @@ ordered_json logprobs_of(const tokenizer::Tokenizer& tk, const std::vector<Token
 std::string line(const ordered_json& j) { return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n"; }
 }  // namespace
 
-std::string OllamaWriter::stream_lines(const Event& e) {
-  if (e.admitted) {
-    outcome_.prompt_tokens = e.outcome.prompt_tokens;
-    outcome_.cached_tokens = e.outcome.cached_tokens;
-    return {};
+std::string OllamaWriter::delta_frames(const Pieces& p, const std::vector<TokenInfo>& tokens) {
+  if (p.content.empty() && p.reasoning.empty() && !(pr_.logprobs && !tokens.empty())) return {};
+  ordered_json j = head();
+  if (kind_ == OllamaKind::kChat) {
+    j["message"] = message(p.content, p.reasoning, {});
+  } else {
+    j["response"] = p.content;
+    if (!p.reasoning.empty()) j["thinking"] = p.reasoning;
   }
-  std::string out;
-  const Piece p = process(e.text, e.done);
-  if (!p.content.empty() || !p.thinking.empty() || !p.calls.empty() || (pr_.logprobs && !e.tokens.empty())) {
-    ordered_json j = head();
-    if (kind_ == OllamaKind::kChat) {
-      j["message"] = message(p);
-    } else {
-      j["response"] = p.content;
-      if (!p.thinking.empty()) j["thinking"] = p.thinking;
-    }
-    j["done"] = false;
-    if (pr_.logprobs) j["logprobs"] = logprobs_of(*sm_.m->tokenizer, e.tokens);
-    out += line(j);
-  }
-  if (!e.done) return out;
-  outcome_ = e.outcome;
-  if (outcome_.finish == Finish::kError || outcome_.finish == Finish::kCancelled)
-    return out + line({{"error", outcome_.error.empty() ? "generation was cancelled" : outcome_.error}});
+  j["done"] = false;
+  if (pr_.logprobs) j["logprobs"] = logprobs_of(*sm_.m->tokenizer, tokens);
+  return line(j);
+}
+
+std::string OllamaWriter::tool_call_frames(size_t i) {
+  ordered_json j = head();
+  j["message"] = message("", "", {calls_[i]});
+  j["done"] = false;
+  return line(j);
+}
+
+std::string OllamaWriter::finish_frames() {
   ordered_json j = head();
   if (kind_ == OllamaKind::kChat) j["message"] = {{"role", "assistant"}, {"content", ""}};
   else j["response"] = "";
   finish_fields(j);
-  return out + line(j);
+  return line(j);
 }
 
-void OllamaWriter::add(const Event& e) {
-  if (e.admitted) {
-    outcome_.prompt_tokens = e.outcome.prompt_tokens;
-    outcome_.cached_tokens = e.outcome.cached_tokens;
-    return;
-  }
-  process(e.text, e.done);
-  if (pr_.logprobs) all_logprob_tokens_.insert(all_logprob_tokens_.end(), e.tokens.begin(), e.tokens.end());
-  if (e.done) outcome_ = e.outcome;
-}
+std::string OllamaWriter::error_frames(const std::string& message) { return line({{"error", message}}); }
 
 ordered_json OllamaWriter::body() const {
   if (outcome_.finish == Finish::kError || outcome_.finish == Finish::kCancelled)
     return {{"error", outcome_.error.empty() ? "generation failed" : outcome_.error}};
   ordered_json j = head();
   if (kind_ == OllamaKind::kChat) {
-    j["message"] = message(all_);
+    j["message"] = message(text_, reasoning_, calls_);
   } else {
-    j["response"] = all_.content;
-    if (!all_.thinking.empty()) j["thinking"] = all_.thinking;
+    j["response"] = text_;
+    if (!reasoning_.empty()) j["thinking"] = reasoning_;
   }
   finish_fields(j);
-  if (pr_.logprobs) j["logprobs"] = logprobs_of(*sm_.m->tokenizer, all_logprob_tokens_);
+  if (pr_.logprobs) j["logprobs"] = logprobs_of(*sm_.m->tokenizer, tokens_);
   return j;
 }
 

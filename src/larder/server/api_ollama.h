@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "larder/server/api.h"
+#include "larder/server/response_writer.h"
 
 namespace larder::server {
 
@@ -25,36 +25,27 @@ ParsedRequest parse_ollama_generate(const ServedModel& sm, const ordered_json& b
 // Returns it when `body` is such a request (after the model name is checked), else nullopt.
 std::optional<ordered_json> ollama_load_only(const ServedModel& sm, const ordered_json& body, OllamaKind kind);
 
-// Engine events → Ollama objects. Text passes the same reasoning splitter and tool-call parser as
-// the OpenAI chat surface (/api/chat only).
-class OllamaWriter {
+// Engine events → Ollama objects: one JSON object per line when streaming ("frames" of the shared
+// ResponseWriter are NDJSON lines here), one object otherwise. Text passes the same reasoning
+// splitter and tool-call parser as the OpenAI chat surface (response_writer.h).
+class OllamaWriter : public ResponseWriter {
  public:
   OllamaWriter(const ServedModel& sm, const ParsedRequest& pr, OllamaKind kind);
-  // Streaming: the NDJSON lines for this event ("" when it carries nothing to say).
-  std::string stream_lines(const Event& e);
-  // Non-stream: feed every event, then body().
-  void add(const Event& e);
-  ordered_json body() const;
-  const Outcome& outcome() const { return outcome_; }
+  ordered_json body() const override;
+
+ protected:
+  std::string open_frames() override { return {}; }
+  std::string delta_frames(const Pieces& parts, const std::vector<TokenInfo>& tokens) override;
+  std::string tool_call_frames(size_t i) override;
+  std::string finish_frames() override;
+  std::string error_frames(const std::string& message) override;
 
  private:
-  struct Piece {
-    std::string content, thinking;
-    std::vector<runtime::ToolCall> calls;
-  };
-  Piece process(const std::string& text, bool final);
-  ordered_json head() const;                                 // model, created_at
-  ordered_json message(const Piece& p) const;                // chat: the message object
-  void finish_fields(ordered_json& j) const;                 // done_reason and the counters
-  const ServedModel& sm_;
-  const ParsedRequest& pr_;
+  ordered_json head() const;  // model, created_at
+  ordered_json message(const std::string& content, const std::string& thinking,
+                       const std::vector<runtime::ToolCall>& calls) const;
+  void finish_fields(ordered_json& j) const;  // done, done_reason and the counters
   OllamaKind kind_;
-  std::optional<runtime::ReasoningSplitter> splitter_;
-  std::optional<runtime::ToolCallParser> tool_parser_;
-  Piece all_;
-  std::vector<TokenInfo> all_logprob_tokens_;  // non-stream logprobs
-  bool any_calls_ = false;
-  Outcome outcome_;
 };
 
 // GET /api/tags, GET /api/ps: the served model as Ollama lists it. POST /api/show: its details

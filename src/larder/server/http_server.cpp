@@ -509,7 +509,7 @@ struct HttpServer::Impl {
             }
             bool ok = true;
             if (ollama) {
-              if (stream) ok = write(owriter->stream_lines(*ev));
+              if (stream) ok = write(owriter->stream_frames(*ev));
               else owriter->add(*ev);
             } else if (stream && native) {
               ok = write(native_stream_frame(*ev));
