@@ -171,6 +171,10 @@ class OllamaApiTest(unittest.TestCase):
         self.assertEqual(r.done_reason, "load")
         r = self.client.chat(model=self.model, messages=[], stream=False, keep_alive=0)
         self.assertEqual(r.done_reason, "unload")
+        r = self.server.post("/api/generate", {"model": self.model, "prompt": None, "stream": False})
+        self.assertEqual(r.json()["done_reason"], "load")
+        r = self.server.post("/api/chat", {"model": self.model, "stream": False})
+        self.assertEqual(r.json()["done_reason"], "load")
 
     # -- options
     def test_num_predict_caps_eval_count(self):

@@ -298,9 +298,8 @@ ParsedRequest parse_ollama_generate(const ServedModel& sm, const ordered_json& b
 
 std::optional<ordered_json> ollama_load_only(const ServedModel& sm, const ordered_json& b, OllamaKind kind) {
   if (!b.is_object()) return std::nullopt;
-  const bool empty = kind == OllamaKind::kGenerate
-                         ? (!b.contains("prompt") || (b["prompt"].is_string() && b["prompt"].get<std::string>().empty()))
-                         : (!b.contains("messages") || (b["messages"].is_array() && b["messages"].empty()));
+  const ordered_json* v = get(b, kind == OllamaKind::kGenerate ? "prompt" : "messages");  // absent or null
+  const bool empty = !v || (v->is_string() && v->get_ref<const std::string&>().empty()) || (v->is_array() && v->empty());
   if (!empty) return std::nullopt;
   check_model(sm, b);
   refuse_common(b);
