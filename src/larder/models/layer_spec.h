@@ -27,6 +27,7 @@ struct LayerNorms {
   bool qk = false;         // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
   bool post_attn = false;  // on the attention output before the residual add (gemma "sandwich")
   bool post_ffn = false;   // on the MLP output before the residual add
+  bool v = false;          // per-head RMSNorm of v without a gain (gemma4)
 };
 
 struct LayerSpec {
@@ -37,9 +38,18 @@ struct LayerSpec {
   int rope = 0;         // index of the model's RoPE frequency table this layer rotates with
   float attn_scale = 0;  // softmax scale (1/sqrt(head_dim), or 1/sqrt(query_pre_attn_scalar))
   LayerNorms norms;
+  // Values are the keys' projection (no v_proj; k_norm/RoPE apply to keys only): Gemma 4's
+  // `attention_k_eq_v` global layers.
+  bool k_eq_v = false;
+  // KV sharing (Gemma 4 `num_kv_shared_layers`): >= 0 makes this layer attend over the K/V that
+  // layer `kv_source` (an earlier layer of the same kind and shape) wrote in this forward. It has
+  // no K/V projections and no state slot of its own. Sharing layers come after every layer that
+  // owns state, so state slot i is layer i (state_schema_of checks it).
+  int kv_source = -1;
 };
 
-// The per-sequence state the layers need, one slot per layer.
+// The per-sequence state the layers need, one slot per layer that owns state (every layer but
+// the KV-sharing ones, which come last).
 memory::StateSchema state_schema_of(std::span<const LayerSpec> layers);
 
 }  // namespace larder::models

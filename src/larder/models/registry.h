@@ -30,6 +30,8 @@ Result<std::unique_ptr<Model>> load_qwen2(const formats::ModelFiles& files, Mode
 Result<std::unique_ptr<Model>> load_qwen3(const formats::ModelFiles& files, ModelConfig config);
 Result<std::unique_ptr<Model>> load_gemma3(const formats::ModelFiles& files, ModelConfig config);
 Result<ModelConfig> gemma3_config(const formats::ModelFiles& files);
+Result<std::unique_ptr<Model>> load_gemma4(const formats::ModelFiles& files, ModelConfig config);
+Result<ModelConfig> gemma4_config(const formats::ModelFiles& files);
 
 const ArchEntry* find_architecture(const std::string& name);
 std::vector<std::string> supported_architectures();

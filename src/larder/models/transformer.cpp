@@ -1,5 +1,6 @@
 #include "larder/models/transformer.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "larder/core/log.h"
@@ -72,7 +73,7 @@ Status Transformer::finish_bind(const formats::ModelFiles& files, const WeightBi
 }
 
 Status Transformer::check_state(const memory::SequenceState& s) const {
-  const bool fits = s.slots.size() == specs_.size() && s.kv.layout() == schema_.plain_layout() &&
+  const bool fits = s.slots.size() == schema_.layers.size() && s.kv.layout() == schema_.plain_layout() &&
                     s.layers.size() == [&] {
                       size_t n = 0;
                       for (const auto& l : schema_.layers) n += l.kind != memory::StateKind::kPlainKv;
@@ -82,7 +83,7 @@ Status Transformer::check_state(const memory::SequenceState& s) const {
     return invalid_argument(strfmt("[model] sequence state does not match the model's %zu layers (make it with "
                                    "Model::new_state)",
                                    specs_.size()));
-  for (size_t i = 0; i < specs_.size(); ++i) {
+  for (size_t i = 0; i < schema_.layers.size(); ++i) {
     const memory::LayerSlot& slot = s.slots[i];
     if (slot.kind != schema_.layers[i].kind ||
         (slot.kind != memory::StateKind::kPlainKv &&
@@ -137,6 +138,7 @@ Status Transformer::forward_batch(std::span<const BatchItem> items) {
   h_.resize(static_cast<size_t>(rows * d));
   o_.resize(static_cast<size_t>(rows * d));
   positions_.resize(static_cast<size_t>(rows));
+  tokens_.resize(static_cast<size_t>(rows));
   seqs_.clear();
   logit_rows_.clear();
   int64_t r = 0;
@@ -149,10 +151,12 @@ Status Transformer::forward_batch(std::span<const BatchItem> items) {
       if (embed_scale_ != 1.0f)
         for (int64_t i = 0; i < d; ++i) xr[i] *= embed_scale_;
       positions_[static_cast<size_t>(r)] = pos0 + t;
+      tokens_[static_cast<size_t>(r)] = it.tokens[t];
       if (it.logits_all || t == it.n - 1) logit_rows_.push_back(r);
     }
   }
-  const LayerBatch lb{x_.data(), h_.data(), o_.data(), rows, positions_.data(), seqs_};
+  const LayerBatch lb{x_.data(), h_.data(), o_.data(), rows, positions_.data(), tokens_.data(), seqs_};
+  begin_batch(lb);
   for (int64_t l = 0; l < c.n_layers; ++l) layer_forward(static_cast<int>(l), lb);
   for (const BatchItem& it : items) it.state->kv.advance(it.n);
 
@@ -164,12 +168,18 @@ Status Transformer::forward_batch(std::span<const BatchItem> items) {
   }
   final_norm_.apply(o_.data(), lrows, h_.data());
   const int64_t V = c.vocab;
+  auto softcap = [&](float* y) {
+    if (logit_softcap_ <= 0) return;
+    for (int64_t i = 0; i < lrows * V; ++i) y[i] = logit_softcap_ * std::tanh(y[i] / logit_softcap_);
+  };
   if (items.size() == 1) {  // the common single-sequence case writes straight into the caller's buffer
     kernels::matmul(lm_head_, h_.data(), lrows, items[0].logits);
+    softcap(items[0].logits);
     return Status::ok();
   }
   logits_buf_.resize(static_cast<size_t>(lrows * V));
   kernels::matmul(lm_head_, h_.data(), lrows, logits_buf_.data());
+  softcap(logits_buf_.data());
   int64_t at = 0;
   for (const BatchItem& it : items) {
     const int64_t k = it.logits_all ? it.n : 1;

@@ -32,6 +32,7 @@ struct LayerBatch {
   float* o;
   int64_t rows;
   const int64_t* positions;
+  const int32_t* tokens;  // row r's token id
   std::span<const AttentionSeq> seqs;
 };
 
@@ -47,6 +48,9 @@ class Transformer : public Model {
 
   // Runs layer l over the batch (x in, x out).
   virtual void layer_forward(int l, const LayerBatch& b) = 0;
+  // Once per forward, after the embedding and before layer 0 (Gemma 4 computes its per-layer
+  // token embeddings here).
+  virtual void begin_batch(const LayerBatch&) {}
 
   // Binds the token embedding, the lm_head (the embedding when tied) and the final norm by
   // canonical names, "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight".
@@ -62,6 +66,7 @@ class Transformer : public Model {
   std::vector<std::vector<float>> rope_tables_;  // LayerSpec::rope indexes this
   kernels::WeightView embed_, lm_head_;
   float embed_scale_ = 1.0f;  // Gemma multiplies embeddings by √hidden
+  float logit_softcap_ = 0;   // > 0: logits = cap · tanh(logits / cap) (Gemma 2/4 final_logit_softcapping)
   RmsNorm final_norm_;
   // Scratch of the layer compositions, grown to the largest batch seen (forward is
   // single-threaded per model: the engine thread owns it, system.md §4).
@@ -72,6 +77,7 @@ class Transformer : public Model {
   Status check_state(const memory::SequenceState& s) const;
   std::vector<float> x_, h_, o_;
   std::vector<int64_t> positions_;
+  std::vector<int32_t> tokens_;
   std::vector<AttentionSeq> seqs_;
   std::vector<float> logits_buf_;
   std::vector<int64_t> logit_rows_;  // rows whose logits are wanted, in item order

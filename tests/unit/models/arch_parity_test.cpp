@@ -311,7 +311,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gemma3_text_bf16", "", "gemma3_text", true, "BF16"},
                       Case{"gemma3_ltypes_f32", "", "gemma3_text", true, "F32"},
                       Case{"gemma3_mm", "", "gemma3", true, "F32"},
-                      Case{"gemma3_q8_0", "model.gguf", "gemma3", true, "Q8_0"}),
+                      Case{"gemma3_q8_0", "model.gguf", "gemma3", true, "Q8_0"},
+                      // Gemma 4 (tests/ref/gemma4_reference.py): per-kind head dims, KV sharing,
+                      // per-layer embeddings, k_eq_v, proportional RoPE, soft-capped logits.
+                      Case{"gemma4_text_f32", "", "gemma4_text", true, "F32"},
+                      Case{"gemma4_keqv_f32", "", "gemma4_text", false, "F32"},
+                      Case{"gemma4_mm", "", "gemma4", true, "F32"}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.dir); });
 
 class Bf16Parity : public ::testing::TestWithParam<const char*> {};

@@ -10,9 +10,14 @@ namespace larder::models {
 Status bind_attention(WeightBinder& b, const std::string& p, const LayerSpec& spec, const ModelConfig& c,
                       const AttentionOptions& opt, AttentionWeights* w) {
   const int64_t q_dim = int64_t{spec.n_heads} * spec.head_dim, kv_dim = int64_t{spec.n_kv_heads} * spec.head_dim;
+  const bool own_kv = spec.kv_source < 0;
   LARDER_ASSIGN_OR_RETURN(w->q, b.matrix(p + "q_proj.weight", q_dim, c.hidden, "num_attention_heads*head_dim x hidden_size"));
-  LARDER_ASSIGN_OR_RETURN(w->k, b.matrix(p + "k_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
-  LARDER_ASSIGN_OR_RETURN(w->v, b.matrix(p + "v_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
+  if (own_kv) {
+    LARDER_ASSIGN_OR_RETURN(w->k, b.matrix(p + "k_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
+    if (!spec.k_eq_v) {
+      LARDER_ASSIGN_OR_RETURN(w->v, b.matrix(p + "v_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
+    }
+  }
   LARDER_ASSIGN_OR_RETURN(w->o, b.matrix(p + "o_proj.weight", c.hidden, q_dim, "hidden_size x num_attention_heads*head_dim"));
   if (opt.qkv_bias || c.attention_bias) {
     LARDER_ASSIGN_OR_RETURN(w->q_b, b.vector(p + "q_proj.bias", q_dim, "num_attention_heads*head_dim"));
@@ -24,35 +29,49 @@ Status bind_attention(WeightBinder& b, const std::string& p, const LayerSpec& sp
   }
   if (spec.norms.qk) {
     LARDER_ASSIGN_OR_RETURN(w->q_norm.weight, b.vector(p + "q_norm.weight", spec.head_dim, "head_dim"));
-    LARDER_ASSIGN_OR_RETURN(w->k_norm.weight, b.vector(p + "k_norm.weight", spec.head_dim, "head_dim"));
+    if (own_kv) {
+      LARDER_ASSIGN_OR_RETURN(w->k_norm.weight, b.vector(p + "k_norm.weight", spec.head_dim, "head_dim"));
+    }
     w->q_norm.eps = w->k_norm.eps = static_cast<float>(c.rms_eps);
+  }
+  if (spec.norms.v && own_kv) {
+    w->v_norm.weight.assign(static_cast<size_t>(spec.head_dim), 1.0f);
+    w->v_norm.eps = static_cast<float>(c.rms_eps);
   }
   return Status::ok();
 }
 
 void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const float* inv_freq,
                      const AttentionWeights& w, const float* h, int64_t rows, const int64_t* positions, int layer,
-                     std::span<const AttentionSeq> seqs, AttentionScratch& s, float* out) {
+                     std::span<const AttentionSeq> seqs, AttentionScratch& s, float* out, std::vector<KvKeep>* keep) {
   const int nh = spec.n_heads, nkv = spec.n_kv_heads, hd = spec.head_dim;
   const int64_t q_dim = int64_t{nh} * hd, kv_dim = int64_t{nkv} * hd;
+  const bool own_kv = spec.kv_source < 0;
+  const int slot_i = own_kv ? layer : spec.kv_source;
   s.q.resize(static_cast<size_t>(rows * q_dim));
-  s.k.resize(static_cast<size_t>(rows * kv_dim));
-  s.v.resize(static_cast<size_t>(rows * kv_dim));
   s.att.resize(static_cast<size_t>(rows * q_dim));
-
   kernels::matmul(w.q, h, rows, s.q.data());
-  kernels::matmul(w.k, h, rows, s.k.data());
-  kernels::matmul(w.v, h, rows, s.v.data());
   add_bias(s.q.data(), rows, w.q_b);
-  add_bias(s.k.data(), rows, w.k_b);
-  add_bias(s.v.data(), rows, w.v_b);
+  if (own_kv) {
+    s.k.resize(static_cast<size_t>(rows * kv_dim));
+    s.v.resize(static_cast<size_t>(rows * kv_dim));
+    kernels::matmul(w.k, h, rows, s.k.data());
+    add_bias(s.k.data(), rows, w.k_b);
+    if (spec.k_eq_v) {
+      std::memcpy(s.v.data(), s.k.data(), static_cast<size_t>(rows * kv_dim) * sizeof(float));
+    } else {
+      kernels::matmul(w.v, h, rows, s.v.data());
+      add_bias(s.v.data(), rows, w.v_b);
+    }
+  }
   if (spec.norms.qk) {  // per head: the rows are [rows * heads, head_dim]
     w.q_norm.apply(s.q.data(), rows * nh, s.q.data());
-    w.k_norm.apply(s.k.data(), rows * nkv, s.k.data());
+    if (own_kv) w.k_norm.apply(s.k.data(), rows * nkv, s.k.data());
   }
+  if (spec.norms.v && own_kv) w.v_norm.apply(s.v.data(), rows * nkv, s.v.data());
   // RoPE is per row (each row carries its own position), so one call covers every sequence.
   kernels::rope(s.q.data(), rows, nh, hd, spec.rope_dim, positions, inv_freq, opt.pairing);
-  kernels::rope(s.k.data(), rows, nkv, hd, spec.rope_dim, positions, inv_freq, opt.pairing);
+  if (own_kv) kernels::rope(s.k.data(), rows, nkv, hd, spec.rope_dim, positions, inv_freq, opt.pairing);
 
   kernels::AttentionParams ap;
   ap.n_heads = nh;
@@ -60,22 +79,28 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
   ap.head_dim = hd;
   ap.scale = spec.attn_scale;
   ap.window = spec.kind == LayerKind::kSliding ? spec.window : 0;
-  for (const AttentionSeq& sq : seqs) {
+  if (keep && own_kv) keep->resize(seqs.size());
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const AttentionSeq& sq = seqs[si];
     memory::SequenceState& st = *sq.state;
-    const memory::LayerSlot& slot = st.slots[static_cast<size_t>(layer)];
+    const memory::LayerSlot& slot = st.slots[static_cast<size_t>(slot_i)];
     const int64_t pos0 = positions[sq.row0];
-    const float* k_new = s.k.data() + sq.row0 * kv_dim;
-    const float* v_new = s.v.data() + sq.row0 * kv_dim;
+    const float* k_new = own_kv ? s.k.data() + sq.row0 * kv_dim : nullptr;
+    const float* v_new = own_kv ? s.v.data() + sq.row0 * kv_dim : nullptr;
     s.spans.clear();
     memory::RingState* ring = nullptr;
     if (slot.kind == memory::StateKind::kPlainKv) {
       memory::KvCache& cache = st.kv;
-      for (int64_t t = 0; t < sq.n; ++t) {
+      for (int64_t t = 0; own_kv && t < sq.n; ++t) {
         std::memcpy(cache.k_row(slot.index, pos0 + t), k_new + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
         std::memcpy(cache.v_row(slot.index, pos0 + t), v_new + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
       }
       // A sliding layer kept in plain KV reads only its window (the kernel masks the rest).
       cache.spans(slot.index, pos0 + sq.n, &s.spans);
+    } else if (!own_kv) {
+      LARDER_DCHECK(keep != nullptr && si < keep->size(), "KV-sharing layer over a ring without its source's copy");
+      const KvKeep& kk = (*keep)[si];
+      s.spans.push_back({kk.k.data(), kk.v.data(), kk.start, kk.len});
     } else {
       // Ring: what the window of the chunk's first query needs from before the chunk, then the
       // chunk's own rows straight from the projections; the ring absorbs them afterwards. So a
@@ -84,6 +109,18 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
       LARDER_DCHECK(ring != nullptr && ring->offset() == pos0, "ring slot out of step");
       ring->spans(std::max<int64_t>(0, pos0 - ring->window() + 1), &s.spans);
       s.spans.push_back({k_new, v_new, pos0, sq.n});
+      if (keep) {
+        KvKeep& kk = (*keep)[si];
+        kk.k.clear();
+        kk.v.clear();
+        kk.start = s.spans.front().start;
+        kk.len = 0;
+        for (const auto& sp : s.spans) {
+          kk.k.insert(kk.k.end(), sp.k, sp.k + sp.len * kv_dim);
+          kk.v.insert(kk.v.end(), sp.v, sp.v + sp.len * kv_dim);
+          kk.len += sp.len;
+        }
+      }
     }
     s.views.clear();
     for (const auto& sp : s.spans) s.views.push_back({sp.k, sp.v, sp.start, sp.len});

@@ -28,6 +28,16 @@ struct AttentionWeights {
   kernels::WeightView q, k, v, o;
   std::vector<float> q_b, k_b, v_b, o_b;
   RmsNorm q_norm, k_norm;  // empty unless spec.norms.qk
+  RmsNorm v_norm;          // spec.norms.v: unit gain (the reference's norm has no weight)
+};
+
+// KV sharing (LayerSpec::kv_source): what a source layer whose state is a ring attended over in
+// this forward, per sequence in batch order, kept for the layers that share its K/V — by the time
+// they run, the ring has absorbed the chunk and may have dropped rows the chunk's first queries
+// still see. A plain source needs no copy: its KvCache holds every row.
+struct KvKeep {
+  std::vector<float> k, v;  // rows [start, start + len) of [n_kv_heads * head_dim]
+  int64_t start = 0, len = 0;
 };
 
 struct AttentionScratch {
@@ -37,7 +47,8 @@ struct AttentionScratch {
 };
 
 // prefix: "model.layers.N.self_attn." (canonical HF names; the binder's table maps them).
-// Biases: q/k/v with opt.qkv_bias or c.attention_bias, o with c.attention_bias.
+// Biases: q/k/v with opt.qkv_bias or c.attention_bias, o with c.attention_bias. A KV-sharing
+// spec binds q and o only; a k_eq_v spec has no v_proj.
 Status bind_attention(WeightBinder& b, const std::string& prefix, const LayerSpec& spec, const ModelConfig& c,
                       const AttentionOptions& opt, AttentionWeights* out);
 
@@ -54,8 +65,12 @@ struct AttentionSeq {
 // run per sequence. A plain slot's rows are written into its KvCache (reserved by the caller,
 // published by the caller's advance); a ring slot is read first and then absorbs the new rows
 // (its memory stays at the window).
+// KV sharing: a spec with kv_source >= 0 projects only q and attends over slot kv_source (a plain
+// slot in place; a ring slot through `keep`, which the source layer's call filled). A source
+// layer's call fills `keep` when given one (ring slots only).
 void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const float* inv_freq,
                      const AttentionWeights& w, const float* h, int64_t rows, const int64_t* positions, int layer,
-                     std::span<const AttentionSeq> seqs, AttentionScratch& s, float* out);
+                     std::span<const AttentionSeq> seqs, AttentionScratch& s, float* out,
+                     std::vector<KvKeep>* keep = nullptr);
 
 }  // namespace larder::models

@@ -1,0 +1,430 @@
+// gemma4.cpp — the Gemma 4 model file (dense): HF `gemma4_text` and the text tower of multimodal
+// `gemma4` checkpoints. Reference: mlx-lm models/gemma4_text.py, transformers models/gemma4.
+//
+//   x = embed(tokens) · √hidden                         (rounded to the embedding's dtype)
+//   ple = per-layer inputs (below), when hidden_size_per_layer_input > 0
+//   per layer l: x += post_attention_norm(attn_l(input_norm(x)))
+//                x += post_feedforward_norm(mlp_l(pre_feedforward_norm(x)))      GeGLU (tanh GELU)
+//                x += post_per_layer_input_norm(proj_l(gelu(gate_l(x)) · ple[l]))   (with ple)
+//                x *= layer_scalar_l
+//   logits = 30 · tanh(embed(final_norm(x)) / 30)        (final_logit_softcapping; tied)
+//
+// What differs from Gemma 3, per layer — and where the LayerSpec carries it:
+// - head_dim per layer kind: global layers use global_head_dim (LayerSpec::head_dim), and with
+//   attention_k_eq_v their KV heads are num_global_key_value_heads (LayerSpec::n_kv_heads). The
+//   plain KvCache holds only global layers and rings are per layer, so the shapes never mix.
+// - attention_k_eq_v: global layers have no v_proj, values are the raw key projection
+//   (LayerSpec::k_eq_v), then v-normed.
+// - v_norm: values are RMS-normed per head without a gain (LayerNorms::v); q/k norms as Gemma 3.
+// - softmax scale 1 (no query_pre_attn_scalar): the q/k norms fix the logits' scale.
+// - KV sharing: the last num_kv_shared_layers layers project no K/V; each attends over the K/V of
+//   the last non-shared layer of its own kind (LayerSpec::kv_source) and owns no state slot, and
+//   with use_double_wide_mlp their MLP is twice as wide.
+// - RoPE per kind from rope_parameters: sliding layers "default" (theta 10k, all dims), global
+//   layers "proportional": the first partial_rotary_factor of the pairs (i, i + head_dim/2)
+//   rotate with theta^(-2i/head_dim)/factor, the rest are left alone — a full-width rope whose
+//   table is zero past the rotated pairs (rope table 0 = global, 1 = sliding).
+// - Norm gains are plain w (Gemma 3 stores w − 1): mlx-lm's nn.RMSNorm, transformers'
+//   Gemma4RMSNorm.
+// - Per-layer embeddings (E2B/E4B): embed_tokens_per_layer(token) · √P plus
+//   rmsnorm(per_layer_model_projection(x) / √hidden) per layer, times 2^-0.5; each layer gates it
+//   in after its MLP. layer_scalar multiplies every layer's output.
+// Refused, naming the feature: mixture-of-experts layers (enable_moe_block: the 26B-A4B variant,
+// with the hybrid/MoE issue), bidirectional attention, attention biases, GGUF `gemma4`.
+#include <cmath>
+
+#include "larder/core/dtype.h"
+#include "larder/models/blocks/rope.h"
+#include "larder/models/registry.h"
+#include "larder/models/transformer.h"
+
+namespace larder::models {
+
+namespace {
+
+using nlohmann::ordered_json;
+
+// Gemma4TextConfig's defaults (transformers, which writes released configs and omits keys equal
+// to these; mlx-lm's dataclass differs on num_kv_shared_layers, use_double_wide_mlp and
+// final_logit_softcapping, which released configs state explicitly).
+ordered_json gemma4_defaults() {
+  return {{"vocab_size", 262144},
+          {"hidden_size", 2304},
+          {"intermediate_size", 9216},
+          {"num_hidden_layers", 30},
+          {"num_attention_heads", 8},
+          {"num_key_value_heads", 4},
+          {"head_dim", 256},
+          {"global_head_dim", 512},
+          {"hidden_activation", "gelu_pytorch_tanh"},
+          {"max_position_embeddings", 131072},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", true},
+          {"sliding_window", 512},
+          {"vocab_size_per_layer_input", 262144},
+          {"hidden_size_per_layer_input", 256},
+          {"attention_k_eq_v", false},
+          {"num_kv_shared_layers", 0},
+          {"enable_moe_block", false},
+          {"use_double_wide_mlp", false},
+          {"rope_parameters",
+           {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+            {"full_attention",
+             {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1000000.0}}}}}};
+}
+
+// The text model's config: text_config of a multimodal config, else the config, over defaults.
+ordered_json text_config(const formats::ModelFiles& files) {
+  ordered_json j = gemma4_defaults();
+  const ordered_json& top = files.config;
+  const bool multimodal = top.contains("text_config") && top["text_config"].is_object();
+  const ordered_json& src = multimodal ? top["text_config"] : top;
+  for (auto it = src.begin(); it != src.end(); ++it)
+    if (!it.value().is_null() || it.key() == "final_logit_softcapping" || it.key() == "num_global_key_value_heads")
+      j[it.key()] = it.value();
+  if (multimodal) {
+    if (top.contains("vocab_size") && top["vocab_size"].is_number_integer() && !src.contains("vocab_size"))
+      j["vocab_size"] = top["vocab_size"];
+    for (const char* k : {"eos_token_id", "bos_token_id"})
+      if (top.contains(k) && !src.contains(k)) j[k] = top[k];
+  }
+  return j;
+}
+
+struct RopeKind {
+  std::string type = "default";
+  double theta = 10000.0, partial = 1.0, factor = 1.0;
+};
+
+struct Gemma4Params {
+  std::vector<bool> sliding;
+  int64_t window = 0, global_head_dim = 0, global_kv_heads = 0, n_shared = 0;
+  int64_t ple_dim = 0, ple_vocab = 0;
+  bool k_eq_v = false, double_wide = false;
+  float softcap = 0;
+  RopeKind rope_full, rope_sliding;
+};
+
+Result<Gemma4Params> hf_params(const ordered_json& j, const ModelConfig& c) {
+  const char* src = c.source.c_str();
+  Gemma4Params p;
+  auto flag = [&](const char* k) { return j.contains(k) && j[k].is_boolean() && j[k].get<bool>(); };
+  auto integer = [&](const char* k, int64_t dflt, int64_t* out) -> Status {
+    *out = dflt;
+    if (!j.contains(k) || j[k].is_null()) return Status::ok();
+    if (!j[k].is_number_integer()) return invalid_argument(strfmt("[config] %s: '%s' must be an integer", src, k));
+    *out = j[k].get<int64_t>();
+    return Status::ok();
+  };
+  if (flag("enable_moe_block"))
+    return unsupported(strfmt("[config] %s: enable_moe_block is set: Gemma 4 mixture-of-experts layers (26B-A4B) are "
+                              "not supported yet (dense Gemma 4 only)",
+                              src));
+  if (j.contains("use_bidirectional_attention") && !j["use_bidirectional_attention"].is_null())
+    return unsupported(strfmt("[config] %s: use_bidirectional_attention %s is not supported (causal text only)", src,
+                              j["use_bidirectional_attention"].dump().c_str()));
+  if (c.attention_bias) return unsupported(strfmt("[config] %s: attention_bias is not supported for Gemma 4", src));
+  if (j.contains("hidden_activation") && j["hidden_activation"] != "gelu_pytorch_tanh")
+    return unsupported(strfmt("[config] %s: hidden_activation %s is not supported (gelu_pytorch_tanh)", src,
+                              j["hidden_activation"].dump().c_str()));
+  LARDER_RETURN_IF_ERROR(integer("sliding_window", 512, &p.window));
+  LARDER_RETURN_IF_ERROR(integer("global_head_dim", c.head_dim, &p.global_head_dim));
+  if (p.global_head_dim == 0) p.global_head_dim = c.head_dim;  // mlx-lm: a falsy global_head_dim means head_dim
+  LARDER_RETURN_IF_ERROR(integer("num_global_key_value_heads", c.n_kv_heads, &p.global_kv_heads));
+  LARDER_RETURN_IF_ERROR(integer("num_kv_shared_layers", 0, &p.n_shared));
+  LARDER_RETURN_IF_ERROR(integer("hidden_size_per_layer_input", 0, &p.ple_dim));
+  LARDER_RETURN_IF_ERROR(integer("vocab_size_per_layer_input", c.vocab, &p.ple_vocab));
+  p.k_eq_v = flag("attention_k_eq_v");
+  if (!p.k_eq_v) p.global_kv_heads = c.n_kv_heads;
+  p.double_wide = flag("use_double_wide_mlp");
+  if (j.contains("final_logit_softcapping") && j["final_logit_softcapping"].is_number())
+    p.softcap = j["final_logit_softcapping"].get<float>();
+  if (!(p.window >= 1) || p.global_head_dim % 2 != 0 || p.global_head_dim < 2 || p.global_kv_heads < 1 ||
+      c.n_heads % p.global_kv_heads != 0 || p.n_shared < 0 || p.n_shared >= c.n_layers || p.ple_dim < 0)
+    return invalid_argument(strfmt("[config] %s: sliding_window, global_head_dim, num_global_key_value_heads, "
+                                   "num_kv_shared_layers or hidden_size_per_layer_input out of range",
+                                   src));
+  if (p.ple_dim > 0 && p.ple_vocab < c.vocab)
+    return unsupported(strfmt("[config] %s: vocab_size_per_layer_input %lld < vocab_size %lld is not supported", src,
+                              (long long)p.ple_vocab, (long long)c.vocab));
+
+  if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    const ordered_json& lt = j["layer_types"];
+    if (static_cast<int64_t>(lt.size()) != c.n_layers)
+      return invalid_argument(strfmt("[config] %s: layer_types has %zu entries for %lld layers", src, lt.size(),
+                                     (long long)c.n_layers));
+    for (const auto& t : lt) {
+      if (t == "sliding_attention") p.sliding.push_back(true);
+      else if (t == "full_attention") p.sliding.push_back(false);
+      else return unsupported(strfmt("[config] %s: layer type %s is not supported", src, t.dump().c_str()));
+    }
+  } else if (j.contains("sliding_window_pattern") && j["sliding_window_pattern"].is_number_integer()) {
+    const int64_t pat = j["sliding_window_pattern"].get<int64_t>();
+    if (pat < 1) return invalid_argument(strfmt("[config] %s: sliding_window_pattern must be >= 1", src));
+    for (int64_t i = 0; i < c.n_layers; ++i) p.sliding.push_back((i + 1) % pat != 0);
+  } else {
+    // transformers and mlx-lm disagree on the default pattern (6 vs 5): refuse to guess.
+    return invalid_argument(strfmt("[config] %s: Gemma 4 config without layer_types or sliding_window_pattern", src));
+  }
+
+  const ordered_json& rp = j["rope_parameters"];
+  for (auto [key, out] : {std::pair{"full_attention", &p.rope_full}, std::pair{"sliding_attention", &p.rope_sliding}}) {
+    if (!rp.is_object() || !rp.contains(key) || !rp[key].is_object())
+      return invalid_argument(strfmt("[config] %s: rope_parameters.%s is missing", src, key));
+    const ordered_json& r = rp[key];
+    if (r.contains("rope_type") && r["rope_type"].is_string()) out->type = r["rope_type"].get<std::string>();
+    if (r.contains("rope_theta") && r["rope_theta"].is_number()) out->theta = r["rope_theta"].get<double>();
+    if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"].is_number())
+      out->partial = r["partial_rotary_factor"].get<double>();
+    if (r.contains("factor") && r["factor"].is_number()) out->factor = r["factor"].get<double>();
+    if (out->type != "default" && out->type != "proportional")
+      return unsupported(strfmt("[config] %s: rope_parameters.%s rope_type '%s' is not supported (default, "
+                                "proportional)",
+                                src, key, out->type.c_str()));
+    if (out->type == "default" && out->partial != 1.0)
+      return unsupported(strfmt("[config] %s: rope_parameters.%s: partial_rotary_factor with rope_type default", src,
+                                key));
+    if (!(out->theta > 0) || !(out->factor > 0) || !(out->partial > 0 && out->partial <= 1))
+      return invalid_argument(strfmt("[config] %s: rope_parameters.%s out of range", src, key));
+  }
+  // A shared layer reads the last non-shared layer of its kind: that kind must have one.
+  const int64_t first_shared = c.n_layers - p.n_shared;
+  for (int64_t l = first_shared; l < c.n_layers; ++l) {
+    bool found = false;
+    for (int64_t i = 0; i < first_shared; ++i) found |= p.sliding[static_cast<size_t>(i)] == p.sliding[static_cast<size_t>(l)];
+    if (!found)
+      return invalid_argument(strfmt("[config] %s: KV-shared layer %lld has no earlier layer of its type to share", src,
+                                     (long long)l));
+  }
+  return p;
+}
+
+// inv_freq[head_dim/2] of one layer kind. "default": theta^(-2i/d) for every pair. "proportional":
+// the first floor(partial·d/2) pairs get theta^(-2i/d)/factor, the others 0 (not rotated).
+std::vector<float> rope_table(const RopeKind& r, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  const int64_t rotated = r.type == "proportional" ? static_cast<int64_t>(r.partial * static_cast<double>(head_dim)) / 2 : half;
+  std::vector<float> t(static_cast<size_t>(half), 0.0f);
+  for (int64_t i = 0; i < rotated; ++i) {
+    double inv = 1.0 / std::pow(r.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+    if (r.type == "proportional") inv /= r.factor;
+    t[static_cast<size_t>(i)] = static_cast<float>(inv);
+  }
+  return t;
+}
+
+struct Layer {
+  RmsNorm input_norm, post_attn_norm, pre_ffn_norm, post_ffn_norm;
+  AttentionWeights attn;
+  MlpWeights mlp;
+  // Per-layer embeddings (ple_dim > 0).
+  kernels::WeightView ple_gate, ple_proj;  // [P, hidden], [hidden, P]
+  RmsNorm ple_norm;                        // post_per_layer_input_norm
+  float scalar = 1.0f;                     // layer_scalar
+};
+
+class Gemma4Model final : public Transformer {
+ public:
+  explicit Gemma4Model(ModelConfig c) : Transformer(std::move(c)) {}
+  Status bind(const formats::ModelFiles& files);
+
+ private:
+  void begin_batch(const LayerBatch& b) override;
+  void layer_forward(int l, const LayerBatch& b) override;
+
+  Gemma4Params gp_;
+  AttentionOptions attn_opt_;
+  std::vector<Layer> layers_;
+  std::vector<bool> has_readers_;         // a ring source layer some KV-shared layer reads
+  std::vector<std::vector<KvKeep>> keep_;  // per source layer
+  // Per-layer embeddings.
+  kernels::WeightView ple_embed_, ple_model_proj_;  // [Vp, L·P], [L·P, hidden]
+  RmsNorm ple_proj_norm_;                           // [P]
+  float ple_embed_scale_ = 1.0f;
+  std::vector<float> ple_;       // [rows, L, P] this forward's per-layer inputs
+  std::vector<float> ple_tmp_;   // [rows, L·P]
+  std::vector<float> gate_, gin_;  // [rows, P]
+};
+
+float round_to(DType dt, float v) {
+  if (dt == DType::kBF16) return bf16_to_f32(f32_to_bf16(v));
+  if (dt == DType::kF16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+Status Gemma4Model::bind(const formats::ModelFiles& files) {
+  const ModelConfig& c = cfg_;
+  if (c.from_gguf)
+    return unsupported(strfmt("[model] %s: GGUF gemma4 is not supported yet (use the HF checkpoint)", files.path.c_str()));
+  LARDER_ASSIGN_OR_RETURN(gp_, hf_params(text_config(files), c));
+  TensorNames names;  // HF only; multimodal text towers keep their prefix (see gemma3.cpp)
+  if (files.tensors().find("language_model.model.embed_tokens.weight")) {
+    names.hf_add = "language_model.";
+  } else if (files.tensors().find("model.language_model.embed_tokens.weight")) {
+    names.hf_strip = "model.";
+    names.hf_add = "model.language_model.";
+  }
+  WeightBinder b(files, names);
+  const bool tied = c.tied_embeddings.value_or(true);
+  LARDER_RETURN_IF_ERROR(bind_head(b, tied));
+  embed_scale_ = round_to(embed_.dtype, static_cast<float>(std::sqrt(static_cast<double>(c.hidden))));
+  logit_softcap_ = gp_.softcap;
+  attn_opt_.pairing = kernels::RopePairing::kHalf;
+  const float eps = static_cast<float>(c.rms_eps);
+  rope_tables_ = {rope_table(gp_.rope_full, gp_.global_head_dim), rope_table(gp_.rope_sliding, c.head_dim)};
+
+  const int64_t L = c.n_layers, P = gp_.ple_dim;
+  if (P > 0) {
+    LARDER_ASSIGN_OR_RETURN(ple_embed_, b.matrix("model.embed_tokens_per_layer.weight", gp_.ple_vocab, L * P,
+                                                 "vocab_size_per_layer_input x num_hidden_layers*hidden_size_per_layer_input"));
+    LARDER_ASSIGN_OR_RETURN(ple_model_proj_, b.matrix("model.per_layer_model_projection.weight", L * P, c.hidden,
+                                                      "num_hidden_layers*hidden_size_per_layer_input x hidden_size"));
+    LARDER_ASSIGN_OR_RETURN(ple_proj_norm_.weight,
+                            b.vector("model.per_layer_projection_norm.weight", P, "hidden_size_per_layer_input"));
+    ple_proj_norm_.eps = eps;
+    ple_embed_scale_ = round_to(ple_embed_.dtype, static_cast<float>(std::sqrt(static_cast<double>(P))));
+  }
+
+  const int64_t first_shared = L - gp_.n_shared;
+  layers_.resize(static_cast<size_t>(L));
+  has_readers_.assign(static_cast<size_t>(L), false);
+  keep_.assign(static_cast<size_t>(L), {});
+  specs_.clear();
+  for (int64_t l = 0; l < L; ++l) {
+    const bool sliding = gp_.sliding[static_cast<size_t>(l)];
+    LayerSpec spec;
+    spec.kind = sliding ? LayerKind::kSliding : LayerKind::kFull;
+    spec.window = sliding ? gp_.window : 0;
+    spec.n_heads = static_cast<int>(c.n_heads);
+    spec.n_kv_heads = static_cast<int>(sliding ? c.n_kv_heads : gp_.global_kv_heads);
+    spec.head_dim = static_cast<int>(sliding ? c.head_dim : gp_.global_head_dim);
+    spec.rope_dim = spec.head_dim;  // partial rotation lives in the table (zeros)
+    spec.rope = sliding ? 1 : 0;
+    spec.attn_scale = 1.0f;
+    spec.norms = {.qk = true, .post_attn = true, .post_ffn = true, .v = true};
+    spec.k_eq_v = gp_.k_eq_v && !sliding;
+    if (l >= first_shared) {
+      for (int64_t i = first_shared - 1; i >= 0; --i)
+        if (gp_.sliding[static_cast<size_t>(i)] == sliding) {
+          spec.kv_source = static_cast<int>(i);
+          break;
+        }
+      has_readers_[static_cast<size_t>(spec.kv_source)] = sliding;  // plain sources are read in place
+    }
+    specs_.push_back(spec);
+
+    const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
+    Layer& Ly = layers_[static_cast<size_t>(l)];
+    struct { RmsNorm* norm; const char* name; } norms[] = {
+        {&Ly.input_norm, "input_layernorm.weight"},
+        {&Ly.post_attn_norm, "post_attention_layernorm.weight"},
+        {&Ly.pre_ffn_norm, "pre_feedforward_layernorm.weight"},
+        {&Ly.post_ffn_norm, "post_feedforward_layernorm.weight"}};
+    for (auto& n : norms) {
+      LARDER_ASSIGN_OR_RETURN(n.norm->weight, b.vector(p + n.name, c.hidden, "hidden_size"));
+      n.norm->eps = eps;
+    }
+    LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &Ly.attn));
+    if (spec.kv_source >= 0) {
+      // Some checkpoints still carry the K/V tensors of shared layers; the reference drops them.
+      const int64_t kv_dim = int64_t{spec.n_kv_heads} * spec.head_dim;
+      for (const char* m : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"})
+        if (b.has(p + m)) LARDER_RETURN_IF_ERROR(b.matrix(p + m, kv_dim, c.hidden, "unused (KV-shared layer)").status());
+      for (const char* m : {"self_attn.k_norm.weight", "self_attn.v_norm.weight"})
+        if (b.has(p + m)) LARDER_RETURN_IF_ERROR(b.vector(p + m, spec.head_dim, "unused (KV-shared layer)").status());
+    }
+    ModelConfig mc = c;
+    if (gp_.double_wide && spec.kv_source >= 0) mc.ffn = 2 * c.ffn;
+    LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", mc, Activation::kGeluTanh, &Ly.mlp));
+    if (P > 0) {
+      LARDER_ASSIGN_OR_RETURN(Ly.ple_gate, b.matrix(p + "per_layer_input_gate.weight", P, c.hidden,
+                                                    "hidden_size_per_layer_input x hidden_size"));
+      LARDER_ASSIGN_OR_RETURN(Ly.ple_proj, b.matrix(p + "per_layer_projection.weight", c.hidden, P,
+                                                    "hidden_size x hidden_size_per_layer_input"));
+      LARDER_ASSIGN_OR_RETURN(Ly.ple_norm.weight, b.vector(p + "post_per_layer_input_norm.weight", c.hidden, "hidden_size"));
+      Ly.ple_norm.eps = eps;
+    }
+    if (b.has(p + "layer_scalar")) {
+      LARDER_ASSIGN_OR_RETURN(std::vector<float> s, b.vector(p + "layer_scalar", 1, "1"));
+      Ly.scalar = s[0];
+    }
+  }
+  return finish_bind(files, b, tied);
+}
+
+void Gemma4Model::begin_batch(const LayerBatch& b) {
+  const int64_t P = gp_.ple_dim;
+  if (P == 0) return;
+  const int64_t L = cfg_.n_layers, rows = b.rows, LP = L * P;
+  ple_.resize(static_cast<size_t>(rows * LP));
+  ple_tmp_.resize(static_cast<size_t>(rows * LP));
+  // Projection of the scaled embeddings, / √hidden, RMS-normed per layer group of P.
+  kernels::matmul(ple_model_proj_, b.x, rows, ple_.data());
+  const float proj_scale = 1.0f / std::sqrt(static_cast<float>(cfg_.hidden));
+  for (int64_t i = 0; i < rows * LP; ++i) ple_[static_cast<size_t>(i)] *= proj_scale;
+  ple_proj_norm_.apply(ple_.data(), rows * L, ple_.data());
+  // Plus the token's own per-layer embedding · √P, all · 2^-0.5.
+  const float mix = static_cast<float>(1.0 / std::sqrt(2.0));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* e = ple_tmp_.data() + r * LP;
+    kernels::dequant_row(ple_embed_, b.tokens[r], e);
+    float* o = ple_.data() + r * LP;
+    for (int64_t i = 0; i < LP; ++i) o[i] = (o[i] + e[i] * ple_embed_scale_) * mix;
+  }
+}
+
+void Gemma4Model::layer_forward(int l, const LayerBatch& b) {
+  const Layer& Ly = layers_[static_cast<size_t>(l)];
+  const LayerSpec& spec = specs_[static_cast<size_t>(l)];
+  const int64_t d = cfg_.hidden, n = b.rows * d;
+  std::vector<KvKeep>* keep = spec.kv_source >= 0          ? &keep_[static_cast<size_t>(spec.kv_source)]
+                              : has_readers_[static_cast<size_t>(l)] ? &keep_[static_cast<size_t>(l)]
+                                                                     : nullptr;
+  Ly.input_norm.apply(b.x, b.rows, b.h);
+  attention_block(spec, attn_opt_, rope_tables_[static_cast<size_t>(spec.rope)].data(), Ly.attn, b.h, b.rows,
+                  b.positions, l, b.seqs, attn_s_, b.o, keep);
+  Ly.post_attn_norm.apply(b.o, b.rows, b.o);
+  kernels::add(b.x, b.o, b.x, n);
+  Ly.pre_ffn_norm.apply(b.x, b.rows, b.h);
+  mlp_block(Ly.mlp, b.h, b.rows, mlp_s_, b.o);
+  Ly.post_ffn_norm.apply(b.o, b.rows, b.o);
+  kernels::add(b.x, b.o, b.x, n);
+  const int64_t P = gp_.ple_dim;
+  if (P > 0) {
+    gate_.resize(static_cast<size_t>(b.rows * P));
+    gin_.resize(static_cast<size_t>(b.rows * P));
+    kernels::matmul(Ly.ple_gate, b.x, b.rows, gate_.data());
+    const int64_t LP = cfg_.n_layers * P;
+    for (int64_t r = 0; r < b.rows; ++r)
+      std::copy_n(ple_.data() + r * LP + int64_t{l} * P, P, gin_.data() + r * P);
+    kernels::gelu_tanh_mul(gate_.data(), gin_.data(), gate_.data(), b.rows * P);
+    kernels::matmul(Ly.ple_proj, gate_.data(), b.rows, b.o);
+    Ly.ple_norm.apply(b.o, b.rows, b.o);
+    kernels::add(b.x, b.o, b.x, n);
+  }
+  if (Ly.scalar != 1.0f)
+    for (int64_t i = 0; i < n; ++i) b.x[i] *= Ly.scalar;
+}
+
+}  // namespace
+
+Result<ModelConfig> gemma4_config(const formats::ModelFiles& files) {
+  if (files.gguf)
+    return unsupported(strfmt("[model] %s: GGUF gemma4 is not supported yet (use the HF checkpoint)", files.path.c_str()));
+  // The shared parser sees the sliding layers' shape; per-kind RoPE and the global layers' shape
+  // are this file's (hf_params).
+  ordered_json j = text_config(files);
+  if (j["rope_parameters"].is_object() && j["rope_parameters"].contains("full_attention") &&
+      j["rope_parameters"]["full_attention"].contains("rope_theta"))
+    j["rope_theta"] = j["rope_parameters"]["full_attention"]["rope_theta"];
+  for (const char* k : {"rope_parameters", "rope_scaling", "partial_rotary_factor"}) j.erase(k);
+  return config_from_hf_json(files, j);
+}
+
+Result<std::unique_ptr<Model>> load_gemma4(const formats::ModelFiles& files, ModelConfig config) {
+  auto m = std::make_unique<Gemma4Model>(std::move(config));
+  LARDER_RETURN_IF_ERROR(m->bind(files));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace larder::models

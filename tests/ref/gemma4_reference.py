@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Oracle for the Gemma 4 tests: tiny random-weight gemma4 checkpoints run through mlx-lm.
+
+Writes <out>/models/<case>/ like model_reference.py (config.json + model.safetensors, ref.json,
+logits_f32.f32 [64, V]); logits are mlx-lm's (mlx_lm.utils.load_model, its gemma4_text class;
+the multimodal case through its gemma4 class) over 64 teacher-forced tokens in one call without a
+cache, so sliding layers see exactly the keys at distance < sliding_window.
+
+Cases (windows 8 and 13, far below 64 tokens, so every sliding layer drops keys):
+  gemma4_text_f32   hidden 64, 6 layers [s s F s s F], head_dim 16 / global_head_dim 32, KV
+                    sharing (layers 4, 5 read layers 3, 2) with double-wide MLPs, per-layer
+                    embeddings (8 per layer), proportional RoPE (1/4 of the pairs) on global
+                    layers, final logit soft-cap 30 (logits reach it), random layer_scalars
+  gemma4_keqv_f32   hidden 80 (√80 inexact), attention_k_eq_v with num_global_key_value_heads 2
+                    (sliding layers 1 KV head), no per-layer embeddings, no sharing, untied
+                    lm_head, proportional factor 2, window 13
+  gemma4_mm         multimodal `gemma4` config (text_config; weights under
+                    model.language_model. as transformers 5 saves them) with a vision tensor that
+                    must be ignored; the model of gemma4_text_f32
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_reference import SEQ, mlx_logits, save_case, write_hf, write_safetensors  # noqa: E402
+
+ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
+
+BASE = dict(model_type="gemma4_text", hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16, global_head_dim=32, vocab_size=300,
+            vocab_size_per_layer_input=300, hidden_size_per_layer_input=8, rms_norm_eps=1e-6,
+            sliding_window=8, max_position_embeddings=512, hidden_activation="gelu_pytorch_tanh",
+            tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, final_logit_softcapping=30.0,
+            num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=False,
+            num_global_key_value_heads=None, enable_moe_block=False, rope_parameters=ROPE,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)
+
+KEQV = dict(BASE, hidden_size=80, intermediate_size=112, num_key_value_heads=1, num_global_key_value_heads=2,
+            head_dim=24, global_head_dim=16, vocab_size=350, vocab_size_per_layer_input=350,
+            hidden_size_per_layer_input=0, sliding_window=13, num_kv_shared_layers=0, use_double_wide_mlp=False,
+            attention_k_eq_v=True, tie_word_embeddings=False, final_logit_softcapping=30.0,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                                "rope_theta": 10000.0, "factor": 2.0}},
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                         "full_attention"],
+            num_hidden_layers=5)
+
+
+def tensor_shapes(c):
+    h, ffn, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    nh, P = c["num_attention_heads"], c["hidden_size_per_layer_input"]
+    first_shared = L - c["num_kv_shared_layers"]
+    s = {"model.embed_tokens.weight": (V, h), "model.norm.weight": (h,)}
+    if not c["tie_word_embeddings"]:
+        s["lm_head.weight"] = (V, h)
+    if P:
+        s["model.embed_tokens_per_layer.weight"] = (c["vocab_size_per_layer_input"], L * P)
+        s["model.per_layer_model_projection.weight"] = (L * P, h)
+        s["model.per_layer_projection_norm.weight"] = (P,)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        full = c["layer_types"][l] == "full_attention"
+        hd = c["global_head_dim"] if full else c["head_dim"]
+        keqv = c["attention_k_eq_v"] and full
+        nkv = c["num_global_key_value_heads"] if keqv and c["num_global_key_value_heads"] else c["num_key_value_heads"]
+        shared = l >= first_shared
+        f = ffn * (2 if c["use_double_wide_mlp"] and shared else 1)
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            s[p + n + ".weight"] = (h,)
+        s[p + "self_attn.q_proj.weight"] = (nh * hd, h)
+        s[p + "self_attn.o_proj.weight"] = (h, nh * hd)
+        s[p + "self_attn.q_norm.weight"] = (hd,)
+        if not shared:
+            s[p + "self_attn.k_proj.weight"] = (nkv * hd, h)
+            if not keqv:
+                s[p + "self_attn.v_proj.weight"] = (nkv * hd, h)
+            s[p + "self_attn.k_norm.weight"] = (hd,)
+        s[p + "mlp.gate_proj.weight"] = (f, h)
+        s[p + "mlp.up_proj.weight"] = (f, h)
+        s[p + "mlp.down_proj.weight"] = (h, f)
+        if P:
+            s[p + "per_layer_input_gate.weight"] = (P, h)
+            s[p + "per_layer_projection.weight"] = (h, P)
+            s[p + "post_per_layer_input_norm.weight"] = (h,)
+        s[p + "layer_scalar"] = (1,)
+    return s
+
+
+def random_weights(c, rng):
+    """Norm gains are plain (around 1); the embedding is scaled by √hidden in the graph, so it is
+    drawn with std 2/√hidden; matrices 1/√fan_in; layer scalars in [0.6, 1.4]. The lm_head (and
+    the tied embedding through a larger final norm gain) gives logits of ~20-40, so the soft-cap
+    at 30 bends them."""
+    w = {}
+    h = c["hidden_size"]
+    for name, shape in tensor_shapes(c).items():
+        if name.endswith("layer_scalar"):
+            w[name] = rng.uniform(0.6, 1.4, shape).astype(np.float32)
+        elif name.endswith("norm.weight"):
+            w[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
+        elif name in ("model.embed_tokens.weight", "model.embed_tokens_per_layer.weight"):
+            w[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(h)).astype(np.float32)
+        else:
+            w[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    w["model.norm.weight"] *= np.float32(3.0)
+    if "lm_head.weight" in w:
+        w["lm_head.weight"] *= np.float32(4.0)
+    return w
+
+
+def write_multimodal(d, c, weights):
+    """A `gemma4` checkpoint as transformers 5 saves it: text_config, text weights under
+    model.language_model., plus a vision-tower tensor a text-only runner ignores."""
+    os.makedirs(d, exist_ok=True)
+    tc = {k: v for k, v in c.items() if k not in ("vocab_size", "bos_token_id", "eos_token_id")}
+    tc["model_type"] = "gemma4_text"
+    cfg = dict(model_type="gemma4", text_config=tc, vocab_size=c["vocab_size"], bos_token_id=2, eos_token_id=[1, 106],
+               vision_config=dict(model_type="gemma4_vision"))
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    t = {}
+    for k, v in weights.items():
+        t["model.language_model." + k[len("model."):] if k.startswith("model.") else k] = ("F32", v)
+    t["model.vision_tower.encoder.norm.weight"] = ("F32", np.ones(8, dtype=np.float32))
+    write_safetensors(os.path.join(d, "model.safetensors"), t)
+
+
+def mlx_logits_mm(d, tokens):
+    import mlx.core as mx
+    from mlx_lm.models import gemma4
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    model = gemma4.Model(gemma4.ModelArgs.from_dict(cfg))
+    w = model.sanitize(mx.load(os.path.join(d, "model.safetensors")))
+    model.load_weights(list(w.items()))
+    out = model(mx.array(tokens, dtype=mx.int32)[None])
+    return np.array(out[0].astype(mx.float32))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shared", required=False)
+    a = ap.parse_args()
+    root = os.path.join(a.out, "models")
+    os.makedirs(root, exist_ok=True)
+    for i, (name, c) in enumerate([("gemma4_text", BASE), ("gemma4_keqv", KEQV)]):
+        rng = np.random.default_rng(5000 + i)
+        w = random_weights(c, rng)
+        tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
+        d = os.path.join(root, name + "_f32")
+        write_hf(d, c, w, "f32")
+        logits = mlx_logits(d, tokens)
+        save_case(d, tokens, c["vocab_size"], {"f32": logits})
+        if name == "gemma4_text":
+            d = os.path.join(root, "gemma4_mm")
+            write_multimodal(d, c, w)
+            mm = mlx_logits_mm(d, tokens)
+            assert np.allclose(mm, logits, atol=1e-5), "multimodal text tower differs from gemma4_text"
+            save_case(d, tokens, c["vocab_size"], {"f32": mm})
+        print(f"gemma4_reference: {name} max|logit| {float(np.abs(logits).max()):.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

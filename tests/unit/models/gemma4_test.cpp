@@ -1,0 +1,153 @@
+// Gemma 4 beyond logit parity (arch_parity_test.cpp has that, against mlx-lm): the per-layer
+// shapes it declares (head_dim and KV heads per layer kind, KV-sharing layers without state),
+// the state they get, batching sequences whose shared rings sit at different offsets, and the
+// refusal of the variants it does not run (mixture of experts).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "larder/formats/model_files.h"
+#include "larder/models/model.h"
+
+namespace larder::models {
+namespace {
+
+const std::string kRoot = std::string(LARDER_TEST_DATA_DIR) + "/models/";
+
+struct Loaded {
+  formats::ModelFiles files;
+  std::unique_ptr<Model> model;
+};
+
+Loaded load(const std::string& path) {
+  Loaded l;
+  auto f = formats::open_model_files(path);
+  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
+  if (!f.is_ok()) return l;
+  l.files = std::move(f.value());
+  auto m = Model::load(l.files);
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  if (m.is_ok()) l.model = std::move(m.value());
+  return l;
+}
+
+std::vector<int32_t> ref_tokens(const std::string& dir) {
+  std::ifstream f(dir + "/ref.json");
+  EXPECT_TRUE(f.good()) << dir << ": fixture gemma4_ref did not run";
+  if (!f.good()) return {};
+  return nlohmann::json::parse(f)["tokens"].get<std::vector<int32_t>>();
+}
+
+// gemma4_text: layers [s s F s s F], head_dim 16 / global 32, layers 4 and 5 share the K/V of
+// layers 3 (sliding) and 2 (global). gemma4_keqv: [s F s s F], global layers k_eq_v with 2 KV
+// heads and head_dim 16, sliding 1 KV head of 24.
+TEST(Gemma4, DeclaresPerLayerShapes) {
+  for (const char* dir : {"gemma4_text_f32", "gemma4_mm"}) {
+    Loaded l = load(kRoot + dir);
+    ASSERT_NE(l.model, nullptr) << dir;
+    const auto layers = l.model->layers();
+    ASSERT_EQ(layers.size(), 6u);
+    const int src[] = {-1, -1, -1, -1, 3, 2};
+    for (size_t i = 0; i < 6; ++i) {
+      const bool global = i % 3 == 2;
+      EXPECT_EQ(layers[i].kind, global ? LayerKind::kFull : LayerKind::kSliding) << dir << " layer " << i;
+      EXPECT_EQ(layers[i].head_dim, global ? 32 : 16) << dir << " layer " << i;
+      EXPECT_EQ(layers[i].rope, global ? 0 : 1);
+      EXPECT_EQ(layers[i].kv_source, src[i]) << dir << " layer " << i;
+      EXPECT_EQ(layers[i].attn_scale, 1.0f);
+      EXPECT_TRUE(layers[i].norms.qk && layers[i].norms.v && layers[i].norms.post_attn && layers[i].norms.post_ffn);
+      EXPECT_FALSE(layers[i].k_eq_v);
+    }
+    // State for the four layers that own it: three rings (0, 1, 3) and one plain global layer.
+    const memory::StateSchema& s = l.model->state_schema();
+    ASSERT_EQ(s.layers.size(), 4u) << dir;
+    EXPECT_EQ(s.plain_layout().n_layers, 1);
+    EXPECT_EQ(s.plain_layout().head_dim, 32);
+    memory::SequenceState st = l.model->new_state(128);
+    EXPECT_EQ(st.layers.size(), 3u);
+    EXPECT_EQ(l.model->info().sliding_window, 8);
+  }
+  Loaded k = load(kRoot + "gemma4_keqv_f32");
+  ASSERT_NE(k.model, nullptr);
+  const auto layers = k.model->layers();
+  ASSERT_EQ(layers.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const bool global = i == 1 || i == 4;
+    EXPECT_EQ(layers[i].k_eq_v, global) << i;
+    EXPECT_EQ(layers[i].n_kv_heads, global ? 2 : 1) << i;
+    EXPECT_EQ(layers[i].head_dim, global ? 16 : 24) << i;
+    EXPECT_EQ(layers[i].kv_source, -1);
+  }
+  EXPECT_FALSE(k.model->info().tied_embeddings);
+}
+
+// Two sequences in one forward_batch — their rings (and the copies the KV-sharing layers read)
+// at different offsets and wrap points — give what each gives alone.
+TEST(Gemma4, BatchedEqualsAlone) {
+  const std::string dir = kRoot + "gemma4_text_f32";
+  Loaded l = load(dir);
+  ASSERT_NE(l.model, nullptr);
+  Model& m = *l.model;
+  const std::vector<int32_t> toks = ref_tokens(dir);
+  ASSERT_EQ(toks.size(), 64u);
+  const int64_t V = m.info().vocab;
+  memory::SequenceState a = m.new_state(128), b = m.new_state(128), a1 = m.new_state(128), b1 = m.new_state(128);
+  std::vector<float> la(V), lb(V), la1(V), lb1(V);
+  ASSERT_TRUE(m.forward(toks.data(), 7, a, la.data(), false).is_ok());
+  ASSERT_TRUE(m.forward(toks.data(), 7, a1, la1.data(), false).is_ok());
+  float worst = 0, scale = 0;
+  int64_t pa = 7, pb = 0;
+  for (int step = 0; step < 10; ++step) {
+    const int64_t na = 1 + step % 3, nb = 5;
+    std::vector<BatchItem> items = {{toks.data() + pa, na, &a, la.data(), false},
+                                    {toks.data() + 3 + pb, nb, &b, lb.data(), false}};
+    ASSERT_TRUE(m.forward_batch(items).is_ok());
+    ASSERT_TRUE(m.forward(toks.data() + pa, na, a1, la1.data(), false).is_ok());
+    ASSERT_TRUE(m.forward(toks.data() + 3 + pb, nb, b1, lb1.data(), false).is_ok());
+    for (int64_t v = 0; v < V; ++v) {
+      worst = std::max({worst, std::abs(la[v] - la1[v]), std::abs(lb[v] - lb1[v])});
+      scale = std::max({scale, std::abs(la1[v]), std::abs(lb1[v])});
+    }
+    pa += na;
+    pb += nb;
+  }
+  EXPECT_GT(scale, 0.0f);
+  EXPECT_LE(worst, 1e-4f * scale);
+}
+
+// Variants this file does not run are refused at load, naming the feature.
+TEST(Gemma4, RefusesMixtureOfExpertsAndUnknownRope) {
+  namespace fs = std::filesystem;
+  const std::string src = kRoot + "gemma4_text_f32";
+  std::ifstream cf(src + "/config.json");
+  ASSERT_TRUE(cf.good()) << "fixture gemma4_ref did not run";
+  const nlohmann::json base = nlohmann::json::parse(cf);
+  struct { const char* name; nlohmann::json patch; const char* want; } cases[] = {
+      {"moe", {{"enable_moe_block", true}, {"num_experts", 4}, {"top_k_experts", 2}}, "enable_moe_block"},
+      {"rope", {{"rope_parameters", {{"sliding_attention", {{"rope_type", "yarn"}, {"rope_theta", 1e4}}},
+                                     {"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}}}}},
+       "rope_type 'yarn'"},
+      {"bidir", {{"use_bidirectional_attention", "all"}}, "use_bidirectional_attention"},
+  };
+  for (const auto& c : cases) {
+    const fs::path d = fs::path(::testing::TempDir()) / (std::string("gemma4_refuse_") + c.name);
+    fs::create_directories(d);
+    nlohmann::json cfg = base;
+    cfg.update(c.patch);
+    std::ofstream(d / "config.json") << cfg.dump();
+    fs::remove(d / "model.safetensors");
+    fs::create_symlink(fs::path(src) / "model.safetensors", d / "model.safetensors");
+    auto f = formats::open_model_files(d.string());
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    auto m = Model::load(f.value());
+    ASSERT_FALSE(m.is_ok()) << c.name;
+    EXPECT_NE(m.status().to_string().find(c.want), std::string::npos) << m.status().to_string();
+  }
+}
+
+}  // namespace
+}  // namespace larder::models
