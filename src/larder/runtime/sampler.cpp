@@ -195,7 +195,11 @@ TokenLogprobs token_logprobs(const float* x, int64_t vocab, int32_t id, int k) {
       const float ka = key(a), kb = key(b);
       return ka != kb ? ka > kb : a < b;
     });
-    for (int i = 0; i < k; ++i) r.top.emplace_back(order[static_cast<size_t>(i)], lp(order[static_cast<size_t>(i)]));
+    for (int i = 0; i < k; ++i) {
+      const float l = lp(order[static_cast<size_t>(i)]);
+      if (l == -INFINITY) break;  // a masked token (constrained decoding) is no alternative
+      r.top.emplace_back(order[static_cast<size_t>(i)], l);
+    }
   }
   return r;
 }

@@ -1,5 +1,6 @@
 // api_chat.cpp — OpenAI chat completions request parser (messages, tools, response_format, n) and
 // POST /apply-template; responses are written by ResponseWriter (api.cpp).
+#include "larder/server/api_constraints.h"
 #include "larder/server/api_fields.h"
 #include "larder/server/response_writer.h"
 
@@ -77,14 +78,8 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
     if (!t->is_array()) bad("tools must be an array", "tools");
     tools = *t;
   }
-  if (const ordered_json* tc = get(b, "tool_choice")) {
-    if (tc->is_string() && tc->get<std::string>() == "none") {
-      tools = ordered_json();
-    } else if ((tc->is_string() && tc->get<std::string>() == "required") || tc->is_object()) {
-      // Passed to the template; forcing a call needs constrained decoding (not built yet).
-      pr.warnings.push_back("tool_choice not enforced");
-    }
-  }
+  const constraints::ToolChoice choice = constraints::openai_tool_choice(b, tools);
+  if (choice.mode == constraints::ToolChoice::Mode::kNone) tools = ordered_json();
   ordered_json extra = ordered_json::object();
   if (const ordered_json* k = get(b, "chat_template_kwargs")) {
     if (!k->is_object()) bad("chat_template_kwargs must be an object", "chat_template_kwargs");
@@ -92,35 +87,20 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   }
   if (auto effort = string_field(b, "reasoning_effort"); effort && !extra.contains("enable_thinking"))
     extra["enable_thinking"] = *effort != "none";
-  // response_format: without constrained decoding, say so and steer the model with an
-  // instruction carrying the schema — never silently ignore it (server-api.md §4.1).
-  if (const ordered_json* rf = get(b, "response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      bad("response_format must be an object with a type", "response_format");
-    const std::string type = (*rf)["type"].get<std::string>();
-    std::string instruction;
-    if (type == "json_object") {
-      instruction = "Respond with a single valid JSON object and nothing else.";
-    } else if (type == "json_schema") {
-      const ordered_json schema = rf->contains("json_schema") && (*rf)["json_schema"].is_object()
-                                      ? (*rf)["json_schema"].value("schema", ordered_json::object())
-                                      : ordered_json::object();
-      instruction = "Respond with a single valid JSON value that conforms to this JSON schema, and nothing else:\n" +
-                    schema.dump();
-    } else if (type != "text") {
-      bad("response_format.type must be text, json_object or json_schema", "response_format");
-    }
-    if (!instruction.empty()) {
-      pr.warnings.push_back("grammar not enforced: no constrained decoding; schema given as a system instruction");
-      if (!out.empty() && out[0]["role"] == "system") {
-        out[0]["content"] = out[0]["content"].get<std::string>() + "\n\n" + instruction;
-      } else {
-        out.insert(out.begin(), ordered_json{{"role", "system"}, {"content", instruction}});
-      }
+  // response_format is enforced by constrained decoding; the model is also told the schema in a
+  // system instruction (server-api.md §4.5), so it means to write what the grammar allows.
+  const std::string instruction = constraints::apply_response_format(sm, b, pr);
+  if (!instruction.empty()) {
+    if (!out.empty() && out[0]["role"] == "system") {
+      out[0]["content"] = out[0]["content"].get<std::string>() + "\n\n" + instruction;
+    } else {
+      out.insert(out.begin(), ordered_json{{"role", "system"}, {"content", instruction}});
     }
   }
+  constraints::apply_native_fields(sm, b, pr);
 
   pr.tool_style = tool_style_for(sm, tools);
+  constraints::apply_tool_choice(sm, tools, choice, pr, "tool_choice");
   pr.gen.sampling = sampling(sm, b, true);
   // Thinking-aware default temperature: with no explicit temperature and thinking turned off,
   // cap the default at 0.7 (server-api.md §3).

@@ -1,5 +1,6 @@
 // api_completions.cpp — OpenAI text completions request parser (a prompt string, token ids,
 // or a list of prompts; n; n_predict). Also the request side of llama-server POST /completion.
+#include "larder/server/api_constraints.h"
 #include "larder/server/api_fields.h"
 #include "larder/server/response_writer.h"
 
@@ -52,6 +53,8 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
   } else {
     bad("prompt must be a string or an array of token ids", "prompt");
   }
+  constraints::apply_response_format(sm, b, pr);  // the prompt is the client's: no instruction added
+  constraints::apply_native_fields(sm, b, pr);
   pr.gen.sampling = sampling(sm, b, true);
   pr.gen.stops = stops(b, "stop");
   if (auto lp = integer(b, "logprobs", 0, 20)) {

@@ -91,8 +91,6 @@ inline void refuse_unsupported(const ordered_json& b) {
   if (auto n = integer(b, "best_of", 1, 1'000'000); n && *n != 1) bad("best_of > 1 is not supported", "best_of");
   if (auto e = boolean(b, "echo"); e && *e) bad("echo is not supported", "echo");
   if (get(b, "suffix")) bad("suffix is not supported", "suffix");
-  // Until constrained decoding exists, a grammar would be silently ignored: refuse it.
-  if (get(b, "grammar")) bad("grammar is not supported (no constrained decoding yet); remove the field", "grammar");
 }
 
 // max_tokens, else llama-server's n_predict (-1: as many as the context allows).

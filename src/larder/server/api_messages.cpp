@@ -2,6 +2,7 @@
 // tool_result, tools, thinking), shared by POST /v1/messages and /v1/messages/count_tokens.
 #include <cctype>
 
+#include "larder/server/api_constraints.h"
 #include "larder/server/api_fields.h"
 #include "larder/server/response_writer.h"
 
@@ -98,10 +99,8 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
                                      {"parameters", schema}}}});
     }
   }
-  if (const ordered_json* tc = get(b, "tool_choice")) {
-    if (!tc->is_object()) bad("tool_choice must be an object", "tool_choice");
-    if (str_in(*tc, "type", "tool_choice", "tool_choice") == "none") tools = ordered_json();
-  }
+  const constraints::ToolChoice choice = constraints::anthropic_tool_choice(b, tools);
+  if (choice.mode == constraints::ToolChoice::Mode::kNone) tools = ordered_json();
   ordered_json extra = ordered_json::object();
   if (const ordered_json* th = get(b, "thinking")) {
     if (!th->is_object()) bad("thinking must be an object", "thinking");
@@ -111,6 +110,8 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
   }
 
   pr.tool_style = tool_style_for(sm, tools);
+  constraints::apply_native_fields(sm, b, pr);
+  constraints::apply_tool_choice(sm, tools, choice, pr, "tool_choice");
   runtime::SamplingParams sp = sampling(sm, b, false);
   pr.gen.sampling = sp;
   pr.gen.stops = stops(b, "stop_sequences");

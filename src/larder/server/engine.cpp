@@ -19,12 +19,18 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 struct Engine::Seq {
   Seq(GenRequest r, std::shared_ptr<Channel> c, memory::SequenceState st, const tokenizer::Tokenizer& tok)
-      : req(std::move(r)), ch(std::move(c)), state(std::move(st)), sampler(req.sampling), text(tok, req.stops) {}
+      : req(std::move(r)), ch(std::move(c)), state(std::move(st)), sampler(req.sampling), text(tok, req.stops) {
+    if (req.constraint) matcher.emplace(req.constraint);
+  }
   GenRequest req;
   std::shared_ptr<Channel> ch;
   memory::SequenceState state;
   runtime::Sampler sampler;
   runtime::TextStream text;
+  // Constrained decoding: masks the logits before each pick and advances over each sampled
+  // token. Stop strings need no rollback here: text held back is only ever released or cut,
+  // never re-sampled, so the matcher's state always equals the tokens sampled.
+  std::optional<runtime::ConstraintMatcher> matcher;
   std::vector<int32_t> history;      // prompt + generated tokens
   int64_t prefilled = 0;             // prompt tokens in the cache
   int64_t generated = 0;
@@ -378,6 +384,7 @@ void Engine::step() {
         // Sample the next token from this row's logits.
         float* lg = s.logits.data();
         s.sampler.process(lg, V, s.history);
+        if (s.matcher) s.matcher->mask(lg, V);  // after the processors: a bias never revives a masked token
         const int32_t tok = s.sampler.pick(lg, V, static_cast<uint64_t>(s.generated));
         const Clock::time_point now = Clock::now();
         if (!s.has_first) {
@@ -388,6 +395,11 @@ void Engine::step() {
         }
         if (std::find(m_.defaults.eos_ids.begin(), m_.defaults.eos_ids.end(), tok) != m_.defaults.eos_ids.end()) {
           finish(s, Finish::kEos);
+          continue;
+        }
+        if (s.matcher && !s.matcher->accept(tok)) {
+          // Only when every token was masked (a grammar with no continuation): never expected.
+          finish(s, Finish::kError, strfmt("constrained decoding reached a dead end at token %d", tok));
           continue;
         }
         TokenInfo ti;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "larder/runtime/grammar.h"
 #include "larder/runtime/sampler.h"
 
 namespace larder::server {
@@ -31,6 +32,9 @@ struct GenRequest {
   std::vector<std::string> stops;
   int top_logprobs = -1;          // -1: no logprobs; else 0..20 alternatives per token
   std::string ns;                 // KV store namespace (model identity + cache_salt)
+  // Constrained decoding (runtime/grammar.h): compiled by the HTTP worker, matched per sequence
+  // on the engine thread. Null: unconstrained.
+  std::shared_ptr<const runtime::Constraint> constraint;
   std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
   bool memory_held = false;       // engine: the `held` event was sent (memory admission)
 };

@@ -1,0 +1,122 @@
+// grammar.h — constrained decoding (issue 15): a token-level matcher over the model's vocabulary
+// that masks every token which cannot continue a valid output (a JSON schema, any JSON object, a
+// GBNF grammar, or a structural tag for tool calls).
+//
+// The engine underneath is xgrammar (Apache-2.0, built from its pinned PyPI sdist by
+// scripts/build_xgrammar.sh). This file is the only place that includes it, so the rest of
+// larder sees three types:
+//   GrammarEngine      one per loaded model: the vocabulary exported to xgrammar (built lazily, on
+//                      the first constrained request) and the compiler with its cache of compiled
+//                      grammars (bytes-capped). compile() runs on the HTTP worker that parses the
+//                      request, never on the engine thread, so one client's huge schema never
+//                      stalls other streams.
+//   Constraint         a compiled grammar, immutable and shared by every sequence that uses it.
+//   ConstraintMatcher  one per sequence: mask() before sampling, accept() after.
+//
+// The vocabulary is given to xgrammar as raw bytes per token (Tokenizer::token_bytes: byte-level
+// BPE pieces decoded, SentencePiece `▁` as a space, byte-fallback `<0xNN>` as its byte), so both
+// tokenizer families meet the grammar as the text they produce. Special/control tokens get "" —
+// xgrammar never allows those — except the EOS ids, which it allows only where the grammar is
+// complete.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "larder/core/status.h"
+#include "larder/tokenizer/tokenizer.h"
+
+namespace larder::runtime {
+
+struct ConstraintSpec {
+  enum class Kind {
+    kJsonSchema,     // text: a JSON schema (checked by check_json_schema first)
+    kJsonValue,      // any JSON value (text unused)
+    kGbnf,           // text: a GBNF / EBNF grammar, root rule `root`
+    kStructuralTag,  // text: an xgrammar structural tag (tool calls)
+  };
+  Kind kind = Kind::kJsonSchema;
+  std::string text;
+  // kJsonSchema: no properties or items beyond those the schema names (OpenAI's strict: true).
+  // Always valid against the schema; off for "any object" ({"type": "object"} would allow only {}).
+  bool strict = true;
+};
+
+struct ConstraintImpl;
+class Constraint {
+ public:
+  explicit Constraint(std::unique_ptr<ConstraintImpl> impl);
+  ~Constraint();
+  const ConstraintImpl& impl() const { return *impl_; }
+  double compile_ms() const { return compile_ms_; }
+  void set_compile_ms(double ms) { compile_ms_ = ms; }
+
+ private:
+  std::unique_ptr<ConstraintImpl> impl_;
+  double compile_ms_ = 0;
+};
+
+struct GrammarEngineImpl;
+class GrammarEngine {
+ public:
+  // `model_vocab`: the logits row length (may exceed the tokenizer's vocabulary: padding rows are
+  // never allowed). `eos_ids`: the tokens that end generation.
+  GrammarEngine(const tokenizer::Tokenizer& tok, int64_t model_vocab, std::vector<int32_t> eos_ids,
+                int64_t cache_bytes = 256ll << 20);
+  ~GrammarEngine();
+  GrammarEngine(const GrammarEngine&) = delete;
+  GrammarEngine& operator=(const GrammarEngine&) = delete;
+
+  // Thread-safe. Errors: invalid_argument with the grammar's problem (a GBNF syntax error, a
+  // schema xgrammar cannot represent, a schema keyword it would ignore).
+  Result<std::shared_ptr<const Constraint>> compile(const ConstraintSpec& spec);
+
+  // The raw bytes xgrammar sees for each token id (tests).
+  const std::vector<std::string>& vocabulary();
+
+ private:
+  void init();
+  const tokenizer::Tokenizer& tok_;
+  int64_t vocab_;
+  std::vector<int32_t> eos_;
+  int64_t cache_bytes_;
+  std::once_flag once_;
+  std::unique_ptr<GrammarEngineImpl> impl_;
+};
+
+struct MatcherImpl;
+class ConstraintMatcher {
+ public:
+  explicit ConstraintMatcher(std::shared_ptr<const Constraint> c);
+  ~ConstraintMatcher();
+  ConstraintMatcher(ConstraintMatcher&&) noexcept;
+
+  // Sets logits[id] = -inf for every id the grammar forbids next. `vocab` is the row length.
+  void mask(float* logits, int64_t vocab);
+  // The allowed ids next (tests, debugging).
+  std::vector<int32_t> allowed(int64_t vocab);
+  // Advances over a sampled token; false when the grammar forbids it (the matcher is unchanged).
+  bool accept(int32_t id);
+  // The grammar may end here (an EOS would be accepted).
+  bool can_end() const;
+  // An EOS was accepted: nothing more may follow.
+  bool terminated() const;
+  // Undoes the last n accepted tokens (speculation, hold-back that turns out to be rejected).
+  void rollback(int n);
+
+ private:
+  std::unique_ptr<MatcherImpl> impl_;
+  std::vector<int32_t> bitmask_;
+};
+
+// JSON Schema keywords larder cannot enforce are refused, never silently ignored: the error
+// names the keyword and where it is (e.g. "uniqueItems at /properties/tags"). Annotations
+// (title, description, examples, ...) and `x-` extensions are accepted and have no effect.
+Status check_json_schema(const nlohmann::ordered_json& schema);
+
+}  // namespace larder::runtime

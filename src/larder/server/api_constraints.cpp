@@ -1,0 +1,193 @@
+#include "larder/server/api_constraints.h"
+
+#include "larder/server/api_fields.h"
+
+namespace larder::server::constraints {
+
+using namespace fields;
+
+namespace {
+
+// Compiles on this (HTTP worker) thread; a grammar error is the client's: 400 naming the field.
+void set_constraint(const ServedModel& sm, ParsedRequest& pr, const runtime::ConstraintSpec& spec, const char* param,
+                    const char* what) {
+  if (pr.gen.constraint)
+    bad(strfmt("%s cannot be combined with another output constraint (%s) in one request", param,
+               pr.constraint_source.c_str()),
+        param);
+  if (!sm.m || !sm.m->grammar) bad("constrained decoding is not available for this model", param, {}, 500);
+  auto c = sm.m->grammar->compile(spec);
+  if (!c.is_ok()) bad(strfmt("%s: %s", param, c.status().message().c_str()), param);
+  pr.gen.constraint = std::move(*c);
+  pr.constraint_source = what;
+}
+
+void check_schema(const ordered_json& schema, const std::string& where, const char* param) {
+  Status st = runtime::check_json_schema(schema);
+  if (!st.is_ok()) bad(where + ": " + st.message(), param);
+}
+
+const ordered_json* find_tool(const ordered_json& tools, const std::string& name) {
+  if (!tools.is_array()) return nullptr;
+  for (const auto& t : tools)
+    if (t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == name)
+      return &t;
+  return nullptr;
+}
+
+}  // namespace
+
+ToolChoice openai_tool_choice(const ordered_json& b, const ordered_json& tools) {
+  ToolChoice c;
+  c.parallel = boolean(b, "parallel_tool_calls").value_or(true);
+  const ordered_json* tc = get(b, "tool_choice");
+  if (!tc) return c;
+  if (tc->is_string()) {
+    const std::string s = tc->get<std::string>();
+    if (s == "none") c.mode = ToolChoice::Mode::kNone;
+    else if (s == "auto") c.mode = ToolChoice::Mode::kAuto;
+    else if (s == "required") c.mode = ToolChoice::Mode::kRequired;
+    else bad("tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
+  } else if (tc->is_object()) {
+    if (str_in(*tc, "type", "tool_choice", "tool_choice") != "function" || !tc->contains("function") ||
+        !(*tc)["function"].is_object())
+      bad("tool_choice object must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
+    c.mode = ToolChoice::Mode::kNamed;
+    c.name = str_in((*tc)["function"], "name", "tool_choice.function", "tool_choice");
+  } else {
+    bad("tool_choice must be a string or an object", "tool_choice");
+  }
+  if ((c.mode == ToolChoice::Mode::kRequired || c.mode == ToolChoice::Mode::kNamed) && (!tools.is_array() || tools.empty()))
+    bad("tool_choice requires a tool call, but no tools were given", "tool_choice");
+  if (c.mode == ToolChoice::Mode::kNamed && !find_tool(tools, c.name))
+    bad(strfmt("tool_choice names the function '%s', which is not among the tools", c.name.c_str()), "tool_choice");
+  return c;
+}
+
+ToolChoice anthropic_tool_choice(const ordered_json& b, const ordered_json& tools) {
+  ToolChoice c;
+  const ordered_json* tc = get(b, "tool_choice");
+  if (!tc) return c;
+  if (!tc->is_object()) bad("tool_choice must be an object", "tool_choice");
+  const std::string type = str_in(*tc, "type", "tool_choice", "tool_choice");
+  if (auto d = boolean(*tc, "disable_parallel_tool_use")) c.parallel = !*d;
+  if (type == "auto") c.mode = ToolChoice::Mode::kAuto;
+  else if (type == "none") c.mode = ToolChoice::Mode::kNone;
+  else if (type == "any") c.mode = ToolChoice::Mode::kRequired;
+  else if (type == "tool") {
+    c.mode = ToolChoice::Mode::kNamed;
+    c.name = str_in(*tc, "name", "tool_choice", "tool_choice");
+    if (c.name.empty()) bad("tool_choice.name is required when tool_choice.type is tool", "tool_choice");
+  } else {
+    bad("tool_choice.type must be auto, any, tool or none", "tool_choice");
+  }
+  if ((c.mode == ToolChoice::Mode::kRequired || c.mode == ToolChoice::Mode::kNamed) && (!tools.is_array() || tools.empty()))
+    bad("tool_choice requires a tool call, but no tools were given", "tool_choice");
+  if (c.mode == ToolChoice::Mode::kNamed && !find_tool(tools, c.name))
+    bad(strfmt("tool_choice names the tool '%s', which is not among the tools", c.name.c_str()), "tool_choice");
+  return c;
+}
+
+void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const ToolChoice& choice, ParsedRequest& pr,
+                       const char* param) {
+  if (choice.mode == ToolChoice::Mode::kNone || !tools.is_array() || tools.empty()) return;
+  const bool forced = choice.mode != ToolChoice::Mode::kAuto;
+  if (!forced && pr.gen.constraint) return;  // response_format already shapes the whole answer
+  runtime::ToolCallStyle style = pr.tool_style;
+  if (style == runtime::ToolCallStyle::kNone) {
+    if (!forced) return;  // no trigger known for this family: auto stays free text
+    style = runtime::ToolCallStyle::kTagged;
+    pr.tool_style = style;
+  }
+  // One tag per function: the call's fixed opening (name included), its arguments constrained to
+  // the function's parameters schema, and the closing.
+  ordered_json tags = ordered_json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ordered_json& t = tools[i];
+    if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
+    const ordered_json& f = t["function"];
+    const std::string name = f.value("name", "");
+    if (name.empty()) continue;
+    if (choice.mode == ToolChoice::Mode::kNamed && name != choice.name) continue;
+    ordered_json params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"]
+                                                                                  : ordered_json{{"type", "object"}};
+    check_schema(params, strfmt("tools[%zu] (%s) parameters", i, name.c_str()), param);
+    const std::string quoted = ordered_json(name).dump();
+    std::string begin, end;
+    if (style == runtime::ToolCallStyle::kTagged) {
+      begin = "<tool_call>\n{\"name\": " + quoted + ", \"arguments\": ";
+      end = "}\n</tool_call>";
+    } else {
+      begin = "{\"name\": " + quoted + ", \"parameters\": ";
+      end = "}";
+    }
+    // At most one whitespace character between JSON tokens: structural tags default to free
+    // whitespace, and a small model then fills its budget with newlines inside the arguments.
+    tags.push_back({{"type", "tag"},
+                    {"begin", begin},
+                    {"content", {{"type", "json_schema"}, {"json_schema", params}, {"max_whitespace_cnt", 1}}},
+                    {"end", end}});
+  }
+  if (tags.empty()) return;
+  ordered_json format;
+  if (forced) {
+    // The whole answer is calls: a bare-JSON family writes one object, a tagged one may write
+    // several (one per line) when parallel calls are allowed.
+    const bool one = !choice.parallel || style == runtime::ToolCallStyle::kBareJson;
+    format = {{"type", "tags_with_separator"}, {"tags", tags}, {"separator", "\n"}, {"at_least_one", true},
+              {"stop_after_first", one}};
+  } else {
+    if (style != runtime::ToolCallStyle::kTagged) return;  // Llama JSON calls have no trigger
+    format = {{"type", "triggered_tags"}, {"triggers", {"<tool_call>"}}, {"tags", tags}, {"at_least_one", false},
+              {"stop_after_first", !choice.parallel}};
+  }
+  runtime::ConstraintSpec spec{runtime::ConstraintSpec::Kind::kStructuralTag,
+                               ordered_json{{"type", "structural_tag"}, {"format", format}}.dump()};
+  set_constraint(sm, pr, spec, param, forced ? "a forced tool call" : "tool-call arguments");
+}
+
+std::string apply_response_format(const ServedModel& sm, const ordered_json& b, ParsedRequest& pr) {
+  const ordered_json* rf = get(b, "response_format");
+  if (!rf) return {};
+  if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+    bad("response_format must be an object with a type", "response_format");
+  const std::string type = (*rf)["type"].get<std::string>();
+  if (type == "text") return {};
+  runtime::ConstraintSpec spec;
+  std::string instruction;
+  if (type == "json_object") {
+    // Any JSON object (not strict: a strict empty-object schema would only allow {}).
+    spec = {runtime::ConstraintSpec::Kind::kJsonSchema, R"({"type": "object"})", false};
+    instruction = "Respond with a single valid JSON object and nothing else.";
+  } else if (type == "json_schema") {
+    const ordered_json* js = get(*rf, "json_schema");
+    if (!js || !js->is_object()) bad("response_format.json_schema must be an object with a schema", "response_format");
+    const ordered_json* schema = get(*js, "schema");
+    if (schema && !schema->is_object() && !schema->is_boolean())
+      bad("response_format.json_schema.schema must be an object", "response_format");
+    const ordered_json s = schema ? *schema : ordered_json{{"type", "object"}};
+    check_schema(s, "response_format.json_schema.schema", "response_format");
+    const bool strict = boolean(*js, "strict").value_or(true);
+    spec = {runtime::ConstraintSpec::Kind::kJsonSchema, s.dump(), strict && schema != nullptr};
+    instruction = "Respond with a single valid JSON value that conforms to this JSON schema, and nothing else:\n" + s.dump();
+  } else {
+    bad("response_format.type must be text, json_object or json_schema", "response_format");
+  }
+  set_constraint(sm, pr, spec, "response_format", ("response_format " + type).c_str());
+  return instruction;
+}
+
+void apply_native_fields(const ServedModel& sm, const ordered_json& b, ParsedRequest& pr) {
+  if (const ordered_json* g = get(b, "grammar")) {
+    if (!g->is_string()) bad("grammar must be a string (GBNF)", "grammar");
+    if (!g->get<std::string>().empty())
+      set_constraint(sm, pr, {runtime::ConstraintSpec::Kind::kGbnf, g->get<std::string>()}, "grammar", "grammar");
+  }
+  if (const ordered_json* js = get(b, "json_schema")) {
+    if (!js->is_object() && !js->is_boolean()) bad("json_schema must be an object (a JSON schema)", "json_schema");
+    check_schema(*js, "json_schema", "json_schema");
+    set_constraint(sm, pr, {runtime::ConstraintSpec::Kind::kJsonSchema, js->dump(), true}, "json_schema", "json_schema");
+  }
+}
+
+}  // namespace larder::server::constraints

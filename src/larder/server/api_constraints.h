@@ -1,0 +1,46 @@
+// api_constraints.h — request fields that constrain the output (issue 15, server-api.md §4.5),
+// turned into compiled grammars (runtime/grammar.h) on the HTTP worker that parses the request:
+//   OpenAI     response_format {json_object | json_schema}, tool_choice none/auto/required/
+//              {function}, parallel_tool_calls
+//   Anthropic  tool_choice {auto | any | tool | none}, disable_parallel_tool_use
+//   llama-server  grammar (GBNF), json_schema
+// Internal to server/ (used by api_chat.cpp, api_completions.cpp, api_messages.cpp).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "larder/server/api.h"
+
+namespace larder::server::constraints {
+
+// How a request wants tool calls.
+struct ToolChoice {
+  enum class Mode { kAuto, kNone, kRequired, kNamed };
+  Mode mode = Mode::kAuto;
+  std::string name;      // kNamed
+  bool parallel = true;  // more than one call allowed
+};
+
+// OpenAI `tool_choice` + `parallel_tool_calls`; 400 on a bad value or a name not in `tools`.
+ToolChoice openai_tool_choice(const ordered_json& body, const ordered_json& tools);
+// Anthropic `tool_choice` ({type, name, disable_parallel_tool_use}); tools already in OpenAI shape.
+ToolChoice anthropic_tool_choice(const ordered_json& body, const ordered_json& tools);
+
+// The grammar of the tool calls `choice` asks for, in the model family's markup (`style`; a family
+// with no known markup gets the Hermes/Qwen `<tool_call>` form when a call is forced, and
+// pr.tool_style is set so the parser finds it). kRequired/kNamed: the whole answer is calls.
+// kAuto: free text until the family's trigger (`<tool_call>`), then the call is constrained
+// (lazy); none for a family without a trigger. Each tool's `parameters` must pass
+// check_json_schema (400 naming the tool and the keyword).
+void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const ToolChoice& choice, ParsedRequest& pr,
+                       const char* param);
+
+// OpenAI response_format: {type: text | json_object | json_schema}; sets pr.gen.constraint.
+// Returns the instruction to give the model ("" for text).
+std::string apply_response_format(const ServedModel& sm, const ordered_json& body, ParsedRequest& pr);
+
+// llama-server's `grammar` (GBNF) and `json_schema` fields; sets pr.gen.constraint.
+void apply_native_fields(const ServedModel& sm, const ordered_json& body, ParsedRequest& pr);
+
+}  // namespace larder::server::constraints
