@@ -230,8 +230,12 @@ class OllamaApiTest(unittest.TestCase):
         self.assertRefused(400, ["images", "text-only"], lambda: self.client.chat(
             model=self.model, messages=[{"role": "user", "content": "hi", "images": ["aGVsbG8="]}], stream=False))
         self.assertRefused(400, ["images"], lambda: self.client.generate(model=self.model, prompt="hi", images=["aGVsbG8="]))
-        self.assertRefused(400, ["format", "constrained decoding"],
-                           lambda: self.client.chat(model=self.model, messages=msgs, format="json", stream=False))
+        # format (issue 15): "json" and schemas are enforced; a keyword that cannot be is refused by name.
+        r = self.client.chat(model=self.model, messages=msgs, format="json", stream=False,
+                             options={"temperature": 0, "num_predict": 200})
+        self.assertIsInstance(json.loads(r.message.content), dict, r.message.content)
+        self.assertRefused(400, ["format", "uniqueItems"], lambda: self.client.chat(
+            model=self.model, messages=msgs, stream=False, format={"type": "array", "uniqueItems": True}))
         self.assertRefused(400, ["template"], lambda: self.client.generate(model=self.model, prompt="hi", template="{{ .Prompt }}"))
         self.assertRefused(400, ["options.temperature"], lambda: self.client.chat(
             model=self.model, messages=msgs, options={"temperature": -1}, stream=False))

@@ -177,6 +177,20 @@ std::string apply_response_format(const ServedModel& sm, const ordered_json& b, 
   return instruction;
 }
 
+void apply_ollama_format(const ServedModel& sm, const ordered_json& b, ParsedRequest& pr) {
+  const ordered_json* f = get(b, "format");
+  if (!f || (f->is_string() && f->get<std::string>().empty())) return;
+  if (f->is_string()) {
+    if (f->get<std::string>() != "json") bad("format must be \"json\" or a JSON schema object", "format");
+    set_constraint(sm, pr, {runtime::ConstraintSpec::Kind::kJsonSchema, R"({"type": "object"})", false}, "format",
+                   "format json");
+    return;
+  }
+  if (!f->is_object()) bad("format must be \"json\" or a JSON schema object", "format");
+  check_schema(*f, "format", "format");
+  set_constraint(sm, pr, {runtime::ConstraintSpec::Kind::kJsonSchema, f->dump(), true}, "format", "format schema");
+}
+
 void apply_native_fields(const ServedModel& sm, const ordered_json& b, ParsedRequest& pr) {
   if (const ordered_json* g = get(b, "grammar")) {
     if (!g->is_string()) bad("grammar must be a string (GBNF)", "grammar");

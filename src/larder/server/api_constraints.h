@@ -40,6 +40,9 @@ void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const T
 // Returns the instruction to give the model ("" for text).
 std::string apply_response_format(const ServedModel& sm, const ordered_json& body, ParsedRequest& pr);
 
+// Ollama's `format`: "json" (any JSON object) or a JSON schema object; sets pr.gen.constraint.
+void apply_ollama_format(const ServedModel& sm, const ordered_json& body, ParsedRequest& pr);
+
 // llama-server's `grammar` (GBNF) and `json_schema` fields; sets pr.gen.constraint.
 void apply_native_fields(const ServedModel& sm, const ordered_json& body, ParsedRequest& pr);
 

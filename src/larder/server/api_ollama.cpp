@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "larder/server/api_constraints.h"
 #include "larder/server/api_fields.h"
 
 namespace larder::server {
@@ -79,10 +80,6 @@ void check_model(const ServedModel& sm, const ordered_json& b) {
 }
 
 void refuse_common(const ordered_json& b) {
-  if (const ordered_json* f = get(b, "format"); f && !(f->is_string() && f->get<std::string>().empty()))
-    bad("format (JSON mode and JSON-schema structured output) is not supported yet: larder has no constrained "
-        "decoding; remove format and ask for JSON in the prompt",
-        "format");
   if (const ordered_json* k = get(b, "keep_alive"); k && !k->is_string() && !k->is_number())
     bad("keep_alive must be a duration string (\"5m\") or a number of seconds", "keep_alive");
 }
@@ -193,6 +190,7 @@ ParsedRequest start_ollama(const ServedModel& sm, const ordered_json& b, const c
   ParsedRequest pr = start(b, "ollama-", route);
   check_model(sm, b);
   refuse_common(b);
+  constraints::apply_ollama_format(sm, b, pr);  // "json" or a schema: constrained decoding (issue 15)
   pr.stream = boolean(b, "stream").value_or(true);  // Ollama streams unless told not to
   pr.gen.ns = sm.ns_base;
   return pr;
