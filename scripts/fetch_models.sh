@@ -9,6 +9,9 @@
 # pinned sha256, and unpacked; nothing is installed and nothing is imported. Each final file is
 # checked against its pinned sha256 too. Idempotent: a model already in place with the right
 # sha256 is left alone (a wrong one is fetched again). Nothing in larder downloads at run time.
+# Then SmolLM2-135M-Instruct-hf/: the same model as a bf16 Hugging Face directory, converted
+# locally by scripts/gguf_to_hf.py (with the .venv's gguf-py; redone only when the GGUF or the
+# converter changed), for the HF paths of larder (quantize, eval kl) and for mlx-lm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,5 +96,10 @@ else
     rm -f "$dest/$gemma.tmp"; exit 1
   fi
   mv "$dest/$gemma.tmp" "$dest/$gemma"
+fi
+if [[ -x .venv/bin/python ]] && .venv/bin/python -c "import gguf, numpy" 2>/dev/null; then
+  .venv/bin/python scripts/gguf_to_hf.py "$dest/SmolLM2-135M-Instruct-hf" --gguf "$dest/$smol" --dtype bf16 --if-stale
+else
+  echo "fetch_models: no .venv with gguf-py (scripts/setup.sh makes it): SmolLM2-135M-Instruct-hf not converted" >&2
 fi
 echo "fetch_models: models in $dest"
