@@ -5,6 +5,8 @@ committed, and this script is how they were made (and how to remake them).
 
   scripts/make_llamacpp_goldens.py tokenize   # llama-tokenize over tests/goldens/tokenize_corpus.json
   scripts/make_llamacpp_goldens.py ppl        # llama-perplexity, fixed text/ctx/chunks
+  scripts/make_llamacpp_goldens.py ppl-f32    # the same runs of gemma3, exact f32 math (mlx-lm on
+                                              # the dequantized GGUF: tests/ref/gguf_f32_reference.py)
   scripts/make_llamacpp_goldens.py chat       # llama-server greedy chat answers (temperature 0)
   scripts/make_llamacpp_goldens.py requant    # SmolLM2 requantized by llama-quantize, each format's ppl
 
@@ -102,6 +104,40 @@ def cmd_ppl(args):
         print(f"{key} ctx {ctx} chunks {chunks}: PPL {r['ppl']} +/- {r['ppl_err']}")
         runs.append({"model": MODELS[key], "text": PPL_TEXT, "ctx": ctx, "chunks": chunks, **r})
     write_json("ppl_llamacpp.json", {"tool": f"llama-perplexity ({LLAMACPP_VERSION})", "runs": runs})
+
+
+def cmd_ppl_f32(args):
+    """The exact value of each gemma3 PPL_RUN: the GGUF dequantized to f32 by gguf-py, mlx-lm's
+    gemma3_text in f32, on llama-tokenize's ids (the text with BOS, as llama-perplexity tokenizes
+    it) with llama-perplexity's chunking. llama.cpp and larder both quantize activations to int8;
+    this says how far each is from the model's own value."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
+    import gguf_f32_reference as ref
+    import mlx.core as mx
+    mx.set_default_device(mx.cpu)
+    text = os.path.join(args.shared, PPL_TEXT)
+    with open(text, encoding="utf-8") as f:
+        body = f.read()
+    model_file = os.path.join(models_dir(args), MODELS["gemma3"])
+    tokens = llama_tokenize(args.bin, model_file, body, True)
+    cfg, weights = ref.load_gguf_f32(model_file)
+    ref.numpy_matmuls()
+    model = ref.mlx_model(cfg, weights)
+    del weights
+    import math
+    runs = []
+    for key, ctx, chunks in PPL_RUNS:
+        if key != "gemma3":
+            continue
+        r = ref.perplexity(model, tokens, ctx, chunks, cfg["bos_token_id"], math.sqrt(cfg["hidden_size"]))
+        print(f"{key} ctx {ctx} chunks {chunks}: exact f32 PPL {r['ppl']:.4f}")
+        runs.append({"model": MODELS[key], "text": PPL_TEXT, "ctx": ctx, "chunks": chunks,
+                     "ppl": round(r["ppl"], 4), "ppl_err": round(r["ppl_err"], 5), "n_scored": r["n_scored"]})
+    write_json("ppl_f32_reference.json", {
+        "tool": "tests/ref/gguf_f32_reference.py: gguf-py dequantization + mlx-lm gemma3_text, f32 on the CPU",
+        "tokens": f"llama-tokenize ({LLAMACPP_VERSION}) of the whole text with BOS",
+        "chunking": "llama-perplexity's: chunks of ctx, first token -> BOS, positions ctx/2 .. ctx-2 scored",
+        "embed_scale": "f32 sqrtf(hidden), as llama.cpp runs the GGUF", "runs": runs})
 
 
 # ---------------------------------------------------------------------------------------- chat
@@ -219,14 +255,15 @@ def cmd_requant(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["tokenize", "ppl", "chat", "requant"])
+    ap.add_argument("what", choices=["tokenize", "ppl", "ppl-f32", "chat", "requant"])
     ap.add_argument("--shared", default=os.path.join(ROOT, "..", "shared"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bin", default=os.path.expanduser("~/.cache/larder-bench/llama.cpp-0.3.36/build/bin"))
     ap.add_argument("--models", help="folder of the fetched models (default: LARDER_MODELS_DIR or .cache/models)")
     args = ap.parse_args()
     os.makedirs(GOLDENS, exist_ok=True)
-    {"tokenize": cmd_tokenize, "ppl": cmd_ppl, "chat": cmd_chat, "requant": cmd_requant}[args.what](args)
+    {"tokenize": cmd_tokenize, "ppl": cmd_ppl, "ppl-f32": cmd_ppl_f32, "chat": cmd_chat,
+     "requant": cmd_requant}[args.what](args)
 
 
 if __name__ == "__main__":

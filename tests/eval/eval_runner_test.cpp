@@ -36,6 +36,28 @@ class EvalRunner : public ::testing::Test {
 LoadedModel* EvalRunner::model_ = nullptr;
 std::vector<int32_t> EvalRunner::stream_;
 
+// llama-perplexity tokenizes the text with BOS (common_tokenize(text, add_special = true)) and
+// then overwrites each chunk's first token with BOS: chunk 0 keeps every text token, chunk k
+// starts at stream position k·n_ctx of the BOS-led stream. Before issue 13 larder tokenized
+// without BOS, so each chunk was the text one token later than llama.cpp's (chunk 0 lost its
+// first word): gemma-3-270m PPL 1-2 % off llama-perplexity.
+TEST_F(EvalRunner, StreamStartsWithBosAsLlamaPerplexityTokenizes) {
+  const std::string text = "First Citizen:\nBefore we proceed any further, hear me speak.\n";
+  const EvalStream s = make_eval_stream(*model_->tokenizer, text);
+  const auto bos = model_->tokenizer->bos_id();
+  ASSERT_TRUE(bos.has_value());
+  ASSERT_TRUE(s.bos.has_value()) << "stories260K's tokenizer adds BOS";
+  EXPECT_EQ(*s.bos, *bos);
+  const std::vector<int32_t> with = model_->tokenizer->encode(text, true);
+  EXPECT_EQ(s.ids, with) << "the stream is the text encoded with special tokens";
+  const std::vector<int32_t> plain = model_->tokenizer->encode(text, false);
+  ASSERT_GE(plain.size(), 8u);
+  auto chunks = make_eval_chunks(s.ids, 8, 1, s.bos);
+  ASSERT_TRUE(chunks.is_ok()) << chunks.status().to_string();
+  EXPECT_EQ((*chunks)[0][0], *bos);
+  for (size_t i = 1; i < 8; ++i) EXPECT_EQ((*chunks)[0][i], plain[i - 1]) << "chunk 0 keeps the text's first tokens";
+}
+
 TEST_F(EvalRunner, PerplexityMatchesWholeChunkScalarNll) {
   const int64_t n = 64;
   auto chunks = make_eval_chunks(stream_, n, 3, model_->model->info().bos_id);

@@ -2,8 +2,9 @@
 """`larder eval ppl|kl` against numpy statistics over mlx-lm logits (float32, CPU backend).
 
 Two small random Llama checkpoints (B is A with perturbed weights) with the real llama2
-tokenizer; the text is a slice of tinyshakespeare, tokenized here by HF `tokenizers`, chunked
-by the llama.cpp rule (non-overlapping n_ctx chunks, first token -> BOS, second half scored),
+tokenizer; the text is a slice of tinyshakespeare, tokenized here by HF `tokenizers` with BOS
+first (as llama-perplexity tokenizes), chunked by the llama.cpp rule (non-overlapping n_ctx
+chunks, first token -> BOS, second half scored),
 and every statistic is recomputed in float64 numpy from mlx-lm's logits. Then stories260K (a
 real trained model) on the same text, and the CLI's refusals of bad input.
 Run with LARDER_BIN, LARDER_SHARED_DIR, LARDER_TEST_DATA_DIR set (CTest does).
@@ -101,7 +102,9 @@ class EvalTest(unittest.TestCase):
         cls.long_text = os.path.join(OUT, "shakespeare_long.txt")
         with open(cls.long_text, "w", encoding="utf-8") as f:
             f.write(corpus[:40000])
-        ids = Tokenizer.from_file(os.path.join(TOK, "tokenizer.json")).encode(corpus[:5000], add_special_tokens=False).ids
+        # llama-perplexity's stream: the text with BOS (the llama2 tokenizer adds it), so chunk 0
+        # keeps the text's first token and chunk k starts at k * CTX of this stream.
+        ids = [1] + Tokenizer.from_file(os.path.join(TOK, "tokenizer.json")).encode(corpus[:5000], add_special_tokens=False).ids
         n = len(ids) // CTX
         assert n >= CHUNKS, f"the text slice has only {len(ids)} tokens"
         cls.chunks = [[1] + ids[i * CTX + 1:(i + 1) * CTX] for i in range(CHUNKS)]  # BOS overwrite

@@ -1,9 +1,9 @@
 // larder eval ppl MODEL --text FILE [--ctx 512] [--chunks N] [-t T] [--json]
 // larder eval kl BASE CANDIDATE --text FILE [--ctx 512] [--chunks N] [-t T] [--json] [--no-sanity]
 // Quality measurement for quantized models (design/quantization.md §10): the text is tokenized
-// with the (base) model's tokenizer as one stream without special tokens, cut into
-// non-overlapping chunks (first token → BOS when the tokenizer adds one), and the second half of
-// each chunk is scored. Running estimates go to stderr as llama-perplexity prints them, the
+// with the (base) model's tokenizer as one stream, BOS first when the tokenizer adds one (as
+// llama-perplexity tokenizes), cut into non-overlapping chunks (first token → BOS), and the
+// second half of each chunk is scored. Running estimates go to stderr as llama-perplexity prints them, the
 // summary (or one JSON object) to stdout.
 #include <cmath>
 #include <cstdio>
@@ -43,16 +43,6 @@ Result<std::string> read_text(const std::string& path) {
   return s;
 }
 
-// Whether encoding with special tokens puts BOS first: that, not the mere presence of a BOS id,
-// is what decides if chunks should start with it (llama.cpp checks add_bos the same way).
-std::optional<int32_t> adds_bos(const tokenizer::Tokenizer& tok) {
-  const auto bos = tok.bos_id();
-  if (!bos) return std::nullopt;
-  const auto with = tok.encode("a", true), without = tok.encode("a", false);
-  if (with.size() > without.size() && !with.empty() && with.front() == *bos) return bos;
-  return std::nullopt;
-}
-
 Status check_ctx(const EvalFlags& f, const runtime::LoadedModel& m, const std::string& path) {
   if (f.ctx < 2) {
     return invalid_argument(strfmt("[eval] --ctx %lld is too small: scoring needs at least 2 tokens per chunk",
@@ -75,10 +65,10 @@ struct Prepared {
 Result<Prepared> prepare(const EvalFlags& f, const runtime::LoadedModel& m) {
   LARDER_ASSIGN_OR_RETURN(std::string text, read_text(f.text));
   Prepared p;
-  const std::vector<int32_t> stream = m.tokenizer->encode(text, /*add_special=*/false);
-  p.stream_tokens = static_cast<int64_t>(stream.size());
-  p.bos = adds_bos(*m.tokenizer);
-  auto chunks = runtime::make_eval_chunks(stream, f.ctx, f.chunks, p.bos);
+  runtime::EvalStream stream = runtime::make_eval_stream(*m.tokenizer, text);
+  p.stream_tokens = static_cast<int64_t>(stream.ids.size());
+  p.bos = stream.bos;
+  auto chunks = runtime::make_eval_chunks(stream.ids, f.ctx, f.chunks, p.bos);
   if (!chunks.is_ok()) {
     return Status(chunks.status().code(), chunks.status().message() + " (text '" + f.text + "')");
   }

@@ -3,9 +3,10 @@
 // same chunks, top-1 agreement, and a greedy-generation sanity check.
 //
 // The chunking and scoring follow llama.cpp's llama-perplexity so numbers are comparable in
-// kind (never across tokenizers or contexts): non-overlapping chunks of n_ctx, the first token
-// overwritten with BOS when the tokenizer adds one, and only the second half of each chunk
-// scored, so every scored position has at least n_ctx/2 tokens of context.
+// kind (never across tokenizers or contexts): the text tokenized as one document (BOS first when
+// the tokenizer adds one), non-overlapping chunks of n_ctx, each chunk's first token overwritten
+// with BOS, and only the second half of each chunk scored, so every scored position has at least
+// n_ctx/2 tokens of context.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,10 @@
 
 #include "larder/core/status.h"
 #include "larder/models/model.h"
+
+namespace larder::tokenizer {
+class Tokenizer;
+}
 
 namespace larder::runtime {
 
@@ -37,6 +42,17 @@ double token_prob(const float* logits, int64_t vocab, int32_t target);
 
 // Index of the largest logit (the first one on ties).
 int32_t argmax_logits(const float* logits, int64_t vocab);
+
+// The stream llama-perplexity cuts into chunks: the text tokenized with special tokens
+// (common_tokenize(text, add_special = true)), i.e. BOS first when the tokenizer adds one. The
+// BOS matters beyond chunk 0: without it every chunk starts one token later in the text, and on
+// Gemma 3 that alone moved PPL by 1-2 % against llama-perplexity (issue 13). `bos` is the BOS
+// the tokenizer adds (nullopt when it adds none: SmolLM2, Qwen), which the chunks then start with.
+struct EvalStream {
+  std::vector<int32_t> ids;
+  std::optional<int32_t> bos;
+};
+EvalStream make_eval_stream(const tokenizer::Tokenizer& tok, const std::string& text);
 
 // Non-overlapping chunks of n_ctx tokens from the start of `stream` (a trailing partial chunk
 // is dropped), at most max_chunks of them (<= 0: all). With `bos`, each chunk's first token is
