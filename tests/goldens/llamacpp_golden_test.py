@@ -6,6 +6,9 @@ llama.cpp's own tools produced (scripts/make_llamacpp_goldens.py; CI never build
     tokenize` must give the same ids, with and without --add-special.
   * ppl_llamacpp.json — `llama-perplexity` on tinyshakespeare (../shared/corpora), fixed context
     and chunk count; `larder eval ppl` with the same text, --ctx and --chunks within 1 %.
+  * ppl_f32_reference.json — the same gemma3 runs in exact f32 arithmetic (the GGUF dequantized
+    by gguf-py, mlx-lm's gemma3_text; tests/ref/gguf_f32_reference.py): larder within
+    F32_REF_TOLERANCE of the model's own value, not only of another int8-activation engine.
   * chat_smollm2.json — llama-server's greedy chat answers (temperature 0, the GGUF's template);
     `larder serve` through the official openai client: same rendering and prompt size, the same
     32 tokens for most prompts, and any difference a near-tie (ChatVsLlamaServer says how).
@@ -23,6 +26,12 @@ BIN = os.environ.get("LARDER_BIN") or os.path.join(HERE, "../../build/bin/larder
 MODELS = os.environ.get("LARDER_MODELS_DIR") or os.path.join(HERE, "../../.cache/models")
 SHARED = os.environ.get("LARDER_SHARED_DIR") or os.path.join(HERE, "../../../shared")
 PPL_TOLERANCE = 0.01  # relative, issue 12
+# larder and llama.cpp both quantize activations to int8 for their integer dot products (larder
+# per 32 elements; llama.cpp Q8_0 per 32 and Q8_K per 256), which moves gemma-3-270m's PPL off
+# the exact f32 value: llama.cpp by +0.46 % at ctx 1024 x 4 and ctx 512 x 2, larder by +0.35 %
+# and -0.07 % (issue 13). llama.cpp's own distance from exact plus room for another kernel tier's
+# rounding; the BOS-less stream of issue 13 was 0.74 % off here (and 1.2 % off llama.cpp).
+F32_REF_TOLERANCE = 0.006
 
 
 def load(name):
@@ -90,6 +99,18 @@ class PerplexityVsLlamaCpp(unittest.TestCase):
         for run in load("ppl_llamacpp.json")["runs"]:
             with self.subTest(model=run["model"], ctx=run["ctx"]):
                 self.run_ppl(run)
+
+    def test_gemma3_vs_exact_f32(self):
+        """gemma-3-270m against its exact value. History (issue 13): larder tokenized the text
+        without BOS, so every chunk was the text one token later than llama-perplexity's; PPL came
+        out 1.2 % (ctx 1024 x 4) to 2.1 % (ctx 384 x 2) below both llama.cpp and this reference,
+        while per-position NLLs on identical tokens agreed with the reference (mean difference
+        1e-5 nats over 191 positions)."""
+        golden = load("ppl_f32_reference.json")
+        self.assertGreaterEqual(len(golden["runs"]), 1)
+        for run in golden["runs"]:
+            with self.subTest(model=run["model"], ctx=run["ctx"]):
+                self.run_ppl(run, tolerance=F32_REF_TOLERANCE, what="exact f32 reference")
 
 
 NEAR_TIE_NATS = 0.35  # llama.cpp's own f16- vs f32-KV runs flip a 0.30-nat greedy margin here
