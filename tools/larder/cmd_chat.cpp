@@ -19,6 +19,7 @@
 #include "larder/runtime/generate.h"
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/page_in.h"
+#include "larder/runtime/sequence.h"
 #include "larder/runtime/text_stream.h"
 #include "model_arg.h"
 #include "verbs.h"
@@ -164,15 +165,11 @@ int run_chat(const ChatFlags& f) {
     runtime::GenerateOptions go = generate_options(f.gen, m);
     go.max_new_tokens = budget_for(f.gen, static_cast<int64_t>(prompt.size()), ctx);
 
-    memory::TakeResult taken = store.take(prompt, ns);
-    memory::SequenceState state = m.model->new_state(ctx);
-    if (taken.hit) {
-      auto st = std::move(*taken.hit).into_state(m.model->state_schema(), ctx);
-      if (st.is_ok()) state = std::move(*st);
-    }
+    // The one generation lifecycle (runtime/sequence.h): take, prefill, decode, put.
+    runtime::Sequence seq = runtime::Sequence::start(*m.model, prompt, {&store, ns, ctx});
     runtime::TextStream text(*m.tokenizer, f.gen.stop);
     std::string answer;
-    auto result = runtime::generate(*m.model, state, prompt, go, [&](int32_t token) {
+    auto result = runtime::generate(*m.model, seq, go, [&](int32_t token) {
       const std::string piece = text.push(token);
       answer += piece;
       out(piece);
@@ -185,6 +182,7 @@ int run_chat(const ChatFlags& f) {
     clear_interrupt();
     out("\n");
     if (!result.is_ok()) {
+      seq.finish(/*failed=*/true);
       history.pop_back();
       std::fprintf(stderr, "larder: %s\n", result.status().message().c_str());
       continue;
@@ -192,10 +190,7 @@ int run_chat(const ChatFlags& f) {
     if (stopped) std::fprintf(stderr, "[stopped]\n");
     history.push_back({"assistant", answer});
     // Keep what was forwarded (prompt + answer but its last token) for the next turn's prefix.
-    std::vector<int32_t> forwarded = prompt;
-    forwarded.insert(forwarded.end(), result->tokens.begin(), result->tokens.end());
-    forwarded.resize(static_cast<size_t>(state.kv.length()));
-    if (Status put = store.put(forwarded, std::move(state), ns); !put.is_ok() && f.verbose) {
+    if (Status put = seq.finish(); !put.is_ok() && f.verbose) {
       std::fprintf(stderr, "larder: kv store: not kept: %s\n", put.message().c_str());
     }
     if (f.verbose) {
@@ -203,8 +198,8 @@ int run_chat(const ChatFlags& f) {
                         : stopped      ? "interrupted (Ctrl-C)"
                                        : runtime::finish_reason_name(result->finish_reason);
       std::fprintf(stderr, "larder: reused %lld of %zu prompt tokens (%s) | %s\n",
-                   static_cast<long long>(taken.report.reused_tokens), prompt.size(),
-                   memory::tier_name(taken.report.tier), stats_text(*result, why).c_str());
+                   static_cast<long long>(seq.cached_tokens()), prompt.size(), seq.cache_tier(),
+                   stats_text(*result, why).c_str());
     }
   }
 }

@@ -20,6 +20,7 @@
 #include "larder/runtime/kv_identity.h"
 #include "larder/runtime/fit.h"
 #include "larder/runtime/page_in.h"
+#include "larder/runtime/sequence.h"
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/text_stream.h"
 #include "larder/tokenizer/tokenizer.h"
@@ -128,23 +129,18 @@ int run_generate(const GenerateFlags& f) {
   go.max_new_tokens = n;
 
   std::unique_ptr<memory::KvStore> store;
-  const std::string ns = memory::namespace_id({});
-  memory::SequenceState state = m.model->new_state(ctx);
   if (!f.gen.ssd_cache.empty()) {
     auto opened = open_cli_store(f.gen, m);
     if (!opened.is_ok()) return report(opened.status());
     store = std::move(*opened);
-    memory::TakeResult taken = store->take(prompt, ns);
-    if (taken.hit) {
-      auto st = std::move(*taken.hit).into_state(m.model->state_schema(), ctx);
-      if (!st.is_ok()) return report(st.status());
-      state = std::move(*st);
-    }
-    std::fprintf(stderr, "larder: kv store: reused %lld of %zu prompt tokens from %s (%s)\n",
-                 static_cast<long long>(taken.report.reused_tokens), prompt.size(),
-                 memory::tier_name(taken.report.tier), taken.report.reason.c_str());
   }
-  memory::SequenceState& cache = state;
+  // The one generation lifecycle (runtime/sequence.h): take, prefill, decode, put.
+  runtime::Sequence seq = runtime::Sequence::start(*m.model, prompt, {store.get(), memory::namespace_id({}), ctx});
+  if (store) {
+    std::fprintf(stderr, "larder: kv store: reused %lld of %zu prompt tokens from %s (%s)\n",
+                 static_cast<long long>(seq.cached_tokens()), prompt.size(), seq.cache_tier(),
+                 seq.cache_reason().c_str());
+  }
   runtime::TextStream text(*m.tokenizer, f.gen.stop);
   auto emit = [](const std::string& s) {
     if (s.empty()) return;
@@ -152,7 +148,7 @@ int run_generate(const GenerateFlags& f) {
     std::fflush(stdout);
   };
   if (f.show_prompt) emit(m.tokenizer->decode(prompt, /*skip_special=*/true));
-  auto result = runtime::generate(*m.model, cache, prompt, go, [&](int32_t token) {
+  auto result = runtime::generate(*m.model, seq, go, [&](int32_t token) {
     emit(text.push(token));
     return !text.stopped() && !interrupted();
   });
@@ -162,11 +158,7 @@ int run_generate(const GenerateFlags& f) {
   emit("\n");
   if (!result.is_ok()) return report(result.status());
   if (store) {
-    // Everything forwarded (the cache holds prompt + generated tokens but the last sampled one).
-    std::vector<int32_t> forwarded = prompt;
-    forwarded.insert(forwarded.end(), result->tokens.begin(), result->tokens.end());
-    forwarded.resize(static_cast<size_t>(cache.length()));
-    Status put = store->put(forwarded, std::move(state), ns);
+    Status put = seq.finish();
     if (!put.is_ok()) std::fprintf(stderr, "larder: kv store: not kept: %s\n", put.message().c_str());
     memory::FlushReport fr = store->flush();
     if (!fr.durable) {

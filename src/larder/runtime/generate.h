@@ -1,5 +1,6 @@
-// generate.h — the token-level generation loop: chunked prefill, then decode until EOS, the
-// token budget, the context limit, or the caller says stop.
+// generate.h — the synchronous driver of one Sequence (sequence.h) for the CLI and eval: chunked
+// prefill with model.forward, then decode until EOS, the token budget, the context limit, or the
+// caller says stop. The server drives the same Sequence from its batching engine instead.
 //
 // Text is not this layer's business: the callback receives token ids (detokenizing and stop
 // strings belong to the caller, see stop.h), so this loop does not depend on the tokenizer.
@@ -13,6 +14,7 @@
 #include "larder/memory/sequence_state.h"
 #include "larder/models/model.h"
 #include "larder/runtime/sampler.h"
+#include "larder/runtime/sequence.h"
 
 namespace larder::runtime {
 
@@ -52,6 +54,13 @@ struct GenerateStats {
 
 // Returns false to stop after this token.
 using TokenCallback = std::function<bool(int32_t token)>;
+
+// Runs `seq` from wherever it stands (a store hit, a checkpoint split) to the end of decoding.
+// It does not finish the sequence: the caller calls seq.finish() to put the KV into the store
+// (after its own bookkeeping, e.g. interrupted output). Errors: prompt that leaves no room in the
+// context, or a forward failure (then seq.finish(true) disposes the state).
+Result<GenerateStats> generate(models::Model& model, Sequence& seq, const GenerateOptions& opts,
+                               const TokenCallback& on_token);
 
 // The state may already hold a prefix of `prompt` (state.length() tokens, e.g. from the KV store);
 // only the rest is forwarded. If it holds the whole prompt, the last prompt token is re-forwarded

@@ -5,6 +5,7 @@
 #include <future>
 
 #include "larder/core/log.h"
+#include "larder/runtime/sequence.h"
 #include "larder/runtime/text_stream.h"
 
 namespace larder::server {
@@ -17,22 +18,23 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }
 }  // namespace
 
+// A running request: its generation lifecycle (runtime::Sequence: store take, prefill slices with
+// the boundary checkpoint, put at the end) plus what only the server needs (channel, sampling of
+// this row, released text, timings).
 struct Engine::Seq {
-  Seq(GenRequest r, std::shared_ptr<Channel> c, memory::SequenceState st, const tokenizer::Tokenizer& tok)
-      : req(std::move(r)), ch(std::move(c)), state(std::move(st)), sampler(req.sampling), text(tok, req.stops) {
+  Seq(GenRequest r, std::shared_ptr<Channel> c, runtime::Sequence sq, const tokenizer::Tokenizer& tok)
+      : req(std::move(r)), ch(std::move(c)), seq(std::move(sq)), sampler(req.sampling), text(tok, req.stops) {
     if (req.constraint) matcher.emplace(req.constraint);
   }
   GenRequest req;
   std::shared_ptr<Channel> ch;
-  memory::SequenceState state;
+  runtime::Sequence seq;
   runtime::Sampler sampler;
   runtime::TextStream text;
   // Constrained decoding: masks the logits before each pick and advances over each sampled
   // token. Stop strings need no rollback here: text held back is only ever released or cut,
   // never re-sampled, so the matcher's state always equals the tokens sampled.
   std::optional<runtime::ConstraintMatcher> matcher;
-  std::vector<int32_t> history;      // prompt + generated tokens
-  int64_t prefilled = 0;             // prompt tokens in the cache
   int64_t generated = 0;
   bool decoding = false;             // prompt done; `next` is the token to forward
   int32_t next = 0;
@@ -61,7 +63,7 @@ Event Engine::memory_refusal(const GenRequest& r, uint64_t need, uint64_t reserv
   std::vector<std::pair<int64_t, uint64_t>> ends;  // (steps left, bytes freed)
   for (const auto& s : seqs_) {
     if (s->done) continue;
-    const int64_t left = (static_cast<int64_t>(s->req.prompt.size()) - s->prefilled) / std::max<int64_t>(cfg_.step_tokens, 1) +
+    const int64_t left = (s->seq.prompt_size() - s->seq.prefilled()) / std::max<int64_t>(cfg_.step_tokens, 1) +
                          (s->req.max_tokens - s->generated);
     ends.emplace_back(std::max<int64_t>(left, 1), s->kv_reserved);
   }
@@ -296,35 +298,20 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
       continue;
     }
     const Clock::time_point now = Clock::now();
-    std::optional<memory::SequenceState> state;
-    memory::CacheReport report;
-    if (store_) {
-      store_->set_engine_busy(true);
-      memory::TakeResult t = store_->take(req.prompt, req.ns);
-      report = t.report;
-      if (t.hit) {
-        auto st = std::move(*t.hit).into_state(m_.model->state_schema(), cfg_.ctx);
-        if (st.is_ok()) state.emplace(std::move(*st));
-        else LARDER_LOG_WARN("[engine] kv store hit not usable, prefilling in full: %s", st.status().message().c_str());
-      }
-    }
-    if (!state) state.emplace(m_.model->new_state(cfg_.ctx));
-    auto s = std::make_unique<Seq>(std::move(req), ch, std::move(*state), *m_.tokenizer);
+    if (store_) store_->set_engine_busy(true);
+    runtime::SequenceOptions so{store_.get(), req.ns, cfg_.ctx};
+    runtime::Sequence sq = runtime::Sequence::start(*m_.model, req.prompt, std::move(so));
+    auto s = std::make_unique<Seq>(std::move(req), ch, std::move(sq), *m_.tokenizer);
     if (cfg_.kv_budget > 0) {
       s->kv_reserved = kv_need(s->req);
       kv_reserved_ += s->kv_reserved;
     }
-    const int64_t P = static_cast<int64_t>(s->req.prompt.size());
-    // A take never covers the whole prompt (at least one token is forwarded for its logits).
-    if (s->state.length() >= P && !s->state.trim(P - 1).is_ok()) s->state = m_.model->new_state(cfg_.ctx);
-    s->prefilled = s->state.length();
-    s->history = s->req.prompt;
     s->logits.resize(static_cast<size_t>(m_.model->info().vocab));
     s->admitted = now;
-    s->out.prompt_tokens = P;
-    s->out.cached_tokens = s->prefilled;
-    s->out.cache_tier = s->prefilled > 0 ? memory::tier_name(report.tier) : "none";
-    s->out.cache_reason = report.reason.empty() ? (store_ ? "miss" : "store_off") : report.reason;
+    s->out.prompt_tokens = s->seq.prompt_size();
+    s->out.cached_tokens = s->seq.cached_tokens();
+    s->out.cache_tier = s->seq.cache_tier();
+    s->out.cache_reason = s->seq.cache_reason();
     s->out.queue_ms = ms_between(s->req.arrived, now);
     Event e;
     e.admitted = true;
@@ -352,7 +339,7 @@ void Engine::step() {
   int64_t decode_rows = 0;
   for (auto& s : seqs_) {
     if (s->done || !s->decoding) continue;
-    items.push_back({&s->next, 1, &s->state, s->logits.data(), false});
+    items.push_back({&s->next, 1, &s->seq.state(), s->logits.data(), false});
     who.push_back(s.get());
     completes_prompt.push_back(false);
     ++decode_rows;
@@ -362,11 +349,12 @@ void Engine::step() {
   int64_t budget = std::max<int64_t>(cfg_.step_tokens - decode_rows, 32);
   for (auto& s : seqs_) {
     if (s->done || s->decoding || budget <= 0) continue;
-    const int64_t P = static_cast<int64_t>(s->req.prompt.size());
-    const int64_t n = std::min(budget, P - s->prefilled);
-    items.push_back({s->req.prompt.data() + s->prefilled, n, &s->state, s->logits.data(), false});
+    // The slice stops at the sequence's checkpoint offset when one lies inside it.
+    const std::span<const int32_t> slice = s->seq.next_prefill(budget);
+    const int64_t n = static_cast<int64_t>(slice.size());
+    items.push_back({slice.data(), n, &s->seq.state(), s->logits.data(), false});
     who.push_back(s.get());
-    completes_prompt.push_back(s->prefilled + n == P);
+    completes_prompt.push_back(s->seq.prefilled() + n == s->seq.prompt_size());
     budget -= n;
   }
   if (!items.empty()) {
@@ -378,12 +366,12 @@ void Engine::step() {
       for (size_t i = 0; i < who.size(); ++i) {
         Seq& s = *who[i];
         if (!s.decoding) {
-          s.prefilled += items[i].n;
+          s.seq.prefill_done(items[i].n);  // may capture the boundary checkpoint
           if (!completes_prompt[i]) continue;
         }
         // Sample the next token from this row's logits.
         float* lg = s.logits.data();
-        s.sampler.process(lg, V, s.history);
+        s.sampler.process(lg, V, s.seq.history());
         if (s.matcher) s.matcher->mask(lg, V);  // after the processors: a bias never revives a masked token
         const int32_t tok = s.sampler.pick(lg, V, static_cast<uint64_t>(s.generated));
         const Clock::time_point now = Clock::now();
@@ -405,7 +393,7 @@ void Engine::step() {
         TokenInfo ti;
         ti.id = tok;
         if (s.req.top_logprobs >= 0) ti.lp = runtime::token_logprobs(lg, V, tok, s.req.top_logprobs);
-        s.history.push_back(tok);
+        s.seq.decode_accept(tok);
         ++s.generated;
         s.pending.push_back(std::move(ti));
         std::string text = s.text.push(tok);
@@ -426,7 +414,7 @@ void Engine::step() {
           e.tokens.swap(s.pending);
           s.ch->push(std::move(e));
         }
-        if (s.generated >= s.req.max_tokens || s.state.kv.length() + 1 > cfg_.ctx) {
+        if (s.generated >= s.req.max_tokens || !s.seq.has_room()) {
           finish(s, Finish::kLength);
           continue;
         }
@@ -463,11 +451,8 @@ void Engine::finish(Seq& s, Finish why, std::string error) {
   metrics_.generation_done(s.out.prompt_tokens, s.out.cached_tokens, s.generated,
                            s.has_first ? s.out.ttft_ms / 1e3 : -1, prefill_tps, decode_tps);
   // Keep what was computed (also for a cancelled request: the next identical one hits).
-  if (store_ && why != Finish::kError && s.state.kv.length() > 0) {
-    std::vector<int32_t> forwarded(s.history.begin(), s.history.begin() + s.state.kv.length());
-    Status put = store_->put(forwarded, std::move(s.state), s.req.ns);
-    if (!put.is_ok()) LARDER_LOG_WARN("[engine] %s: KV not kept: %s", s.req.id.c_str(), put.message().c_str());
-  }
+  if (Status put = s.seq.finish(why == Finish::kError); !put.is_ok())
+    LARDER_LOG_WARN("[engine] %s: KV not kept: %s", s.req.id.c_str(), put.message().c_str());
   e.outcome = s.out;
   // The slot is free from the moment the client learns it is done (admission counts it).
   for (size_t n = active_count_.load(); n > 0 && !active_count_.compare_exchange_weak(n, n - 1);) {

@@ -7,7 +7,9 @@
 
 #include "larder/formats/model_files.h"
 #include "larder/models/model.h"
+#include "larder/memory/store/kv_store.h"
 #include "larder/runtime/generate.h"
+#include "larder/runtime/sequence.h"
 
 namespace larder::runtime {
 namespace {
@@ -126,6 +128,50 @@ TEST_F(Generate, ResumesFromCachedPrefix) {
   EXPECT_EQ(r2->cached_tokens, 4);
   EXPECT_EQ(r2->prompt_tokens, 1);
   EXPECT_EQ(r2->tokens, want);
+}
+
+// The lifecycle through a store (runtime/sequence.h): the second turn (prompt + the first answer
+// + more) takes everything the first forwarded and continues exactly like llama2.c from BOS.
+TEST_F(Generate, SequenceThroughTheStoreReusesTheWholePreviousTurn) {
+  memory::KvStoreConfig cfg;
+  cfg.ram_cap_bytes = 64ull << 20;
+  auto store = memory::KvStore::open(cfg);
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  GenerateOptions o;
+  o.max_new_tokens = 20;
+  o.prefill_chunk = 3;
+  const std::vector<int32_t> p1 = {1, 403, 407, 261, 378};
+  Sequence s1 = Sequence::start(*model_, p1, {store->get(), "base", 512});
+  EXPECT_EQ(s1.cached_tokens(), 0);
+  EXPECT_EQ(s1.cache_reason(), "empty_namespace");
+  EXPECT_EQ(s1.checkpoint_at(), 0);  // plain KV only: the full entry trims to any prefix
+  auto r1 = generate(*model_, s1, o, nullptr);
+  ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
+  const std::vector<int32_t> want1(prompt_ref_->begin() + 5, prompt_ref_->begin() + 25);
+  EXPECT_EQ(r1->tokens, want1);
+  ASSERT_TRUE(s1.finish().is_ok());
+  EXPECT_TRUE(s1.finished());
+
+  // Turn 2 = turn 1's prompt + its whole answer: everything forwarded (all but the last sampled
+  // token) comes from the store.
+  std::vector<int32_t> p2 = p1;
+  p2.insert(p2.end(), want1.begin(), want1.end());
+  Sequence s2 = Sequence::start(*model_, p2, {store->get(), "base", 512});
+  EXPECT_EQ(s2.cached_tokens(), static_cast<int64_t>(p2.size()) - 1);
+  EXPECT_STREQ(s2.cache_tier(), "ram");
+  auto r2 = generate(*model_, s2, o, nullptr);
+  ASSERT_TRUE(r2.is_ok());
+  EXPECT_EQ(r2->prompt_tokens, 1);
+  const std::vector<int32_t> want2(prompt_ref_->begin() + 25, prompt_ref_->begin() + 45);
+  EXPECT_EQ(r2->tokens, want2);
+  ASSERT_TRUE(s2.finish().is_ok());
+
+  // A failed run disposes: nothing new is put.
+  const size_t entries = store.value()->stats().ram.entries;
+  Sequence s3 = Sequence::start(*model_, {1, 600}, {store->get(), "base", 512});
+  EXPECT_FALSE(generate(*model_, s3, o, nullptr).is_ok());
+  ASSERT_TRUE(s3.finish(/*failed=*/true).is_ok());
+  EXPECT_EQ(store.value()->stats().ram.entries, entries);
 }
 
 TEST_F(Generate, ContextLimitEndsWithLength) {

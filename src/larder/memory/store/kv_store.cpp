@@ -82,14 +82,11 @@ Status KvStore::put(std::span<const TokenId> tokens, SequenceState&& state, cons
 
 Status KvStore::put_prompt_boundary(std::span<const TokenId> prompt, const SequenceState& state,
                                     const std::string& ns) {
-  bool trimmable = state.attachments.empty();
-  int64_t floor = 0;
-  for (const auto& l : state.layers) {
-    trimmable = trimmable && l->trimmable();
-    floor = std::max(floor, l->min_reusable_offset());
-  }
-  // A trimmable full entry serves every prefix ≥ its floor; a checkpoint would only duplicate it.
-  if (trimmable && static_cast<int64_t>(prompt.size()) >= floor) return Status::ok();
+  // Plain KV (the KvCache) trims to any prefix: the full entry put at the end of the request
+  // serves this boundary, a checkpoint would only duplicate it. Any other kind is kept even while
+  // it is still trimmable here: a ring that has not wrapped at the boundary may wrap while the
+  // answer is decoded, and then the full entry can no longer be cut back to this point.
+  if (state.layers.empty() && state.attachments.empty()) return Status::ok();
   if (prompt.empty()) return invalid_argument("[kv-store] empty prompt boundary");
   return ram_->put_checkpoint(prompt, state, ns, "prompt_end");
 }

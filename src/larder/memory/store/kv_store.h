@@ -93,7 +93,9 @@ class KvStore {
   // The prompt boundary (end of the rendered prompt, before generation) as a reusable point:
   // call at the boundary during prefill for models whose state is not fully trimmable, so the
   // next turn of a multi-turn chat hits even when the reply re-tokenizes differently (§11.3).
-  // Plain-KV entries trim to any prefix and need no checkpoint (a no-op then).
+  // Plain-KV states trim to any prefix and need no checkpoint (a no-op then); a state with a ring
+  // is kept even before it wraps (it may wrap while the answer is decoded). runtime::Sequence
+  // calls this at len(prompt) − 1.
   Status put_prompt_boundary(std::span<const TokenId> prompt, const SequenceState& state, const std::string& ns);
 
   size_t relieve_pressure(const std::function<bool()>& over_budget) { return ram_->relieve_pressure(over_budget); }

@@ -1,0 +1,104 @@
+#include "larder/runtime/sequence.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "larder/core/log.h"
+
+namespace larder::runtime {
+
+Sequence Sequence::start(const models::Model& model, std::vector<int32_t> prompt, SequenceOptions opts) {
+  const int64_t ctx = opts.ctx > 0 ? opts.ctx : model.info().max_context;
+  std::optional<memory::SequenceState> state;
+  memory::CacheReport report;
+  if (opts.store) {
+    memory::TakeResult t = opts.store->take(prompt, opts.ns);
+    report = t.report;
+    if (t.hit) {
+      auto st = std::move(*t.hit).into_state(model.state_schema(), ctx);
+      if (st.is_ok()) {
+        state.emplace(std::move(*st));
+      } else {
+        LARDER_LOG_WARN("[sequence] kv store hit not usable, prefilling in full: %s", st.status().message().c_str());
+        report.tier = memory::Tier::kNone;
+        report.reused_tokens = 0;
+      }
+    }
+  }
+  if (!state) state.emplace(model.new_state(ctx));
+  Sequence s(std::move(prompt), std::move(*state), ctx);
+  s.store_ = opts.store;
+  s.ns_ = std::move(opts.ns);
+  s.report_ = std::move(report);
+  if (s.report_.reason.empty()) s.report_.reason = opts.store ? "miss" : "store_off";
+  // A take never covers the whole prompt (§2.1); a state that does anyway (a store keyed
+  // differently) is cut back by one, or dropped when it cannot be (a wrapped ring).
+  const int64_t P = s.prompt_size();
+  if (P > 0 && s.state_.length() >= P && !s.state_.trim(P - 1).is_ok()) s.state_ = model.new_state(ctx);
+  s.cached_ = s.prefilled_ = s.state_.length();
+  s.history_ = s.prompt_;
+  s.plan_checkpoint();
+  return s;
+}
+
+Result<Sequence> Sequence::adopt(std::vector<int32_t> prompt, memory::SequenceState state, int64_t ctx) {
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  if (state.length() > P) {
+    return invalid_argument(strfmt("[generate] the cache holds %lld tokens but the prompt has only %lld",
+                                   (long long)state.length(), (long long)P));
+  }
+  // A fully cached prompt still needs the logits of its last token.
+  if (P > 0 && state.length() == P) LARDER_RETURN_IF_ERROR(state.trim(P - 1));
+  Sequence s(std::move(prompt), std::move(state), ctx > 0 ? ctx : 0);
+  if (s.ctx_ <= 0) s.ctx_ = s.state_.max_tokens();
+  s.report_.reason = "store_off";
+  s.cached_ = s.prefilled_ = s.state_.length();
+  s.history_ = s.prompt_;
+  return s;
+}
+
+const char* Sequence::cache_tier() const { return cached_ > 0 ? memory::tier_name(report_.tier) : "none"; }
+
+// The checkpoint of kv-store.md §11.3, at the end of the prompt capped at len(P) − 1 (where
+// this prompt and the next turn's rendering agree for every template we ship: the next turn
+// re-renders this prompt, then the reply). At len(P) − 1 it serves both the next turn and an
+// exact repeat (a regenerated answer); the last prompt token is forwarded alone after it.
+//
+// Only for states with a non-plain layer (ring, recurrent) or attachments: plain KV trims to any
+// prefix, so the full entry put at the end already serves every shorter prompt. A ring that has
+// not wrapped at the boundary may still wrap while decoding, which makes the full entry
+// untrimmable, so the checkpoint is captured whether the ring has wrapped yet or not.
+void Sequence::plan_checkpoint() {
+  checkpoint_at_ = 0;
+  if (!store_ || (state_.layers.empty() && state_.attachments.empty())) return;
+  const int64_t at = prompt_size() - 1;
+  if (at > prefilled_) checkpoint_at_ = at;  // at == prefilled_: the hit was that very point
+}
+
+std::span<const int32_t> Sequence::next_prefill(int64_t max_tokens) const {
+  const int64_t end = checkpoint_at_ > prefilled_ ? checkpoint_at_ : prompt_size();
+  const int64_t n = std::max<int64_t>(0, std::min(max_tokens, end - prefilled_));
+  return {prompt_.data() + prefilled_, static_cast<size_t>(n)};
+}
+
+void Sequence::prefill_done(int64_t n) {
+  prefilled_ += n;
+  if (checkpoint_at_ > 0 && prefilled_ == checkpoint_at_ && store_) {
+    std::span<const int32_t> boundary(prompt_.data(), static_cast<size_t>(checkpoint_at_));
+    Status st = store_->put_prompt_boundary(boundary, state_, ns_);
+    if (!st.is_ok()) LARDER_LOG_WARN("[sequence] prompt checkpoint not kept: %s", st.message().c_str());
+  }
+}
+
+Status Sequence::finish(bool failed) {
+  if (finished_) return Status::ok();
+  finished_ = true;
+  // Keep what was computed (also for a cancelled request: the next identical one hits). Exactly
+  // the tokens the state absorbed: the last sampled token was never forwarded.
+  if (!store_ || failed || state_.length() == 0) return Status::ok();
+  const int64_t n = std::min<int64_t>(state_.length(), static_cast<int64_t>(history_.size()));
+  std::vector<int32_t> forwarded(history_.begin(), history_.begin() + n);
+  return store_->put(forwarded, std::move(state_), ns_);
+}
+
+}  // namespace larder::runtime
