@@ -125,10 +125,15 @@ int run_bench(const BenchFlags& f) {
 
   // pp: one forward of `prompt` random tokens into an empty cache (llama-bench's pp<p>).
   std::vector<double> pp_tps, tg_tps;
+  const int cache_plain_layers = model.state_schema().plain_layout().n_layers;
   // Resident memory after the last prefill, its KV cache still alive, against what must be
   // resident: the mapped weights (all tensors) plus that KV cache (issue 3: ≤ both + 5 %).
   Rss rss;
   uint64_t kv_bytes = 0, mapped_bytes = 0;
+  // The state by layer kind after the last prefill: plain KV grows with the context, a sliding
+  // layer's ring stays at its window (issue 13), a recurrent state is constant.
+  uint64_t plain_bytes = 0, ring_bytes = 0, other_bytes = 0;
+  int ring_layers = 0, other_layers = 0;
   for (const auto& t : m.files.tensors().tensors()) mapped_bytes += t.nbytes;
   for (int r = 0; r < f.repeats + 1; ++r) {  // r = 0 warms the page cache and the pool
     std::vector<int32_t> ids(static_cast<size_t>(f.prompt));
@@ -142,6 +147,12 @@ int run_bench(const BenchFlags& f) {
     if (r == f.repeats) {
       rss = read_rss();
       kv_bytes = cache.resident_bytes();
+      plain_bytes = cache.kv.owned_bytes();
+      for (const auto& l : cache.layers) {
+        const bool ring = l->kind() == memory::StateKind::kRing;
+        (ring ? ring_bytes : other_bytes) += l->resident_bytes();
+        ++(ring ? ring_layers : other_layers);
+      }
     }
   }
   // tg: `gen` single-token steps from an empty cache (llama-bench's tg<n>).
@@ -180,6 +191,9 @@ int run_bench(const BenchFlags& f) {
                 {"bound_tok_s", roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0}}},
         {"memory", {{"rss_bytes", rss.total}, {"rss_anon_bytes", rss.anon}, {"rss_file_bytes", rss.file},
                     {"mapped_weight_bytes", mapped_bytes}, {"kv_bytes", kv_bytes},
+                    {"state", {{"context_tokens", f.prompt}, {"plain_kv_layers", cache_plain_layers},
+                               {"plain_kv_bytes", plain_bytes}, {"ring_layers", ring_layers},
+                               {"ring_bytes", ring_bytes}, {"other_layers", other_layers}, {"other_bytes", other_bytes}}},
                     {"rss_over_weights_plus_kv", static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes))}}}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -205,6 +219,10 @@ int run_bench(const BenchFlags& f) {
               static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes)),
               mapped_bytes / 1048576.0,
               kv_bytes / 1048576.0);
+  std::printf("state after pp%lld: plain KV %.2f MiB (%d layers) | sliding rings %.2f MiB (%d layers)",
+              (long long)f.prompt, plain_bytes / 1048576.0, cache_plain_layers, ring_bytes / 1048576.0, ring_layers);
+  if (other_layers > 0) std::printf(" | other %.2f MiB (%d layers)", other_bytes / 1048576.0, other_layers);
+  std::printf("\n");
   if (pp.max > 1.15 * pp.min || tg.max > 1.15 * tg.min)
     std::printf("note: spread over 15%% between repeats — the host is noisy; compare medians from one run\n");
   return 0;
