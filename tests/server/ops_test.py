@@ -109,6 +109,47 @@ class RequestLogTest(unittest.TestCase):
             s.stop()
 
 
+class MemoryPressureTest(unittest.TestCase):
+    """Issue 16 item 3: below --min-free-memory the KV store gives its RAM back — entries are
+    written to the SSD tier and dropped from RAM — and the next request is served from SSD.
+    LARDER_MEMORY_LIMIT pins what available_memory() reports, so the host's load cannot decide."""
+
+    def test_pressure_demotes_ram_entries_to_ssd(self):
+        import os
+        import tempfile
+        from server_harness import STORIES_PROMPT
+        ssd = tempfile.mkdtemp(prefix="larder_pressure_")
+        body = {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0}
+        env = {**os.environ, "LARDER_MEMORY_LIMIT": "1G"}
+        s = Server(STORIES, "--ssd-cache", ssd, "--min-free-memory", "2G", env=env).start()
+        try:
+            first = s.post("/v1/completions", body).json()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                st = s.request("GET", "/stats").json()["kv_store"]
+                if st["ram"]["entries"] == 0 and st["ssd"]["entries"] >= 1:
+                    break
+                time.sleep(0.2)
+            self.assertEqual(st["ram"]["entries"], 0, st)
+            self.assertGreaterEqual(st["ram"]["demotions"], 1, st)
+            self.assertGreaterEqual(st["ssd"]["entries"], 1, st)
+            r = s.post("/v1/completions", body)
+            self.assertIn("tier=ssd", r.headers.get("x-larder-cache", ""))
+            self.assertEqual(r.json()["choices"][0]["text"], first["choices"][0]["text"])
+            self.assertIn("memory pressure", s.log())
+        finally:
+            self.assertEqual(s.stop(), 0)
+        # Above the mark nothing moves: the entry stays in RAM.
+        s = Server(STORIES, "--ssd-cache", tempfile.mkdtemp(prefix="larder_pressure_"), "--min-free-memory", "512M",
+                   env=env).start()
+        try:
+            s.post("/v1/completions", body)
+            time.sleep(1.5)
+            self.assertEqual(s.request("GET", "/stats").json()["kv_store"]["ram"]["entries"], 1)
+        finally:
+            s.stop()
+
+
 class IndexAndBoundsTest(unittest.TestCase):
     def test_index_and_prompt_bound(self):
         s = Server(STORIES, "--ctx", "256").start()

@@ -46,6 +46,7 @@ struct ServeFlags {
   int64_t ctx = 4096, step_tokens = 256;
   size_t queue_max = 64;
   std::string kv_budget;     // memory admission: empty = off
+  std::string min_free_memory;  // KV store pressure relief: empty = off
   double admit_wait_s = 30;
   double prompt_cache_gb = 4, ssd_cache_max_gb = 32, body_limit_mb = 32;
   std::optional<double> ssd_demote_idle_s;
@@ -256,6 +257,11 @@ int run_serve(ServeFlags f) {
   ec.ctx = sm.ctx;
   ec.step_tokens = f.step_tokens;
   ec.kv_budget = kv_budget;
+  if (!f.min_free_memory.empty()) {
+    ec.min_free_memory = runtime::parse_bytes(f.min_free_memory);
+    if (ec.min_free_memory == 0)
+      return fail(invalid_argument(strfmt("[serve] --min-free-memory '%s' is not a size (e.g. 1G, 512M)", f.min_free_memory.c_str())));
+  }
   ec.kv_bytes_per_token = kv_bytes_per_token;
   ec.admit_wait = std::chrono::milliseconds(static_cast<int64_t>(f.admit_wait_s * 1e3));
   // kv-store.md §12: idle demotion defaults to 300 s with an SSD tier, off without one.
@@ -322,6 +328,9 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(at_least(0));
   cmd->add_option("--ssd-cache", f->ssd_cache, "directory of the persistent KV cache (survives restarts)");
   cmd->add_option("--ssd-cache-max", f->ssd_cache_max_gb, "SSD KV cache cap in GiB")->check(positive());
+  cmd->add_option("--min-free-memory", f->min_free_memory,
+                  "when available memory falls below this size, demote least recently used KV store entries from RAM "
+                  "(to --ssd-cache, else dropped) until it is above again (e.g. 1G; default off)");
   cmd->add_option("--ssd-demote-idle", f->ssd_demote_idle_s,
                   "seconds before an unused RAM entry moves to the SSD tier (default 300 with --ssd-cache; 0 = off)")
       ->check(at_least(0));

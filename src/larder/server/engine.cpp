@@ -5,6 +5,7 @@
 #include <future>
 
 #include "larder/core/log.h"
+#include "larder/runtime/fit.h"
 #include "larder/runtime/sequence.h"
 #include "larder/runtime/text_stream.h"
 
@@ -208,6 +209,7 @@ void Engine::loop() {
             store_->demote_idle(cfg_.demote_idle);
             last_demote_ = now;
           }
+          relieve_memory_pressure();
           l.lock();
         }
         auto wait = std::chrono::milliseconds(500);
@@ -220,6 +222,11 @@ void Engine::loop() {
         if (queue_.empty() && tasks_.empty()) continue;
       }
       idle_ = false;
+      if (store_ && cfg_.min_free_memory > 0) {  // busy: once a second between steps
+        l.unlock();
+        relieve_memory_pressure();
+        l.lock();
+      }
       tasks.swap(tasks_);
       past_deadline = stop_ && Clock::now() >= deadline_;
       if (past_deadline) {
@@ -458,6 +465,20 @@ void Engine::finish(Seq& s, Finish why, std::string error) {
   for (size_t n = active_count_.load(); n > 0 && !active_count_.compare_exchange_weak(n, n - 1);) {
   }
   s.ch->push(std::move(e));
+}
+
+void Engine::relieve_memory_pressure() {
+  if (!store_ || cfg_.min_free_memory == 0) return;
+  const auto now = Clock::now();
+  if (now - last_pressure_check_ < std::chrono::seconds(1)) return;
+  last_pressure_check_ = now;
+  auto over = [&] { return runtime::available_memory().bytes < cfg_.min_free_memory; };
+  if (!over()) return;
+  const size_t n = store_->relieve_pressure(over);
+  if (n == 0) return;  // nothing left in RAM to give back
+  const runtime::MemoryAvailable a = runtime::available_memory();
+  LARDER_LOG_WARN("[kv-store] memory pressure: %zu RAM entries demoted (available %.0f MiB from %s, --min-free-memory %.0f MiB)",
+                  n, a.bytes / 1048576.0, a.source.c_str(), cfg_.min_free_memory / 1048576.0);
 }
 
 }  // namespace larder::server

@@ -41,6 +41,11 @@ struct EngineConfig {
   std::chrono::steady_clock::duration writebehind_debounce = std::chrono::seconds(1);
   // --ssd-demote-idle: RAM entries unused this long are spilled to SSD and dropped (0 = off).
   std::chrono::steady_clock::duration demote_idle = std::chrono::seconds(0);
+  // --min-free-memory: when the machine's available memory (runtime::available_memory) drops
+  // below this, the KV store's least recently used RAM entries are demoted — written to the SSD
+  // tier, or dropped without one — until it is above again (kv-store.md §3.4; 0 = off). Checked
+  // at most once a second, idle or busy.
+  uint64_t min_free_memory = 0;
   // Memory admission (issue 16 item 3): the bytes the running sequences' KV may take together
   // (0 = no limit) and what one token of one sequence takes (runtime/fit.h). A request reserves
   // its prompt + max_tokens (both already fitted to the context) and is admitted only when that
@@ -112,7 +117,8 @@ class Engine {
 
   std::vector<std::unique_ptr<Seq>> seqs_;  // engine thread only
   bool idle_ = false, snapshotted_ = false;
-  std::chrono::steady_clock::time_point idle_since_{}, last_demote_{};
+  std::chrono::steady_clock::time_point idle_since_{}, last_demote_{}, last_pressure_check_{};
+  void relieve_memory_pressure();  // engine thread; see EngineConfig::min_free_memory
   std::thread thread_;
 };
 
