@@ -171,10 +171,7 @@ class ChatWriter final : public OpenAiWriter {
     ordered_json choice = {{"index", index_}, {"message", msg},
                            {"logprobs", pr_.logprobs ? logprobs_json(tokens_) : ordered_json()},
                            {"finish_reason", finish_reason()}};
-    ordered_json b = envelope(object_);
-    b["choices"] = ordered_json::array({choice});
-    b["usage"] = usage_json();
-    return b;
+    return body_with(std::move(choice));
   }
 
  private:

@@ -345,32 +345,23 @@ struct HttpServer::Impl {
         total.cached_tokens += o.cached_tokens;
         total.completion_tokens += o.completion_tokens;
       }
+      // Each streamed choice already sent its finish chunk (or its error event): what is left is
+      // the summed usage and the one [DONE]. Non-stream: the merged body, or the error.
+      std::string text;
       if (stream) {
-        // Each choice already sent its finish chunk (or its error event).
-        std::string tail = pr->include_usage && error.empty() ? (*writers)[0]->usage_frame(total) : std::string();
-        tail += "data: [DONE]\n\n";
-        if (!sink.write(tail.data(), tail.size())) {
-          cancel_all();
-          return false;
-        }
-        const int status = error.empty() ? 200 : 500;
-        metrics.request_done(route, status, std::chrono::duration<double>(Clock::now() - t0).count());
-        log->status = status;
-        log->outcome = total;
-        log->has_outcome = true;
-        if (!error.empty()) log->error = error;
-        sink.done();
-        return true;
-      }
-      if (!error.empty()) {
-        b = openai_error_body({500, error});
+        text = pr->include_usage && error.empty() ? (*writers)[0]->usage_frame(total) : std::string();
+        text += "data: [DONE]\n\n";
       } else {
-        b["usage"]["prompt_tokens"] = total.prompt_tokens;
-        b["usage"]["completion_tokens"] = total.completion_tokens;
-        b["usage"]["total_tokens"] = total.prompt_tokens + total.completion_tokens;
-        b["usage"]["prompt_tokens_details"]["cached_tokens"] = total.cached_tokens;
+        if (!error.empty()) {
+          b = openai_error_body({500, error});
+        } else {
+          b["usage"]["prompt_tokens"] = total.prompt_tokens;
+          b["usage"]["completion_tokens"] = total.completion_tokens;
+          b["usage"]["total_tokens"] = total.prompt_tokens + total.completion_tokens;
+          b["usage"]["prompt_tokens_details"]["cached_tokens"] = total.cached_tokens;
+        }
+        text = b.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
       }
-      const std::string text = b.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
       if (!sink.write(text.data(), text.size())) {
         cancel_all();
         return false;

@@ -111,6 +111,13 @@ ordered_json OpenAiWriter::envelope(const char* object) const {
           {"system_fingerprint", sm_.fingerprint}};
 }
 
+ordered_json OpenAiWriter::body_with(ordered_json choice) const {
+  ordered_json b = envelope(object_);
+  b["choices"] = ordered_json::array({std::move(choice)});
+  b["usage"] = usage_json();
+  return b;
+}
+
 ordered_json OpenAiWriter::chunk(ordered_json choice) const {
   ordered_json c = envelope(chunk_object_);
   choice["index"] = index_;

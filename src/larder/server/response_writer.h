@@ -90,6 +90,8 @@ class OpenAiWriter : public ResponseWriter {
   ordered_json usage_json() const;
   std::string finish_reason() const;
   ordered_json envelope(const char* object) const;  // id, object, created, model, fingerprint
+  // The non-stream body: the envelope around one choice, with usage.
+  ordered_json body_with(ordered_json choice) const;
   std::string finish_frames() override;
   std::string error_frames(const std::string& message) override;
   // The empty delta of the finishing chunk: chat {"delta": {}}, completions {"text": ""}.
