@@ -14,7 +14,6 @@
 
 #include "generation_setup.h"
 #include "interrupt.h"
-#include "larder/core/threadpool.h"
 #include "larder/memory/store/kv_store.h"
 #include "larder/runtime/generate.h"
 #include "larder/runtime/loaded_model.h"
@@ -87,12 +86,8 @@ std::string trim(const std::string& s) {
 
 int run_chat(const ChatFlags& f) {
   install_interrupt_handler();
-  auto located = resolve_model(f.model);
-  if (!located.is_ok()) return report(located.status());
-  if (f.gen.threads > 0) default_pool().set_threads(f.gen.threads);
-  runtime::LoadOptions lo;
-  lo.chat_template = f.chat_template;
-  auto loaded = runtime::load_model(located->path, lo);
+  runtime::LocatedModel located;
+  auto loaded = load_for_generation(f.model, f.gen, f.chat_template, &located);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
   // A model without a template chats through the ChatML fallback (as serve and generate --chat
@@ -109,7 +104,7 @@ int run_chat(const ChatFlags& f) {
     std::fprintf(stderr,
                  "larder chat: %s (context %lld tokens). Ctrl-C stops an answer; /clear starts over; /exit or "
                  "Ctrl-D ends.\n",
-                 located->id.c_str(), static_cast<long long>(ctx));
+                 located.id.c_str(), static_cast<long long>(ctx));
   }
 
   std::vector<runtime::ChatMessage> history;

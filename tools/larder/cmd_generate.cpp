@@ -74,12 +74,7 @@ int run_generate(const GenerateFlags& f) {
                                    "input (for a conversation: larder chat MODEL)"));
   }
   const std::string user_text = text_in->value_or("");
-  auto located = resolve_model(f.model);
-  if (!located.is_ok()) return report(located.status());
-  if (f.gen.threads > 0) default_pool().set_threads(f.gen.threads);
-  runtime::LoadOptions lo;
-  lo.chat_template = f.chat_template;
-  auto loaded = runtime::load_model(located->path, lo);
+  auto loaded = load_for_generation(f.model, f.gen, f.chat_template);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
   const auto& info = m.model->info();

@@ -1,5 +1,6 @@
 #include "generation_setup.h"
 
+#include "larder/core/threadpool.h"
 #include "larder/runtime/kv_identity.h"
 #include "validators.h"
 
@@ -69,6 +70,18 @@ std::string stats_text(const runtime::GenerateStats& s, const char* stop) {
                 s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0.0,
                 static_cast<long long>(s.generated_tokens), s.decode_seconds,
                 s.decode_seconds > 0 ? s.generated_tokens / s.decode_seconds : 0.0, stop);
+}
+
+Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg& model, const GenerationFlags& f,
+                                                                  const runtime::ChatTemplateFlags& chat_template,
+                                                                  runtime::LocatedModel* located) {
+  LARDER_ASSIGN_OR_RETURN(runtime::LocatedModel where, resolve_model(model));
+  if (f.threads > 0) default_pool().set_threads(f.threads);
+  runtime::LoadOptions lo;
+  lo.chat_template = chat_template;
+  auto loaded = runtime::load_model(where.path, lo);
+  if (located) *located = std::move(where);
+  return loaded;
 }
 
 }  // namespace larder::cli

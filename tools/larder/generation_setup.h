@@ -11,7 +11,9 @@
 
 #include "larder/memory/store/kv_store.h"
 #include "larder/runtime/generate.h"
+#include "larder/runtime/chat_template_choice.h"
 #include "larder/runtime/loaded_model.h"
+#include "model_arg.h"
 
 namespace larder::cli {
 
@@ -30,6 +32,13 @@ struct GenerationFlags {
 };
 
 void add_generation_flags(CLI::App* cmd, GenerationFlags& f);
+
+// The model of a run: MODEL resolved (model_arg.h), --threads applied, loaded with the chat
+// template the flags choose (the model's own when none). `located`, when given, receives what
+// MODEL resolved to (its id names the model to the user).
+Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg& model, const GenerationFlags& f,
+                                                                  const runtime::ChatTemplateFlags& chat_template,
+                                                                  runtime::LocatedModel* located = nullptr);
 
 // Sampling from the model's generation_config, overridden by the flags; EOS ids unless --ignore-eos.
 runtime::GenerateOptions generate_options(const GenerationFlags& f, const runtime::LoadedModel& m);
