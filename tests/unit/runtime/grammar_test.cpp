@@ -228,6 +228,39 @@ TEST(Grammar, SchemaKeywordCheck) {
   EXPECT_NE(msg(R"({"allOf": [{"type": "string"}, {"minLength": 2}]})").find("'allOf'"), std::string::npos);
   EXPECT_NE(msg(R"({"$ref": "http://example.com/s.json"})").find("'$ref'"), std::string::npos);
   EXPECT_NE(msg(R"({"type": "number", "multipleOf": 0.5})").find("'multipleOf'"), std::string::npos);
+  // Real-world (SchemaStore) shapes: draft-04 `id` and editor annotations are accepted; draft-04
+  // tuple `items`, boolean exclusiveMinimum and draft-03 boolean `required` are refused by name.
+  EXPECT_TRUE(check_json_schema(J::parse(R"({"id": "http://x/s.json", "type": "object",
+      "markdownDescription": "m", "defaultSnippets": [{"body": {}}], "properties": {
+      "id": {"type": "string", "deprecationMessage": "d", "enumDescriptions": []}}})"))
+                  .is_ok());
+  EXPECT_NE(msg(R"({"type": "object", "id": {"type": "string"}})").find("'id'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type": "array", "items": [{"type": "string"}]})").find("'items'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type": "number", "minimum": 0, "exclusiveMinimum": true})").find("'exclusiveMinimum'"),
+            std::string::npos);
+  EXPECT_NE(msg(R"({"type": "object", "properties": {"a": {"type": "string", "required": true}}})")
+                .find("'required' at /properties/a"),
+            std::string::npos);
+  EXPECT_NE(msg(R"({"type": "array", "minItems": 1.5})").find("'minItems'"), std::string::npos);
+  // A required name missing from properties would never be written; a false property schema.
+  EXPECT_NE(msg(R"({"type": "object", "properties": {"upsteam": {}}, "required": ["upstream"]})")
+                .find("'required' at / names 'upstream'"),
+            std::string::npos);
+  EXPECT_NE(msg(R"({"type": "object", "properties": {"a": {}, "b": false}})").find("'properties' at / gives 'b'"),
+            std::string::npos);
+}
+
+// xgrammar's regex warnings become refusals that name the keyword holding the regex.
+TEST(Grammar, RegexWarningsNameTheKeyword) {
+  Vocab v = load(kStories);
+  auto p = v.engine->compile({ConstraintSpec::Kind::kJsonSchema,
+                              R"({"type": "object", "properties": {"d": {"type": "string", "pattern": "^in$|^out$"}}})"});
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("'pattern' at /properties/d"), std::string::npos) << p.status().message();
+  auto q = v.engine->compile({ConstraintSpec::Kind::kJsonSchema,
+                              R"({"type": "object", "patternProperties": {"^(?!@@)[a-z]+$": {"type": "integer"}}})"});
+  ASSERT_FALSE(q.is_ok());
+  EXPECT_NE(q.status().message().find("'patternProperties' at /"), std::string::npos) << q.status().message();
 }
 
 }  // namespace
