@@ -38,10 +38,15 @@ CASES = {
     "gguf-Q8_0": ("gguf-Q8_0", "gguf-Q8_0"),
     "mlx-q8g64": ("mlx-q8g64", "gguf-Q8_0"),
     "bf16": ("hf-bf16", "gguf-BF16"),
-    # llama.cpp's most downloaded mix (Q4_K + Q6_K), made by its own llama-quantize from the BF16 GGUF
-    "gguf-Q4_K_M": ("gguf-Q4_K_M", "gguf-Q4_K_M"),
 }
-ORDER = ["gguf-Q4_0", "mlx-q4g64", "gguf-Q4_K_M", "gguf-Q8_0", "mlx-q8g64", "bf16"]
+# The GGUF types llama.cpp's own llama-quantize makes from the BF16 GGUF (llamacpp_compare.sh), the
+# same file run by both engines: the mixes people download (Q4_K_M = Q4_K + Q6_K, Q3_K_M, Q5_K_M, Q2_K
+# with its Q3_K/Q4_K tensors) and the single-type formats of issue 12.
+QUANTIZED = ["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
+for _q in QUANTIZED:
+    CASES[f"gguf-{_q}"] = (f"gguf-{_q}", f"gguf-{_q}")
+ORDER = (["gguf-Q4_0", "mlx-q4g64", "gguf-Q4_K_M", "gguf-Q8_0", "mlx-q8g64", "bf16"]
+         + [f"gguf-{q}" for q in QUANTIZED if q != "Q4_K_M"])
 
 
 def log(msg: str) -> None:

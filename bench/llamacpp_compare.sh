@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # larder vs llama.cpp, side by side in one run (issue 3, deliverable 4).
 #
-#   bench/llamacpp_compare.sh [--build-only] [--rounds R] [--threads "1 2"] [--models "llama1b"]
+#   bench/llamacpp_compare.sh [--build-only] [--models-only] [--rounds R] [--threads "1 2"] [--models "llama1b"]
 #                             [--cases "gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"] [--larder BIN] [--out DIR]
 #                             [--nice N (default 10; 0 = not niced)] [--wait-load L] [-p 512] [-n 128]
 #
@@ -23,7 +23,10 @@
 #   mlx-q4g64  larder MLX affine 4-bit g64 vs llama.cpp Q4_0 (both 4.5 bits/weight)
 #   mlx-q8g64  larder MLX affine 8-bit g64 vs llama.cpp Q8_0 (both 8.5 bits/weight)
 #   bf16       larder HF bf16 safetensors vs llama.cpp BF16 GGUF
-#   gguf-Q4_K_M the same Q4_K_M GGUF in both (made by llama.cpp's llama-quantize from the BF16 GGUF)
+#   gguf-Q4_K_M the same Q4_K_M GGUF in both (made by llama.cpp's llama-quantize from the BF16 GGUF);
+#               likewise gguf-Q4_1 gguf-Q5_0 gguf-Q5_1 gguf-Q2_K gguf-Q3_K_M gguf-Q5_K_M gguf-Q6_K
+#               gguf-IQ4_NL gguf-IQ4_XS. `--cases formats` = all GGUF types + mlx-q4g64 + bf16 (issue 12's
+#               per-format table in one command); --models-only makes the files and stops.
 # Heavy steps run under `nice -n 10` (shared machine). Check `uptime` first: the host is noisy.
 set -euo pipefail
 
@@ -37,19 +40,23 @@ ROUNDS=3
 THREADS="1 2"
 MODELS="llama1b"
 CASES="gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"
+# --cases formats: every GGUF type side by side (issue 12) plus the MLX 4-bit and bf16 cases
+FORMAT_CASES="gguf-Q4_0 gguf-Q4_1 gguf-Q5_0 gguf-Q5_1 gguf-Q8_0 gguf-Q2_K gguf-Q3_K_M gguf-Q4_K_M gguf-Q5_K_M gguf-Q6_K gguf-IQ4_NL gguf-IQ4_XS mlx-q4g64 bf16"
 OUT=""
 NICE="${NICE:-10}"
 WAIT_LOAD=0
 BUILD_ONLY=0
+MODELS_ONLY=0
 EXTRA=()
 
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-only) BUILD_ONLY=1 ;;
+    --models-only) MODELS_ONLY=1 ;;
+    --cases) CASES="$2"; [ "$CASES" = formats ] && CASES="$FORMAT_CASES"; shift ;;
     --rounds) ROUNDS="$2"; shift ;;
     --threads) THREADS="$2"; shift ;;
     --models) MODELS="$2"; shift ;;
-    --cases) CASES="$2"; shift ;;
     --larder) LARDER="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     --nice) NICE="$2"; shift ;;
@@ -110,9 +117,17 @@ log "llama-bench: $BENCH_BIN (llama-cpp-python $VER, llama.cpp $LCPP_COMMIT)"
 log "models (bench/make_models.py; cached)"
 nice -n 10 "$PY" "$HERE/make_models.py" --models "${MODELS// /,}" >&2
 
-# gguf-Q4_K_M: llama.cpp's own llama-quantize (built from the same source) turns the BF16 GGUF into
-# the Q4_K_M mix (Q4_K + Q6_K) people download; cached beside the other formats.
-if [[ " $CASES " == *" gguf-Q4_K_M "* ]]; then
+# The llama-quantize cases (every gguf-* case but Q4_0/Q8_0/BF16, which make_models.py writes with
+# gguf-py): llama.cpp's own llama-quantize (built from the same source) turns the BF16 GGUF into the
+# type or mix people download; cached beside the other formats.
+QUANT_TYPES=""
+for c in $CASES; do
+  case "$c" in
+    gguf-Q4_0|gguf-Q8_0|gguf-BF16) ;;
+    gguf-*) QUANT_TYPES="$QUANT_TYPES ${c#gguf-}" ;;
+  esac
+done
+if [ -n "$QUANT_TYPES" ]; then
   QUANT_BIN="$LCPP/build/bin/llama-quantize"
   if [ ! -x "$QUANT_BIN" ]; then
     log "building llama-quantize"
@@ -121,14 +136,16 @@ if [[ " $CASES " == *" gguf-Q4_K_M "* ]]; then
   fi
   for m in $MODELS; do
     dir="$HOME/.cache/larder-bench/models/$m"  # make_models.py's and llamacpp_compare.py's default root
-    if [ ! -f "$dir/$m-Q4_K_M.gguf" ]; then
-      log "llama-quantize $m BF16 -> Q4_K_M"
-      nice -n 10 "$QUANT_BIN" "$dir/$m-BF16.gguf" "$dir/$m-Q4_K_M.gguf.partial" Q4_K_M 2 >"$dir/quantize-Q4_K_M.log" 2>&1 \
-        || { tail -20 "$dir/quantize-Q4_K_M.log" >&2; exit 1; }
-      mv "$dir/$m-Q4_K_M.gguf.partial" "$dir/$m-Q4_K_M.gguf"
-    fi
+    for q in $QUANT_TYPES; do
+      [ -f "$dir/$m-$q.gguf" ] && continue
+      log "llama-quantize $m BF16 -> $q"
+      nice -n 10 "$QUANT_BIN" "$dir/$m-BF16.gguf" "$dir/$m-$q.gguf.partial" "$q" 2 >"$dir/quantize-$q.log" 2>&1 \
+        || { tail -20 "$dir/quantize-$q.log" >&2; exit 1; }
+      mv "$dir/$m-$q.gguf.partial" "$dir/$m-$q.gguf"
+    done
   done
 fi
+[ "$MODELS_ONLY" = 1 ] && exit 0
 
 [ -n "$OUT" ] || OUT="$CACHE/runs/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUT"

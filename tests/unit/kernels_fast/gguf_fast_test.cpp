@@ -7,8 +7,10 @@
 // as the reference forms them), so versus the reference (double over the f32-decoded weights)
 //   |err| <= Q = Σ_blocks (d_x/2)·Σ_{i∈block} |w_i|    + rounding.
 // Rounding: the integer dots are exact (int32) and converted exactly; what is left is f32 scaling
-// and accumulation over magnitudes A_i >= |s·w_i| + |c| — AVX2: A_i = |w_i| + 2|c|; AVX-512 feeds
-// w + 128 to vpdpbusd with bias c − 128·s, so A_i = |w_i| + 2|c| + 256|s| — over nb blocks, a lane
+// and accumulation over magnitudes A_i >= |s·w_i| + |c| — AVX2 decode: A_i = |w_i| + 2|c|; the AVX2
+// prefill GEMM feeds u = w + o (o = 16 for Q5_0, 4 for Q3_K, else 0) with bias c − o·s, so
+// A_i <= |w_i| + 2|c| + 32|s|; AVX-512 feeds w + 128 to vpdpbusd with bias c − 128·s, so
+// A_i = |w_i| + 2|c| + 256|s| — over nb blocks, a lane
 // tree, and the reference's own f32 decoding: tight = 2·(nb + 16)·u·Σ A_i·|x̂_i|.
 // A second, tight check replays the quantizer (quantize_acts_ref) and computes Σ w_i·x̂_i exactly
 // in double: the kernel must agree within `tight`, which catches lane/layout bugs the loose bound
@@ -122,7 +124,7 @@ GWeights make(DType dt, int64_t rows, int64_t cols, bool avx512, std::mt19937& r
     for (int64_t c = 0; c < cols; ++c) {
       double s, b;
       scale_bias(dt, w.bytes.data() + (r * nblk + c / be) * bb, static_cast<int>(c % be), &s, &b);
-      w.mag[r * cols + c] = std::fabs(double(w.deq[r * cols + c])) + 2 * b + (avx512 ? 256 * s : 0.0);
+      w.mag[r * cols + c] = std::fabs(double(w.deq[r * cols + c])) + 2 * b + (avx512 ? 256 * s : 32 * s);
     }
   }
   return w;

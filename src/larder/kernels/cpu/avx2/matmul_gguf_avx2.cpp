@@ -13,8 +13,8 @@
 // built per unit and row (kElems/4 floats each), the per-lane activation arrays (d_x, h) once per
 // matmul, so the inner loop is loads, 6–7 vector ops and no shuffles.
 //
-// Decode streams each weight byte once for up to 4 tokens (matmul_driver.h); with many tokens the
-// same tiles run 4 tokens at a time (no token-lane GEMM for these formats on AVX2 yet).
+// Decode streams each weight byte once for up to 4 tokens (matmul_driver.h); prefill (n >= 8) runs
+// the token-lane GEMM at the end of this file (GgufGemm).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -227,15 +227,283 @@ void matmul_linear(const WeightView& w, const float* x, int64_t n, float* y) {
   run_matmul_tiles(k, w.rows, n, w.cols + 8 * nb);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Prefill (n >= kGemmMinTokens): a token-lane GEMM over the same unpackers, the layout of the Q4_0
+// GEMM (matmul_avx2.cpp): act8 puts 8 tokens in the lanes, 4 weight codes of a row are broadcast
+// against them, maddubs sums 4 products per token lane.
+//
+// Unpack once, reuse across the token groups (as the AVX-512 gemm16 does): a chunk is 16 rows ×
+// a run of 8-token groups whose activations fit ~256 KiB of L2; each 4-row tile of the chunk is
+// unpacked once into per-thread scratch — codes block-major [nb][4][32], s and c per scale unit —
+// and then every group of the chunk runs over it, so the format's bit layout and the f16/scale
+// decoding cost once per (row, chunk) instead of once per (row, group). While the groups run, the
+// next tile's packed rows are prefetched into L2 (the unpack is the only DRAM reader).
+//
+// Codes (gguf_unpack.h kCodeOffset / kMaxCode / kScaleElems):
+// - unsigned formats: u = w + kCodeOffset ∈ [0, kMaxCode] in maddubs' unsigned operand, bias
+//   c' = c − kCodeOffset·s folded with the activation sums: Σ (s·u + c')·x̂ = s·d_x·Σ u·q + c'·d_x·Σ q.
+//   int16 lanes of maddubs accumulate 8 steps (a whole block) when kMaxCode <= 15 (8·2·15·127 =
+//   30480 < 2^15), else 4 steps = one 16-element half (4·2·31·127 = 31496) before vpmaddwd widens
+//   them. Per row, block and 8 tokens: 16 ops in the k loop + madd(s), cvt, mul, FMA (+ bias FMA)
+//   ≈ 21–23 ops (Q4_0's GEMM: 20); per-16 scales (Q2_K, Q3_K) take the tail once per half
+//   against the activation half sums.
+// - signed codebook formats (IQ4_NL, IQ4_XS, −127..113): |w| broadcast into maddubs against the
+//   activations with w's sign applied, one vpmaddwd per step (a pair sum reaches 2·127·127), as the
+//   Q8_0 GEMM: 4 ops per step.
+template <class U>
+struct GgufGemm {
+  static constexpr bool kSigned = U::kCodeOffset < 0;
+  static constexpr int kOff = kSigned ? 0 : U::kCodeOffset;
+  static constexpr bool kHalves = U::kScaleElems == 16;
+  static constexpr bool kBias = U::kBias || kOff > 0;
+  static constexpr bool kOneChain = !kSigned && U::kMaxCode <= 15;
+  static_assert(kSigned || U::kMaxCode <= 31, "int16 accumulation bound");
+  static constexpr int kRows = 4;
+
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nb, n, units;
+  const uint8_t* act8;  // [n_pad/8][nb][8][32]
+  QuantizedActs a;
+  const float* bs16;  // kHalves: [2·nb][n_pad] d_x·Σ_half q_x
+  float* y;
+
+  static constexpr int64_t kSpb = kHalves ? 2 : 1;  // scale units per 32-block
+  struct Tile {
+    const uint8_t* codes;  // [nb][R][32] u (unsigned) or w (signed)
+    const uint8_t* mags;   // signed: [nb][R][32] |w|
+    const float* s;        // [nb·kSpb][R]
+    const float* c;        // [nb·kSpb][R] c − kOff·s
+  };
+
+  template <int R>
+  Tile unpack(int64_t r0) const {
+    const size_t cb = static_cast<size_t>(nb * R) * 32;
+    auto* codes = static_cast<uint8_t*>(thread_scratch((kSigned ? 2 : 1) * cb, 4));
+    auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * nb * kSpb * R) * sizeof(float), 5));
+    uint8_t* mags = codes + cb;
+    float* cc = sc + nb * kSpb * R;
+    const __m256i off = _mm256_set1_epi8(static_cast<char>(kOff));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+      alignas(32) int8_t wb[U::kElems];
+      float s[U::kElems / 16], c[U::kElems / 16];
+      for (int64_t u = 0; u < units; ++u) {
+        U::unpack(p + u * U::kBytes, wb, s, c);
+        for (int j = 0; j < U::kElems / 32; ++j) {
+          const int64_t b = u * (U::kElems / 32) + j;
+          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 32 * j));
+          auto* dst = reinterpret_cast<__m256i*>(codes + (b * R + r) * 32);
+          if constexpr (kSigned) {
+            _mm256_store_si256(dst, v);
+            _mm256_store_si256(reinterpret_cast<__m256i*>(mags + (b * R + r) * 32), _mm256_abs_epi8(v));
+          } else {
+            _mm256_store_si256(dst, _mm256_add_epi8(v, off));
+          }
+          for (int h = 0; h < kSpb; ++h) {
+            const float sv = s[2 * j + h];
+            sc[(b * kSpb + h) * R + r] = sv;
+            cc[(b * kSpb + h) * R + r] = c[2 * j + h] - static_cast<float>(kOff) * sv;
+          }
+        }
+      }
+    }
+    return {codes, mags, sc, cc};
+  }
+
+  template <int R>
+  void tile(const Tile& tl, int64_t r0, int64_t g) const {
+    __m256 acc[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* ab = ag + b * 256;
+      const uint8_t* cb = tl.codes + b * R * 32;
+      const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
+      if constexpr (kSigned) {
+        const uint8_t* mb = tl.mags + b * R * 32;
+        __m256i i[R];
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) i[r] = _mm256_setzero_si256();
+        LARDER_UNROLL
+        for (int k4 = 0; k4 < 8; ++k4) {
+          const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            int32_t q4, m4;
+            std::memcpy(&q4, cb + r * 32 + 4 * k4, 4);
+            std::memcpy(&m4, mb + r * 32 + 4 * k4, 4);
+            const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(m4), _mm256_sign_epi8(xa, _mm256_set1_epi32(q4)));
+            i[r] = _mm256_add_epi32(i[r], _mm256_madd_epi16(p, ones));
+            __asm__("" : "+x"(i[r]));  // keep the chain sequential (see the Q4_0 GEMM)
+          }
+        }
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r)
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[r]), _mm256_mul_ps(dx, _mm256_broadcast_ss(tl.s + b * R + r)), acc[r]);
+      } else if constexpr (kHalves) {
+        LARDER_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          __m256i p[R];
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+          LARDER_UNROLL
+          for (int k4 = 4 * h; k4 < 4 * h + 4; ++k4) {
+            const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
+            LARDER_UNROLL
+            for (int r = 0; r < R; ++r) {
+              int32_t u4;
+              std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
+              p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
+              __asm__("" : "+x"(p[r]));
+            }
+          }
+          const int64_t k = (2 * b + h) * R;
+          const __m256 hs = _mm256_loadu_ps(bs16 + (2 * b + h) * a.n_pad + 8 * g);
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
+            acc[r] = _mm256_fmadd_ps(f, _mm256_mul_ps(dx, _mm256_broadcast_ss(tl.s + k + r)), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(tl.c + k + r), hs, acc[r]);
+          }
+        }
+      } else {
+        __m256i i[R];
+        constexpr int kSteps = kOneChain ? 8 : 4;
+        LARDER_UNROLL
+        for (int h = 0; h < 8 / kSteps; ++h) {
+          __m256i p[R];
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+          LARDER_UNROLL
+          for (int k4 = kSteps * h; k4 < kSteps * (h + 1); ++k4) {
+            const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
+            LARDER_UNROLL
+            for (int r = 0; r < R; ++r) {
+              int32_t u4;
+              std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
+              p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
+              __asm__("" : "+x"(p[r]));
+            }
+          }
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            const __m256i m = _mm256_madd_epi16(p[r], ones);
+            i[r] = h == 0 ? m : _mm256_add_epi32(i[r], m);
+          }
+        }
+        const __m256 bs = _mm256_loadu_ps(a.sums(b) + 8 * g);
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[r]), _mm256_mul_ps(dx, _mm256_broadcast_ss(tl.s + b * R + r)), acc[r]);
+          if constexpr (kBias) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(tl.c + b * R + r), bs, acc[r]);
+        }
+      }
+    }
+    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, acc[r]);
+      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
+    }
+  }
+
+  // One tile of R rows over groups [g0, g1): unpack once, prefetch the next tile's packed rows
+  // (`next_rows` of them) into L2 a slice per group, run every group.
+  template <int R>
+  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1, int64_t next_rows) const {
+    const Tile tl = unpack<R>(r0);
+    const uint8_t* next = w + static_cast<uint64_t>(r0 + R) * row_bytes;
+    const int64_t lines = static_cast<int64_t>((next_rows * row_bytes + 63) / 64);
+    const int64_t per_group = (lines + (g1 - g0) - 1) / (g1 - g0);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t l0 = (g - g0) * per_group, l1 = std::min(lines, l0 + per_group);
+      for (int64_t l = l0; l < l1; ++l) _mm_prefetch(reinterpret_cast<const char*>(next + 64 * l), _MM_HINT_T1);
+      tile<R>(tl, r0, g);
+    }
+  }
+};
+
+template <class U>
+void matmul_gguf_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
+  using G = GgufGemm<U>;
+  const int64_t nb = w.cols / 32;
+  QuantizedActs a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, w.cols)), n, w.cols);
+  quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
+  auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
+  build_act8(a, n, act8);
+  float* bs16 = nullptr;
+  if constexpr (G::kHalves) {
+    // d_x·Σ q_x per 16-element half, block-major like a.bsum (padding tokens: zero).
+    bs16 = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * nb * a.n_pad) * sizeof(float) + 64, 1));
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int64_t t = 0; t < a.n_pad; ++t) {
+        float h0 = 0.0f, h1 = 0.0f;
+        if (t < n) {
+          const int8_t* q = a.token_blocks(t) + 32 * b;
+          int s0 = 0, s1 = 0;
+          for (int j = 0; j < 16; ++j) {
+            s0 += q[j];
+            s1 += q[16 + j];
+          }
+          const float d = a.scales(b)[t];
+          h0 = d * static_cast<float>(s0);
+          h1 = d * static_cast<float>(s1);
+        }
+        bs16[2 * b * a.n_pad + t] = h0;
+        bs16[(2 * b + 1) * a.n_pad + t] = h1;
+      }
+    }
+  }
+  const G k{w.data, w.row_bytes(), w.rows, nb, n, w.cols / U::kElems, act8, a, bs16, y};
+  const int64_t groups = a.n_pad / 8;
+  const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
+  const int64_t n_gb = (groups + gb - 1) / gb;
+  const int64_t rb = 4 * G::kRows;
+  const int64_t n_rb = (w.rows + rb - 1) / rb;
+  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
+    const int64_t ib = c % n_rb, ig = c / n_rb;
+    const int64_t r_end = std::min(w.rows, (ib + 1) * rb);
+    const int64_t g0 = ig * gb, g1 = std::min(groups, g0 + gb);
+    int64_t r = ib * rb;
+    for (; r + G::kRows <= r_end; r += G::kRows)
+      k.template rows_x_groups<G::kRows>(r, g0, g1, std::clamp<int64_t>(r_end - r - G::kRows, 0, G::kRows));
+    for (; r < r_end; ++r) k.template rows_x_groups<1>(r, g0, g1, 0);
+  });
+}
+
+// From this many tokens on (one full 8-token group) the GEMM above; fewer: the decode kernels.
+constexpr int64_t kGemmMinTokens = 8;
+
+template <class U, class L>
+void matmul_gguf_or_linear(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= kGemmMinTokens) {
+    matmul_gguf_gemm<U>(w, x, n, y);
+  } else {
+    matmul_linear<L>(w, x, n, y);
+  }
+}
+template <class U>
+void matmul_gguf_any(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= kGemmMinTokens) {
+    matmul_gguf_gemm<U>(w, x, n, y);
+  } else {
+    matmul_gguf<U>(w, x, n, y);
+  }
+}
+
 }  // namespace
 
-void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y) { matmul_linear<LinQ4_1>(w, x, n, y); }
-void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_linear<LinQ5_0>(w, x, n, y); }
-void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y) { matmul_linear<LinQ5_1>(w, x, n, y); }
-void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { matmul_linear<LinIQ4_NL>(w, x, n, y); }
-void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf<UnpackQ2_K>(w, x, n, y); }
-void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf<UnpackQ3_K>(w, x, n, y); }
-void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf<UnpackQ5_K>(w, x, n, y); }
-void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf<UnpackIQ4_XS>(w, x, n, y); }
+void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_or_linear<UnpackQ4_1, LinQ4_1>(w, x, n, y); }
+void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_or_linear<UnpackQ5_0, LinQ5_0>(w, x, n, y); }
+void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_or_linear<UnpackQ5_1, LinQ5_1>(w, x, n, y); }
+void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_or_linear<UnpackIQ4_NL, LinIQ4_NL>(w, x, n, y); }
+void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ2_K>(w, x, n, y); }
+void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ3_K>(w, x, n, y); }
+void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ5_K>(w, x, n, y); }
+void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackIQ4_XS>(w, x, n, y); }
 
 }  // namespace larder::kernels::cpu::avx2

@@ -1,9 +1,9 @@
 // matmul_gguf_avx512.cpp — GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS on the AVX-512
 // tier, over the unpackers of cpu/common/gguf_unpack.h (value = s·w + c per 16-element half).
 //
-// Prefill (n >= kGemm16MinTokens): the shared VNNI token-lane GEMM (gemm16_avx512.h) in its
-// half-block mode (kZero < 0): codes u = w ^ 0x80 = w + 128 (unsigned operand of vpdpbusd), scale
-// s and bias c − 128·s per half.
+// Prefill (n >= kGemm16MinTokens): the shared VNNI token-lane GEMM (gemm16_avx512.h): codes
+// u = w ^ 0x80 = w + 128 (unsigned operand of vpdpbusd), scale s and bias c − 128·s per block
+// (group mode) or per half (half-block mode, Q2_K and Q3_K); see GgufRows.
 //
 // Decode (fewer tokens) runs the AVX2 kernels (matmul_gguf_avx2.cpp). A zmm decode kernel over
 // the same unpackers (two 32-blocks per vpdpbusd, per-lane scale/bias arrays) measured slower on
@@ -26,15 +26,23 @@ namespace {
 
 using namespace simd;
 
-// GEMM adapter: one row unpacked to codes [nb][32] (at stride), scale/bias per 16-element half.
+// GEMM adapter: one row unpacked to codes [nb][32] (at stride) with a scale and bias per scale
+// unit. Formats whose two halves of a 32-block share s and c (all but Q2_K and Q3_K,
+// kScaleElems == 32) run the GEMM's group mode with one block per group (kZero == 0: one int32
+// sum per row and block, then s and c − 128·s against the block sum: 4 f32 ops per row and block);
+// Q2_K and Q3_K its half-block mode (kZero < 0: two int32 sums, a scale and bias per half,
+// 7 f32 ops). The half-block mode for every format ran Q4_1 at 227 GOP/s against Q4_0's 310
+// (1 thread, 2048×2048, n = 128).
 template <class U>
 struct GgufRows {
-  static constexpr int kZero = -1;
+  static constexpr bool kPerBlock = U::kScaleElems == 32;
+  static constexpr int kZero = kPerBlock ? 0 : -1;
+  static constexpr int kPerUnit = U::kElems / U::kScaleElems;  // scale units per unpacker unit
   const uint8_t* w;
   uint64_t row_bytes;
   int64_t units;
 
-  int64_t groups() const { return units * (U::kElems / 16); }
+  int64_t groups() const { return units * kPerUnit; }
   int64_t blocks_per_group() const { return 1; }
 
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float* bias) const {
@@ -49,9 +57,10 @@ struct GgufRows {
         _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (u * (U::kElems / 32) + j) * stride),
                            _mm256_xor_si256(v, flip));
       }
-      for (int i = 0; i < U::kElems / 16; ++i) {
-        scale[u * (U::kElems / 16) + i] = s[i];
-        bias[u * (U::kElems / 16) + i] = c[i] - 128.0f * s[i];
+      constexpr int kStep = U::kScaleElems / 16;  // s and c entries per scale unit
+      for (int i = 0; i < kPerUnit; ++i) {
+        scale[u * kPerUnit + i] = s[kStep * i];
+        bias[u * kPerUnit + i] = c[kStep * i] - 128.0f * s[kStep * i];
       }
     }
   }
@@ -64,8 +73,9 @@ void matmul_gguf(const WeightView& w, const float* x, int64_t n, float* y, Matmu
     decode(w, x, n, y);
     return;
   }
-  const Acts16 a = quantize_acts16(x, n, w.cols, /*half_sums=*/true);
-  const GgufRows<U> f{w.data, w.row_bytes(), w.cols / U::kElems};
+  using F = GgufRows<U>;
+  const Acts16 a = quantize_acts16(x, n, w.cols, /*half_sums=*/F::kZero < 0);
+  const F f{w.data, w.row_bytes(), w.cols / U::kElems};
   run_gemm16(f, a, w.rows, y);
 }
 

@@ -65,10 +65,15 @@ inline void fill2(float* a, float v) { a[0] = a[1] = v; }
 
 // Each unpacker: kElems weights per unit (one block / super-block of kBytes), kBias (whether c
 // can be nonzero), and unpack(blk, w[kElems], s[kElems/16], c[kElems/16]).
+// For the AVX2 token-lane GEMM (matmul_gguf_avx2.cpp), which feeds weights to maddubs' unsigned
+// operand: kCodeOffset makes the codes unsigned (u = w + kCodeOffset ∈ [0, kMaxCode], bias
+// c − kCodeOffset·s), or is −1 for the signed codebook formats (|w| and the sign go separately);
+// kScaleElems is 32 where both halves of every 32-block share s and c, else 16.
 struct UnpackQ4_1 {
   static constexpr int kElems = 32;
   static constexpr size_t kBytes = sizeof(BlockQ4_1);
   static constexpr bool kBias = true;
+  static constexpr int kCodeOffset = 0, kMaxCode = 15, kScaleElems = 32;
   static void unpack(const uint8_t* blk, int8_t* w, float* s, float* c) {
     gu::store32(w, gu::nibbles32(blk + offsetof(BlockQ4_1, qs)));
     gu::fill2(s, gu::f16(blk + offsetof(BlockQ4_1, d)));
@@ -80,6 +85,7 @@ struct UnpackQ5_0 {
   static constexpr int kElems = 32;
   static constexpr size_t kBytes = sizeof(BlockQ5_0);
   static constexpr bool kBias = false;
+  static constexpr int kCodeOffset = 16, kMaxCode = 31, kScaleElems = 32;
   static void unpack(const uint8_t* blk, int8_t* w, float* s, float* c) {
     const __m256i q = _mm256_or_si256(gu::nibbles32(blk + offsetof(BlockQ5_0, qs)), gu::fifth_bits(blk + offsetof(BlockQ5_0, qh)));
     gu::store32(w, _mm256_sub_epi8(q, _mm256_set1_epi8(16)));
@@ -92,6 +98,7 @@ struct UnpackQ5_1 {
   static constexpr int kElems = 32;
   static constexpr size_t kBytes = sizeof(BlockQ5_1);
   static constexpr bool kBias = true;
+  static constexpr int kCodeOffset = 0, kMaxCode = 31, kScaleElems = 32;
   static void unpack(const uint8_t* blk, int8_t* w, float* s, float* c) {
     gu::store32(w, _mm256_or_si256(gu::nibbles32(blk + offsetof(BlockQ5_1, qs)), gu::fifth_bits(blk + offsetof(BlockQ5_1, qh))));
     gu::fill2(s, gu::f16(blk + offsetof(BlockQ5_1, d)));
@@ -103,6 +110,7 @@ struct UnpackIQ4_NL {
   static constexpr int kElems = 32;
   static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
   static constexpr bool kBias = false;
+  static constexpr int kCodeOffset = -1, kMaxCode = 127, kScaleElems = 32;
   static void unpack(const uint8_t* blk, int8_t* w, float* s, float* c) {
     gu::store32(w, gu::iq4_lookup(gu::nibbles32(blk + offsetof(BlockIQ4_NL, qs))));
     gu::fill2(s, gu::f16(blk + offsetof(BlockIQ4_NL, d)));
@@ -116,6 +124,7 @@ struct UnpackQ2_K {
   static constexpr int kElems = 256;
   static constexpr size_t kBytes = sizeof(BlockQ2_K);
   static constexpr bool kBias = true;
+  static constexpr int kCodeOffset = 0, kMaxCode = 3, kScaleElems = 16;
   static void unpack(const uint8_t* blk, int8_t* w, float* s, float* c) {
     const __m256i m2 = _mm256_set1_epi8(3);
     for (int h = 0; h < 2; ++h) {
@@ -139,6 +148,7 @@ struct UnpackQ3_K {
   static constexpr int kElems = 256;
   static constexpr size_t kBytes = sizeof(BlockQ3_K);
   static constexpr bool kBias = false;
+  static constexpr int kCodeOffset = 4, kMaxCode = 7, kScaleElems = 16;
   static void unpack(const uint8_t* blk, int8_t* w, float* s, float* c) {
     const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
     const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ3_K, hmask)));
@@ -169,6 +179,7 @@ struct UnpackQ5_K {
   static constexpr int kElems = 256;
   static constexpr size_t kBytes = sizeof(BlockQ5_K);
   static constexpr bool kBias = true;
+  static constexpr int kCodeOffset = 0, kMaxCode = 31, kScaleElems = 32;
   static void unpack(const uint8_t* blk, int8_t* w, float* s, float* c) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ5_K, qh)));
@@ -199,6 +210,7 @@ struct UnpackIQ4_XS {
   static constexpr int kElems = 256;
   static constexpr size_t kBytes = sizeof(BlockIQ4_XS);
   static constexpr bool kBias = false;
+  static constexpr int kCodeOffset = -1, kMaxCode = 127, kScaleElems = 32;
   static void unpack(const uint8_t* blk, int8_t* w, float* s, float* c) {
     for (int j = 0; j < 8; ++j)
       gu::store32(w + 32 * j, gu::iq4_lookup(gu::nibbles32(blk + offsetof(BlockIQ4_XS, qs) + 16 * j)));
