@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "larder/core/threadpool.h"
 #include "larder/models/blocks/mlp.h"
 
 namespace larder::models {
@@ -40,6 +41,32 @@ Status bind_attention(WeightBinder& b, const std::string& p, const LayerSpec& sp
   }
   return Status::ok();
 }
+
+namespace {
+// Whether to attend the sequences of a batch in parallel, one sequence per pool chunk, instead of
+// one after another with the kernel spreading each one over the pool. Batched decode (several
+// streams, one or a few rows each) is what wants it: per sequence the kernel has only one item
+// per KV head (3 for SmolLM2-135M) and microseconds of work, so on a 2-thread pool the caller
+// finished most of them before the worker joined, and attention ran nearly serially while the
+// worker spun (perf, 8 streams). Across sequences the chunks are as many as the sequences.
+// Dynamic claiming bounds the step by about total/threads + the longest sequence, so it is
+// taken only when no sequence dominates (the longest ≤ 1.25 × an even share) and every
+// sequence is a decode-sized slice; a long prefill, or one long context among short ones,
+// keeps the kernel's own split (query tiles, or KV chunks at long contexts).
+bool across_sequences(std::span<const AttentionSeq> seqs, const int64_t* positions, int64_t window) {
+  const int threads = default_pool().n_threads();
+  if (seqs.size() < 2 || threads < 2) return false;
+  int64_t total = 0, longest = 0;
+  for (const AttentionSeq& sq : seqs) {
+    if (sq.n > 16) return false;
+    int64_t keys = positions[sq.row0] + sq.n;
+    if (window > 0) keys = std::min(keys, window + sq.n);
+    total += keys;
+    longest = std::max(longest, keys);
+  }
+  return longest * threads * 4 <= total * 5;
+}
+}  // namespace
 
 void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const float* inv_freq,
                      const AttentionWeights& w, const float* h, int64_t rows, const int64_t* positions, int layer,
@@ -80,14 +107,17 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
   ap.scale = spec.attn_scale;
   ap.window = spec.kind == LayerKind::kSliding ? spec.window : 0;
   if (keep && own_kv) keep->resize(seqs.size());
-  for (size_t si = 0; si < seqs.size(); ++si) {
+  // One sequence: its K/V write, the spans its slot hands out, causal attention over them.
+  // Sequences touch only their own state, keep entry and output rows, so they may run on
+  // different pool threads (the kernel's own parallel_for then runs inline on that thread).
+  auto one = [&](size_t si, std::vector<memory::KvSpan>& spans, std::vector<kernels::KvSpanView>& views) {
     const AttentionSeq& sq = seqs[si];
     memory::SequenceState& st = *sq.state;
     const memory::LayerSlot& slot = st.slots[static_cast<size_t>(slot_i)];
     const int64_t pos0 = positions[sq.row0];
     const float* k_new = own_kv ? s.k.data() + sq.row0 * kv_dim : nullptr;
     const float* v_new = own_kv ? s.v.data() + sq.row0 * kv_dim : nullptr;
-    s.spans.clear();
+    spans.clear();
     memory::RingState* ring = nullptr;
     if (slot.kind == memory::StateKind::kPlainKv) {
       memory::KvCache& cache = st.kv;
@@ -96,37 +126,46 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
         std::memcpy(cache.v_row(slot.index, pos0 + t), v_new + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
       }
       // A sliding layer kept in plain KV reads only its window (the kernel masks the rest).
-      cache.spans(slot.index, pos0 + sq.n, &s.spans);
+      cache.spans(slot.index, pos0 + sq.n, &spans);
     } else if (!own_kv) {
       LARDER_DCHECK(keep != nullptr && si < keep->size(), "KV-sharing layer over a ring without its source's copy");
       const KvKeep& kk = (*keep)[si];
-      s.spans.push_back({kk.k.data(), kk.v.data(), kk.start, kk.len});
+      spans.push_back({kk.k.data(), kk.v.data(), kk.start, kk.len});
     } else {
       // Ring: what the window of the chunk's first query needs from before the chunk, then the
       // chunk's own rows straight from the projections; the ring absorbs them afterwards. So a
       // prefill chunk longer than the window never overwrites keys its own earlier queries see.
       ring = st.ring(layer);
       LARDER_DCHECK(ring != nullptr && ring->offset() == pos0, "ring slot out of step");
-      ring->spans(std::max<int64_t>(0, pos0 - ring->window() + 1), &s.spans);
-      s.spans.push_back({k_new, v_new, pos0, sq.n});
+      ring->spans(std::max<int64_t>(0, pos0 - ring->window() + 1), &spans);
+      spans.push_back({k_new, v_new, pos0, sq.n});
       if (keep) {
         KvKeep& kk = (*keep)[si];
         kk.k.clear();
         kk.v.clear();
-        kk.start = s.spans.front().start;
+        kk.start = spans.front().start;
         kk.len = 0;
-        for (const auto& sp : s.spans) {
+        for (const auto& sp : spans) {
           kk.k.insert(kk.k.end(), sp.k, sp.k + sp.len * kv_dim);
           kk.v.insert(kk.v.end(), sp.v, sp.v + sp.len * kv_dim);
           kk.len += sp.len;
         }
       }
     }
-    s.views.clear();
-    for (const auto& sp : s.spans) s.views.push_back({sp.k, sp.v, sp.start, sp.len});
-    kernels::attention(s.q.data() + sq.row0 * q_dim, sq.n, pos0, s.views.data(), static_cast<int>(s.views.size()), ap,
+    views.clear();
+    for (const auto& sp : spans) views.push_back({sp.k, sp.v, sp.start, sp.len});
+    kernels::attention(s.q.data() + sq.row0 * q_dim, sq.n, pos0, views.data(), static_cast<int>(views.size()), ap,
                        s.att.data() + sq.row0 * q_dim);
     if (ring) ring->append_rows(k_new, v_new, sq.n);
+  };
+  if (across_sequences(seqs, positions, ap.window)) {
+    s.seq_spans.resize(seqs.size());
+    s.seq_views.resize(seqs.size());
+    default_pool().parallel_for(static_cast<int64_t>(seqs.size()), [&](int64_t si, int) {
+      one(static_cast<size_t>(si), s.seq_spans[static_cast<size_t>(si)], s.seq_views[static_cast<size_t>(si)]);
+    });
+  } else {
+    for (size_t si = 0; si < seqs.size(); ++si) one(si, s.spans, s.views);
   }
   kernels::matmul(w.o, s.att.data(), rows, out);
   add_bias(out, rows, w.o_b);

@@ -44,6 +44,9 @@ struct AttentionScratch {
   std::vector<float> q, k, v, att;
   std::vector<memory::KvSpan> spans;
   std::vector<kernels::KvSpanView> views;
+  // Per sequence, when the sequences of a batch are attended in parallel (attention.cpp).
+  std::vector<std::vector<memory::KvSpan>> seq_spans;
+  std::vector<std::vector<kernels::KvSpanView>> seq_views;
 };
 
 // prefix: "model.layers.N.self_attn." (canonical HF names; the binder's table maps them).
