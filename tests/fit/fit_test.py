@@ -106,6 +106,29 @@ class FitTest(unittest.TestCase):
         self.assertEqual(a["weights"], b["weights"])
         self.assertEqual(b["kv_per_token"] * 512, b["kv"])
 
+    def test_layers_that_differ_are_counted_as_what_they_hold(self):
+        """KV bytes from the layers' own state, not n_layers x heads x head_dim: a sliding layer
+        holds a ring of its window (fixed per sequence), a global layer grows per token with its
+        own head size, a KV-sharing layer (Gemma 4) holds nothing. Expected values come from the
+        GGUF metadata, not from larder."""
+        cases = []
+        gemma = sorted(glob.glob(os.path.join(SOURCE, ".cache", "models", "gemma-3-270m*.gguf")))
+        if gemma:
+            import gguf
+            r = gguf.GGUFReader(gemma[0])
+            meta = lambda k: int(r.fields[k].parts[r.fields[k].data[0]][0])
+            n, window = meta("gemma3.block_count"), meta("gemma3.attention.sliding_window")
+            row = 2 * meta("gemma3.attention.head_count_kv") * meta("gemma3.attention.key_length") * 4
+            n_global = n // 6  # Gemma 3: every sixth layer is global (sliding_window_pattern 6)
+            cases.append((gemma[0], n_global * row, (n - n_global) * window * row))
+        if not cases:
+            self.skipTest("gemma-3-270m is absent (scripts/fetch_models.sh); Gemma 4's KV sharing: models_tests Gemma4.Fit*")
+        for model, per_token, fixed in cases:
+            a, b = self.estimate(model, 256), self.estimate(model, 4096, parallel=2)  # ctx clamps to the model's
+            self.assertEqual((a["kv_per_token"], a["kv_fixed"]), (per_token, fixed), model)
+            self.assertEqual(a["kv"], a["ctx"] * per_token + fixed, model)
+            self.assertEqual(b["kv"], 2 * (b["ctx"] * per_token + fixed), model)
+
     def test_refusal_says_what_fits(self):
         model = self.models[1][0]
         est = self.estimate(model, 2048, parallel=4)

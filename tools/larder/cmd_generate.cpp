@@ -115,7 +115,7 @@ int run_generate(const GenerateFlags& f) {
   {  // The KV grows on demand, so a run needs room for its own tokens only.
     runtime::FitRequest fr;
     fr.ctx = std::min<int64_t>(ctx, static_cast<int64_t>(prompt.size()) + n);
-    const auto fit = runtime::check_model_fit(info, m.files.tensors().total_bytes(), fr);
+    const auto fit = runtime::check_model_fit(*m.model, m.files.tensors().total_bytes(), fr);
     if (!fit.status.is_ok()) return report(fit.status);
   }
   runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read

@@ -44,12 +44,12 @@ VerbMain add_info(CLI::App& app) {
     fr.ctx = std::min<int64_t>(ff->ctx > 0 ? ff->ctx : 4096, i.max_context);
     fr.parallel = ff->parallel;
     fr.kv_store_ram_cap = static_cast<uint64_t>(ff->prompt_cache_gb * (1ull << 30));
-    const auto est = runtime::estimate_fit(i, m.files.tensors().total_bytes(), fr);
+    const auto est = runtime::estimate_fit(*m.model, m.files.tensors().total_bytes(), fr);
     const auto avail = runtime::available_memory();
     if (ff->json) {
       const auto v = runtime::check_fit(est, fr, avail);
       nlohmann::json j = {{"ctx", fr.ctx},          {"parallel", fr.parallel},     {"weights", est.weights},
-                          {"kv", est.kv},           {"kv_per_token", est.kv_per_token}, {"scratch", est.scratch},
+                          {"kv", est.kv},           {"kv_per_token", est.kv_per_token}, {"kv_fixed", est.kv_fixed}, {"scratch", est.scratch},
                           {"runtime", est.runtime}, {"total", est.total()},        {"prompt_cache", est.kv_store_cap},
                           {"available", avail.bytes}, {"available_source", avail.source},
                           {"fits", v.status.is_ok()}, {"message", v.status.message()}};

@@ -194,7 +194,7 @@ int run_serve(ServeFlags f) {
   runtime::announce_chat_template(m);
 
   server::ServedModel sm;
-  uint64_t kv_budget = 0, kv_bytes_per_token = 0;  // memory admission (engine.h)
+  uint64_t kv_budget = 0, kv_bytes_per_token = 0, kv_fixed_bytes = 0;  // memory admission (engine.h)
   sm.m = &m;
   sm.id = f.alias.empty() ? located->id : f.alias;
   sm.fingerprint = std::string("larder-0.1.0-") + kernels::active_table().name;
@@ -206,16 +206,18 @@ int run_serve(ServeFlags f) {
     fr.ctx = sm.ctx;
     fr.parallel = f.parallel;
     fr.kv_store_ram_cap = static_cast<uint64_t>(f.prompt_cache_gb * (1ull << 30));
-    kv_bytes_per_token = runtime::estimate_fit(info, m.files.tensors().total_bytes(), fr).kv_per_token;
+    const auto est = runtime::estimate_fit(*m.model, m.files.tensors().total_bytes(), fr);
+    kv_bytes_per_token = est.kv_per_token;
+    kv_fixed_bytes = est.kv_fixed;
     if (!f.kv_budget.empty()) {
       kv_budget = runtime::parse_bytes(f.kv_budget);
       if (kv_budget == 0)
         return fail(invalid_argument(strfmt("[serve] --kv-budget '%s' is not a size (e.g. 2G, 512M, 1048576)", f.kv_budget.c_str())));
       // The running requests' KV is capped by the budget, not by ctx x parallel: check that.
-      const uint64_t per_seq = static_cast<uint64_t>(sm.ctx) * std::max<uint64_t>(kv_bytes_per_token, 1);
+      const uint64_t per_seq = std::max<uint64_t>(static_cast<uint64_t>(sm.ctx) * kv_bytes_per_token + kv_fixed_bytes, 1);
       fr.parallel = std::clamp<int64_t>(static_cast<int64_t>((kv_budget + per_seq - 1) / per_seq), 1, f.parallel);
     }
-    const auto fit = runtime::check_model_fit(info, m.files.tensors().total_bytes(), fr);
+    const auto fit = runtime::check_model_fit(*m.model, m.files.tensors().total_bytes(), fr);
     if (!fit.status.is_ok()) {
       if (!f.kv_budget.empty()) return fail(fit.status);
       return fail(Status(fit.status.code(), fit.status.message() +
@@ -263,6 +265,7 @@ int run_serve(ServeFlags f) {
       return fail(invalid_argument(strfmt("[serve] --min-free-memory '%s' is not a size (e.g. 1G, 512M)", f.min_free_memory.c_str())));
   }
   ec.kv_bytes_per_token = kv_bytes_per_token;
+  ec.kv_fixed_bytes = kv_fixed_bytes;
   ec.admit_wait = std::chrono::milliseconds(static_cast<int64_t>(f.admit_wait_s * 1e3));
   // kv-store.md §12: idle demotion defaults to 300 s with an SSD tier, off without one.
   const double demote_s = f.ssd_demote_idle_s.value_or(f.ssd_cache.empty() ? 0.0 : 300.0);

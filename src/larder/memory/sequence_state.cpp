@@ -39,6 +39,29 @@ Status StateSchema::validate() const {
   return Status::ok();
 }
 
+StateFootprint StateSchema::footprint() const {
+  // Element sizes follow the states' storage: f32 K/V rows (KvCache, RingState), f32 conv and
+  // recurrent matrices (RecurrentState).
+  StateFootprint f;
+  for (const LayerStateSpec& s : layers) {
+    const uint64_t kv_row = 2ull * static_cast<uint64_t>(s.n_kv_heads) * static_cast<uint64_t>(s.head_dim) * sizeof(float);
+    switch (s.kind) {
+      case StateKind::kPlainKv:
+        f.per_token += kv_row;
+        break;
+      case StateKind::kRing:
+        f.fixed += kv_row * static_cast<uint64_t>(s.window);
+        break;
+      case StateKind::kRecurrent:
+        f.fixed += (static_cast<uint64_t>(s.conv_k - 1) * static_cast<uint64_t>(s.conv_dim) +
+                    static_cast<uint64_t>(s.n_heads) * static_cast<uint64_t>(s.dk) * static_cast<uint64_t>(s.dv)) *
+                   sizeof(float);
+        break;
+    }
+  }
+  return f;
+}
+
 StateSchema StateSchema::all_plain(const KvLayout& layout) {
   StateSchema s;
   s.layers.assign(static_cast<size_t>(layout.n_layers),

@@ -23,6 +23,16 @@
 
 namespace larder::memory {
 
+// The bytes one sequence's state holds: `per_token` grows with every token (the plain layers'
+// K/V rows), `fixed` does not (a ring is allocated at its window, a recurrent state is constant).
+// Memory estimates and admission use this rather than n_layers x heads x head_dim, which is wrong
+// for every model whose layers differ (sliding windows, KV-sharing layers with no slot, per-kind
+// head sizes).
+struct StateFootprint {
+  uint64_t per_token = 0, fixed = 0;
+  uint64_t at(int64_t tokens) const { return per_token * static_cast<uint64_t>(tokens) + fixed; }
+};
+
 // What one model layer keeps per sequence.
 struct LayerStateSpec {
   StateKind kind = StateKind::kPlainKv;
@@ -39,6 +49,7 @@ struct StateSchema {
   // KV heads and head_dim (one KvCache row shape); validate() says so when they do not.
   KvLayout plain_layout() const;
   Status validate() const;
+  StateFootprint footprint() const;
   // All-plain schema of a KvLayout (what a Llama-style model declares).
   static StateSchema all_plain(const KvLayout& layout);
 };

@@ -43,11 +43,16 @@ uint64_t parse_bytes(const std::string& s) {
 }
 
 
-FitEstimate estimate_fit(const models::ModelInfo& i, uint64_t weight_bytes, const FitRequest& req) {
+FitEstimate estimate_fit(const models::Model& model, uint64_t weight_bytes, const FitRequest& req) {
+  const models::ModelInfo& i = model.info();
   FitEstimate e;
   e.weights = weight_bytes;
-  e.kv_per_token = static_cast<uint64_t>(i.n_layers) * 2 * i.n_kv_heads * i.head_dim * sizeof(float);
-  e.kv = e.kv_per_token * static_cast<uint64_t>(req.ctx) * static_cast<uint64_t>(req.parallel);
+  // From the layers' own state schema: plain layers grow per token, rings stop at their window,
+  // KV-sharing layers (Gemma 4) hold nothing.
+  const memory::StateFootprint fp = model.state_schema().footprint();
+  e.kv_per_token = fp.per_token;
+  e.kv_fixed = fp.fixed;
+  e.kv = fp.at(req.ctx) * static_cast<uint64_t>(req.parallel);
   const uint64_t rows = static_cast<uint64_t>(std::max<int64_t>(1, std::min(req.ctx, req.prefill_rows)));
   const uint64_t q_dim = static_cast<uint64_t>(i.n_heads * i.head_dim), kv_dim = static_cast<uint64_t>(i.n_kv_heads * i.head_dim);
   // decoder x/h/o, attention q/k/v/att, MLP gate/up, the activations quantized for the integer
@@ -117,16 +122,18 @@ FitVerdict check_fit(const FitEstimate& est, const FitRequest& req, const Memory
     return v;
   }
   std::string advice;
-  if (est.fixed() + est.kv_per_token * 256 > budget) {
+  if (est.fixed() + est.kv_fixed + est.kv_per_token * 256 > budget) {
     advice = strfmt("the weights alone (%s) plus the runtime leave no room for a context: pick a smaller or more "
                     "quantized model",
                     gib(est.weights).c_str());
   } else {
-    const uint64_t tokens = (budget - est.fixed()) / est.kv_per_token;  // over all sequences
-    const int64_t ctx_at_p = static_cast<int64_t>(tokens / static_cast<uint64_t>(req.parallel)) / 256 * 256;
+    const uint64_t room = budget - est.fixed();  // for every sequence's state
+    const uint64_t per_seq = room / static_cast<uint64_t>(req.parallel);
+    const uint64_t ctx_tokens = per_seq > est.kv_fixed ? (per_seq - est.kv_fixed) / std::max<uint64_t>(est.kv_per_token, 1) : 0;
+    const int64_t ctx_at_p = static_cast<int64_t>(ctx_tokens) / 256 * 256;
     advice = strfmt("what fits: --ctx %lld with --parallel %lld", static_cast<long long>(ctx_at_p),
                     static_cast<long long>(req.parallel));
-    const int64_t p_at_ctx = static_cast<int64_t>(tokens / static_cast<uint64_t>(req.ctx));
+    const int64_t p_at_ctx = static_cast<int64_t>(room / std::max<uint64_t>(est.kv_per_token * static_cast<uint64_t>(req.ctx) + est.kv_fixed, 1));
     if (req.parallel > 1 && p_at_ctx >= 1) {
       advice += strfmt(", or --parallel %lld with --ctx %lld", static_cast<long long>(p_at_ctx),
                        static_cast<long long>(req.ctx));
@@ -142,8 +149,8 @@ FitVerdict check_fit(const FitEstimate& est, const FitRequest& req, const Memory
   return v;
 }
 
-FitVerdict check_model_fit(const models::ModelInfo& info, uint64_t weight_bytes, const FitRequest& req) {
-  return check_fit(estimate_fit(info, weight_bytes, req), req, available_memory());
+FitVerdict check_model_fit(const models::Model& model, uint64_t weight_bytes, const FitRequest& req) {
+  return check_fit(estimate_fit(model, weight_bytes, req), req, available_memory());
 }
 
 std::string describe_fit(const FitEstimate& est, const FitRequest& req, const MemoryAvailable& avail) {
@@ -151,7 +158,9 @@ std::string describe_fit(const FitEstimate& est, const FitRequest& req, const Me
   o << strfmt("memory estimate (--ctx %lld --parallel %lld):\n", static_cast<long long>(req.ctx),
               static_cast<long long>(req.parallel));
   o << strfmt("  weights        %s\n", gib(est.weights).c_str());
-  o << strfmt("  KV cache       %s (%s per token per sequence)\n", gib(est.kv).c_str(), gib(est.kv_per_token).c_str());
+  o << strfmt("  KV cache       %s (%s per token per sequence", gib(est.kv).c_str(), gib(est.kv_per_token).c_str());
+  if (est.kv_fixed) o << strfmt(", + %s per sequence for sliding-window rings and recurrent state", gib(est.kv_fixed).c_str());
+  o << ")\n";
   o << strfmt("  scratch        %s\n", gib(est.scratch).c_str());
   o << strfmt("  runtime        %s\n", gib(est.runtime).c_str());
   o << strfmt("  total          %s\n", gib(est.total()).c_str());

@@ -7,7 +7,9 @@
 //              embedding table is read only at the rows of the tokens seen, so a model whose
 //              untied embedding is most of its size measures less (tests/fit: the 64-wide test
 //              model with a 128k vocabulary, +11 %); real models are within a few %.
-//   kv         ctx × parallel × n_layers × 2 (K,V) × n_kv_heads × head_dim × 4 (f32 rows)
+//   kv         parallel × (ctx × the plain layers' K/V row bytes + the fixed state: sliding-window
+//              rings at their window, recurrent states), from the model's StateSchema (so Gemma's
+//              rings and Gemma 4's KV-sharing layers are counted as what they hold)
 //   scratch    one forward of min(ctx, prefill_rows) tokens: residual/attention/MLP activations
 //              and the logits (models/decoder.cpp, blocks/*.cpp)
 //   runtime    the process itself (binary, libraries, allocator; ~16 MiB measured with a 1 MB
@@ -35,12 +37,13 @@ struct FitRequest {
 
 struct FitEstimate {
   uint64_t weights = 0, kv = 0, scratch = 0, runtime = 0, kv_store_cap = 0;
-  uint64_t kv_per_token = 0;  // one sequence, all layers
+  uint64_t kv_per_token = 0;  // one sequence, the layers whose state grows per token
+  uint64_t kv_fixed = 0;      // one sequence, the layers whose state does not (rings, recurrent)
   uint64_t fixed() const { return weights + scratch + runtime; }  // everything but the KV
   uint64_t total() const { return weights + kv + scratch + runtime; }  // without the store's cap
 };
 
-FitEstimate estimate_fit(const models::ModelInfo& info, uint64_t weight_bytes, const FitRequest& req);
+FitEstimate estimate_fit(const models::Model& model, uint64_t weight_bytes, const FitRequest& req);
 
 struct MemoryAvailable {
   uint64_t bytes = 0;
@@ -62,7 +65,7 @@ FitVerdict check_fit(const FitEstimate& est, const FitRequest& req, const Memory
 
 // estimate_fit + available_memory + check_fit: the check a verb runs after mapping a model and
 // before its first forward.
-FitVerdict check_model_fit(const models::ModelInfo& info, uint64_t weight_bytes, const FitRequest& req);
+FitVerdict check_model_fit(const models::Model& model, uint64_t weight_bytes, const FitRequest& req);
 
 // Human-readable table of the estimate (for `larder info`).
 std::string describe_fit(const FitEstimate& est, const FitRequest& req, const MemoryAvailable& avail);

@@ -55,7 +55,7 @@ std::string mib(uint64_t b) { return strfmt("%.1f MiB", b / 1048576.0); }
 uint64_t Engine::kv_need(const GenRequest& r) const {
   const uint64_t tokens = std::min<uint64_t>(static_cast<uint64_t>(cfg_.ctx),
                                              r.prompt.size() + static_cast<uint64_t>(std::max<int64_t>(r.max_tokens, 0)));
-  return tokens * cfg_.kv_bytes_per_token;
+  return tokens * cfg_.kv_bytes_per_token + cfg_.kv_fixed_bytes;
 }
 
 Event Engine::memory_refusal(const GenRequest& r, uint64_t need, uint64_t reserving) const {
@@ -109,7 +109,9 @@ Result<std::shared_ptr<Channel>> Engine::submit(GenRequest req) {
   auto ch = std::make_shared<Channel>();
   if (cfg_.kv_budget > 0 && kv_need(req) > cfg_.kv_budget) {
     // It could never be admitted, whatever finishes first: say what would fit.
-    const uint64_t fit_tokens = cfg_.kv_budget / std::max<uint64_t>(cfg_.kv_bytes_per_token, 1);
+    const uint64_t fit_tokens = cfg_.kv_budget > cfg_.kv_fixed_bytes
+                                    ? (cfg_.kv_budget - cfg_.kv_fixed_bytes) / std::max<uint64_t>(cfg_.kv_bytes_per_token, 1)
+                                    : 0;
     return Status(StatusCode::kUnavailable,
                   strfmt("this request's KV (prompt %zu + max_tokens %lld tokens = %s) is larger than the whole KV budget "
                          "of %s (serve --kv-budget): at most %llu tokens (prompt + max_tokens) fit; lower max_tokens "

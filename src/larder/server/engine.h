@@ -55,6 +55,7 @@ struct EngineConfig {
   // could never fit is refused at submit.
   uint64_t kv_budget = 0;
   uint64_t kv_bytes_per_token = 0;
+  uint64_t kv_fixed_bytes = 0;  // per sequence whatever its length: sliding-window rings, recurrent state
   std::chrono::milliseconds admit_wait{30000};
 };
 
