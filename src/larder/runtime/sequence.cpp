@@ -20,8 +20,7 @@ Sequence Sequence::start(const models::Model& model, std::vector<int32_t> prompt
         state.emplace(std::move(*st));
       } else {
         LARDER_LOG_WARN("[sequence] kv store hit not usable, prefilling in full: %s", st.status().message().c_str());
-        report.tier = memory::Tier::kNone;
-        report.reused_tokens = 0;
+        opts.store->unusable_hit(&report, "state_incompatible");
       }
     }
   }
@@ -34,7 +33,10 @@ Sequence Sequence::start(const models::Model& model, std::vector<int32_t> prompt
   // A take never covers the whole prompt (§2.1); a state that does anyway (a store keyed
   // differently) is cut back by one, or dropped when it cannot be (a wrapped ring).
   const int64_t P = s.prompt_size();
-  if (P > 0 && s.state_.length() >= P && !s.state_.trim(P - 1).is_ok()) s.state_ = model.new_state(ctx);
+  if (P > 0 && s.state_.length() >= P && !s.state_.trim(P - 1).is_ok()) {
+    s.state_ = model.new_state(ctx);
+    if (s.store_) s.store_->unusable_hit(&s.report_, "untrimmable_tail");
+  }
   s.cached_ = s.prefilled_ = s.state_.length();
   s.history_ = s.prompt_;
   s.plan_checkpoint();

@@ -174,6 +174,42 @@ TEST_F(Generate, SequenceThroughTheStoreReusesTheWholePreviousTurn) {
   EXPECT_EQ(store.value()->stats().ram.entries, entries);
 }
 
+// A store entry whose state the model cannot take (another schema: here one more ring layer than
+// stories260K declares) is a miss with its reason — never a "hit" that reused nothing — and the
+// store counts it as a miss.
+TEST_F(Generate, AnUnusableStoreHitIsReportedAsAMissWithItsReason) {
+  memory::KvStoreConfig cfg;
+  cfg.ram_cap_bytes = 64ull << 20;
+  auto store = memory::KvStore::open(cfg);
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  memory::StateSchema other = model_->state_schema();
+  const memory::KvLayout plain = other.plain_layout();
+  other.layers.push_back({memory::StateKind::kRing, plain.n_kv_heads, plain.head_dim, 4});
+  const std::vector<int32_t> p1 = {1, 403, 407, 261, 378};
+  memory::SequenceState st(other, 64);
+  ASSERT_TRUE(st.kv.reserve(5).is_ok());
+  st.kv.advance(5);
+  std::vector<float> rows(static_cast<size_t>(5 * plain.n_kv_heads * plain.head_dim), 0.5f);
+  static_cast<memory::RingState*>(st.layers[0].get())->append_rows(rows.data(), rows.data(), 5);
+  ASSERT_TRUE(store.value()->put(p1, std::move(st), "base").is_ok());
+
+  std::vector<int32_t> p2 = p1;
+  p2.push_back(400);
+  Sequence s = Sequence::start(*model_, p2, {store->get(), "base", 512});
+  EXPECT_EQ(s.cached_tokens(), 0);
+  EXPECT_STREQ(s.cache_tier(), "none");
+  EXPECT_EQ(s.cache_reason(), "state_incompatible");
+  const auto stats = store.value()->stats();
+  EXPECT_EQ(stats.lookups_hit_ram, 0u);
+  EXPECT_EQ(stats.lookups_miss, 1u);
+  EXPECT_EQ(stats.reused_tokens_ram, 0u);
+  EXPECT_EQ(stats.miss_reasons.at("state_incompatible"), 1u);
+  // And the sequence still runs from scratch.
+  GenerateOptions o;
+  o.max_new_tokens = 4;
+  EXPECT_TRUE(generate(*model_, s, o, nullptr).is_ok());
+}
+
 TEST_F(Generate, ContextLimitEndsWithLength) {
   GenerateOptions o;
   o.max_new_tokens = 1000;

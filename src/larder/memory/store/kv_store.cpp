@@ -65,6 +65,26 @@ void KvStore::count(const TakeResult& r) {
   }
 }
 
+void KvStore::unusable_hit(CacheReport* report, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(report->reused_tokens, 0));
+    if (report->tier == Tier::kSsd) {
+      if (hit_ssd_) --hit_ssd_;
+      reused_ssd_ -= std::min(reused_ssd_, n);
+    } else if (report->tier == Tier::kRam) {
+      if (hit_ram_) --hit_ram_;
+      reused_ram_ -= std::min(reused_ram_, n);
+    }
+    ++miss_;
+    ++reasons_[reason];
+  }
+  report->best_candidate_tokens = std::max(report->best_candidate_tokens, report->reused_tokens);
+  report->tier = Tier::kNone;
+  report->reused_tokens = 0;
+  report->reason = reason;
+}
+
 TakeResult KvStore::take(std::span<const TokenId> prompt, const std::string& ns) {
   TakeResult r = ram_->take(prompt, ns);
   count(r);

@@ -87,6 +87,11 @@ class KvStore {
   KvStore& operator=(const KvStore&) = delete;
 
   TakeResult take(std::span<const TokenId> prompt, const std::string& ns);
+  // The caller could not use what take() returned (the entry's state does not fit the model's
+  // schema, or it covers the whole prompt and cannot be trimmed back): the take is re-counted as
+  // a miss with `reason`, and `report` becomes that miss (tier none, nothing reused) — a hit that
+  // reused nothing must never be reported as a hit.
+  void unusable_hit(CacheReport* report, const std::string& reason);
   int64_t peek(std::span<const TokenId> prompt, const std::string& ns) const { return ram_->peek(prompt, ns); }
   Status put(std::span<const TokenId> tokens, SequenceState&& state, const std::string& ns,
              const PutOptions& opts = {});
