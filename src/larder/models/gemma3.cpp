@@ -24,6 +24,7 @@
 
 #include "larder/core/dtype.h"
 #include "larder/models/blocks/rope.h"
+#include "larder/models/blocks/sandwich.h"
 #include "larder/models/registry.h"
 #include "larder/models/transformer.h"
 
@@ -169,7 +170,7 @@ Gemma3Params gguf_params(const formats::GgufFile& g, const ModelConfig& c) {
 }
 
 struct Layer {
-  RmsNorm input_norm, post_attn_norm, pre_ffn_norm, post_ffn_norm;
+  SandwichNorms norms;
   AttentionWeights attn;
   MlpWeights mlp;
 };
@@ -244,16 +245,7 @@ Status Gemma3Model::bind(const formats::ModelFiles& files) {
 
     const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
     Layer& L = layers_[static_cast<size_t>(l)];
-    struct { RmsNorm* norm; const char* name; } norms[] = {
-        {&L.input_norm, "input_layernorm.weight"},
-        {&L.post_attn_norm, "post_attention_layernorm.weight"},
-        {&L.pre_ffn_norm, "pre_feedforward_layernorm.weight"},
-        {&L.post_ffn_norm, "post_feedforward_layernorm.weight"}};
-    for (auto& n : norms) {
-      LARDER_ASSIGN_OR_RETURN(n.norm->weight, b.vector(p + n.name, c.hidden, "hidden_size"));
-      unit_offset(n.norm->weight, gguf);
-      n.norm->eps = eps;
-    }
+    LARDER_RETURN_IF_ERROR(L.norms.bind(b, p, c.hidden, eps, /*gain_plus_one=*/!gguf));
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &L.attn));
     unit_offset(L.attn.q_norm.weight, gguf);
     unit_offset(L.attn.k_norm.weight, gguf);
@@ -265,16 +257,13 @@ Status Gemma3Model::bind(const formats::ModelFiles& files) {
 void Gemma3Model::layer_forward(int l, const LayerBatch& b) {
   const Layer& L = layers_[static_cast<size_t>(l)];
   const LayerSpec& spec = specs_[static_cast<size_t>(l)];
-  const int64_t n = b.rows * cfg_.hidden;
-  L.input_norm.apply(b.x, b.rows, b.h);
-  attention_block(spec, attn_opt_, rope_tables_[static_cast<size_t>(spec.rope)].data(), L.attn, b.h, b.rows,
-                  b.positions, l, b.seqs, attn_s_, b.o);
-  L.post_attn_norm.apply(b.o, b.rows, b.o);
-  kernels::add(b.x, b.o, b.x, n);
-  L.pre_ffn_norm.apply(b.x, b.rows, b.h);
-  mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
-  L.post_ffn_norm.apply(b.o, b.rows, b.o);
-  kernels::add(b.x, b.o, b.x, n);
+  L.norms.forward(
+      b.x, b.rows, cfg_.hidden, b.h, b.o,
+      [&](const float* in, float* out) {
+        attention_block(spec, attn_opt_, rope_tables_[static_cast<size_t>(spec.rope)].data(), L.attn, in, b.rows,
+                        b.positions, l, b.seqs, attn_s_, out);
+      },
+      [&](const float* in, float* out) { mlp_block(L.mlp, in, b.rows, mlp_s_, out); });
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 
 #include "larder/core/dtype.h"
 #include "larder/models/blocks/rope.h"
+#include "larder/models/blocks/sandwich.h"
 #include "larder/models/registry.h"
 #include "larder/models/transformer.h"
 
@@ -214,7 +215,7 @@ std::vector<float> rope_table(const RopeKind& r, int64_t head_dim) {
 }
 
 struct Layer {
-  RmsNorm input_norm, post_attn_norm, pre_ffn_norm, post_ffn_norm;
+  SandwichNorms norms;
   AttentionWeights attn;
   MlpWeights mlp;
   // Per-layer embeddings (ple_dim > 0).
@@ -315,15 +316,7 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
 
     const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
     Layer& Ly = layers_[static_cast<size_t>(l)];
-    struct { RmsNorm* norm; const char* name; } norms[] = {
-        {&Ly.input_norm, "input_layernorm.weight"},
-        {&Ly.post_attn_norm, "post_attention_layernorm.weight"},
-        {&Ly.pre_ffn_norm, "pre_feedforward_layernorm.weight"},
-        {&Ly.post_ffn_norm, "post_feedforward_layernorm.weight"}};
-    for (auto& n : norms) {
-      LARDER_ASSIGN_OR_RETURN(n.norm->weight, b.vector(p + n.name, c.hidden, "hidden_size"));
-      n.norm->eps = eps;
-    }
+    LARDER_RETURN_IF_ERROR(Ly.norms.bind(b, p, c.hidden, eps, /*gain_plus_one=*/false));
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &Ly.attn));
     if (spec.kv_source >= 0) {
       // Some checkpoints still carry the K/V tensors of shared layers; the reference drops them.
@@ -380,15 +373,13 @@ void Gemma4Model::layer_forward(int l, const LayerBatch& b) {
   std::vector<KvKeep>* keep = spec.kv_source >= 0          ? &keep_[static_cast<size_t>(spec.kv_source)]
                               : has_readers_[static_cast<size_t>(l)] ? &keep_[static_cast<size_t>(l)]
                                                                      : nullptr;
-  Ly.input_norm.apply(b.x, b.rows, b.h);
-  attention_block(spec, attn_opt_, rope_tables_[static_cast<size_t>(spec.rope)].data(), Ly.attn, b.h, b.rows,
-                  b.positions, l, b.seqs, attn_s_, b.o, keep);
-  Ly.post_attn_norm.apply(b.o, b.rows, b.o);
-  kernels::add(b.x, b.o, b.x, n);
-  Ly.pre_ffn_norm.apply(b.x, b.rows, b.h);
-  mlp_block(Ly.mlp, b.h, b.rows, mlp_s_, b.o);
-  Ly.post_ffn_norm.apply(b.o, b.rows, b.o);
-  kernels::add(b.x, b.o, b.x, n);
+  Ly.norms.forward(
+      b.x, b.rows, d, b.h, b.o,
+      [&](const float* in, float* out) {
+        attention_block(spec, attn_opt_, rope_tables_[static_cast<size_t>(spec.rope)].data(), Ly.attn, in, b.rows,
+                        b.positions, l, b.seqs, attn_s_, out, keep);
+      },
+      [&](const float* in, float* out) { mlp_block(Ly.mlp, in, b.rows, mlp_s_, out); });
   const int64_t P = gp_.ple_dim;
   if (P > 0) {
     gate_.resize(static_cast<size_t>(b.rows * P));
