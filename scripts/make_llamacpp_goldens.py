@@ -8,6 +8,9 @@ committed, and this script is how they were made (and how to remake them).
   scripts/make_llamacpp_goldens.py ppl-f32    # the same runs of gemma3, exact f32 math (mlx-lm on
                                               # the dequantized GGUF: tests/ref/gguf_f32_reference.py)
   scripts/make_llamacpp_goldens.py chat       # llama-server greedy chat answers (temperature 0)
+  scripts/make_llamacpp_goldens.py greedy     # gemma3 greedy continuations, llama.cpp's top-5 per step
+  scripts/make_llamacpp_goldens.py chat-steps # SmolLM2 greedy chat answers, llama.cpp's top-5 per step
+  scripts/make_llamacpp_goldens.py exact      # adds the exact-f32 top-5 at each step to both (after them)
   scripts/make_llamacpp_goldens.py requant    # SmolLM2 requantized by llama-quantize, each format's ppl
 
 The tools come from the llama-cpp-python 0.3.36 sdist built by bench/llamacpp_compare.sh into
@@ -155,44 +158,54 @@ CHAT_PROMPTS = [
 CHAT_TOKENS = 32
 
 
-def llama_server_chat(args, extra_flags):
-    """Greedy answers of llama-server for CHAT_PROMPTS (plus its rendering and prompt size)."""
-    import socket
-    import time
-    import urllib.request
-    model = os.path.join(models_dir(args), MODELS["smollm2"])
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    cmd = [os.path.join(args.bin, "llama-server"), "-m", model, "--jinja", "-c", "2048", "-np", "1",
-           *extra_flags, "-t", str(args.threads), "--host", "127.0.0.1", "--port", str(port)]
-    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
+class LlamaServer:
+    """One llama-server process on a free loopback port (a context manager)."""
 
-    def post(path, body):
-        req = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
-    try:
+    def __init__(self, args, model, extra_flags):
+        import socket
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            self.port = sk.getsockname()[1]
+        self.cmd = [os.path.join(args.bin, "llama-server"), "-m", model, "--jinja", "-c", "2048", "-np", "1",
+                    *extra_flags, "-t", str(args.threads), "--host", "127.0.0.1", "--port", str(self.port)]
+
+    def __enter__(self):
+        import time
+        import urllib.request
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
             try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
-                        break
+                        return self
             except OSError:
                 time.sleep(0.5)
-        cases = []
+        raise RuntimeError("llama-server did not become healthy")
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(30)
+
+    def post(self, path, body):
+        import urllib.request
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=1200) as r:
+            return json.loads(r.read())
+
+
+def llama_server_chat(args, extra_flags):
+    """Greedy answers of llama-server for CHAT_PROMPTS (plus its rendering and prompt size)."""
+    cases = []
+    with LlamaServer(args, os.path.join(models_dir(args), MODELS["smollm2"]), extra_flags) as srv:
         for msgs in CHAT_PROMPTS:
             body = {"messages": msgs, "max_tokens": CHAT_TOKENS, "temperature": 0, "seed": 1}
-            r = post("/v1/chat/completions", body)
+            r = srv.post("/v1/chat/completions", body)
             cases.append({"messages": msgs, "max_tokens": CHAT_TOKENS, "content": r["choices"][0]["message"]["content"],
                           "completion_tokens": r["usage"]["completion_tokens"],
                           "prompt_tokens": r["usage"]["prompt_tokens"],
-                          "prompt": post("/apply-template", {"messages": msgs})["prompt"]})
+                          "prompt": srv.post("/apply-template", {"messages": msgs})["prompt"]})
             print(repr(cases[-1]["content"]))
-    finally:
-        srv.terminate()
-        srv.wait(30)
     return cases
 
 
@@ -210,6 +223,201 @@ def cmd_chat(args):
                    f"default f16 KV cache (content_f16_kv); POST /v1/chat/completions temperature 0, max_tokens {CHAT_TOKENS} "
                    "(the GGUF's own chat template)",
         "cases": cases})
+
+
+# ------------------------------------------------------------------------------- greedy (steps)
+# Greedy continuations token by token with llama.cpp's own top-N log-probabilities at every step
+# (n_probs: the softmax of the raw logits, before any sampler), so a test can tell a genuine
+# near-tie — llama.cpp itself barely prefers its token — from a real disagreement.
+
+GREEDY_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village by the sea, there lived",
+    "The three most important things to know about photosynthesis are",
+    "Question: What is 12 times 7?\nAnswer:",
+    "Here is a list of fruits: apples, bananas,",
+]
+GREEDY_TOKENS = 48
+GREEDY_PROBS = 5
+# The llama-server configurations recorded: llama.cpp's default (f16 KV, flash attention auto)
+# and its most precise CPU path (f32 KV, no flash attention).
+GREEDY_CONFIGS = {"default": [], "f32_kv": ["-ctk", "f32", "-ctv", "f32", "-fa", "off"]}
+
+
+def step_record(p, eog):
+    return {"id": p["id"], "bytes": p["bytes"], "logprob": round(p["logprob"], 5),
+            "top": [{"id": t["id"], "bytes": t["bytes"], "logprob": round(t["logprob"], 5),
+                     **({"eog": True} if t["id"] in eog else {})} for t in p["top_logprobs"]]}
+
+
+def eog_ids(model):
+    """End-of-generation ids as llama.cpp treats them: the GGUF's eos/eot plus the chat-end
+    tokens it recognises by text (<|im_end|>, <end_of_turn>, ...)."""
+    from gguf import GGUFReader
+    r = GGUFReader(model)
+
+    def scalar(key):
+        f = r.fields.get(key)
+        return int(f.parts[f.data[0]][0]) if f else None
+    toks = r.fields["tokenizer.ggml.tokens"]
+    names = [bytes(toks.parts[i]).decode("utf-8", "replace") for i in toks.data]
+    ids = {scalar(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")} - {None}
+    ids |= {i for i, n in enumerate(names) if n in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "</s>")}
+    return sorted(ids)
+
+
+def greedy_steps(srv, body, eog):
+    """POST /completion with n_probs; the completion's ids and one record per step. A request
+    never reuses the previous one's cached prefix (cache_prompt false): each prompt is prefilled
+    whole, as the test's cold larder server does."""
+    r = srv.post("/completion", {**body, "temperature": 0, "n_probs": GREEDY_PROBS, "cache_prompt": False,
+                                 "return_tokens": True, "seed": 1})
+    steps = [step_record(p, eog) for p in r["completion_probabilities"]]
+    if len(steps) != r["tokens_predicted"]:
+        raise RuntimeError(f"{len(steps)} probability records for {r['tokens_predicted']} tokens")
+    for st in steps:
+        if st["top"][0]["id"] != st["id"]:
+            raise RuntimeError(f"greedy token {st['id']} is not llama.cpp's own top-1 {st['top'][0]}")
+    return r, steps
+
+
+def cmd_greedy(args):
+    """gemma-3-270m: plain-text greedy continuations of GREEDY_PROMPTS (issue 13)."""
+    model = os.path.join(models_dir(args), MODELS["gemma3"])
+    eog = eog_ids(model)
+    runs = {}
+    for name, flags in GREEDY_CONFIGS.items():
+        cases = []
+        with LlamaServer(args, model, flags) as srv:
+            for prompt in GREEDY_PROMPTS:
+                r, steps = greedy_steps(srv, {"prompt": prompt, "n_predict": GREEDY_TOKENS}, eog)
+                cases.append({"prompt": prompt, "prompt_tokens": r["tokens_evaluated"], "stop_type": r["stop_type"],
+                              "content": r["content"], "steps": steps})
+                print(name, repr(r["content"][:80]))
+        runs[name] = cases
+    write_json("greedy_gemma3.json", {
+        "model": MODELS["gemma3"], "tool": f"llama-server ({LLAMACPP_VERSION})", "eog_ids": eog,
+        "command": f"llama-server -m MODEL --jinja -c 2048 -np 1 [FLAGS]; POST /completion prompt, n_predict {GREEDY_TOKENS}, "
+                   f"temperature 0, n_probs {GREEDY_PROBS}, cache_prompt false (BOS added as llama-server tokenizes)",
+        "configs": {k: " ".join(v) or "(llama.cpp defaults: f16 KV, -fa auto)" for k, v in GREEDY_CONFIGS.items()},
+        "runs": runs})
+
+
+def cmd_chat_steps(args):
+    """SmolLM2: greedy chat answers to CHAT_PROMPTS with llama.cpp's top-N at every step (issue 12).
+    /v1/chat/completions gives the content; the same rendered prompt on /completion gives the ids
+    and probabilities (checked to be the same answer)."""
+    model = os.path.join(models_dir(args), MODELS["smollm2"])
+    eog = eog_ids(model)
+    runs = {}
+    for name, flags in GREEDY_CONFIGS.items():
+        cases = []
+        with LlamaServer(args, model, flags) as srv:
+            for msgs in CHAT_PROMPTS:
+                chat = srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": GREEDY_TOKENS, "temperature": 0,
+                                                         "seed": 1, "cache_prompt": False})
+                prompt = srv.post("/apply-template", {"messages": msgs})["prompt"]
+                r, steps = greedy_steps(srv, {"prompt": prompt, "n_predict": GREEDY_TOKENS}, eog)
+                content = chat["choices"][0]["message"]["content"]
+                if r["content"] != content or chat["usage"]["prompt_tokens"] != r["tokens_evaluated"]:
+                    raise RuntimeError(f"/completion on the rendered prompt differs from the chat answer: "
+                                       f"{r['content']!r} vs {content!r}")
+                cases.append({"messages": msgs, "prompt": prompt, "prompt_tokens": r["tokens_evaluated"],
+                              "finish_reason": chat["choices"][0]["finish_reason"], "content": content, "steps": steps})
+                print(name, repr(content[:80]))
+        runs[name] = cases
+    write_json("chat_steps_smollm2.json", {
+        "model": MODELS["smollm2"], "tool": f"llama-server ({LLAMACPP_VERSION})", "eog_ids": eog,
+        "command": f"llama-server -m MODEL --jinja -c 2048 -np 1 [FLAGS]; POST /v1/chat/completions max_tokens "
+                   f"{GREEDY_TOKENS} temperature 0 (content, the GGUF's template), and POST /completion on its "
+                   f"/apply-template rendering with n_probs {GREEDY_PROBS}, cache_prompt false (ids, top-N per step)",
+        "configs": {k: " ".join(v) or "(llama.cpp defaults: f16 KV, -fa auto)" for k, v in GREEDY_CONFIGS.items()},
+        "runs": runs})
+
+
+# ------------------------------------------------------------------------------- exact (f32)
+# The arbiter where two int8-activation engines part: the model's own distribution in exact f32
+# arithmetic (weights dequantized by gguf-py, mlx-lm's model code on the CPU, f32 everywhere),
+# teacher-forced along llama.cpp's greedy path. At the first step where larder and llama.cpp
+# choose differently they share the whole prefix, so this says which choice the model makes.
+EXACT_TOP = 5
+
+
+def exact_gemma3(args):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
+    import math
+    import gguf_f32_reference as ref
+    import mlx.core as mx
+    import numpy as np
+    mx.set_default_device(mx.cpu)
+    cfg, weights = ref.load_gguf_f32(os.path.join(models_dir(args), MODELS["gemma3"]))
+    ref.numpy_matmuls()
+    model = ref.mlx_model(cfg, weights)
+    del weights
+    bf16_scale = float(mx.array(cfg["hidden_size"] ** 0.5, mx.bfloat16).astype(mx.float32).item())
+    scale = np.float32(math.sqrt(cfg["hidden_size"])) / np.float32(bf16_scale)  # llama.cpp's f32 sqrtf(hidden)
+
+    def logits(ids):
+        toks = mx.array(ids, dtype=mx.int32)[None]
+        emb = model.model.embed_tokens(toks) * mx.array(scale)
+        h = model.model(toks, input_embeddings=emb)[0]
+        return np.array(model.model.embed_tokens.as_linear(h))
+    return logits
+
+
+def exact_smollm2(args):
+    import tempfile
+    sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
+    import gguf_f32_reference as ref
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.utils import load
+    mx.set_default_device(mx.cpu)
+    out = os.path.join(tempfile.mkdtemp(prefix="smollm2_f32_"), "hf")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gguf_to_hf.py"), out, "--gguf",
+                    os.path.join(models_dir(args), MODELS["smollm2"]), "--dtype", "f32"], check=True)
+    ref.numpy_matmuls()
+    model, _ = load(out)
+
+    def logits(ids):
+        return np.array(model(mx.array(ids, dtype=mx.int32)[None])[0].astype(mx.float32))
+    return logits
+
+
+def add_exact(args, golden_name, key, logits_fn, prompt_of):
+    import numpy as np
+    path = os.path.join(GOLDENS, golden_name)
+    with open(path, encoding="utf-8") as f:
+        golden = json.load(f)
+    model = os.path.join(models_dir(args), MODELS[key])
+    logits = logits_fn(args)
+    for case in golden["runs"]["default"]:
+        prompt_ids = llama_tokenize(args.bin, model, prompt_of(case), True)
+        if len(prompt_ids) != case["prompt_tokens"]:
+            raise RuntimeError(f"llama-tokenize gives {len(prompt_ids)} prompt tokens, llama-server {case['prompt_tokens']}")
+        ids = prompt_ids + [st["id"] for st in case["steps"]]
+        lg = logits(ids).astype(np.float64)
+        lp = lg - lg.max(-1, keepdims=True)
+        lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
+        case["prompt_ids"] = prompt_ids
+        for k, st in enumerate(case["steps"]):
+            row = lp[len(prompt_ids) - 1 + k]
+            st["exact"] = [{"id": int(j), "logprob": round(float(row[j]), 5)} for j in np.argsort(-row)[:EXACT_TOP]]
+        print(repr(prompt_of(case)[-40:]), "exact top-1 = llama.cpp's at",
+              sum(st["exact"][0]["id"] == st["id"] for st in case["steps"]), "of", len(case["steps"]), "steps")
+    golden["exact"] = ("top-5 log-probabilities of the model in exact f32 arithmetic (gguf-py dequantization, mlx-lm "
+                       "on the CPU: tests/ref/gguf_f32_reference.py for gemma3, scripts/gguf_to_hf.py --dtype f32 + "
+                       "mlx_lm.load for SmolLM2) at each step of the default run, teacher-forced on llama.cpp's path; "
+                       "prompt_ids from llama-tokenize")
+    write_json(golden_name, golden)
+
+
+def cmd_exact(args):
+    if os.path.exists(os.path.join(GOLDENS, "greedy_gemma3.json")) and args.which in ("all", "gemma3"):
+        add_exact(args, "greedy_gemma3.json", "gemma3", exact_gemma3, lambda c: c["prompt"])
+    if os.path.exists(os.path.join(GOLDENS, "chat_steps_smollm2.json")) and args.which in ("all", "smollm2"):
+        add_exact(args, "chat_steps_smollm2.json", "smollm2", exact_smollm2, lambda c: c["prompt"])
 
 
 # ------------------------------------------------------------------------------------- requant
@@ -255,7 +463,8 @@ def cmd_requant(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["tokenize", "ppl", "ppl-f32", "chat", "requant"])
+    ap.add_argument("what", choices=["tokenize", "ppl", "ppl-f32", "chat", "greedy", "chat-steps", "exact", "requant"])
+    ap.add_argument("which", nargs="?", default="all", choices=["all", "gemma3", "smollm2"], help="exact: which golden")
     ap.add_argument("--shared", default=os.path.join(ROOT, "..", "shared"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bin", default=os.path.expanduser("~/.cache/larder-bench/llama.cpp-0.3.36/build/bin"))
@@ -263,7 +472,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(GOLDENS, exist_ok=True)
     {"tokenize": cmd_tokenize, "ppl": cmd_ppl, "ppl-f32": cmd_ppl_f32, "chat": cmd_chat,
-     "requant": cmd_requant}[args.what](args)
+     "greedy": cmd_greedy, "chat-steps": cmd_chat_steps, "exact": cmd_exact, "requant": cmd_requant}[args.what](args)
 
 
 if __name__ == "__main__":
