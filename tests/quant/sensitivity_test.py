@@ -2,8 +2,9 @@
 """`larder quantize --target-bpw` calibration-KL sensitivity vs an independent mlx-lm oracle.
 
 The oracle re-implements design quantization.md §4 from its text (not from larder's code):
-tokenize the calibration text with the `tokenizers` package (no special tokens), cut chunks of L
-at 0, L, 2L, ... while start < total - L, shuffle the starts with a splitmix64 Fisher-Yates
+tokenize the calibration text with the `tokenizers` package (no special tokens) after the BOS the
+tokenizer adds (as `larder eval` and llama-perplexity start their stream), cut chunks of L
+at 0, L, 2L, ... while start < total - L, first token of each -> BOS, shuffle the starts with a splitmix64 Fisher-Yates
 (seed 42), keep n; then for every block linear and candidate width b, replace that module's
 weight in an mlx-lm model with mx.dequantize(mx.quantize(W, group, b)) and average the per-position
 KL(ref || modified) over positions and samples. larder's sensitivity.json must agree value for
@@ -105,12 +106,17 @@ class SensitivityTest(unittest.TestCase):
         from tokenizers import Tokenizer
         from mlx_lm.utils import load
         tok = Tokenizer.from_file(os.path.join(self.src, "tokenizer.json"))
-        ids = []
+        # BOS first when the tokenizer adds one, and every sample's first token -> BOS: the
+        # streams and chunks of `larder eval` and llama-perplexity (this Llama tokenizer adds <s>).
+        with_special = tok.encode("a", add_special_tokens=True).ids
+        bos = with_special[0] if len(with_special) > len(tok.encode("a", add_special_tokens=False).ids) else None
+        self.assertEqual(bos, 1, "the test tokenizer adds BOS <s>, so the BOS path is exercised")
+        ids = [bos]
         for line in read(self.cal).splitlines():
             j = json.loads(line)
             t = j["text"] if "text" in j else "\n\n".join(f"[{m['role']}]: {m['content']}" for m in j["messages"])
             ids += tok.encode(t, add_special_tokens=False).ids
-        samples = oracle_samples(ids, L, N)
+        samples = [[bos] + s[1:] for s in oracle_samples(ids, L, N)]
         model, _ = load(self.src)
         x = mx.array(np.array(samples, dtype=np.int32))
         ref = log_softmax(np.array(model(x).astype(mx.float32)))
@@ -133,6 +139,7 @@ class SensitivityTest(unittest.TestCase):
     def test_kl_matches_oracle(self):
         total, want = self.oracle()
         self.assertEqual(self.rep["calibration"]["stream_tokens"], total)
+        self.assertEqual(self.rep["calibration"]["bos"], 1)
         self.assertEqual(self.rep["calibration"]["n"], N)
         got = {l["name"]: {int(k): v for k, v in l["kl"].items()} for l in self.rep["layers"]}
         self.assertEqual(sorted(got), sorted(want))

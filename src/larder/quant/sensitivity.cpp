@@ -116,7 +116,13 @@ Result<CalibrationSet> load_calibration(const tokenizer::Tokenizer& tok, const C
   CalibrationSet cs;
   auto texts = read_calibration_texts(opts, &cs.digest);
   if (!texts) return texts.status();
+  // The stream and its samples as `larder eval` cuts its chunks (runtime/eval.h): BOS first
+  // when the tokenizer adds one, and each sample's first token overwritten with it — a sample
+  // then starts like a document, as every eval/llama-perplexity chunk does; without it the
+  // sensitivities were measured on sequences the KL evaluation of the result never sees.
+  const std::optional<int32_t> bos = runtime::added_bos(tok);
   std::vector<int32_t> stream;
+  if (bos) stream.push_back(*bos);
   for (const std::string& t : texts.value()) {
     std::vector<int32_t> ids = tok.encode(t, /*add_special=*/false);
     stream.insert(stream.end(), ids.begin(), ids.end());
@@ -128,8 +134,11 @@ Result<CalibrationSet> load_calibration(const tokenizer::Tokenizer& tok, const C
   if (cs.stream_tokens < opts.seq_len)
     return invalid_argument(strfmt("[calibration] %s has %lld tokens, fewer than one sample of %lld (lower --calibration-length or give more text)",
                                    cs.source.c_str(), static_cast<long long>(cs.stream_tokens), static_cast<long long>(opts.seq_len)));
-  for (int64_t s : calibration_starts(cs.stream_tokens, opts.seq_len, opts.n_samples, opts.seed))
+  for (int64_t s : calibration_starts(cs.stream_tokens, opts.seq_len, opts.n_samples, opts.seed)) {
     cs.samples.emplace_back(stream.begin() + s, stream.begin() + s + opts.seq_len);
+    if (bos) cs.samples.back().front() = *bos;
+  }
+  cs.bos = bos;
   return cs;
 }
 
@@ -174,7 +183,8 @@ Result<double> mean_kl(models::Model& model, const CalibrationSet& calib, const 
 
 ordered_json calibration_json(const CalibrationSet& c) {
   return {{"source", c.source}, {"digest", c.digest}, {"L", c.seq_len}, {"n", static_cast<int64_t>(c.samples.size())},
-          {"seed", c.seed}, {"stream_tokens", c.stream_tokens}};
+          {"seed", c.seed}, {"stream_tokens", c.stream_tokens},
+          {"bos", c.bos ? ordered_json(*c.bos) : ordered_json()}};
 }
 
 }  // namespace

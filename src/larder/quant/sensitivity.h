@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,17 +43,20 @@ struct CalibrationSet {
   std::vector<std::vector<int32_t>> samples;  // n_samples sequences of seq_len tokens
   std::string source;                         // "builtin" or the file path
   std::string digest;                         // xxh64 of the source bytes, hex
-  int64_t stream_tokens = 0;
+  int64_t stream_tokens = 0;  // BOS included
   int64_t seq_len = 0;
   uint64_t seed = 0;
+  std::optional<int32_t> bos;  // the tokenizer's added BOS: the stream's and every sample's first token
 };
 
 // Reads the calibration texts (file or built-in).
 Result<std::vector<std::string>> read_calibration_texts(const CalibrationOptions& opts, std::string* digest = nullptr);
 
-// Tokenizes without special tokens, concatenates into one stream, cuts chunks of seq_len at
-// offsets 0, L, 2L, ... while start < total - L, shuffles the starts with a splitmix64-driven
-// Fisher-Yates (seed), keeps the first n_samples. Error if the stream is shorter than seq_len.
+// Tokenizes without special tokens, concatenates into one stream after the BOS the tokenizer
+// adds (runtime::added_bos; none for SmolLM2/Qwen), cuts chunks of seq_len at offsets 0, L, 2L,
+// ... while start < total - L, shuffles the starts with a splitmix64-driven Fisher-Yates (seed),
+// keeps the first n_samples and overwrites each one's first token with that BOS — the streams
+// and chunks of `larder eval` (runtime/eval.h). Error if the stream is shorter than seq_len.
 Result<CalibrationSet> load_calibration(const tokenizer::Tokenizer& tok, const CalibrationOptions& opts);
 
 // The start offsets chosen for a stream of `total` tokens (exposed for tests).

@@ -149,15 +149,21 @@ int32_t argmax_logits(const float* logits, int64_t vocab) {
   return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
 }
 
-EvalStream make_eval_stream(const tokenizer::Tokenizer& tok, const std::string& text) {
-  EvalStream s;
+std::optional<int32_t> added_bos(const tokenizer::Tokenizer& tok) {
   // Whether encoding with special tokens puts BOS first decides it, not the mere presence of a
-  // BOS id (llama.cpp reads add_bos the same way). Prepended rather than encode(text, true):
-  // nothing else a tokenizer may add (an EOS at the very end) changes the chunks.
+  // BOS id (llama.cpp reads add_bos the same way).
   if (const auto bos = tok.bos_id()) {
     const auto with = tok.encode("a", true), without = tok.encode("a", false);
-    if (with.size() > without.size() && !with.empty() && with.front() == *bos) s.bos = bos;
+    if (with.size() > without.size() && !with.empty() && with.front() == *bos) return bos;
   }
+  return std::nullopt;
+}
+
+EvalStream make_eval_stream(const tokenizer::Tokenizer& tok, const std::string& text) {
+  EvalStream s;
+  // BOS prepended rather than encode(text, true): nothing else a tokenizer may add (an EOS at
+  // the very end) changes the chunks.
+  s.bos = added_bos(tok);
   if (s.bos) s.ids.push_back(*s.bos);
   const std::vector<int32_t> text_ids = tok.encode(text, /*add_special=*/false);
   s.ids.insert(s.ids.end(), text_ids.begin(), text_ids.end());

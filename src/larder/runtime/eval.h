@@ -54,6 +54,12 @@ struct EvalStream {
 };
 EvalStream make_eval_stream(const tokenizer::Tokenizer& tok, const std::string& text);
 
+// The BOS the tokenizer adds when encoding with special tokens (nullopt when it adds none).
+// make_eval_stream and the quantizer's calibration stream (quant/sensitivity.cpp) both start
+// with it, and overwrite each chunk's first token with it, so sensitivity is measured on the
+// same kind of sequences `larder eval` scores.
+std::optional<int32_t> added_bos(const tokenizer::Tokenizer& tok);
+
 // Non-overlapping chunks of n_ctx tokens from the start of `stream` (a trailing partial chunk
 // is dropped), at most max_chunks of them (<= 0: all). With `bos`, each chunk's first token is
 // overwritten with it (llama.cpp convention: every chunk starts like a document). Errors: n_ctx
