@@ -41,7 +41,11 @@ MODELS = os.environ.get("LARDER_MODELS_DIR") or os.path.join(HERE, "../../.cache
 # nats — on these int8-activation Q4 models a margin of a few tenths is within rounding.
 REFERENCE = "default"
 NEAR_TIE_NATS = 0.05   # llama.cpp's own top-1 vs top-2 margin at a divergence where larder took its #2
-EXACT_TIE_NATS = 0.05  # or: the exact f32 model's best logprob minus that of larder's token
+# Or: the exact f32 model's best logprob minus that of larder's token. llama.cpp's own greedy
+# tokens fall up to 0.35 (gemma) / 0.28 (SmolLM2) nats below the exact best in these goldens
+# (JudgeCanFail.test_bound_below_llamacpp_own_gap measures it): larder is held to about half of
+# that — at a divergence it must be closer to the model than llama.cpp's worst step is.
+EXACT_TIE_NATS = 0.15
 
 
 def load(name):
@@ -70,6 +74,16 @@ class JudgeCanFail(GreedyCase):
     """The judgement rejects what it must, on the committed goldens themselves: at each of the
     first steps, choosing a llama.cpp top-5 token that is neither its near-tie #2 nor within the
     exact bound of the exact model's best is a failure; choosing llama.cpp's own token is not."""
+
+    def test_bound_below_llamacpp_own_gap(self):
+        for name in ("greedy_gemma3.json", "chat_steps_smollm2.json"):
+            own = 0.0
+            for case in load(name)["runs"][REFERENCE]:
+                for st in case["steps"]:
+                    lp = next((e["logprob"] for e in st["exact"] if e["id"] == st["id"]), None)
+                    own = max(own, st["exact"][0]["logprob"] - lp if lp is not None else float("inf"))
+            self.assertLessEqual(EXACT_TIE_NATS, 0.6 * own, f"{name}: llama.cpp's own tokens are at most {own:.3f} nats "
+                                                            "below the exact model's best; the bound must stay well under it")
 
     def test_wrong_choices_fail(self):
         golden = load("greedy_gemma3.json")
