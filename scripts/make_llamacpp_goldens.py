@@ -7,7 +7,6 @@ committed, and this script is how they were made (and how to remake them).
   scripts/make_llamacpp_goldens.py ppl        # llama-perplexity, fixed text/ctx/chunks
   scripts/make_llamacpp_goldens.py ppl-f32    # the same runs of gemma3, exact f32 math (mlx-lm on
                                               # the dequantized GGUF: tests/ref/gguf_f32_reference.py)
-  scripts/make_llamacpp_goldens.py chat       # llama-server greedy chat answers (temperature 0)
   scripts/make_llamacpp_goldens.py greedy     # gemma3 greedy continuations, llama.cpp's top-5 per step
   scripts/make_llamacpp_goldens.py chat-steps # SmolLM2 greedy chat answers, llama.cpp's top-5 per step
   scripts/make_llamacpp_goldens.py exact      # adds the exact-f32 top-5 at each step to both (after them)
@@ -155,7 +154,6 @@ CHAT_PROMPTS = [
      {"role": "assistant", "content": "I'm doing well, thank you! How can I help you?"},
      {"role": "user", "content": "Tell me a fun fact about octopuses."}],
 ]
-CHAT_TOKENS = 32
 
 
 class LlamaServer:
@@ -192,37 +190,6 @@ class LlamaServer:
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=1200) as r:
             return json.loads(r.read())
-
-
-def llama_server_chat(args, extra_flags):
-    """Greedy answers of llama-server for CHAT_PROMPTS (plus its rendering and prompt size)."""
-    cases = []
-    with LlamaServer(args, os.path.join(models_dir(args), MODELS["smollm2"]), extra_flags) as srv:
-        for msgs in CHAT_PROMPTS:
-            body = {"messages": msgs, "max_tokens": CHAT_TOKENS, "temperature": 0, "seed": 1}
-            r = srv.post("/v1/chat/completions", body)
-            cases.append({"messages": msgs, "max_tokens": CHAT_TOKENS, "content": r["choices"][0]["message"]["content"],
-                          "completion_tokens": r["usage"]["completion_tokens"],
-                          "prompt_tokens": r["usage"]["prompt_tokens"],
-                          "prompt": srv.post("/apply-template", {"messages": msgs})["prompt"]})
-            print(repr(cases[-1]["content"]))
-    return cases
-
-
-def cmd_chat(args):
-    # The reference: f32 KV cache, no flash attention (llama.cpp's most precise CPU path). The
-    # default f16 KV run is kept beside it: where the two disagree, llama.cpp's own precision
-    # choice flips a greedy near-tie, which bounds how exactly any other engine can agree.
-    cases = llama_server_chat(args, ["-ctk", "f32", "-ctv", "f32", "-fa", "off"])
-    default = llama_server_chat(args, [])
-    for c, d in zip(cases, default):
-        c["content_f16_kv"] = d["content"]
-    write_json("chat_smollm2.json", {
-        "model": MODELS["smollm2"], "tool": f"llama-server ({LLAMACPP_VERSION})",
-        "command": "llama-server -m MODEL --jinja -c 2048 -np 1 -ctk f32 -ctv f32 -fa off (content) and with the "
-                   f"default f16 KV cache (content_f16_kv); POST /v1/chat/completions temperature 0, max_tokens {CHAT_TOKENS} "
-                   "(the GGUF's own chat template)",
-        "cases": cases})
 
 
 # ------------------------------------------------------------------------------- greedy (steps)
@@ -463,7 +430,7 @@ def cmd_requant(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["tokenize", "ppl", "ppl-f32", "chat", "greedy", "chat-steps", "exact", "requant"])
+    ap.add_argument("what", choices=["tokenize", "ppl", "ppl-f32", "greedy", "chat-steps", "exact", "requant"])
     ap.add_argument("which", nargs="?", default="all", choices=["all", "gemma3", "smollm2"], help="exact: which golden")
     ap.add_argument("--shared", default=os.path.join(ROOT, "..", "shared"))
     ap.add_argument("--threads", type=int, default=2)
@@ -471,7 +438,7 @@ def main():
     ap.add_argument("--models", help="folder of the fetched models (default: LARDER_MODELS_DIR or .cache/models)")
     args = ap.parse_args()
     os.makedirs(GOLDENS, exist_ok=True)
-    {"tokenize": cmd_tokenize, "ppl": cmd_ppl, "ppl-f32": cmd_ppl_f32, "chat": cmd_chat,
+    {"tokenize": cmd_tokenize, "ppl": cmd_ppl, "ppl-f32": cmd_ppl_f32,
      "greedy": cmd_greedy, "chat-steps": cmd_chat_steps, "exact": cmd_exact, "requant": cmd_requant}[args.what](args)
 
 

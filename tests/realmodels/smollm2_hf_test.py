@@ -110,7 +110,7 @@ class SmolLM2Hf(unittest.TestCase):
         # Same prompt tokens (the same template rendered on both), greedy, 24 tokens. The two
         # models differ only by the rounding above, and this small model's first answer token is
         # often a near-tie ("The" / "A"; llama-server itself answers the France prompt differently
-        # with an f32 and an f16 KV cache: tests/goldens/chat_smollm2.json), so identical text is
+        # with an f32 and an f16 KV cache: tests/goldens/chat_steps_smollm2.json), so identical text is
         # not required. Required: at least one answer stays identical for >= 8 tokens (measured:
         # prompt 4, all 24). Near-ties occur later in an answer too: a change of f32 summation
         # order alone in the Q4_1 prefill GEMM (same error bound) moved the common prefixes from
