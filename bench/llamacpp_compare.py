@@ -38,6 +38,8 @@ CASES = {
     "gguf-Q8_0": ("gguf-Q8_0", "gguf-Q8_0"),
     "mlx-q8g64": ("mlx-q8g64", "gguf-Q8_0"),
     "bf16": ("hf-bf16", "gguf-BF16"),
+    # --models entries that are .gguf paths (real models): that same file in both engines
+    "file": ("file", "file"),
 }
 # The GGUF types llama.cpp's own llama-quantize makes from the BF16 GGUF (llamacpp_compare.sh), the
 # same file run by both engines: the mixes people download (Q4_K_M = Q4_K + Q6_K, Q3_K_M, Q5_K_M, Q2_K
@@ -46,7 +48,24 @@ QUANTIZED = ["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K
 for _q in QUANTIZED:
     CASES[f"gguf-{_q}"] = (f"gguf-{_q}", f"gguf-{_q}")
 ORDER = (["gguf-Q4_0", "mlx-q4g64", "gguf-Q4_K_M", "gguf-Q8_0", "mlx-q8g64", "bf16"]
-         + [f"gguf-{q}" for q in QUANTIZED if q != "Q4_K_M"])
+         + [f"gguf-{q}" for q in QUANTIZED if q != "Q4_K_M"] + ["file"])
+
+
+def is_file_model(model: str) -> bool:
+    return model.endswith(".gguf")
+
+
+class Busy:
+    """--busy N: N busy-loop processes (`nice -n 0`, not pinned: the scheduler places them like any
+    other load) kept running while the engines run, so a core is taken from under both."""
+
+    def __init__(self, n: int):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
 
 
 def log(msg: str) -> None:
@@ -101,6 +120,8 @@ def larder_run(args, path: Path, threads: int, roofline: bool) -> dict:
     cmd = args.prefix + [args.larder, "bench", str(path), "-p", str(args.p), "-n", str(args.n), "-t", str(threads), "-r", "1", "--json"]
     if not roofline:
         cmd.append("--no-roofline")
+    if args.profile:
+        cmd.append("--profile")
     j, err, dt = run_json(cmd, args.timeout)
     rec = {"engine": "larder", "cmd": " ".join(cmd), "wall_s": round(dt, 1)}
     if j is None:
@@ -111,6 +132,8 @@ def larder_run(args, path: Path, threads: int, roofline: bool) -> dict:
                int8_gops=roof.get("int8_gops") if roofline else None,
                weights=j.get("weights"), kernels=j.get("kernels"), weight_bytes_per_token=j.get("weight_bytes_per_token"),
                tg_gbs=j["tg"].get("gbs"), pp_gops=j["pp"].get("gops"), raw=j)
+    if args.p == 0:
+        rec.pop("pp", None)
     return rec
 
 
@@ -165,7 +188,7 @@ def table(results: dict, meta: dict, models: list[str], threads: list[int], case
                 lf, gf = CASES[c]
                 L = results.get((model, t, "larder", lf), [])
                 G = results.get((model, t, "llama.cpp", gf), [])
-                for test in ("pp", "tg"):
+                for test in (("pp", "tg") if p > 0 else ("tg",)):
                     lx = [x[test] for x in L if test in x]
                     gx = [x[test] for x in G if test in x]
                     ratio = statistics.median(lx) / statistics.median(gx) if lx and gx else None
@@ -184,7 +207,7 @@ def table(results: dict, meta: dict, models: list[str], threads: list[int], case
                             g = statistics.median(gx) * gwb / 1e9
                             extra += f" (llama.cpp {g:.1f} GB/s = {100 * g / bw_t:.0f} %)"
                     name = {"pp": f"pp{p}", "tg": f"tg{n}"}[test]
-                    lines.append(f"| {model} | {t} | {lf} | {gf} | {name} | {fmt_stat(lx)} | {fmt_stat(gx)} | "
+                    lines.append(f"| {Path(model).name} | {t} | {lf} | {gf} | {name} | {fmt_stat(lx)} | {fmt_stat(gx)} | "
                                  f"{'%.2f×' % ratio if ratio else '—'} | "
                                  f"{('%.2f–%.2f' % (min(pr), max(pr))) if pr else '—'} | {extra} |")
                     summary.append(dict(model=model, threads=t, case=c, test=name, larder=lx, llamacpp=gx, ratio=ratio,
@@ -194,7 +217,8 @@ def table(results: dict, meta: dict, models: list[str], threads: list[int], case
         if bw.get(t):
             lines.append(f"larder roofline read bandwidth, {t} thread(s): median {statistics.median(bw[t]):.1f} GB/s "
                          f"[{min(bw[t]):.1f}–{max(bw[t]):.1f}] over {len(bw[t])} larder runs")
-    lines.append(f"load average: start {meta['load_start']}; end {meta['load_end']}; {meta['minutes']} min")
+    lines.append(f"load average: start {meta['load_start']}; end {meta['load_end']}; {meta['minutes']} min"
+                 + (f"; {meta['busy']} busy-loop process(es) running during every run" if meta.get("busy") else ""))
     return lines, summary
 
 
@@ -255,12 +279,16 @@ def main() -> int:
                     help="before each run, wait (up to --wait-max s) until the 1-min load average is below this")
     ap.add_argument("--wait-max", type=float, default=60.0)
     ap.add_argument("--nice", type=int, default=0, help="run both engines under `nice -n N` (0: not niced)")
+    ap.add_argument("--busy", type=int, default=0, help="keep N busy-loop processes running during every run")
+    ap.add_argument("--profile", action="store_true", help="larder bench --profile (per-op table kept in raw.jsonl)")
     args = ap.parse_args()
 
     args.prefix = ["nice", "-n", str(args.nice)] if args.nice else []
     threads = [int(t) for t in args.threads.replace(",", " ").split()]
     models = args.models.replace(",", " ").split()
     cases = [c for c in ORDER if c in args.cases.replace(",", " ").split()]
+    if any(is_file_model(m) for m in models):
+        cases = ["file"]
     bad = set(args.cases.replace(",", " ").split()) - set(CASES)
     if bad:
         ap.error(f"unknown cases {sorted(bad)}; have {ORDER}")
@@ -276,7 +304,7 @@ def main() -> int:
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "larder": args.larder,
             "larder_commit": commit + (" (src/tools modified in worktree)" if dirty else ""),
             "llama_bench": args.llama_bench, "llama_cpp_python": args.llama_cpp_version, "machine": machine(),
-            "argv": sys.argv, "load_start": Path("/proc/loadavg").read_text().strip()}
+            "argv": sys.argv, "load_start": Path("/proc/loadavg").read_text().strip(), "busy": args.busy}
     raw.write(json.dumps({"meta": meta}) + "\n")
     log(f"machine: {meta['machine']}")
 
@@ -297,7 +325,7 @@ def main() -> int:
     for r in range(args.rounds):
         order = seq if r % 2 == 0 else list(reversed(seq))
         for model, t, eng, fmt in order:
-            path = make_models.target_of(root, model, fmt)
+            path = Path(model) if is_file_model(model) else make_models.target_of(root, model, fmt)
             if args.wait_load > 0:
                 w0 = time.time()
                 while loadavg() >= args.wait_load and time.time() - w0 < args.wait_max:
@@ -307,7 +335,12 @@ def main() -> int:
             probe = eng == "larder" and (r, t) not in probed
             if probe:
                 probed.add((r, t))
-            rec = (larder_run if eng == "larder" else llama_run)(args, path, t, probe)
+            busy = Busy(args.busy) if args.busy else None
+            try:
+                rec = (larder_run if eng == "larder" else llama_run)(args, path, t, probe)
+            finally:
+                if busy:
+                    busy.close()
             rec.update(round=r, model=model, threads=t, format=fmt, load=load,
                        time=time.strftime("%H:%M:%S", time.gmtime()))
             raw.write(json.dumps(rec) + "\n")

@@ -4,6 +4,13 @@
 #   bench/llamacpp_compare.sh [--build-only] [--models-only] [--rounds R] [--threads "1 2"] [--models "llama1b"]
 #                             [--cases "gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"] [--larder BIN] [--out DIR]
 #                             [--nice N (default 10; 0 = not niced)] [--wait-load L] [-p 512] [-n 128]
+#                             [--busy N] [--profile]
+#
+#   --busy N    keep N busy-loop processes running during every engine run (a core taken by
+#               another process; both engines under the same load)
+#   --profile   larder bench --profile: its per-op decode timeline lands in raw.jsonl
+#   -p 0        decode only (llama-bench -p 0; larder bench -p 0 skips pp)
+#   --models    also .gguf paths (real models): that file in both engines
 #
 # 1. Test models: bench/make_models.py (random-weight Llama-shaped checkpoints, cached under
 #    ~/.cache/larder-bench/models; skipped when already there).
@@ -61,8 +68,9 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --nice) NICE="$2"; shift ;;
     --wait-load) WAIT_LOAD="$2"; shift ;;
-    -p|-n) EXTRA+=("$1" "$2"); shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -p|-n|--busy) EXTRA+=("$1" "$2"); shift ;;
+    --profile) EXTRA+=("$1") ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -115,7 +123,10 @@ log "llama-bench: $BENCH_BIN (llama-cpp-python $VER, llama.cpp $LCPP_COMMIT)"
 # ---------------------------------------------------------------------------------------------
 # models, then the alternating run
 log "models (bench/make_models.py; cached)"
-nice -n 10 "$PY" "$HERE/make_models.py" --models "${MODELS// /,}" >&2
+SYNTH=""
+for m in $MODELS; do [[ "$m" == *.gguf ]] || SYNTH="$SYNTH $m"; done
+SYNTH="${SYNTH# }"
+[ -z "$SYNTH" ] || nice -n 10 "$PY" "$HERE/make_models.py" --models "${SYNTH// /,}" >&2
 
 # The llama-quantize cases (every gguf-* case but Q4_0/Q8_0/BF16, which make_models.py writes with
 # gguf-py): llama.cpp's own llama-quantize (built from the same source) turns the BF16 GGUF into the
@@ -134,7 +145,7 @@ if [ -n "$QUANT_TYPES" ]; then
     nice -n 10 cmake --build "$LCPP/build" -j2 --target llama-quantize >"$LCPP/build-quantize.log" 2>&1 \
       || { tail -30 "$LCPP/build-quantize.log" >&2; exit 1; }
   fi
-  for m in $MODELS; do
+  for m in $SYNTH; do
     dir="$HOME/.cache/larder-bench/models/$m"  # make_models.py's and llamacpp_compare.py's default root
     for q in $QUANT_TYPES; do
       [ -f "$dir/$m-$q.gguf" ] && continue

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/core/cpuid.h"
+#include "larder/core/profile.h"
 #include "larder/core/roofline.h"
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
@@ -36,6 +37,7 @@ struct BenchFlags {
   int64_t prompt = 512, gen = 128;
   int threads = 0, repeats = 3;
   bool json = false, no_roofline = false;
+  bool profile = false;  // --profile: one extra, untimed decode run with the per-op timeline
 };
 
 struct Sample {
@@ -135,7 +137,7 @@ int run_bench(const BenchFlags& f) {
   uint64_t plain_bytes = 0, ring_bytes = 0, other_bytes = 0;
   int ring_layers = 0, other_layers = 0;
   for (const auto& t : m.files.tensors().tensors()) mapped_bytes += t.nbytes;
-  for (int r = 0; r < f.repeats + 1; ++r) {  // r = 0 warms the page cache and the pool
+  for (int r = 0; f.prompt > 0 && r < f.repeats + 1; ++r) {  // r = 0 warms the page cache and the pool
     std::vector<int32_t> ids(static_cast<size_t>(f.prompt));
     for (auto& id : ids) id = tok(rng);
     memory::SequenceState cache = model.new_state(f.prompt + f.gen + 1);
@@ -168,6 +170,28 @@ int run_bench(const BenchFlags& f) {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (r > 0) tg_tps.push_back(static_cast<double>(f.gen) / dt);
   }
+  // --profile: the same decode once more with core/profile.h on (after the timed runs, so the
+  // clock reads never touch the reported tok/s).
+  std::vector<profile::OpStat> prof_ops;
+  profile::PoolStat prof_pool;
+  double prof_tps = 0;
+  if (f.profile) {
+    memory::SequenceState cache = model.new_state(f.gen + 1);
+    int32_t next = tok(rng);
+    profile::reset();
+    profile::set_enabled(true);
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < f.gen; ++i) {
+      Status st = model.forward(&next, 1, cache, logits.data(), false);
+      if (!st.is_ok()) return report(st);
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    prof_tps = static_cast<double>(f.gen) / std::chrono::duration<double>(Clock::now() - t0).count();
+    profile::set_enabled(false);
+    prof_ops = profile::snapshot();
+    prof_pool = profile::pool_snapshot();
+  }
+  if (pp_tps.empty()) pp_tps.push_back(0);
   const Sample pp = summarize(pp_tps), tg = summarize(tg_tps);
   const double avg_ctx = static_cast<double>(f.gen) / 2;
   const double bytes_token = static_cast<double>(weight_bytes) + kv_row_bytes * avg_ctx;
@@ -175,7 +199,7 @@ int run_bench(const BenchFlags& f) {
   const double pp_avg_ctx = static_cast<double>(f.prompt) / 2;
   const double attn_macs = 2.0 * info.n_layers * q_dim * pp_avg_ctx;
   const double pp_gops = pp.median * 2 * (macs_token + attn_macs) / 1e9 +
-                         2.0 * static_cast<double>(V) * info.hidden * pp.median / f.prompt / 1e9;
+                         (f.prompt > 0 ? 2.0 * static_cast<double>(V) * info.hidden * pp.median / f.prompt / 1e9 : 0.0);
 
   if (f.json) {
     nlohmann::ordered_json j = {
@@ -195,6 +219,21 @@ int run_bench(const BenchFlags& f) {
                                {"plain_kv_bytes", plain_bytes}, {"ring_layers", ring_layers},
                                {"ring_bytes", ring_bytes}, {"other_layers", other_layers}, {"other_bytes", other_bytes}}},
                     {"rss_over_weights_plus_kv", static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes))}}}};
+    if (f.profile) {
+      nlohmann::ordered_json ops = nlohmann::ordered_json::array();
+      const double g = static_cast<double>(f.gen);
+      for (const auto& o : prof_ops) {
+        ops.push_back({{"op", o.name}, {"calls_per_token", o.calls / g}, {"self_us_per_token", o.self_ns / 1e3 / g},
+                       {"gbs", o.total_ns > 0 ? o.bytes / o.total_ns : 0}, {"jobs_per_token", o.jobs / g},
+                       {"join_wait_us_per_token", o.join_wait_ns / 1e3 / g}, {"jobs_alone", o.jobs_alone}});
+      }
+      j["profile"] = {{"tok_s", prof_tps},
+                      {"ops", ops},
+                      {"pool", {{"jobs_per_token", prof_pool.jobs / g},
+                                {"worker_joins_per_job", prof_pool.jobs ? double(prof_pool.joins) / prof_pool.jobs : 0},
+                                {"publish_to_join_us", prof_pool.joins ? prof_pool.join_latency_ns / 1e3 / prof_pool.joins : 0},
+                                {"join_wait_us_per_token", prof_pool.join_wait_ns / 1e3 / g}}}};
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -223,6 +262,10 @@ int run_bench(const BenchFlags& f) {
               (long long)f.prompt, plain_bytes / 1048576.0, cache_plain_layers, ring_bytes / 1048576.0, ring_layers);
   if (other_layers > 0) std::printf(" | other %.2f MiB (%d layers)", other_bytes / 1048576.0, other_layers);
   std::printf("\n");
+  if (f.profile) {
+    std::printf("\nper-op timeline of one tg%lld run (profiled, %.2f tok/s; self time per decode token):\n%s",
+                (long long)f.gen, prof_tps, profile::format_table(prof_ops, prof_pool, static_cast<double>(f.gen)).c_str());
+  }
   if (pp.max > 1.15 * pp.min || tg.max > 1.15 * tg.min)
     std::printf("note: spread over 15%% between repeats — the host is noisy; compare medians from one run\n");
   return 0;
@@ -234,12 +277,15 @@ VerbMain add_bench(CLI::App& app) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "prefill and decode speed against this machine's roofline");
   add_model_arg(cmd, f->model_arg, "");
-  cmd->add_option("-p,--prompt", f->prompt, "prefill test tokens (pp)")->check(positive());
+  cmd->add_option("-p,--prompt", f->prompt, "prefill test tokens (pp; 0 skips the test)")->check(at_least(0));
   cmd->add_option("-n,--gen", f->gen, "decode test tokens (tg)")->check(positive());
   cmd->add_option("-t,--threads", f->threads, "compute threads (default: physical cores)")->check(positive());
   cmd->add_option("-r,--repeats", f->repeats, "repeats per test (median reported)")->check(in_range(1, 1000));
   cmd->add_flag("--json", f->json, "machine-readable output");
   cmd->add_flag("--no-roofline", f->no_roofline, "skip the bandwidth/peak probes");
+  cmd->add_flag("--profile", f->profile,
+                "after the timed runs, one more tg run with the per-op timeline (core/profile.h): time per op "
+                "and per decode token, GB/s, thread-pool jobs and join waits");
   return [f]() {
     auto m = resolve_model(f->model_arg);
     if (!m.is_ok()) return report(m.status());

@@ -11,6 +11,7 @@
 #include <climits>
 
 #include "larder/core/cpuid.h"
+#include "larder/core/profile.h"
 
 namespace larder {
 namespace {
@@ -128,6 +129,10 @@ void ThreadPool::worker_main(int index, uint32_t seen) {
       }
     }
     if (!joined) continue;
+    if (profile::enabled()) {
+      job_joins_.v.fetch_add(1, std::memory_order_relaxed);
+      profile::note_join(static_cast<double>(profile::now_ns() - publish_ns_.v.load(std::memory_order_relaxed)));
+    }
     work_on_current_job(index + 1);
     state_.v.fetch_sub(1, std::memory_order_release);  // our chunks' writes happen-before the close
   }
@@ -141,6 +146,11 @@ void ThreadPool::run(int64_t n_chunks, ChunkFn fn, void* ctx) {
     return;
   }
   std::lock_guard<std::mutex> lock(submit_mu_);
+  const bool prof = profile::enabled();
+  if (prof) {
+    job_joins_.v.store(0, std::memory_order_relaxed);
+    publish_ns_.v.store(profile::now_ns(), std::memory_order_relaxed);
+  }
   job_fn_ = fn;
   job_ctx_ = ctx;
   job_chunks_ = n_chunks;
@@ -151,6 +161,7 @@ void ThreadPool::run(int64_t n_chunks, ChunkFn fn, void* ctx) {
   if (sleepers_.v.load() > 0) futex_wake_all(&generation_.v);
 
   work_on_current_job(0);
+  const int64_t t_own = prof ? profile::now_ns() : 0;
 
   // All chunks are claimed; close the job once no joined worker is still running one. Workers
   // that never joined (asleep, descheduled) are not waited for. A joined worker holds at most one
@@ -166,6 +177,9 @@ void ThreadPool::run(int64_t n_chunks, ChunkFn fn, void* ctx) {
     } else {
       std::this_thread::yield();
     }
+  }
+  if (prof) {
+    profile::note_job(static_cast<double>(profile::now_ns() - t_own), job_joins_.v.load(std::memory_order_relaxed) == 0);
   }
 }
 

@@ -100,6 +100,9 @@ class ThreadPool {
   PaddedAtomicU32 generation_;  // futex word: bumped once per job (and on shutdown)
   PaddedAtomicU64 state_;       // (generation << 32) | closed bit | workers joined
   PaddedAtomicU32 sleepers_;    // workers currently (about to be) in futex_wait
+  // Profiling only (core/profile.h): when the current job was published, how many workers joined it.
+  PaddedAtomicI64 publish_ns_;
+  PaddedAtomicU32 job_joins_;
   std::atomic<bool> stop_{false};
   std::atomic<int> spin_us_{100};
 };

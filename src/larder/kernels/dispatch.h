@@ -16,6 +16,8 @@
 namespace larder::kernels {
 
 using MatmulFn = void (*)(const WeightView& w, const float* x, int64_t n, float* y);
+// Several weights of one format over the same activations as one job (kernels::matmul_multi).
+using MatmulMultiFn = void (*)(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 using DequantRowFn = void (*)(const WeightView& w, int64_t row, float* out);
 using RmsNormFn = void (*)(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out);
 using RopeFn = void (*)(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
@@ -32,6 +34,8 @@ struct KernelTable {
   const char* name = "ref";  // tier name for logs and benchmarks
   std::array<MatmulFn, kNumDTypes> matmul{};
   std::array<DequantRowFn, kNumDTypes> dequant_row{};
+  // Optional, per format: matmul_multi's fused path (absent: one matmul per weight).
+  std::array<MatmulMultiFn, kNumDTypes> matmul_multi{};
   std::array<MatmulFn, kMaxAffineBits + 1> matmul_affine{};
   std::array<DequantRowFn, kMaxAffineBits + 1> dequant_row_affine{};
   RmsNormFn rmsnorm = nullptr;

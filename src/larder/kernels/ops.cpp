@@ -1,8 +1,21 @@
 // ops.cpp — ops.h entry points: thin forwards through the active dispatch table.
 #include "larder/kernels/ops.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "larder/core/profile.h"
 #include "larder/core/status.h"
 #include "larder/kernels/dispatch.h"
+
+// Every entry point is a core/profile.h scope (one relaxed load when profiling is off). The name is
+// formatted only when it is on.
+#define LARDER_OP_SCOPE(bytes, ...)                                              \
+  char op_name_[96];                                                            \
+  op_name_[0] = 0;                                                              \
+  if (profile::enabled()) std::snprintf(op_name_, sizeof op_name_, __VA_ARGS__); \
+  profile::Scope op_scope_(op_name_, (bytes))
 
 namespace larder::kernels {
 
@@ -12,6 +25,28 @@ uint64_t WeightView::row_bytes() const {
 }
 
 namespace {
+// For the profile table: the bytes a matmul streams, and its format's name.
+double weight_bytes(const WeightView& w) {
+  double b = static_cast<double>(w.rows) * static_cast<double>(w.row_bytes());
+  if (w.is_affine() && w.group_size > 0)
+    b += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols / w.group_size) *
+         (w.scale_dtype == DType::kF32 ? 4.0 : 2.0);
+  return b;
+}
+std::string weight_format(const WeightView& w) {
+  if (w.is_affine()) return "affine-q" + std::to_string(w.bits) + "-g" + std::to_string(w.group_size);
+  return dtype_name(w.dtype);
+}
+
+// LARDER_FUSED=0: matmul_multi runs one matmul per weight (A/B measurements, debugging).
+bool fused_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("LARDER_FUSED");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 MatmulFn matmul_fn(const KernelTable& t, const WeightView& w) {
   if (w.is_affine()) return w.bits <= kMaxAffineBits ? t.matmul_affine[w.bits] : nullptr;
   return t.matmul[static_cast<int>(w.dtype)];
@@ -38,38 +73,90 @@ bool weight_supported(const WeightView& w) {
 void matmul(const WeightView& w, const float* x, int64_t n, float* y) {
   MatmulFn f = matmul_fn(active_table(), w);
   LARDER_CHECK(f != nullptr, "[kernels] no matmul for %s (affine bits %d)", dtype_name(w.dtype), w.bits);
+  LARDER_OP_SCOPE(profile::enabled() ? weight_bytes(w) : 0.0, "matmul %s %lldx%lld%s", weight_format(w).c_str(),
+                  (long long)w.rows, (long long)w.cols, n == 1 ? "" : n <= 8 ? " n<=8" : " n>8");
   f(w, x, n, y);
+}
+
+void matmul_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  LARDER_CHECK(count >= 0 && count <= kMaxMultiMatmul, "[kernels] matmul_multi of %d weights", count);
+  const KernelTable& t = active_table();
+  bool done[kMaxMultiMatmul] = {};
+  for (int i = 0; i < count; ++i) {
+    if (done[i]) continue;
+    // The weights of ws[i]'s format that are still to do (a Q4_K_M layer mixes Q4_K and Q6_K).
+    WeightView group[kMaxMultiMatmul];
+    float* outs[kMaxMultiMatmul];
+    int m = 0;
+    for (int j = i; j < count; ++j) {
+      if (done[j] || ws[j].dtype != ws[i].dtype || ws[j].bits != ws[i].bits) continue;
+      LARDER_DCHECK(ws[j].cols == ws[i].cols, "matmul_multi: cols %lld vs %lld", (long long)ws[j].cols,
+                    (long long)ws[i].cols);
+      group[m] = ws[j];
+      outs[m++] = ys[j];
+      done[j] = true;
+    }
+    MatmulMultiFn f = ws[i].is_affine() || !fused_enabled() ? nullptr : t.matmul_multi[static_cast<int>(ws[i].dtype)];
+    if (f == nullptr || m == 1) {
+      for (int k = 0; k < m; ++k) matmul(group[k], x, n, outs[k]);
+      continue;
+    }
+    double bytes = 0;
+    int64_t rows = 0;
+    if (profile::enabled())
+      for (int k = 0; k < m; ++k) bytes += weight_bytes(group[k]), rows += group[k].rows;
+    LARDER_OP_SCOPE(bytes, "matmul_multi %s %d x (%lld rows)x%lld%s", weight_format(ws[i]).c_str(), m, (long long)rows,
+                    (long long)ws[i].cols, n == 1 ? "" : n <= 8 ? " n<=8" : " n>8");
+    f(group, outs, m, x, n);
+  }
 }
 
 void dequant_row(const WeightView& w, int64_t row, float* out) {
   DequantRowFn f = dequant_fn(active_table(), w);
   LARDER_CHECK(f != nullptr, "[kernels] no row lookup for %s (affine bits %d)", dtype_name(w.dtype), w.bits);
   LARDER_DCHECK(row >= 0 && row < w.rows, "row %lld of %lld", (long long)row, (long long)w.rows);
+  LARDER_OP_SCOPE(0.0, "dequant_row (embedding)");
   f(w, row, out);
 }
 
 void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out) {
+  LARDER_OP_SCOPE(0.0, "rmsnorm dim %lld", (long long)dim);
   active_table().rmsnorm(x, weight, n, dim, eps, out);
 }
 
 void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
           const float* inv_freq, RopePairing pairing) {
   LARDER_DCHECK(rot_dim % 2 == 0 && rot_dim <= head_dim, "rot_dim %d head_dim %d", rot_dim, head_dim);
+  LARDER_OP_SCOPE(0.0, "rope");
   active_table().rope(x, n, n_heads, head_dim, rot_dim, positions, inv_freq, pairing);
 }
 
-void softmax(float* x, int64_t n) { active_table().softmax(x, n); }
+void softmax(float* x, int64_t n) {
+  LARDER_OP_SCOPE(0.0, "softmax");
+  active_table().softmax(x, n);
+}
 
-void silu_mul(const float* gate, const float* up, float* out, int64_t n) { active_table().silu_mul(gate, up, out, n); }
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  LARDER_OP_SCOPE(0.0, "silu_mul");
+  active_table().silu_mul(gate, up, out, n);
+}
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  LARDER_OP_SCOPE(0.0, "gelu_tanh_mul");
   active_table().gelu_tanh_mul(gate, up, out, n);
 }
 
-void add(const float* a, const float* b, float* out, int64_t n) { active_table().add(a, b, out, n); }
+void add(const float* a, const float* b, float* out, int64_t n) {
+  LARDER_OP_SCOPE(0.0, "add");
+  active_table().add(a, b, out, n);
+}
 
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out) {
   LARDER_DCHECK(p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0, "heads %d kv %d", p.n_heads, p.n_kv_heads);
+  double kv_bytes = 0;  // the K and V rows the call must read at least once (f32)
+  if (profile::enabled())
+    for (int i = 0; i < n_spans; ++i) kv_bytes += 2.0 * 4.0 * static_cast<double>(spans[i].len) * p.n_kv_heads * p.head_dim;
+  LARDER_OP_SCOPE(kv_bytes, "attention%s", n == 1 ? "" : " n>1");
   active_table().attention(q, n, q_pos0, spans, n_spans, p, out);
 }
 

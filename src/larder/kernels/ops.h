@@ -71,6 +71,14 @@ bool weight_supported(const WeightView& w);
 // y[n, w.rows] = x[n, w.cols] · Wᵀ.
 void matmul(const WeightView& w, const float* x, int64_t n, float* y);
 
+// Several matmuls of one input (q/k/v; gate/up): ys[i][n, ws[i].rows] = x[n, cols] · ws[i]ᵀ for
+// i < count (<= kMaxMultiMatmul), all ws[i].cols equal. Equal to count matmul() calls; where the
+// active tier has a fused path for the format (decode), weights of the same format share one
+// activation quantization and one thread-pool job, so a layer pays one fork/join for q/k/v and
+// one for gate/up instead of five.
+constexpr int kMaxMultiMatmul = 4;
+void matmul_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+
 // out[w.cols] = row `row` of W, dequantized to f32 (embedding lookup, tied-embedding rows).
 void dequant_row(const WeightView& w, int64_t row, float* out);
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "larder/core/log.h"
+#include "larder/core/profile.h"
 
 namespace larder::models {
 
@@ -129,6 +130,9 @@ Status Transformer::forward_batch(std::span<const BatchItem> items) {
     }
     rows += n;
   }
+  // Profiling (core/profile.h): the forward's self time is what no op scope covers — embedding
+  // scaling, the K/V copies into the cache, biases, row gathers.
+  profile::Scope prof_scope("forward (self: copies, KV write, glue)");
   // reserve() only grows storage (lengths are unchanged until advance), so a later item failing
   // here still leaves every state's contents as they were. Rings need no reservation.
   for (const BatchItem& it : items) LARDER_RETURN_IF_ERROR(it.state->kv.reserve(it.n));

@@ -77,17 +77,30 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
   const int slot_i = own_kv ? layer : spec.kv_source;
   s.q.resize(static_cast<size_t>(rows * q_dim));
   s.att.resize(static_cast<size_t>(rows * q_dim));
-  kernels::matmul(w.q, h, rows, s.q.data());
+  // q, k and v read the same activations: one matmul_multi (one quantization of h, one pool job
+  // in decode) instead of three matmuls.
+  {
+    kernels::WeightView ws[3] = {w.q};
+    float* ys[3] = {s.q.data()};
+    int count = 1;
+    if (own_kv) {
+      s.k.resize(static_cast<size_t>(rows * kv_dim));
+      s.v.resize(static_cast<size_t>(rows * kv_dim));
+      ws[count] = w.k;
+      ys[count++] = s.k.data();
+      if (!spec.k_eq_v) {
+        ws[count] = w.v;
+        ys[count++] = s.v.data();
+      }
+    }
+    kernels::matmul_multi(ws, ys, count, h, rows);
+  }
   add_bias(s.q.data(), rows, w.q_b);
   if (own_kv) {
-    s.k.resize(static_cast<size_t>(rows * kv_dim));
-    s.v.resize(static_cast<size_t>(rows * kv_dim));
-    kernels::matmul(w.k, h, rows, s.k.data());
     add_bias(s.k.data(), rows, w.k_b);
     if (spec.k_eq_v) {
       std::memcpy(s.v.data(), s.k.data(), static_cast<size_t>(rows * kv_dim) * sizeof(float));
     } else {
-      kernels::matmul(w.v, h, rows, s.v.data());
       add_bias(s.v.data(), rows, w.v_b);
     }
   }

@@ -26,9 +26,11 @@ void mlp_block(const MlpWeights& w, const float* h, int64_t n, MlpScratch& s, fl
   const int64_t ffn = w.gate.rows;
   s.g.resize(static_cast<size_t>(n * ffn));
   s.u.resize(static_cast<size_t>(n * ffn));
-  kernels::matmul(w.gate, h, n, s.g.data());
+  // gate and up read the same activations: one matmul_multi (one quantization, one pool job).
+  const kernels::WeightView ws[2] = {w.gate, w.up};
+  float* const ys[2] = {s.g.data(), s.u.data()};
+  kernels::matmul_multi(ws, ys, 2, h, n);
   add_bias(s.g.data(), n, w.gate_b);
-  kernels::matmul(w.up, h, n, s.u.data());
   add_bias(s.u.data(), n, w.up_b);
   switch (w.act) {
     case Activation::kSilu: kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), n * ffn); break;

@@ -414,6 +414,18 @@ void matmul_int(const WeightView& w, const float* x, int64_t n, float* y) {
   run_matmul_tiles(k, w.rows, n, w.cols + 4 * (w.cols / 32));
 }
 
+// Fused decode (kernels::matmul_multi): one activation quantization, one MultiKernel job.
+template <class K>
+void matmul_int_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n <= 0) return;
+  const int64_t cols = ws[0].cols;
+  QuantizedActs a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, cols)), n, cols);
+  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
+  MultiKernel<K> mk;
+  for (int i = 0; i < count; ++i) mk.add(K{ws[i].data, ws[i].row_bytes(), ws[i].rows, cols / 32, a, ys[i]}, ws[i].rows);
+  run_matmul_tiles(mk, mk.rows(), n, cols + 4 * (cols / 32));
+}
+
 struct F32Row {
   static constexpr int kElemBytes = 4;
   static __m256 load8(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
@@ -504,6 +516,20 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
     matmul_gemm<Q4_0Gemm>(w, x, n, y);
   } else {
     matmul_int<Q4_0Kernel>(w, x, n, y);
+  }
+}
+void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemmMinTokens) {
+    for (int i = 0; i < count; ++i) matmul_q8_0(ws[i], x, n, ys[i]);
+  } else {
+    matmul_int_multi<IntKernel<Q8_0Block>>(ws, ys, count, x, n);
+  }
+}
+void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemmMinTokens) {
+    for (int i = 0; i < count; ++i) matmul_q4_0(ws[i], x, n, ys[i]);
+  } else {
+    matmul_int_multi<Q4_0Kernel>(ws, ys, count, x, n);
   }
 }
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) { matmul_float<BF16Row>(w, x, n, y); }

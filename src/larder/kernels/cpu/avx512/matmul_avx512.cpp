@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "larder/core/dtype.h"
@@ -424,6 +425,119 @@ void decode_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
 }
 
+// Q4_0 decode (n < 8), four blocks of a row per step (Q4_0Quad). The four blocks are 72
+// contiguous bytes; all of their fields are 16-bit aligned (block k's scale is word 9k, its 16
+// code bytes words 9k+1..9k+8), so two AVX-512BW word permutes cut them apart without VBMI:
+//   codes: vpermt2w over the first 64 bytes and the last 8 → [b0 codes | b1 | b2 | b3] (zmm)
+//   scales: vpermw → lane l holds block l/4's f16 scale → vcvtph2ps
+// The nibbles are split without a shift: lo = codes & 0x0F (elements 0–15 of each block) and
+// hi16 = codes & 0xF0 = 16·(elements 16–31), and the two vpdpbusd are chained through a ×16:
+//   A = dpbusd(16·dpbusd(seed, lo, x_lo), hi16, x_hi) = 16·(seed + Σ u·q)
+// where the per-lane seed = −8·Σ q over the lane's 8 elements folds the zero point (u − 8) into
+// the integer sum, so per 128 weights and row the float work is one cvt, one mul (d_w·d_x/16,
+// both lane patterns) and one FMA — the previous two-block kernel spent cvt + FMSUB + FMA and a
+// scale blend per 64 weights, and ran compute-bound on Zen 4 (AVX-512 as two 256-bit halves).
+// A row tail of 1–3 blocks is one more masked step: the masked-out bytes load as zeros (codes
+// 0, scale 0) and meet zero activations, seeds and d_x, so they add exactly 0.
+// Activations: per token and 4-block group, x_lo/x_hi [64] int8 (the blocks' first/second
+// halves), the seed [16] int32 and d_x/16 [16] f32 — 256 B, built once per matmul.
+struct Q4_0Quad {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, ng, nb;  // 4-block groups per row (the last may be partial), blocks per row
+  const uint8_t* acts;   // [n][ng][256]: x_lo[64], x_hi[64], seed[16] i32, dx16[16] f32
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    alignas(64) static constexpr uint16_t kCodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
+                                                          19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
+    alignas(64) static constexpr uint16_t kScaleIdx[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
+    const __m512i code_idx = _mm512_load_si512(kCodeIdx), scale_idx = _mm512_load_si512(kScaleIdx);
+    const __m512i m_lo = _mm512_set1_epi8(0x0f), m_hi = _mm512_set1_epi8(static_cast<char>(0xf0));
+    __m512 acc[R][T];
+    zero_acc(acc);
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    const int64_t full = nb / 4;
+    auto step = [&](int64_t g, bool tail) {
+      if (!tail) prefetch_ahead(base, R * row_bytes, g * 72 * R, 72 * R);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = base + r * row_bytes + 72 * g;
+        __m512i z0, z1;
+        if (!tail) {
+          z0 = _mm512_loadu_si512(p);
+          z1 = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
+        } else {
+          const int64_t bytes = 18 * (nb - 4 * g);  // 18..54
+          z0 = _mm512_maskz_loadu_epi8((uint64_t{1} << bytes) - 1, p);
+          z1 = _mm512_setzero_si512();
+        }
+        const __m512i codes = _mm512_permutex2var_epi16(z0, code_idx, z1);
+        const __m512i lo = _mm512_and_si512(codes, m_lo), hi = _mm512_and_si512(codes, m_hi);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_idx, z0)));
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const uint8_t* a = acts + ((t0 + t) * ng + g) * 256;
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(a + 128), lo, _mm512_load_si512(a));
+          const __m512i v = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 4), hi, _mm512_load_si512(a + 64));
+          const __m512 sc = _mm512_mul_ps(dw, _mm512_load_ps(reinterpret_cast<const float*>(a + 192)));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), sc, acc[r][t]);
+        }
+      }
+    };
+    for (int64_t g = 0; g < full; ++g) step(g, false);
+    if (full < ng) step(full, true);
+    store_acc(acc, y, rows, r0, t0);
+  }
+};
+
+// The Q4_0Quad activation patterns for x[n, cols] (slot 1 of the calling thread's scratch).
+const uint8_t* q4_0_quad_acts(const QuantizedActs& a, int64_t n, int64_t ng) {
+  auto* out = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * ng) * 256 + 64, 1));
+  const int64_t nb = a.nb;
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* q = a.token_blocks(t);
+    for (int64_t g = 0; g < ng; ++g) {
+      uint8_t* dst = out + (t * ng + g) * 256;
+      alignas(64) uint8_t lo[64] = {}, hi[64] = {};
+      alignas(64) float dx[16] = {};
+      for (int k = 0; k < 4 && 4 * g + k < nb; ++k) {
+        const int64_t b = 4 * g + k;
+        std::memcpy(lo + 16 * k, q + 32 * b, 16);
+        std::memcpy(hi + 16 * k, q + 32 * b + 16, 16);
+        for (int l = 0; l < 4; ++l) dx[4 * k + l] = a.scales(b)[t] * (1.0f / 16.0f);
+      }
+      const __m512i xl = _mm512_load_si512(lo), xh = _mm512_load_si512(hi);
+      // Σ q per lane over its 4 lo and 4 hi elements (u8 ones · s8 q), times −8.
+      const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xl), ones, xh);
+      _mm512_store_si512(dst, xl);
+      _mm512_store_si512(dst + 64, xh);
+      _mm512_store_si512(dst + 128, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 3)));
+      _mm512_store_ps(reinterpret_cast<float*>(dst + 192), _mm512_load_ps(dx));
+    }
+  }
+  return out;
+}
+
+void decode_q4_0_quad(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nb = cols / 32, ng = (nb + 3) / 4;
+  QuantizedActs a = quantize_for_decode(x, n, cols);
+  const Q4_0Quad k{w.data, w.row_bytes(), w.rows, ng, nb, q4_0_quad_acts(a, n, ng), y};
+  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
+}
+
+bool q4_0_pair_decode() {
+  static const bool pair = [] {
+    const char* e = std::getenv("LARDER_Q4_0_DECODE");
+    return e && std::strcmp(e, "pair") == 0;
+  }();
+  return pair;
+}
+
 }  // namespace
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
@@ -439,12 +553,41 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   } else {
     // Two blocks per zmm: 35–36 GB/s per core at n = 1 against the AVX2 row-pair kernel's 32–33,
     // 1.7× at n = 4 (kernel_bench, Zen 5, 1 thread). An odd block count keeps the AVX2 kernel.
-    if ((w.cols / 32) % 2) {
+    if (!q4_0_pair_decode()) {
+      decode_q4_0_quad(w, x, n, y);
+    } else if ((w.cols / 32) % 2) {
       avx2::matmul_q4_0(w, x, n, y);
     } else {
       decode_q4_0(w, x, n, y);
     }
   }
+}
+
+// Fused decode (kernels::matmul_multi): one activation quantization, one MultiKernel job.
+void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens || q4_0_pair_decode()) {
+    for (int i = 0; i < count; ++i) matmul_q4_0(ws[i], x, n, ys[i]);
+    return;
+  }
+  const int64_t cols = ws[0].cols, nb = cols / 32, ng = (nb + 3) / 4;
+  QuantizedActs a = quantize_for_decode(x, n, cols);
+  const uint8_t* acts = q4_0_quad_acts(a, n, ng);
+  MultiKernel<Q4_0Quad> mk;
+  for (int i = 0; i < count; ++i) mk.add(Q4_0Quad{ws[i].data, ws[i].row_bytes(), ws[i].rows, ng, nb, acts, ys[i]}, ws[i].rows);
+  run_matmul_tiles(mk, mk.rows(), n, cols + 4 * nb);
+}
+
+void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) {
+    for (int i = 0; i < count; ++i) matmul_q8_0(ws[i], x, n, ys[i]);
+    return;
+  }
+  const int64_t cols = ws[0].cols;
+  QuantizedActs a = quantize_for_decode(x, n, cols, /*offset128=*/true);
+  MultiKernel<IntKernel<Q8_0Block>> mk;
+  for (int i = 0; i < count; ++i)
+    mk.add(IntKernel<Q8_0Block>{ws[i].data, ws[i].row_bytes(), ws[i].rows, cols / 32, a, ys[i]}, ws[i].rows);
+  run_matmul_tiles(mk, mk.rows(), n, cols + 4 * (cols / 32));
 }
 
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {

@@ -250,7 +250,9 @@ struct Q6KDecode {
   }
 };
 
-void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
+// The decode kernel for w with its activation patterns prepared (the calling thread's scratch
+// slots 0 and 1); matmul_multi_q6_k reuses them for every weight of the group.
+Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
   QuantizedActs a = quantize_for_decode(x, n, cols);
   const size_t pat_bytes = static_cast<size_t>(n * nsb) * 256;  // [n][nsb][4][16] of 4 bytes
@@ -270,11 +272,15 @@ void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
       _mm512_store_si512(zq + (t * nsb * 4 + c) * 16, _mm512_slli_epi32(s4, 5));
     }
   }
-  const Q6KDecode k{w.data, w.row_bytes(), w.rows, nsb, a.qs, dxp, zq, y};
-  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
+  return Q6KDecode{w.data, w.row_bytes(), w.rows, nsb, a.qs, dxp, zq, y};
 }
 
-void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
+void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  const Q6KDecode k = prepare_q6_k(w, x, n, y);
+  run_matmul_tiles(k, w.rows, n, w.cols + w.cols / 8);
+}
+
+Q4KDecode prepare_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
   QuantizedActs a = quantize_for_decode(x, n, cols);
   const size_t acts_bytes = static_cast<size_t>(n * nb) * 32, dxp_bytes = static_cast<size_t>(n * nsb) * 256;
@@ -297,8 +303,29 @@ void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
       }
     }
   }
-  const Q4KDecode k{w.data, w.row_bytes(), w.rows, nsb, acts, dxp, bs, y};
-  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
+  return Q4KDecode{w.data, w.row_bytes(), w.rows, nsb, acts, dxp, bs, y};
+}
+
+void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  const Q4KDecode k = prepare_q4_k(w, x, n, y);
+  run_matmul_tiles(k, w.rows, n, w.cols + w.cols / 8);
+}
+
+// Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
+template <class K>
+void decode_multi(K (*prepare)(const WeightView&, const float*, int64_t, float*), const WeightView* ws,
+                  float* const* ys, int count, const float* x, int64_t n) {
+  MultiKernel<K> mk;
+  const K first = prepare(ws[0], x, n, ys[0]);
+  for (int i = 0; i < count; ++i) {
+    K k = first;
+    k.w = ws[i].data;
+    k.row_bytes = ws[i].row_bytes();
+    k.rows = ws[i].rows;
+    k.y = ys[i];
+    mk.add(k, ws[i].rows);
+  }
+  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + ws[0].cols / 8);
 }
 
 }  // namespace
@@ -312,6 +339,22 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   const Acts16 a = quantize_acts16(x, n, w.cols, /*half_sums=*/true);
   const Q6_KRows f{w.data, w.row_bytes(), w.cols / 256};
   run_gemm16(f, a, w.rows, y);
+}
+
+void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) {
+    for (int i = 0; i < count; ++i) matmul_q6_k(ws[i], x, n, ys[i]);
+    return;
+  }
+  decode_multi(prepare_q6_k, ws, ys, count, x, n);
+}
+
+void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) {
+    for (int i = 0; i < count; ++i) matmul_q4_k(ws[i], x, n, ys[i]);
+    return;
+  }
+  decode_multi(prepare_q4_k, ws, ys, count, x, n);
 }
 
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {

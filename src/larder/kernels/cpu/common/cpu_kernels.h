@@ -39,6 +39,9 @@ bool fast_matmul_affine_agrees(int bits, MatmulFn fast, MatmulFn trusted);
 namespace avx2 {
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
+// kernels::matmul_multi for weights all in one format (decode: one quantization, one pool job).
+void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y);
@@ -78,6 +81,11 @@ namespace avx512 {
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
+// kernels::matmul_multi for weights all in one format (decode: one quantization, one pool job).
+void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 // MLX affine, bits {2,3,4,5,6,8}: prefill on the VNNI GEMM; decode of 4/8 bits with groups of
 // 64/128 on AVX-512, the rest on the AVX2 kernel (matmul_affine_avx512.cpp).
@@ -109,6 +117,8 @@ double active_bf16_peak(ThreadPool& pool);
 
 // The tier's function for a dtype, or nullptr. tier: "avx2" or "avx512".
 MatmulFn fast_matmul(const char* tier, DType dtype);
+// The tier's fused matmul_multi for a dtype, or nullptr (the formats without one run per weight).
+MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype);
 // The tier's function for MLX affine weights of `bits`, or nullptr.
 MatmulFn fast_matmul_affine(const char* tier, int bits);
 

@@ -111,6 +111,42 @@ inline void run_matmul_tiles(const K& k, int64_t rows, int64_t n, int64_t act_by
   });
 }
 
+// Several matrices over the same activations as one matmul (q/k/v, gate/up: kernels::matmul_multi).
+// Their rows are concatenated — part i owns rows [off[i], off[i+1]) — so run_matmul_tiles cuts one
+// job out of them: one pool dispatch and one join instead of one per matrix, and the decode
+// regions run across the matrix boundaries (each part is a K sharing the caller's prepared
+// activations, with its own weights, row count and output). A tile that would straddle two parts
+// runs row by row.
+template <class K, int kMaxParts = 4>
+struct MultiKernel {
+  static constexpr int kRows1 = K::kRows1;
+  static constexpr int kRowsN = K::kRowsN;
+  K part[kMaxParts];
+  int64_t off[kMaxParts + 1] = {};
+  int count = 0;
+
+  void add(const K& k, int64_t rows) {
+    part[count] = k;
+    off[count + 1] = off[count] + rows;
+    ++count;
+  }
+  int64_t rows() const { return off[count]; }
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    int i = 0;
+    while (r0 >= off[i + 1]) ++i;
+    if (r0 + R <= off[i + 1]) {
+      part[i].template tile<R, T>(r0 - off[i], t0);
+      return;
+    }
+    for (int r = 0; r < R; ++r) {
+      while (r0 + r >= off[i + 1]) ++i;
+      part[i].template tile<1, T>(r0 + r - off[i], t0);
+    }
+  }
+};
+
 // Token-lane GEMMs (G::template tile<R>(r0, group) for R <= 4 rows × one 8-token group).
 // Chunks: 16 rows × a run of token groups whose activations (nb·256 B per group) fit ~256 KiB
 // of L2; inside, each 4-row tile streams its weights once per group from L1/L2.

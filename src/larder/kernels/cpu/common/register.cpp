@@ -204,6 +204,26 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
   return nullptr;
 }
 
+MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
+  if (std::strcmp(tier, "avx2") == 0) {
+    switch (dtype) {
+      case DType::kQ8_0: return avx2::matmul_multi_q8_0;
+      case DType::kQ4_0: return avx2::matmul_multi_q4_0;
+      default: return nullptr;
+    }
+  }
+  if (std::strcmp(tier, "avx512") == 0) {
+    switch (dtype) {
+      case DType::kQ8_0: return avx512::matmul_multi_q8_0;
+      case DType::kQ4_0: return avx512::matmul_multi_q4_0;
+      case DType::kQ4_K: return avx512::matmul_multi_q4_k;
+      case DType::kQ6_K: return avx512::matmul_multi_q6_k;
+      default: return nullptr;
+    }
+  }
+  return nullptr;
+}
+
 MatmulFn fast_matmul_affine(const char* tier, int bits) {
   const bool valid = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
   if (valid && std::strcmp(tier, "avx2") == 0) return avx2::matmul_affine;
@@ -235,7 +255,10 @@ void register_fast_kernels(KernelTable& t) {
   const char* qa = std::getenv("LARDER_QUANT_ACT");
   const bool int8_act = !(qa && std::strcmp(qa, "0") == 0);
   for (DType d : kFormats) {
-    if (!is_int8_act(d) || int8_act) set(t, d, fast_matmul("avx2", d));
+    if (!is_int8_act(d) || int8_act) {
+      set(t, d, fast_matmul("avx2", d));
+      t.matmul_multi[static_cast<int>(d)] = fast_matmul_multi("avx2", d);
+    }
   }
   // MLX affine: int8 activations too (same opt-out).
   if (int8_act) {
@@ -257,6 +280,9 @@ void register_fast_kernels(KernelTable& t) {
       MatmulFn trusted = before.matmul[static_cast<int>(d)];
       if (trusted && fast_matmul_agrees(d, fast, trusted)) {
         set(t, d, fast);
+        // The fused path runs the same tiles (tests/unit/kernels_fast check it against matmul);
+        // a format whose tier kernel failed keeps the AVX2 fused path with its AVX2 matmul.
+        if (MatmulMultiFn m = fast_matmul_multi("avx512", d)) t.matmul_multi[static_cast<int>(d)] = m;
       } else {
         LARDER_LOG_WARN("[kernels] AVX-512 %s matmul failed its startup self-check; using the AVX2 kernel",
                         dtype_name(d));
