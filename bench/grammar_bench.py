@@ -81,7 +81,10 @@ class Proc:
                       headers={"Content-Type": "application/json"})
             r = c.getresponse()
             data = r.read()
-            return r.status, (json.loads(data) if data[:1] in (b"{", b"[") else data)
+            try:
+                return r.status, json.loads(data)
+            except ValueError:
+                return r.status, data
         finally:
             c.close()
 
@@ -105,6 +108,8 @@ def decode_round(srv, batch, schema, gen, eos_ids, seed):
         st, r = srv.post("/completion", dict(body, seed=seed * 100 + i))
         if st != 200:
             raise RuntimeError(f"HTTP {st}: {str(r)[:300]}")
+        if not isinstance(r, dict) or "timings" not in r:
+            raise RuntimeError(f"no timings in {str(r)[:300]}")
         return r["timings"]["predicted_per_second"], r["timings"]["predicted_n"]
     with concurrent.futures.ThreadPoolExecutor(batch) as ex:
         return list(ex.map(one, range(batch)))
