@@ -326,8 +326,6 @@ struct GgufGemm {
         const uint8_t* mb = tl.mags + b * R * 32;
         __m256i i[R];
         LARDER_UNROLL
-        for (int r = 0; r < R; ++r) i[r] = _mm256_setzero_si256();
-        LARDER_UNROLL
         for (int k4 = 0; k4 < 8; ++k4) {
           const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
           LARDER_UNROLL
@@ -336,7 +334,9 @@ struct GgufGemm {
             std::memcpy(&q4, cb + r * 32 + 4 * k4, 4);
             std::memcpy(&m4, mb + r * 32 + 4 * k4, 4);
             const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(m4), _mm256_sign_epi8(xa, _mm256_set1_epi32(q4)));
-            i[r] = _mm256_add_epi32(i[r], _mm256_madd_epi16(p, ones));
+            // The first step initializes the chain (no add of a zero register: the asm barrier
+            // below would keep it).
+            i[r] = k4 == 0 ? _mm256_madd_epi16(p, ones) : _mm256_add_epi32(i[r], _mm256_madd_epi16(p, ones));
             __asm__("" : "+x"(i[r]));  // keep the chain sequential (see the Q4_0 GEMM)
           }
         }
@@ -348,15 +348,14 @@ struct GgufGemm {
         for (int h = 0; h < 2; ++h) {
           __m256i p[R];
           LARDER_UNROLL
-          for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-          LARDER_UNROLL
           for (int k4 = 4 * h; k4 < 4 * h + 4; ++k4) {
             const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
             LARDER_UNROLL
             for (int r = 0; r < R; ++r) {
               int32_t u4;
               std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
-              p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
+              const __m256i m = _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa);
+              p[r] = k4 == 4 * h ? m : _mm256_add_epi16(p[r], m);
               __asm__("" : "+x"(p[r]));
             }
           }
@@ -376,15 +375,14 @@ struct GgufGemm {
         for (int h = 0; h < 8 / kSteps; ++h) {
           __m256i p[R];
           LARDER_UNROLL
-          for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-          LARDER_UNROLL
           for (int k4 = kSteps * h; k4 < kSteps * (h + 1); ++k4) {
             const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
             LARDER_UNROLL
             for (int r = 0; r < R; ++r) {
               int32_t u4;
               std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
-              p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
+              const __m256i m = _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa);
+              p[r] = k4 == kSteps * h ? m : _mm256_add_epi16(p[r], m);
               __asm__("" : "+x"(p[r]));
             }
           }
