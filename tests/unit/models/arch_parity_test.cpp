@@ -40,6 +40,7 @@
 #include "larder/kernels/dispatch.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
+#include "../../support/logit_diff.h"
 
 namespace larder::models {
 namespace {
@@ -70,37 +71,6 @@ Ref read_ref(const std::string& dir) {
   return r;
 }
 
-struct Diff {
-  float max_abs = 0, max_ref = 0;
-  int top1_mismatch = 0;      // positions whose argmax differs
-  int top1_checked = 0;
-};
-
-// margin_min: only positions where the reference top-1 beats the runner-up by more than this
-// count towards the top-1 check.
-Diff compare(const std::vector<float>& got, const std::vector<float>& want, int64_t V, float margin_min = 0) {
-  Diff d;
-  const int64_t n = static_cast<int64_t>(want.size()) / V;
-  for (int64_t t = 0; t < n; ++t) {
-    const float* g = got.data() + t * V;
-    const float* w = want.data() + t * V;
-    int64_t ag = 0, aw = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      d.max_abs = std::max(d.max_abs, std::abs(g[v] - w[v]));
-      d.max_ref = std::max(d.max_ref, std::abs(w[v]));
-      if (g[v] > g[ag]) ag = v;
-      if (w[v] > w[aw]) aw = v;
-    }
-    float second = -INFINITY;
-    for (int64_t v = 0; v < V; ++v)
-      if (v != aw) second = std::max(second, w[v]);
-    if (w[aw] - second > margin_min) {
-      ++d.top1_checked;
-      d.top1_mismatch += ag != aw;
-    }
-  }
-  return d;
-}
 
 struct Loaded {
   formats::ModelFiles files;
@@ -198,7 +168,7 @@ TEST_P(ArchParity, TightAgainstMlxLm) {
         float max_ref = 0;
         for (float v : want) max_ref = std::max(max_ref, std::abs(v));
         const float margin = run.rel > 1e-4f ? 2 * run.rel * max_ref : 0.0f;
-        const Diff d = compare(run_chunks(m, ref.tokens, chunks), want, ref.vocab, margin);
+        const test::LogitDiff d = test::compare_logits(run_chunks(m, ref.tokens, chunks), want, ref.vocab, margin);
         std::string cs;
         for (int64_t x : chunks) cs += std::to_string(x) + " ";
         std::printf("[parity] %-18s %-8s %-6s chunks %-10s max|diff| %.3g  max|logit| %.3g  rel %.3g  top1 %d/%d\n",
@@ -332,7 +302,7 @@ TEST_P(Bf16Parity, LooseAgainstMlxBf16Compute) {
   for (float v : want) max_ref = std::max(max_ref, std::abs(v));
   const float u = 1.0f / 256;  // bf16 unit roundoff
   const float bound = 8 * u * max_ref;
-  const Diff d = compare(run_chunks(*l.model, ref.tokens, {64}), want, ref.vocab, 2 * bound);
+  const test::LogitDiff d = test::compare_logits(run_chunks(*l.model, ref.tokens, {64}), want, ref.vocab, 2 * bound);
   std::printf("[parity] %-18s bf16     max|diff| %.3g  max|logit| %.3g  rel %.3g (bound %.3g)  top1 %d/%d checked\n",
               GetParam(), d.max_abs, d.max_ref, d.max_abs / d.max_ref, 8 * u, d.top1_checked - d.top1_mismatch,
               d.top1_checked);
