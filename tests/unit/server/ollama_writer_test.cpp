@@ -10,46 +10,15 @@
 #include <vector>
 
 #include "larder/server/api_ollama.h"
+#include "writer_test_util.h"
 
 namespace larder::server {
 namespace {
 
 using nlohmann::ordered_json;
 
-struct Fixture {
-  runtime::LoadedModel lm;  // no model/tokenizer needed without logprobs
-  ServedModel sm;
-  ParsedRequest pr;
-  Fixture() {
-    sm.m = &lm;
-    sm.id = "test-model";
-  }
-};
-
-std::vector<Event> events(const std::vector<std::string>& pieces, Finish finish = Finish::kEos) {
-  std::vector<Event> ev;
-  Event a;
-  a.admitted = true;
-  a.outcome.prompt_tokens = 10;
-  a.outcome.cached_tokens = 4;
-  ev.push_back(a);
-  for (const auto& p : pieces) {
-    Event e;
-    e.text = p;
-    ev.push_back(e);
-  }
-  Event d;
-  d.done = true;
-  d.outcome.finish = finish;
-  d.outcome.prompt_tokens = 10;
-  d.outcome.cached_tokens = 4;
-  d.outcome.completion_tokens = 7;
-  d.outcome.prefill_ms = 2.5;
-  d.outcome.decode_ms = 10;
-  if (finish == Finish::kError) d.outcome.error = "forward failed";
-  ev.push_back(d);
-  return ev;
-}
+using writer_fixture::events;
+using writer_fixture::Fixture;
 
 std::vector<ordered_json> stream_lines(OllamaWriter& w, const std::vector<Event>& ev) {
   std::string all;

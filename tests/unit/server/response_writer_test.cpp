@@ -8,44 +8,15 @@
 #include <vector>
 
 #include "larder/server/response_writer.h"
+#include "writer_test_util.h"
 
 namespace larder::server {
 namespace {
 
 using nlohmann::ordered_json;
 
-struct Fixture {
-  runtime::LoadedModel lm;  // no model/tokenizer needed without logprobs
-  ServedModel sm;
-  ParsedRequest pr;
-  Fixture() {
-    sm.m = &lm;
-    sm.id = "test-model";
-    sm.fingerprint = "larder-test";
-    pr.response_id = "chatcmpl-test";
-    pr.created = 1;
-  }
-};
-
-std::vector<Event> events(const std::vector<std::string>& pieces, Finish finish = Finish::kEos) {
-  std::vector<Event> ev;
-  Event a;
-  a.admitted = true;
-  a.outcome.prompt_tokens = 10;
-  ev.push_back(a);
-  for (const auto& p : pieces) {
-    Event e;
-    e.text = p;
-    ev.push_back(e);
-  }
-  Event d;
-  d.done = true;
-  d.outcome.finish = finish;
-  d.outcome.prompt_tokens = 10;
-  d.outcome.completion_tokens = 7;
-  ev.push_back(d);
-  return ev;
-}
+using writer_fixture::events;
+using writer_fixture::Fixture;
 
 // Parses "event: x\ndata: {...}\n\n" / "data: {...}\n\n" frames.
 std::vector<std::pair<std::string, ordered_json>> frames(const std::string& sse) {
