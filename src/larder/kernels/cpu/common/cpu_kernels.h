@@ -51,8 +51,9 @@ void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
 // GGUF Q4_K / Q6_K, int8-quantized activations like Q8_0/Q4_0 (matmul_kquant_avx2.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
-// GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS: one kernel over the unpackers of
-// gguf_unpack.h, int8-quantized activations (matmul_gguf_avx2.cpp).
+// GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS over the unpackers of gguf_unpack.h,
+// int8-quantized activations: decode tiles, and for n >= 8 a token-lane maddubs GEMM that unpacks
+// each 4-row tile once per chunk of token groups (matmul_gguf_avx2.cpp).
 void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y);
