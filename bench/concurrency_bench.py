@@ -48,6 +48,7 @@ import fcntl
 import http.client
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -376,6 +377,8 @@ def main():
     ap.add_argument("--skip", default="", help="comma list: levels,overhead")
     ap.add_argument("--json-out")
     args = ap.parse_args()
+    # A timeout's SIGTERM unwinds through the finally blocks, so no server is left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     skip = set(filter(None, args.skip.split(",")))
     log_dir = tempfile.mkdtemp(prefix="concurrency_bench_")
     eos_ids = gguf_eos_ids(args.model)
@@ -392,6 +395,7 @@ def main():
     if "overhead" not in skip:
         print(f"== server overhead at one stream: larder bench tg{args.overhead_gen} vs one streaming request", flush=True)
         o = out["overhead"] = run_overhead(args, log_dir, eos_ids)
+        save(args, out)
         print(f"  medians: bench {o['bench_median_tok_s']:.2f} tok/s, server {o['server_median_tok_s']:.2f} -> "
               f"overhead {o['overhead_median_pct']:+.1f} % (goal <= 2 %)", flush=True)
 
@@ -400,14 +404,21 @@ def main():
         out["levels"] = []
         for n in [int(x) for x in args.levels.split(",") if x]:
             out["levels"].append(run_level(args, n, log_dir, eos_ids))
+            print_table(out["levels"][-1:])
+            save(args, out)
         print_table(out["levels"])
 
     out["facts"]["loadavg_after"] = sb.loadavg()
     print(f"== load before {facts['loadavg']} / after {out['facts']['loadavg_after']}")
+    save(args, out)
+    if args.json_out:
+        print(f"  json: {args.json_out}")
+
+
+def save(args, out):
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(out, f, indent=1, default=str)
-        print(f"  json: {args.json_out}")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ Event Engine::memory_refusal(const GenRequest& r, uint64_t need, uint64_t reserv
   std::vector<std::pair<int64_t, uint64_t>> ends;  // (steps left, bytes freed)
   for (const auto& s : seqs_) {
     if (s->done) continue;
-    const int64_t left = (s->seq.prompt_size() - s->seq.prefilled()) / std::max<int64_t>(cfg_.step_tokens, 1) +
+    // Prefill slices while others decode: a quarter of the step budget (step()).
+    const int64_t left = (s->seq.prompt_size() - s->seq.prefilled()) / std::max<int64_t>(cfg_.step_tokens / 4, 32) +
                          (s->req.max_tokens - s->generated);
     ends.emplace_back(std::max<int64_t>(left, 1), s->kv_reserved);
   }
@@ -354,8 +355,14 @@ void Engine::step() {
     ++decode_rows;
   }
   // Prefill slices share what the decode rows left of the step budget (at least a minimum slice,
-  // so prompts progress even when many sequences decode).
-  int64_t budget = std::max<int64_t>(cfg_.step_tokens - decode_rows, 32);
+  // so prompts progress even when many sequences decode). While any sequence decodes, the slices
+  // get at most a quarter of the budget: every decoding stream waits for the whole step, so a
+  // full 256-token slice is a ~1 s gap in each stream's tokens on a 2-core machine with a 1B
+  // model (bench/RESULTS.md: ITL p99 of 10 s at 16 clients), while 64-token slices keep the
+  // prefill matmuls compute-bound (the GEMM works in 16-token groups) and cost the waiting
+  // prompt only the per-step overhead of ~4x as many steps.
+  const int64_t prefill_cap = decode_rows > 0 ? std::max<int64_t>(cfg_.step_tokens / 4, 32) : cfg_.step_tokens;
+  int64_t budget = std::max<int64_t>(std::min(cfg_.step_tokens - decode_rows, prefill_cap), 32);
   for (auto& s : seqs_) {
     if (s->done || s->decoding || budget <= 0) continue;
     // The slice stops at the sequence's checkpoint offset when one lies inside it.

@@ -5,8 +5,9 @@
 //   1. admit queued requests while fewer than `parallel` run (cancelled ones are dropped unseen);
 //      an admitted request takes its longest cached prefix from the KV store;
 //   2. build one batch: every decoding sequence contributes its one new token, then prefilling
-//      sequences contribute prompt chunks from what is left of the step's token budget — so a
-//      long prompt is prefilled in slices between decode steps instead of stalling them;
+//      sequences contribute prompt chunks from what is left of the step's token budget (a
+//      quarter of it while any sequence decodes) — so a long prompt is prefilled in slices
+//      between decode steps instead of stalling them;
 //   3. one Model::forward_batch for the whole batch;
 //   4. sample, detokenize, match stops, push events; finished or cancelled sequences put their KV
 //      into the store and free their slot.
@@ -37,6 +38,7 @@ struct EngineConfig {
   size_t queue_max = 64;        // --queue-max: requests waiting for a slot (429 beyond; 0 = no queue)
   int64_t ctx = 0;              // per-sequence context limit (tokens)
   int64_t step_tokens = 256;    // prefill tokens per step across all prefilling sequences
+                                // (step_tokens / 4, at least 32, while any sequence decodes)
   // Idle time before write-behind snapshots go to the SSD writer (kv-store.md §8.2).
   std::chrono::steady_clock::duration writebehind_debounce = std::chrono::seconds(1);
   // --ssd-demote-idle: RAM entries unused this long are spilled to SSD and dropped (0 = off).
