@@ -271,6 +271,15 @@ void register_fast_kernels(KernelTable& t) {
   t.gelu_tanh_mul = avx2::gelu_tanh_mul;
   t.add = avx2::add;
   t.name = "avx2";
+  // Which tier decodes what (issue 14's machine matrix; bench/RESULTS.md "Decode vs llama.cpp on
+  // Zen 4"). The choice is per format, not per CPU model: a format takes the AVX-512 kernel only
+  // where the tier has one of its own and it was measured at least as fast as AVX2 on the CPU
+  // where AVX-512 is weakest — Zen 4, which executes every zmm op as two 256-bit halves. There
+  // (kernel_bench --hot, 1 thread, 8192x2048, n = 1, CPU µs, AVX2 → AVX-512): Q4_0 632 → 372
+  // (Q4_0Quad), Q4_K 788 → 565, Q6_K 1735 → 869, Q8_0 135 → 123 (2048x2048); so no Zen 4
+  // exception is needed, and Zen 5 (full-width zmm) only gains more. The other GGUF formats keep
+  // their AVX2 decode on this tier (matmul_gguf_avx512.cpp: a zmm unpacker kernel measured slower).
+  // A CPU with the AVX2 tier only (Zen 3) runs the AVX2 column.
   if (f.has_avx512_tier()) {
     const KernelTable before = t;
     for (DType d : kFormats) {
