@@ -17,6 +17,10 @@ Cases (windows 8 and 13, far below 64 tokens, so every sliding layer drops keys)
   gemma4_mm         multimodal `gemma4` config (text_config; weights under
                     model.language_model. as transformers 5 saves them) with a vision tensor that
                     must be ignored; the model of gemma4_text_f32
+  gemma4_gguf_f32   gemma4_text_f32's features at hidden 32 / vocab 160, layers [s F s F s F] (small enough to commit
+                    as GGUF: tests/ref/gemma4_gguf.py writes tests/unit/models/data/
+                    gemma4_gguf_f32.gguf from it); its tokens start with BOS and avoid the special
+                    ids so llama.cpp can be fed the same sequence as text
 """
 import argparse
 import json
@@ -50,6 +54,14 @@ KEQV = dict(BASE, hidden_size=80, intermediate_size=112, num_key_value_heads=1, 
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
                          "full_attention"],
             num_hidden_layers=5)
+
+
+# The GGUF case: every feature of BASE, smaller (head_dim 8 / global 16: 2 of 8 global pairs rotate).
+# Layers [s F s F | s F]: llama.cpp's KV cache takes the two layers before the shared ones as the
+# sliding and the global source (as in released Gemma 4), so BASE's [s s F s | s F] would not load.
+GGUF = dict(BASE, hidden_size=32, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+            global_head_dim=16, vocab_size=160, vocab_size_per_layer_input=160, hidden_size_per_layer_input=4,
+            layer_types=["sliding_attention", "full_attention"] * 3)
 
 
 def tensor_shapes(c):
@@ -151,10 +163,12 @@ def main():
     a = ap.parse_args()
     root = os.path.join(a.out, "models")
     os.makedirs(root, exist_ok=True)
-    for i, (name, c) in enumerate([("gemma4_text", BASE), ("gemma4_keqv", KEQV)]):
+    for i, (name, c) in enumerate([("gemma4_text", BASE), ("gemma4_keqv", KEQV), ("gemma4_gguf", GGUF)]):
         rng = np.random.default_rng(5000 + i)
         w = random_weights(c, rng)
         tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
+        if name == "gemma4_gguf":  # BOS, then ids 4 .. V-2 (gemma4_gguf.py's synthetic vocabulary)
+            tokens = [c["bos_token_id"]] + [int(t) for t in rng.integers(4, c["vocab_size"] - 1, SEQ - 1)]
         d = os.path.join(root, name + "_f32")
         write_hf(d, c, w, "f32")
         logits = mlx_logits(d, tokens)

@@ -2,6 +2,7 @@
 #include "larder/models/config.h"
 
 #include <cmath>
+#include <optional>
 
 #include "larder/core/log.h"
 
@@ -229,8 +230,16 @@ Result<ModelConfig> config_from_gguf(const formats::GgufFile& g) {
   c.architecture = g.architecture();
   const std::string a = c.architecture;
   const char* s = c.source.c_str();
+  // Some architectures (gemma4, gemma3n) store feed_forward_length / head_count_kv per layer, as
+  // an integer array: the shared fields take layer 0's value and the architecture file reads the
+  // rest.
+  auto int_or_first = [&](const std::string& key) -> std::optional<int64_t> {
+    const formats::GgufValue* v = g.find(key);
+    if (v != nullptr && v->is_array() && !v->ints.empty()) return v->ints[0];
+    return g.get_int(key);
+  };
   auto need = [&](const std::string& key, int64_t* out) -> Status {
-    auto v = g.get_int(key);
+    auto v = int_or_first(key);
     if (!v) return invalid_argument(strfmt("[config] %s: missing GGUF metadata '%s'", s, key.c_str()));
     *out = *v;
     return Status::ok();
@@ -239,7 +248,7 @@ Result<ModelConfig> config_from_gguf(const formats::GgufFile& g) {
   LARDER_RETURN_IF_ERROR(need(a + ".embedding_length", &c.hidden));
   LARDER_RETURN_IF_ERROR(need(a + ".attention.head_count", &c.n_heads));
   LARDER_RETURN_IF_ERROR(need(a + ".feed_forward_length", &c.ffn));
-  c.n_kv_heads = g.get_int(a + ".attention.head_count_kv").value_or(c.n_heads);
+  c.n_kv_heads = int_or_first(a + ".attention.head_count_kv").value_or(c.n_heads);
   c.head_dim = g.get_int(a + ".attention.key_length").value_or(c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.rope_dim = g.get_int(a + ".rope.dimension_count").value_or(c.head_dim);
   c.max_context = g.get_int(a + ".context_length").value_or(2048);

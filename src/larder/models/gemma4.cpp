@@ -29,11 +29,23 @@
 // - Per-layer embeddings (E2B/E4B): embed_tokens_per_layer(token) · √P plus
 //   rmsnorm(per_layer_model_projection(x) / √hidden) per layer, times 2^-0.5; each layer gates it
 //   in after its MLP. layer_scalar multiplies every layer's output.
+// GGUF `gemma4` (llama.cpp's converter, conversion/gemma.py Gemma4Model): tensor names below;
+// gains as stored (no +1, unlike Gemma 3); key_length / key_length_swa are the global / sliding
+// head dims; head_count_kv and feed_forward_length may be per-layer arrays (global KV heads;
+// double-wide MLPs of shared layers); sliding_window_pattern is a bool per layer (true =
+// sliding); shared_kv_layers; embedding_length_per_layer_input; rope.freq_base (global) /
+// freq_base_swa (sliding). Proportional RoPE is the `rope_freqs` tensor [global_head_dim/2]:
+// llama.cpp rotates pair i by theta^(-2i/d) / rope_freqs[i] (1e30 for the unrotated pairs), and so
+// does this file; the converter drops rope_parameters.factor, so a GGUF cannot carry it. The
+// embedding scales are f32 √hidden and √P as llama.cpp computes them.
 // Refused, naming the feature: mixture-of-experts layers (enable_moe_block: the 26B-A4B variant,
-// with the hybrid/MoE issue), bidirectional attention, attention biases, GGUF `gemma4`.
+// with the hybrid/MoE issue), bidirectional attention, attention biases.
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "larder/core/dtype.h"
+#include "larder/formats/gguf.h"
 #include "larder/models/blocks/rope.h"
 #include "larder/models/blocks/sandwich.h"
 #include "larder/models/registry.h"
@@ -44,6 +56,39 @@ namespace larder::models {
 namespace {
 
 using nlohmann::ordered_json;
+
+// HF → llama.cpp GGUF names (gguf-py TensorNameMap for MODEL_ARCH.GEMMA4). The Gemma 3 roles
+// (post_attention_layernorm is the attention output's norm, ffn_norm the MLP's input norm) plus
+// per-layer embeddings, the layer scalar and the proportional-RoPE factors ("rope_freqs" has no HF
+// tensor: only the GGUF path binds it).
+TensorNames gemma4_names() {
+  return TensorNames{{{"model.embed_tokens.weight", "token_embd.weight"},
+                      {"model.norm.weight", "output_norm.weight"},
+                      {"lm_head.weight", "output.weight"},
+                      {"model.embed_tokens_per_layer.weight", "per_layer_token_embd.weight"},
+                      {"model.per_layer_model_projection.weight", "per_layer_model_proj.weight"},
+                      {"model.per_layer_projection_norm.weight", "per_layer_proj_norm.weight"},
+                      {"rope_freqs", "rope_freqs.weight"}},
+                     {{"self_attn.q_proj.", "attn_q."},
+                      {"self_attn.k_proj.", "attn_k."},
+                      {"self_attn.v_proj.", "attn_v."},
+                      {"self_attn.o_proj.", "attn_output."},
+                      {"self_attn.q_norm.", "attn_q_norm."},
+                      {"self_attn.k_norm.", "attn_k_norm."},
+                      {"input_layernorm.", "attn_norm."},
+                      {"post_attention_layernorm.", "post_attention_norm."},
+                      {"pre_feedforward_layernorm.", "ffn_norm."},
+                      {"post_feedforward_layernorm.", "post_ffw_norm."},
+                      {"mlp.gate_proj.", "ffn_gate."},
+                      {"mlp.up_proj.", "ffn_up."},
+                      {"mlp.down_proj.", "ffn_down."},
+                      {"per_layer_input_gate.", "inp_gate."},
+                      {"per_layer_projection.", "proj."},
+                      {"post_per_layer_input_norm.", "post_norm."},
+                      {"layer_scalar", "layer_output_scale.weight"}},
+                     "",
+                     ""};
+}
 
 // Gemma4TextConfig's defaults (transformers, which writes released configs and omits keys equal
 // to these; mlx-lm's dataclass differs on num_kv_shared_layers, use_double_wide_mlp and
@@ -105,6 +150,100 @@ struct Gemma4Params {
   float softcap = 0;
   RopeKind rope_full, rope_sliding;
 };
+
+// A GGUF metadata value that is an integer or a per-layer integer array: layer l's value.
+std::optional<int64_t> per_layer_int(const formats::GgufFile& g, const std::string& key, int64_t l) {
+  const formats::GgufValue* v = g.find(key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_array()) return g.get_int(key);
+  if (l < 0 || l >= static_cast<int64_t>(v->ints.size())) return std::nullopt;
+  return v->ints[static_cast<size_t>(l)];
+}
+
+// GGUF metadata as llama.cpp's converter writes it (see the header). The shared GGUF parser has
+// already read the sliding layers' shape into `c` (gemma4_config).
+Result<Gemma4Params> gguf_params(const formats::GgufFile& g, const ModelConfig& c) {
+  const char* src = c.source.c_str();
+  const std::string a = c.architecture + ".";
+  Gemma4Params p;
+  if (g.tensors().find("blk.0.ffn_gate_inp.weight") != nullptr)
+    return unsupported(strfmt("[config] %s: GGUF gemma4 with expert layers (26B-A4B) is not supported yet (dense "
+                              "Gemma 4 only)",
+                              src));
+  const formats::GgufValue* pat = g.find(a + "attention.sliding_window_pattern");
+  if (pat == nullptr || !pat->is_array() || static_cast<int64_t>(pat->ints.size()) != c.n_layers)
+    return invalid_argument(strfmt("[config] %s: GGUF gemma4 needs %sattention.sliding_window_pattern with one bool "
+                                   "per layer (%lld)",
+                                   src, a.c_str(), (long long)c.n_layers));
+  for (int64_t v : pat->ints) p.sliding.push_back(v != 0);
+  p.window = g.get_int(a + "attention.sliding_window").value_or(0);
+  p.global_head_dim = g.get_int(a + "attention.key_length").value_or(0);
+  p.n_shared = g.get_int(a + "attention.shared_kv_layers").value_or(0);
+  p.ple_dim = g.get_int(a + "embedding_length_per_layer_input").value_or(0);
+  p.softcap = static_cast<float>(g.get_float(a + "final_logit_softcapping").value_or(0.0));
+  if (p.ple_dim > 0) {
+    const formats::TensorInfo* t = g.tensors().find("per_layer_token_embd.weight");
+    p.ple_vocab = t != nullptr && t->rank() == 2 ? t->dim(0) : 0;
+  }
+  int64_t first_global = -1;
+  for (int64_t l = 0; l < c.n_layers && first_global < 0; ++l)
+    if (!p.sliding[static_cast<size_t>(l)]) first_global = l;
+  p.global_kv_heads = first_global >= 0 ? per_layer_int(g, a + "attention.head_count_kv", first_global).value_or(0)
+                                        : c.n_kv_heads;
+  // k_eq_v: a global layer that projects K/V but has no V (llama.cpp uses K as V then).
+  p.k_eq_v = first_global >= 0 && first_global < c.n_layers - p.n_shared &&
+             g.tensors().find(strfmt("blk.%lld.attn_v.weight", (long long)first_global)) == nullptr;
+  // Per-layer feed_forward_length: the converter doubles the shared layers' (use_double_wide_mlp)
+  // and nothing else; refuse any other pattern rather than guess.
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const int64_t f = per_layer_int(g, a + "feed_forward_length", l).value_or(-1);
+    const bool shared = l >= c.n_layers - p.n_shared;
+    if (f == c.ffn) continue;
+    if (shared && f == 2 * c.ffn) {
+      p.double_wide = true;
+      continue;
+    }
+    return unsupported(strfmt("[config] %s: per-layer feed_forward_length %lld at layer %lld (base %lld) is not "
+                              "supported (only double-wide KV-shared layers)",
+                              src, (long long)f, (long long)l, (long long)c.ffn));
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const int64_t kv = per_layer_int(g, a + "attention.head_count_kv", l).value_or(0);
+    if (kv != (p.sliding[static_cast<size_t>(l)] ? c.n_kv_heads : p.global_kv_heads))
+      return unsupported(strfmt("[config] %s: attention.head_count_kv differs between layers of one kind", src));
+  }
+  if (c.rope_scaling.type != "")
+    return unsupported(strfmt("[config] %s: GGUF gemma4 with rope scaling '%s' is not supported", src,
+                              c.rope_scaling.type.c_str()));
+  p.rope_full.type = "gguf";  // the table comes from rope_freqs (bind)
+  p.rope_full.theta = c.rope_theta;
+  p.rope_sliding.theta = g.get_float(a + "rope.freq_base_swa").value_or(10000.0);
+  const int64_t rot = g.get_int(a + "rope.dimension_count").value_or(p.global_head_dim);
+  const int64_t rot_swa = g.get_int(a + "rope.dimension_count_swa").value_or(c.head_dim);
+  if (rot != p.global_head_dim || rot_swa != c.head_dim)
+    return unsupported(strfmt("[config] %s: rope.dimension_count %lld / _swa %lld differ from the head dims %lld / "
+                              "%lld (partial rotation is expressed by rope_freqs)",
+                              src, (long long)rot, (long long)rot_swa, (long long)p.global_head_dim,
+                              (long long)c.head_dim));
+  if (!(p.window >= 1) || p.global_head_dim % 2 != 0 || p.global_head_dim < 2 || p.global_kv_heads < 1 ||
+      c.n_heads % p.global_kv_heads != 0 || p.n_shared < 0 || p.n_shared >= c.n_layers || p.ple_dim < 0 ||
+      !(p.rope_sliding.theta > 0) || !(p.rope_full.theta > 0))
+    return invalid_argument(strfmt("[config] %s: GGUF gemma4 sliding_window, key_length, head_count_kv, "
+                                   "shared_kv_layers, embedding_length_per_layer_input or rope.freq_base out of range",
+                                   src));
+  if (p.ple_dim > 0 && p.ple_vocab < c.vocab)
+    return invalid_argument(strfmt("[config] %s: per_layer_token_embd.weight has %lld rows for vocab %lld", src,
+                                   (long long)p.ple_vocab, (long long)c.vocab));
+  const int64_t first_shared = c.n_layers - p.n_shared;
+  for (int64_t l = first_shared; l < c.n_layers; ++l) {
+    bool found = false;
+    for (int64_t i = 0; i < first_shared; ++i) found |= p.sliding[static_cast<size_t>(i)] == p.sliding[static_cast<size_t>(l)];
+    if (!found)
+      return invalid_argument(strfmt("[config] %s: KV-shared layer %lld has no earlier layer of its type to share", src,
+                                     (long long)l));
+  }
+  return p;
+}
 
 Result<Gemma4Params> hf_params(const ordered_json& j, const ModelConfig& c) {
   const char* src = c.source.c_str();
@@ -255,24 +394,45 @@ float round_to(DType dt, float v) {
 
 Status Gemma4Model::bind(const formats::ModelFiles& files) {
   const ModelConfig& c = cfg_;
-  if (c.from_gguf)
-    return unsupported(strfmt("[model] %s: GGUF gemma4 is not supported yet (use the HF checkpoint)", files.path.c_str()));
-  LARDER_ASSIGN_OR_RETURN(gp_, hf_params(text_config(files), c));
-  TensorNames names;  // HF only; multimodal text towers keep their prefix (see gemma3.cpp)
-  if (files.tensors().find("language_model.model.embed_tokens.weight")) {
+  const bool gguf = c.from_gguf;
+  if (gguf) {
+    LARDER_ASSIGN_OR_RETURN(gp_, gguf_params(*files.gguf, c));
+  } else {
+    LARDER_ASSIGN_OR_RETURN(gp_, hf_params(text_config(files), c));
+  }
+  TensorNames names = gemma4_names();  // multimodal HF text towers keep their prefix (see gemma3.cpp)
+  if (!gguf && files.tensors().find("language_model.model.embed_tokens.weight")) {
     names.hf_add = "language_model.";
-  } else if (files.tensors().find("model.language_model.embed_tokens.weight")) {
+  } else if (!gguf && files.tensors().find("model.language_model.embed_tokens.weight")) {
     names.hf_strip = "model.";
     names.hf_add = "model.language_model.";
   }
   WeightBinder b(files, names);
   const bool tied = c.tied_embeddings.value_or(true);
   LARDER_RETURN_IF_ERROR(bind_head(b, tied));
-  embed_scale_ = round_to(embed_.dtype, static_cast<float>(std::sqrt(static_cast<double>(c.hidden))));
+  // mlx-lm rounds √hidden to the embedding's dtype; llama.cpp uses f32 sqrtf.
+  embed_scale_ = gguf ? std::sqrt(static_cast<float>(c.hidden))
+                      : round_to(embed_.dtype, static_cast<float>(std::sqrt(static_cast<double>(c.hidden))));
   logit_softcap_ = gp_.softcap;
   attn_opt_.pairing = kernels::RopePairing::kHalf;
   const float eps = static_cast<float>(c.rms_eps);
-  rope_tables_ = {rope_table(gp_.rope_full, gp_.global_head_dim), rope_table(gp_.rope_sliding, c.head_dim)};
+  rope_tables_ = {gguf ? std::vector<float>{} : rope_table(gp_.rope_full, gp_.global_head_dim),
+                  rope_table(gp_.rope_sliding, c.head_dim)};
+  if (gguf && std::find(gp_.sliding.begin(), gp_.sliding.end(), false) != gp_.sliding.end()) {
+    // Global layers: theta^(-2i/d) divided by the file's per-pair factors (llama.cpp's freq_factors).
+    const int64_t half = gp_.global_head_dim / 2;
+    LARDER_ASSIGN_OR_RETURN(std::vector<float> ff, b.vector("rope_freqs", half, "global key_length / 2"));
+    std::vector<float>& t = rope_tables_[0];
+    t.resize(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      const double f = ff[static_cast<size_t>(i)];
+      if (!(f > 0))
+        return invalid_argument(strfmt("[model] %s: rope_freqs.weight[%lld] = %g must be positive", files.path.c_str(),
+                                       (long long)i, f));
+      t[static_cast<size_t>(i)] = static_cast<float>(
+          std::pow(gp_.rope_full.theta, -static_cast<double>(2 * i) / static_cast<double>(gp_.global_head_dim)) / f);
+    }
+  }
 
   const int64_t L = c.n_layers, P = gp_.ple_dim;
   if (P > 0) {
@@ -283,7 +443,8 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
     LARDER_ASSIGN_OR_RETURN(ple_proj_norm_.weight,
                             b.vector("model.per_layer_projection_norm.weight", P, "hidden_size_per_layer_input"));
     ple_proj_norm_.eps = eps;
-    ple_embed_scale_ = round_to(ple_embed_.dtype, static_cast<float>(std::sqrt(static_cast<double>(P))));
+    ple_embed_scale_ = gguf ? std::sqrt(static_cast<float>(P))
+                            : round_to(ple_embed_.dtype, static_cast<float>(std::sqrt(static_cast<double>(P))));
   }
 
   const int64_t first_shared = L - gp_.n_shared;
@@ -400,8 +561,26 @@ void Gemma4Model::layer_forward(int l, const LayerBatch& b) {
 }  // namespace
 
 Result<ModelConfig> gemma4_config(const formats::ModelFiles& files) {
-  if (files.gguf)
-    return unsupported(strfmt("[model] %s: GGUF gemma4 is not supported yet (use the HF checkpoint)", files.path.c_str()));
+  if (files.gguf) {
+    // key_length is the global layers' head dim; the shared fields describe the sliding layers
+    // (as for HF): head_dim = key_length_swa, n_kv_heads = the first sliding layer's.
+    const formats::GgufFile& g = *files.gguf;
+    LARDER_ASSIGN_OR_RETURN(ModelConfig c, config_from_gguf(g));
+    const std::string a = c.architecture + ".";
+    auto swa = g.get_int(a + "attention.key_length_swa");
+    if (!swa || *swa < 2 || *swa % 2 != 0)
+      return invalid_argument(strfmt("[config] %s: GGUF gemma4 needs an even %sattention.key_length_swa", c.source.c_str(),
+                                     a.c_str()));
+    c.head_dim = *swa;
+    c.rope_dim = *swa;
+    if (const formats::GgufValue* pat = g.find(a + "attention.sliding_window_pattern"); pat && pat->is_array())
+      for (size_t l = 0; l < pat->ints.size(); ++l)
+        if (pat->ints[l] != 0) {
+          c.n_kv_heads = per_layer_int(g, a + "attention.head_count_kv", static_cast<int64_t>(l)).value_or(c.n_kv_heads);
+          break;
+        }
+    return c;
+  }
   // The shared parser sees the sliding layers' shape; per-kind RoPE and the global layers' shape
   // are this file's (hf_params).
   ordered_json j = text_config(files);

@@ -12,7 +12,7 @@ constexpr ArchEntry kArchitectures[] = {
     {"gemma3_text", load_gemma3, gemma3_config},
     {"gemma3", load_gemma3, gemma3_config},  // multimodal HF config (text tower) and GGUF `gemma3`
     {"gemma4_text", load_gemma4, gemma4_config},
-    {"gemma4", load_gemma4, gemma4_config},  // multimodal HF config (text tower); GGUF refused
+    {"gemma4", load_gemma4, gemma4_config},  // multimodal HF config (text tower) and GGUF `gemma4`
 };
 }  // namespace
 
