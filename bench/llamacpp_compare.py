@@ -10,6 +10,11 @@ work (pp<P> and tg<N>, each engine's own warm-up then one timed repeat):
     larder mlx-q8g64, larder hf-bf16, llama.cpp BF16
 
 (only the requested cases; a llama.cpp run serves both cases of its quantization in that round).
+With -d DEPTH both engines run their tests after DEPTH tokens of context (llama-bench -d; each
+engine prefills the context untimed, once per run), at their default KV cache type (f16 for
+both), and the decode rows show the KV bytes a step reads beside the weights; -p 0 skips pp (a
+deep context is minutes of prefill per engine and run). --lock FILE takes `flock -x FILE` around
+each engine run (not the whole round), so builds of others can run between them.
 The order is reversed on every other round so neither engine always runs first. Reported: medians
 over rounds, spread (min..max over rounds), and larder/llama.cpp ratios of the medians plus the
 range of the per-round ratios (each round's larder run against the llama.cpp run next to it).
@@ -118,6 +123,8 @@ def run_json(cmd: list[str], timeout: int) -> tuple[object | None, str, float]:
 
 def larder_run(args, path: Path, threads: int, roofline: bool) -> dict:
     cmd = args.prefix + [args.larder, "bench", str(path), "-p", str(args.p), "-n", str(args.n), "-t", str(threads), "-r", "1", "--json"]
+    if args.d:
+        cmd += ["-d", str(args.d)]
     if not roofline:
         cmd.append("--no-roofline")
     if args.profile:
@@ -128,7 +135,10 @@ def larder_run(args, path: Path, threads: int, roofline: bool) -> dict:
         rec["error"] = err
         return rec
     roof = j.get("roofline") or {}
-    rec.update(pp=j["pp"]["tok_s"], tg=j["tg"]["tok_s"], read_gbs=roof.get("read_gbs") if roofline else None,
+    if args.p > 0:
+        rec["pp"] = j["pp"]["tok_s"]
+    rec.update(tg=j["tg"]["tok_s"], read_gbs=roof.get("read_gbs") if roofline else None,
+               kv_read_gbs=j["tg"].get("kv_read_gbs"), kv_dtype=j.get("kv_dtype"),
                int8_gops=roof.get("int8_gops") if roofline else None,
                weights=j.get("weights"), kernels=j.get("kernels"), weight_bytes_per_token=j.get("weight_bytes_per_token"),
                tg_gbs=j["tg"].get("gbs"), pp_gops=j["pp"].get("gops"), raw=j)
@@ -140,6 +150,8 @@ def larder_run(args, path: Path, threads: int, roofline: bool) -> dict:
 def llama_run(args, path: Path, threads: int, roofline: bool = False) -> dict:
     cmd = args.prefix + [args.llama_bench, "-m", str(path), "-p", str(args.p), "-n", str(args.n), "-t", str(threads), "-r", "1",
            "-o", "json"]
+    if args.d:
+        cmd += ["-d", str(args.d)]
     j, err, dt = run_json(cmd, args.timeout)
     rec = {"engine": "llama.cpp", "cmd": " ".join(cmd), "wall_s": round(dt, 1)}
     if j is None:
@@ -169,10 +181,11 @@ def fmt_stat(xs: list[float]) -> str:
 
 
 def table(results: dict, meta: dict, models: list[str], threads: list[int], cases: list[str], p: int, n: int,
-          rounds: int, version: str) -> tuple[list[str], list[dict]]:
+          rounds: int, version: str, d: int = 0) -> tuple[list[str], list[dict]]:
     lines = []
+    at = f" @ d{d}" if d else ""
     lines.append(f"larder {meta['larder_commit']} ({meta.get('larder')}) vs llama-bench from the llama-cpp-python "
-                 f"sdist ({version}); {rounds} rounds, alternating; pp{p} / tg{n}; tok/s median [min–max over rounds]")
+                 f"sdist ({version}); {rounds} rounds, alternating; pp{p} / tg{n}{at}; tok/s median [min–max over rounds]")
     lines.append("")
     lines.append("| model | threads | larder weights | llama.cpp weights | test | larder tok/s | llama.cpp tok/s | ratio (medians) | per-round ratios | decode weight GB/s = % of measured read BW |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -195,6 +208,7 @@ def table(results: dict, meta: dict, models: list[str], threads: list[int], case
                     pr = [a[test] / b[test] for a in L for b in G
                           if a["round"] == b["round"] and test in a and test in b]
                     extra = ""
+                    kv = [x["kv_read_gbs"] for x in L if x.get("kv_read_gbs")]
                     if test == "tg" and lx and bw_t:
                         wb = next((x["weight_bytes_per_token"] for x in L if x.get("weight_bytes_per_token")), None)
                         # llama.cpp reads the GGUF's bytes: larder's count for that same file, when it ran it
@@ -206,7 +220,12 @@ def table(results: dict, meta: dict, models: list[str], threads: list[int], case
                         if gwb and gx:
                             g = statistics.median(gx) * gwb / 1e9
                             extra += f" (llama.cpp {g:.1f} GB/s = {100 * g / bw_t:.0f} %)"
-                    name = {"pp": f"pp{p}", "tg": f"tg{n}"}[test]
+                        if kv:
+                            kvd = next((x.get("kv_dtype") for x in L if x.get("kv_dtype")), "?")
+                            extra += f"; + KV ({kvd}) read {statistics.median(kv):.1f} GB/s by larder"
+                    if not lx and not gx:
+                        continue
+                    name = {"pp": f"pp{p}", "tg": f"tg{n}"}[test] + at
                     lines.append(f"| {Path(model).name} | {t} | {lf} | {gf} | {name} | {fmt_stat(lx)} | {fmt_stat(gx)} | "
                                  f"{'%.2f×' % ratio if ratio else '—'} | "
                                  f"{('%.2f–%.2f' % (min(pr), max(pr))) if pr else '—'} | {extra} |")
@@ -251,7 +270,7 @@ def from_raw(path: Path) -> int:
     meta.setdefault("load_end", "?")
     meta.setdefault("minutes", "?")
     lines, _ = table(results, meta, models, threads, cases, int(opt("-p", "512")), int(opt("-n", "128")), rounds,
-                     opt("--llama-cpp-version", "?"))
+                     opt("--llama-cpp-version", "?"), int(opt("-d", "0")))
     if "meta_end" not in open(path).read():
         lines.insert(1, f"(partial run: {len(recs)} engine runs recorded; the last round may be incomplete)")
     print("\n".join(lines))
@@ -274,6 +293,8 @@ def main() -> int:
     ap.add_argument("--models-dir", default=os.path.expanduser("~/.cache/larder-bench/models"))
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-d", type=int, default=0, help="tokens of context before each test (llama-bench -d)")
+    ap.add_argument("--lock", default="", help="flock -x this file around each engine run")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--wait-load", type=float, default=0.0,
                     help="before each run, wait (up to --wait-max s) until the 1-min load average is below this")
@@ -283,7 +304,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="larder bench --profile (per-op table kept in raw.jsonl)")
     args = ap.parse_args()
 
-    args.prefix = ["nice", "-n", str(args.nice)] if args.nice else []
+    args.prefix = (["flock", "-x", args.lock] if args.lock else []) + (["nice", "-n", str(args.nice)] if args.nice else [])
     threads = [int(t) for t in args.threads.replace(",", " ").split()]
     models = args.models.replace(",", " ").split()
     cases = [c for c in ORDER if c in args.cases.replace(",", " ").split()]
@@ -354,7 +375,8 @@ def main() -> int:
     meta["load_end"] = Path("/proc/loadavg").read_text().strip()
     meta["minutes"] = round((time.time() - t_start) / 60, 1)
 
-    lines, summary = table(results, meta, models, threads, cases, args.p, args.n, args.rounds, args.llama_cpp_version)
+    lines, summary = table(results, meta, models, threads, cases, args.p, args.n, args.rounds, args.llama_cpp_version,
+                           args.d)
     text = "\n".join(lines)
     print(text)
     (out / "summary.md").write_text(text + "\n")

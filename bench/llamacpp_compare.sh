@@ -4,13 +4,16 @@
 #   bench/llamacpp_compare.sh [--build-only] [--models-only] [--rounds R] [--threads "1 2"] [--models "llama1b"]
 #                             [--cases "gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"] [--larder BIN] [--out DIR]
 #                             [--nice N (default 10; 0 = not niced)] [--wait-load L] [-p 512] [-n 128]
-#                             [--busy N] [--profile]
+#                             [--busy N] [--profile] [-d DEPTH] [--lock FILE] [--gate FILE]
 #
 #   --busy N    keep N busy-loop processes running during every engine run (a core taken by
 #               another process; both engines under the same load)
 #   --profile   larder bench --profile: its per-op decode timeline lands in raw.jsonl
 #   -p 0        decode only (llama-bench -p 0; larder bench -p 0 skips pp)
 #   --models    also .gguf paths (real models): that file in both engines
+#   -d DEPTH    both engines' tests after DEPTH tokens of context (llama-bench -d), default KV (f16)
+#   --lock F / --gate F   flock -x F around each engine run, holding the gate while waiting, e.g.
+#               --cases gguf-Q4_0 --threads 2 -p 0 -n 32 -d 4096 --lock /work/notes/cpu.lock --gate /work/notes/cpu.gate
 #
 # 1. Test models: bench/make_models.py (random-weight Llama-shaped checkpoints, cached under
 #    ~/.cache/larder-bench/models; skipped when already there).
@@ -68,9 +71,9 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --nice) NICE="$2"; shift ;;
     --wait-load) WAIT_LOAD="$2"; shift ;;
-    -p|-n|--busy) EXTRA+=("$1" "$2"); shift ;;
+    -p|-n|--busy|-d|--lock|--gate) EXTRA+=("$1" "$2"); shift ;;
     --profile) EXTRA+=("$1") ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift

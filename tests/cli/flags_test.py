@@ -33,6 +33,8 @@ class FlagsTest(unittest.TestCase):
         self.assertIn("generation_config", gen, "--temp says where its default comes from")
         self.assertDefault(self.help("chat"), "--max-tokens", "2048")
         self.assertDefault(self.help("bench"), "--repeats", "3")
+        for verb in ("serve", "generate", "chat", "bench"):
+            self.assertDefault(self.help(verb), "--kv-dtype", "f16")
 
     def test_range_errors_are_readable(self):
         for args, needle in ((["generate", STORIES, "-p", "x", "--top-k", "-5"], "--top-k"),
@@ -68,7 +70,6 @@ class FlagsTest(unittest.TestCase):
                  (["generate", STORIES, "-cnv"], "larder chat"),
                  (["generate", STORIES, "--interactive"], "larder chat"),
                  (["serve", "--mlock"], "mmap"),
-                 (["serve", "-ctk", "q8_0"], "KV cache"),
                  (["serve", "-tb", "4"], "--threads"),
                  (["generate", STORIES, "--reverse-prompt", "User:"], "--stop"),
                  (["serve", "--slot-save-path", "/tmp/x"], "--ssd-cache"),
@@ -80,6 +81,24 @@ class FlagsTest(unittest.TestCase):
             self.assertIn("llama.cpp", err, args)
             self.assertIn(needle, err, args)
             self.assertEqual(out, "", f"{args} must not print the help")
+
+    def test_kv_dtype_flags(self):
+        # llama.cpp's -ctk/-ctv are --kv-dtype when they agree; larder keeps K and V in one type,
+        # so a mixed pair is refused naming both, and so is a type the model's heads cannot hold.
+        code, out, err = run("generate", STORIES, "-p", "x", "-n", "2", "-ctk", "f32", "-ctv", "f32")
+        self.assertEqual(code, 0, err)
+        code, out, err = run("generate", STORIES, "-p", "x", "-n", "2", "-ctk", "f16", "-ctv", "f32")
+        self.assertNotEqual(code, 0)
+        self.assertIn("--cache-type-v f32 disagrees with f16", err)
+        self.assertEqual(out, "")
+        code, out, err = run("generate", STORIES, "-p", "x", "-n", "2", "--kv-dtype", "f32", "-ctk", "q8_0")
+        self.assertIn("disagrees", err)
+        code, out, err = run("generate", STORIES, "-p", "x", "-n", "2", "-ctk", "q4_0")
+        self.assertNotEqual(code, 0)
+        self.assertIn("f32, f16 and q8_0", err)
+        code, out, err = run("generate", STORIES, "-p", "x", "-n", "2", "--kv-dtype", "q8_0")
+        self.assertNotEqual(code, 0)
+        self.assertIn("multiple of 32", err, "stories260K's head_dim 8 cannot hold q8_0 blocks")
 
     def test_llamacpp_single_dash_flags_that_larder_has(self):
         # -np is --parallel, -sys is --system: accepted, not read as clusters of short flags.

@@ -78,13 +78,15 @@ def unsupported(err):
 class PerplexityVsLlamaCpp(unittest.TestCase):
     ran = {}  # (model, text, ctx, chunks) -> larder's result: both goldens share one run
 
-    def run_ppl(self, run, sub="", tolerance=PPL_TOLERANCE, what="llama-perplexity"):
+    def run_ppl(self, run, sub="", tolerance=PPL_TOLERANCE, what="llama-perplexity", kv="f16"):
+        # kv: the KV cache type of the run — f16 like llama-perplexity's default for the llama.cpp
+        # goldens, f32 against the exact f32 reference.
         model = model_path(run, sub)
         text = os.path.join(SHARED, run["text"])
-        key = (model, text, run["ctx"], run["chunks"])
+        key = (model, text, run["ctx"], run["chunks"], kv)
         if key not in self.ran:
             self.ran[key] = larder("eval", "ppl", model, "--text", text, "--ctx", str(run["ctx"]), "--chunks",
-                                   str(run["chunks"]), "--json", timeout=900)
+                                   str(run["chunks"]), "--kv-dtype", kv, "--json", timeout=900)
         code, out, err = self.ran[key]
         if code != 0 and unsupported(err):
             self.skipTest(f"{run['model']}: larder does not run it yet: {err.strip()}")
@@ -109,7 +111,7 @@ class PerplexityVsLlamaCpp(unittest.TestCase):
         self.assertGreaterEqual(len(golden["runs"]), 1)
         for run in golden["runs"]:
             with self.subTest(model=run["model"], ctx=run["ctx"]):
-                self.run_ppl(run, tolerance=F32_REF_TOLERANCE, what="exact f32 reference")
+                self.run_ppl(run, tolerance=F32_REF_TOLERANCE, what="exact f32 reference", kv="f32")
 
 
 if __name__ == "__main__":

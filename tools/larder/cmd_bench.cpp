@@ -1,6 +1,8 @@
-// larder bench MODEL [-p 512] [-n 128] [-t T] [-r REPEATS] [--json]
-// llama-bench's two tests on larder: pp<p> (prefill p tokens into an empty cache, one forward)
-// and tg<n> (n single-token decode steps from an empty cache), median of repeats, each next to
+// larder bench MODEL [-p 512] [-n 128] [-d DEPTH] [-t T] [-r REPEATS] [--kv-dtype f16] [--json]
+// llama-bench's two tests on larder: pp<p> (prefill p tokens, one forward) and tg<n> (n
+// single-token decode steps), after DEPTH tokens of context (-d, like llama-bench's: the context
+// is prefilled once, untimed, in 512-token chunks, and every repeat starts from it — a trim back
+// to DEPTH, or a fresh prefill where a wrapped ring cannot be trimmed), median of repeats, each next to
 // this machine's ceilings measured in the same run: decode as achieved GB/s and % of the read
 // bandwidth (bytes per token = every matmul weight byte + the KV read), prefill as GOP/s and % of
 // the multiply-add peak of the format's arithmetic as the active kernels issue it (int8 dot products
@@ -21,6 +23,7 @@
 #include "larder/kernels/dispatch.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/runtime/loaded_model.h"
+#include "kv_dtype_flag.h"
 #include "model_arg.h"
 #include "validators.h"
 #include "verbs.h"
@@ -34,8 +37,9 @@ using Clock = std::chrono::steady_clock;
 struct BenchFlags {
   std::string model;
   ModelArg model_arg;
-  int64_t prompt = 512, gen = 128;
+  int64_t prompt = 512, gen = 128, depth = 0;
   int threads = 0, repeats = 3;
+  KvDtypeFlags kv;
   bool json = false, no_roofline = false;
   bool profile = false;  // --profile: one extra, untimed decode run with the per-op timeline
 };
@@ -47,6 +51,7 @@ struct Sample {
 Sample summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   Sample s;
+  if (v.empty()) return s;  // a skipped test (-p 0)
   s.min = v.front();
   s.max = v.back();
   s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -78,15 +83,20 @@ bool is_embedding(const std::string& name) {
 
 int run_bench(const BenchFlags& f) {
   if (f.threads > 0) default_pool().set_threads(f.threads);
-  auto loaded = runtime::load_model(f.model);
+  auto kv_dtype = kv_dtype_of(f.kv);
+  if (!kv_dtype.is_ok()) return report(kv_dtype.status());
+  runtime::LoadOptions lo;
+  lo.kv_dtype = *kv_dtype;
+  auto loaded = runtime::load_model(f.model, lo);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
   models::Model& model = *m.model;
   const auto& info = model.info();
   const int64_t V = info.vocab;
-  if (f.prompt + f.gen + 1 > info.max_context) {
-    return report(invalid_argument(strfmt("[bench] -p %lld + -n %lld exceeds the model context of %lld",
-                                          (long long)f.prompt, (long long)f.gen, (long long)info.max_context)));
+  if (f.depth + std::max(f.prompt, f.gen) + 1 > info.max_context) {
+    return report(invalid_argument(strfmt("[bench] -d %lld + max(-p %lld, -n %lld) exceeds the model context of %lld",
+                                          (long long)f.depth, (long long)f.prompt, (long long)f.gen,
+                                          (long long)info.max_context)));
   }
 
   // Bytes a decode step streams: every tensor except the embedding table (a row gather) — unless
@@ -100,7 +110,11 @@ int run_bench(const BenchFlags& f) {
   const int64_t q_dim = info.n_heads * info.head_dim, kv_dim = info.n_kv_heads * info.head_dim;
   const double macs_layer = static_cast<double>(info.hidden) * (2 * q_dim + 2 * kv_dim) + 3.0 * info.hidden * info.ffn;
   const double macs_token = info.n_layers * macs_layer;  // prefill: LM head only for the last row
-  const double kv_row_bytes = 2.0 * info.n_layers * kv_dim * sizeof(float);
+  // KV bytes a decode step reads per token of context (K and V of every plain layer, in the KV
+  // dtype; sliding rings are bounded by their window and left out).
+  const memory::KvLayout kv_layout = model.state_schema().plain_layout();
+  const double kv_row_bytes = 2.0 * kv_layout.n_layers * static_cast<double>(kv_layout.row_bytes());
+  (void)kv_dim;
   const bool int8_arith = info.weight_dtypes.find("Q8_0") != std::string::npos ||
                           info.weight_dtypes.find("Q4_0") != std::string::npos ||
                           info.weight_dtypes.find("Q4_K") != std::string::npos ||
@@ -137,15 +151,32 @@ int run_bench(const BenchFlags& f) {
   uint64_t plain_bytes = 0, ring_bytes = 0, other_bytes = 0;
   int ring_layers = 0, other_layers = 0;
   for (const auto& t : m.files.tensors().tensors()) mapped_bytes += t.nbytes;
-  for (int r = 0; f.prompt > 0 && r < f.repeats + 1; ++r) {  // r = 0 warms the page cache and the pool
+  // -d: the context every repeat starts from, prefilled once (untimed) in 512-token chunks.
+  const int64_t cap = f.depth + std::max(f.prompt, f.gen) + 1;
+  std::vector<int32_t> depth_ids(static_cast<size_t>(f.depth));
+  for (auto& id : depth_ids) id = tok(rng);
+  double depth_seconds = 0;
+  auto at_depth = [&](memory::SequenceState& s, bool fresh) -> Status {
+    if (!fresh && s.trim(f.depth).is_ok()) return Status::ok();
+    s = model.new_state(cap);
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < f.depth; i += 512) {
+      LARDER_RETURN_IF_ERROR(model.forward(depth_ids.data() + i, std::min<int64_t>(512, f.depth - i), s, logits.data(), false));
+    }
+    depth_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return Status::ok();
+  };
+  memory::SequenceState cache = model.new_state(cap);
+  if (Status st = at_depth(cache, true); !st.is_ok()) return report(st);
+  for (int r = 0; r < f.repeats + 1; ++r) {  // r = 0 warms the page cache and the pool
     std::vector<int32_t> ids(static_cast<size_t>(f.prompt));
     for (auto& id : ids) id = tok(rng);
-    memory::SequenceState cache = model.new_state(f.prompt + f.gen + 1);
+    if (Status st = at_depth(cache, false); !st.is_ok()) return report(st);
     const auto t0 = Clock::now();
-    Status st = model.forward(ids.data(), f.prompt, cache, logits.data(), false);
+    Status st = f.prompt > 0 ? model.forward(ids.data(), f.prompt, cache, logits.data(), false) : Status::ok();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!st.is_ok()) return report(st);
-    if (r > 0) pp_tps.push_back(static_cast<double>(f.prompt) / dt);
+    if (r > 0 && f.prompt > 0) pp_tps.push_back(static_cast<double>(f.prompt) / dt);
     if (r == f.repeats) {
       rss = read_rss();
       kv_bytes = cache.resident_bytes();
@@ -157,9 +188,9 @@ int run_bench(const BenchFlags& f) {
       }
     }
   }
-  // tg: `gen` single-token steps from an empty cache (llama-bench's tg<n>).
+  // tg: `gen` single-token steps after the context (llama-bench's tg<n>).
   for (int r = 0; r < f.repeats + 1; ++r) {
-    memory::SequenceState cache = model.new_state(f.gen + 1);
+    if (Status st = at_depth(cache, false); !st.is_ok()) return report(st);
     int32_t next = tok(rng);
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < f.gen; ++i) {
@@ -193,10 +224,11 @@ int run_bench(const BenchFlags& f) {
   }
   if (pp_tps.empty()) pp_tps.push_back(0);
   const Sample pp = summarize(pp_tps), tg = summarize(tg_tps);
-  const double avg_ctx = static_cast<double>(f.gen) / 2;
+  const double avg_ctx = static_cast<double>(f.depth) + static_cast<double>(f.gen) / 2;
+  const double kv_read_gbs = tg.median * kv_row_bytes * avg_ctx / 1e9;  // of tg_gbs
   const double bytes_token = static_cast<double>(weight_bytes) + kv_row_bytes * avg_ctx;
   const double tg_gbs = tg.median * bytes_token / 1e9;
-  const double pp_avg_ctx = static_cast<double>(f.prompt) / 2;
+  const double pp_avg_ctx = static_cast<double>(f.depth) + static_cast<double>(f.prompt) / 2;
   const double attn_macs = 2.0 * info.n_layers * q_dim * pp_avg_ctx;
   const double pp_gops = pp.median * 2 * (macs_token + attn_macs) / 1e9 +
                          (f.prompt > 0 ? 2.0 * static_cast<double>(V) * info.hidden * pp.median / f.prompt / 1e9 : 0.0);
@@ -206,16 +238,17 @@ int run_bench(const BenchFlags& f) {
         {"model", m.files.path}, {"architecture", info.architecture}, {"weights", info.weight_dtypes},
         {"params", info.n_params}, {"weight_bytes_per_token", weight_bytes}, {"threads", default_pool().n_threads()},
         {"kernels", kernels::active_table().name}, {"cpu", cpu_features().describe()}, {"repeats", f.repeats},
+        {"kv_dtype", memory::kv_dtype_tag(kv_layout.dtype)}, {"depth", f.depth}, {"depth_prefill_s", depth_seconds},
         {"roofline", {{"read_gbs", roof.read_gbs}, {"f32_fma_gflops", roof.f32_fma_gflops}, {"int8_gops", roof.int8_gops},
                       {"bf16_gflops", bf16_gflops}}},
         {"pp", {{"tokens", f.prompt}, {"tok_s", pp.median}, {"tok_s_min", pp.min}, {"tok_s_max", pp.max},
                 {"gops", pp_gops}, {"pct_peak", peak > 0 ? 100 * pp_gops / peak : 0}}},
         {"tg", {{"tokens", f.gen}, {"tok_s", tg.median}, {"tok_s_min", tg.min}, {"tok_s_max", tg.max},
-                {"gbs", tg_gbs}, {"pct_bandwidth", roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0},
+                {"gbs", tg_gbs}, {"kv_read_gbs", kv_read_gbs}, {"pct_bandwidth", roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0},
                 {"bound_tok_s", roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0}}},
         {"memory", {{"rss_bytes", rss.total}, {"rss_anon_bytes", rss.anon}, {"rss_file_bytes", rss.file},
                     {"mapped_weight_bytes", mapped_bytes}, {"kv_bytes", kv_bytes},
-                    {"state", {{"context_tokens", f.prompt}, {"plain_kv_layers", cache_plain_layers},
+                    {"state", {{"context_tokens", f.depth + f.prompt}, {"plain_kv_layers", cache_plain_layers},
                                {"plain_kv_bytes", plain_bytes}, {"ring_layers", ring_layers},
                                {"ring_bytes", ring_bytes}, {"other_layers", other_layers}, {"other_bytes", other_bytes}}},
                     {"rss_over_weights_plus_kv", static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes))}}}};
@@ -239,8 +272,12 @@ int run_bench(const BenchFlags& f) {
   }
   std::printf("model: %s (%s, %s, %.2f GB streamed per decode token)\n", m.files.path.c_str(), info.architecture.c_str(),
               info.weight_dtypes.c_str(), weight_bytes / 1e9);
-  std::printf("cpu: %s | kernels %s | %d threads\n", cpu_features().describe().c_str(), kernels::active_table().name,
-              default_pool().n_threads());
+  std::printf("cpu: %s | kernels %s | %d threads | KV %s\n", cpu_features().describe().c_str(),
+              kernels::active_table().name, default_pool().n_threads(), memory::kv_dtype_tag(kv_layout.dtype));
+  if (f.depth > 0)
+    std::printf("depth: %lld tokens of context before each test (prefilled once in %.1f s; KV %.1f MiB read per "
+                "decode token)\n",
+                (long long)f.depth, depth_seconds, kv_row_bytes * static_cast<double>(f.depth) / 1048576.0);
   if (!f.no_roofline) {
     std::printf("roofline (this run): read %.1f GB/s | f32 FMA %.0f GFLOP/s | int8 %.0f GOP/s", roof.read_gbs,
                 roof.f32_fma_gflops, roof.int8_gops);
@@ -248,11 +285,13 @@ int run_bench(const BenchFlags& f) {
     std::printf("\n");
   }
   std::printf("%-8s %12s %22s %14s %10s\n", "test", "tok/s", "(min..max)", "rate", "of ceiling");
-  std::printf("pp%-6lld %12.1f %10.1f..%-10.1f %9.1f GOP/s %9.1f%%\n", (long long)f.prompt, pp.median, pp.min, pp.max,
-              pp_gops, peak > 0 ? 100 * pp_gops / peak : 0.0);
-  std::printf("tg%-6lld %12.2f %10.2f..%-10.2f %9.1f GB/s  %9.1f%%   (bound %.1f tok/s)\n", (long long)f.gen, tg.median,
-              tg.min, tg.max, tg_gbs, roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0.0,
-              roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0.0);
+  const std::string at = f.depth > 0 ? strfmt(" @ d%lld", (long long)f.depth) : std::string();
+  if (f.prompt > 0)
+    std::printf("pp%-6lld %12.1f %10.1f..%-10.1f %9.1f GOP/s %9.1f%%%s\n", (long long)f.prompt, pp.median, pp.min, pp.max,
+              pp_gops, peak > 0 ? 100 * pp_gops / peak : 0.0, at.c_str());
+  std::printf("tg%-6lld %12.2f %10.2f..%-10.2f %9.1f GB/s  %9.1f%%   (bound %.1f tok/s; KV read %.1f GB/s)%s\n",
+              (long long)f.gen, tg.median, tg.min, tg.max, tg_gbs, roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0.0,
+              roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0.0, kv_read_gbs, at.c_str());
   std::printf("memory after pp: RSS %.1f MiB (file %.1f, anon %.1f) = %.3f x (mapped weights %.1f MiB + KV %.1f MiB)\n",
               rss.total / 1048576.0, rss.file / 1048576.0, rss.anon / 1048576.0,
               static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes)),
@@ -279,6 +318,9 @@ VerbMain add_bench(CLI::App& app) {
   add_model_arg(cmd, f->model_arg, "");
   cmd->add_option("-p,--prompt", f->prompt, "prefill test tokens (pp; 0 skips the test)")->check(at_least(0));
   cmd->add_option("-n,--gen", f->gen, "decode test tokens (tg)")->check(positive());
+  cmd->add_option("-d,--depth,--n-depth", f->depth, "tokens of context before each test (llama-bench -d)")
+      ->check(at_least(0));
+  add_kv_dtype_flags(cmd, f->kv);
   cmd->add_option("-t,--threads", f->threads, "compute threads (default: physical cores)")->check(positive());
   cmd->add_option("-r,--repeats", f->repeats, "repeats per test (median reported)")->check(in_range(1, 1000));
   cmd->add_flag("--json", f->json, "machine-readable output");

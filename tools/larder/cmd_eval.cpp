@@ -17,6 +17,7 @@
 #include "larder/runtime/loaded_model.h"
 #include "larder/tokenizer/tokenizer.h"
 #include "larder/core/progress.h"
+#include "kv_dtype_flag.h"
 #include "model_arg.h"
 #include "validators.h"
 #include "verbs.h"
@@ -31,7 +32,17 @@ struct EvalFlags {
   int64_t ctx = 512, chunks = 0;
   int threads = 0;
   bool json = false, no_sanity = false;
+  KvDtypeFlags kv;
 };
+
+// Both models of an eval load with the KV dtype of the flags (f16 by default, as llama.cpp's
+// llama-perplexity does).
+Result<std::unique_ptr<runtime::LoadedModel>> load_for_eval(const std::string& path, const EvalFlags& f) {
+  LARDER_ASSIGN_OR_RETURN(DType dt, kv_dtype_of(f.kv));
+  runtime::LoadOptions lo;
+  lo.kv_dtype = dt;
+  return runtime::load_model(path, lo);
+}
 
 Result<std::string> read_text(const std::string& path) {
   auto r = read_text_file(path);
@@ -96,7 +107,7 @@ runtime::EvalProgressFn progress_line(bool kl) {
 
 int run_ppl(const EvalFlags& f) {
   if (f.threads > 0) default_pool().set_threads(f.threads);
-  auto loaded = runtime::load_model(f.model);
+  auto loaded = load_for_eval(f.model, f);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
   if (Status st = check_ctx(f, m, f.model); !st.is_ok()) return report(st);
@@ -137,9 +148,9 @@ nlohmann::ordered_json sanity_json(const runtime::SanityResult& s) {
 
 int run_kl(const EvalFlags& f) {
   if (f.threads > 0) default_pool().set_threads(f.threads);
-  auto base_l = runtime::load_model(f.model);
+  auto base_l = load_for_eval(f.model, f);
   if (!base_l.is_ok()) return report(base_l.status());
-  auto cand_l = runtime::load_model(f.candidate);
+  auto cand_l = load_for_eval(f.candidate, f);
   if (!cand_l.is_ok()) return report(cand_l.status());
   runtime::LoadedModel& base = **base_l;
   runtime::LoadedModel& cand = **cand_l;
@@ -212,6 +223,7 @@ void common_options(CLI::App* cmd, EvalFlags& f) {
   cmd->add_option("--chunks", f.chunks, "evaluate at most this many chunks (default: all)")->check(at_least(0));
   cmd->add_option("-t,--threads", f.threads, "compute threads (default: physical cores)")->check(positive());
   cmd->add_flag("--json", f.json, "machine-readable output");
+  add_kv_dtype_flags(cmd, f.kv);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 
 #include "larder/runtime/fit.h"
 #include "larder/runtime/loaded_model.h"
+#include "kv_dtype_flag.h"
+#include "larder/memory/kv_cache.h"
 #include "model_arg.h"
 #include "validators.h"
 #include "verbs.h"
@@ -19,6 +21,7 @@ VerbMain add_info(CLI::App& app) {
     int64_t ctx = 0, parallel = 1;
     double prompt_cache_gb = 0;
     bool json = false;
+    KvDtypeFlags kv;
   };
   auto ff = std::make_shared<FitFlags>();
   auto tpl = std::make_shared<runtime::ChatTemplateFlags>();
@@ -30,12 +33,16 @@ VerbMain add_info(CLI::App& app) {
   cmd->add_option("--parallel,--np", ff->parallel, "sequences held at once for the memory estimate")->check(positive());
   cmd->add_option("--prompt-cache", ff->prompt_cache_gb, "RAM KV cache cap in GiB to include")->check(at_least(0));
   cmd->add_flag("--json", ff->json, "print the memory estimate as JSON only");
+  add_kv_dtype_flags(cmd, ff->kv);
   add_chat_template_flags(cmd, tpl.get());
   return [model, ff, tpl]() {
     auto located = resolve_model(*model);
     if (!located.is_ok()) return report(located.status());
     runtime::LoadOptions lo;
     lo.chat_template = *tpl;
+    auto kv_dtype = kv_dtype_of(ff->kv);
+    if (!kv_dtype.is_ok()) return report(kv_dtype.status());
+    lo.kv_dtype = *kv_dtype;
     auto lm = runtime::load_model(located->path, lo);
     if (!lm.is_ok()) return report(lm.status());
     const auto& m = **lm;
@@ -49,7 +56,7 @@ VerbMain add_info(CLI::App& app) {
     if (ff->json) {
       const auto v = runtime::check_fit(est, fr, avail);
       nlohmann::json j = {{"ctx", fr.ctx},          {"parallel", fr.parallel},     {"weights", est.weights},
-                          {"kv", est.kv},           {"kv_per_token", est.kv_per_token}, {"kv_fixed", est.kv_fixed}, {"scratch", est.scratch},
+                          {"kv", est.kv},           {"kv_per_token", est.kv_per_token}, {"kv_fixed", est.kv_fixed}, {"kv_dtype", memory::kv_dtype_tag(est.kv_dtype)}, {"scratch", est.scratch},
                           {"runtime", est.runtime}, {"total", est.total()},        {"prompt_cache", est.kv_store_cap},
                           {"available", avail.bytes}, {"available_source", avail.source},
                           {"fits", v.status.is_ok()}, {"message", v.status.message()}};

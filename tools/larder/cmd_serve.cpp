@@ -31,6 +31,7 @@
 #include "larder/runtime/generate.h"
 #include "larder/server/engine.h"
 #include "larder/server/http_server.h"
+#include "kv_dtype_flag.h"
 #include "model_arg.h"
 #include "validators.h"
 #include "verbs.h"
@@ -41,6 +42,7 @@ namespace {
 
 struct ServeFlags {
   ModelArg model;
+  KvDtypeFlags kv;
   std::string host = "127.0.0.1", alias, api_key, ssd_cache;
   int port = 8080, threads = 0, parallel = 4, http_threads = 0;
   int64_t ctx = 4096, step_tokens = 256;
@@ -187,6 +189,11 @@ int run_serve(ServeFlags f) {
 
   runtime::LoadOptions lo;
   lo.chat_template = f.chat_template;
+  {
+    auto dt = kv_dtype_of(f.kv);
+    if (!dt.is_ok()) return fail(dt.status());
+    lo.kv_dtype = *dt;
+  }
   auto loaded = runtime::load_model(located->path, lo);
   if (!loaded.is_ok()) return fail(loaded.status());
   runtime::LoadedModel& m = **loaded;
@@ -329,6 +336,7 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--step-tokens,--batch-tokens", f->step_tokens, "prefill tokens per engine step (chunked prefill)")
       ->check(in_range(1, 65536));
   cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(at_least(0));
+  add_kv_dtype_flags(cmd, f->kv);
   cmd->add_option("--ssd-cache", f->ssd_cache, "directory of the persistent KV cache (survives restarts)");
   cmd->add_option("--ssd-cache-max", f->ssd_cache_max_gb, "SSD KV cache cap in GiB")->check(positive());
   cmd->add_option("--min-free-memory", f->min_free_memory,

@@ -26,6 +26,7 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_option("--ssd-cache", f.ssd_cache, "directory of the persistent KV cache (reused across runs)");
   cmd->add_option("--ssd-cache-max", f.ssd_cache_max_gb, "SSD cache cap in GiB")->check(positive());
   cmd->add_option("--prompt-cache", f.prompt_cache_gb, "RAM KV cache cap in GiB")->check(at_least(0));
+  add_kv_dtype_flags(cmd, f.kv);
 }
 
 runtime::GenerateOptions generate_options(const GenerationFlags& f, const runtime::LoadedModel& m) {
@@ -79,6 +80,7 @@ Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg
   if (f.threads > 0) default_pool().set_threads(f.threads);
   runtime::LoadOptions lo;
   lo.chat_template = chat_template;
+  LARDER_ASSIGN_OR_RETURN(lo.kv_dtype, kv_dtype_of(f.kv));
   auto loaded = runtime::load_model(where.path, lo);
   if (located) *located = std::move(where);
   return loaded;

@@ -13,6 +13,7 @@
 #include "larder/runtime/generate.h"
 #include "larder/runtime/chat_template_choice.h"
 #include "larder/runtime/loaded_model.h"
+#include "kv_dtype_flag.h"
 #include "model_arg.h"
 
 namespace larder::cli {
@@ -29,6 +30,7 @@ struct GenerationFlags {
   std::string ssd_cache;
   double ssd_cache_max_gb = 32;
   double prompt_cache_gb = 4;
+  KvDtypeFlags kv;  // --kv-dtype, -ctk/-ctv
 };
 
 void add_generation_flags(CLI::App* cmd, GenerationFlags& f);

@@ -41,14 +41,35 @@ struct WeightView {
   uint64_t row_bytes() const;
 };
 
-// Contiguous K/V rows of token positions [start, start + len): [len, n_kv_heads, head_dim] f32.
-// Attention takes a list of these (oldest first, positions contiguous from 0) because a sequence
-// may read a shared prefix segment followed by its private tail (memory/kv_cache.h).
+// KV row formats (memory/kv_cache.h): a K or V row is [n_kv_heads, head_dim] in one of
+//   kF32  — 4 bytes per element;
+//   kF16  — IEEE half, round-to-nearest-even (llama.cpp's default cache type);
+//   kQ8_0 — GGUF Q8_0 blocks of 32 elements along head_dim (f16 scale + 32 int8), so each head's
+//           part of a row is head_dim/32 whole blocks (head_dim % 32 == 0).
+// The attention kernels read every format; they widen rows to f32 as they stream them (the
+// widening is exact), so a format only changes what is stored, never how it is attended.
+bool kv_dtype_supported(DType dt);
+// Why `dt` cannot hold KV rows of this head size (empty when it can).
+const char* kv_dtype_unsupported_reason(DType dt, int head_dim);
+// Bytes of n elements of a KV row in `dt` (n a multiple of the block size for kQ8_0).
+inline int64_t kv_bytes(DType dt, int64_t n) { return static_cast<int64_t>(dtype_bytes(dt, static_cast<uint64_t>(n))); }
+// dst = src[n] converted to `dt` (n a multiple of 32 for kQ8_0). Scalar: writes are one row per
+// token and layer, tiny next to the reads; the converters are the reference ones, so every tier
+// stores the same bits.
+void kv_encode(DType dt, const float* src, int64_t n, void* dst);
+// dst[n] = src converted back to f32 (exact for kF32/kF16; Q8_0: q·d rounded once).
+void kv_decode(DType dt, const void* src, int64_t n, float* dst);
+
+// Contiguous K/V rows of token positions [start, start + len): [len, n_kv_heads, head_dim] in
+// `dtype` (see above). Attention takes a list of these (oldest first, positions contiguous from
+// 0) because a sequence may read a shared prefix segment followed by its private tail
+// (memory/kv_cache.h); spans of one call may differ in dtype (a ring's f32 rows beside f16 ones).
 struct KvSpanView {
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
   int64_t start = 0;
   int64_t len = 0;
+  DType dtype = DType::kF32;
 };
 
 // Which dimensions RoPE pairs up within a head's first `rot_dim` dims.
@@ -109,6 +130,10 @@ void add(const float* a, const float* b, float* out, int64_t n);
 // Causal attention for n query tokens at positions q_pos0 .. q_pos0+n-1, whose own K/V rows are
 // already in the spans. q, out: [n, n_heads, head_dim]; spans cover positions [0, q_pos0 + n).
 // Query at position p attends to keys [0, p] (or its window).
+// The result for a (query row, head) depends only on q, the keys it sees and their positions —
+// not on how the keys are cut into spans, how many rows are in the call, or the thread count:
+// keys are taken in fixed chunks of absolute positions and the chunks merged in position order
+// (so attending a cached prefix + a tail gives the bits of one contiguous cold prefill).
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out);
 

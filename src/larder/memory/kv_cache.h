@@ -1,6 +1,8 @@
 // kv_cache.h — one sequence's attention KV for every layer.
 //
-// Layout per layer: K and V rows, token-major [tokens, n_kv_heads, head_dim] float32. Token-major
+// Layout per layer: K and V rows, token-major [tokens, n_kv_heads, head_dim] in the layout's KV
+// dtype (f32, f16 — the default of the CLI and server — or q8_0 blocks of 32 along head_dim;
+// kernels/ops.h "KV row formats"). Rows are opaque bytes here; attention widens them. Token-major
 // makes appending a token one contiguous write, makes a trim a length change, and makes any
 // prefix a contiguous leading byte range — the unit the KV store shares between requests and
 // writes to disk.
@@ -12,8 +14,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "larder/core/dtype.h"
 #include "larder/core/status.h"
 
 namespace larder::memory {
@@ -27,16 +31,30 @@ struct KvLayout {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
+  DType dtype = DType::kF32;  // of the stored rows: kF32, kF16 or kQ8_0
+  // Elements of one K (or V) row.
   int64_t row_floats() const { return static_cast<int64_t>(n_kv_heads) * head_dim; }
+  // Bytes of one K (or V) row in `dtype`.
+  int64_t row_bytes() const { return static_cast<int64_t>(dtype_bytes(dtype, static_cast<uint64_t>(row_floats()))); }
   bool operator==(const KvLayout&) const = default;
 };
 
-// Contiguous rows for tokens [start, start + len) of one layer.
+// The KV dtype as the storage signature and the CLI spell it ("f32", "f16", "q8_0").
+const char* kv_dtype_tag(DType dt);
+// "f32" / "f16" / "q8_0" → DType; invalid_argument for anything else.
+Result<DType> parse_kv_dtype(const std::string& s);
+
+// Contiguous rows for tokens [start, start + len) of one layer, [len, n_kv_heads, head_dim] in
+// `dtype` (plain KV in its layout's dtype; a ring's rows are f32).
 struct KvSpan {
-  const float* k = nullptr;  // [len, n_kv_heads, head_dim]
-  const float* v = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
   int64_t start = 0;
   int64_t len = 0;
+  DType dtype = DType::kF32;
+  // The rows as floats; only for f32 spans (ring rows, f32 plain KV).
+  const float* k_f32() const { return dtype == DType::kF32 ? static_cast<const float*>(k) : nullptr; }
+  const float* v_f32() const { return dtype == DType::kF32 ? static_cast<const float*>(v) : nullptr; }
 };
 
 // An immutable block of KV rows for tokens [0, tokens) of every layer, shareable between
@@ -46,8 +64,8 @@ class KvPrefix {
   virtual ~KvPrefix() = default;
   virtual const KvLayout& layout() const = 0;
   virtual int64_t tokens() const = 0;
-  virtual const float* k(int layer) const = 0;  // [tokens, n_kv_heads, head_dim]
-  virtual const float* v(int layer) const = 0;
+  virtual const void* k(int layer) const = 0;  // [tokens, n_kv_heads, head_dim] in layout().dtype
+  virtual const void* v(int layer) const = 0;
   // Appends the rows of [0, upto) of `layer` as contiguous spans, oldest first (upto <= tokens()).
   // Default: one span from k()/v(). Segmented prefixes (the KV store's KvBlock, which shares
   // segments between entries and aliases mmap'd files — kv-store.md §11.2) override this so
@@ -69,9 +87,10 @@ class KvCache {
 
   // Makes room for positions [length, length + n). Fails (resource_exhausted) past max_tokens.
   Status reserve(int64_t n);
-  // Row pointers for writing new positions (pos >= prefix_tokens(), pos < length + reserved).
-  float* k_row(int layer, int64_t pos);
-  float* v_row(int layer, int64_t pos);
+  // Row pointers for writing new positions (pos >= prefix_tokens(), pos < length + reserved):
+  // layout().row_bytes() bytes in layout().dtype.
+  void* k_row(int layer, int64_t pos);
+  void* v_row(int layer, int64_t pos);
   // Publish positions [length, new_length) after every layer has written them.
   void advance(int64_t n);
   // Drop positions >= n (n <= length). Trimming into a shared prefix detaches it (copy).
@@ -98,7 +117,7 @@ class KvCache {
     int64_t prefix_len = 0;
     int64_t length = 0;
     int64_t tail_capacity = 0;
-    std::vector<std::vector<float>> k, v;  // per layer: [tail_capacity, row]
+    std::vector<std::vector<uint8_t>> k, v;  // per layer: [tail_capacity, row bytes]
   };
   Released release();
 
@@ -110,7 +129,7 @@ class KvCache {
   std::shared_ptr<const KvPrefix> prefix_;
   int64_t prefix_len_ = 0;
   int64_t tail_capacity_ = 0;                 // rows allocated per layer for the private tail
-  std::vector<std::vector<float>> k_, v_;     // per layer: [tail_capacity, row]
+  std::vector<std::vector<uint8_t>> k_, v_;   // per layer: [tail_capacity, row bytes]
 };
 
 }  // namespace larder::memory

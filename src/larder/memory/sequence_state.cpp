@@ -4,6 +4,7 @@ namespace larder::memory {
 
 KvLayout StateSchema::plain_layout() const {
   KvLayout l;
+  l.dtype = kv_dtype;
   for (const LayerStateSpec& s : layers) {
     if (s.kind != StateKind::kPlainKv) continue;
     if (l.n_layers == 0) {
@@ -17,6 +18,11 @@ KvLayout StateSchema::plain_layout() const {
 
 Status StateSchema::validate() const {
   const KvLayout l = plain_layout();
+  if (kv_dtype != DType::kF32 && kv_dtype != DType::kF16 && kv_dtype != DType::kQ8_0)
+    return unsupported(strfmt("[state] KV dtype %s: KV rows are f32, f16 or q8_0", dtype_name(kv_dtype)));
+  if (kv_dtype == DType::kQ8_0 && l.n_layers > 0 && l.head_dim % 32 != 0)
+    return unsupported(strfmt("[state] q8_0 KV needs head_dim to be a multiple of 32 (this model's is %d): use f16",
+                              l.head_dim));
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerStateSpec& s = layers[i];
     switch (s.kind) {
@@ -40,14 +46,15 @@ Status StateSchema::validate() const {
 }
 
 StateFootprint StateSchema::footprint() const {
-  // Element sizes follow the states' storage: f32 K/V rows (KvCache, RingState), f32 conv and
-  // recurrent matrices (RecurrentState).
+  // Element sizes follow the states' storage: K/V rows in the schema's KV dtype (KvCache), f32
+  // ring rows (RingState), f32 conv and recurrent matrices (RecurrentState).
   StateFootprint f;
   for (const LayerStateSpec& s : layers) {
-    const uint64_t kv_row = 2ull * static_cast<uint64_t>(s.n_kv_heads) * static_cast<uint64_t>(s.head_dim) * sizeof(float);
+    const uint64_t elems = static_cast<uint64_t>(s.n_kv_heads) * static_cast<uint64_t>(s.head_dim);
+    const uint64_t kv_row = 2ull * elems * sizeof(float);
     switch (s.kind) {
       case StateKind::kPlainKv:
-        f.per_token += kv_row;
+        f.per_token += 2ull * dtype_bytes(kv_dtype, elems);
         break;
       case StateKind::kRing:
         f.fixed += kv_row * static_cast<uint64_t>(s.window);
@@ -66,6 +73,7 @@ StateSchema StateSchema::all_plain(const KvLayout& layout) {
   StateSchema s;
   s.layers.assign(static_cast<size_t>(layout.n_layers),
                   LayerStateSpec{StateKind::kPlainKv, layout.n_kv_heads, layout.head_dim});
+  s.kv_dtype = layout.dtype;
   return s;
 }
 

@@ -44,13 +44,16 @@ struct LayerStateSpec {
 
 struct StateSchema {
   std::vector<LayerStateSpec> layers;  // one per model layer, in order
+  // Dtype of the plain layers' KV rows (f32, f16, q8_0; kernels/ops.h). Rings keep f32: their
+  // memory is bounded by the window whatever the context.
+  DType kv_dtype = DType::kF32;
 
   // The KvCache layout of the plain layers (n_layers = their count). Plain layers must agree on
   // KV heads and head_dim (one KvCache row shape); validate() says so when they do not.
   KvLayout plain_layout() const;
   Status validate() const;
   StateFootprint footprint() const;
-  // All-plain schema of a KvLayout (what a Llama-style model declares).
+  // All-plain schema of a KvLayout, its dtype included (what a Llama-style model declares).
   static StateSchema all_plain(const KvLayout& layout);
 };
 

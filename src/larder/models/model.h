@@ -56,6 +56,11 @@ class Model {
   // The layers, in order, and the per-sequence state they need (one slot per layer).
   virtual std::span<const LayerSpec> layers() const = 0;
   virtual const memory::StateSchema& state_schema() const = 0;
+  // The dtype the plain layers' KV rows are stored in from now on (f32 — the default of a loaded
+  // Model — f16 or q8_0; kernels/ops.h). States made before keep theirs and are refused by
+  // forward (a state of another schema). unsupported when the model's head size cannot hold it
+  // (q8_0 needs head_dim % 32 == 0), with the reason.
+  virtual Status set_kv_dtype(DType dt) = 0;
   // A fresh sequence state for up to max_tokens tokens (sliding layers hold their window only).
   memory::SequenceState new_state(int64_t max_tokens) const { return memory::SequenceState(state_schema(), max_tokens); }
 

@@ -73,6 +73,14 @@ Status Transformer::finish_bind(const formats::ModelFiles& files, const WeightBi
   return Status::ok();
 }
 
+Status Transformer::set_kv_dtype(DType dt) {
+  memory::StateSchema next = schema_;
+  next.kv_dtype = dt;
+  LARDER_RETURN_IF_ERROR(next.validate());
+  schema_ = std::move(next);
+  return Status::ok();
+}
+
 Status Transformer::check_state(const memory::SequenceState& s) const {
   const bool fits = s.slots.size() == schema_.layers.size() && s.kv.layout() == schema_.plain_layout() &&
                     s.layers.size() == [&] {

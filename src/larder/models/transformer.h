@@ -41,6 +41,7 @@ class Transformer : public Model {
   const ModelInfo& info() const override { return info_; }
   std::span<const LayerSpec> layers() const override { return specs_; }
   const memory::StateSchema& state_schema() const override { return schema_; }
+  Status set_kv_dtype(DType dt) override;
   Status forward_batch(std::span<const BatchItem> items) final;
 
  protected:

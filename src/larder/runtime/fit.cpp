@@ -1,5 +1,7 @@
 #include "larder/runtime/fit.h"
 
+#include "larder/memory/kv_cache.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -51,6 +53,7 @@ FitEstimate estimate_fit(const models::Model& model, uint64_t weight_bytes, cons
   // KV-sharing layers (Gemma 4) hold nothing.
   const memory::StateFootprint fp = model.state_schema().footprint();
   e.kv_per_token = fp.per_token;
+  e.kv_dtype = model.state_schema().kv_dtype;
   e.kv_fixed = fp.fixed;
   e.kv = fp.at(req.ctx) * static_cast<uint64_t>(req.parallel);
   const uint64_t rows = static_cast<uint64_t>(std::max<int64_t>(1, std::min(req.ctx, req.prefill_rows)));
@@ -158,7 +161,8 @@ std::string describe_fit(const FitEstimate& est, const FitRequest& req, const Me
   o << strfmt("memory estimate (--ctx %lld --parallel %lld):\n", static_cast<long long>(req.ctx),
               static_cast<long long>(req.parallel));
   o << strfmt("  weights        %s\n", gib(est.weights).c_str());
-  o << strfmt("  KV cache       %s (%s per token per sequence", gib(est.kv).c_str(), gib(est.kv_per_token).c_str());
+  o << strfmt("  KV cache       %s (%s per token per sequence in %s", gib(est.kv).c_str(), gib(est.kv_per_token).c_str(),
+              memory::kv_dtype_tag(est.kv_dtype));
   if (est.kv_fixed) o << strfmt(", + %s per sequence for sliding-window rings and recurrent state", gib(est.kv_fixed).c_str());
   o << ")\n";
   o << strfmt("  scratch        %s\n", gib(est.scratch).c_str());

@@ -9,7 +9,8 @@
 //              model with a 128k vocabulary, +11 %); real models are within a few %.
 //   kv         parallel × (ctx × the plain layers' K/V row bytes + the fixed state: sliding-window
 //              rings at their window, recurrent states), from the model's StateSchema (so Gemma's
-//              rings and Gemma 4's KV-sharing layers are counted as what they hold)
+//              rings and Gemma 4's KV-sharing layers are counted as what they hold), the plain
+//              rows in the schema's KV dtype (4 bytes per element for f32, 2 for f16, 34/32 q8_0)
 //   scratch    one forward of min(ctx, prefill_rows) tokens: residual/attention/MLP activations
 //              and the logits (models/decoder.cpp, blocks/*.cpp)
 //   runtime    the process itself (binary, libraries, allocator; ~16 MiB measured with a 1 MB
@@ -39,6 +40,7 @@ struct FitEstimate {
   uint64_t weights = 0, kv = 0, scratch = 0, runtime = 0, kv_store_cap = 0;
   uint64_t kv_per_token = 0;  // one sequence, the layers whose state grows per token
   uint64_t kv_fixed = 0;      // one sequence, the layers whose state does not (rings, recurrent)
+  DType kv_dtype = DType::kF32;  // of the plain KV rows (the model's StateSchema; the CLI's default is f16)
   uint64_t fixed() const { return weights + scratch + runtime; }  // everything but the KV
   uint64_t total() const { return weights + kv + scratch + runtime; }  // without the store's cap
 };

@@ -79,6 +79,8 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
   }
   if (opts.weights) {
     LARDER_ASSIGN_OR_RETURN(lm->model, models::Model::load(f));
+    if (Status st = lm->model->set_kv_dtype(opts.kv_dtype); !st.is_ok())
+      return Status(st.code(), strfmt("%s (%s)", st.message().c_str(), f.path.c_str()));
     const int64_t vocab = lm->model->info().vocab;
     if (lm->tokenizer->vocab_size() > vocab) {
       return incompatible(strfmt("[model] %s: tokenizer has %d tokens but the model's vocabulary is %lld",

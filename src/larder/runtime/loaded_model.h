@@ -23,6 +23,9 @@ namespace larder::runtime {
 struct LoadOptions {
   bool weights = true;  // false: tokenizer + template only (`larder tokenize`)
   ChatTemplateFlags chat_template;  // --chat-template / --chat-template-file (chat_template_choice.h)
+  // Dtype of the KV rows (Model::set_kv_dtype): f32 here, the exact default of the library and
+  // its tests; the CLI verbs and the server default to f16 (--kv-dtype).
+  DType kv_dtype = DType::kF32;
 };
 
 // Defaults a request starts from (generation_config.json, then the tokenizer), before flags or

@@ -57,8 +57,8 @@ inline void extend(SequenceState& s, const std::vector<int32_t>& tokens, int64_t
     ASSERT_TRUE(s.kv.reserve(n).is_ok());
     for (int64_t pos = from; pos < from + n; ++pos) {
       for (int l = 0; l < L.n_layers; ++l) {
-        float* k = s.kv.k_row(l, pos);
-        float* v = s.kv.v_row(l, pos);
+        float* k = static_cast<float*>(s.kv.k_row(l, pos));
+        float* v = static_cast<float*>(s.kv.v_row(l, pos));
         for (int64_t j = 0; j < L.row_floats(); ++j) {
           k[j] = kv_val(l, pos, tokens[static_cast<size_t>(pos)], j, false);
           v[j] = kv_val(l, pos, tokens[static_cast<size_t>(pos)], j, true);
@@ -120,8 +120,8 @@ inline ::testing::AssertionResult kv_matches(const KvCache& cache, const std::ve
         for (int64_t j = 0; j < L.row_floats(); ++j) {
           const float ek = kv_val(l, pos, tokens[static_cast<size_t>(pos)], j, false);
           const float ev = kv_val(l, pos, tokens[static_cast<size_t>(pos)], j, true);
-          if (std::memcmp(&s.k[i * L.row_floats() + j], &ek, 4) != 0 ||
-              std::memcmp(&s.v[i * L.row_floats() + j], &ev, 4) != 0)
+          if (std::memcmp(&s.k_f32()[i * L.row_floats() + j], &ek, 4) != 0 ||
+              std::memcmp(&s.v_f32()[i * L.row_floats() + j], &ev, 4) != 0)
             return ::testing::AssertionFailure() << "layer " << l << " pos " << pos << " j " << j << " differs";
         }
       }
@@ -140,8 +140,8 @@ inline ::testing::AssertionResult prefix_matches(const KvPrefix& p, const std::v
     explicit Alias(const KvPrefix* x) : p(x) {}
     const KvLayout& layout() const override { return p->layout(); }
     int64_t tokens() const override { return p->tokens(); }
-    const float* k(int l) const override { return p->k(l); }
-    const float* v(int l) const override { return p->v(l); }
+    const void* k(int l) const override { return p->k(l); }
+    const void* v(int l) const override { return p->v(l); }
     void prefix_spans(int l, int64_t u, std::vector<KvSpan>* o) const override { p->prefix_spans(l, u, o); }
   };
   c.attach_prefix(std::make_shared<Alias>(&p), upto);

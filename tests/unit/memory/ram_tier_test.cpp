@@ -261,15 +261,15 @@ struct CountedPrefix final : KvPrefix {
     for (int l = 0; l < L.n_layers; ++l) {
       std::vector<KvSpan> sp;
       s.kv.spans(l, n, &sp);
-      k_.emplace_back(sp[0].k, sp[0].k + n * L.row_floats());
-      v_.emplace_back(sp[0].v, sp[0].v + n * L.row_floats());
+      k_.emplace_back(sp[0].k_f32(), sp[0].k_f32() + n * L.row_floats());
+      v_.emplace_back(sp[0].v_f32(), sp[0].v_f32() + n * L.row_floats());
     }
   }
   ~CountedPrefix() override { ++*destroyed; }
   const KvLayout& layout() const override { return L; }
   int64_t tokens() const override { return n; }
-  const float* k(int l) const override { return k_[l].data(); }
-  const float* v(int l) const override { return v_[l].data(); }
+  const void* k(int l) const override { return k_[l].data(); }
+  const void* v(int l) const override { return v_[l].data(); }
 };
 
 TEST(RamTier, BackingReleasedExactlyOnceAfterDonorAndTakers) {
@@ -332,13 +332,13 @@ TEST(RamTier, PutAdoptsPrivateRowsWithoutCopyAndKeepsSharedPrefix) {
   ASSERT_TRUE(db);
   const KvSegment* donor_seg = db->pieces()[0].seg.get();
   extend(s, prompt, p);
-  const float* tail_k0 = s.kv.k_row(0, 32);
+  const float* tail_k0 = static_cast<const float*>(s.kv.k_row(0, 32));
   ASSERT_TRUE(r.put(prompt, std::move(s), "base").is_ok());
   std::shared_ptr<const Entry> e = r.find_exact(prompt, "base");
   ASSERT_TRUE(e);
   const auto& pieces = e->kv->pieces();
   ASSERT_EQ(pieces.size(), 2u);
-  EXPECT_EQ(pieces[1].seg->k[0], tail_k0);  // the KvCache's own rows, moved, not copied
+  EXPECT_EQ(static_cast<const void*>(pieces[1].seg->k[0]), static_cast<const void*>(tail_k0));  // the KvCache's own rows, moved, not copied
   EXPECT_EQ(pieces[1].start, 32);
   // The first piece is the donor's segment, shared by reference (the donor entry itself was
   // superseded by this put; its segment lives on in the extended entry).
@@ -346,7 +346,7 @@ TEST(RamTier, PutAdoptsPrivateRowsWithoutCopyAndKeepsSharedPrefix) {
   EXPECT_EQ(r.stats().entries, 1u);
   EXPECT_TRUE(testing::prefix_matches(*e->kv, prompt, 40));
   // A multi-piece block still honours the contiguous KvPrefix contract (consolidated once).
-  const float* k0 = e->kv->k(0);
+  const float* k0 = static_cast<const float*>(e->kv->k(0));
   EXPECT_EQ(0, std::memcmp(k0 + 32 * kLayout.row_floats(), tail_k0, 8 * kLayout.row_floats() * 4));
 }
 

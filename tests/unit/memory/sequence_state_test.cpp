@@ -46,8 +46,8 @@ TEST(RingSpans, MatchPositionsAfterRandomAppends) {
         ASSERT_EQ(s.start, at);
         for (int64_t t = 0; t < s.len; ++t)
           for (int64_t i = 0; i < row; ++i) {
-            ASSERT_EQ(s.k[t * row + i], static_cast<float>((at + t) * 1000 + i)) << "window " << window;
-            ASSERT_EQ(s.v[t * row + i], -static_cast<float>((at + t) * 1000 + i));
+            ASSERT_EQ(s.k_f32()[t * row + i], static_cast<float>((at + t) * 1000 + i)) << "window " << window;
+            ASSERT_EQ(s.v_f32()[t * row + i], -static_cast<float>((at + t) * 1000 + i));
           }
         at += s.len;
       }
@@ -67,8 +67,8 @@ TEST(RingSpans, ViewIsCopyOnWrite) {
   static_cast<RingState*>(view.get())->spans(0, &sp);
   ASSERT_EQ(sp.size(), 1u);
   EXPECT_EQ(sp[0].len, 3);
-  EXPECT_EQ(sp[0].k[0], 0.0f);
-  EXPECT_EQ(sp[0].k[4], 2000.0f);
+  EXPECT_EQ(sp[0].k_f32()[0], 0.0f);
+  EXPECT_EQ(sp[0].k_f32()[4], 2000.0f);
 }
 
 StateSchema mixed_schema() {

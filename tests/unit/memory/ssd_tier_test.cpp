@@ -27,6 +27,7 @@ using testing::cat;
 using testing::count_files;
 using testing::extend;
 using testing::Kinds;
+using testing::kCtx;
 using testing::kLayout;
 using testing::kv_matches;
 using testing::prefilled;
@@ -160,6 +161,77 @@ TEST(Lkv, LayoutIsPageAlignedAndSelfDescribing) {
       EXPECT_EQ(t["xxh3"].get<std::string>().size(), 16u);
     }
   EXPECT_EQ(h["attachments"][0]["schema"], "mtp.v1");
+}
+
+// The KV dtype travels with the entry: an f16 or q8_0 entry's file records it (tensor dtype and
+// signature), restores as that dtype with the same bytes, and a state of another KV dtype never
+// adopts it (the signature — part of the store identity — differs, and into_state refuses).
+TEST(Lkv, KvDtypeIsRecordedAndNeverMisread) {
+  TempDir d;
+  std::mt19937 rng(5);
+  for (DType dt : {DType::kF16, DType::kQ8_0}) {
+    const KvLayout L{2, 2, 32, dt};
+    const auto toks = seq(3, 40);
+    const int64_t n = static_cast<int64_t>(toks.size());
+    SequenceState s(L, kCtx);
+    ASSERT_TRUE(s.kv.reserve(n).is_ok());
+    std::vector<std::vector<uint8_t>> want_k(2), want_v(2);
+    for (int l = 0; l < 2; ++l) {
+      for (auto* w : {&want_k[l], &want_v[l]}) {
+        w->resize(static_cast<size_t>(n * L.row_bytes()));
+        for (auto& b : *w) b = static_cast<uint8_t>(rng() & 0x3f);  // finite f16 / small scales
+      }
+      std::memcpy(s.kv.k_row(l, 0), want_k[l].data(), want_k[l].size());
+      std::memcpy(s.kv.v_row(l, 0), want_v[l].data(), want_v[l].size());
+    }
+    s.kv.advance(n);
+    auto e = make_entry(toks, std::move(s), "base", "full").value();
+    const std::string tag = kv_dtype_tag(dt);
+    EXPECT_NE(e->signature.find("plain_kv:" + tag + ":"), std::string::npos) << e->signature;
+    const std::string path = d.path + "/" + tag + ".lkv";
+    ASSERT_TRUE(write_lkv(path, *e, ident(), posix_io()).is_ok());
+    auto info = read_lkv_info(path, nullptr);
+    ASSERT_TRUE(info.is_ok());
+    EXPECT_EQ(info->header["layers"][0]["tensors"][0]["dtype"], dtype_name(dt));
+    EXPECT_EQ(info->header["layers"][0]["tensors"][0]["bytes"], n * L.row_bytes());
+    for (RestoreMode m : {RestoreMode::kMmap, RestoreMode::kCopy}) {
+      auto r = read_lkv(path, nullptr, VerifyPolicy::kFull, m);
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      const Entry& got = **r;
+      EXPECT_EQ(got.kv->layout(), L);
+      EXPECT_EQ(got.signature, e->signature);
+      std::vector<KvSpan> sp;
+      for (int l = 0; l < 2; ++l) {
+        sp.clear();
+        got.kv->prefix_spans(l, n, &sp);
+        ASSERT_EQ(sp.size(), 1u);
+        EXPECT_EQ(sp[0].dtype, dt);
+        EXPECT_EQ(0, std::memcmp(sp[0].k, want_k[l].data(), want_k[l].size()));
+        EXPECT_EQ(0, std::memcmp(sp[0].v, want_v[l].data(), want_v[l].size()));
+      }
+    }
+    // An f32 model state (the same shapes) refuses the entry instead of reading f16 bytes as f32.
+    Hit h;
+    h.kv = e->kv;
+    h.tokens = n;
+    StateSchema f32_schema = StateSchema::all_plain(KvLayout{2, 2, 32});
+    auto adopted = std::move(h).into_state(f32_schema, kCtx);
+    EXPECT_FALSE(adopted.is_ok());
+    EXPECT_NE(state_signature(KvLayout{2, 2, 32}, {}, {}), e->signature);
+  }
+  // A file that claims F16 rows of the wrong byte size is refused as corrupt, not misread.
+  {
+    auto e = entry_of(seq(1, 20));  // f32 rows
+    const std::string path = d.path + "/liar.lkv";
+    ASSERT_TRUE(write_lkv(path, *e, ident(), posix_io()).is_ok());
+    std::string bytes = read_all(path);
+    const size_t at = bytes.find("\"dtype\":\"F32\"");
+    ASSERT_NE(at, std::string::npos);
+    bytes.replace(at, 13, "\"dtype\":\"F16\"");
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    auto r = read_lkv(path, nullptr, VerifyPolicy::kFull, RestoreMode::kMmap);
+    EXPECT_FALSE(r.is_ok());
+  }
 }
 
 // ---- SSD tier -----------------------------------------------------------------------------
@@ -622,7 +694,7 @@ TEST(SsdTier, VerificationCostMeasured) {
     for (int l = 0; l < big.n_layers; ++l) {
       sp.clear();
       (*r)->kv->prefix_spans(l, 2048, &sp);
-      for (int64_t i = 0; i < 2048 * big.row_floats(); i += 1024) sum += sp[0].k[i] + sp[0].v[i];
+      for (int64_t i = 0; i < 2048 * big.row_floats(); i += 1024) sum += sp[0].k_f32()[i] + sp[0].v_f32()[i];
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("[ VERIFY ] %-7s restore+touch of 32 MiB: %.2f ms (%.2f GB/s) %g\n",

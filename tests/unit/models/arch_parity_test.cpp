@@ -194,8 +194,8 @@ class CopiedPrefix final : public memory::KvPrefix {
       from.spans(l, p, &sp);
       std::vector<float> k, v;
       for (const auto& s : sp) {
-        k.insert(k.end(), s.k, s.k + s.len * row);
-        v.insert(v.end(), s.v, s.v + s.len * row);
+        k.insert(k.end(), s.k_f32(), s.k_f32() + s.len * row);
+        v.insert(v.end(), s.v_f32(), s.v_f32() + s.len * row);
       }
       k_.push_back(std::move(k));
       v_.push_back(std::move(v));
@@ -203,8 +203,8 @@ class CopiedPrefix final : public memory::KvPrefix {
   }
   const memory::KvLayout& layout() const override { return layout_; }
   int64_t tokens() const override { return p_; }
-  const float* k(int layer) const override { return k_[static_cast<size_t>(layer)].data(); }
-  const float* v(int layer) const override { return v_[static_cast<size_t>(layer)].data(); }
+  const void* k(int layer) const override { return k_[static_cast<size_t>(layer)].data(); }
+  const void* v(int layer) const override { return v_[static_cast<size_t>(layer)].data(); }
 
  private:
   memory::KvLayout layout_;

@@ -1,7 +1,9 @@
 // attention.cpp — reference causal multi-head attention with GQA over a list of KV spans.
 //
 // Naive and exact: for each query row, every visible key's score is computed in double, the
-// softmax is taken in double, and the weighted sum of V accumulates in double.
+// softmax is taken in double, and the weighted sum of V accumulates in double. K/V rows of any
+// KV dtype are read through kv_decode (the widening to f32 is exact or one rounding, the same
+// one every tier does).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -16,6 +18,14 @@ void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* span
   const int64_t kv_row = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
   std::vector<double> scores;
   std::vector<double> acc(static_cast<size_t>(p.head_dim));
+  std::vector<float> row(static_cast<size_t>(p.head_dim));
+  // Head kvh of row j of a span, widened to f32.
+  auto head_row = [&](const KvSpanView& sp, const void* base, int64_t j, int kvh) -> const float* {
+    const auto* b = static_cast<const uint8_t*>(base) + kv_bytes(sp.dtype, j * kv_row) +
+                    kv_bytes(sp.dtype, static_cast<int64_t>(kvh) * p.head_dim);
+    kv_decode(sp.dtype, b, p.head_dim, row.data());
+    return row.data();
+  };
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = q_pos0 + t;
     const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
@@ -29,7 +39,7 @@ void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* span
         for (int64_t j = 0; j < sp.len; ++j) {
           const int64_t kp = sp.start + j;
           if (kp < first || kp > pos) continue;
-          const float* kh = sp.k + j * kv_row + static_cast<int64_t>(kvh) * p.head_dim;
+          const float* kh = head_row(sp, sp.k, j, kvh);
           double d = 0;
           for (int i = 0; i < p.head_dim; ++i) d += static_cast<double>(qh[i]) * kh[i];
           d *= p.scale;
@@ -49,7 +59,7 @@ void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* span
           const int64_t kp = sp.start + j;
           if (kp < first || kp > pos) continue;
           const double wgt = scores[static_cast<size_t>(kp - first)] / sum;
-          const float* vh = sp.v + j * kv_row + static_cast<int64_t>(kvh) * p.head_dim;
+          const float* vh = head_row(sp, sp.v, j, kvh);
           for (int i = 0; i < p.head_dim; ++i) acc[static_cast<size_t>(i)] += wgt * vh[i];
         }
       }

@@ -16,7 +16,7 @@ KvBlock::KvBlock(const KvLayout& layout, std::vector<Piece> pieces)
 namespace {
 
 struct HeapRows {
-  std::vector<std::vector<float>> k, v;
+  std::vector<std::vector<uint8_t>> k, v;
 };
 
 // Pieces of `prefix` covering [0, upto).
@@ -36,8 +36,8 @@ void prefix_pieces(const std::shared_ptr<const KvPrefix>& prefix, int64_t upto,
   auto seg = std::make_shared<KvSegment>();
   const KvLayout& L = prefix->layout();
   for (int l = 0; l < L.n_layers; ++l) {
-    seg->k.push_back(prefix->k(l));
-    seg->v.push_back(prefix->v(l));
+    seg->k.push_back(static_cast<const uint8_t*>(prefix->k(l)));
+    seg->v.push_back(static_cast<const uint8_t*>(prefix->v(l)));
   }
   seg->rows = prefix->tokens();
   seg->bytes = 0;  // not ours to account: owned by whoever built that prefix
@@ -62,7 +62,7 @@ std::shared_ptr<const KvBlock> KvBlock::adopt(KvCache&& cache) {
     for (int l = 0; l < layout.n_layers; ++l) {
       seg->k.push_back(rows->k[l].data());
       seg->v.push_back(rows->v[l].data());
-      bytes += (rows->k[l].capacity() + rows->v[l].capacity()) * sizeof(float);
+      bytes += rows->k[l].capacity() + rows->v[l].capacity();
     }
     seg->rows = tail;
     // Honest physical bytes (§11.5): the adopted vectors keep their growth slack. Copying to an
@@ -83,7 +83,7 @@ std::shared_ptr<const KvBlock> KvBlock::snapshot(const KvCache& cache, int64_t u
   const int64_t tail = upto - p;
   if (tail > 0) {
     auto rows = std::make_shared<HeapRows>();
-    const int64_t row = layout.row_floats();
+    const int64_t row = layout.row_bytes();
     auto seg = std::make_shared<KvSegment>();
     std::vector<KvSpan> spans;
     for (int l = 0; l < layout.n_layers; ++l) {
@@ -93,16 +93,16 @@ std::shared_ptr<const KvBlock> KvBlock::snapshot(const KvCache& cache, int64_t u
       for (const KvSpan& s : spans) {
         const int64_t from = std::max(s.start, p), to = s.start + s.len;
         if (to <= from) continue;
-        std::memcpy(rows->k[l].data() + (from - p) * row, s.k + (from - s.start) * row,
-                    static_cast<size_t>((to - from) * row) * sizeof(float));
-        std::memcpy(rows->v[l].data() + (from - p) * row, s.v + (from - s.start) * row,
-                    static_cast<size_t>((to - from) * row) * sizeof(float));
+        std::memcpy(rows->k[l].data() + (from - p) * row, static_cast<const uint8_t*>(s.k) + (from - s.start) * row,
+                    static_cast<size_t>((to - from) * row));
+        std::memcpy(rows->v[l].data() + (from - p) * row, static_cast<const uint8_t*>(s.v) + (from - s.start) * row,
+                    static_cast<size_t>((to - from) * row));
       }
       seg->k.push_back(rows->k[l].data());
       seg->v.push_back(rows->v[l].data());
     }
     seg->rows = tail;
-    seg->bytes = static_cast<size_t>(2 * tail * row * layout.n_layers) * sizeof(float);
+    seg->bytes = static_cast<size_t>(2 * tail * row * layout.n_layers);
     seg->owner = rows;
     pieces.push_back({seg, 0, p, tail});
   }
@@ -110,42 +110,40 @@ std::shared_ptr<const KvBlock> KvBlock::snapshot(const KvCache& cache, int64_t u
 }
 
 void KvBlock::prefix_spans(int layer, int64_t upto, std::vector<KvSpan>* out) const {
-  const int64_t row = layout_.row_floats();
+  const int64_t row = layout_.row_bytes();
   for (const Piece& p : pieces_) {
     if (p.start >= upto) break;
     const int64_t len = std::min(p.len, upto - p.start);
-    out->push_back({p.seg->k[layer] + p.seg_row * row, p.seg->v[layer] + p.seg_row * row, p.start, len});
+    out->push_back({p.seg->k[layer] + p.seg_row * row, p.seg->v[layer] + p.seg_row * row, p.start, len, layout_.dtype});
   }
 }
 
 void KvBlock::consolidate() const {
   std::call_once(consolidated_once_, [this] {
-    const int64_t row = layout_.row_floats();
+    const int64_t row = layout_.row_bytes();
     ck_.resize(layout_.n_layers);
     cv_.resize(layout_.n_layers);
     for (int l = 0; l < layout_.n_layers; ++l) {
       ck_[l].resize(static_cast<size_t>(tokens_ * row));
       cv_[l].resize(static_cast<size_t>(tokens_ * row));
       for (const Piece& p : pieces_) {
-        std::memcpy(ck_[l].data() + p.start * row, p.seg->k[l] + p.seg_row * row,
-                    static_cast<size_t>(p.len * row) * sizeof(float));
-        std::memcpy(cv_[l].data() + p.start * row, p.seg->v[l] + p.seg_row * row,
-                    static_cast<size_t>(p.len * row) * sizeof(float));
+        std::memcpy(ck_[l].data() + p.start * row, p.seg->k[l] + p.seg_row * row, static_cast<size_t>(p.len * row));
+        std::memcpy(cv_[l].data() + p.start * row, p.seg->v[l] + p.seg_row * row, static_cast<size_t>(p.len * row));
       }
     }
   });
 }
 
-const float* KvBlock::k(int layer) const {
+const void* KvBlock::k(int layer) const {
   if (pieces_.empty()) return nullptr;
-  if (pieces_.size() == 1) return pieces_[0].seg->k[layer] + pieces_[0].seg_row * layout_.row_floats();
+  if (pieces_.size() == 1) return pieces_[0].seg->k[layer] + pieces_[0].seg_row * layout_.row_bytes();
   consolidate();
   return ck_[layer].data();
 }
 
-const float* KvBlock::v(int layer) const {
+const void* KvBlock::v(int layer) const {
   if (pieces_.empty()) return nullptr;
-  if (pieces_.size() == 1) return pieces_[0].seg->v[layer] + pieces_[0].seg_row * layout_.row_floats();
+  if (pieces_.size() == 1) return pieces_[0].seg->v[layer] + pieces_[0].seg_row * layout_.row_bytes();
   consolidate();
   return cv_[layer].data();
 }

@@ -23,9 +23,10 @@
 
 namespace larder::memory {
 
-// Rows [0, rows) of every layer, immutable. k[l] / v[l] point at [rows, n_kv_heads, head_dim].
+// Rows [0, rows) of every layer, immutable. k[l] / v[l] point at [rows, n_kv_heads, head_dim]
+// in the block layout's KV dtype (row_bytes() per row).
 struct KvSegment {
-  std::vector<const float*> k, v;
+  std::vector<const uint8_t*> k, v;
   int64_t rows = 0;
   size_t bytes = 0;                    // physical bytes (incl. growth slack for adopted rows)
   Backing backing = Backing::kAnon;
@@ -58,8 +59,8 @@ class KvBlock final : public KvPrefix {
   // Contiguous fallback required by KvPrefix. A single-piece block returns its rows directly;
   // a multi-piece block consolidates once, on first call (attention uses prefix_spans and never
   // triggers this; it exists so any KvPrefix consumer stays correct).
-  const float* k(int layer) const override;
-  const float* v(int layer) const override;
+  const void* k(int layer) const override;
+  const void* v(int layer) const override;
   void prefix_spans(int layer, int64_t upto, std::vector<KvSpan>* out) const override;
 
   const std::vector<Piece>& pieces() const { return pieces_; }
@@ -71,7 +72,7 @@ class KvBlock final : public KvPrefix {
   std::vector<Piece> pieces_;
   int64_t tokens_ = 0;
   mutable std::once_flag consolidated_once_;
-  mutable std::vector<std::vector<float>> ck_, cv_;
+  mutable std::vector<std::vector<uint8_t>> ck_, cv_;
 };
 
 }  // namespace larder::memory

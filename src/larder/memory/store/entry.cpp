@@ -18,7 +18,8 @@ std::string state_signature(const KvLayout& layout, const std::vector<const Laye
                             const std::vector<const Attachment*>& attachments) {
   std::string s = layout.n_layers == 0
                       ? std::string("plain_kv:none")
-                      : strfmt("plain_kv:f32:L=%d:h=%d:d=%d", layout.n_layers, layout.n_kv_heads, layout.head_dim);
+                      : strfmt("plain_kv:%s:L=%d:h=%d:d=%d", kv_dtype_tag(layout.dtype), layout.n_layers,
+                               layout.n_kv_heads, layout.head_dim);
   for (const LayerState* l : layers) s += "|" + l->signature();
   for (const Attachment* a : attachments) s += "|att:" + a->schema;
   return s;

@@ -159,22 +159,24 @@ Status plan_file(const Entry& e, const StoreIdentity& identity, Plan* plan) {
   size_t li = 0;
   if (e.kv) {
     const KvLayout& L = e.kv->layout();
-    const size_t row_bytes = static_cast<size_t>(L.row_floats()) * sizeof(float);
+    const size_t row_bytes = static_cast<size_t>(L.row_bytes());
     std::vector<KvSpan> spans;
     for (int l = 0; l < L.n_layers; ++l, ++li) {
       nlohmann::json layer = {{"kind", "plain_kv"}, {"offset", n}, {"n_kv_heads", L.n_kv_heads},
                               {"head_dim", L.head_dim}, {"floor", 0}, {"tensors", nlohmann::json::array()}};
       const size_t bytes = static_cast<size_t>(n) * row_bytes;
-      layer["tensors"].push_back(tensor_json("k", DType::kF32, {n, L.n_kv_heads, L.head_dim}, bytes));
-      layer["tensors"].push_back(tensor_json("v", DType::kF32, {n, L.n_kv_heads, L.head_dim}, bytes));
+      // The tensors' dtype records the KV dtype (F32 / F16 / Q8_0); the entry's signature says it
+      // again ("plain_kv:f16:..."), and both are checked at restore.
+      layer["tensors"].push_back(tensor_json("k", L.dtype, {n, L.n_kv_heads, L.head_dim}, bytes));
+      layer["tensors"].push_back(tensor_json("v", L.dtype, {n, L.n_kv_heads, L.head_dim}, bytes));
       h["layers"].push_back(layer);
       spans.clear();
       e.kv->prefix_spans(l, n, &spans);
       Pending pk{{}, bytes, nlohmann::json::json_pointer(strfmt("/layers/%zu/tensors/0", li))};
       Pending pv{{}, bytes, nlohmann::json::json_pointer(strfmt("/layers/%zu/tensors/1", li))};
       for (const KvSpan& s : spans) {
-        pk.chunks.push_back({reinterpret_cast<const uint8_t*>(s.k), static_cast<size_t>(s.len) * row_bytes});
-        pv.chunks.push_back({reinterpret_cast<const uint8_t*>(s.v), static_cast<size_t>(s.len) * row_bytes});
+        pk.chunks.push_back({static_cast<const uint8_t*>(s.k), static_cast<size_t>(s.len) * row_bytes});
+        pv.chunks.push_back({static_cast<const uint8_t*>(s.v), static_cast<size_t>(s.len) * row_bytes});
       }
       pend.push_back(std::move(pk));
       pend.push_back(std::move(pv));
@@ -490,7 +492,7 @@ Result<TensorRec> parse_tensor(const nlohmann::json& j, uint64_t file_size, cons
 }
 
 struct HeapRows {
-  std::vector<std::vector<float>> k, v;
+  std::vector<std::vector<uint8_t>> k, v;
 };
 
 // A view of one tensor's bytes inside the restored file's mapping (the mapping stays alive as
@@ -538,7 +540,7 @@ Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const Sto
   };
   try {
     KvLayout layout;
-    std::vector<const float*> kp, vp;
+    std::vector<const uint8_t*> kp, vp;
     std::vector<const LayerState*> lp;
     for (const nlohmann::json& lj : h.at("layers")) {
       LARDER_ASSIGN_OR_RETURN(StateKind kind, parse_state_kind(lj.at("kind").get<std::string>()));
@@ -551,20 +553,30 @@ Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const Sto
       if (kind == StateKind::kPlainKv) {
         if (!lp.empty()) return corrupt(strfmt("[lkv] %s: plain layers must precede other kinds", path.c_str()));
         const int hk = lj.at("n_kv_heads").get<int>(), hd = lj.at("head_dim").get<int>();
+        if (ts.size() != 2) return corrupt(strfmt("[lkv] %s: plain layer %d needs k and v", path.c_str(), layout.n_layers));
+        // The KV dtype is the tensors' dtype (files written before f16 KV existed say F32, and
+        // are read as exactly that); every plain layer must agree, and q8_0 rows must be whole
+        // blocks per head.
+        const DType dt = ts[0].dtype;
+        if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kQ8_0)
+          return corrupt(strfmt("[lkv] %s: plain layer %d has KV dtype %s (f32, f16 or q8_0 expected)", path.c_str(),
+                                layout.n_layers, dtype_name(dt)));
         if (layout.n_layers == 0) {
           layout.n_kv_heads = hk;
           layout.head_dim = hd;
+          layout.dtype = dt;
         }
         const std::vector<int64_t> shape = {n, hk, hd};
-        if (hk != layout.n_kv_heads || hd != layout.head_dim || ts.size() != 2 || ts[0].name != "k" ||
-            ts[1].name != "v" || ts[0].dtype != DType::kF32 || ts[1].dtype != DType::kF32 ||
-            ts[0].shape != shape || ts[1].shape != shape) {
-          return corrupt(strfmt("[lkv] %s: plain layer %d shape mismatch", path.c_str(), layout.n_layers));
+        if (hk != layout.n_kv_heads || hd != layout.head_dim || ts[0].name != "k" || ts[1].name != "v" ||
+            ts[0].dtype != layout.dtype || ts[1].dtype != layout.dtype || ts[0].shape != shape ||
+            ts[1].shape != shape || (dt == DType::kQ8_0 && hd % 32 != 0) ||
+            ts[0].bytes != static_cast<uint64_t>(n * layout.row_bytes()) || ts[1].bytes != ts[0].bytes) {
+          return corrupt(strfmt("[lkv] %s: plain layer %d shape/dtype mismatch", path.c_str(), layout.n_layers));
         }
         LARDER_RETURN_IF_ERROR(check(ts[0], true));
         LARDER_RETURN_IF_ERROR(check(ts[1], true));
-        kp.push_back(reinterpret_cast<const float*>(base + ts[0].off));
-        vp.push_back(reinterpret_cast<const float*>(base + ts[1].off));
+        kp.push_back(base + ts[0].off);
+        vp.push_back(base + ts[1].off);
         ++layout.n_layers;
         continue;
       }
@@ -593,7 +605,7 @@ Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const Sto
     }
     if (layout.n_layers > 0) {
       auto seg = std::make_shared<KvSegment>();
-      const size_t rows_bytes = static_cast<size_t>(n * layout.row_floats()) * sizeof(float);
+      const size_t rows_bytes = static_cast<size_t>(n * layout.row_bytes());
       if (mode == RestoreMode::kMmap) {
         seg->k = kp;
         seg->v = vp;
@@ -602,8 +614,8 @@ Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const Sto
       } else {
         auto rows = std::make_shared<HeapRows>();
         for (int l = 0; l < layout.n_layers; ++l) {
-          rows->k.emplace_back(kp[l], kp[l] + n * layout.row_floats());
-          rows->v.emplace_back(vp[l], vp[l] + n * layout.row_floats());
+          rows->k.emplace_back(kp[l], kp[l] + rows_bytes);
+          rows->v.emplace_back(vp[l], vp[l] + rows_bytes);
           seg->k.push_back(rows->k.back().data());
           seg->v.push_back(rows->v.back().data());
         }

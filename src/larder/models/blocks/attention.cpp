@@ -134,9 +134,13 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
     memory::RingState* ring = nullptr;
     if (slot.kind == memory::StateKind::kPlainKv) {
       memory::KvCache& cache = st.kv;
-      for (int64_t t = 0; own_kv && t < sq.n; ++t) {
-        std::memcpy(cache.k_row(slot.index, pos0 + t), k_new + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
-        std::memcpy(cache.v_row(slot.index, pos0 + t), v_new + t * kv_dim, static_cast<size_t>(kv_dim) * sizeof(float));
+      if (own_kv && sq.n > 0) {
+        // The new rows in the cache's KV dtype (a private tail: positions pos0.. are contiguous).
+        // Attention then reads them back from the cache like every other row, so a row is
+        // attended with the same (rounded) value now and when a later request reuses it.
+        const DType dt = cache.layout().dtype;
+        kernels::kv_encode(dt, k_new, sq.n * kv_dim, cache.k_row(slot.index, pos0));
+        kernels::kv_encode(dt, v_new, sq.n * kv_dim, cache.v_row(slot.index, pos0));
       }
       // A sliding layer kept in plain KV reads only its window (the kernel masks the rest).
       cache.spans(slot.index, pos0 + sq.n, &spans);
@@ -159,14 +163,17 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
         kk.start = spans.front().start;
         kk.len = 0;
         for (const auto& sp : spans) {
-          kk.k.insert(kk.k.end(), sp.k, sp.k + sp.len * kv_dim);
-          kk.v.insert(kk.v.end(), sp.v, sp.v + sp.len * kv_dim);
+          // Ring rows and the chunk's own rows are f32 (rings keep f32, memory/sequence_state.h).
+          const auto* ks = static_cast<const float*>(sp.k);
+          const auto* vs = static_cast<const float*>(sp.v);
+          kk.k.insert(kk.k.end(), ks, ks + sp.len * kv_dim);
+          kk.v.insert(kk.v.end(), vs, vs + sp.len * kv_dim);
           kk.len += sp.len;
         }
       }
     }
     views.clear();
-    for (const auto& sp : spans) views.push_back({sp.k, sp.v, sp.start, sp.len});
+    for (const auto& sp : spans) views.push_back({sp.k, sp.v, sp.start, sp.len, sp.dtype});
     kernels::attention(s.q.data() + sq.row0 * q_dim, sq.n, pos0, views.data(), static_cast<int>(views.size()), ap,
                        s.att.data() + sq.row0 * q_dim);
     if (ring) ring->append_rows(k_new, v_new, sq.n);

@@ -62,8 +62,8 @@ void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
-// Causal GQA attention, f32 online softmax, on the thread pool (attention_avx2.cpp). Same
-// contract as kernels::attention.
+// Causal GQA attention over f32/f16/q8_0 K/V, f32 online softmax, on the thread pool
+// (attention_avx2.cpp). Same contract as kernels::attention.
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out);
 // Elementwise ops on the pool (elementwise_avx2.cpp). Same contracts as kernels::rmsnorm, rope,
