@@ -99,9 +99,13 @@ TEST(SmolLM2Parity, LarderMatchesMlxLmOnTrainedWeights) {
 
 // The KV cache in f16 (the CLI's and server's default) and q8_0 against f32 KV on trained weights:
 // the same model, tokens and kernel table, only the stored K/V rows rounded. f16 keeps 11
-// significant bits of each K/V element (relative 2^-12 ≈ 2.4e-4); attention mixes them into the
-// residual stream of 30 blocks. Measured on the bf16 case (64 tokens): see the printed line; the
-// bounds are about 2x that. Top-1 must agree wherever the f32-KV margin exceeds twice the bound.
+// significant bits of each K/V element (relative 2^-12 ≈ 2.4e-4), q8_0 about 7; attention mixes
+// them into the residual stream of 30 blocks, and on the AVX-512 tier every matmul rounds its
+// activations to bf16 (2^-9), which turns those last-bit differences into whole bf16 steps (the
+// same tier is 9e-3 of max|logit| from mlx-lm by itself, SmolLM2Parity above). Measured on the
+// bf16 case, 64 tokens, AVX-512 (Zen 4): f16 1.32e-2, q8_0 2.11e-2 of max|logit|, top-1 equal
+// wherever the margin is clear; the bounds are about 2x that. Top-1 must agree wherever the
+// f32-KV margin exceeds twice the bound.
 TEST(SmolLM2Parity, F16AndQ8KvStayWithinBoundOfF32Kv) {
   const std::filesystem::path dir = std::filesystem::path(LARDER_TEST_DATA_DIR) / "smollm2-parity" / "bf16";
   if (!std::filesystem::exists(dir / "ref.json")) GTEST_SKIP() << dir << " missing: SmolLM2 was not fetched";
@@ -126,7 +130,7 @@ TEST(SmolLM2Parity, F16AndQ8KvStayWithinBoundOfF32Kv) {
   const std::vector<float> f32 = logits_with(DType::kF32);
   float max_ref = 0;
   for (float v : f32) max_ref = std::max(max_ref, std::abs(v));
-  for (auto [dt, rel] : {std::pair{DType::kF16, 4e-3f}, std::pair{DType::kQ8_0, 3e-2f}}) {
+  for (auto [dt, rel] : {std::pair{DType::kF16, 2.5e-2f}, std::pair{DType::kQ8_0, 4e-2f}}) {
     const std::vector<float> got = logits_with(dt);
     const Diff d = compare(got, f32, V, 2 * rel * max_ref);
     std::printf("[smollm2 kv dtype] %-5s vs f32 KV: max|diff| %.3g max|logit| %.3g rel %.3g (bound %.0e) top1 %d/%d\n",
