@@ -14,7 +14,8 @@ With -d DEPTH both engines run their tests after DEPTH tokens of context (llama-
 engine prefills the context untimed, once per run), at their default KV cache type (f16 for
 both), and the decode rows show the KV bytes a step reads beside the weights; -p 0 skips pp (a
 deep context is minutes of prefill per engine and run). --lock FILE takes `flock -x FILE` around
-each engine run (not the whole round), so builds of others can run between them.
+each engine run (not the whole round), so builds of others can run between them; --gate FILE is
+held while waiting for it, so that new shared holders queue behind the run.
 The order is reversed on every other round so neither engine always runs first. Reported: medians
 over rounds, spread (min..max over rounds), and larder/llama.cpp ratios of the medians plus the
 range of the per-round ratios (each round's larder run against the llama.cpp run next to it).
@@ -295,6 +296,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-d", type=int, default=0, help="tokens of context before each test (llama-bench -d)")
     ap.add_argument("--lock", default="", help="flock -x this file around each engine run")
+    ap.add_argument("--gate", default="", help="with --lock: hold flock -x on this file while waiting for the lock, "
+                                               "so new shared holders queue behind the run (flock has no writer preference)")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--wait-load", type=float, default=0.0,
                     help="before each run, wait (up to --wait-max s) until the 1-min load average is below this")
@@ -304,7 +307,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="larder bench --profile (per-op table kept in raw.jsonl)")
     args = ap.parse_args()
 
-    args.prefix = (["flock", "-x", args.lock] if args.lock else []) + (["nice", "-n", str(args.nice)] if args.nice else [])
+    args.prefix = ((["flock", "-x", args.gate] if args.gate and args.lock else []) + (["flock", "-x", args.lock] if args.lock else [])
+                   + (["nice", "-n", str(args.nice)] if args.nice else []))
     threads = [int(t) for t in args.threads.replace(",", " ").split()]
     models = args.models.replace(",", " ").split()
     cases = [c for c in ORDER if c in args.cases.replace(",", " ").split()]

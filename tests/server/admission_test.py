@@ -24,12 +24,13 @@ class AdmissionTest(unittest.TestCase):
         if not os.path.exists(SMOL):
             self.skipTest(f"{SMOL} is absent: run scripts/fetch_models.sh (or set LARDER_MODELS_DIR)")
         s = Server(SMOL, "--ctx", "2048", "--parallel", "4", "--queue-max", "2", "--prompt-cache", "0",
-                   "--kv-budget", "64M", "--admit-wait", str(admit_wait)).start()
+                   "--kv-budget", "32M", "--admit-wait", str(admit_wait)).start()
         self.addCleanup(s.kill)
         st = s.request("GET", "/stats").json()["server"]
-        self.assertEqual(st["kv_budget_bytes"], 64 << 20)
-        # SmolLM2-135M: 30 layers x (K, V) x 3 KV heads x 64 x f32
-        self.assertEqual(st["kv_bytes_per_token"], 30 * 2 * 3 * 64 * 4)
+        self.assertEqual(st["kv_budget_bytes"], 32 << 20)
+        # SmolLM2-135M: 30 layers x (K, V) x 3 KV heads x 64 x 2 bytes (f16, serve's default KV dtype):
+        # --kv-budget counts bytes of the stored dtype (32M = the 1456 tokens 64M held in f32)
+        self.assertEqual(st["kv_bytes_per_token"], 30 * 2 * 3 * 64 * 2)
         cap = st["kv_budget_bytes"] // st["kv_bytes_per_token"]
         return s, cap
 
