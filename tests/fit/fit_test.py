@@ -118,9 +118,10 @@ class FitTest(unittest.TestCase):
             r = gguf.GGUFReader(gemma[0])
             meta = lambda k: int(r.fields[k].parts[r.fields[k].data[0]][0])
             n, window = meta("gemma3.block_count"), meta("gemma3.attention.sliding_window")
-            row = 2 * meta("gemma3.attention.head_count_kv") * meta("gemma3.attention.key_length") * 4
+            elems = 2 * meta("gemma3.attention.head_count_kv") * meta("gemma3.attention.key_length")
             n_global = n // 6  # Gemma 3: every sixth layer is global (sliding_window_pattern 6)
-            cases.append((gemma[0], n_global * row, (n - n_global) * window * row))
+            # plain KV in `info`'s default KV dtype (f16: 2 bytes); rings keep f32 (4 bytes)
+            cases.append((gemma[0], n_global * elems * 2, (n - n_global) * window * elems * 4))
         if not cases:
             self.skipTest("gemma-3-270m is absent (scripts/fetch_models.sh); Gemma 4's KV sharing: models_tests Gemma4.Fit*")
         for model, per_token, fixed in cases:
