@@ -36,7 +36,7 @@ class SmolLM2ChatVsLlamaServer(GreedyCase):
         model = model_path(cls.golden)
         from server_harness import Server
         cls.cases = cls.golden["runs"][REFERENCE]
-        cls.srv = Server(model, "--parallel", "1", "--prompt-cache", "0").start()
+        cls.srv = Server(model, "--parallel", "1", "--prompt-cache", "0", "--kv-dtype", "f32").start()
 
     @classmethod
     def tearDownClass(cls):

@@ -122,7 +122,7 @@ class GemmaGreedyVsLlamaCpp(GreedyCase):
 
     def test_server_token_ids(self):
         from server_harness import Server
-        srv = Server(self.model, "--parallel", "1", "--prompt-cache", "0").start()
+        srv = Server(self.model, "--parallel", "1", "--prompt-cache", "0", "--kv-dtype", "f32").start()
         self.addCleanup(srv.kill)
         self.addCleanup(srv.stop)
         results = []
@@ -153,7 +153,7 @@ class GemmaGreedyVsLlamaCpp(GreedyCase):
         for case in self.cases:
             with self.subTest(prompt=case["prompt"][:40]):
                 n = len(case["steps"])
-                p = subprocess.run([BIN, "generate", self.model, "--prompt", case["prompt"], "-n", str(n), "--temp", "0"],
+                p = subprocess.run([BIN, "generate", self.model, "--prompt", case["prompt"], "-n", str(n), "--temp", "0", "--kv-dtype", "f32"],
                                    capture_output=True, timeout=300)
                 self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
                 out = p.stdout
