@@ -132,12 +132,12 @@ TEST(SmolLM2Parity, F16AndQ8KvStayWithinBoundOfF32Kv) {
   for (float v : f32) max_ref = std::max(max_ref, std::abs(v));
   for (auto [dt, rel] : {std::pair{DType::kF16, 2.5e-2f}, std::pair{DType::kQ8_0, 4e-2f}}) {
     const std::vector<float> got = logits_with(dt);
-    const Diff d = compare(got, f32, V, 2 * rel * max_ref);
+    const test::LogitDiff d = test::compare_logits(got, f32, V, 2 * rel * max_ref);
     std::printf("[smollm2 kv dtype] %-5s vs f32 KV: max|diff| %.3g max|logit| %.3g rel %.3g (bound %.0e) top1 %d/%d\n",
-                dtype_name(dt), d.max_abs, d.max_ref, d.max_abs / d.max_ref, rel, d.checked - d.mismatch, d.checked);
+                dtype_name(dt), d.max_abs, d.max_ref, d.max_abs / d.max_ref, rel, d.top1_checked - d.top1_mismatch, d.top1_checked);
     EXPECT_LE(d.max_abs, rel * d.max_ref) << dtype_name(dt);
     EXPECT_GT(d.max_abs, 0.0f) << dtype_name(dt) << " KV changed nothing: was it applied?";
-    EXPECT_EQ(d.mismatch, 0) << dtype_name(dt);
+    EXPECT_EQ(d.top1_mismatch, 0) << dtype_name(dt);
   }
   ASSERT_TRUE(m.set_kv_dtype(DType::kF32).is_ok());
 }
