@@ -145,7 +145,9 @@ class EvalTest(unittest.TestCase):
         return json.loads(r.stdout), r.stderr
 
     def test_ppl_matches_mlx(self):
-        j, err = self.larder_json("eval", "ppl", self.a, "--text", self.text, "--ctx", str(CTX), "--chunks", str(CHUNKS), "-t", "2")
+        # f32 KV: the reference (mlx-lm) keeps its KV in f32; the CLI default is f16.
+        j, err = self.larder_json("eval", "ppl", self.a, "--text", self.text, "--ctx", str(CTX), "--chunks", str(CHUNKS), "-t", "2",
+                                  "--kv-dtype", "f32")
         s = self.stats(self.ref_a, self.ref_a)
         nll = s["nll_r"]
         ppl = float(np.exp(nll.mean()))
@@ -161,7 +163,7 @@ class EvalTest(unittest.TestCase):
 
     def test_kl_matches_mlx(self):
         j, _ = self.larder_json("eval", "kl", self.a, self.b, "--text", self.text, "--ctx", str(CTX),
-                                "--chunks", str(CHUNKS), "-t", "2")
+                                "--chunks", str(CHUNKS), "-t", "2", "--kv-dtype", "f32")  # as the f32 reference
         s = self.stats(self.ref_a, self.ref_b)
         kl, N = s["kl"], s["N"]
         self.assertEqual(j["n_tokens"], N)
