@@ -85,6 +85,22 @@ class JudgeCanFail(GreedyCase):
             self.assertLessEqual(EXACT_TIE_NATS, 0.6 * own, f"{name}: llama.cpp's own tokens are at most {own:.3f} nats "
                                                             "below the exact model's best; the bound must stay well under it")
 
+    def test_text_that_continues_with_a_longer_alternative(self):
+        """llama.cpp took '\n' then 'Q'; larder's text '\n\nA' reads as llama.cpp's '\n' followed
+        by a mismatch, or as its near-tie #2 '\n\n': the second reading is the right one, and a
+        longer alternative that is no near-tie still fails."""
+        def tok(i, b, lp):
+            return {"id": i, "bytes": list(b), "logprob": lp}
+        def steps(second_lp):
+            top0 = [tok(1, b"\n", -0.50), tok(2, b"\n\n", second_lp), tok(3, b"x", -5.0)]
+            return [{"id": 1, "bytes": list(b"\n"), "top": top0, "exact": top0},
+                    {"id": 4, "bytes": list(b"Q"), "top": [tok(4, b"Q", -0.1), tok(5, b"A", -3.0)],
+                     "exact": [tok(4, b"Q", -0.1), tok(5, b"A", -3.0)]}]
+        near = near_tie.by_text(steps(-0.52), "\n\nA", False, [], need=2, bound=NEAR_TIE_NATS, exact_bound=EXACT_TIE_NATS)
+        self.assertTrue(near.ok(NEAR_TIE_NATS, EXACT_TIE_NATS), near.explain(NEAR_TIE_NATS, EXACT_TIE_NATS))
+        far = near_tie.by_text(steps(-2.5), "\n\nA", False, [], need=2, bound=NEAR_TIE_NATS, exact_bound=EXACT_TIE_NATS)
+        self.assertFalse(far.ok(NEAR_TIE_NATS, EXACT_TIE_NATS), far.explain(NEAR_TIE_NATS, EXACT_TIE_NATS))
+
     def test_wrong_choices_fail(self):
         golden = load("greedy_gemma3.json")
         eog = golden["eog_ids"]

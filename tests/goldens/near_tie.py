@@ -105,25 +105,35 @@ def by_text(steps, text, ended, eog_ids, need=NEED, bound=0.05, exact_bound=0.05
     """text: larder's whole answer (str or bytes); ended: it stopped on end of generation (not
     on its token limit, which must lie beyond `need` tokens). Token identity is not in the text:
     at a divergence, larder's token is taken to be whichever of llama.cpp's top-5 at that step
-    its text continues with (the end of generation if the text ends there), the best verdict."""
+    its text continues with (the end of generation if the text ends there), the best verdict.
+    Where llama.cpp's token and a longer alternative both continue the text ('\n' and '\n\n'),
+    larder may have taken either: both readings are judged and the better one counts."""
     eog = set(eog_ids)
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-    pos = 0
     n = min(len(steps), need)
-    for k in range(n):
+
+    def best(verdicts):
+        return max(verdicts, key=lambda v: (v.ok(bound, exact_bound), not v.diverged, v.agreed, -min(v.margin, v.exact_gap)))
+
+    def walk(k, pos):
+        if k >= n:
+            return Verdict(n, False)
         step = steps[k]
         rest = data[pos:]
         piece = bytes(step["bytes"])
+        detail = (f"after {data[:pos].decode('utf-8', 'replace')!r}: llama.cpp {piece!r}, larder "
+                  f"{rest[:24]!r}{' (end)' if ended and len(rest) <= 24 else ''}")
+        alts = [t["id"] for t in step["top"][1:] if t["id"] not in eog and t["bytes"] and rest.startswith(bytes(t["bytes"]))]
         if step["id"] in eog:
             if not rest and ended:
                 return Verdict(k + 1, False)
         elif piece and rest.startswith(piece):
-            pos += len(piece)
-            continue
-        detail = (f"after {data[:pos].decode('utf-8', 'replace')!r}: llama.cpp {piece!r}, larder "
-                  f"{rest[:24]!r}{' (end)' if ended and len(rest) <= 24 else ''}")
-        cands = [None] if not rest and ended else []
-        cands += [t["id"] for t in step["top"][1:] if t["id"] not in eog and t["bytes"] and rest.startswith(bytes(t["bytes"]))]
-        verdicts = [judge_step(step, k, c, eog, detail) for c in cands] or [Verdict(k, True, detail=detail)]
-        return max(verdicts, key=lambda v: (v.ok(bound, exact_bound), -min(v.margin, v.exact_gap)))
-    return Verdict(n, False)
+            follow = walk(k + 1, pos + len(piece))
+            longer = [c for c in alts if len(bytes(next(t["bytes"] for t in step["top"] if t["id"] == c))) > len(piece)]
+            if follow.diverged and longer:
+                return best([follow] + [judge_step(step, k, c, eog, detail) for c in longer])
+            return follow
+        cands = ([None] if not rest and ended else []) + alts
+        return best([judge_step(step, k, c, eog, detail) for c in cands] or [Verdict(k, True, detail=detail)])
+
+    return walk(0, 0)
