@@ -22,37 +22,11 @@
 #include "larder/kernels/dispatch.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
+#include "../../support/logit_diff.h"
 
 namespace larder {
 namespace {
 
-struct Diff {
-  float max_abs = 0, max_ref = 0;
-  int mismatch = 0, checked = 0;
-};
-
-Diff compare(const std::vector<float>& got, const std::vector<float>& want, int64_t V, float margin) {
-  Diff d;
-  for (int64_t t = 0; t < static_cast<int64_t>(want.size()) / V; ++t) {
-    const float* g = got.data() + t * V;
-    const float* w = want.data() + t * V;
-    int64_t ag = 0, aw = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      d.max_abs = std::max(d.max_abs, std::abs(g[v] - w[v]));
-      d.max_ref = std::max(d.max_ref, std::abs(w[v]));
-      if (g[v] > g[ag]) ag = v;
-      if (w[v] > w[aw]) aw = v;
-    }
-    float second = -INFINITY;
-    for (int64_t v = 0; v < V; ++v)
-      if (v != aw) second = std::max(second, w[v]);
-    if (w[aw] - second > margin) {
-      ++d.checked;
-      d.mismatch += ag != aw;
-    }
-  }
-  return d;
-}
 
 TEST(QuantizeRoundTrip, LarderLoadsItsOutputLikeMlxLm) {
   const std::string root = std::string(LARDER_TEST_DATA_DIR) + "/quantize";
@@ -91,11 +65,11 @@ TEST(QuantizeRoundTrip, LarderLoadsItsOutputLikeMlxLm) {
       float max_ref = 0;
       for (float v : want) max_ref = std::max(max_ref, std::abs(v));
       const float margin = run.rel > 1e-4f ? 2 * run.rel * max_ref : 0.0f;
-      const Diff d = compare(got, want, V, margin);
+      const test::LogitDiff d = test::compare_logits(got, want, V, margin);
       std::printf("[roundtrip] %-48s %-8s max|diff| %.3g max|logit| %.3g rel %.3g top1 %d/%d\n", dir.c_str(), run.name,
-                  d.max_abs, d.max_ref, d.max_abs / d.max_ref, d.checked - d.mismatch, d.checked);
+                  d.max_abs, d.max_ref, d.max_abs / d.max_ref, d.top1_checked - d.top1_mismatch, d.top1_checked);
       EXPECT_LE(d.max_abs, run.rel * d.max_ref) << dir << " " << run.name;
-      EXPECT_EQ(d.mismatch, 0) << dir << " " << run.name;
+      EXPECT_EQ(d.top1_mismatch, 0) << dir << " " << run.name;
     }
     ++n_cases;
   }
