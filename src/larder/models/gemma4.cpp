@@ -162,6 +162,20 @@ std::optional<int64_t> per_layer_int(const formats::GgufFile& g, const std::stri
 
 // GGUF metadata as llama.cpp's converter writes it (see the header). The shared GGUF parser has
 // already read the sliding layers' shape into `c` (gemma4_config).
+// A KV-shared layer reads the last non-shared layer of its kind (sliding or global): that kind
+// must have one. Checked for both sources of the parameters (GGUF metadata, config.json).
+Status check_kv_sharing(const Gemma4Params& p, int64_t n_layers, const char* src) {
+  const int64_t first_shared = n_layers - p.n_shared;
+  for (int64_t l = first_shared; l < n_layers; ++l) {
+    bool found = false;
+    for (int64_t i = 0; i < first_shared; ++i) found |= p.sliding[static_cast<size_t>(i)] == p.sliding[static_cast<size_t>(l)];
+    if (!found)
+      return invalid_argument(strfmt("[config] %s: KV-shared layer %lld has no earlier layer of its type to share", src,
+                                     (long long)l));
+  }
+  return Status::ok();
+}
+
 Result<Gemma4Params> gguf_params(const formats::GgufFile& g, const ModelConfig& c) {
   const char* src = c.source.c_str();
   const std::string a = c.architecture + ".";
@@ -234,14 +248,7 @@ Result<Gemma4Params> gguf_params(const formats::GgufFile& g, const ModelConfig& 
   if (p.ple_dim > 0 && p.ple_vocab < c.vocab)
     return invalid_argument(strfmt("[config] %s: per_layer_token_embd.weight has %lld rows for vocab %lld", src,
                                    (long long)p.ple_vocab, (long long)c.vocab));
-  const int64_t first_shared = c.n_layers - p.n_shared;
-  for (int64_t l = first_shared; l < c.n_layers; ++l) {
-    bool found = false;
-    for (int64_t i = 0; i < first_shared; ++i) found |= p.sliding[static_cast<size_t>(i)] == p.sliding[static_cast<size_t>(l)];
-    if (!found)
-      return invalid_argument(strfmt("[config] %s: KV-shared layer %lld has no earlier layer of its type to share", src,
-                                     (long long)l));
-  }
+  LARDER_RETURN_IF_ERROR(check_kv_sharing(p, c.n_layers, src));
   return p;
 }
 
@@ -327,15 +334,7 @@ Result<Gemma4Params> hf_params(const ordered_json& j, const ModelConfig& c) {
     if (!(out->theta > 0) || !(out->factor > 0) || !(out->partial > 0 && out->partial <= 1))
       return invalid_argument(strfmt("[config] %s: rope_parameters.%s out of range", src, key));
   }
-  // A shared layer reads the last non-shared layer of its kind: that kind must have one.
-  const int64_t first_shared = c.n_layers - p.n_shared;
-  for (int64_t l = first_shared; l < c.n_layers; ++l) {
-    bool found = false;
-    for (int64_t i = 0; i < first_shared; ++i) found |= p.sliding[static_cast<size_t>(i)] == p.sliding[static_cast<size_t>(l)];
-    if (!found)
-      return invalid_argument(strfmt("[config] %s: KV-shared layer %lld has no earlier layer of its type to share", src,
-                                     (long long)l));
-  }
+  LARDER_RETURN_IF_ERROR(check_kv_sharing(p, c.n_layers, src));
   return p;
 }
 
