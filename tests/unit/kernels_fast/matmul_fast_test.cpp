@@ -446,6 +446,45 @@ TEST(ActQuant, Avx2MatchesScalarBytes) {
   }
 }
 
+// The super-block quantizer (QuantizedActsK): AVX2 byte-identical to the reference, and the
+// reference itself checked against its definition (d = amax/127 per 256, |x − d·q| <= d/2, the
+// 16-value sums) so neither can drift alone.
+TEST(ActQuantK, Avx2MatchesScalarBytesAndDefinition) {
+  std::mt19937 rng(11);
+  for (int64_t cols : {256, 512, 2048}) {
+    for (int64_t n : {1, 3, 5}) {
+      std::vector<float> x = make_acts(n, cols, rng);
+      x[5] = 0.0f;
+      if (cols >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero super-block
+      std::vector<uint8_t> b1(cpu::quantized_acts_k_bytes(n, cols)), b2(b1.size());
+      cpu::QuantizedActsK a1 = cpu::quantized_acts_k_view(b1.data(), n, cols);
+      cpu::QuantizedActsK a2 = cpu::quantized_acts_k_view(b2.data(), n, cols);
+      cpu::quantize_acts_k_ref(x.data(), n, cols, a1);
+      cpu::quantize_acts_k_avx2(x.data(), n, cols, a2);
+      ASSERT_EQ(0, std::memcmp(a1.qs, a2.qs, n * cols)) << "cols " << cols << " n " << n;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t sb = 0; sb < cols / 256; ++sb) {
+          ASSERT_EQ(a1.scales(t)[sb], a2.scales(t)[sb]);
+          float amax = 0;
+          for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[t * cols + sb * 256 + j]));
+          const float d = a1.scales(t)[sb];
+          EXPECT_FLOAT_EQ(d, amax / 127.0f);
+          for (int g = 0; g < 16; ++g) {
+            int sum = 0;
+            for (int j = 16 * g; j < 16 * g + 16; ++j) {
+              const int q = a1.token(t)[sb * 256 + j];
+              sum += q;
+              EXPECT_LE(std::fabs(x[t * cols + sb * 256 + j] - d * q), d / 2 * 1.0001f + 1e-30f);
+            }
+            ASSERT_EQ(a1.sums16(t)[sb * 16 + g], sum);
+            ASSERT_EQ(a2.sums16(t)[sb * 16 + g], sum);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Registration, FastTierOverwritesMatmulEntries) {
   KernelTable t = ref_table();
   cpu::register_fast_kernels(t);

@@ -57,6 +57,49 @@ void quantize_acts_ref(const float* x, int64_t n, int64_t cols, bool offset128, 
   }
 }
 
+size_t quantized_acts_k_bytes(int64_t n, int64_t cols) {
+  const size_t nn = static_cast<size_t>(n), c = static_cast<size_t>(cols);
+  return round_up(nn * c, 64) + round_up(nn * (c / 256) * sizeof(float), 64) +
+         round_up(nn * (c / 16) * sizeof(int16_t), 64) + 64;
+}
+
+QuantizedActsK quantized_acts_k_view(void* scratch, int64_t n, int64_t cols) {
+  QuantizedActsK a;
+  a.n = n;
+  a.nsb = cols / 256;
+  const size_t nn = static_cast<size_t>(n), c = static_cast<size_t>(cols);
+  auto* base = static_cast<uint8_t*>(scratch);
+  a.qs = reinterpret_cast<int8_t*>(base);
+  a.d = reinterpret_cast<float*>(base + round_up(nn * c, 64));
+  a.bsum = reinterpret_cast<int16_t*>(base + round_up(nn * c, 64) + round_up(nn * (c / 256) * sizeof(float), 64));
+  return a;
+}
+
+void quantize_acts_k_ref(const float* x, int64_t n, int64_t cols, QuantizedActsK& out) {
+  const int64_t nsb = cols / 256;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const float* xb = x + t * cols + sb * 256;
+      float amax = 0;
+      for (int j = 0; j < 256; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      int8_t* q = out.qs + t * cols + sb * 256;
+      int16_t* s16 = out.bsum + t * (cols / 16) + sb * 16;
+      for (int g = 0; g < 16; ++g) {
+        int sum = 0;
+        for (int j = 16 * g; j < 16 * g + 16; ++j) {
+          const int v = static_cast<int>(std::nearbyint(xb[j] * id));
+          sum += v;
+          q[j] = static_cast<int8_t>(v);
+        }
+        s16[g] = static_cast<int16_t>(sum);
+      }
+      out.d[t * nsb + sb] = d;
+    }
+  }
+}
+
 }  // namespace larder::kernels::cpu
 
 namespace larder::kernels::cpu::simd {

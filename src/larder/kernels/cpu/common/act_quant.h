@@ -54,6 +54,36 @@ void quantize_acts_avx2(const float* x, int64_t n, int64_t cols, bool offset128,
 // act8 must hold n_pad·nb·32 bytes (64-byte aligned). Bytes are copied as stored (offset128 too).
 void build_act8(const QuantizedActs& a, int64_t n, uint8_t* act8);
 
+// Super-block activations for the K-quant and IQ4_XS decode kernels (n < 8), like ggml's Q8_K:
+// one f32 scale per 256 values (the quantizer above, over 256 instead of 32: d = amax/127,
+// q = nearbyint(x/d)) and the int16 sums of q over each 16 values. With one activation scale per
+// weight super-block the whole super-block's dot product is one integer (the weight sub-block
+// scales ride in vpmaddwd/vpdpwssd multipliers), converted and scaled once per 256 weights
+// instead of once per 32: the float work of the decode inner loop goes away. The price is a
+// coarser activation grid (|x − d·q| <= d/2 with d from the amax of 256 values, not 32) — the
+// same trade llama.cpp makes for these formats. Layout, token-major for the decode tiles:
+//   qs    [n][cols]      int8, element order
+//   d     [n][cols/256]  f32
+//   bsum  [n][cols/16]   int16 (|Σ| <= 16·127, exact)
+struct QuantizedActsK {
+  int64_t n = 0, nsb = 0;
+  int8_t* qs = nullptr;
+  float* d = nullptr;
+  int16_t* bsum = nullptr;
+
+  const int8_t* token(int64_t t) const { return qs + t * nsb * 256; }
+  const float* scales(int64_t t) const { return d + t * nsb; }
+  const int16_t* sums16(int64_t t) const { return bsum + t * nsb * 16; }
+};
+
+// Bytes of scratch for n tokens of cols (a multiple of 256) columns, and the view inside it.
+size_t quantized_acts_k_bytes(int64_t n, int64_t cols);
+QuantizedActsK quantized_acts_k_view(void* scratch, int64_t n, int64_t cols);
+
+// Scalar reference and AVX2 version (byte-identical output).
+void quantize_acts_k_ref(const float* x, int64_t n, int64_t cols, QuantizedActsK& out);
+void quantize_acts_k_avx2(const float* x, int64_t n, int64_t cols, QuantizedActsK& out);
+
 // A thread-local, 64-byte-aligned, grow-only scratch buffer: kernels must not own long-lived
 // memory (system.md §3), and reallocating per matmul would cost a page fault per 4 KiB.
 // Slots 0–3 hold per-matmul data prepared by the calling thread (which also runs chunks of the
