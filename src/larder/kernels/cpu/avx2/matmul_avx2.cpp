@@ -62,6 +62,11 @@ struct IntKernel {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
@@ -79,7 +84,7 @@ struct IntKernel {
       __m256i wv[R], aw[R];
       // Scales of 4 consecutive tokens of this block: one load (block-major layout, padded).
       const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
-      prefetch_ahead(wr[0], R * row_bytes, b * WB::kBytes * R, WB::kBytes * R);
+      prefetch_rows<kLong>(wr[0], R, row_bytes, b * WB::kBytes, WB::kBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * WB::kBytes;

@@ -47,6 +47,11 @@ struct GgufKernel {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
@@ -59,7 +64,7 @@ struct GgufKernel {
     alignas(32) int8_t wb[R][U::kElems];
     alignas(32) float sl[R][kLanes], cl[R][kLanes];
     for (int64_t u = 0; u < units; ++u) {
-      prefetch_ahead(wr[0], R * row_bytes, u * U::kBytes * R, static_cast<int>(U::kBytes * R));
+      prefetch_rows<kLong>(wr[0], R, row_bytes, u * U::kBytes, U::kBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         float s[U::kElems / 16], c[U::kElems / 16];
@@ -173,6 +178,11 @@ struct LinearKernel {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     const uint8_t* wr[R];
     LARDER_UNROLL
@@ -184,7 +194,7 @@ struct LinearKernel {
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
-      prefetch_ahead(wr[0], R * row_bytes, b * L::kBytes * R, static_cast<int>(L::kBytes * R));
+      prefetch_rows<kLong>(wr[0], R, row_bytes, b * L::kBytes, L::kBytes);
       __m256i u[R];
       float d[R], c[R];
       LARDER_UNROLL

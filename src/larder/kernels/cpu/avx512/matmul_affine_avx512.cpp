@@ -141,6 +141,11 @@ struct AffineDecode {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
@@ -170,7 +175,7 @@ struct AffineDecode {
       }
       for (int64_t gi = 0; gi < gc; ++gi) {
         for (int64_t c = (g0 + gi) * cpg; c < (g0 + gi + 1) * cpg; ++c) {
-          prefetch_ahead(wr[0], R * row_bytes, c * kChunkBytes * R, kChunkBytes * R);
+          prefetch_rows<kLong>(wr[0], R, row_bytes, c * kChunkBytes, kChunkBytes);
           __m512i u[R];
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {

@@ -57,6 +57,11 @@ struct IntKernel {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
@@ -74,7 +79,7 @@ struct IntKernel {
     for (int64_t b = 0; b < nb; ++b) {
       __m256i wv[R], seed[R];
       const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
-      prefetch_ahead(wr[0], R * row_bytes, b * WB::kBytes * R, WB::kBytes * R);
+      prefetch_rows<kLong>(wr[0], R, row_bytes, b * WB::kBytes, WB::kBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * WB::kBytes;
@@ -364,6 +369,11 @@ struct Q4_0Decode {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m512 acc[R][T];
     zero_acc(acc);
@@ -371,7 +381,7 @@ struct Q4_0Decode {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t p = 0; p < np; ++p) {
-      prefetch_ahead(base, R * row_bytes, p * 36 * R, 36 * R);
+      prefetch_rows<kLong>(base, R, row_bytes, p * 36, 36);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* b0 = base + r * row_bytes + 36 * p;
@@ -452,6 +462,11 @@ struct Q4_0Quad {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     alignas(64) static constexpr uint16_t kCodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
                                                           19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
     alignas(64) static constexpr uint16_t kScaleIdx[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
@@ -462,7 +477,7 @@ struct Q4_0Quad {
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     const int64_t full = nb / 4;
     auto step = [&](int64_t g, bool tail) {
-      if (!tail) prefetch_ahead(base, R * row_bytes, g * 72 * R, 72 * R);
+      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * 72, 72);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = base + r * row_bytes + 72 * g;
