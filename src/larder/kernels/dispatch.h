@@ -37,6 +37,8 @@ struct KernelTable {
   // Optional, per format: matmul_multi's fused path (absent: one matmul per weight).
   std::array<MatmulMultiFn, kNumDTypes> matmul_multi{};
   std::array<MatmulFn, kMaxAffineBits + 1> matmul_affine{};
+  // Optional, per width: matmul_multi's fused path for MLX affine weights.
+  std::array<MatmulMultiFn, kMaxAffineBits + 1> matmul_multi_affine{};
   std::array<DequantRowFn, kMaxAffineBits + 1> dequant_row_affine{};
   RmsNormFn rmsnorm = nullptr;
   RopeFn rope = nullptr;

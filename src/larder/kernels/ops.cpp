@@ -89,14 +89,18 @@ void matmul_multi(const WeightView* ws, float* const* ys, int count, const float
     float* outs[kMaxMultiMatmul];
     int m = 0;
     for (int j = i; j < count; ++j) {
-      if (done[j] || ws[j].dtype != ws[i].dtype || ws[j].bits != ws[i].bits) continue;
+      if (done[j] || ws[j].dtype != ws[i].dtype || ws[j].bits != ws[i].bits ||
+          ws[j].group_size != ws[i].group_size || ws[j].scale_dtype != ws[i].scale_dtype)
+        continue;
       LARDER_DCHECK(ws[j].cols == ws[i].cols, "matmul_multi: cols %lld vs %lld", (long long)ws[j].cols,
                     (long long)ws[i].cols);
       group[m] = ws[j];
       outs[m++] = ys[j];
       done[j] = true;
     }
-    MatmulMultiFn f = ws[i].is_affine() || !fused_enabled() ? nullptr : t.matmul_multi[static_cast<int>(ws[i].dtype)];
+    MatmulMultiFn f = !fused_enabled()      ? nullptr
+                      : ws[i].is_affine() ? (ws[i].bits <= kMaxAffineBits ? t.matmul_multi_affine[ws[i].bits] : nullptr)
+                                          : t.matmul_multi[static_cast<int>(ws[i].dtype)];
     if (f == nullptr || m == 1) {
       for (int k = 0; k < m; ++k) matmul(group[k], x, n, outs[k]);
       continue;

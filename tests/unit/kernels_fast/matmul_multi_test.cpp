@@ -126,6 +126,92 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmulMulti,
                            return std::string(p.param.tier) + "_" + dtype_name(p.param.dtype);
                          });
 
+// MLX affine weights: codes, and per-group scales/biases in `sdt` (mlx's quantizer centres the codes).
+struct AffineWeights {
+  std::vector<uint8_t> codes, scales, biases;
+  WeightView view;
+};
+
+AffineWeights random_affine(int bits, int64_t gs, DType sdt, int64_t rows, int64_t cols, std::mt19937& rng) {
+  AffineWeights a;
+  a.codes.resize(static_cast<size_t>(rows * cols * bits / 8));
+  for (auto& c : a.codes) c = static_cast<uint8_t>(rng());
+  const int64_t ng = cols / gs;
+  const size_t esz = sdt == DType::kF32 ? 4 : 2;
+  a.scales.resize(static_cast<size_t>(rows * ng) * esz);
+  a.biases.resize(a.scales.size());
+  std::uniform_real_distribution<float> sc(0.002f, 0.02f);
+  auto put = [&](uint8_t* p, float f) {
+    if (sdt == DType::kF32) {
+      std::memcpy(p, &f, 4);
+    } else {
+      const uint16_t h = sdt == DType::kF16 ? f32_to_f16(f) : f32_to_bf16(f);
+      std::memcpy(p, &h, 2);
+    }
+  };
+  for (size_t i = 0; i < static_cast<size_t>(rows * ng); ++i) {
+    const float s = sc(rng);
+    put(&a.scales[i * esz], s);
+    put(&a.biases[i * esz], -s * static_cast<float>(1 << (bits - 1)));
+  }
+  a.view.dtype = DType::kU32;
+  a.view.rows = rows;
+  a.view.cols = cols;
+  a.view.bits = bits;
+  a.view.group_size = static_cast<int>(gs);
+  a.view.scale_dtype = sdt;
+  a.view.data = a.codes.data();
+  a.view.scales = a.scales.data();
+  a.view.biases = a.biases.data();
+  return a;
+}
+
+// The AVX-512 fused affine decode (q/k/v, gate/up of an MLX 4/8-bit model) against one
+// matmul_affine per weight, over widths, group sizes, scale dtypes, ragged rows, token counts
+// (n >= 8 and the widths without a fused kernel take the per-weight path) and thread counts.
+TEST(FastMatmulMultiAffine, EqualsOneMatmulPerWeight) {
+  if (!cpu_features().has_avx512_tier()) GTEST_SKIP() << "no AVX-512 tier";
+  std::mt19937 rng(4242);
+  const int64_t rows_set[] = {1, 5, 8, 13, 67, 130};
+  for (int threads : {1, 2}) {
+    default_pool().set_threads(threads);
+    for (int bits : {4, 8, 3}) {
+      for (int64_t gs : {64, 128, 32}) {
+        for (DType sdt : {DType::kBF16, DType::kF16, DType::kF32}) {
+          for (int64_t n : {1, 3, 4, 7, 9}) {
+            const int64_t cols = 512;
+            const int count = 2 + static_cast<int>(rng() % 2);
+            std::vector<AffineWeights> ws;
+            WeightView views[3];
+            for (int i = 0; i < count; ++i) {
+              ws.push_back(random_affine(bits, gs, sdt, rows_set[rng() % std::size(rows_set)], cols, rng));
+            }
+            for (int i = 0; i < count; ++i) views[i] = ws[i].view;
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            std::vector<float> x(static_cast<size_t>(n * cols));
+            for (auto& v : x) v = nd(rng);
+            std::vector<float> fused[3], alone[3];
+            float* ys[3];
+            for (int i = 0; i < count; ++i) {
+              fused[i].assign(static_cast<size_t>(n * views[i].rows), -777.0f);
+              alone[i].assign(fused[i].size(), 0.0f);
+              ys[i] = fused[i].data();
+              cpu::avx512::matmul_affine(views[i], x.data(), n, alone[i].data());
+            }
+            cpu::avx512::matmul_multi_affine(views, ys, count, x.data(), n);
+            for (int i = 0; i < count; ++i)
+              expect_close(fused[i], alone[i],
+                           "affine bits " + std::to_string(bits) + " gs " + std::to_string(gs) + " " + dtype_name(sdt) +
+                               " weight " + std::to_string(i) + " n " + std::to_string(n) + " threads " +
+                               std::to_string(threads));
+          }
+        }
+      }
+    }
+  }
+  default_pool().set_threads(0);
+}
+
 // The ops.h entry point groups a mixed q/k/v (Q4_K_M: Q4_K q/k, Q6_K v) by format and keeps each
 // output in its place, whatever the active table.
 TEST(MatmulMulti, MixedFormatsKeepTheirOutputs) {
@@ -151,6 +237,32 @@ TEST(MatmulMulti, MixedFormatsKeepTheirOutputs) {
     }
     matmul_multi(ws, ys, 3, x.data(), n);
     for (int i = 0; i < 3; ++i) expect_close(fused[i], alone[i], "weight " + std::to_string(i) + " n " + std::to_string(n));
+  }
+}
+
+// ops.h's matmul_multi groups affine weights only with their own width, group size and scale
+// dtype (a mixed-precision MLX file can give q/k/v different ones): each output stays in place.
+TEST(MatmulMulti, MixedAffineShapesKeepTheirOutputs) {
+  std::mt19937 rng(17);
+  const int64_t cols = 512;
+  AffineWeights a[4] = {random_affine(4, 64, DType::kBF16, 40, cols, rng), random_affine(4, 128, DType::kBF16, 24, cols, rng),
+                        random_affine(8, 64, DType::kBF16, 24, cols, rng), random_affine(4, 64, DType::kF16, 16, cols, rng)};
+  WeightView ws[4];
+  for (int i = 0; i < 4; ++i) ws[i] = a[i].view;
+  for (int64_t n : {1, 3, 12}) {
+    std::vector<float> x(static_cast<size_t>(n * cols));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : x) v = nd(rng);
+    std::vector<float> fused[4], alone[4];
+    float* ys[4];
+    for (int i = 0; i < 4; ++i) {
+      fused[i].assign(static_cast<size_t>(n * ws[i].rows), -777.0f);
+      alone[i].assign(fused[i].size(), 0.0f);
+      ys[i] = fused[i].data();
+      matmul(ws[i], x.data(), n, alone[i].data());
+    }
+    matmul_multi(ws, ys, 4, x.data(), n);
+    for (int i = 0; i < 4; ++i) expect_close(fused[i], alone[i], "affine weight " + std::to_string(i) + " n " + std::to_string(n));
   }
 }
 

@@ -208,9 +208,12 @@ bool decode_fits(const WeightView& w) {
   return (B == 4 || B == 8) && w.group_size % 64 == 0;
 }
 
+// Quantizes x and lays out the decode activations for weights shaped like w (bits, group size,
+// scale dtype); the returned kernel is w's, and matmul_multi_affine reuses its activations for
+// every weight of the group.
 template <int B, Sd S>
-void run_decode(const WeightView& w, const float* x, int64_t n, float* y) {
-  const int64_t cols = w.cols, nb = cols / 32, nc = cols / 64, ng = cols / w.group_size;
+AffineDecode<B, S> prepare_decode(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nc = cols / 64, ng = cols / w.group_size;
   const int64_t ng16 = (ng + 15) / 16 * 16;
   QuantizedActs a = quantize_for_decode(x, n, cols);
   // acts [n][nc][64] + dxp [n][nc][16] f32 + gq [n][ng16] f32, one scratch slot.
@@ -246,11 +249,43 @@ void run_decode(const WeightView& w, const float* x, int64_t n, float* y) {
       gq[t * ng16 + g] = q;
     }
   }
-  (void)nb;
   const uint64_t esz = S == Sd::kF32 ? 4 : 2;
-  const AffineDecode<B, S> k{w.data, w.row_bytes(), w.scales, w.biases, static_cast<uint64_t>(ng) * esz, w.rows,
-                             ng,     nc,            w.group_size / 64, acts, dxp, gq, ng16, y};
-  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
+  return AffineDecode<B, S>{w.data, w.row_bytes(), w.scales, w.biases, static_cast<uint64_t>(ng) * esz, w.rows,
+                            ng,     nc,            w.group_size / 64, acts, dxp, gq, ng16, y};
+}
+
+template <int B, Sd S>
+void run_decode(const WeightView& w, const float* x, int64_t n, float* y) {
+  const AffineDecode<B, S> k = prepare_decode<B, S>(w, x, n, y);
+  run_matmul_tiles(k, w.rows, n, w.cols + 4 * (w.cols / 32));
+}
+
+// Fused decode: one quantization and one pool job for q/k/v or gate/up (kernels::matmul_multi
+// groups weights of equal bits, group size and scale dtype).
+template <int B, Sd S>
+void run_decode_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  const AffineDecode<B, S> first = prepare_decode<B, S>(ws[0], x, n, ys[0]);
+  MultiKernel<AffineDecode<B, S>> mk;
+  for (int i = 0; i < count; ++i) {
+    AffineDecode<B, S> k = first;
+    k.w = ws[i].data;
+    k.row_bytes = ws[i].row_bytes();
+    k.scales = ws[i].scales;
+    k.biases = ws[i].biases;
+    k.rows = ws[i].rows;
+    k.y = ys[i];
+    mk.add(k, ws[i].rows);
+  }
+  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + 4 * (ws[0].cols / 32));
+}
+
+template <int B>
+void decode_affine_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  switch (ws[0].scale_dtype) {
+    case DType::kBF16: run_decode_multi<B, Sd::kBF16>(ws, ys, count, x, n); break;
+    case DType::kF16: run_decode_multi<B, Sd::kF16>(ws, ys, count, x, n); break;
+    default: run_decode_multi<B, Sd::kF32>(ws, ys, count, x, n); break;
+  }
 }
 
 template <int B>
@@ -271,6 +306,18 @@ void gemm_affine(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 
 }  // namespace
+
+void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  // The caller groups equal bits, group size and scale dtype, so ws[0] speaks for all.
+  const bool fused = n > 0 && n < kGemm16MinTokens &&
+                     ((ws[0].bits == 4 && decode_fits<4>(ws[0])) || (ws[0].bits == 8 && decode_fits<8>(ws[0])));
+  if (!fused) {
+    for (int i = 0; i < count; ++i) matmul_affine(ws[i], x, n, ys[i]);
+    return;
+  }
+  if (ws[0].bits == 4) decode_affine_multi<4>(ws, ys, count, x, n);
+  else decode_affine_multi<8>(ws, ys, count, x, n);
+}
 
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;

@@ -91,6 +91,9 @@ void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 // MLX affine, bits {2,3,4,5,6,8}: prefill on the VNNI GEMM; decode of 4/8 bits with groups of
 // 64/128 on AVX-512, the rest on the AVX2 kernel (matmul_affine_avx512.cpp).
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
+// kernels::matmul_multi for MLX affine weights of one width, group size and scale dtype: the 4/8-bit
+// decode fused (one quantization, one pool job), everything else one matmul_affine per weight.
+void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // GGUF Q4_K / Q6_K: prefill on the VNNI GEMM, decode 64 codes per zmm (matmul_kquant_avx512.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);

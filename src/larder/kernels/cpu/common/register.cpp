@@ -302,6 +302,8 @@ void register_fast_kernels(KernelTable& t) {
         MatmulFn fast = fast_matmul_affine("avx512", bits);
         if (fast && fast_matmul_affine_agrees(bits, fast, before.matmul_affine[bits])) {
           t.matmul_affine[bits] = fast;
+          // The fused path runs the same tiles (tests/unit/kernels_fast/matmul_multi_test.cpp).
+          t.matmul_multi_affine[bits] = avx512::matmul_multi_affine;
         } else {
           LARDER_LOG_WARN("[kernels] AVX-512 affine %d-bit matmul failed its startup self-check; using the AVX2 kernel",
                           bits);
