@@ -149,7 +149,7 @@ struct Q4_0Kernel {
   // cvt/FMA work; the price is building [d_a ×4 | d_b ×4] with one vinsertf128. Each row's sum
   // is spread over its lane's 4 floats, so each lane folds out 2·bsum (4 lanes × 2 = the 8 of
   // the zero point).
-  template <int P>
+  template <int P, bool kLong>
   void tile_pairs(int64_t r0, int64_t t) const {
     const float* f16 = f16_table();
     const uint8_t* wr[2 * P];
@@ -162,7 +162,10 @@ struct Q4_0Kernel {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 8 * P * row_bytes + b * sizeof(BlockQ4_0) * 2 * P), _MM_HINT_T0);
+      // Short rows: the tile four ahead in one sweep; long rows: each row's own stream
+      // (simd::prefetch_rows).
+      if constexpr (kLong) prefetch_rows<true>(wr[0], 2 * P, row_bytes, b * sizeof(BlockQ4_0), sizeof(BlockQ4_0));
+      else _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 8 * P * row_bytes + b * sizeof(BlockQ4_0) * 2 * P), _MM_HINT_T0);
       const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + b * 32)));
       const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + b * 32 + 16)));
       const __m256 dx = _mm256_broadcast_ss(a.scales(b) + t);
@@ -195,8 +198,13 @@ struct Q4_0Kernel {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     if constexpr (T == 1 && R % 2 == 0) {
-      tile_pairs<R / 2>(r0, t0);
+      tile_pairs<R / 2, kLong>(r0, t0);
       return;
     }
     const float* f16 = f16_table();
@@ -219,7 +227,8 @@ struct Q4_0Kernel {
       // Software prefetch of the next tile (the R rows after ours are contiguous), at the rate this
       // tile consumes bytes: rows are short (1152 B at 2048 columns), so R interleaved 18-line
       // streams end before the hardware stream prefetcher has ramped up.
-      _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 4 * R * row_bytes + b * sizeof(BlockQ4_0) * R), _MM_HINT_T0);
+      if constexpr (kLong) prefetch_rows<true>(wr[0], R, row_bytes, b * sizeof(BlockQ4_0), sizeof(BlockQ4_0));
+      else _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 4 * R * row_bytes + b * sizeof(BlockQ4_0) * R), _MM_HINT_T0);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * sizeof(BlockQ4_0);
