@@ -169,14 +169,20 @@ AffineWeights random_affine(int bits, int64_t gs, DType sdt, int64_t rows, int64
 // The AVX-512 fused affine decode (q/k/v, gate/up of an MLX 4/8-bit model) against one
 // matmul_affine per weight, over widths, group sizes, scale dtypes, ragged rows, token counts
 // (n >= 8 and the widths without a fused kernel take the per-weight path) and thread counts.
-TEST(FastMatmulMultiAffine, EqualsOneMatmulPerWeight) {
-  if (!cpu_features().has_avx512_tier()) GTEST_SKIP() << "no AVX-512 tier";
+class FastMatmulMultiAffine : public testing::TestWithParam<const char*> {};
+
+TEST_P(FastMatmulMultiAffine, EqualsOneMatmulPerWeight) {
+  const bool avx512 = std::string(GetParam()) == "avx512";
+  if (avx512 && !cpu_features().has_avx512_tier()) GTEST_SKIP() << "no AVX-512 tier";
+  const MatmulFn single = avx512 ? cpu::avx512::matmul_affine : cpu::avx2::matmul_affine;
+  const MatmulMultiFn multi = avx512 ? cpu::avx512::matmul_multi_affine : cpu::avx2::matmul_multi_affine;
   std::mt19937 rng(4242);
   const int64_t rows_set[] = {1, 5, 8, 13, 67, 130};
   for (int threads : {1, 2}) {
     default_pool().set_threads(threads);
-    for (int bits : {4, 8, 3}) {
+    for (int bits : {4, 8, 3, 2, 5, 6}) {
       for (int64_t gs : {64, 128, 32}) {
+        if (bits != 4 && bits != 8 && gs != 64) continue;  // the other widths: one kernel per tier
         for (DType sdt : {DType::kBF16, DType::kF16, DType::kF32}) {
           for (int64_t n : {1, 3, 4, 7, 9}) {
             const int64_t cols = 512;
@@ -196,12 +202,12 @@ TEST(FastMatmulMultiAffine, EqualsOneMatmulPerWeight) {
               fused[i].assign(static_cast<size_t>(n * views[i].rows), -777.0f);
               alone[i].assign(fused[i].size(), 0.0f);
               ys[i] = fused[i].data();
-              cpu::avx512::matmul_affine(views[i], x.data(), n, alone[i].data());
+              single(views[i], x.data(), n, alone[i].data());
             }
-            cpu::avx512::matmul_multi_affine(views, ys, count, x.data(), n);
+            multi(views, ys, count, x.data(), n);
             for (int i = 0; i < count; ++i)
               expect_close(fused[i], alone[i],
-                           "affine bits " + std::to_string(bits) + " gs " + std::to_string(gs) + " " + dtype_name(sdt) +
+                           std::string(GetParam()) + " affine bits " + std::to_string(bits) + " gs " + std::to_string(gs) + " " + dtype_name(sdt) +
                                " weight " + std::to_string(i) + " n " + std::to_string(n) + " threads " +
                                std::to_string(threads));
           }
@@ -211,6 +217,9 @@ TEST(FastMatmulMultiAffine, EqualsOneMatmulPerWeight) {
   }
   default_pool().set_threads(0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmulMultiAffine, testing::Values("avx2", "avx512"),
+                         [](const testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
 
 // The ops.h entry point groups a mixed q/k/v (Q4_K_M: Q4_K q/k, Q6_K v) by format and keeps each
 // output in its place, whatever the active table.

@@ -198,11 +198,11 @@ struct AffineKernel {
   float* y;
 
   // One block b for all R×T pairs; First: starts the group accumulators.
-  template <int R, int T, bool First, bool Checked>
+  template <int R, int T, bool First, bool Checked, bool kLong>
   LARDER_INLINE void block(int64_t b, const uint8_t* const* wr, const int8_t* const* xq, int64_t t0,
                            __m256 (&accg)[R][T]) const {
     const __m256i ones = _mm256_set1_epi16(1);
-    prefetch_ahead(wr[0], R * row_bytes, b * kBlockBytes * R, kBlockBytes * R);
+    prefetch_rows<kLong>(wr[0], R, row_bytes, b * kBlockBytes, kBlockBytes);
     __m256i u[R], aw[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) {
@@ -233,14 +233,17 @@ struct AffineKernel {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    const bool lr = long_rows(R, row_bytes);
     if (r0 + R == rows) {
-      tile_impl<R, T, true>(r0, t0);
+      if (lr) tile_impl<R, T, true, true>(r0, t0);
+      else tile_impl<R, T, true, false>(r0, t0);
     } else {
-      tile_impl<R, T, false>(r0, t0);
+      if (lr) tile_impl<R, T, false, true>(r0, t0);
+      else tile_impl<R, T, false, false>(r0, t0);
     }
   }
 
-  template <int R, int T, bool Checked>
+  template <int R, int T, bool Checked, bool kLong>
   void tile_impl(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     const uint8_t* sr[R];
@@ -286,8 +289,8 @@ struct AffineKernel {
       for (int gi = 0; gi < gc; ++gi) {
         const int64_t b0 = (g0 + gi) * bpg;
         __m256 accg[R][T];
-        block<R, T, true, Checked>(b0, wr, xq, t0, accg);
-        for (int64_t b = b0 + 1; b < b0 + bpg; ++b) block<R, T, false, Checked>(b, wr, xq, t0, accg);
+        block<R, T, true, Checked, kLong>(b0, wr, xq, t0, accg);
+        for (int64_t b = b0 + 1; b < b0 + bpg; ++b) block<R, T, false, Checked, kLong>(b, wr, xq, t0, accg);
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
           const __m256 sg = _mm256_broadcast_ss(&sv[r][gi]);
@@ -428,9 +431,10 @@ void permute_acts(QuantizedActs& a, int64_t n, Perm perm) {
 }
 
 template <class C, Sd S>
-void run_affine(const WeightView& w, const QuantizedActs& a, const float* gq, int64_t ng, int64_t ng_pad, float* y) {
+AffineKernel<C, S> affine_kernel(const WeightView& w, const QuantizedActs& a, const float* gq, int64_t ng, int64_t ng_pad,
+                                 float* y) {
   const uint64_t esz = S == Sd::kF32 ? 4 : 2;
-  const AffineKernel<C, S> k{w.data,
+  return AffineKernel<C, S>{w.data,
                              w.data + static_cast<uint64_t>(w.rows) * w.row_bytes(),
                              w.row_bytes(),
                              w.scales,
@@ -443,7 +447,21 @@ void run_affine(const WeightView& w, const QuantizedActs& a, const float* gq, in
                              gq,
                              ng_pad,
                              y};
-  run_matmul_tiles(k, w.rows, a.n, w.cols + 4 * (w.cols / 32));
+}
+
+template <class C, Sd S>
+void run_affine(const WeightView& w, const QuantizedActs& a, const float* gq, int64_t ng, int64_t ng_pad, float* y) {
+  run_matmul_tiles(affine_kernel<C, S>(w, a, gq, ng, ng_pad, y), w.rows, a.n, w.cols + 4 * (w.cols / 32));
+}
+
+// Fused decode (kernels::matmul_multi: equal width, group size and scale dtype): the weights share
+// the quantized activations and one pool job.
+template <class C, Sd S>
+void run_affine_multi(const WeightView* ws, float* const* ys, int count, const QuantizedActs& a, const float* gq,
+                      int64_t ng, int64_t ng_pad) {
+  MultiKernel<AffineKernel<C, S>> mk;
+  for (int i = 0; i < count; ++i) mk.add(affine_kernel<C, S>(ws[i], a, gq, ng, ng_pad, ys[i]), ws[i].rows);
+  run_matmul_tiles(mk, mk.rows(), a.n, ws[0].cols + 4 * (ws[0].cols / 32));
 }
 
 template <class C, Sd S>
@@ -458,25 +476,43 @@ void run_affine_gemm(const WeightView& w, const QuantizedActs& a, const uint8_t*
 // From this many tokens on, 4- and 8-bit use the token-lane GEMM (one full 8-token group).
 constexpr int64_t kGemmMinTokens = 8;
 
+// The activations every affine kernel of width C reads: int8 blocks in C's order, and Σ x̂ per
+// (token, group), token-major so 8 groups are one load.
+struct AffineActs {
+  QuantizedActs a;
+  float* gq;
+  int64_t ng, ng_pad;
+};
+
+template <class C>
+AffineActs prepare_affine_acts(const float* x, int64_t n, int64_t cols, int64_t gs) {
+  AffineActs p;
+  p.ng = cols / gs;
+  p.ng_pad = (p.ng + 7) / 8 * 8;
+  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
+  p.a = quantized_acts_view(scratch, n, cols);
+  quantize_acts_avx2(x, n, cols, /*offset128=*/false, p.a);
+  permute_acts(p.a, n, C::kPerm);
+  p.gq = static_cast<float*>(thread_scratch(static_cast<size_t>(n * p.ng_pad) * sizeof(float), 1));
+  const int64_t bpg = gs / 32;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t g = 0; g < p.ng_pad; ++g) {
+      float q = 0;
+      if (g < p.ng)
+        for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) q += p.a.sums(b)[t];
+      p.gq[t * p.ng_pad + g] = q;
+    }
+  }
+  return p;
+}
+
 template <class C>
 void matmul_affine_impl(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  const int64_t cols = w.cols, gs = w.group_size, ng = cols / gs, ng_pad = (ng + 7) / 8 * 8;
-  void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
-  QuantizedActs a = quantized_acts_view(scratch, n, cols);
-  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
-  permute_acts(a, n, C::kPerm);
-  // Σ x̂ per (token, group) from the block sums, token-major so 8 groups are one load.
-  auto* gq = static_cast<float*>(thread_scratch(static_cast<size_t>(n * ng_pad) * sizeof(float), 1));
-  const int64_t bpg = gs / 32;
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t g = 0; g < ng_pad; ++g) {
-      float q = 0;
-      if (g < ng)
-        for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) q += a.sums(b)[t];
-      gq[t * ng_pad + g] = q;
-    }
-  }
+  const AffineActs p = prepare_affine_acts<C>(x, n, w.cols, w.group_size);
+  const QuantizedActs& a = p.a;
+  const float* gq = p.gq;
+  const int64_t ng = p.ng, ng_pad = p.ng_pad;
   if constexpr (std::is_same_v<C, Nib4> || std::is_same_v<C, Byte8>) {
     if (n >= kGemmMinTokens) {
       // Σ x̂ group-major for the token-lane GEMM (8 tokens = one load); padding tokens are 0.
@@ -500,7 +536,34 @@ void matmul_affine_impl(const WeightView& w, const float* x, int64_t n, float* y
   }
 }
 
+template <class C>
+void matmul_multi_affine_impl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  constexpr bool kHasGemm = std::is_same_v<C, Nib4> || std::is_same_v<C, Byte8>;
+  if (n <= 0 || (kHasGemm && n >= kGemmMinTokens)) {
+    for (int i = 0; i < count; ++i) matmul_affine_impl<C>(ws[i], x, n, ys[i]);
+    return;
+  }
+  const AffineActs p = prepare_affine_acts<C>(x, n, ws[0].cols, ws[0].group_size);
+  switch (ws[0].scale_dtype) {
+    case DType::kBF16: run_affine_multi<C, Sd::kBF16>(ws, ys, count, p.a, p.gq, p.ng, p.ng_pad); break;
+    case DType::kF16: run_affine_multi<C, Sd::kF16>(ws, ys, count, p.a, p.gq, p.ng, p.ng_pad); break;
+    default: run_affine_multi<C, Sd::kF32>(ws, ys, count, p.a, p.gq, p.ng, p.ng_pad); break;
+  }
+}
+
 }  // namespace
+
+void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  switch (ws[0].bits) {
+    case 2: matmul_multi_affine_impl<ShufN<2>>(ws, ys, count, x, n); break;
+    case 3: matmul_multi_affine_impl<ShufN<3>>(ws, ys, count, x, n); break;
+    case 4: matmul_multi_affine_impl<Nib4>(ws, ys, count, x, n); break;
+    case 5: matmul_multi_affine_impl<ShufN<5>>(ws, ys, count, x, n); break;
+    case 6: matmul_multi_affine_impl<ShufN<6>>(ws, ys, count, x, n); break;
+    case 8: matmul_multi_affine_impl<Byte8>(ws, ys, count, x, n); break;
+    default: LARDER_CHECK(false, "[kernels] avx2 matmul_multi_affine: bits %d", ws[0].bits);
+  }
+}
 
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y) {
   switch (w.bits) {

@@ -48,6 +48,9 @@ void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y);
 // MLX affine, any bits in {2,3,4,5,6,8} (read from the view), group sizes that are multiples of
 // 32; int8-quantized activations like Q8_0/Q4_0 (matmul_affine_avx2.cpp).
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);
+// kernels::matmul_multi for MLX affine weights of one width, group size and scale dtype (decode
+// fused: one quantization, one pool job; prefill one matmul_affine per weight).
+void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // GGUF Q4_K / Q6_K, int8-quantized activations like Q8_0/Q4_0 (matmul_kquant_avx2.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);

@@ -262,7 +262,10 @@ void register_fast_kernels(KernelTable& t) {
   }
   // MLX affine: int8 activations too (same opt-out).
   if (int8_act) {
-    for (int bits : {2, 3, 4, 5, 6, 8}) t.matmul_affine[bits] = fast_matmul_affine("avx2", bits);
+    for (int bits : {2, 3, 4, 5, 6, 8}) {
+      t.matmul_affine[bits] = fast_matmul_affine("avx2", bits);
+      t.matmul_multi_affine[bits] = avx2::matmul_multi_affine;
+    }
   }
   t.attention = avx2::attention;
   t.rmsnorm = avx2::rmsnorm;
