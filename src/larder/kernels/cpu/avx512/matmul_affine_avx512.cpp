@@ -312,6 +312,8 @@ void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, cons
   const bool fused = n > 0 && n < kGemm16MinTokens &&
                      ((ws[0].bits == 4 && decode_fits<4>(ws[0])) || (ws[0].bits == 8 && decode_fits<8>(ws[0])));
   if (!fused) {
+    // Decode of the other widths and group sizes runs the AVX2 kernel (as matmul_affine does), fused there.
+    if (n > 0 && n < kGemm16MinTokens) return avx2::matmul_multi_affine(ws, ys, count, x, n);
     for (int i = 0; i < count; ++i) matmul_affine(ws[i], x, n, ys[i]);
     return;
   }
