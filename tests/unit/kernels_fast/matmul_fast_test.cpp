@@ -133,6 +133,12 @@ std::vector<Case> cases(bool float_format) {
   cs.push_back({2048 / 8, 2048, 1});
   cs.push_back({96, 4096, 2});
   cs.push_back({40, 256, 64});  // several prefill token blocks
+  if (float_format) {
+    // The AVX-512 BF16 GEMM (n >= 16): several 512-pair K slices with a ragged last one and
+    // ragged rows (8/4/1-row tiles); 19 token groups = two chunks of groups, the last ragged.
+    cs.push_back({29, 2 * 1100 + 6, 37});
+    cs.push_back({13, 2 * 600, 300});
+  }
   return cs;
 }
 

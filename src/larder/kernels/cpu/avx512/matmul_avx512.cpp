@@ -214,31 +214,39 @@ struct BF16Kernel {
 // rounded to bf16 (as in BF16Kernel) and laid out as xl[g][k][lane] = the bf16 pair (x[2k],
 // x[2k+1]) of token 16g + lane, 64 bytes per (group, pair); a weight pair (4 bytes) is broadcast
 // against it, so one vdpbf16ps does 32 multiply-adds for 16 tokens of one row. A tile is 8 rows ×
-// 2 token groups (16 accumulators); its rows are first packed pair-major ([k][8] u32) into a
-// per-thread buffer so the inner loop addresses all 8 rows from one pointer, and the packing is
-// reused by every token group of the chunk. Per pair: 2 activation loads + 8 broadcast loads for
-// 16 vdpbf16ps. (BF16Kernel's 4 × 4 k-lane tiles re-stream each weight row per 4 tokens and
-// reached 167–300 GFLOP/s per core; this measured 2048-col and 8192-col shapes alike, see
-// bench/RESULTS.md.)
+// 2 token groups (16 accumulators, ≥ the 6-cycle latency × 1 per cycle of Zen 4's zmm
+// vdpbf16ps); per pair 2 activation loads + 8 broadcast loads feed 16 vdpbf16ps.
+//
+// Blocking (BLIS-like). The weight rows are packed pair-major ([k][8] u32) so the inner loop
+// addresses 8 rows from one pointer: rows 4–16 KiB apart would share L1 sets. The packing must be
+// amortized over many token groups, but one group's activations are 64 bytes × K/2 (256 KiB at
+// K = 8192), so without blocking over K only 2 groups fit the L2 at the down projection and the
+// packing (plus its stalls on the weight stream) cost it ~20 % against the 2048-column shapes.
+// So K is cut into slices of kKc pairs: per slice, a tile's packed rows (8 × kKc × 4 B = 16 KiB)
+// stay in L1 while every group of the chunk streams its activation slice (kKc × 64 B) from L2,
+// and the chunk's activation slices (≤ ~512 KiB) stay in L2 across its row tiles. Partial sums
+// between slices go through a per-thread f32 buffer (one load + store per accumulator per
+// slice); the last slice writes y. While a tile computes, the next tile's weight slice is
+// prefetched into L2, a share before each group pair (as gemm16_avx512.h does).
 struct Bf16Gemm {
   static constexpr int R = 8;
+  static constexpr int64_t kKc = 512;  // pairs per K slice
   const uint8_t* w;
   uint64_t row_bytes;
   int64_t rows, kp, n;  // kp = cols / 2
   const uint32_t* xl;   // [n_pad/16][kp][16]
   float* y;
 
+  // Rows r0..r0+RR-1, pairs [k0, k0 + kc) → pk[k][RR].
   template <int RR>
-  const uint32_t* pack(int64_t r0) const {
-    auto* pk = static_cast<uint32_t*>(thread_scratch(static_cast<size_t>(RR * kp) * 4, 4));
+  void pack(int64_t r0, int64_t k0, int64_t kc, uint32_t* pk) const {
     const uint8_t* src[RR];
-    for (int r = 0; r < RR; ++r) src[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    for (int r = 0; r < RR; ++r) src[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes + 4 * k0;
     int64_t k = 0;
     if constexpr (RR == 8) {
       // 8 rows × 8 pairs per step: an 8×8 transpose of 32-bit pairs (unpack 32, unpack 64, swap
-      // 128-bit halves). The scalar copy made packing ~2/3 of the time at 8192 columns, where a
-      // chunk holds only two token groups to amortize it over.
-      for (; k + 8 <= kp; k += 8) {
+      // 128-bit halves).
+      for (; k + 8 <= kc; k += 8) {
         __m256i v[8], t[8], u[8];
         for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[r] + 4 * k));
         for (int r = 0; r < 8; r += 2) {
@@ -253,27 +261,28 @@ struct Bf16Gemm {
         }
         auto* dst = reinterpret_cast<__m256i*>(pk + k * 8);
         for (int i = 0; i < 4; ++i) {
-          _mm256_storeu_si256(dst + i, _mm256_permute2x128_si256(u[i], u[i + 4], 0x20));
-          _mm256_storeu_si256(dst + i + 4, _mm256_permute2x128_si256(u[i], u[i + 4], 0x31));
+          _mm256_store_si256(dst + i, _mm256_permute2x128_si256(u[i], u[i + 4], 0x20));
+          _mm256_store_si256(dst + i + 4, _mm256_permute2x128_si256(u[i], u[i + 4], 0x31));
         }
       }
     }
-    for (; k < kp; ++k)
+    for (; k < kc; ++k)
       for (int r = 0; r < RR; ++r) std::memcpy(pk + k * RR + r, src[r] + 4 * k, 4);
-    return pk;
   }
 
+  // RR rows × G groups (g, g+1, ...) over pairs [k0, k0 + kc). c: this tile's partial sums,
+  // [G][RR][16] f32 — read unless `first`, written unless `last` (which stores y instead).
   template <int RR, int G>
-  void tile(const uint32_t* pk, int64_t r0, int64_t g) const {
+  void tile(const uint32_t* pk, int64_t r0, int64_t g, int64_t k0, int64_t kc, float* c, bool first, bool last) const {
     __m512 acc[RR][G];
     LARDER_UNROLL
     for (int r = 0; r < RR; ++r)
       LARDER_UNROLL
-      for (int j = 0; j < G; ++j) acc[r][j] = _mm512_setzero_ps();
+      for (int j = 0; j < G; ++j) acc[r][j] = first ? _mm512_setzero_ps() : _mm512_load_ps(c + (j * RR + r) * 16);
     const uint32_t* xg[G];
     LARDER_UNROLL
-    for (int j = 0; j < G; ++j) xg[j] = xl + (g + j) * kp * 16;
-    for (int64_t k = 0; k < kp; ++k) {
+    for (int j = 0; j < G; ++j) xg[j] = xl + ((g + j) * kp + k0) * 16;
+    for (int64_t k = 0; k < kc; ++k) {
       __m512i xa[G];
       LARDER_UNROLL
       for (int j = 0; j < G; ++j) xa[j] = _mm512_load_si512(xg[j] + 16 * k);
@@ -283,6 +292,13 @@ struct Bf16Gemm {
         LARDER_UNROLL
         for (int j = 0; j < G; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], as_bh(wv), as_bh(xa[j]));
       }
+    }
+    if (!last) {
+      LARDER_UNROLL
+      for (int r = 0; r < RR; ++r)
+        LARDER_UNROLL
+        for (int j = 0; j < G; ++j) _mm512_store_ps(c + (j * RR + r) * 16, acc[r][j]);
+      return;
     }
     LARDER_UNROLL
     for (int j = 0; j < G; ++j) {
@@ -295,56 +311,151 @@ struct Bf16Gemm {
     }
   }
 
+  // One K slice of RR rows against groups [g0, g1); c: [g1 - g0][RR][16] partial sums.
+  // next/next_bytes: the next tile's weight slice (one range per row), prefetched to L2.
   template <int RR>
-  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
-    const uint32_t* pk = pack<RR>(r0);
+  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1, int64_t k0, int64_t kc, float* c, const uint8_t* next,
+                     int next_rows) const {
+    auto* pk = static_cast<uint32_t*>(thread_scratch(static_cast<size_t>(RR * kKc) * 4, 4));
+    pack<RR>(r0, k0, kc, pk);
+    const bool first = k0 == 0, last = k0 + kc == kp;
+    const int64_t lines = (4 * kc + 63) / 64, pairs = (g1 - g0 + 1) / 2;
+    const int64_t per_pair = next ? (lines * next_rows + pairs - 1) / pairs : 0;
+    int64_t pf = 0;
+    auto prefetch = [&] {
+      for (int64_t e = pf + per_pair; pf < e && pf < lines * next_rows; ++pf) {
+        const uint8_t* p = next + static_cast<uint64_t>(pf / lines) * row_bytes + 64 * (pf % lines);
+        _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+      }
+    };
     int64_t g = g0;
-    for (; g + 2 <= g1; g += 2) tile<RR, 2>(pk, r0, g);
-    if (g < g1) tile<RR, 1>(pk, r0, g);
+    for (; g + 2 <= g1; g += 2) {
+      if (next) prefetch();
+      tile<RR, 2>(pk, r0, g, k0, kc, c + (g - g0) * RR * 16, first, last);
+    }
+    if (g < g1) {
+      if (next) prefetch();
+      tile<RR, 1>(pk, r0, g, k0, kc, c + (g - g0) * RR * 16, first, last);
+    }
+  }
+
+  // Rows [r0, r1) × groups [g0, g1), slice by slice.
+  void chunk(int64_t r0, int64_t r1, int64_t g0, int64_t g1) const {
+    const int64_t ng = g1 - g0;
+    float* c = kp > kKc ? static_cast<float*>(thread_scratch(static_cast<size_t>((r1 - r0) * ng * 16) * 4, 5)) : nullptr;
+    for (int64_t k0 = 0; k0 < kp; k0 += kKc) {
+      const int64_t kc = std::min(kKc, kp - k0);
+      // The slice after (r, k0): the next tile of this slice, else the first tile of the next one.
+      auto next_of = [&](int64_t r, int rr, int& nrows) -> const uint8_t* {
+        int64_t nr = r + rr, nk = k0;
+        if (nr >= r1) {
+          nr = r0;
+          nk = k0 + kKc;
+          if (nk >= kp) return nullptr;
+        }
+        nrows = static_cast<int>(std::min<int64_t>(R, r1 - nr));
+        return w + static_cast<uint64_t>(nr) * row_bytes + 4 * nk;
+      };
+      int64_t r = r0;
+      int nrows = 0;
+      for (; r + R <= r1; r += R) {
+        const uint8_t* nx = next_of(r, R, nrows);
+        rows_x_groups<R>(r, g0, g1, k0, kc, c ? c + (r - r0) * ng * 16 : nullptr, nx, nrows);
+      }
+      for (; r + 4 <= r1; r += 4) {
+        const uint8_t* nx = next_of(r, 4, nrows);
+        rows_x_groups<4>(r, g0, g1, k0, kc, c ? c + (r - r0) * ng * 16 : nullptr, nx, nrows);
+      }
+      for (; r < r1; ++r) {
+        const uint8_t* nx = next_of(r, 1, nrows);
+        rows_x_groups<1>(r, g0, g1, k0, kc, c ? c + (r - r0) * ng * 16 : nullptr, nx, nrows);
+      }
+    }
+  }
+};
+
+// 16×16 transpose of 32-bit elements: lane j of r[i] → lane i of r[j].
+LARDER_GEMM_INLINE void transpose16x16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // Per 128-bit lane L: r[4b + c] = column 4L + c of rows 4b..4b+3.
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i u0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), u1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
+    const __m512i v0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), v1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
+    t[c] = _mm512_shuffle_i32x4(u0, v0, 0x88);
+    t[4 + c] = _mm512_shuffle_i32x4(u0, v0, 0xDD);
+    t[8 + c] = _mm512_shuffle_i32x4(u1, v1, 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(u1, v1, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// x[n, cols] (cols even) → Bf16Gemm's token-lane activations (slot 1 of the calling thread):
+// rounded to bf16 (cvtne2ps2bf16: nearest even, as BF16Kernel), padding tokens and pairs zero.
+// Per 16 tokens × 16 pairs: 16 row loads, one 16×16 transpose, 16 full-line stores. (Scattering
+// each token's pairs with 4-byte stores 64 bytes apart cost 9–28 % of the GEMM: every store
+// missed L1 once a group's 64 B × K/2 outgrew it.)
+const uint32_t* bf16_token_lanes(const float* x, int64_t n, int64_t cols) {
+  const int64_t kp = cols / 2, groups = (n + 15) / 16;
+  auto* xl = static_cast<uint32_t*>(thread_scratch(static_cast<size_t>(groups * 16 * kp) * 4, 1));
+  default_pool().parallel_for(groups, [&](int64_t g, int) {
+    const int64_t lanes = std::min<int64_t>(16, n - 16 * g);
+    for (int64_t p0 = 0; p0 < kp; p0 += 16) {
+      const int64_t c = 2 * p0, left = cols - c;
+      const __mmask16 m0 = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
+      const __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : static_cast<__mmask16>((1u << (left - 16)) - 1);
+      __m512i r[16];
+      for (int l = 0; l < 16; ++l) {
+        if (l >= lanes) {
+          r[l] = _mm512_setzero_si512();
+          continue;
+        }
+        const float* xt = x + (16 * g + l) * cols + c;
+        const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, xt + 16), _mm512_maskz_loadu_ps(m0, xt));
+        r[l] = reinterpret_cast<const __m512i&>(v);
+      }
+      transpose16x16(r);
+      uint32_t* dst = xl + (g * kp + p0) * 16;
+      const int64_t np = std::min<int64_t>(16, kp - p0);
+      for (int64_t k = 0; k < np; ++k) _mm512_store_si512(dst + 16 * k, r[k]);
+    }
+  });
+  return xl;
+}
+
+// Chunks of the BF16 GEMM: 64 rows × token groups whose activation slices fit ~512 KiB of L2
+// (16 groups with 512-pair slices: one or two chunks of groups at n = 512).
+struct Bf16Plan {
+  int64_t groups, gb, n_gb, rb = 8 * Bf16Gemm::R;
+  Bf16Plan(int64_t n, int64_t kp) {
+    groups = (n + 15) / 16;
+    const int64_t slice = std::min(kp, Bf16Gemm::kKc);
+    gb = std::max<int64_t>(2, std::min<int64_t>(groups, (512 * 1024) / (slice * 64)));
+    n_gb = (groups + gb - 1) / gb;
+  }
+  int64_t row_blocks(int64_t rows) const { return (rows + rb - 1) / rb; }
+  void run(const Bf16Gemm& k, int64_t ib, int64_t ig) const {
+    const int64_t g0 = ig * gb;
+    k.chunk(ib * rb, std::min(k.rows, (ib + 1) * rb), g0, std::min(groups, g0 + gb));
   }
 };
 
 void gemm_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
-  const int64_t cols = w.cols, kp = cols / 2, n_pad = (n + 15) / 16 * 16, groups = n_pad / 16;
-  auto* xl = static_cast<uint32_t*>(thread_scratch(static_cast<size_t>(n_pad * kp) * 4, 1));
-  // Round to bf16 (cvtne2ps2bf16: nearest even, as BF16Kernel) and scatter the pairs into lanes;
-  // padding tokens are zero.
-  default_pool().parallel_for(groups, [&](int64_t g, int) {
-    for (int lane = 0; lane < 16; ++lane) {
-      const int64_t t = 16 * g + lane;
-      uint32_t* dst = xl + g * kp * 16 + lane;
-      if (t >= n) {
-        for (int64_t k = 0; k < kp; ++k) dst[16 * k] = 0;
-        continue;
-      }
-      const float* xt = x + t * cols;
-      int64_t c = 0;
-      for (; c + 32 <= cols; c += 32) {
-        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xt + c + 16), _mm512_loadu_ps(xt + c));
-        alignas(64) uint32_t pairs[16];
-        _mm512_store_si512(pairs, reinterpret_cast<__m512i&>(v));
-        for (int i = 0; i < 16; ++i) dst[16 * (c / 2 + i)] = pairs[i];
-      }
-      for (; c < cols; c += 2) {
-        const uint32_t lo = f32_to_bf16(xt[c]), hi = f32_to_bf16(xt[c + 1]);
-        dst[16 * (c / 2)] = lo | (hi << 16);
-      }
-    }
-  });
-  const Bf16Gemm k{w.data, w.row_bytes(), w.rows, kp, n, xl, y};
-  // Chunks: 32 rows × token groups whose activations fit ~512 KiB of L2.
-  const int64_t gb = std::max<int64_t>(2, std::min<int64_t>(groups, (512 * 1024) / (kp * 64)));
-  const int64_t n_gb = (groups + gb - 1) / gb;
-  const int64_t rb = 4 * Bf16Gemm::R, n_rb = (w.rows + rb - 1) / rb;
-  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
-    const int64_t ib = c % n_rb, ig = c / n_rb;
-    const int64_t r_end = std::min(w.rows, (ib + 1) * rb);
-    const int64_t g0 = ig * gb, g1 = std::min(groups, g0 + gb);
-    int64_t r = ib * rb;
-    for (; r + Bf16Gemm::R <= r_end; r += Bf16Gemm::R) k.rows_x_groups<Bf16Gemm::R>(r, g0, g1);
-    for (; r + 4 <= r_end; r += 4) k.rows_x_groups<4>(r, g0, g1);
-    for (; r < r_end; ++r) k.rows_x_groups<1>(r, g0, g1);
-  });
+  const int64_t kp = w.cols / 2;
+  const Bf16Gemm k{w.data, w.row_bytes(), w.rows, kp, n, bf16_token_lanes(x, n, w.cols), y};
+  const Bf16Plan plan(n, kp);
+  const int64_t n_rb = plan.row_blocks(w.rows);
+  // Group block outermost: consecutive chunks share their activation slices.
+  default_pool().parallel_for(n_rb * plan.n_gb, [&](int64_t c, int) { plan.run(k, c % n_rb, c / n_rb); });
 }
 
 constexpr int64_t kBf16GemmMinTokens = 16;
@@ -627,6 +738,33 @@ void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
   }
   BF16Kernel k{w.data, w.row_bytes(), w.rows, cols, cols32, xb, y};
   run_matmul_tiles(k, w.rows, n, cols32 * 2);
+}
+
+// Fused prefill (q/k/v, gate/up): the activations are converted once, and the chunks of all
+// weights run as one pool job. Decode (n < 16) runs one matmul per weight.
+void matmul_multi_bf16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  constexpr int kMax = 4;  // kernels::kMaxMultiMatmul
+  const int64_t cols = count > 0 ? ws[0].cols : 0;
+  if (n < kBf16GemmMinTokens || cols <= 0 || cols % 2 != 0 || count > kMax) {
+    for (int i = 0; i < count; ++i) matmul_bf16(ws[i], x, n, ys[i]);
+    return;
+  }
+  const int64_t kp = cols / 2;
+  const uint32_t* xl = bf16_token_lanes(x, n, cols);
+  const Bf16Plan plan(n, kp);
+  Bf16Gemm ks[kMax];
+  int64_t first_rb[kMax + 1] = {0};
+  for (int i = 0; i < count; ++i) {
+    ks[i] = Bf16Gemm{ws[i].data, ws[i].row_bytes(), ws[i].rows, kp, n, xl, ys[i]};
+    first_rb[i + 1] = first_rb[i] + plan.row_blocks(ws[i].rows);
+  }
+  const int64_t n_rb = first_rb[count];
+  default_pool().parallel_for(n_rb * plan.n_gb, [&](int64_t c, int) {
+    const int64_t ib = c % n_rb;
+    int i = 0;
+    while (ib >= first_rb[i + 1]) ++i;
+    plan.run(ks[i], ib - first_rb[i], c / n_rb);
+  });
 }
 
 }  // namespace larder::kernels::cpu::avx512

@@ -218,6 +218,7 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kQ4_0: return avx512::matmul_multi_q4_0;
       case DType::kQ4_K: return avx512::matmul_multi_q4_k;
       case DType::kQ6_K: return avx512::matmul_multi_q6_k;
+      case DType::kBF16: return avx512::matmul_multi_bf16;
       default: return nullptr;
     }
   }
