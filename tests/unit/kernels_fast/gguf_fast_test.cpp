@@ -12,8 +12,12 @@
 // A_i <= |w_i| + 2|c| + 32|s|; AVX-512 feeds w + 128 to vpdpbusd with bias c − 128·s, so
 // A_i = |w_i| + 2|c| + 256|s| — over nb blocks, a lane
 // tree, and the reference's own f32 decoding: tight = 2·(nb + 16)·u·Σ A_i·|x̂_i|.
-// A second, tight check replays the quantizer (quantize_acts_ref) and computes Σ w_i·x̂_i exactly
-// in double: the kernel must agree within `tight`, which catches lane/layout bugs the loose bound
+// The integer super-block decode kernels (AVX-512 Q5_K, n < 8) quantize per 256-element
+// super-block instead (act_quant.h QuantizedActsK), so there Q sums d_x/2 of the super-block;
+// their super-block dot is one exact int32 scaled by one f32 FMA per super-block (plus one for the
+// mins), within the same rounding bound.
+// A second, tight check replays the quantizer the kernel used (tests/support/act_replay.h) and
+// computes Σ w_i·x̂_i exactly in double: the kernel must agree within `tight`, which catches lane/layout bugs the loose bound
 // could hide. Weights are random bytes (every code, high bit and packed scale pattern) with f16
 // scales of realistic size; column counts include odd numbers of 32-blocks.
 #include <gtest/gtest.h>
@@ -34,11 +38,13 @@
 #include "larder/kernels/dispatch.h"
 #include "larder/kernels/gguf_blocks.h"
 #include "larder/kernels/ref/ref_ops.h"
+#include "../../support/act_replay.h"
 
 namespace larder::kernels {
 namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
+
 
 void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 float f16_at(const uint8_t* p) {
@@ -163,24 +169,18 @@ void check_tier(const char* tier, DType dt) {
         std::vector<float> y(static_cast<size_t>(n * rows), -1234.0f), yref(y.size());
         fast(w.view, x.data(), n, y.data());
         ref::matmul(w.view, x.data(), n, yref.data());
-        std::vector<uint8_t> qbuf(cpu::quantized_acts_bytes(n, cols) + 64);
-        cpu::QuantizedActs qa = cpu::quantized_acts_view(qbuf.data(), n, cols);
-        cpu::quantize_acts_ref(x.data(), n, cols, false, qa);
+        const test::ActReplay qa = test::replay_acts(x.data(), n, cols, test::super_block_acts(tier, dt, n));
         const int64_t nb = cols / 32;
         for (int64_t t = 0; t < n; ++t) {
           for (int64_t r = 0; r < rows; ++r) {
             double Q = 0, exact = 0, Sa = 0, S = 0;
-            for (int64_t b = 0; b < nb; ++b) {
-              const double dx = qa.d[b * qa.n_pad + t];
-              for (int j = 0; j < 32; ++j) {
-                const int64_t c = b * 32 + j;
-                const double wv = w.deq[r * cols + c];
-                const double xq = qa.qs[(t * nb + b) * 32 + j];
-                Q += dx / 2 * std::fabs(wv);
-                exact += dx * wv * xq;
-                Sa += dx * w.mag[r * cols + c] * std::fabs(xq);
-                S += std::fabs(wv * x[t * cols + c]);
-              }
+            for (int64_t c = 0; c < cols; ++c) {
+              const double dx = qa.dv(t, c), xq = qa.qv(t, c);
+              const double wv = w.deq[r * cols + c];
+              Q += dx / 2 * std::fabs(wv);
+              exact += dx * wv * xq;
+              Sa += dx * w.mag[r * cols + c] * std::fabs(xq);
+              S += std::fabs(wv * x[t * cols + c]);
             }
             const double got = y[t * rows + r], want = yref[t * rows + r];
             const double tight = 2 * (nb + 16) * kU * Sa + 1e-30;

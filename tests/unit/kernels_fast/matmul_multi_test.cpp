@@ -40,6 +40,7 @@ std::vector<uint8_t> random_weights(DType dt, int64_t rows, int64_t cols, std::m
   std::vector<size_t> f16_at;
   switch (dt) {
     case DType::kQ4_K: f16_at = {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)}; break;
+    case DType::kQ5_K: f16_at = {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)}; break;
     case DType::kQ6_K: f16_at = {offsetof(BlockQ6_K, d)}; break;
     default: f16_at = {0}; break;  // Q8_0, Q4_0
   }
@@ -130,8 +131,8 @@ TEST_P(FastMatmulMulti, EqualsOneMatmulPerWeight) {
 INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmulMulti,
                          testing::Values(TierFormat{"avx2", DType::kQ8_0}, TierFormat{"avx2", DType::kQ4_0},
                                          TierFormat{"avx512", DType::kQ8_0}, TierFormat{"avx512", DType::kQ4_0},
-                                         TierFormat{"avx512", DType::kQ4_K}, TierFormat{"avx512", DType::kQ6_K},
-                                         TierFormat{"avx512", DType::kBF16}),
+                                         TierFormat{"avx512", DType::kQ4_K}, TierFormat{"avx512", DType::kQ5_K},
+                                         TierFormat{"avx512", DType::kQ6_K}, TierFormat{"avx512", DType::kBF16}),
                          [](const testing::TestParamInfo<TierFormat>& p) {
                            return std::string(p.param.tier) + "_" + dtype_name(p.param.dtype);
                          });

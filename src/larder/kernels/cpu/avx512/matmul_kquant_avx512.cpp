@@ -5,8 +5,9 @@
 // with a per-block scale and bias, i.e. MLX affine with groups of one block. Unpacking a row turns
 // every super-block into 8 × 32 code bytes (chunk c's 32 bytes give sub-block 2c from the low
 // nibbles and 2c + 1 from the high ones, already in element order) plus 8 scales and biases;
-// it runs once per (8-row tile, chunk of token groups), off the inner loop. Decode (n < 8) stays on
-// the AVX2 kernel. Q6_K (16-element sub-block scales) runs the GEMM's half-block step, see Q6_KRows.
+// it runs once per (8-row tile, chunk of token groups), off the inner loop. Q4_K decode (n < 8) is
+// in decode_q4k_q5k_avx512.cpp. Q6_K (16-element sub-block scales) runs the GEMM's half-block
+// step, see Q6_KRows.
 #include <immintrin.h>
 
 #include <cstring>
@@ -102,79 +103,6 @@ struct Q6_KRows {
   }
 };
 
-
-// ---------------------------------------------------------------------------------------------
-// Q4_K decode (n < 8): 64 codes per zmm. A super-block's 128 code bytes are two zmm loads: the
-// low nibbles of chunks 0 and 1 are sub-blocks 0 and 2, their high nibbles sub-blocks 1 and 3
-// (chunks 2, 3 likewise 4/6 and 5/7). The activation blocks are permuted once per matmul into that
-// order ([b0 b2][b1 b3][b4 b6][b5 b7] per super-block), so each zmm of codes meets one zmm of
-// activations in one vpdpbusd; each 256-bit half of the result belongs to one sub-block, whose
-// d·sc and d_x are applied lane-wise (vpermps spreads the 8 sub-block scales into the four
-// half-patterns, the d_x patterns are precomputed per token). The mins term −dmin·Σ m_j·bs_j is
-// one 8-lane FMA. Per 256 weights and token: 4 vpdpbusd + 4 cvt + 4 mul + 4 FMA + 1 FMA, against
-// 8 × (maddubs + madd + cvt + FMA) and a code copy through the stack in the AVX2 kernel.
-struct Q4KDecode {
-  static constexpr int kRows1 = 4;
-  static constexpr int kRowsN = 2;
-  const uint8_t* w;
-  uint64_t row_bytes;
-  int64_t rows, nsb;
-  const uint8_t* acts;  // [n][nsb][256] int8, permuted per super-block
-  const float* dxp;     // [n][nsb][4][16] per-lane d_x
-  const float* bs;      // [n][nsb][8] d_x·Σq per sub-block (natural order)
-  float* y;
-
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    const float* f16 = f16_table();
-    __m512 acc[R][T];
-    zero_acc(acc);
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i pat[4] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-                            _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
-                            _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
-                            _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
-    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_ahead(base, R * row_bytes, sb * sizeof(BlockQ4_K) * R, sizeof(BlockQ4_K) * R);
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockQ4_K);
-        const float d = f16[load_u16(blk)], dmin = f16[load_u16(blk + 2)];
-        const Q4KScaleBytes sm = q4k_scale_bytes(blk + 4);
-        const __m256 scf = _mm256_mul_ps(
-            _mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                   _mm_set_epi32(0, 0, static_cast<int>(sm.sc_hi), static_cast<int>(sm.sc_lo)))));
-        const __m256 mf = _mm256_mul_ps(
-            _mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                      _mm_set_epi32(0, 0, static_cast<int>(sm.m_hi), static_cast<int>(sm.m_lo)))));
-        const __m512 sc16 = _mm512_castps256_ps512(scf);
-        const __m512i v01 = _mm512_loadu_si512(blk + 16), v23 = _mm512_loadu_si512(blk + 80);
-        const __m512i u[4] = {_mm512_and_si512(v01, m4), _mm512_and_si512(_mm512_srli_epi16(v01, 4), m4),
-                              _mm512_and_si512(v23, m4), _mm512_and_si512(_mm512_srli_epi16(v23, 4), m4)};
-        __m512 scp[4];
-        LARDER_UNROLL
-        for (int i = 0; i < 4; ++i) scp[i] = _mm512_permutexvar_ps(pat[i], sc16);
-        LARDER_UNROLL
-        for (int t = 0; t < T; ++t) {
-          const int64_t at = (t0 + t) * nsb + sb;
-          const uint8_t* xa = acts + at * 256;
-          const float* dp = dxp + at * 64;
-          __m512 s = acc[r][t];
-          LARDER_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            const __m512 f = _mm512_cvtepi32_ps(
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[i], _mm512_load_si512(xa + 64 * i)));
-            s = _mm512_fmadd_ps(_mm512_mul_ps(f, _mm512_load_ps(dp + 16 * i)), scp[i], s);
-          }
-          const __m256 mins = _mm256_mul_ps(mf, _mm256_loadu_ps(bs + at * 8));
-          acc[r][t] = _mm512_sub_ps(s, _mm512_zextps256_ps512(mins));
-        }
-      }
-    }
-    store_acc(acc, y, rows, r0, t0);
-  }
-};
 
 // Q6_K decode (n < 8): 64 codes per zmm, in natural element order. Half h of a super-block
 // (elements 128h..128h+127) is one 64-byte ql load [ql A | ql B] and its 32 qh bytes broadcast to
@@ -280,37 +208,6 @@ void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   run_matmul_tiles(k, w.rows, n, w.cols + w.cols / 8);
 }
 
-Q4KDecode prepare_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
-  const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
-  const size_t acts_bytes = static_cast<size_t>(n * nb) * 32, dxp_bytes = static_cast<size_t>(n * nsb) * 256;
-  auto* buf = static_cast<uint8_t*>(thread_scratch(acts_bytes + dxp_bytes + static_cast<size_t>(n * nb) * 4 + 64, 1));
-  auto* acts = buf;
-  auto* dxp = reinterpret_cast<float*>(buf + acts_bytes);
-  auto* bs = reinterpret_cast<float*>(buf + acts_bytes + dxp_bytes);
-  static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-  for (int64_t t = 0; t < n; ++t) {
-    const int8_t* q = a.token_blocks(t);
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      uint8_t* dst = acts + (t * nsb + sb) * 256;
-      float* dp = dxp + (t * nsb + sb) * 64;
-      for (int i = 0; i < 8; ++i) {
-        const int64_t blk = 8 * sb + kOrder[i];
-        std::memcpy(dst + 32 * i, q + blk * 32, 32);
-        const float dx = a.scales(blk)[t];
-        for (int l = 0; l < 8; ++l) dp[8 * i + l] = dx;
-        bs[(t * nsb + sb) * 8 + i] = a.sums(8 * sb + i)[t];
-      }
-    }
-  }
-  return Q4KDecode{w.data, w.row_bytes(), w.rows, nsb, acts, dxp, bs, y};
-}
-
-void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
-  const Q4KDecode k = prepare_q4_k(w, x, n, y);
-  run_matmul_tiles(k, w.rows, n, w.cols + w.cols / 8);
-}
-
 // Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
 template <class K>
 void decode_multi(K (*prepare)(const WeightView&, const float*, int64_t, float*), const WeightView* ws,
@@ -349,18 +246,10 @@ void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const 
   decode_multi(prepare_q6_k, ws, ys, count, x, n);
 }
 
-void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens) {
-    for (int i = 0; i < count; ++i) matmul_q4_k(ws[i], x, n, ys[i]);
-    return;
-  }
-  decode_multi(prepare_q4_k, ws, ys, count, x, n);
-}
-
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
   if (n < kGemm16MinTokens) {
-    decode_q4_k(w, x, n, y);
+    decode_q4_k(w, x, n, y);  // decode_q4k_q5k_avx512.cpp
     return;
   }
   const Acts16 a = quantize_acts16(x, n, w.cols);

@@ -6,7 +6,7 @@
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats and MLX affine prefill on one
 //            16-token-lane vpdpbusd GEMM (gemm16_avx512.h); decode kernels with 64 weights per zmm
-//            for Q4_0, Q4_K, Q6_K, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
+//            for Q4_0, Q4_K, Q5_K (integer super-block sums over QuantizedActsK), Q6_K, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
 //            BF16 prefill and decode on vdpbf16ps.
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
 // Both tiers run on the process-wide core/threadpool.h pool.
@@ -89,6 +89,7 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 // Prefill (n >= 16): one bf16 activation conversion and one pool job for all weights.
@@ -102,8 +103,13 @@ void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, cons
 // GGUF Q4_K / Q6_K: prefill on the VNNI GEMM, decode 64 codes per zmm (matmul_kquant_avx512.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
+// Q4_K / Q5_K decode (n < 8; the matmul entry points call them): integer super-block
+// accumulation over QuantizedActsK (decode_q4k_q5k_avx512.cpp).
+void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
 // GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS: one kernel over the unpackers of
-// gguf_unpack.h, prefill on the VNNI GEMM, decode on the AVX2 kernels (measured faster) (matmul_gguf_avx512.cpp).
+// gguf_unpack.h, prefill on the VNNI GEMM, decode on the AVX2 kernels (measured faster) except
+// Q5_K (decode_q5_k) (matmul_gguf_avx512.cpp).
 void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y);
