@@ -231,6 +231,12 @@ TEST_P(FastMatmulMultiAffine, EqualsOneMatmulPerWeight) {
 
 INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmulMultiAffine, testing::Values("avx2", "avx512"),
                          [](const testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+// The IQ4 codebook formats' fused decode (decode_iq4_avx512.cpp).
+INSTANTIATE_TEST_SUITE_P(Iq4, FastMatmulMulti,
+                         testing::Values(TierFormat{"avx512", DType::kIQ4_NL}),
+                         [](const testing::TestParamInfo<TierFormat>& p) {
+                           return std::string(p.param.tier) + "_" + dtype_name(p.param.dtype);
+                         });
 
 // The ops.h entry point groups a mixed q/k/v (Q4_K_M: Q4_K q/k, Q6_K v) by format and keeps each
 // output in its place, whatever the active table.

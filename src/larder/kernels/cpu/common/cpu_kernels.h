@@ -6,7 +6,7 @@
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats and MLX affine prefill on one
 //            16-token-lane vpdpbusd GEMM (gemm16_avx512.h); decode kernels with 64 weights per zmm
-//            for Q4_0, Q4_K, Q5_K (integer super-block sums over QuantizedActsK), Q6_K, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
+//            for Q4_0, Q4_K, Q5_K (integer super-block sums over QuantizedActsK), Q6_K, IQ4_NL, IQ4_XS, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
 //            BF16 prefill and decode on vdpbf16ps.
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
 // Both tiers run on the process-wide core/threadpool.h pool.
@@ -118,6 +118,12 @@ void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
+// IQ4_XS / IQ4_NL decode (n < 8; the matmul entry points call them): vpshufb codebook lookup into
+// vpdpbusd, IQ4_XS over QuantizedActsK super-blocks (decode_iq4_avx512.cpp); and their fused decode.
+void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Compute ceilings of the tier's prefill instructions on all pool threads (peak_avx512.cpp):
 // zmm vpdpbusd, GOP/s (1 MAC = 2 OP), and zmm vdpbf16ps, GFLOP/s.
 double int8_dot_peak(ThreadPool& pool);

@@ -1,0 +1,305 @@
+// decode_iq4_avx512.cpp — GGUF IQ4_XS and IQ4_NL decode (n < kGemm16MinTokens) on the AVX-512 tier.
+//
+// Both formats store 4-bit indices into the signed codebook kIq4Values (−127..113). The codebook
+// is looked up with one vpshufb per 64 codes (16 entries = one 128-bit lane, broadcast to all four;
+// vpermb would save the nibble mask but needs VBMI, which the tier does not require), and the table
+// holds v + 128 (1..241) so the looked-up byte is directly the UNSIGNED operand of vpdpbusd against
+// the signed int8 activations. The +128 is folded out in the integer domain by seeding each
+// accumulator lane with −128·Σq over the lane's activations (precomputed per token, once per
+// matmul):  seed + Σ (v + 128)·q = Σ v·q, exact in int32.
+//
+// Why vpdpbusd and not vpmaddubsw + vpdpwssd (the Q4_K/Q5_K kernels' route): maddubs cannot take
+// v + 128 (pair sums up to 2·241·127 saturate int16), so it would need |v| as the unsigned operand
+// and the sign moved onto the activations — per 64 weights and token a vptestmb-derived masked
+// negate of q (the tier has no vpsignb), maddubs, and dpwssd: 3 ops, 12 per 256 plus cvt + FMA.
+// vpdpbusd does 64 multiply-adds into int32 in one op: 4 per 256, plus the float scaling below
+// (2 cvt + 1 mul + 2 FMA), i.e. 9 ops per 256 weights and token; on Zen 4, where every zmm op is
+// two 256-bit halves, the op count is what bounds decode.
+//
+// IQ4_XS (value = d·(ls_j − 32)·v over sub-block j of 32, 6-bit ls_j; one activation scale per 256,
+// act_quant.h QuantizedActsK): a super-block's 128 code bytes are two zmm loads, A (sub-blocks
+// 0–3) and B (4–7); 128-bit lane k of A holds sub-block k's 16 bytes, whose low nibbles are its
+// elements 0–15 and high nibbles 16–31. The activations are permuted once per matmul into the
+// same order (xA_lo, xA_hi, xB_lo, xB_hi: 16-byte pieces), so the two dpbusd of A chain into one
+// int32 vector whose lanes 4k..4k+3 all belong to sub-block k (likewise B for 4–7). An int32 lane
+// sums 8 products (|Σ| < 2^17, exact in f32), so per super-block and token: cvt(A)·(d·ls pattern)
+// + cvt(B)·(pattern) and one FMA by d_x — the sub-block scales cannot ride as integers (the int32
+// sums do not fit the int16 operand of vpmaddwd), and this costs fewer ops than vpmulld would.
+// The 8 scales are decoded once per row and super-block in one ymm (variable shifts of the packed
+// scales_l / scales_h) and spread into the two 16-lane patterns by vpermps.
+//
+// IQ4_NL (value = d·v over blocks of 32 with an f16 d each; 32-element activation blocks): Q4_0's
+// four-block step (matmul_avx512.cpp, Q4_0Quad: the blocks have the same 18-byte layout, so the
+// same two word permutes cut codes and scales apart) with the codebook lookup in place of the
+// implicit −8: per 128 weights and token 2 dpbusd + cvt + mul + FMA.
+//
+// Tiles: R = 4 rows for one token (4 independent accumulator chains), 2 rows × up to 4 tokens
+// otherwise; each row's codes are unpacked into registers once and reused by every token.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "larder/core/dtype.h"
+#include "larder/kernels/cpu/avx512/gemm16_avx512.h"
+#include "larder/kernels/cpu/common/act_quant.h"
+#include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/matmul_driver.h"
+#include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/gguf_blocks.h"
+
+namespace larder::kernels::cpu::avx512 {
+
+namespace {
+
+using namespace simd;
+
+// kIq4Values + 128 in each 128-bit lane (vpshufb looks up within lanes). A 64-byte constant, not
+// vbroadcasti32x4 (GCC 12 warns about that intrinsic's undefined pass-through operand).
+__m512i iq4_table_u8() {
+  alignas(64) static constexpr uint8_t kTable[64] = {
+      1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241,
+      1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241,
+      1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241,
+      1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+  static_assert([] {
+    for (int i = 0; i < 64; ++i)
+      if (kTable[i] != kIq4Values[i % 16] + 128) return false;
+    return true;
+  }());
+  return _mm512_load_si512(kTable);
+}
+
+// −128·(Σ of each int32 lane's 4 bytes of lo + 4 bytes of hi): the seed that removes the +128.
+__m512i seed128(__m512i lo, __m512i hi) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, lo), ones, hi);
+  return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7));
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ4_XS
+struct IQ4XSDecode {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+  static constexpr int kActBytes = 384;  // per token and super-block: xA_lo, xA_hi, xB_lo, xB_hi, seedA, seedB
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nsb;
+  const uint8_t* acts;  // [n][nsb][384]
+  const float* dx;      // [n][nsb] (QuantizedActsK::d)
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
+    const float* f16 = f16_table();
+    __m512 acc[R][T];
+    zero_acc(acc);
+    const __m512i tbl = iq4_table_u8(), m4 = _mm512_set1_epi8(0x0f);
+    const __m256i sh_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_h = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i m15 = _mm256_set1_epi32(15), m48 = _mm256_set1_epi32(48), k32 = _mm256_set1_epi32(32);
+    const __m512i pat_a = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i pat_b = _mm512_add_epi32(pat_a, _mm512_set1_epi32(4));
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      prefetch_rows<kLong>(base, R, row_bytes, sb * sizeof(BlockIQ4_XS), sizeof(BlockIQ4_XS));
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockIQ4_XS);
+        // ls_j = (scales_l nibble j | scales_h bits 2j..2j+1 << 4) − 32, j = 0..7 in one ymm.
+        uint32_t sl;
+        std::memcpy(&sl, blk + offsetof(BlockIQ4_XS, scales_l), 4);
+        const uint32_t sh = load_u16(blk + offsetof(BlockIQ4_XS, scales_h));
+        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), sh_l), m15);
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sh << 4)), sh_h), m48);
+        const __m256 scf = _mm256_mul_ps(_mm256_set1_ps(f16[load_u16(blk)]),
+                                         _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), k32)));
+        const __m512 sc16 = _mm512_castps256_ps512(scf);
+        const __m512 sca = _mm512_permutexvar_ps(pat_a, sc16), scb = _mm512_permutexvar_ps(pat_b, sc16);
+        const __m512i va = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs));
+        const __m512i vb = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs) + 64);
+        const __m512i ua_lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(va, m4));
+        const __m512i ua_hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(va, 4), m4));
+        const __m512i ub_lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(vb, m4));
+        const __m512i ub_hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(vb, 4), m4));
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const int64_t at = (t0 + t) * nsb + sb;
+          const uint8_t* x = acts + at * kActBytes;
+          const __m512i da = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_load_si512(x + 256), ua_lo, _mm512_load_si512(x)), ua_hi,
+              _mm512_load_si512(x + 64));
+          const __m512i db = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_load_si512(x + 320), ub_lo, _mm512_load_si512(x + 128)), ub_hi,
+              _mm512_load_si512(x + 192));
+          const __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(db), scb, _mm512_mul_ps(_mm512_cvtepi32_ps(da), sca));
+          acc[r][t] = _mm512_fmadd_ps(s, _mm512_set1_ps(dx[at]), acc[r][t]);
+        }
+      }
+    }
+    store_acc(acc, y, rows, r0, t0);
+  }
+};
+
+// Quantizes x per super-block (QuantizedActsK, slot 0) and lays out the IQ4XSDecode activations
+// (slot 1) for w; matmul_multi reuses them for every weight of the group.
+IQ4XSDecode prepare_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nsb = cols / 256;
+  QuantizedActsK a = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, cols)), n, cols);
+  quantize_acts_k_avx2(x, n, cols, a);
+  auto* acts = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * nsb) * IQ4XSDecode::kActBytes + 64, 1));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const int8_t* q = a.token(t) + sb * 256;
+      uint8_t* dst = acts + (t * nsb + sb) * IQ4XSDecode::kActBytes;
+      for (int h = 0; h < 2; ++h) {      // A: sub-blocks 0–3, B: 4–7
+        for (int k = 0; k < 4; ++k) {
+          const int8_t* sub = q + 32 * (4 * h + k);
+          std::memcpy(dst + 128 * h + 16 * k, sub, 16);
+          std::memcpy(dst + 128 * h + 64 + 16 * k, sub + 16, 16);
+        }
+        _mm512_store_si512(dst + 256 + 64 * h, seed128(_mm512_load_si512(dst + 128 * h), _mm512_load_si512(dst + 128 * h + 64)));
+      }
+    }
+  }
+  return IQ4XSDecode{w.data, w.row_bytes(), w.rows, nsb, acts, a.d, y};
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ4_NL: four 18-byte blocks (72 bytes, every field 16-bit aligned) per step, as Q4_0Quad.
+struct IQ4NLQuad {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, ng, nb;  // 4-block groups per row (the last may be partial), blocks per row
+  const uint8_t* acts;   // [n][ng][256]: x_lo[64], x_hi[64], seed[16] i32, d_x[16] f32
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
+    alignas(64) static constexpr uint16_t kCodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
+                                                          19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
+    alignas(64) static constexpr uint16_t kScaleIdx[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
+    const __m512i code_idx = _mm512_load_si512(kCodeIdx), scale_idx = _mm512_load_si512(kScaleIdx);
+    const __m512i tbl = iq4_table_u8(), m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[R][T];
+    zero_acc(acc);
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    const int64_t full = nb / 4;
+    auto step = [&](int64_t g, bool tail) {
+      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * 72, 72);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = base + r * row_bytes + 72 * g;
+        __m512i z0, z1;
+        if (!tail) {
+          z0 = _mm512_loadu_si512(p);
+          z1 = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
+        } else {
+          // Masked-out blocks: scale 0 and zero activations and seeds, so they add exactly 0.
+          const int64_t bytes = 18 * (nb - 4 * g);  // 18..54
+          z0 = _mm512_maskz_loadu_epi8((uint64_t{1} << bytes) - 1, p);
+          z1 = _mm512_setzero_si512();
+        }
+        const __m512i codes = _mm512_permutex2var_epi16(z0, code_idx, z1);
+        const __m512i lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(codes, m4));
+        const __m512i hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4));
+        const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_idx, z0)));
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const uint8_t* a = acts + ((t0 + t) * ng + g) * 256;
+          const __m512i v = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_load_si512(a + 128), lo, _mm512_load_si512(a)), hi, _mm512_load_si512(a + 64));
+          const __m512 sc = _mm512_mul_ps(dw, _mm512_load_ps(reinterpret_cast<const float*>(a + 192)));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), sc, acc[r][t]);
+        }
+      }
+    };
+    for (int64_t g = 0; g < full; ++g) step(g, false);
+    if (full < ng) step(full, true);
+    store_acc(acc, y, rows, r0, t0);
+  }
+};
+
+IQ4NLQuad prepare_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nb = cols / 32, ng = (nb + 3) / 4;
+  QuantizedActs a = quantize_for_decode(x, n, cols);
+  auto* out = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * ng) * 256 + 64, 1));
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* q = a.token_blocks(t);
+    for (int64_t g = 0; g < ng; ++g) {
+      uint8_t* dst = out + (t * ng + g) * 256;
+      alignas(64) uint8_t lo[64] = {}, hi[64] = {};
+      alignas(64) float dx[16] = {};
+      for (int k = 0; k < 4 && 4 * g + k < nb; ++k) {
+        const int64_t b = 4 * g + k;
+        std::memcpy(lo + 16 * k, q + 32 * b, 16);
+        std::memcpy(hi + 16 * k, q + 32 * b + 16, 16);
+        for (int l = 0; l < 4; ++l) dx[4 * k + l] = a.scales(b)[t];
+      }
+      const __m512i xl = _mm512_load_si512(lo), xh = _mm512_load_si512(hi);
+      _mm512_store_si512(dst, xl);
+      _mm512_store_si512(dst + 64, xh);
+      _mm512_store_si512(dst + 128, seed128(xl, xh));
+      _mm512_store_ps(reinterpret_cast<float*>(dst + 192), _mm512_load_ps(dx));
+    }
+  }
+  return IQ4NLQuad{w.data, w.row_bytes(), w.rows, ng, nb, out, y};
+}
+
+// Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
+template <class K>
+void decode_multi(K (*prepare)(const WeightView&, const float*, int64_t, float*), const WeightView* ws,
+                  float* const* ys, int count, const float* x, int64_t n) {
+  MultiKernel<K> mk;
+  const K first = prepare(ws[0], x, n, ys[0]);
+  for (int i = 0; i < count; ++i) {
+    K k = first;
+    k.w = ws[i].data;
+    k.row_bytes = ws[i].row_bytes();
+    k.rows = ws[i].rows;
+    k.y = ys[i];
+    mk.add(k, ws[i].rows);
+  }
+  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + ws[0].cols / 8);
+}
+
+template <class K>
+void decode_one(K (*prepare)(const WeightView&, const float*, int64_t, float*), const WeightView& w, const float* x,
+                int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  const K k = prepare(w, x, n, y);
+  run_matmul_tiles(k, w.rows, n, w.cols + w.cols / 8);
+}
+
+}  // namespace
+
+void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) { decode_one(prepare_iq4_xs, w, x, n, y); }
+void decode_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { decode_one(prepare_iq4_nl, w, x, n, y); }
+
+void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) {
+    for (int i = 0; i < count; ++i) matmul_iq4_xs(ws[i], x, n, ys[i]);
+    return;
+  }
+  decode_multi(prepare_iq4_xs, ws, ys, count, x, n);
+}
+void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) {
+    for (int i = 0; i < count; ++i) matmul_iq4_nl(ws[i], x, n, ys[i]);
+    return;
+  }
+  decode_multi(prepare_iq4_nl, ws, ys, count, x, n);
+}
+
+}  // namespace larder::kernels::cpu::avx512
