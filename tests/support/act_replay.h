@@ -29,7 +29,8 @@ inline bool super_block_acts(const char* tier, DType dt, int64_t n) {
   const bool avx512 = std::strcmp(tier, "avx512") == 0;
   switch (dt) {
     case DType::kQ4_K:
-    case DType::kQ5_K: return avx512;
+    case DType::kQ5_K:
+    case DType::kIQ4_XS: return avx512;
     default: return false;
   }
 }

@@ -12,10 +12,12 @@
 // A_i <= |w_i| + 2|c| + 32|s|; AVX-512 feeds w + 128 to vpdpbusd with bias c − 128·s, so
 // A_i = |w_i| + 2|c| + 256|s| — over nb blocks, a lane
 // tree, and the reference's own f32 decoding: tight = 2·(nb + 16)·u·Σ A_i·|x̂_i|.
-// The integer super-block decode kernels (AVX-512 Q5_K, n < 8) quantize per 256-element
+// The integer super-block decode kernels (AVX-512 Q5_K, IQ4_XS, n < 8) quantize per 256-element
 // super-block instead (act_quant.h QuantizedActsK), so there Q sums d_x/2 of the super-block;
 // their super-block dot is one exact int32 scaled by one f32 FMA per super-block (plus one for the
-// mins), within the same rounding bound.
+// mins), within the same rounding bound. AVX-512 IQ4_XS (same activations) keeps one exact int32
+// per 4-element lane of a sub-block and scales it by d·ls_j, then by d_x (2 f32 roundings per lane,
+// inside the per-block allowance of the bound).
 // A second, tight check replays the quantizer the kernel used (tests/support/act_replay.h) and
 // computes Σ w_i·x̂_i exactly in double: the kernel must agree within `tight`, which catches lane/layout bugs the loose bound
 // could hide. Weights are random bytes (every code, high bit and packed scale pattern) with f16

@@ -6,8 +6,8 @@
 // (group mode) or per half (half-block mode, Q2_K and Q3_K); see GgufRows.
 //
 // Decode (fewer tokens) runs the AVX2 kernels (matmul_gguf_avx2.cpp), except Q5_K (its own integer
-// super-block kernel, decode_q4k_q5k_avx512.cpp) and IQ4_NL (its own codebook kernel,
-// decode_iq4_avx512.cpp). A zmm decode kernel over
+// super-block kernel, decode_q4k_q5k_avx512.cpp), IQ4_NL and IQ4_XS (their own codebook
+// kernels, decode_iq4_avx512.cpp). A zmm decode kernel over
 // the same unpackers (two 32-blocks per vpdpbusd, per-lane scale/bias arrays) measured slower on
 // Zen 4 at 8192x2048, n = 1, 1 thread CPU time: Q4_1 2966 vs 962 µs, Q5_K 2071 vs 1611, Q3_K
 // 2831 vs 1648 (bench/RESULTS.md) — the unpack-to-stack and per-lane arrays cost more than the
@@ -105,7 +105,7 @@ void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackQ5_K>(w, x, n, y, decode_q5_k);  // decode_q4k_q5k_avx512.cpp
 }
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
-  matmul_gguf<UnpackIQ4_XS>(w, x, n, y, avx2::matmul_iq4_xs);
+  matmul_gguf<UnpackIQ4_XS>(w, x, n, y, decode_iq4_xs);  // decode_iq4_avx512.cpp
 }
 
 }  // namespace larder::kernels::cpu::avx512

@@ -221,6 +221,7 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kQ6_K: return avx512::matmul_multi_q6_k;
       case DType::kBF16: return avx512::matmul_multi_bf16;
       case DType::kIQ4_NL: return avx512::matmul_multi_iq4_nl;
+      case DType::kIQ4_XS: return avx512::matmul_multi_iq4_xs;
       default: return nullptr;
     }
   }
@@ -289,8 +290,9 @@ void register_fast_kernels(KernelTable& t) {
   // formats keep their AVX2 decode on this tier (matmul_gguf_avx512.cpp: a zmm unpacker kernel
   // measured slower).
   // A CPU with the AVX2 tier only (Zen 3) runs the AVX2 column.
-  // IQ4_NL decodes on AVX-512 (decode_iq4_avx512.cpp; session 15, same bench on a loaded host,
-  // medians of 3 alternating runs, gate/up / down): 920 / 1002 → 424 / 450 µs, AVX2 ~1000 / ~1000.
+  // IQ4_NL and IQ4_XS decode on AVX-512 (decode_iq4_avx512.cpp; session 15, same bench on a loaded
+  // host, medians of 3 alternating runs, gate/up / down): IQ4_NL 920 / 1002 → 424 / 450 µs (AVX2
+  // ~1000 / ~1000), IQ4_XS 1143 / 1239 → 389 / 415 µs (AVX2 ~1080 / ~1240).
   if (f.has_avx512_tier()) {
     const KernelTable before = t;
     for (DType d : kFormats) {
