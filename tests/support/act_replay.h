@@ -26,10 +26,10 @@ struct ActReplay {
 // 32-element block. One line per format as the kernels move over.
 inline bool super_block_acts(const char* tier, DType dt, int64_t n) {
   if (n >= 8) return false;  // the prefill GEMMs quantize 32-element blocks on both tiers
-  const bool avx512 = std::strcmp(tier, "avx512") == 0;
+  [[maybe_unused]] const bool avx512 = std::strcmp(tier, "avx512") == 0;
   switch (dt) {
     case DType::kQ4_K:
-    case DType::kQ5_K:
+    case DType::kQ5_K: return true;  // both tiers
     case DType::kIQ4_XS: return avx512;
     default: return false;
   }

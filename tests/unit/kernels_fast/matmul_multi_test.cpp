@@ -130,6 +130,7 @@ TEST_P(FastMatmulMulti, EqualsOneMatmulPerWeight) {
 
 INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmulMulti,
                          testing::Values(TierFormat{"avx2", DType::kQ8_0}, TierFormat{"avx2", DType::kQ4_0},
+                                         TierFormat{"avx2", DType::kQ4_K}, TierFormat{"avx2", DType::kQ5_K},
                                          TierFormat{"avx512", DType::kQ8_0}, TierFormat{"avx512", DType::kQ4_0},
                                          TierFormat{"avx512", DType::kQ4_K}, TierFormat{"avx512", DType::kQ5_K},
                                          TierFormat{"avx512", DType::kQ6_K}, TierFormat{"avx512", DType::kBF16}),

@@ -511,7 +511,13 @@ void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y) { mat
 void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_or_linear<UnpackIQ4_NL, LinIQ4_NL>(w, x, n, y); }
 void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ2_K>(w, x, n, y); }
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ3_K>(w, x, n, y); }
-void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ5_K>(w, x, n, y); }
+void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= kGemmMinTokens) {
+    matmul_gguf_gemm<UnpackQ5_K>(w, x, n, y);
+  } else {
+    decode_q5_k(w, x, n, y);  // decode_q4k_q5k_avx2.cpp
+  }
+}
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackIQ4_XS>(w, x, n, y); }
 
 }  // namespace larder::kernels::cpu::avx2

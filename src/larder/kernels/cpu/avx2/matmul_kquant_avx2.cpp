@@ -1,4 +1,6 @@
 // matmul_kquant_avx2.cpp — y[n, rows] = x[n, cols]·Wᵀ for GGUF Q4_K and Q6_K weights, AVX2.
+// (Q4_K decode, n < 8, runs decode_q4k_q5k_avx2.cpp's integer super-block kernel; what follows
+// about 32-block decode tiles now serves Q6_K, and Q4_K's prefill GEMM.)
 //
 // Block layouts: ref/kquant.cpp. Activations are quantized once per matmul into the same 32-wide
 // int8 blocks as Q4_0/Q8_0 (act_quant.h), which line up with the K-quant sub-blocks: a Q4_K
@@ -435,7 +437,7 @@ void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= 8) {
     matmul_q4_k_gemm(w, x, n, y);
   } else {
-    matmul_kquant<false>(w, x, n, y);
+    decode_q4_k(w, x, n, y);  // decode_q4k_q5k_avx2.cpp
   }
 }
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {

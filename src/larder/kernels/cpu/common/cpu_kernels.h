@@ -1,7 +1,8 @@
 // cpu_kernels.h — the fast CPU matmul tiers and how they enter the dispatch table.
 //
 // Tiers (one translation unit each, compiled with that tier's flags; see src/larder/CMakeLists.txt):
-//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats (Q4_1, Q5_0, Q5_1,
+//   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, Q4_K/Q5_K decode on integer super-block
+//            sums, the other GGUF formats (Q4_1, Q5_0, Q5_1,
 //            IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS) on one unpacker-driven kernel, BF16, F16, F32, MLX affine (all widths; BMI2 for
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats and MLX affine prefill on one
@@ -42,6 +43,8 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 // kernels::matmul_multi for weights all in one format (decode: one quantization, one pool job).
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_f32(const WeightView& w, const float* x, int64_t n, float* y);
@@ -54,6 +57,10 @@ void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, cons
 // GGUF Q4_K / Q6_K, int8-quantized activations like Q8_0/Q4_0 (matmul_kquant_avx2.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
+// Q4_K / Q5_K decode (n < 8; the matmul entry points call them): integer super-block
+// accumulation over QuantizedActsK (decode_q4k_q5k_avx2.cpp).
+void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
 // GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS over the unpackers of gguf_unpack.h,
 // int8-quantized activations: decode tiles, and for n >= 8 a token-lane maddubs GEMM that unpacks
 // each 4-row tile once per chunk of token groups (matmul_gguf_avx2.cpp).

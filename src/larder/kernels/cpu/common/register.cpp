@@ -209,6 +209,8 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
     switch (dtype) {
       case DType::kQ8_0: return avx2::matmul_multi_q8_0;
       case DType::kQ4_0: return avx2::matmul_multi_q4_0;
+      case DType::kQ4_K: return avx2::matmul_multi_q4_k;
+      case DType::kQ5_K: return avx2::matmul_multi_q5_k;
       default: return nullptr;
     }
   }
@@ -286,7 +288,8 @@ void register_fast_kernels(KernelTable& t) {
   // (Q4_0Quad), Q4_K 788 → 565, Q6_K 1735 → 869, Q8_0 135 → 123 (2048x2048); so no Zen 4
   // exception is needed, and Zen 5 (full-width zmm) only gains more. Q4_K and Q5_K decode as
   // integer super-block sums (decode_q4k_q5k_avx512.cpp; session 15, same bench, medians of 3
-  // alternating runs, gate/up): Q4_K 516 → 344, Q5_K 1733 → 571 (AVX2 Q5_K: 1552). The other GGUF
+  // alternating runs, gate/up): Q4_K 516 → 344, Q5_K 1733 → 571; their AVX2 kernels of the same
+  // design: Q4_K 530 → 475, Q5_K 1688 → 551 (so AVX-512 stays the faster tier). The other GGUF
   // formats keep their AVX2 decode on this tier (matmul_gguf_avx512.cpp: a zmm unpacker kernel
   // measured slower).
   // A CPU with the AVX2 tier only (Zen 3) runs the AVX2 column.
