@@ -79,8 +79,15 @@ struct Q45KDecode {
     }
   }
 
+  // The prefetch regime is chosen once per tile (simd::prefetch_rows: long rows stream per row).
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m256 acc[R][T];
     LARDER_UNROLL
@@ -92,7 +99,7 @@ struct Q45KDecode {
                                           12, -128, 12, -128, 13, -128, 13, -128, 14, -128, 14, -128, 15, -128, 15, -128);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_ahead(base, R * row_bytes, sb * kBlockBytes * R, kBlockBytes * R);
+      prefetch_rows<kLong>(base, R, row_bytes, sb * kBlockBytes, kBlockBytes);
       const uint8_t* blk[R];
       __m256i scb[R];
       __m256i isum[R][T];
