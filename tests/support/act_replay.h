@@ -29,8 +29,8 @@ inline bool super_block_acts(const char* tier, DType dt, int64_t n) {
   [[maybe_unused]] const bool avx512 = std::strcmp(tier, "avx512") == 0;
   switch (dt) {
     case DType::kQ4_K:
-    case DType::kQ5_K: return true;  // both tiers
-    case DType::kIQ4_XS: return avx512;
+    case DType::kQ5_K:
+    case DType::kIQ4_XS: return true;  // both tiers
     default: return false;
   }
 }

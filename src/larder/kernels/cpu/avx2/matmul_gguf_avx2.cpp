@@ -518,6 +518,13 @@ void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
     decode_q5_k(w, x, n, y);  // decode_q4k_q5k_avx2.cpp
   }
 }
-void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackIQ4_XS>(w, x, n, y); }
+// IQ4_XS decode: integer super-block accumulation (decode_iq4_avx2.cpp).
+void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= kGemmMinTokens) {
+    matmul_gguf_gemm<UnpackIQ4_XS>(w, x, n, y);
+  } else {
+    decode_iq4_xs(w, x, n, y);
+  }
+}
 
 }  // namespace larder::kernels::cpu::avx2

@@ -3,7 +3,8 @@
 // Tiers (one translation unit each, compiled with that tier's flags; see src/larder/CMakeLists.txt):
 //   avx2/    AVX2 + FMA + F16C: Q8_0, Q4_0, Q4_K, Q6_K, Q4_K/Q5_K decode on integer super-block
 //            sums, the other GGUF formats (Q4_1, Q5_0, Q5_1,
-//            IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS) on one unpacker-driven kernel, BF16, F16, F32, MLX affine (all widths; BMI2 for
+//            IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS) on one unpacker-driven kernel (IQ4_XS decode: integer
+//            super-block sums, decode_iq4_avx2.cpp), BF16, F16, F32, MLX affine (all widths; BMI2 for
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats and MLX affine prefill on one
 //            16-token-lane vpdpbusd GEMM (gemm16_avx512.h); decode kernels with 64 weights per zmm
@@ -72,6 +73,10 @@ void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
+// IQ4_XS decode (n < 8, called by matmul_iq4_xs) with integer super-block accumulation over
+// QuantizedActsK, and its fused decode (decode_iq4_avx2.cpp).
+void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Causal GQA attention over f32/f16/q8_0 K/V, f32 online softmax, on the thread pool
 // (attention_avx2.cpp). Same contract as kernels::attention.
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,

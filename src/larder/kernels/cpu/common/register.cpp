@@ -211,6 +211,7 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kQ4_0: return avx2::matmul_multi_q4_0;
       case DType::kQ4_K: return avx2::matmul_multi_q4_k;
       case DType::kQ5_K: return avx2::matmul_multi_q5_k;
+      case DType::kIQ4_XS: return avx2::matmul_multi_iq4_xs;
       default: return nullptr;
     }
   }
@@ -295,7 +296,8 @@ void register_fast_kernels(KernelTable& t) {
   // A CPU with the AVX2 tier only (Zen 3) runs the AVX2 column.
   // IQ4_NL and IQ4_XS decode on AVX-512 (decode_iq4_avx512.cpp; session 15, same bench on a loaded
   // host, medians of 3 alternating runs, gate/up / down): IQ4_NL 920 / 1002 → 424 / 450 µs (AVX2
-  // ~1000 / ~1000), IQ4_XS 1143 / 1239 → 389 / 415 µs (AVX2 ~1080 / ~1240).
+  // ~1000 / ~1000), IQ4_XS 1143 / 1239 → 389 / 415 µs (AVX2 ~1080 / ~1240 before its own
+  // super-block kernel, decode_iq4_avx2.cpp: 1626 / 1693 → 561 / 720 in a later run, still slower).
   if (f.has_avx512_tier()) {
     const KernelTable before = t;
     for (DType d : kFormats) {
