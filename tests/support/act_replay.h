@@ -31,6 +31,8 @@ inline bool super_block_acts(const char* tier, DType dt, int64_t n) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kIQ4_XS: return true;  // both tiers
+    case DType::kQ2_K:
+    case DType::kQ3_K: return avx512;
     default: return false;
   }
 }

@@ -109,8 +109,10 @@ std::vector<float> acts(int64_t n, int64_t cols, std::mt19937& rng) {
 
 class FastKQuant : public testing::TestWithParam<DType> {};
 
-void check_kquant_tier(const char* tier, DType dt) {
-  const MatmulFn fast = cpu::fast_matmul(tier, dt);
+// decode: a decode kernel called directly (any n, super-block activations) instead of the tier's
+// registered matmul.
+void check_kquant_tier(const char* tier, DType dt, MatmulFn decode = nullptr) {
+  const MatmulFn fast = decode ? decode : cpu::fast_matmul(tier, dt);
   ASSERT_NE(fast, nullptr);
   std::mt19937 rng(static_cast<unsigned>(static_cast<int>(dt) * 31 + 5));
   const int64_t rows_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 31, 67};
@@ -130,7 +132,7 @@ void check_kquant_tier(const char* tier, DType dt) {
         std::vector<float> y(static_cast<size_t>(n * rows), -1234.0f), yref(y.size());
         fast(w.view, x.data(), n, y.data());
         ref::matmul(w.view, x.data(), n, yref.data());
-        const test::ActReplay qa = test::replay_acts(x.data(), n, cols, test::super_block_acts(tier, dt, n));
+        const test::ActReplay qa = test::replay_acts(x.data(), n, cols, decode || test::super_block_acts(tier, dt, n));
         const int64_t nb = cols / 32;
         for (int64_t t = 0; t < n; ++t) {
           for (int64_t r = 0; r < rows; ++r) {
@@ -169,6 +171,12 @@ TEST_P(FastKQuant, Avx512MatchesReferenceWithinBound) {
   if (!cpu_features().has_avx512_tier()) GTEST_SKIP() << "CPU lacks the AVX-512 tier";
   if (!cpu::fast_matmul("avx512", GetParam())) GTEST_SKIP() << "no AVX-512 kernel for " << dtype_name(GetParam());
   check_kquant_tier("avx512", GetParam());
+}
+
+// The AVX-512 Q6_K super-block decode kernel, not registered yet (register.cpp says why).
+TEST(FastKQuantDecode, Avx512Q6KSuperBlockMatchesReferenceWithinBound) {
+  if (!cpu_features().has_avx512_tier()) GTEST_SKIP() << "CPU lacks the AVX-512 tier";
+  check_kquant_tier("avx512", DType::kQ6_K, cpu::avx512::decode_q6_k_superblock);
 }
 
 // The active table routes Q4_K / Q6_K to the fast kernels of the CPU's tier (AVX-512 where it has

@@ -42,6 +42,8 @@ std::vector<uint8_t> random_weights(DType dt, int64_t rows, int64_t cols, std::m
     case DType::kQ4_K: f16_at = {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)}; break;
     case DType::kQ5_K: f16_at = {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)}; break;
     case DType::kQ6_K: f16_at = {offsetof(BlockQ6_K, d)}; break;
+    case DType::kQ3_K: f16_at = {offsetof(BlockQ3_K, d)}; break;
+    case DType::kQ2_K: f16_at = {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)}; break;
     default: f16_at = {0}; break;  // Q8_0, Q4_0
   }
   const size_t bb = dtype_info(dt).block_bytes;
@@ -133,7 +135,8 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmulMulti,
                                          TierFormat{"avx2", DType::kQ4_K}, TierFormat{"avx2", DType::kQ5_K},
                                          TierFormat{"avx512", DType::kQ8_0}, TierFormat{"avx512", DType::kQ4_0},
                                          TierFormat{"avx512", DType::kQ4_K}, TierFormat{"avx512", DType::kQ5_K},
-                                         TierFormat{"avx512", DType::kQ6_K}, TierFormat{"avx512", DType::kBF16}),
+                                         TierFormat{"avx512", DType::kQ6_K}, TierFormat{"avx512", DType::kBF16},
+                                         TierFormat{"avx512", DType::kQ3_K}, TierFormat{"avx512", DType::kQ2_K}),
                          [](const testing::TestParamInfo<TierFormat>& p) {
                            return std::string(p.param.tier) + "_" + dtype_name(p.param.dtype);
                          });

@@ -5,9 +5,10 @@
 // u = w ^ 0x80 = w + 128 (unsigned operand of vpdpbusd), scale s and bias c − 128·s per block
 // (group mode) or per half (half-block mode, Q2_K and Q3_K); see GgufRows.
 //
-// Decode (fewer tokens) runs the AVX2 kernels (matmul_gguf_avx2.cpp), except Q5_K (its own integer
-// super-block kernel, decode_q4k_q5k_avx512.cpp), IQ4_NL and IQ4_XS (their own codebook
-// kernels, decode_iq4_avx512.cpp). A zmm decode kernel over
+// Decode (fewer tokens) runs the AVX2 kernels (matmul_gguf_avx2.cpp), except Q5_K, Q3_K and Q2_K
+// (integer super-block kernels of their own, decode_q4k_q5k_avx512.cpp and
+// decode_q2k_q3k_q6k_avx512.cpp), IQ4_NL and IQ4_XS (their own codebook kernels,
+// decode_iq4_avx512.cpp). A zmm decode kernel over
 // the same unpackers (two 32-blocks per vpdpbusd, per-lane scale/bias arrays) measured slower on
 // Zen 4 at 8192x2048, n = 1, 1 thread CPU time: Q4_1 2966 vs 962 µs, Q5_K 2071 vs 1611, Q3_K
 // 2831 vs 1648 (bench/RESULTS.md) — the unpack-to-stack and per-lane arrays cost more than the
@@ -96,10 +97,24 @@ void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackIQ4_NL>(w, x, n, y, decode_iq4_nl);  // decode_iq4_avx512.cpp
 }
 void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) {
-  matmul_gguf<UnpackQ2_K>(w, x, n, y, avx2::matmul_q2_k);
+  matmul_gguf<UnpackQ2_K>(w, x, n, y, decode_q2_k);  // decode_q2k_q3k_q6k_avx512.cpp
+}
+void matmul_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) {
+    for (int i = 0; i < count; ++i) matmul_q2_k(ws[i], x, n, ys[i]);
+    return;
+  }
+  decode_multi_q2_k(ws, ys, count, x, n);
 }
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) {
-  matmul_gguf<UnpackQ3_K>(w, x, n, y, avx2::matmul_q3_k);
+  matmul_gguf<UnpackQ3_K>(w, x, n, y, decode_q3_k);  // decode_q2k_q3k_q6k_avx512.cpp
+}
+void matmul_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) {
+    for (int i = 0; i < count; ++i) matmul_q3_k(ws[i], x, n, ys[i]);
+    return;
+  }
+  decode_multi_q3_k(ws, ys, count, x, n);
 }
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackQ5_K>(w, x, n, y, decode_q5_k);  // decode_q4k_q5k_avx512.cpp

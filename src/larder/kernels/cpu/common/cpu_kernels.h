@@ -8,7 +8,7 @@
 //            2/3/5/6 bits). Runs on every x86-64-v3 machine.
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats and MLX affine prefill on one
 //            16-token-lane vpdpbusd GEMM (gemm16_avx512.h); decode kernels with 64 weights per zmm
-//            for Q4_0, Q4_K, Q5_K (integer super-block sums over QuantizedActsK), Q6_K, IQ4_NL, IQ4_XS, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
+//            for Q4_0, Q4_K, Q5_K, Q3_K, Q2_K (integer super-block sums over QuantizedActsK), Q6_K, IQ4_NL, IQ4_XS, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
 //            BF16 prefill and decode on vdpbf16ps.
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
 // Both tiers run on the process-wide core/threadpool.h pool.
@@ -103,6 +103,8 @@ void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const 
 void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
 // Prefill (n >= 16): one bf16 activation conversion and one pool job for all weights.
 void matmul_multi_bf16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
@@ -119,9 +121,17 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
 // accumulation over QuantizedActsK (decode_q4k_q5k_avx512.cpp).
 void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
+// Q6_K / Q3_K / Q2_K decode (n < 8; the Q3_K/Q2_K matmul and matmul_multi entry points call them):
+// integer super-block accumulation over QuantizedActsK (decode_q2k_q3k_q6k_avx512.cpp). Q6_K's is
+// not registered yet (register.cpp: a gemma-3 greedy parity test fails with it); tests call it.
+void decode_q6_k_superblock(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void decode_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS: one kernel over the unpackers of
 // gguf_unpack.h, prefill on the VNNI GEMM, decode on the AVX2 kernels (measured faster) except
-// Q5_K (decode_q5_k) (matmul_gguf_avx512.cpp).
+// Q5_K, Q3_K, Q2_K (decode_q5_k, decode_q3_k, decode_q2_k) (matmul_gguf_avx512.cpp).
 void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y);

@@ -225,6 +225,8 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kBF16: return avx512::matmul_multi_bf16;
       case DType::kIQ4_NL: return avx512::matmul_multi_iq4_nl;
       case DType::kIQ4_XS: return avx512::matmul_multi_iq4_xs;
+      case DType::kQ3_K: return avx512::matmul_multi_q3_k;
+      case DType::kQ2_K: return avx512::matmul_multi_q2_k;
       default: return nullptr;
     }
   }
@@ -290,9 +292,14 @@ void register_fast_kernels(KernelTable& t) {
   // exception is needed, and Zen 5 (full-width zmm) only gains more. Q4_K and Q5_K decode as
   // integer super-block sums (decode_q4k_q5k_avx512.cpp; session 15, same bench, medians of 3
   // alternating runs, gate/up): Q4_K 516 → 344, Q5_K 1733 → 571; their AVX2 kernels of the same
-  // design: Q4_K 530 → 475, Q5_K 1688 → 551 (so AVX-512 stays the faster tier). The other GGUF
-  // formats keep their AVX2 decode on this tier (matmul_gguf_avx512.cpp: a zmm unpacker kernel
-  // measured slower).
+  // design: Q4_K 530 → 475, Q5_K 1688 → 551 (so AVX-512 stays the faster tier). Q3_K and Q2_K
+  // too (decode_q2k_q3k_q6k_avx512.cpp; medians of 3 alternating runs on a loaded host, gate/up |
+  // down): Q3_K 1605 | 1689 → 570 | 565, Q2_K 2347 | 1898 → 393 | 372 (AVX2: Q3_K 1572, Q2_K
+  // 1785). Q6_K keeps its float-per-64 kernel for now: the super-block one (same file, 847 → 749
+  // µs, noisy) flips a gemma-3-270m greedy choice that the exact model makes by 0.33 nats
+  // (tests/goldens greedy_test; ffn_down's activations have outliers that a 256-wide activation
+  // scale coarsens). The other GGUF formats keep their AVX2 decode on this tier
+  // (matmul_gguf_avx512.cpp: a zmm unpacker kernel measured slower).
   // A CPU with the AVX2 tier only (Zen 3) runs the AVX2 column.
   // IQ4_NL and IQ4_XS decode on AVX-512 (decode_iq4_avx512.cpp; session 15, same bench on a loaded
   // host, medians of 3 alternating runs, gate/up / down): IQ4_NL 920 / 1002 → 424 / 450 µs (AVX2
