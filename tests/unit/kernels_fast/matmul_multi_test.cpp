@@ -237,7 +237,8 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmulMultiAffine, testing::Values("avx2", "
                          [](const testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
 // The IQ4 codebook formats' fused decode (decode_iq4_avx512.cpp).
 INSTANTIATE_TEST_SUITE_P(Iq4, FastMatmulMulti,
-                         testing::Values(TierFormat{"avx2", DType::kIQ4_XS}, TierFormat{"avx512", DType::kIQ4_NL},
+                         testing::Values(TierFormat{"avx2", DType::kIQ4_XS}, TierFormat{"avx2", DType::kIQ4_NL},
+                                         TierFormat{"avx512", DType::kIQ4_NL},
                                          TierFormat{"avx512", DType::kIQ4_XS}),
                          [](const testing::TestParamInfo<TierFormat>& p) {
                            return std::string(p.param.tier) + "_" + dtype_name(p.param.dtype);

@@ -225,16 +225,39 @@ struct LinearKernel {
   }
 };
 
+// The LinearKernel for w with its activations quantized (slots 0 and 3 of the calling thread);
+// matmul_multi_linear reuses them for every weight of a fused group.
 template <class L>
-void matmul_linear(const WeightView& w, const float* x, int64_t n, float* y) {
-  if (n <= 0 || w.rows <= 0) return;
+LinearKernel<L> prepare_linear(const WeightView& w, const float* x, int64_t n, float* y) {
   QuantizedActs a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, w.cols)), n, w.cols);
   quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
   const int64_t nb = w.cols / 32;
   auto* bs8 = static_cast<float*>(thread_scratch(static_cast<size_t>(nb * a.n_pad) * sizeof(float) + 64, 3));
   for (int64_t i = 0; i < nb * a.n_pad; ++i) bs8[i] = a.bsum[i] * 0.125f;
-  const LinearKernel<L> k{w.data, w.row_bytes(), w.rows, nb, a, bs8, y};
-  run_matmul_tiles(k, w.rows, n, w.cols + 8 * nb);
+  return LinearKernel<L>{w.data, w.row_bytes(), w.rows, nb, a, bs8, y};
+}
+
+template <class L>
+void matmul_linear(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  const LinearKernel<L> k = prepare_linear<L>(w, x, n, y);
+  run_matmul_tiles(k, w.rows, n, w.cols + 8 * (w.cols / 32));
+}
+
+// Fused decode (kernels::matmul_multi): one quantization and one pool job for the group.
+template <class L>
+void matmul_multi_linear(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  MultiKernel<LinearKernel<L>> mk;
+  const LinearKernel<L> first = prepare_linear<L>(ws[0], x, n, ys[0]);
+  for (int i = 0; i < count; ++i) {
+    LinearKernel<L> k = first;
+    k.w = ws[i].data;
+    k.row_bytes = ws[i].row_bytes();
+    k.rows = ws[i].rows;
+    k.y = ys[i];
+    mk.add(k, ws[i].rows);
+  }
+  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + 8 * (ws[0].cols / 32));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -509,6 +532,13 @@ void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y) { mat
 void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_or_linear<UnpackQ5_0, LinQ5_0>(w, x, n, y); }
 void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_or_linear<UnpackQ5_1, LinQ5_1>(w, x, n, y); }
 void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_or_linear<UnpackIQ4_NL, LinIQ4_NL>(w, x, n, y); }
+void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemmMinTokens) {
+    for (int i = 0; i < count; ++i) matmul_iq4_nl(ws[i], x, n, ys[i]);
+    return;
+  }
+  matmul_multi_linear<LinIQ4_NL>(ws, ys, count, x, n);
+}
 void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ2_K>(w, x, n, y); }
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ3_K>(w, x, n, y); }
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {

@@ -77,6 +77,8 @@ void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
 // QuantizedActsK, and its fused decode (decode_iq4_avx2.cpp).
 void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+// IQ4_NL fused decode (the linear decode kernel of matmul_gguf_avx2.cpp, one quantization per group).
+void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Causal GQA attention over f32/f16/q8_0 K/V, f32 online softmax, on the thread pool
 // (attention_avx2.cpp). Same contract as kernels::attention.
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,

@@ -212,6 +212,7 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kQ4_K: return avx2::matmul_multi_q4_k;
       case DType::kQ5_K: return avx2::matmul_multi_q5_k;
       case DType::kIQ4_XS: return avx2::matmul_multi_iq4_xs;
+      case DType::kIQ4_NL: return avx2::matmul_multi_iq4_nl;
       default: return nullptr;
     }
   }
