@@ -178,8 +178,15 @@ struct KQuantKernel {
   KActs k;
   float* y;
 
+  // The prefetch regime is chosen once per tile (simd::prefetch_rows: long rows stream per row).
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
+  }
+
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     const uint8_t* wr[R];
     LARDER_UNROLL
@@ -192,7 +199,7 @@ struct KQuantKernel {
     const int64_t nb = k.nb32;
     Unpacked u[R];
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_ahead(wr[0], R * row_bytes, sb * kBlockBytes * R, kBlockBytes * R);
+      prefetch_rows<kLong>(wr[0], R, row_bytes, sb * kBlockBytes, kBlockBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         if constexpr (kQ6) unpack_q6k(wr[r] + sb * kBlockBytes, f16, u[r]);
