@@ -55,11 +55,24 @@ CpuFeatures detect() {
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
   f.avx512bf16 = (a >> 5) & 1u;
   f.avx_vnni = (a >> 4) & 1u;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+  f.amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "Auth" "enti" "cAMD"
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+  const int base_family = static_cast<int>((a >> 8) & 0xfu);
+  f.family = base_family == 0xf ? base_family + static_cast<int>((a >> 20) & 0xffu) : base_family;
+  f.model = static_cast<int>((a >> 4) & 0xfu) |
+            (base_family == 0xf || base_family == 0x6 ? static_cast<int>((a >> 16) & 0xfu) << 4 : 0);
   f.logical_cpus = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   f.physical_cores = count_physical_cores();
   const char* force = std::getenv("LARDER_ISA");
   if (force && std::strcmp(force, "avx2") == 0) {
     f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512vnni = f.avx512bf16 = false;
+  }
+  // Zen 3 is family 19h too, without AVX-512 (and without the AVX-512 kernels the choice is for).
+  f.zen4_decode_tiles = f.amd && f.family == 0x19 && f.avx512f;
+  if (const char* t = std::getenv("LARDER_DECODE_TILES")) {
+    if (std::strcmp(t, "zen4") == 0) f.zen4_decode_tiles = true;
+    if (std::strcmp(t, "generic") == 0) f.zen4_decode_tiles = false;
   }
   return f;
 }
@@ -71,7 +84,8 @@ std::string CpuFeatures::describe() const {
   s << (avx2 ? "avx2 " : "") << (fma ? "fma " : "") << (f16c ? "f16c " : "")
     << (avx512f ? "avx512f " : "") << (avx512bw ? "avx512bw " : "") << (avx512vl ? "avx512vl " : "")
     << (avx512vnni ? "avx512vnni " : "") << (avx512bf16 ? "avx512bf16 " : "")
-    << (avx_vnni ? "avx-vnni " : "") << "cores=" << physical_cores << " cpus=" << logical_cpus;
+    << (avx_vnni ? "avx-vnni " : "") << "cores=" << physical_cores << " cpus=" << logical_cpus
+    << " decode-tiles=" << decode_tiles();
   return s.str();
 }
 

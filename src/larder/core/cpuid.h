@@ -18,12 +18,22 @@ struct CpuFeatures {
   bool avx_vnni = false;
   int physical_cores = 1;
   int logical_cpus = 1;
+  bool amd = false;
+  int family = 0, model = 0;  // cpuid leaf 1, extended family/model folded in
+
+  // Decode tiles measured per microarchitecture (kernels/cpu/common/matmul_driver.h: rows1).
+  // Zen 4 (AMD family 19h with AVX-512) streams several decode kernels' weights faster with
+  // fewer interleaved rows per tile than Zen 5, where their row counts were first measured.
+  // LARDER_DECODE_TILES=zen4|generic forces either choice (tests run both on any CPU).
+  bool zen4_decode_tiles = false;
 
   // The whole AVX-512 tier larder compiles (F, BW, VL, DQ, VNNI, BF16).
   bool has_avx512_tier() const {
     return avx512f && avx512bw && avx512vl && avx512dq && avx512vnni && avx512bf16;
   }
   std::string describe() const;
+  // What the kernels chose from these features, for logs and bench output.
+  std::string decode_tiles() const { return zen4_decode_tiles ? "zen4" : "generic"; }
 };
 
 // Detected once (thread-safe); LARDER_ISA=avx2 forces the AVX2 tier for testing.

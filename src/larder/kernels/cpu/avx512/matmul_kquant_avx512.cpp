@@ -114,6 +114,10 @@ struct Q6_KRows {
 // activations per lane) are precomputed per token and subtracted before the conversion.
 struct Q6KDecode {
   static constexpr int kRows1 = 4;
+  // Zen 4 (matmul_driver.h rows1): with four interleaved rows the kernel read 11–12 GB/s from
+  // DRAM, with two 21–23 (kernel_bench 8192x2048, n = 1, 1 thread: 1230–1580 → 650–890 µs; the
+  // same 530 µs cache-resident either way); 1B Q6_K decode 29.7 → 32.2 tok/s (2 threads).
+  static constexpr int kRows1Zen4 = 2;
   static constexpr int kRowsN = 2;
   const uint8_t* w;
   uint64_t row_bytes;
@@ -124,21 +128,10 @@ struct Q6KDecode {
   float* y;
 
   // The prefetch regime is chosen once per tile (simd::prefetch_rows: long rows stream per row).
-  // Short rows run a 4-row tile as two 2-row tiles: with four interleaved row streams (1680 B
-  // apart at 2048 columns) the kernel read 11–12 GB/s from DRAM against 21–23 GB/s with two
-  // (kernel_bench 8192x2048, n = 1, 1 thread, Zen 4: 1230–1580 → 650–890 µs, alternating runs;
-  // the same kernel runs 530 µs cache-resident either way, and a one-tile-ahead prefetch
-  // recovered only 1100 µs). Long rows (the down projection) keep 4: 960 µs vs 1160 with 2.
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) {
-      tile_rows<R, T, true>(r0, t0);
-    } else if constexpr (R == 4) {
-      tile_rows<2, T, false>(r0, t0);
-      tile_rows<2, T, false>(r0 + 2, t0);
-    } else {
-      tile_rows<R, T, false>(r0, t0);
-    }
+    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
+    else tile_rows<R, T, false>(r0, t0);
   }
 
   template <int R, int T, bool kLong>
