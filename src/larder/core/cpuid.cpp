@@ -60,8 +60,6 @@ CpuFeatures detect() {
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
   const int base_family = static_cast<int>((a >> 8) & 0xfu);
   f.family = base_family == 0xf ? base_family + static_cast<int>((a >> 20) & 0xffu) : base_family;
-  f.model = static_cast<int>((a >> 4) & 0xfu) |
-            (base_family == 0xf || base_family == 0x6 ? static_cast<int>((a >> 16) & 0xfu) << 4 : 0);
   f.logical_cpus = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   f.physical_cores = count_physical_cores();
   const char* force = std::getenv("LARDER_ISA");

@@ -19,7 +19,7 @@ struct CpuFeatures {
   int physical_cores = 1;
   int logical_cpus = 1;
   bool amd = false;
-  int family = 0, model = 0;  // cpuid leaf 1, extended family/model folded in
+  int family = 0;  // cpuid leaf 1, extended family folded in
 
   // Decode tiles measured per microarchitecture (kernels/cpu/common/matmul_driver.h: rows1).
   // Zen 4 (AMD family 19h with AVX-512) streams several decode kernels' weights faster with

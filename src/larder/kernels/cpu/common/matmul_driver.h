@@ -44,9 +44,10 @@ inline void run_tokens(const K& k, int64_t r0, int64_t t0, int64_t nt) {
 
 // Rows per single-token tile: K::kRows1, or K::kRows1Zen4 (1 or 2) on Zen 4 for the kernels that
 // declare one. Those kernels streamed their weights from DRAM faster there with fewer rows
-// interleaved per tile (1B decode, 2 threads, larder bench alternating, medians of 5–6: Q8_0
-// 16.8 → 21.1 tok/s with 1 row, MLX q4 37.1 → 43.8 with 2, Q5_K_M 27.8 → 35.0, Q4_K_M 36.0 →
-// 39.4; Q4_0's tile stayed best at 4), while the counts in kRows1 were measured on Zen 5 (MLX q4
+// interleaved per tile (1B decode, 2 threads, larder bench alternating LARDER_DECODE_TILES
+// generic/zen4, medians of 5: Q8_0 17.5 → 22.6 tok/s, MLX q4 37.5 → 47.2, Q5_K_M 24.6 → 33.1,
+// Q6_K 22.0 → 30.5, Q4_K_M 37.4 → 39.0, IQ4_XS 44.6 → 49.5; Q4_0, IQ4_NL and Q2_K/Q3_K measured
+// no better with fewer rows), while the counts in kRows1 were measured on Zen 5 (MLX q4
 // with 8 rows: 101–103 % of the read probe). Same arithmetic either way: one output per row.
 template <class K>
 constexpr int zen4_rows1() {
