@@ -55,16 +55,22 @@ inline __m256 f16x8_to_f32(const uint8_t* p) {
 // the short-row loops ran 20 % slower on Zen 4):
 // - Short rows (R·row_bytes <= 8 KiB; Q4_0 at 2048 columns is 1152 B, 18 cache lines): each
 //   stream ends before the hardware stream prefetcher has ramped up, so a tile prefetches the tile
-//   two ahead (the rows after ours are contiguous) at the rate it consumes its own bytes, in one
+//   four ahead (the rows after ours are contiguous) at the rate it consumes its own bytes, in one
 //   linear sweep. Measured on 2048×2048 Q4_0, 1 thread, weights rotated through 128 MiB: 790 →
-//   330 µs of CPU time per call (one tile ahead: 490 µs; four: no better than two; per-row
+//   330 µs of CPU time per call with two tiles ahead into L1 (one ahead: 490 µs; per-row
 //   prefetches instead of the sweep: 2.5× slower).
 // - Long rows (the down projection: 4608 B per Q4_0 row at 8192 columns): two tiles ahead is 36 KiB,
 //   past L1, and the down projection streamed at 12–13 GB/s against 28 GB/s for gate/up (1 thread,
-//   same bytes, session 15; a sweep 4–16 KiB ahead was no better). Instead each row's stream is
-//   prefetched 1 KiB ahead of where the tile reads it, continuing at the same offset in the next
-//   tile's row past the end: down 2048×8192 Q4_0 740–900 → 600–650 µs (1 thread, Zen 4,
-//   alternating runs; 512–3072 B tried, 1 KiB best).
+//   same bytes, session 15). Instead each row's stream is prefetched 6 KiB ahead of where the tile
+//   reads it, continuing at the same offset in the next tile's row past the end.
+// Both regimes prefetch into L2 (prefetcht1), not L1. Into L1 the distance could not grow past
+// ~1 KiB per stream without evicting the activations the tile reuses (and with it the down
+// projection stayed at 12 GB/s); into L2 it can, and the L1 streamer pulls from there. Zen 4,
+// session 17, alternating runs: Q6_K 2048×8192 n = 1, 1 thread 1030–1080 → 660–680 µs (L1 1 KiB:
+// 1060; L2 3/4/8/12 KiB: 810/790/720/680), 8192×2048 640–660 → 580–600 µs (L2, four tiles ahead;
+// three: 640); 1B decode tg64, 2 threads, medians: Q6_K 35.7 → 43.3 tok/s, Q4_K_M 40.7 → 49.4,
+// Q5_K_M 40.1 → 47.8, Q3_K_M 44.9 → 56.7, Q8_0 21.8 → 24.3; Q4_0, MLX q4, IQ4_XS and the AVX2
+// tier (Q4_0) unchanged within the host's noise.
 // `done` and `step` count bytes per row: consumed before this step, and consumed by it.
 inline bool long_rows(int R, uint64_t row_bytes) { return static_cast<uint64_t>(R) * row_bytes > 8192; }
 
@@ -73,14 +79,14 @@ __attribute__((always_inline)) inline void prefetch_rows(const uint8_t* tile, in
                                                          uint64_t step) {
   const uint64_t tile_bytes = static_cast<uint64_t>(R) * row_bytes;
   if constexpr (!kLong) {
-    const uint8_t* p = tile + 2 * tile_bytes + done * R;
-    for (uint64_t off = 0; off < step * R; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+    const uint8_t* p = tile + 4 * tile_bytes + done * R;
+    for (uint64_t off = 0; off < step * R; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
   } else {
-    const uint64_t q = done + 1024;
+    const uint64_t q = done + 6144;
     const uint8_t* p = tile + q + (q >= row_bytes ? tile_bytes - row_bytes : 0);
     for (int r = 0; r < R; ++r)
       for (uint64_t off = 0; off < step; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + r * row_bytes + off), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + r * row_bytes + off), _MM_HINT_T1);
   }
 }
 
