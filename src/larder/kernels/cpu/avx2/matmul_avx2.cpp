@@ -486,7 +486,8 @@ struct FloatKernel {
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const int64_t c8 = cols & ~int64_t{7};
     for (int64_t c = 0; c < c8; c += 8) {
-      prefetch_ahead(wr[0], R * row_bytes, c * WF::kElemBytes * R, 8 * WF::kElemBytes * R);
+      // Per-row streams, as the AVX-512 BF16 kernel (one cache line per row per prefetch).
+      if ((c * WF::kElemBytes) % 64 == 0) prefetch_rows<true>(wr[0], R, row_bytes, c * WF::kElemBytes, 64);
       __m256 wv[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = WF::load8(wr[r] + c * WF::kElemBytes);

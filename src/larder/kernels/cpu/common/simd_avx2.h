@@ -90,12 +90,5 @@ __attribute__((always_inline)) inline void prefetch_rows(const uint8_t* tile, in
   }
 }
 
-// The short-row sweep with whole-tile byte counts (the float kernels, whose rows are long at any
-// width but were measured with it; and kernels not yet moved to prefetch_rows).
-__attribute__((always_inline)) inline void prefetch_ahead(const uint8_t* tile, uint64_t tile_bytes, uint64_t consumed,
-                                                          int step_bytes) {
-  const uint8_t* p = tile + 2 * tile_bytes + consumed;
-  for (int off = 0; off < step_bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
-}
 
 }  // namespace larder::kernels::cpu::simd
