@@ -41,13 +41,28 @@ class FlagsTest(unittest.TestCase):
                              (["generate", STORIES, "-p", "x", "--temp", "-5"], "--temp"),
                              (["serve", "--parallel", "0"], "--parallel"),
                              (["serve", "--prompt-cache", "-1"], "--prompt-cache"),
-                             (["generate", STORIES, "-n", "0"], "-n")):
+                             (["generate", STORIES, "-n", "0"], "-n"),
+                             (["bench", STORIES, "-p", "0", "-n", "0"], "no test left")):
             code, out, err = run(*args, timeout=30)
             self.assertEqual(code, 2, f"{args}: {err}")
             self.assertIn(needle, err)
             self.assertNotIn("1797693", err, "no DBL_MAX in a message")
             self.assertNotIn("000000", err, "no %f noise in a message")
             self.assertLess(len(err.splitlines()[0]), 120, f"one short line: {err}")
+
+    def test_bench_skips_either_test(self):
+        # llama-bench's -p 0 / -n 0: a prefill-only or decode-only run (bench/llamacpp_compare.sh).
+        import json
+        for p, n in (("8", "0"), ("0", "4")):
+            code, out, err = run("bench", STORIES, "-p", p, "-n", n, "-r", "1", "--no-roofline", "--json", timeout=60)
+            self.assertEqual(code, 0, err)
+            j = json.loads(out)
+            self.assertEqual(j["pp"]["tok_s"] > 0, p != "0", out)
+            self.assertEqual(j["tg"]["tok_s"] > 0, n != "0", out)
+        code, out, err = run("bench", STORIES, "-p", "8", "-n", "0", "-r", "1", "--no-roofline", timeout=60)
+        self.assertEqual(code, 0, err)
+        self.assertIn("pp8", out)
+        self.assertNotIn("tg0", out)
 
     def test_did_you_mean(self):
         code, out, err = run("generate", STORIES, "--prompt", "x", "--tempurature", "1")

@@ -82,6 +82,9 @@ bool is_embedding(const std::string& name) {
 }
 
 int run_bench(const BenchFlags& f) {
+  // Either test may be skipped (llama-bench's -p 0 / -n 0), not both.
+  if (f.prompt == 0 && f.gen == 0) return report(invalid_argument("[bench] -p 0 and -n 0: no test left to run"));
+  if (f.profile && f.gen == 0) return report(invalid_argument("[bench] --profile times the tg test; give -n > 0"));
   if (f.threads > 0) default_pool().set_threads(f.threads);
   auto kv_dtype = kv_dtype_of(f.kv);
   if (!kv_dtype.is_ok()) return report(kv_dtype.status());
@@ -189,7 +192,7 @@ int run_bench(const BenchFlags& f) {
     }
   }
   // tg: `gen` single-token steps after the context (llama-bench's tg<n>).
-  for (int r = 0; r < f.repeats + 1; ++r) {
+  for (int r = 0; f.gen > 0 && r < f.repeats + 1; ++r) {
     if (Status st = at_depth(cache, false); !st.is_ok()) return report(st);
     int32_t next = tok(rng);
     const auto t0 = Clock::now();
@@ -223,6 +226,7 @@ int run_bench(const BenchFlags& f) {
     prof_pool = profile::pool_snapshot();
   }
   if (pp_tps.empty()) pp_tps.push_back(0);
+  if (tg_tps.empty()) tg_tps.push_back(0);
   const Sample pp = summarize(pp_tps), tg = summarize(tg_tps);
   const double avg_ctx = static_cast<double>(f.depth) + static_cast<double>(f.gen) / 2;
   const double kv_read_gbs = tg.median * kv_row_bytes * avg_ctx / 1e9;  // of tg_gbs
@@ -289,7 +293,8 @@ int run_bench(const BenchFlags& f) {
   if (f.prompt > 0)
     std::printf("pp%-6lld %12.1f %10.1f..%-10.1f %9.1f GOP/s %9.1f%%%s\n", (long long)f.prompt, pp.median, pp.min, pp.max,
               pp_gops, peak > 0 ? 100 * pp_gops / peak : 0.0, at.c_str());
-  std::printf("tg%-6lld %12.2f %10.2f..%-10.2f %9.1f GB/s  %9.1f%%   (bound %.1f tok/s; KV read %.1f GB/s)%s\n",
+  if (f.gen > 0)
+    std::printf("tg%-6lld %12.2f %10.2f..%-10.2f %9.1f GB/s  %9.1f%%   (bound %.1f tok/s; KV read %.1f GB/s)%s\n",
               (long long)f.gen, tg.median, tg.min, tg.max, tg_gbs, roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0.0,
               roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0.0, kv_read_gbs, at.c_str());
   std::printf("memory after pp: RSS %.1f MiB (file %.1f, anon %.1f) = %.3f x (mapped weights %.1f MiB + KV %.1f MiB)\n",
@@ -317,7 +322,7 @@ VerbMain add_bench(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "prefill and decode speed against this machine's roofline");
   add_model_arg(cmd, f->model_arg, "");
   cmd->add_option("-p,--prompt", f->prompt, "prefill test tokens (pp; 0 skips the test)")->check(at_least(0));
-  cmd->add_option("-n,--gen", f->gen, "decode test tokens (tg)")->check(positive());
+  cmd->add_option("-n,--gen", f->gen, "decode test tokens (tg; 0 skips the test)")->check(at_least(0));
   cmd->add_option("-d,--depth,--n-depth", f->depth, "tokens of context before each test (llama-bench -d)")
       ->check(at_least(0));
   add_kv_dtype_flags(cmd, f->kv);
