@@ -64,6 +64,15 @@ class FlagsTest(unittest.TestCase):
         self.assertIn("pp8", out)
         self.assertNotIn("tg0", out)
 
+    def test_bench_runs_past_the_trained_context(self):
+        # stories260K is trained to 2048 positions; llama-bench measures past n_ctx_train with a
+        # warning, and so does larder bench (issue 14's -d 16384 on a model trained to 8192).
+        code, out, err = run("bench", STORIES, "-p", "0", "-n", "2", "-d", "2100", "-r", "1", "--no-roofline",
+                             "--json", timeout=120)
+        self.assertEqual(code, 0, err)
+        self.assertIn("trained context of 2048", err)
+        self.assertGreater(__import__("json").loads(out)["tg"]["tok_s"], 0)
+
     def test_did_you_mean(self):
         code, out, err = run("generate", STORIES, "--prompt", "x", "--tempurature", "1")
         self.assertEqual(code, 2, err)

@@ -61,6 +61,11 @@ class Model {
   // forward (a state of another schema). unsupported when the model's head size cannot hold it
   // (q8_0 needs head_dim % 32 == 0), with the reason.
   virtual Status set_kv_dtype(DType dt) = 0;
+  // Lets forward run up to n positions when n is past the trained context (info().max_context
+  // grows to n; no-op otherwise), as llama.cpp runs n_ctx > n_ctx_train with a warning. For speed
+  // measurements (`larder bench -d`): what the model computes past its trained context is not
+  // meaningful.
+  virtual void extend_context(int64_t n) = 0;
   // A fresh sequence state for up to max_tokens tokens (sliding layers hold their window only).
   memory::SequenceState new_state(int64_t max_tokens) const { return memory::SequenceState(state_schema(), max_tokens); }
 

@@ -42,6 +42,9 @@ class Transformer : public Model {
   std::span<const LayerSpec> layers() const override { return specs_; }
   const memory::StateSchema& state_schema() const override { return schema_; }
   Status set_kv_dtype(DType dt) override;
+  void extend_context(int64_t n) override {
+    if (n > cfg_.max_context) cfg_.max_context = info_.max_context = n;
+  }
   Status forward_batch(std::span<const BatchItem> items) final;
 
  protected:
