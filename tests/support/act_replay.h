@@ -25,8 +25,10 @@ struct ActReplay {
 // 256-element super-block (QuantizedActsK: the integer super-block decode kernels) rather than per
 // 32-element block. One line per format as the kernels move over.
 inline bool super_block_acts(const char* tier, DType dt, int64_t n) {
-  if (n >= 8) return false;  // the prefill GEMMs quantize 32-element blocks on both tiers
-  [[maybe_unused]] const bool avx512 = std::strcmp(tier, "avx512") == 0;
+  const bool avx512 = std::strcmp(tier, "avx512") == 0;
+  // From here on the prefill GEMMs run, which quantize 32-element blocks (the AVX-512 decode
+  // kernels take up to 8 tokens: gemm16_avx512.h kGemm16MinTokens).
+  if (n >= (avx512 ? 9 : 8)) return false;
   switch (dt) {
     case DType::kQ4_K:
     case DType::kQ5_K:

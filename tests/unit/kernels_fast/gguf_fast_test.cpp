@@ -12,7 +12,7 @@
 // A_i <= |w_i| + 2|c| + 32|s|; AVX-512 feeds w + 128 to vpdpbusd with bias c − 128·s, so
 // A_i = |w_i| + 2|c| + 256|s| — over nb blocks, a lane
 // tree, and the reference's own f32 decoding: tight = 2·(nb + 16)·u·Σ A_i·|x̂_i|.
-// The integer super-block decode kernels (AVX-512 Q2_K, Q3_K, Q5_K, IQ4_XS, n < 8) quantize per 256-element
+// The integer super-block decode kernels (AVX-512 Q2_K, Q3_K, Q5_K, IQ4_XS, n <= 8) quantize per 256-element
 // super-block instead (act_quant.h QuantizedActsK), so there Q sums d_x/2 of the super-block;
 // their super-block dot is one exact int32 scaled by one f32 FMA per super-block (plus one for the
 // mins), within the same rounding bound. AVX-512 IQ4_XS (same activations) keeps one exact int32

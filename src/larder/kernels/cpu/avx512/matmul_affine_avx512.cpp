@@ -3,7 +3,7 @@
 //
 // Prefill (n >= 8) runs the 16-token-lane VNNI GEMM (gemm16_avx512.h): MLX codes are already
 // unsigned, so they are vpdpbusd's u8 operand as they are, and each group's scale and bias are
-// applied once per group: Σ_g [s_g·Σ_{b∈g} d_x,b·S_b + c_g·Σ_{b∈g} bs_b]. Decode (n < 8) stays on
+// applied once per group: Σ_g [s_g·Σ_{b∈g} d_x,b·S_b + c_g·Σ_{b∈g} bs_b]. Decode (n <= 8) stays on
 // the AVX2 kernel, which already streams the weights at ≈ 85 % of one core's read bandwidth.
 //
 // Unpacking. A row is a little-endian bit stream (element i at bits [i·B, i·B + B)), so 8
@@ -91,7 +91,7 @@ struct AffineRows {
 
 
 // ---------------------------------------------------------------------------------------------
-// Decode (n < 8) of 4- and 8-bit weights with groups of 64 or 128: 64 weights of a row per zmm.
+// Decode (n <= 8) of 4- and 8-bit weights with groups of 64 or 128: 64 weights of a row per zmm.
 //
 // 4 bits: a row's 64 codes of a chunk are 32 bytes (element 2j in the low nibble of byte j, 2j+1 in
 // the high one). One vbroadcasti64x4 puts them in both halves, one vpsrlvq shifts the upper half by
@@ -307,6 +307,12 @@ void gemm_affine(const WeightView& w, const float* x, int64_t n, float* y) {
   run_gemm16(f, a, w.rows, y);
 }
 
+// The AVX2 decode kernel (the other widths and group sizes) up to 7 tokens only: at 8 the GEMM
+// was faster (kernel_bench 8192x2048, n = 8, 2 threads, Zen 4: 2-bit g64 2004 µs GEMM / 4011
+// AVX2, 3-bit 2672 / 2812), unlike the AVX-512 4- and 8-bit decode kernels (q4 g128 2693 / 1873,
+// q8 g64 2680 / 1362).
+constexpr int64_t kAvx2DecodeMaxTokens = 7;
+
 }  // namespace
 
 void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
@@ -315,7 +321,7 @@ void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, cons
                      ((ws[0].bits == 4 && decode_fits<4>(ws[0])) || (ws[0].bits == 8 && decode_fits<8>(ws[0])));
   if (!fused) {
     // Decode of the other widths and group sizes runs the AVX2 kernel (as matmul_affine does), fused there.
-    if (n > 0 && n < kGemm16MinTokens) return avx2::matmul_multi_affine(ws, ys, count, x, n);
+    if (n > 0 && n < kAvx2DecodeMaxTokens + 1) return avx2::matmul_multi_affine(ws, ys, count, x, n);
     for (int i = 0; i < count; ++i) matmul_affine(ws[i], x, n, ys[i]);
     return;
   }
@@ -328,8 +334,10 @@ void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n < kGemm16MinTokens) {
     if (w.bits == 4 && decode_fits<4>(w)) return decode_affine<4>(w, x, n, y);
     if (w.bits == 8 && decode_fits<8>(w)) return decode_affine<8>(w, x, n, y);
-    avx2::matmul_affine(w, x, n, y);
-    return;
+    if (n <= kAvx2DecodeMaxTokens) {
+      avx2::matmul_affine(w, x, n, y);
+      return;
+    }
   }
   switch (w.bits) {
     case 2: gemm_affine<2>(w, x, n, y); break;

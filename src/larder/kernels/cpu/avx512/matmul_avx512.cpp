@@ -3,7 +3,7 @@
 // cpu_features().has_avx512_tier() (common/register.cpp). F16/F32 stay on the AVX2 tier.
 //
 // Prefill (n >= 8) of Q8_0 and Q4_0 runs the 16-token-lane VNNI GEMM (gemm16_avx512.h).
-// Decode (n < 8):
+// Decode (n <= 8):
 // - Q8_0: four blocks per step, two per zmm (Q8_0Quad): the weight flipped to u = w + 128 is
 //   vpdpbusd's unsigned operand against the int8 activations, the +128 folded out by a −128·Σq
 //   seed precomputed per token.
@@ -385,7 +385,7 @@ void gemm_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
 
 constexpr int64_t kBf16GemmMinTokens = 16;
 
-// Q4_0 decode (n < 8): two blocks of a row per zmm. The 16 code bytes of blocks b and b+1 (18
+// Q4_0 decode (n <= 8): two blocks of a row per zmm. The 16 code bytes of blocks b and b+1 (18
 // bytes apart) are loaded into one ymm, doubled into a zmm, and vpsrlvq + vpand leave
 // [b lo nibbles | b+1 lo | b hi | b+1 hi] = elements [0..15 | 0..15 | 16..31 | 16..31] of the two
 // blocks; the activations are permuted once per matmul to match. One vpdpbusd per 64 weights and
@@ -471,7 +471,7 @@ void decode_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
 }
 
-// Q4_0 decode (n < 8), four blocks of a row per step (Q4_0Quad). The four blocks are 72
+// Q4_0 decode (n <= 8), four blocks of a row per step (Q4_0Quad). The four blocks are 72
 // contiguous bytes; all of their fields are 16-bit aligned (block k's scale is word 9k, its 16
 // code bytes words 9k+1..9k+8), so two AVX-512BW word permutes cut them apart without VBMI:
 //   codes: vpermt2w over the first 64 bytes and the last 8 → [b0 codes | b1 | b2 | b3] (zmm)
@@ -581,7 +581,7 @@ void decode_q4_0_quad(const WeightView& w, const float* x, int64_t n, float* y) 
   run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
 }
 
-// Q8_0 decode (n < 8), four 34-byte blocks of a row per step, two per zmm (Q8_0Quad). The
+// Q8_0 decode (n <= 8), four 34-byte blocks of a row per step, two per zmm (Q8_0Quad). The
 // previous kernel (IntKernel, removed: one ymm block per vpdpbusd, R = 8) ran at ~15 GB/s per core on Zen 4,
 // compute-bound: per 32 weights and row it spent a vpdpbusd + negate for the −128·Σw seed, an f16
 // scale through movzx/vpbroadcastw/vcvtph2ps, a d_w·d_x multiply stored to the stack and
@@ -700,7 +700,7 @@ bool q4_0_pair_decode() {
 }  // namespace
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
-  if (n >= kGemm16MinTokens) {
+  if (n >= kGemm16MinTokensQ8_0) {
     matmul_gemm<Q8_0Rows>(w, x, n, y);
   } else {
     if (n <= 0 || w.rows <= 0) return;
@@ -739,7 +739,7 @@ void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const 
 }
 
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens) {
+  if (n >= kGemm16MinTokensQ8_0) {
     for (int i = 0; i < count; ++i) matmul_q8_0(ws[i], x, n, ys[i]);
     return;
   }

@@ -5,7 +5,7 @@
 // with a per-block scale and bias, i.e. MLX affine with groups of one block. Unpacking a row turns
 // every super-block into 8 × 32 code bytes (chunk c's 32 bytes give sub-block 2c from the low
 // nibbles and 2c + 1 from the high ones, already in element order) plus 8 scales and biases;
-// it runs once per (8-row tile, chunk of token groups), off the inner loop. Q4_K decode (n < 8) is
+// it runs once per (8-row tile, chunk of token groups), off the inner loop. Q4_K decode (n <= 8) is
 // in decode_q4k_q5k_avx512.cpp. Q6_K (16-element sub-block scales) runs the GEMM's half-block
 // step, see Q6_KRows.
 #include <immintrin.h>
@@ -104,7 +104,7 @@ struct Q6_KRows {
 };
 
 
-// Q6_K decode (n < 8): 64 codes per zmm, in natural element order. Half h of a super-block
+// Q6_K decode (n <= 8): 64 codes per zmm, in natural element order. Half h of a super-block
 // (elements 128h..128h+127) is one 64-byte ql load [ql A | ql B] and its 32 qh bytes broadcast to
 // both 256-bit halves: low nibbles | bits (0 | 2) of qh give elements 128h + 0..63, high nibbles
 // | bits (4 | 6) give 128h + 64..127. A per-64-bit-lane shift (vpsllvq/vpsrlvq) moves each half's

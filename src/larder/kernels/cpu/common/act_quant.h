@@ -54,7 +54,7 @@ void quantize_acts_avx2(const float* x, int64_t n, int64_t cols, bool offset128,
 // act8 must hold n_pad·nb·32 bytes (64-byte aligned). Bytes are copied as stored (offset128 too).
 void build_act8(const QuantizedActs& a, int64_t n, uint8_t* act8);
 
-// Super-block activations for the K-quant and IQ4_XS decode kernels (n < 8), like ggml's Q8_K:
+// Super-block activations for the K-quant and IQ4_XS decode kernels (n <= 8), like ggml's Q8_K:
 // one f32 scale per 256 values (the quantizer above, over 256 instead of 32: d = amax/127,
 // q = nearbyint(x/d)) and the int16 sums of q over each 16 values. With one activation scale per
 // weight super-block the whole super-block's dot product is one integer (the weight sub-block

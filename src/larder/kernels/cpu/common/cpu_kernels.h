@@ -119,11 +119,11 @@ void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, cons
 // GGUF Q4_K / Q6_K: prefill on the VNNI GEMM, decode 64 codes per zmm (matmul_kquant_avx512.cpp).
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
-// Q4_K / Q5_K decode (n < 8; the matmul entry points call them): integer super-block
+// Q4_K / Q5_K decode (n <= 8; the matmul entry points call them): integer super-block
 // accumulation over QuantizedActsK (decode_q4k_q5k_avx512.cpp).
 void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
-// Q6_K / Q3_K / Q2_K decode (n < 8; the Q3_K/Q2_K matmul and matmul_multi entry points call them):
+// Q6_K / Q3_K / Q2_K decode (n <= 8; the Q3_K/Q2_K matmul and matmul_multi entry points call them):
 // integer super-block accumulation over QuantizedActsK (decode_q2k_q3k_q6k_avx512.cpp). Q6_K's is
 // not registered yet (register.cpp: a gemma-3 greedy parity test fails with it); tests call it.
 void decode_q6_k_superblock(const WeightView& w, const float* x, int64_t n, float* y);
@@ -142,7 +142,7 @@ void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
-// IQ4_XS / IQ4_NL decode (n < 8; the matmul entry points call them): vpshufb codebook lookup into
+// IQ4_XS / IQ4_NL decode (n <= 8; the matmul entry points call them): vpshufb codebook lookup into
 // vpdpbusd, IQ4_XS over QuantizedActsK super-blocks (decode_iq4_avx512.cpp); and their fused decode.
 void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
 void decode_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y);
