@@ -202,7 +202,7 @@ def table(results: dict, meta: dict, models: list[str], threads: list[int], case
                 lf, gf = CASES[c]
                 L = results.get((model, t, "larder", lf), [])
                 G = results.get((model, t, "llama.cpp", gf), [])
-                for test in (("pp", "tg") if p > 0 else ("tg",)):
+                for test in [x for x, k in (("pp", p), ("tg", n)) if k > 0]:
                     lx = [x[test] for x in L if test in x]
                     gx = [x[test] for x in G if test in x]
                     ratio = statistics.median(lx) / statistics.median(gx) if lx and gx else None

@@ -9,7 +9,7 @@
 #   --busy N    keep N busy-loop processes running during every engine run (a core taken by
 #               another process; both engines under the same load)
 #   --profile   larder bench --profile: its per-op decode timeline lands in raw.jsonl
-#   -p 0        decode only (llama-bench -p 0; larder bench -p 0 skips pp)
+#   -p 0        decode only (llama-bench -p 0; larder bench -p 0 skips pp); -n 0 prefill only
 #   --models    also .gguf paths (real models): that file in both engines
 #   -d DEPTH    both engines' tests after DEPTH tokens of context (llama-bench -d), default KV (f16)
 #   --lock F / --gate F   flock -x F around each engine run, holding the gate while waiting, e.g.
