@@ -45,11 +45,6 @@ struct IQ4XSDecode {
   const float* dx;     // [n][nsb]
   float* y;
 
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();

@@ -60,11 +60,6 @@ struct IntKernel {
   QuantizedActs a;
   float* y;
 
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
@@ -196,11 +191,6 @@ struct Q4_0Kernel {
     }
   }
 
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     if constexpr (T == 1 && R % 2 == 0) {

@@ -45,11 +45,6 @@ struct GgufKernel {
   LaneActs la;
   float* y;
 
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
@@ -176,11 +171,6 @@ struct LinearKernel {
   const float* bs8;  // [nb][n_pad]: d_x·Σ q_x / 8
   float* y;
 
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();

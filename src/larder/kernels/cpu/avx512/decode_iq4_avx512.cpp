@@ -90,11 +90,6 @@ struct IQ4XSDecode {
   const float* dx;      // [n][nsb] (QuantizedActsK::d)
   float* y;
 
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
@@ -181,11 +176,6 @@ struct IQ4NLQuad {
   const uint8_t* acts;   // [n][ng][256]: x_lo[64], x_hi[64], seed[16] i32, d_x[16] f32
   float* y;
 
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     alignas(64) static constexpr uint16_t kCodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,

@@ -141,11 +141,6 @@ struct AffineDecode {
     }
   }
 
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];

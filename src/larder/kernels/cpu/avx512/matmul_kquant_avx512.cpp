@@ -131,13 +131,6 @@ struct Q6KDecode {
   const float* zs;       // [n][nsb][16] −32·d_x·Σq of each 16-element sub-block
   float* y;
 
-  // The prefetch regime is chosen once per tile (simd::prefetch_rows: long rows stream per row).
-  template <int R, int T>
-  void tile(int64_t r0, int64_t t0) const {
-    if (long_rows(R, row_bytes)) tile_rows<R, T, true>(r0, t0);
-    else tile_rows<R, T, false>(r0, t0);
-  }
-
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();

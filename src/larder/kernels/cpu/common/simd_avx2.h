@@ -50,9 +50,9 @@ inline __m256 f16x8_to_f32(const uint8_t* p) {
 }
 
 // Decode tiles read R consecutive rows as R interleaved streams, and software prefetch keeps the
-// DRAM reads ahead of them. Two regimes, by the tile's size (a kernel picks one per tile, outside
-// its loop: tile<R, T> dispatches to tile_rows<R, T, kLong>; with the choice made inside the step
-// the short-row loops ran 20 % slower on Zen 4):
+// DRAM reads ahead of them. Two regimes, by the tile's size (chosen once per tile, outside the
+// kernel's loop: matmul_driver.h run_tile calls its tile_rows<R, T, kLong>; with the choice made
+// inside the step the short-row loops ran 20 % slower on Zen 4):
 // - Short rows (R·row_bytes <= 8 KiB; Q4_0 at 2048 columns is 1152 B, 18 cache lines): each
 //   stream ends before the hardware stream prefetcher has ramped up, so a tile prefetches the tile
 //   four ahead (the rows after ours are contiguous) at the rate it consumes its own bytes, in one
