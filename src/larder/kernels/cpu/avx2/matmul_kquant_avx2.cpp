@@ -17,9 +17,9 @@
 // sums <= 2·15·127 = 3810, ×63 ×2 < 2^19; Q6_K <= 2·63·127 = 16002 (no int16 saturation),
 // ×128 ×2 < 2^23; the Q6_K zero-point term Σ sc_s·Σ_16 q_x <= 2·128·2032 < 2^20: no overflow.
 //
-// The zero-point terms need the activation scales and sums token-major (8 consecutive blocks of
-// one token in one load) and, for Q6_K, int16 sums of q_x per 16 values: prepare_kacts builds
-// both once per matmul (n·cols/16 adds, negligible next to the matmul).
+// The Q6_K kernels need the activation scales token-major (8 consecutive blocks of one token in
+// one load) and int16 sums of q_x per 16 values for the zero point: prepare_kacts builds both once
+// per matmul (n·cols/16 adds, negligible next to the matmul).
 //
 // Tiles: the codes of a row's super-block are unpacked once (to 8 × 32 bytes on the stack, a
 // handful of ops per 64 weights) and reused by every token of the tile, so decode streams each
@@ -30,7 +30,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 
 #include "larder/core/dtype.h"
 #include "larder/kernels/cpu/common/act_quant.h"
@@ -51,11 +50,10 @@ struct KActs {
   QuantizedActs a;
   int64_t nb32 = 0;
   const float* dx = nullptr;     // [n][nb32]: d_x per activation block
-  const float* bs = nullptr;     // [n][nb32]: d_x·Σ q_x per block
-  const int16_t* s16 = nullptr;  // [n][nb32·2]: Σ q_x per 16 values (Q6_K only)
+  const int16_t* s16 = nullptr;  // [n][nb32·2]: Σ q_x per 16 values
 };
 
-KActs prepare_kacts(const float* x, int64_t n, int64_t cols, bool sums16) {
+KActs prepare_kacts(const float* x, int64_t n, int64_t cols) {
   KActs k;
   void* scratch = thread_scratch(quantized_acts_bytes(n, cols));
   k.a = quantized_acts_view(scratch, n, cols);
@@ -63,21 +61,15 @@ KActs prepare_kacts(const float* x, int64_t n, int64_t cols, bool sums16) {
   const int64_t nb = cols / 32;
   k.nb32 = nb;
   const size_t fl = static_cast<size_t>(n * nb);
-  auto* buf = static_cast<uint8_t*>(thread_scratch(2 * fl * sizeof(float) + fl * 2 * sizeof(int16_t) + 64, 3));
+  auto* buf = static_cast<uint8_t*>(thread_scratch(fl * sizeof(float) + fl * 2 * sizeof(int16_t) + 64, 3));
   auto* dx = reinterpret_cast<float*>(buf);
-  auto* bs = dx + fl;
   for (int64_t b = 0; b < nb; ++b) {
     const float* d = k.a.scales(b);
-    const float* s = k.a.sums(b);
-    for (int64_t t = 0; t < n; ++t) {
-      dx[t * nb + b] = d[t];
-      bs[t * nb + b] = s[t];
-    }
+    for (int64_t t = 0; t < n; ++t) dx[t * nb + b] = d[t];
   }
   k.dx = dx;
-  k.bs = bs;
-  if (sums16) {
-    auto* s16 = reinterpret_cast<int16_t*>(bs + fl);
+  {
+    auto* s16 = reinterpret_cast<int16_t*>(dx + fl);
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
     for (int64_t t = 0; t < n; ++t) {
@@ -165,12 +157,11 @@ inline __m256i q6k_chunk_scale(const Q6KUnpacked& u, int k) {
   return _mm256_shuffle_epi8(_mm256_set1_epi32(pair), ctl);
 }
 
-template <bool kQ6>
-struct KQuantKernel {
+// Q6_K decode (n < 8). (Q4_K decode has its own integer super-block kernel, see the header.)
+struct Q6KDecode {
   static constexpr int kRows1 = 3;
   static constexpr int kRowsN = 1;
-  static constexpr int kBlockBytes = kQ6 ? sizeof(BlockQ6_K) : sizeof(BlockQ4_K);
-  using Unpacked = std::conditional_t<kQ6, Q6KUnpacked, Q4KUnpacked>;
+  static constexpr int kBlockBytes = sizeof(BlockQ6_K);
 
   const uint8_t* w;
   uint64_t row_bytes;
@@ -190,14 +181,11 @@ struct KQuantKernel {
       LARDER_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const int64_t nb = k.nb32;
-    Unpacked u[R];
+    Q6KUnpacked u[R];
     for (int64_t sb = 0; sb < nsb; ++sb) {
       prefetch_rows<kLong>(wr[0], R, row_bytes, sb * kBlockBytes, kBlockBytes);
       LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        if constexpr (kQ6) unpack_q6k(wr[r] + sb * kBlockBytes, f16, u[r]);
-        else unpack_q4k(wr[r] + sb * kBlockBytes, f16, u[r]);
-      }
+      for (int r = 0; r < R; ++r) unpack_q6k(wr[r] + sb * kBlockBytes, f16, u[r]);
       LARDER_UNROLL
       for (int t = 0; t < T; ++t) {
         const int64_t tok = t0 + t;
@@ -213,26 +201,18 @@ struct KQuantKernel {
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {
             const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(u[r].codes[j]));
-            __m256i mul;
-            if constexpr (kQ6) mul = q6k_chunk_scale(u[r], j);
-            else mul = _mm256_set1_epi32(u[r].scm[j]);
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(cv, xv), mul);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(cv, xv), q6k_chunk_scale(u[r], j));
             s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dxj, s[r]);
           }
         }
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
-          if constexpr (kQ6) {
-            // Zero point: 32·Σ_j d_x,j·Σ_s∈j sc_s·Σ_16 q_x (lane j of the madd is chunk j).
-            const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(u[r].sc16));
-            const __m256i sx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.s16 + tok * nb * 2 + sb * 16));
-            const __m256 z = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sc, sx)), _mm256_loadu_ps(dxt));
-            s[r] = _mm256_fnmadd_ps(z, _mm256_set1_ps(32.0f), s[r]);
-            acc[r][t] = _mm256_fmadd_ps(s[r], _mm256_set1_ps(u[r].d), acc[r][t]);
-          } else {
-            acc[r][t] = _mm256_fmadd_ps(s[r], _mm256_set1_ps(u[r].d), acc[r][t]);
-            acc[r][t] = _mm256_fnmadd_ps(u[r].dmm, _mm256_loadu_ps(k.bs + tok * nb + sb * 8), acc[r][t]);
-          }
+          // Zero point: 32·Σ_j d_x,j·Σ_s∈j sc_s·Σ_16 q_x (lane j of the madd is chunk j).
+          const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(u[r].sc16));
+          const __m256i sx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.s16 + tok * nb * 2 + sb * 16));
+          const __m256 z = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sc, sx)), _mm256_loadu_ps(dxt));
+          s[r] = _mm256_fnmadd_ps(z, _mm256_set1_ps(32.0f), s[r]);
+          acc[r][t] = _mm256_fmadd_ps(s[r], _mm256_set1_ps(u[r].d), acc[r][t]);
         }
       }
     }
@@ -243,12 +223,11 @@ struct KQuantKernel {
   }
 };
 
-template <bool kQ6>
-void matmul_kquant(const WeightView& w, const float* x, int64_t n, float* y) {
+void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  const KActs k = prepare_kacts(x, n, w.cols, kQ6);
-  const KQuantKernel<kQ6> kern{w.data, w.row_bytes(), w.rows, w.cols / 256, k, y};
-  run_matmul_tiles(kern, w.rows, n, w.cols + 8 * (w.cols / 32) + (kQ6 ? w.cols / 8 : 0));
+  const KActs k = prepare_kacts(x, n, w.cols);
+  const Q6KDecode kern{w.data, w.row_bytes(), w.rows, w.cols / 256, k, y};
+  run_matmul_tiles(kern, w.rows, n, w.cols + 8 * (w.cols / 32) + w.cols / 8);
 }
 
 // Q4_K GEMM for n >= 8 tokens: the token-lane layout of the Q4_0 GEMM (matmul_avx2.cpp, act8 of
@@ -414,7 +393,7 @@ struct Q6KGemm {
 
 void matmul_q6_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t nb = w.cols / 32;
-  const KActs k = prepare_kacts(x, n, w.cols, /*sums16=*/true);
+  const KActs k = prepare_kacts(x, n, w.cols);
   const QuantizedActs& a = k.a;
   auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
   build_act8(a, n, act8);
@@ -444,7 +423,7 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= 8) {
     matmul_q6_k_gemm(w, x, n, y);
   } else {
-    matmul_kquant<true>(w, x, n, y);
+    decode_q6_k(w, x, n, y);
   }
 }
 
