@@ -168,7 +168,7 @@ void check_kquant_tier(const char* tier, DType dt, MatmulFn decode = nullptr) {
 
 TEST_P(FastKQuant, Avx2MatchesReferenceWithinBound) { check_kquant_tier("avx2", GetParam()); }
 
-// AVX-512: Q4_K and Q6_K prefill (n >= 8) on the VNNI GEMM, decode on the tier's own kernels (Q4_K
+// AVX-512: Q4_K and Q6_K prefill (n >= 9) on the VNNI GEMM, decode on the tier's own kernels (Q4_K
 // over super-block activations) — same bound (exact integer dots, f32 scaling).
 TEST_P(FastKQuant, Avx512MatchesReferenceWithinBound) {
   if (!cpu_features().has_avx512_tier()) GTEST_SKIP() << "CPU lacks the AVX-512 tier";

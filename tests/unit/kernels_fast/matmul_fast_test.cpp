@@ -388,7 +388,8 @@ void check_affine_tier(const char* tier, const AffineFormat af) {
 
 TEST_P(FastAffine, Avx2MatchesReferenceWithinBound) { check_affine_tier("avx2", GetParam()); }
 
-// The AVX-512 kernel: prefill (n >= 8) on the 16-token VNNI GEMM, decode delegated to AVX2; the
+// The AVX-512 kernel: prefill (n >= 9) on the 16-token VNNI GEMM, decode on its own 4/8-bit
+// kernels (group sizes a multiple of 64) and the AVX2 kernel otherwise (up to 7 tokens); the
 // same bound holds (same activation quantizer, exact integer dots, f32 scaling).
 TEST_P(FastAffine, Avx512MatchesReferenceWithinBound) {
   if (!cpu_features().has_avx512_tier()) {

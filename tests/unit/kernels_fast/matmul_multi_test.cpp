@@ -183,7 +183,8 @@ AffineWeights random_affine(int bits, int64_t gs, DType sdt, int64_t rows, int64
 
 // The AVX-512 fused affine decode (q/k/v, gate/up of an MLX 4/8-bit model) against one
 // matmul_affine per weight, over widths, group sizes, scale dtypes, ragged rows, token counts
-// (n >= 8 and the widths without a fused kernel take the per-weight path) and thread counts.
+// (prefill — n >= 8, on AVX-512 n >= 9 for the formats with a decode kernel — and the widths
+// without a fused kernel take the per-weight path) and thread counts.
 class FastMatmulMultiAffine : public testing::TestWithParam<const char*> {};
 
 TEST_P(FastMatmulMultiAffine, EqualsOneMatmulPerWeight) {

@@ -1,10 +1,12 @@
 // matmul_affine_avx512.cpp — MLX affine weights (2, 3, 4, 5, 6, 8 bits; groups 32/64/128;
 // bf16/f16/f32 scales and biases) on the AVX-512 tier.
 //
-// Prefill (n >= 8) runs the 16-token-lane VNNI GEMM (gemm16_avx512.h): MLX codes are already
-// unsigned, so they are vpdpbusd's u8 operand as they are, and each group's scale and bias are
-// applied once per group: Σ_g [s_g·Σ_{b∈g} d_x,b·S_b + c_g·Σ_{b∈g} bs_b]. Decode (n <= 8) stays on
-// the AVX2 kernel, which already streams the weights at ≈ 85 % of one core's read bandwidth.
+// Prefill (n >= 9, kGemm16MinTokens) runs the 16-token-lane VNNI GEMM (gemm16_avx512.h): MLX
+// codes are already unsigned, so they are vpdpbusd's u8 operand as they are, and each group's
+// scale and bias are applied once per group: Σ_g [s_g·Σ_{b∈g} d_x,b·S_b + c_g·Σ_{b∈g} bs_b].
+// Decode (n <= 8) of 4- and 8-bit weights in groups of a multiple of 64 runs AffineDecode; the
+// other widths and group sizes run the AVX2 kernel up to 7 tokens and the GEMM from 8
+// (kAvx2DecodeMaxTokens).
 //
 // Unpacking. A row is a little-endian bit stream (element i at bits [i·B, i·B + B)), so 8
 // consecutive codes are B whole bytes, and BMI2's pdep with a mask of the low B bits of every
@@ -316,7 +318,7 @@ void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, cons
                      ((ws[0].bits == 4 && decode_fits<4>(ws[0])) || (ws[0].bits == 8 && decode_fits<8>(ws[0])));
   if (!fused) {
     // Decode of the other widths and group sizes runs the AVX2 kernel (as matmul_affine does), fused there.
-    if (n > 0 && n < kAvx2DecodeMaxTokens + 1) return avx2::matmul_multi_affine(ws, ys, count, x, n);
+    if (n > 0 && n <= kAvx2DecodeMaxTokens) return avx2::matmul_multi_affine(ws, ys, count, x, n);
     for (int i = 0; i < count; ++i) matmul_affine(ws[i], x, n, ys[i]);
     return;
   }

@@ -2,8 +2,8 @@
 // Compiled with the AVX-512 flags (src/larder/CMakeLists.txt); called only after
 // cpu_features().has_avx512_tier() (common/register.cpp). F16/F32 stay on the AVX2 tier.
 //
-// Prefill (n >= 8) of Q8_0 and Q4_0 runs the 16-token-lane VNNI GEMM (gemm16_avx512.h).
-// Decode (n <= 8):
+// Prefill (Q4_0 from 9 tokens, Q8_0 from 8: gemm16_avx512.h kGemm16MinTokens) runs the
+// 16-token-lane VNNI GEMM (gemm16_avx512.h). Decode (fewer tokens):
 // - Q8_0: four blocks per step, two per zmm (Q8_0Quad): the weight flipped to u = w + 128 is
 //   vpdpbusd's unsigned operand against the int8 activations, the +128 folded out by a −128·Σq
 //   seed precomputed per token.
@@ -33,7 +33,7 @@ namespace {
 
 using namespace simd;
 
-// Prefill (n >= 8): the 16-token-lane VNNI GEMM of gemm16_avx512.h. Both formats become
+// Prefill (n >= kGemm16MinTokens / kGemm16MinTokensQ8_0): the 16-token-lane VNNI GEMM of gemm16_avx512.h. Both formats become
 // unsigned byte codes with a per-block scale and a constant zero point: Q4_0 codes are its
 // nibbles (w = d·(u − 8)); Q8_0 bytes get their sign bit flipped, u = q + 128 ∈ [0, 255]
 // (w = d·(u − 128)), so signed weights need no sign trick and no per-block Σw: the zero point
@@ -571,7 +571,7 @@ void decode_q4_0_quad(const WeightView& w, const float* x, int64_t n, float* y) 
   run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
 }
 
-// Q8_0 decode (n <= 8), four 34-byte blocks of a row per step, two per zmm (Q8_0Quad). The
+// Q8_0 decode (n < 8), four 34-byte blocks of a row per step, two per zmm (Q8_0Quad). The
 // previous kernel (IntKernel, removed: one ymm block per vpdpbusd, R = 8) ran at ~15 GB/s per core on Zen 4,
 // compute-bound: per 32 weights and row it spent a vpdpbusd + negate for the −128·Σw seed, an f16
 // scale through movzx/vpbroadcastw/vcvtph2ps, a d_w·d_x multiply stored to the stack and

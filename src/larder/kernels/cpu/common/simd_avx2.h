@@ -62,7 +62,8 @@ inline __m256 f16x8_to_f32(const uint8_t* p) {
 // - Long rows (the down projection: 4608 B per Q4_0 row at 8192 columns): two tiles ahead is 36 KiB,
 //   past L1, and the down projection streamed at 12–13 GB/s against 28 GB/s for gate/up (1 thread,
 //   same bytes, session 15). Instead each row's stream is prefetched 6 KiB ahead of where the tile
-//   reads it, continuing at the same offset in the next tile's row past the end.
+//   reads it, continuing in the next tile's rows past the end (for rows shorter than 6 KiB that
+//   is, in effect, one contiguous sweep tile_bytes − row_bytes + 6 KiB ahead).
 // Both regimes prefetch into L2 (prefetcht1), not L1. Into L1 the distance could not grow past
 // ~1 KiB per stream without evicting the activations the tile reuses (and with it the down
 // projection stayed at 12 GB/s); into L2 it can, and the L1 streamer pulls from there. Zen 4,
