@@ -1,6 +1,7 @@
 """The command line as a person types it (issue 17, item 8 and the llama.cpp habits): --help shows
 defaults, range errors are one short readable line, a mistyped flag gets "did you mean", a
 llama.cpp-only flag gets the larder equivalent, an unknown verb gets the nearest verb."""
+import json
 import re
 import unittest
 
@@ -52,7 +53,6 @@ class FlagsTest(unittest.TestCase):
 
     def test_bench_skips_either_test(self):
         # llama-bench's -p 0 / -n 0: a prefill-only or decode-only run (bench/llamacpp_compare.sh).
-        import json
         for p, n in (("8", "0"), ("0", "4")):
             code, out, err = run("bench", STORIES, "-p", p, "-n", n, "-r", "1", "--no-roofline", "--json", timeout=60)
             self.assertEqual(code, 0, err)
@@ -71,7 +71,7 @@ class FlagsTest(unittest.TestCase):
                              "--json", timeout=120)
         self.assertEqual(code, 0, err)
         self.assertIn("trained context of 2048", err)
-        self.assertGreater(__import__("json").loads(out)["tg"]["tok_s"], 0)
+        self.assertGreater(json.loads(out)["tg"]["tok_s"], 0)
 
     def test_did_you_mean(self):
         code, out, err = run("generate", STORIES, "--prompt", "x", "--tempurature", "1")

@@ -93,7 +93,7 @@ struct AffineRows {
 
 
 // ---------------------------------------------------------------------------------------------
-// Decode (n <= 8) of 4- and 8-bit weights with groups of 64 or 128: 64 weights of a row per zmm.
+// Decode (n <= 8) of 4- and 8-bit weights, groups a multiple of 64: 64 weights of a row per zmm.
 //
 // 4 bits: a row's 64 codes of a chunk are 32 bytes (element 2j in the low nibble of byte j, 2j+1 in
 // the high one). One vbroadcasti64x4 puts them in both halves, one vpsrlvq shifts the upper half by

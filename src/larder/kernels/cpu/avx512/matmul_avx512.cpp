@@ -33,8 +33,8 @@ namespace {
 
 using namespace simd;
 
-// Prefill (n >= kGemm16MinTokens / kGemm16MinTokensQ8_0): the 16-token-lane VNNI GEMM of gemm16_avx512.h. Both formats become
-// unsigned byte codes with a per-block scale and a constant zero point: Q4_0 codes are its
+// Prefill (n >= kGemm16MinTokens, Q8_0 kGemm16MinTokensQ8_0): the 16-token-lane VNNI GEMM of
+// gemm16_avx512.h. Both formats become unsigned byte codes with a per-block scale and a constant zero point: Q4_0 codes are its
 // nibbles (w = d·(u − 8)); Q8_0 bytes get their sign bit flipped, u = q + 128 ∈ [0, 255]
 // (w = d·(u − 128)), so signed weights need no sign trick and no per-block Σw: the zero point
 // folds out with the activation block sums like Q4_0's.

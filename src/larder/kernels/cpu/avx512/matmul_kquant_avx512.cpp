@@ -1,7 +1,7 @@
 // matmul_kquant_avx512.cpp — GGUF Q4_K and Q6_K on the AVX-512 tier (Q4_K_M files mix the two).
 //
-// Prefill (n >= 9, kGemm16MinTokens) runs the 16-token-lane VNNI GEMM (gemm16_avx512.h). A Q4_K sub-block of 32 is
-// exactly one activation block, and its value is (d·sc_j)·q − (dmin·m_j): an unsigned 4-bit code
+// Prefill (n >= 9, kGemm16MinTokens) runs the 16-token-lane VNNI GEMM (gemm16_avx512.h). A Q4_K
+// sub-block of 32 is exactly one activation block, and its value is (d·sc_j)·q − (dmin·m_j): an unsigned 4-bit code
 // with a per-block scale and bias, i.e. MLX affine with groups of one block. Unpacking a row turns
 // every super-block into 8 × 32 code bytes (chunk c's 32 bytes give sub-block 2c from the low
 // nibbles and 2c + 1 from the high ones, already in element order) plus 8 scales and biases;
@@ -115,8 +115,7 @@ struct Q6_KRows {
 // summed at the end anyway, so the 16 scales times the token's precomputed −32·d_x·Σq of each
 // sub-block can go into any 16 lanes of it. Per row and super-block: 14 vector ops to unpack, and
 // per token 17 for the dots and the zero point (were 22 and 20, the zero point subtracted per
-// int32 lane);
-// kernel_bench 2048x2048 n = 1 cache-resident, 1 thread, Zen 4: 156 → 119–155 µs.
+// int32 lane); kernel_bench 2048x2048 n = 1 cache-resident, 1 thread, Zen 4: 156 → 119–155 µs.
 struct Q6KDecode {
   static constexpr int kRows1 = 4;
   // Zen 4 (matmul_driver.h rows1): with four interleaved rows the kernel read 11–12 GB/s from
