@@ -153,7 +153,9 @@ void check_tier(const char* tier, DType dt) {
   const bool avx512 = std::strcmp(tier, "avx512") == 0;
   std::mt19937 rng(static_cast<unsigned>(static_cast<int>(dt) * 37 + (avx512 ? 11 : 3)));
   const int64_t rows_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 31, 67};
-  const int64_t n_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 33};
+  // 530 tokens: two chunks of token groups in the prefill GEMM, and (with 1280/1312 columns)
+  // K slices of 32 blocks with a ragged last one (gemm16_avx512.h run_gemm16).
+  const int64_t n_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 33, 530};
   const bool k256 = dtype_info(dt).block_elems == 256;
   const std::vector<int64_t> cols_set = k256 ? std::vector<int64_t>{256, 512, 768, 1280}
                                              : std::vector<int64_t>{32, 64, 96, 160, 352, 1024, 1312};
@@ -161,12 +163,14 @@ void check_tier(const char* tier, DType dt) {
   for (int threads : {1, 3}) {
     default_pool().set_threads(threads);
     for (int64_t n : n_set) {
-      for (int i = 0; i < 3; ++i) {
-        const int64_t rows = rows_set[rng() % std::size(rows_set)];
+      for (int i = 0; i < (n > 64 ? 1 : 3); ++i) {
+        const int64_t drawn_rows = rows_set[rng() % std::size(rows_set)];
         const int64_t drawn = cols_set[rng() % cols_set.size()];
         // The first decode case of each n runs 8192 columns: rows past simd::long_rows' 8 KiB per
         // tile take the per-row prefetch regime (the down projection's), a separate instantiation.
-        const int64_t cols = (i == 0 && n <= 3) ? 8192 : drawn;
+        // The long prompt takes 21 rows (8-, 4- and 1-row tiles) and the widest drawn columns.
+        const int64_t rows = n > 64 ? 21 : drawn_rows;
+        const int64_t cols = n > 64 ? cols_set.back() : (i == 0 && n <= 3) ? 8192 : drawn;
         SCOPED_TRACE(testing::Message() << tier << " " << dtype_name(dt) << " rows " << rows << " cols " << cols
                                         << " n " << n << " threads " << threads);
         GWeights w = make(dt, rows, cols, avx512, rng);

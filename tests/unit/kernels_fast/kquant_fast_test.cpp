@@ -116,18 +116,22 @@ void check_kquant_tier(const char* tier, DType dt, MatmulFn decode = nullptr) {
   ASSERT_NE(fast, nullptr);
   std::mt19937 rng(static_cast<unsigned>(static_cast<int>(dt) * 31 + 5));
   const int64_t rows_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 31, 67};
-  const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33};
+  // 530 tokens: two chunks of token groups in the prefill GEMM, and (with 1280 columns) K slices
+  // of 32 blocks with a ragged last one (gemm16_avx512.h run_gemm16).
+  const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 530};
   const int64_t cols_set[] = {256, 512, 768, 1280, 2048};
   double worst_rel = 0, worst_ratio = 0;
   for (int threads : {1, 3}) {
     default_pool().set_threads(threads);
     for (int64_t n : n_set) {
-      for (int i = 0; i < 4; ++i) {
-        const int64_t rows = rows_set[rng() % std::size(rows_set)];
+      for (int i = 0; i < (n > 64 ? 1 : 4); ++i) {
+        const int64_t drawn_rows = rows_set[rng() % std::size(rows_set)];
         const int64_t drawn = cols_set[rng() % std::size(cols_set)];
         // The first decode case of each n runs 8192 columns: rows past simd::long_rows' 8 KiB per
         // tile take the per-row prefetch regime (the down projection's), a separate instantiation.
-        const int64_t cols = (i == 0 && n <= 3) ? 8192 : drawn;
+        // The long prompt takes 21 rows (8-, 4- and 1-row tiles).
+        const int64_t rows = n > 64 ? 21 : drawn_rows;
+        const int64_t cols = n > 64 ? 1280 : (i == 0 && n <= 3) ? 8192 : drawn;
         SCOPED_TRACE(testing::Message() << dtype_name(dt) << " rows " << rows << " cols " << cols << " n " << n
                                         << " threads " << threads);
         KWeights w = make(dt, rows, cols, rng);

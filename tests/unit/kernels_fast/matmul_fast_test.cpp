@@ -133,6 +133,9 @@ std::vector<Case> cases(bool float_format) {
   cs.push_back({2048 / 8, 2048, 1});
   cs.push_back({96, 4096, 2});
   cs.push_back({40, 256, 64});  // several prefill token blocks
+  // The AVX-512 integer GEMM: 530 tokens = two chunks of token groups; 2080 columns = K slices of
+  // 32 blocks with a ragged last one; 21 rows = 8-, 4- and 1-row tiles.
+  cs.push_back({21, 2080, 530});
   if (float_format) {
     // The AVX-512 BF16 GEMM (n >= 16): several 512-pair K slices with a ragged last one and
     // ragged rows (8/4/1-row tiles); 19 token groups = two chunks of groups, the last ragged.
@@ -320,7 +323,9 @@ void check_affine_tier(const char* tier, const AffineFormat af) {
   ASSERT_NE(fast, nullptr);
   std::mt19937 rng(static_cast<unsigned>(af.bits * 131 + af.group_size));
   const int64_t rows_set[] = {1, 2, 3, 5, 7, 8, 9, 13, 31, 67};
-  const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33};
+  // 530 tokens, 21 rows, 1280 columns: the AVX-512 GEMM's chunks of token groups and K slices
+  // (whole scale groups: 32 blocks, ragged last), as in cases().
+  const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 530};
   const int64_t cols_set[] = {128, 256, 384, 640, 1024};
   const DType sdts[] = {DType::kBF16, DType::kF16, DType::kF32};
   double worst_rel = 0, worst_ratio = 0;
@@ -328,10 +333,12 @@ void check_affine_tier(const char* tier, const AffineFormat af) {
   for (int threads : {1, 3}) {
     default_pool().set_threads(threads);
     for (int64_t n : n_set) {
-      for (int i = 0; i < 3; ++i, ++iter) {
-        const int64_t rows = rows_set[rng() % std::size(rows_set)];
+      for (int i = 0; i < (n > 64 ? 1 : 3); ++i, ++iter) {
+        const int64_t drawn_rows = rows_set[rng() % std::size(rows_set)];
         int64_t cols = cols_set[rng() % std::size(cols_set)];
         cols = std::max<int64_t>(af.group_size, cols / af.group_size * af.group_size);
+        const int64_t rows = n > 64 ? 21 : drawn_rows;
+        if (n > 64) cols = 1280;
         const DType sdt = sdts[iter % 3];
         SCOPED_TRACE(testing::Message() << "bits " << af.bits << " g " << af.group_size << " " << dtype_name(sdt)
                                         << " rows " << rows << " cols " << cols << " n " << n << " threads "

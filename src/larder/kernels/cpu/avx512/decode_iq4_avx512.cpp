@@ -279,17 +279,11 @@ void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) { d
 void decode_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { decode_one(prepare_iq4_nl, w, x, n, y); }
 
 void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens) {
-    for (int i = 0; i < count; ++i) matmul_iq4_xs(ws[i], x, n, ys[i]);
-    return;
-  }
+  if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
   decode_multi(prepare_iq4_xs, ws, ys, count, x, n);
 }
 void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens) {
-    for (int i = 0; i < count; ++i) matmul_iq4_nl(ws[i], x, n, ys[i]);
-    return;
-  }
+  if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
   decode_multi(prepare_iq4_nl, ws, ys, count, x, n);
 }
 

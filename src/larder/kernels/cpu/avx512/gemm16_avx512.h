@@ -17,8 +17,8 @@
 // s and c are the group's scale and bias (constant over the group's blocks, so they are applied
 // once per group to a group accumulator).
 //
-// Weights are unpacked once per (tile of R rows, chunk of token groups) into a per-thread buffer
-// of plain bytes [R][nb][32] plus f32 scales/biases, then every 16-token group of the chunk runs
+// Weights are unpacked once per (row block, chunk of up to 512 tokens) into a per-thread buffer
+// of plain bytes ([nb][R][32] per tile) plus f32 scales/biases, then every 16-token group runs
 // over the unpacked bytes: per block and row, 8 broadcast loads + 8 vpdpbusd against the 8
 // activation vectors of the block (shared by the R rows), then 2–3 f32 ops fold in d_x, s and c.
 // The unpacking is thus amortized over all token groups of the chunk, and the format's own bit
@@ -39,6 +39,7 @@
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/ops.h"
 
 namespace larder::kernels::cpu::avx512 {
 namespace {
@@ -117,24 +118,19 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
   if (half_sums) a.bs16 = reinterpret_cast<float*>(base + qbytes + 2 * fbytes);
   const int64_t groups = a.n_pad / 16;
   const Acts16 out = a;
-  // One chunk per 16-token group: each writes only its own 512-byte blocks and scale lanes.
+  // One chunk per 16-token group: each writes only its own 512-byte blocks and scale lanes. Block
+  // outer, token inner: the 16 tokens' 4-byte pieces fill a block's 8 lines while they are in L1
+  // (token outer revisited every line once per token: 16 × nb × 512 B, 128 KiB at K = 8192).
   default_pool().parallel_for(groups, [&](int64_t g, int) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
-    for (int lane = 0; lane < 16; ++lane) {
-      const int64_t t = 16 * g + lane;
-      if (t >= n) {
-        for (int64_t b = 0; b < out.nb; ++b) {
-          uint8_t* dst = out.q + (g * out.nb + b) * 512 + 4 * lane;
-          for (int k4 = 0; k4 < 8; ++k4) std::memset(dst + 64 * k4, 0, 4);
-          out.d[b * out.n_pad + t] = 0.0f;
-          out.bs[b * out.n_pad + t] = 0.0f;
-          if (out.bs16) out.bs16[2 * b * out.n_pad + t] = out.bs16[(2 * b + 1) * out.n_pad + t] = 0.0f;
-        }
-        continue;
-      }
-      const float* xt = x + t * cols;
-      for (int64_t b = 0; b < out.nb; ++b) {
-        const __m512 v0 = _mm512_loadu_ps(xt + 32 * b), v1 = _mm512_loadu_ps(xt + 32 * b + 16);
+    const int64_t lanes = std::min<int64_t>(16, n - 16 * g);
+    for (int64_t b = 0; b < out.nb; ++b) {
+      uint8_t* blk = out.q + (g * out.nb + b) * 512;
+      float* d_out = out.d + b * out.n_pad + 16 * g;
+      float* bs_out = out.bs + b * out.n_pad + 16 * g;
+      for (int64_t lane = 0; lane < lanes; ++lane) {
+        const float* xt = x + (16 * g + lane) * cols + 32 * b;
+        const __m512 v0 = _mm512_loadu_ps(xt), v1 = _mm512_loadu_ps(xt + 16);
         const __m512 m = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
         __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1));
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
@@ -147,19 +143,26 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
         // cvtps2dq rounds to nearest even (the default MXCSR mode), as nearbyint does.
         const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
         const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-        const int sum0 = _mm512_reduce_add_epi32(i0), sum1 = _mm512_reduce_add_epi32(i1);
-        const int sum = sum0 + sum1;
         const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(i1), _mm512_cvtepi32_epi8(i0));
         alignas(32) uint32_t w[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(w), q);
-        uint8_t* dst = out.q + (g * out.nb + b) * 512 + 4 * lane;
-        for (int k4 = 0; k4 < 8; ++k4) std::memcpy(dst + 64 * k4, &w[k4], 4);
-        out.d[b * out.n_pad + t] = d;
-        out.bs[b * out.n_pad + t] = d * static_cast<float>(sum);
+        for (int k4 = 0; k4 < 8; ++k4) std::memcpy(blk + 64 * k4 + 4 * lane, &w[k4], 4);
+        d_out[lane] = d;
         if (out.bs16) {
-          out.bs16[2 * b * out.n_pad + t] = d * static_cast<float>(sum0);
-          out.bs16[(2 * b + 1) * out.n_pad + t] = d * static_cast<float>(sum1);
+          const int sum0 = _mm512_reduce_add_epi32(i0), sum1 = _mm512_reduce_add_epi32(i1);
+          bs_out[lane] = d * static_cast<float>(sum0 + sum1);
+          out.bs16[2 * b * out.n_pad + 16 * g + lane] = d * static_cast<float>(sum0);
+          out.bs16[(2 * b + 1) * out.n_pad + 16 * g + lane] = d * static_cast<float>(sum1);
+        } else {
+          bs_out[lane] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)));
         }
+      }
+      // Padding tokens: zero codes, scales and sums.
+      for (int64_t lane = lanes; lane < 16; ++lane) {
+        for (int k4 = 0; k4 < 8; ++k4) std::memset(blk + 64 * k4 + 4 * lane, 0, 4);
+        d_out[lane] = 0.0f;
+        bs_out[lane] = 0.0f;
+        if (out.bs16) out.bs16[2 * b * out.n_pad + 16 * g + lane] = out.bs16[(2 * b + 1) * out.n_pad + 16 * g + lane] = 0.0f;
       }
     }
   });
@@ -178,7 +181,18 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
 //   void unpack(int64_t row, uint8_t* codes /* block b at codes + b·stride, 32 bytes */, int64_t stride,
 //               float* scale /* per group */, float* bias /* per group, kZero == 0 only */) const
 //
-// Gemm16 runs tiles of R rows × one 16-token group over the unpacked rows.
+// Gemm16 runs tiles of R rows × one 16-token group × one K slice over the unpacked rows.
+//
+// Blocking (as Bf16Gemm in matmul_avx512.cpp). A chunk is a row block (kBlockRows rows) × up to
+// kMaxGroups token groups. It unpacks its rows once, whole, into a per-thread buffer, then walks
+// K in slices of blocks: per slice, every tile of the row block runs over every group of the
+// chunk, so the chunk's activation slices (≤ kActBudget) stay in L2 across its tiles and a tile's
+// unpacked slice (8 rows × ≤ 32 blocks × 32 B) stays in L1 across the groups. Partial sums go
+// through a per-chunk f32 buffer between slices (one load and store per accumulator per slice,
+// against 8 vpdpbusd per block and row); they are summed in the same block order as one pass, so
+// the result is bit-identical to it. Before this, a chunk held whole-K activation rows of ≤ 512
+// KiB, so an 8-row tile was unpacked once per 16 groups at K = 2048 and once per 4 at K = 8192,
+// and the unpacking (with its weight-stream stalls) was 7 % of Q4_0 pp512 and 11 % of Q4_K_M's.
 template <class F>
 struct Gemm16 {
   const F& f;
@@ -187,32 +201,45 @@ struct Gemm16 {
   int64_t rows;
   float* y;
 
-  // Unpacked rows of the current tile (per-thread scratch).
+  // One tile's unpacked rows, inside the chunk's buffers. Codes, scales and biases are all
+  // block-major, so one pointer plus constant offsets addresses all R rows: the scales then
+  // reach the FMAs as embedded-broadcast memory operands. (Row-major [R][ng] scales took one
+  // base register per row, and GCC loaded and broadcast each into a register instead: 8 more
+  // shuffle ops per block beside the 64 vpdpbusd.)
   struct Unpacked {
-    const uint8_t* codes;  // [nb][R][32]: block-major, so one pointer + constant offsets address all R rows
-    const float* scale;    // [R][ng]
-    const float* bias;     // [R][ng]
+    const uint8_t* codes;  // [nb][R][32]
+    const float* scale;    // [ng][R]
+    const float* bias;     // [ng][R]
   };
 
+  // tmp: 2·ng floats of scratch for one row's scales and biases.
   template <int R>
-  Unpacked unpack(int64_t r0) const {
-    const int64_t nb = a.nb, ng = f.groups();
-    auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(R * nb) * 32, 4));
-    auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * R * ng) * sizeof(float), 5));
-    for (int r = 0; r < R; ++r) f.unpack(r0 + r, codes + r * 32, R * 32, sc + r * ng, sc + (R + r) * ng);
-    return {codes, sc, sc + R * ng};
+  Unpacked unpack(int64_t r0, uint8_t* codes, float* sc, float* tmp) const {
+    const int64_t ng = f.groups();
+    float* scale = sc;
+    float* bias = sc + R * ng;
+    for (int r = 0; r < R; ++r) {
+      f.unpack(r0 + r, codes + r * 32, R * 32, tmp, tmp + ng);
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        scale[gi * R + r] = tmp[gi];
+        bias[gi * R + r] = tmp[ng + gi];
+      }
+    }
+    return {codes, scale, bias};
   }
 
+  // R rows × group g over blocks [b0, b1) (whole scale groups). c: this tile's [R][16] partial
+  // sums, read unless `first`; written unless `last`, which stores y instead.
   template <int R>
-  void tile(const Unpacked& u, int64_t r0, int64_t g) const {
-    const int64_t nb = a.nb, ng = f.groups(), bpg = f.blocks_per_group();
+  void tile(const Unpacked& u, int64_t r0, int64_t g, int64_t b0, int64_t b1, float* c, bool first, bool last) const {
+    const int64_t bpg = f.blocks_per_group();
     const uint8_t* cr = u.codes;  // block b, row r at cr + (b·R + r)·32
     __m512 acc[R];
     LARDER_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[r] = first ? _mm512_setzero_ps() : _mm512_load_ps(c + 16 * r);
     // kZero < 0: one step per block (its two halves are the "groups" of the scale arrays).
-    const int64_t steps = F::kZero < 0 ? nb : ng;
-    for (int64_t gi = 0; gi < steps; ++gi) {
+    const int64_t s0 = F::kZero < 0 ? b0 : b0 / bpg, s1 = F::kZero < 0 ? b1 : b1 / bpg;
+    for (int64_t gi = s0; gi < s1; ++gi) {
       __m512 accg[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) accg[r] = _mm512_setzero_ps();
@@ -242,7 +269,7 @@ struct Gemm16 {
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {
             const __m512 t = _mm512_fmsub_ps(_mm512_cvtepi32_ps(s[r]), dx, zb);
-            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(u.scale[r * ng + gi]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(u.scale[gi * R + r]), acc[r]);
           }
         } else {
           LARDER_UNROLL
@@ -253,10 +280,15 @@ struct Gemm16 {
         const __m512 gq = _mm512_loadu_ps(gsum + gi * a.n_pad + 16 * g);
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
-          acc[r] = _mm512_fmadd_ps(accg[r], _mm512_set1_ps(u.scale[r * ng + gi]), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(u.bias[r * ng + gi]), gq, acc[r]);
+          acc[r] = _mm512_fmadd_ps(accg[r], _mm512_set1_ps(u.scale[gi * R + r]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(u.bias[gi * R + r]), gq, acc[r]);
         }
       }
+    }
+    if (!last) {
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) _mm512_store_ps(c + 16 * r, acc[r]);
+      return;
     }
     const int64_t t0 = 16 * g, nt = std::min<int64_t>(16, a.n - t0);
     alignas(64) float out[R][16];
@@ -270,7 +302,6 @@ struct Gemm16 {
   // scaled by its own s and with its own bias against the activation half sums.
   template <int R>
   LARDER_GEMM_INLINE void halves(const Unpacked& u, int64_t g, int64_t b, const uint8_t* cr, __m512 (&acc)[R]) const {
-    const int64_t ng = f.groups();
     const uint8_t* ab = a.block(g, b);
     __m512i lo[R], hi[R];
     LARDER_UNROLL
@@ -294,31 +325,13 @@ struct Gemm16 {
     const __m512 b1 = _mm512_loadu_ps(a.bs16 + (2 * b + 1) * a.n_pad + 16 * g);
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) {
-      const float* sc = u.scale + r * ng + 2 * b;
-      const float* bi = u.bias + r * ng + 2 * b;
+      const float* sc = u.scale + 2 * b * R + r;  // half 0 at sc[0], half 1 at sc[R]
+      const float* bi = u.bias + 2 * b * R + r;
       __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(lo[r]), _mm512_set1_ps(sc[0]));
-      t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[r]), _mm512_set1_ps(sc[1]), t);
+      t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[r]), _mm512_set1_ps(sc[R]), t);
       acc[r] = _mm512_fmadd_ps(t, dx, acc[r]);
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(bi[0]), b0, acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(bi[1]), b1, acc[r]);
-    }
-  }
-
-  // The weights come from DRAM only in unpack(); while this tile's token groups compute, the next
-  // tile's rows (contiguous after ours) are prefetched into L2, a slice before each group, so the
-  // next unpack does not stall on memory (Q4_0 pp512 at 2 threads: unpack 17 % -> 5 % of the
-  // samples). The prefetches stay out of tile(): inside its block loop they cost Q4_K half its
-  // speed through register allocation (577 -> 298 GOP/s), even when not executed.
-  template <int R>
-  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
-    const Unpacked u = unpack<R>(r0);
-    const uint8_t* next = r0 + 2 * R <= rows ? f.w + static_cast<uint64_t>(r0 + R) * f.row_bytes : nullptr;
-    const int64_t lines = next ? static_cast<int64_t>((R * f.row_bytes + 63) / 64) : 0;
-    const int64_t per_group = (lines + (g1 - g0) - 1) / (g1 - g0);
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t l0 = (g - g0) * per_group, l1 = std::min(lines, l0 + per_group);
-      for (int64_t l = l0; l < l1; ++l) _mm_prefetch(reinterpret_cast<const char*>(next + 64 * l), _MM_HINT_T1);
-      tile<R>(u, r0, g);
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(bi[R]), b1, acc[r]);
     }
   }
 };
@@ -326,9 +339,27 @@ struct Gemm16 {
 // Tile rows: 8 rows × 16 tokens = 8 int32 + 8 f32 accumulators (+ group accumulators for MLX
 // affine), well inside 32 zmm; each activation vector feeds 8 vpdpbusd.
 constexpr int kGemmRows = 8;
+// Rows per chunk: two tiles. The chunk's unpacked rows (16 × K bytes: 32 KiB at K = 2048, 128 KiB
+// at 8192) and its partial sums (16 rows × 64 B per group) sit in L2 beside the activation
+// slices; 2048 rows still make 128 chunks, ~64 per thread for the pool's balancing.
+constexpr int64_t kBlockRows = 2 * kGemmRows;
+// Token groups per chunk: 512 tokens in one chunk, so a prompt of up to 512 tokens unpacks every
+// weight row once.
+constexpr int64_t kMaxGroups = 32;
+// L2 budget for a chunk's activation slices (Zen 4/5 and Intel server cores have ≥ 1 MiB of L2).
+constexpr int64_t kActBudget = 512 * 1024;
 
-// y[n, rows] for a format F. Chunks are (32 rows × a run of token groups whose activations fit
-// ~512 KiB of L2); a chunk unpacks each 8-row tile once and runs it over its token groups.
+// Calls fn.template operator()<R>(r) for the tiles of rows [r0, r1): 8-row tiles, then 4, then 1.
+template <class Fn>
+LARDER_GEMM_INLINE void for_each_tile(int64_t r0, int64_t r1, Fn&& fn) {
+  int64_t r = r0;
+  for (; r + kGemmRows <= r1; r += kGemmRows) fn.template operator()<kGemmRows>(r);
+  for (; r + 4 <= r1; r += 4) fn.template operator()<4>(r);
+  for (; r < r1; ++r) fn.template operator()<1>(r);
+}
+
+// y[n, rows] for a format F: chunks of (kBlockRows rows × ≤ kMaxGroups token groups), each run
+// slice by slice over K (see Gemm16).
 template <class F>
 void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
   if (a.nb <= 0 || rows <= 0 || a.n <= 0) return;
@@ -346,20 +377,47 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
     }
   }
   const Gemm16<F> k{f, a, gsum, rows, y};
-  // 512 KiB vs 1 MiB / 4 MiB of activations per chunk measured within noise (Zen 5, 1 MiB L2).
-  const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (512 * 1024) / (nb * 512)));
+  const int64_t gb = std::min(groups, kMaxGroups);
   const int64_t n_gb = (groups + gb - 1) / gb;
-  const int64_t rb = 4 * kGemmRows;
-  const int64_t n_rb = (rows + rb - 1) / rb;
+  // Blocks per K slice: what fits the budget for gb groups, in whole scale groups.
+  const int64_t kc = std::min(nb, std::max<int64_t>(1, kActBudget / (gb * 512) / bpg) * bpg);
+  const int64_t n_rb = (rows + kBlockRows - 1) / kBlockRows;
+  const int64_t unit = 2 * ng;  // scale + bias floats per row
   default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
     const int64_t ib = c % n_rb, ig = c / n_rb;
-    const int64_t r_end = std::min(rows, (ib + 1) * rb);
+    const int64_t r0 = ib * kBlockRows, r1 = std::min(rows, r0 + kBlockRows);
     const int64_t g0 = ig * gb, g1 = std::min(groups, g0 + gb);
-    int64_t r = ib * rb;
-    for (; r + kGemmRows <= r_end; r += kGemmRows) k.template rows_x_groups<kGemmRows>(r, g0, g1);
-    for (; r + 4 <= r_end; r += 4) k.template rows_x_groups<4>(r, g0, g1);
-    for (; r < r_end; ++r) k.template rows_x_groups<1>(r, g0, g1);
+    const int64_t nr = r1 - r0, ngc = g1 - g0;
+    auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nr * nb) * 32, 4));
+    const size_t sc_floats = round_up64(static_cast<size_t>((nr + 1) * unit) * sizeof(float)) / sizeof(float);
+    auto* sc = static_cast<float*>(
+        thread_scratch((sc_floats + static_cast<size_t>(ngc * nr * 16)) * sizeof(float), 5));
+    float* tmp = sc + nr * unit;   // one row's scales and biases
+    float* part = sc + sc_floats;  // [ngc][nr][16]
+    // Tile i of the row block (rows r..r+R) unpacks to codes + (r − r0)·nb·32 and sc + (r − r0)·unit.
+    typename Gemm16<F>::Unpacked u[kBlockRows];
+    for_each_tile(r0, r1, [&]<int R>(int64_t r) {
+      u[r - r0] = k.template unpack<R>(r, codes + (r - r0) * nb * 32, sc + (r - r0) * unit, tmp);
+    });
+    for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+      const int64_t b1 = std::min(nb, b0 + kc);
+      const bool first = b0 == 0, last = b1 == nb;
+      for_each_tile(r0, r1, [&]<int R>(int64_t r) {
+        for (int64_t g = g0; g < g1; ++g)
+          k.template tile<R>(u[r - r0], r, g, b0, b1, part + ((g - g0) * nr + (r - r0)) * 16, first, last);
+      });
+    }
   });
+}
+
+// y_i = x · W_iᵀ for count weights of one format against the same x — kernels::matmul_multi's
+// q/k/v and gate/up, or one weight — with one activation quantization for all of them (it was
+// 2.5 % of Q4_0 pp512, once per weight). make(w) returns weight w's format adapter.
+template <class Make>
+void gemm16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n, Make make) {
+  using F = decltype(make(ws[0]));
+  const Acts16 a = quantize_acts16(x, n, ws[0].cols, /*half_sums=*/F::kZero < 0);
+  for (int i = 0; i < count; ++i) run_gemm16(make(ws[i]), a, ws[i].rows, ys[i]);
 }
 
 }  // namespace

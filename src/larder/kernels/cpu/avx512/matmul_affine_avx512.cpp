@@ -297,11 +297,24 @@ void decode_affine(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 
 template <int B>
-void gemm_affine(const WeightView& w, const float* x, int64_t n, float* y) {
-  const Acts16 a = quantize_acts16(x, n, w.cols);
-  const AffineRows<B> f{w.data, w.row_bytes(), w.scales, w.biases, w.scale_dtype, w.cols / w.group_size,
-                        w.group_size / 32};
-  run_gemm16(f, a, w.rows, y);
+void gemm_affine(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemm16(ws, ys, count, x, n, [](const WeightView& w) {
+    return AffineRows<B>{w.data, w.row_bytes(), w.scales, w.biases, w.scale_dtype, w.cols / w.group_size,
+                         w.group_size / 32};
+  });
+}
+
+// The GEMM for weights of one width (prefill; matmul_multi_affine's weights share it).
+void gemm_affine_bits(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  switch (ws[0].bits) {
+    case 2: gemm_affine<2>(ws, ys, count, x, n); break;
+    case 3: gemm_affine<3>(ws, ys, count, x, n); break;
+    case 4: gemm_affine<4>(ws, ys, count, x, n); break;
+    case 5: gemm_affine<5>(ws, ys, count, x, n); break;
+    case 6: gemm_affine<6>(ws, ys, count, x, n); break;
+    case 8: gemm_affine<8>(ws, ys, count, x, n); break;
+    default: LARDER_CHECK(false, "[kernels] avx512 matmul_affine: bits %d", ws[0].bits);
+  }
 }
 
 // The AVX2 decode kernel (the other widths and group sizes) up to 7 tokens only: at 8 the GEMM
@@ -319,8 +332,8 @@ void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, cons
   if (!fused) {
     // Decode of the other widths and group sizes runs the AVX2 kernel (as matmul_affine does), fused there.
     if (n > 0 && n <= kAvx2DecodeMaxTokens) return avx2::matmul_multi_affine(ws, ys, count, x, n);
-    for (int i = 0; i < count; ++i) matmul_affine(ws[i], x, n, ys[i]);
-    return;
+    if (n <= 0) return;
+    return gemm_affine_bits(ws, ys, count, x, n);
   }
   if (ws[0].bits == 4) decode_affine_multi<4>(ws, ys, count, x, n);
   else decode_affine_multi<8>(ws, ys, count, x, n);
@@ -336,15 +349,7 @@ void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y) {
       return;
     }
   }
-  switch (w.bits) {
-    case 2: gemm_affine<2>(w, x, n, y); break;
-    case 3: gemm_affine<3>(w, x, n, y); break;
-    case 4: gemm_affine<4>(w, x, n, y); break;
-    case 5: gemm_affine<5>(w, x, n, y); break;
-    case 6: gemm_affine<6>(w, x, n, y); break;
-    case 8: gemm_affine<8>(w, x, n, y); break;
-    default: LARDER_CHECK(false, "[kernels] avx512 matmul_affine: bits %d", w.bits);
-  }
+  gemm_affine_bits(&w, &y, 1, x, n);
 }
 
 }  // namespace larder::kernels::cpu::avx512

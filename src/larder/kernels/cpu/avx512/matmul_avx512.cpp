@@ -81,10 +81,8 @@ struct Q8_0Rows {
 };
 
 template <class F>
-void matmul_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
-  const Acts16 a = quantize_acts16(x, n, w.cols);
-  const F f{w.data, w.row_bytes(), w.cols / 32};
-  run_gemm16(f, a, w.rows, y);
+void matmul_gemm(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemm16(ws, ys, count, x, n, [](const WeightView& w) { return F{w.data, w.row_bytes(), w.cols / 32}; });
 }
 
 
@@ -686,7 +684,7 @@ bool q4_0_pair_decode() {
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= kGemm16MinTokensQ8_0) {
-    matmul_gemm<Q8_0Rows>(w, x, n, y);
+    matmul_gemm<Q8_0Rows>(&w, &y, 1, x, n);
   } else {
     if (n <= 0 || w.rows <= 0) return;
     const Q8_0Quad k = prepare_q8_0(w, x, n, y);
@@ -695,7 +693,7 @@ void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= kGemm16MinTokens) {
-    matmul_gemm<Q4_0Rows>(w, x, n, y);
+    matmul_gemm<Q4_0Rows>(&w, &y, 1, x, n);
   } else {
     // Two blocks per zmm: 35–36 GB/s per core at n = 1 against the AVX2 row-pair kernel's 32–33,
     // 1.7× at n = 4 (kernel_bench, Zen 5, 1 thread). An odd block count keeps the AVX2 kernel.
@@ -711,7 +709,8 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
 
 // Fused decode (kernels::matmul_multi): one activation quantization, one MultiKernel job.
 void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens || q4_0_pair_decode()) {
+  if (n >= kGemm16MinTokens) return matmul_gemm<Q4_0Rows>(ws, ys, count, x, n);
+  if (q4_0_pair_decode()) {
     for (int i = 0; i < count; ++i) matmul_q4_0(ws[i], x, n, ys[i]);
     return;
   }
@@ -724,10 +723,7 @@ void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const 
 }
 
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokensQ8_0) {
-    for (int i = 0; i < count; ++i) matmul_q8_0(ws[i], x, n, ys[i]);
-    return;
-  }
+  if (n >= kGemm16MinTokensQ8_0) return matmul_gemm<Q8_0Rows>(ws, ys, count, x, n);
   const int64_t cols = ws[0].cols;
   MultiKernel<Q8_0Quad> mk;
   const Q8_0Quad first = prepare_q8_0(ws[0], x, n, ys[0]);

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "larder/core/dtype.h"
+#include "larder/core/status.h"
 #include "larder/kernels/cpu/avx512/gemm16_avx512.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/gguf_unpack.h"
@@ -70,16 +71,18 @@ struct GgufRows {
 };
 
 template <class U>
+void gemm_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemm16(ws, ys, count, x, n, [](const WeightView& w) { return GgufRows<U>{w.data, w.row_bytes(), w.cols / U::kElems}; });
+}
+
+template <class U>
 void matmul_gguf(const WeightView& w, const float* x, int64_t n, float* y, MatmulFn decode) {
   if (n <= 0 || w.rows <= 0) return;
   if (n < kGemm16MinTokens) {
     decode(w, x, n, y);
     return;
   }
-  using F = GgufRows<U>;
-  const Acts16 a = quantize_acts16(x, n, w.cols, /*half_sums=*/F::kZero < 0);
-  const F f{w.data, w.row_bytes(), w.cols / U::kElems};
-  run_gemm16(f, a, w.rows, y);
+  gemm_gguf<U>(&w, &y, 1, x, n);
 }
 
 }  // namespace
@@ -100,20 +103,14 @@ void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackQ2_K>(w, x, n, y, decode_q2_k);  // decode_q2k_q3k_q6k_avx512.cpp
 }
 void matmul_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens) {
-    for (int i = 0; i < count; ++i) matmul_q2_k(ws[i], x, n, ys[i]);
-    return;
-  }
+  if (n >= kGemm16MinTokens) return gemm_gguf<UnpackQ2_K>(ws, ys, count, x, n);
   decode_multi_q2_k(ws, ys, count, x, n);
 }
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackQ3_K>(w, x, n, y, decode_q3_k);  // decode_q2k_q3k_q6k_avx512.cpp
 }
 void matmul_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens) {
-    for (int i = 0; i < count; ++i) matmul_q3_k(ws[i], x, n, ys[i]);
-    return;
-  }
+  if (n >= kGemm16MinTokens) return gemm_gguf<UnpackQ3_K>(ws, ys, count, x, n);
   decode_multi_q3_k(ws, ys, count, x, n);
 }
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
@@ -121,6 +118,15 @@ void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackIQ4_XS>(w, x, n, y, decode_iq4_xs);  // decode_iq4_avx512.cpp
+}
+
+void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  switch (ws[0].dtype) {
+    case DType::kQ5_K: return gemm_gguf<UnpackQ5_K>(ws, ys, count, x, n);
+    case DType::kIQ4_XS: return gemm_gguf<UnpackIQ4_XS>(ws, ys, count, x, n);
+    case DType::kIQ4_NL: return gemm_gguf<UnpackIQ4_NL>(ws, ys, count, x, n);
+    default: LARDER_CHECK(false, "[kernels] avx512 gemm_multi_gguf: %s", dtype_name(ws[0].dtype));
+  }
 }
 
 }  // namespace larder::kernels::cpu::avx512

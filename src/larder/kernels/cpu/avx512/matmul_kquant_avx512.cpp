@@ -235,6 +235,10 @@ void decode_multi(K (*prepare)(const WeightView&, const float*, int64_t, float*)
   run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + ws[0].cols / 8);
 }
 
+void gemm_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemm16(ws, ys, count, x, n, [](const WeightView& w) { return Q6_KRows{w.data, w.row_bytes(), w.cols / 256}; });
+}
+
 }  // namespace
 
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
@@ -243,16 +247,11 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
     decode_q6_k(w, x, n, y);
     return;
   }
-  const Acts16 a = quantize_acts16(x, n, w.cols, /*half_sums=*/true);
-  const Q6_KRows f{w.data, w.row_bytes(), w.cols / 256};
-  run_gemm16(f, a, w.rows, y);
+  gemm_q6_k(&w, &y, 1, x, n);
 }
 
 void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens) {
-    for (int i = 0; i < count; ++i) matmul_q6_k(ws[i], x, n, ys[i]);
-    return;
-  }
+  if (n >= kGemm16MinTokens) return gemm_q6_k(ws, ys, count, x, n);
   decode_multi(prepare_q6_k, ws, ys, count, x, n);
 }
 
@@ -262,9 +261,11 @@ void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
     decode_q4_k(w, x, n, y);  // decode_q4k_q5k_avx512.cpp
     return;
   }
-  const Acts16 a = quantize_acts16(x, n, w.cols);
-  const Q4_KRows f{w.data, w.row_bytes(), w.cols / 256};
-  run_gemm16(f, a, w.rows, y);
+  gemm_multi_q4_k(&w, &y, 1, x, n);
+}
+
+void gemm_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemm16(ws, ys, count, x, n, [](const WeightView& w) { return Q4_KRows{w.data, w.row_bytes(), w.cols / 256}; });
 }
 
 }  // namespace larder::kernels::cpu::avx512

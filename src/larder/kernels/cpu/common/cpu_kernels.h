@@ -142,6 +142,11 @@ void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
+// Prefill (n >= kGemm16MinTokens) of several weights in one format against one x, for the
+// matmul_multi entry points (q/k/v, gate/up): one activation quantization for all. Q4_K
+// (matmul_kquant_avx512.cpp); Q5_K, IQ4_XS, IQ4_NL (matmul_gguf_avx512.cpp).
+void gemm_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // IQ4_XS / IQ4_NL decode (n <= 8; the matmul entry points call them): vpshufb codebook lookup into
 // vpdpbusd, IQ4_XS over QuantizedActsK super-blocks (decode_iq4_avx512.cpp); and their fused decode.
 void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
