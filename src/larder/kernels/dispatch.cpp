@@ -39,6 +39,7 @@ KernelTable make_ref_table() {
   t.silu_mul = ref::silu_mul;
   t.gelu_tanh_mul = ref::gelu_tanh_mul;
   t.add = ref::add;
+  t.to_f16 = ref::to_f16;
   t.attention = ref::attention;
   return t;
 }

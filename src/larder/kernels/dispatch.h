@@ -24,6 +24,8 @@ using RopeFn = void (*)(float* x, int64_t n, int n_heads, int head_dim, int rot_
                         const float* inv_freq, RopePairing pairing);
 using SoftmaxFn = void (*)(float* x, int64_t n);
 using BinaryFn = void (*)(const float* a, const float* b, float* out, int64_t n);
+// f32 → f16 (IEEE half, round to nearest even), n elements: the f16 KV cache's row writes.
+using ToF16Fn = void (*)(const float* x, int64_t n, uint16_t* out);
 using AttentionFn = void (*)(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                              const AttentionParams& p, float* out);
 
@@ -46,6 +48,7 @@ struct KernelTable {
   BinaryFn silu_mul = nullptr;
   BinaryFn gelu_tanh_mul = nullptr;
   BinaryFn add = nullptr;
+  ToF16Fn to_f16 = nullptr;
   AttentionFn attention = nullptr;
 };
 

@@ -95,6 +95,33 @@ TEST_P(ElementwiseAvx2, AddIsExact) {
   }
 }
 
+// The f16 KV cache's row writes: F16C against the scalar converter, over random magnitudes from
+// f16 subnormals to past its range, ties (an f32 exactly halfway between two halves), ±0, ±inf,
+// overflow to inf, and NaN (which need only stay a NaN).
+TEST_P(ElementwiseAvx2, ToF16IsBitIdentical) {
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<float> ex(-30.0f, 17.0f);
+  for (int64_t n : {1, 7, 8, 9, 100, 4099}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = (rng() & 1 ? -1.0f : 1.0f) * std::exp2(ex(rng));
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, 65504.0f, 65520.0f, 70000.0f, -1e9f,
+                              1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 5.96e-8f, 2.98e-8f, 1e-10f, 6.1e-5f};
+    for (size_t i = 0; i < std::size(specials) && i < x.size(); ++i) x[i] = specials[i];
+    if (n > 20) x[20] = NAN;
+    std::vector<uint16_t> want(x.size()), got(x.size());
+    ref::to_f16(x.data(), n, want.data());
+    cpu::avx2::to_f16(x.data(), n, got.data());
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(x[i])) {
+        ASSERT_EQ(got[i] & 0x7c00, 0x7c00) << i;
+        ASSERT_NE(got[i] & 0x03ff, 0) << i;
+        continue;
+      }
+      ASSERT_EQ(got[i], want[i]) << "n " << n << " i " << i << " x " << x[i];
+    }
+  }
+}
+
 TEST_P(ElementwiseAvx2, RmsnormMatchesReference) {
   std::mt19937 rng(3);
   for (int64_t dim : {1, 7, 8, 31, 64, 100, 2048, 5120}) {

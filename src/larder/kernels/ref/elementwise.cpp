@@ -1,4 +1,4 @@
-// elementwise.cpp — reference rmsnorm, rope, softmax, silu·mul, gelu_tanh·mul, add.
+// elementwise.cpp — reference rmsnorm, rope, softmax, silu·mul, gelu_tanh·mul, add, f32 → f16.
 #include <cmath>
 #include <vector>
 
@@ -70,6 +70,10 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
 
 void add(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void to_f16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
 }
 
 }  // namespace larder::kernels::ref

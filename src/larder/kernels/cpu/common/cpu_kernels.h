@@ -92,6 +92,9 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 // gelu_tanh(g)·u as g·u / (1 + e^(−2z)), z = √(2/π)(g + 0.044715 g³) (= ½(1 + tanh z)); a few ulps.
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void add(const float* a, const float* b, float* out, int64_t n);
+// f32 → f16 with F16C (vcvtps2ph, round to nearest even): bit-identical to f32_to_f16 for every
+// non-NaN input; a NaN stays a NaN (its payload is not the reference's canonical 0x7e00).
+void to_f16(const float* x, int64_t n, uint16_t* out);
 }  // namespace avx2
 
 namespace avx512 {

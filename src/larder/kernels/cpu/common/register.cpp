@@ -283,6 +283,7 @@ void register_fast_kernels(KernelTable& t) {
   t.silu_mul = avx2::silu_mul;
   t.gelu_tanh_mul = avx2::gelu_tanh_mul;
   t.add = avx2::add;
+  t.to_f16 = avx2::to_f16;
   t.name = "avx2";
   // Which tier decodes what (issue 14's machine matrix; bench/RESULTS.md "Decode vs llama.cpp on
   // Zen 4"). The choice is per format, not per CPU model: a format takes the AVX-512 kernel only
