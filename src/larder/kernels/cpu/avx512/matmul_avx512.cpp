@@ -533,8 +533,9 @@ struct Q4_0Quad {
   }
 };
 
-// The Q4_0Quad activation patterns for x[n, cols] (slot 1 of the calling thread's scratch).
-const uint8_t* q4_0_quad_acts(const QuantizedActs& a, int64_t n, int64_t ng) {
+// The Q4_0Quad / Q5_0Quad activation patterns for x[n, cols] (slot 1 of the calling thread's
+// scratch): seed = −zero·Σq per lane (zero = 8 or 16, a power of two), d_x times dx_mul.
+const uint8_t* quad_acts(const QuantizedActs& a, int64_t n, int64_t ng, int zero_log2, float dx_mul) {
   auto* out = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * ng) * 256 + 64, 1));
   const int64_t nb = a.nb;
   const __m512i ones = _mm512_set1_epi8(1);
@@ -548,14 +549,15 @@ const uint8_t* q4_0_quad_acts(const QuantizedActs& a, int64_t n, int64_t ng) {
         const int64_t b = 4 * g + k;
         std::memcpy(lo + 16 * k, q + 32 * b, 16);
         std::memcpy(hi + 16 * k, q + 32 * b + 16, 16);
-        for (int l = 0; l < 4; ++l) dx[4 * k + l] = a.scales(b)[t] * (1.0f / 16.0f);
+        for (int l = 0; l < 4; ++l) dx[4 * k + l] = a.scales(b)[t] * dx_mul;
       }
       const __m512i xl = _mm512_load_si512(lo), xh = _mm512_load_si512(hi);
-      // Σ q per lane over its 4 lo and 4 hi elements (u8 ones · s8 q), times −8.
+      // Σ q per lane over its 4 lo and 4 hi elements (u8 ones · s8 q), times −zero.
       const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xl), ones, xh);
       _mm512_store_si512(dst, xl);
       _mm512_store_si512(dst + 64, xh);
-      _mm512_store_si512(dst + 128, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 3)));
+      _mm512_store_si512(dst + 128,
+                         _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_sll_epi32(sum, _mm_cvtsi32_si128(zero_log2))));
       _mm512_store_ps(reinterpret_cast<float*>(dst + 192), _mm512_load_ps(dx));
     }
   }
@@ -565,9 +567,82 @@ const uint8_t* q4_0_quad_acts(const QuantizedActs& a, int64_t n, int64_t ng) {
 void decode_q4_0_quad(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, ng = (nb + 3) / 4;
   QuantizedActs a = quantize_for_decode(x, n, cols);
-  const Q4_0Quad k{w.data, w.row_bytes(), w.rows, ng, nb, q4_0_quad_acts(a, n, ng), y};
+  const Q4_0Quad k{w.data, w.row_bytes(), w.rows, ng, nb, quad_acts(a, n, ng, 3, 1.0f / 16.0f), y};
   run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
 }
+
+// Q5_0 decode (n <= 8), four blocks of a row per step (Q5_0Quad): Q4_0Quad's design for the
+// 22-byte block d | qh[4] | qs[16]. The four blocks are 88 contiguous bytes, every field 16-bit
+// aligned (block k: scale word 11k, qh words 11k+1..11k+2, codes words 11k+3..11k+10), so word
+// permutes over the first 64 bytes and the last 24 cut out [b0 codes | b1 | b2 | b3], the scales,
+// and the four qh words twice: low halves (bits of elements 0–15) as one 64-bit lane, high halves
+// (elements 16–31) as the next — exactly the byte masks of lo and hi, one bit per code byte, so
+// one masked byte add each puts the fifth bit (+16) in place. The ×16 chaining of Q4_0Quad does not
+// fit 5-bit codes in a byte, so hi is shifted down instead: per 128 weights and row ~11 zmm ops,
+// then per token two vpdpbusd (seed −16·Σq folds the zero point), a cvt, a mul and an FMA. The AVX2
+// kernel it replaces consumed ~11 GB/s per core on Zen 4: decode was compute-bound (gemma-3-270m's
+// 640-column FFN weights are Q5_0 in its Q4_K_M file).
+struct Q5_0Quad {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRowsN = 2;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, ng, nb;  // 4-block groups per row (the last may be partial), blocks per row
+  const uint8_t* acts;   // [n][ng][256]: x_lo[64], x_hi[64], seed[16] i32, dx[16] f32
+  float* y;
+
+  template <int R, int T, bool kLong>
+  void tile_rows(int64_t r0, int64_t t0) const {
+    alignas(64) static constexpr uint16_t kCodeIdx[32] = {3,  4,  5,  6,  7,  8,  9,  10, 14, 15, 16, 17, 18, 19, 20, 21,
+                                                          25, 26, 27, 28, 29, 30, 31, 32, 36, 37, 38, 39, 40, 41, 42, 43};
+    alignas(64) static constexpr uint16_t kScaleIdx[32] = {0, 0, 0, 0, 11, 11, 11, 11, 22, 22, 22, 22, 33, 33, 33, 33};
+    alignas(64) static constexpr uint16_t kQhIdx[32] = {1, 12, 23, 34, 2, 13, 24, 35};
+    const __m512i code_idx = _mm512_load_si512(kCodeIdx), scale_idx = _mm512_load_si512(kScaleIdx);
+    const __m512i qh_idx = _mm512_load_si512(kQhIdx);
+    const __m512i m_lo = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(16);
+    __m512 acc[R][T];
+    zero_acc(acc);
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    const int64_t full = nb / 4;
+    auto step = [&](int64_t g, bool tail) {
+      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * 88, 88);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = base + r * row_bytes + 88 * g;
+        __m512i z0, z1;
+        if (!tail) {
+          z0 = _mm512_loadu_si512(p);
+          z1 = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(0xffffff, p + 64));
+        } else {
+          const int64_t bytes = 22 * (nb - 4 * g);  // 22..66
+          z0 = _mm512_maskz_loadu_epi8(bytes >= 64 ? ~uint64_t{0} : (uint64_t{1} << bytes) - 1, p);
+          z1 = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(bytes > 64 ? (1u << (bytes - 64)) - 1 : 0, p + 64));
+        }
+        const __m512i codes = _mm512_permutex2var_epi16(z0, code_idx, z1);
+        const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(z0, qh_idx, z1));
+        const __mmask64 k_lo = _cvtu64_mask64(static_cast<uint64_t>(_mm_cvtsi128_si64(qh)));
+        const __mmask64 k_hi = _cvtu64_mask64(static_cast<uint64_t>(_mm_extract_epi64(qh, 1)));
+        __m512i lo = _mm512_and_si512(codes, m_lo);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m_lo);
+        lo = _mm512_mask_add_epi8(lo, k_lo, lo, b16);
+        hi = _mm512_mask_add_epi8(hi, k_hi, hi, b16);
+        // Block 3's scale is word 33: past z0, so a two-source permute as for the codes.
+        const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(z0, scale_idx, z1)));
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const uint8_t* a = acts + ((t0 + t) * ng + g) * 256;
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(a + 128), lo, _mm512_load_si512(a));
+          const __m512i v = _mm512_dpbusd_epi32(s, hi, _mm512_load_si512(a + 64));
+          const __m512 sc = _mm512_mul_ps(dw, _mm512_load_ps(reinterpret_cast<const float*>(a + 192)));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), sc, acc[r][t]);
+        }
+      }
+    };
+    for (int64_t g = 0; g < full; ++g) step(g, false);
+    if (full < ng) step(full, true);
+    store_acc(acc, y, rows, r0, t0);
+  }
+};
 
 // Q8_0 decode (n < 8), four 34-byte blocks of a row per step, two per zmm (Q8_0Quad). The
 // previous kernel (IntKernel, removed: one ymm block per vpdpbusd, R = 8) ran at ~15 GB/s per core on Zen 4,
@@ -716,9 +791,28 @@ void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const 
   }
   const int64_t cols = ws[0].cols, nb = cols / 32, ng = (nb + 3) / 4;
   QuantizedActs a = quantize_for_decode(x, n, cols);
-  const uint8_t* acts = q4_0_quad_acts(a, n, ng);
+  const uint8_t* acts = quad_acts(a, n, ng, 3, 1.0f / 16.0f);
   MultiKernel<Q4_0Quad> mk;
   for (int i = 0; i < count; ++i) mk.add(Q4_0Quad{ws[i].data, ws[i].row_bytes(), ws[i].rows, ng, nb, acts, ys[i]}, ws[i].rows);
+  run_matmul_tiles(mk, mk.rows(), n, cols + 4 * nb);
+}
+
+void decode_q5_0(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nb = cols / 32, ng = (nb + 3) / 4;
+  QuantizedActs a = quantize_for_decode(x, n, cols);
+  const Q5_0Quad k{w.data, w.row_bytes(), w.rows, ng, nb, quad_acts(a, n, ng, 4, 1.0f), y};
+  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
+}
+
+// Fused Q5_0 decode: one activation quantization, one MultiKernel job; prefill shares the
+// quantization (matmul_gguf_avx512.cpp's GEMM).
+void matmul_multi_q5_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  const int64_t cols = ws[0].cols, nb = cols / 32, ng = (nb + 3) / 4;
+  QuantizedActs a = quantize_for_decode(x, n, cols);
+  const uint8_t* acts = quad_acts(a, n, ng, 4, 1.0f);
+  MultiKernel<Q5_0Quad> mk;
+  for (int i = 0; i < count; ++i) mk.add(Q5_0Quad{ws[i].data, ws[i].row_bytes(), ws[i].rows, ng, nb, acts, ys[i]}, ws[i].rows);
   run_matmul_tiles(mk, mk.rows(), n, cols + 4 * nb);
 }
 

@@ -105,6 +105,7 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 // kernels::matmul_multi for weights all in one format (decode: one quantization, one pool job).
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q5_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
@@ -150,6 +151,8 @@ void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
 // (matmul_kquant_avx512.cpp); Q5_K, IQ4_XS, IQ4_NL (matmul_gguf_avx512.cpp).
 void gemm_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+// Q5_0 decode (n <= 8; matmul_q5_0 calls it): four blocks per step, vpdpbusd (matmul_avx512.cpp).
+void decode_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
 // IQ4_XS / IQ4_NL decode (n <= 8; the matmul entry points call them): vpshufb codebook lookup into
 // vpdpbusd, IQ4_XS over QuantizedActsK super-blocks (decode_iq4_avx512.cpp); and their fused decode.
 void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);

@@ -220,6 +220,7 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
     switch (dtype) {
       case DType::kQ8_0: return avx512::matmul_multi_q8_0;
       case DType::kQ4_0: return avx512::matmul_multi_q4_0;
+      case DType::kQ5_0: return avx512::matmul_multi_q5_0;
       case DType::kQ4_K: return avx512::matmul_multi_q4_k;
       case DType::kQ5_K: return avx512::matmul_multi_q5_k;
       case DType::kQ6_K: return avx512::matmul_multi_q6_k;
