@@ -64,14 +64,14 @@ inline float hsum16(__m512 v) {
 }
 
 // From this many tokens on the integer formats run the GEMM below; fewer take the per-format
-// decode kernels, which stream the weights once per 4-token tile (Q4_1, Q5_0 and Q5_1 take the
-// AVX2 tier's kernels instead, whose own 8-token-lane GEMM starts at 8). The GEMM works in
+// decode kernels, which stream the weights once per 4-token tile. The GEMM works in
 // 16-token groups, so 9..16 tokens cost it the same as 16, while two 4-token decode tiles cost
 // twice one: at 8 tokens the other path was the faster for every format but Q8_0 (kernel_bench
 // 8192x2048, n = 8, 2 threads, Zen 4, µs other path / this GEMM: Q4_0 958 / 1553, Q4_K 1428 /
 // 1920, Q5_K 1728 / 2252, Q6_K 1725 / 2475, Q2_K 1100 / 2233, Q3_K 1480 / 2711, IQ4_XS 1099 /
-// 1987, IQ4_NL 1055 / 2481, MLX q4 1298 / 2309, Q4_1 2121 / 2550, Q5_0 2427 / 2608, Q5_1 2576 /
-// 3056; Q8_0 2358 / 1873, hence kGemm16MinTokensQ8_0). At 12 tokens the GEMM won or tied for
+// 1987, IQ4_NL 1055 / 2481, MLX q4 1298 / 2309, Q4_1 996 / 2550, Q5_0 1008 / 2608, Q5_1 1110 /
+// 3056 (their LowBitQuad kernels; the AVX2 ones they replaced: 2121, 2427, 2576); Q8_0 2358 /
+// 1873, hence kGemm16MinTokensQ8_0). At 12 tokens the GEMM won or tied for
 // most. Eight concurrent decode streams are one 8-token batch (issue 14 item 4).
 constexpr int64_t kGemm16MinTokens = 9;
 constexpr int64_t kGemm16MinTokensQ8_0 = 8;

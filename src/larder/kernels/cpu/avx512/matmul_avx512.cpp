@@ -534,15 +534,20 @@ struct Q4_0Quad {
 };
 
 // The Q4_0Quad / Q5_0Quad activation patterns for x[n, cols] (slot 1 of the calling thread's
-// scratch): seed = −zero·Σq per lane (zero = 8 or 16, a power of two), d_x times dx_mul.
-const uint8_t* quad_acts(const QuantizedActs& a, int64_t n, int64_t ng, int zero_log2, float dx_mul) {
-  auto* out = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * ng) * 256 + 64, 1));
+// scratch): seed = −zero·Σq per lane (zero = 2^zero_log2: 8 or 16; zero_log2 < 0: seed 0), d_x
+// times dx_mul.
+// with_sums: also d_x·Σq per lane (f32, after dx), for formats with a per-block min; the stride
+// is then 320 bytes.
+const uint8_t* quad_acts(const QuantizedActs& a, int64_t n, int64_t ng, int zero_log2, float dx_mul,
+                         bool with_sums = false) {
+  const int64_t stride = with_sums ? 320 : 256;
+  auto* out = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * ng * stride) + 64, 1));
   const int64_t nb = a.nb;
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t t = 0; t < n; ++t) {
     const int8_t* q = a.token_blocks(t);
     for (int64_t g = 0; g < ng; ++g) {
-      uint8_t* dst = out + (t * ng + g) * 256;
+      uint8_t* dst = out + (t * ng + g) * stride;
       alignas(64) uint8_t lo[64] = {}, hi[64] = {};
       alignas(64) float dx[16] = {};
       for (int k = 0; k < 4 && 4 * g + k < nb; ++k) {
@@ -556,9 +561,13 @@ const uint8_t* quad_acts(const QuantizedActs& a, int64_t n, int64_t ng, int zero
       const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xl), ones, xh);
       _mm512_store_si512(dst, xl);
       _mm512_store_si512(dst + 64, xh);
-      _mm512_store_si512(dst + 128,
-                         _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_sll_epi32(sum, _mm_cvtsi32_si128(zero_log2))));
+      _mm512_store_si512(dst + 128, zero_log2 < 0 ? _mm512_setzero_si512()
+                                                  : _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                                     _mm512_sll_epi32(sum, _mm_cvtsi32_si128(zero_log2))));
       _mm512_store_ps(reinterpret_cast<float*>(dst + 192), _mm512_load_ps(dx));
+      if (with_sums)
+        _mm512_store_ps(reinterpret_cast<float*>(dst + 256),
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_load_ps(dx), _mm512_set1_ps(1.0f / dx_mul))));
     }
   }
   return out;
@@ -571,70 +580,103 @@ void decode_q4_0_quad(const WeightView& w, const float* x, int64_t n, float* y) 
   run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
 }
 
-// Q5_0 decode (n <= 8), four blocks of a row per step (Q5_0Quad): Q4_0Quad's design for the
-// 22-byte block d | qh[4] | qs[16]. The four blocks are 88 contiguous bytes, every field 16-bit
-// aligned (block k: scale word 11k, qh words 11k+1..11k+2, codes words 11k+3..11k+10), so word
-// permutes over the first 64 bytes and the last 24 cut out [b0 codes | b1 | b2 | b3], the scales,
-// and the four qh words twice: low halves (bits of elements 0–15) as one 64-bit lane, high halves
-// (elements 16–31) as the next — exactly the byte masks of lo and hi, one bit per code byte, so
-// one masked byte add each puts the fifth bit (+16) in place. The ×16 chaining of Q4_0Quad does not
-// fit 5-bit codes in a byte, so hi is shifted down instead: per 128 weights and row ~11 zmm ops,
-// then per token two vpdpbusd (seed −16·Σq folds the zero point), a cvt, a mul and an FMA. The AVX2
-// kernel it replaces consumed ~11 GB/s per core on Zen 4: decode was compute-bound (gemma-3-270m's
-// 640-column FFN weights are Q5_0 in its Q4_K_M file).
-struct Q5_0Quad {
+// Q5_0, Q4_1 and Q5_1 decode (n <= 8), four blocks of a row per step (LowBitQuad): Q4_0Quad's
+// design for the other 32-element blocks, d [| m] [| qh[4]] | qs[16] (22, 20, 24 bytes). The four
+// blocks are 80–96 contiguous bytes with every field 16-bit aligned, so word permutes over the
+// first 64 bytes and the rest cut out [b0 codes | b1 | b2 | b3], the scales (and mins) as lane
+// patterns, and for the 5-bit formats the four qh words twice: low halves (the fifth bits of
+// elements 0–15) as one 64-bit lane, high halves (elements 16–31) as the next — exactly the byte
+// masks of lo and hi, one bit per code byte, so one masked byte add each puts the +16 in place.
+// Q4_0Quad's ×16 chaining does not fit 5-bit codes in a byte, so hi is shifted down instead.
+// Per 128 weights and row ~11 zmm ops; per token two vpdpbusd, a cvt, a mul and an FMA, plus one
+// FMA of the mins against the activations' lane sums (Q4_1, Q5_1) — Q5_0's zero point 16 folds
+// into the seed instead. The AVX2 kernels these replace consumed 11 (Q5_0) and 15 (Q4_1) GB/s per
+// core on Zen 4, compute-bound (gemma-3-270m's 640-column FFN weights are Q5_0 in its Q4_K_M file,
+// SmolLM2-135M's are Q4_1).
+struct LowBitLayout {
+  int bytes, min, qh, codes;  // block size; word offsets of m, qh and the codes (−1: absent)
+  int zero_log2;              // the zero point 2^zero_log2 folded into the seed (−1: none)
+};
+constexpr LowBitLayout kQ5_0Layout{22, -1, 1, 3, 4};
+constexpr LowBitLayout kQ4_1Layout{20, 1, -1, 2, -1};
+constexpr LowBitLayout kQ5_1Layout{24, 1, 2, 4, -1};
+static_assert(sizeof(BlockQ5_0) == 22 && offsetof(BlockQ5_0, qh) == 2 && offsetof(BlockQ5_0, qs) == 6);
+static_assert(sizeof(BlockQ4_1) == 20 && offsetof(BlockQ4_1, qs) == 4);
+static_assert(sizeof(BlockQ5_1) == 24 && offsetof(BlockQ5_1, qh) == 4 && offsetof(BlockQ5_1, qs) == 8);
+
+// Word indices (into the 4-block group) for LowBitQuad's permutes.
+struct LowBitIdx {
+  alignas(64) uint16_t codes[32], scale[32], min[32], qh[32];
+};
+constexpr LowBitIdx low_bit_idx(LowBitLayout l) {
+  LowBitIdx x{};
+  const int w = l.bytes / 2;
+  for (int k = 0; k < 4; ++k) {
+    for (int j = 0; j < 8; ++j) x.codes[8 * k + j] = static_cast<uint16_t>(w * k + l.codes + j);
+    for (int j = 0; j < 4; ++j) {
+      x.scale[4 * k + j] = static_cast<uint16_t>(w * k);
+      x.min[4 * k + j] = static_cast<uint16_t>(w * k + (l.min >= 0 ? l.min : 0));
+    }
+    x.qh[k] = static_cast<uint16_t>(w * k + (l.qh >= 0 ? l.qh : 0));
+    x.qh[4 + k] = static_cast<uint16_t>(w * k + (l.qh >= 0 ? l.qh : 0) + 1);
+  }
+  return x;
+}
+
+template <LowBitLayout L>
+struct LowBitQuad {
   static constexpr int kRows1 = 4;
   static constexpr int kRowsN = 2;
+  static constexpr bool kMin = L.min >= 0, kQh = L.qh >= 0;
+  static constexpr int kGroupBytes = 4 * L.bytes;  // 80, 88 or 96
+  static constexpr int kActBytes = kMin ? 320 : 256;
+  static constexpr LowBitIdx kIdx = low_bit_idx(L);
   const uint8_t* w;
   uint64_t row_bytes;
   int64_t rows, ng, nb;  // 4-block groups per row (the last may be partial), blocks per row
-  const uint8_t* acts;   // [n][ng][256]: x_lo[64], x_hi[64], seed[16] i32, dx[16] f32
+  const uint8_t* acts;   // [n][ng][kActBytes]: x_lo[64], x_hi[64], seed[16] i32, dx[16] f32 [, bsl[16] f32]
   float* y;
 
   template <int R, int T, bool kLong>
   void tile_rows(int64_t r0, int64_t t0) const {
-    alignas(64) static constexpr uint16_t kCodeIdx[32] = {3,  4,  5,  6,  7,  8,  9,  10, 14, 15, 16, 17, 18, 19, 20, 21,
-                                                          25, 26, 27, 28, 29, 30, 31, 32, 36, 37, 38, 39, 40, 41, 42, 43};
-    alignas(64) static constexpr uint16_t kScaleIdx[32] = {0, 0, 0, 0, 11, 11, 11, 11, 22, 22, 22, 22, 33, 33, 33, 33};
-    alignas(64) static constexpr uint16_t kQhIdx[32] = {1, 12, 23, 34, 2, 13, 24, 35};
-    const __m512i code_idx = _mm512_load_si512(kCodeIdx), scale_idx = _mm512_load_si512(kScaleIdx);
-    const __m512i qh_idx = _mm512_load_si512(kQhIdx);
+    const __m512i code_idx = _mm512_load_si512(kIdx.codes), scale_idx = _mm512_load_si512(kIdx.scale);
+    const __m512i min_idx = _mm512_load_si512(kIdx.min), qh_idx = _mm512_load_si512(kIdx.qh);
     const __m512i m_lo = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(16);
     __m512 acc[R][T];
     zero_acc(acc);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     const int64_t full = nb / 4;
     auto step = [&](int64_t g, bool tail) {
-      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * 88, 88);
+      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * kGroupBytes, kGroupBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* p = base + r * row_bytes + 88 * g;
-        __m512i z0, z1;
-        if (!tail) {
-          z0 = _mm512_loadu_si512(p);
-          z1 = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(0xffffff, p + 64));
-        } else {
-          const int64_t bytes = 22 * (nb - 4 * g);  // 22..66
-          z0 = _mm512_maskz_loadu_epi8(bytes >= 64 ? ~uint64_t{0} : (uint64_t{1} << bytes) - 1, p);
-          z1 = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(bytes > 64 ? (1u << (bytes - 64)) - 1 : 0, p + 64));
-        }
+        const uint8_t* p = base + r * row_bytes + kGroupBytes * g;
+        // Absent blocks of a tail load as zeros (codes, scales, mins 0) and meet zero
+        // activations, seeds, d_x and sums, so they add exactly 0.
+        const int64_t bytes = tail ? L.bytes * (nb - 4 * g) : kGroupBytes;
+        const __m512i z0 = _mm512_maskz_loadu_epi8(bytes >= 64 ? ~uint64_t{0} : (uint64_t{1} << bytes) - 1, p);
+        const __m512i z1 = _mm512_castsi256_si512(
+            _mm256_maskz_loadu_epi8(bytes > 64 ? static_cast<__mmask32>((uint64_t{1} << (bytes - 64)) - 1) : 0, p + 64));
         const __m512i codes = _mm512_permutex2var_epi16(z0, code_idx, z1);
-        const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(z0, qh_idx, z1));
-        const __mmask64 k_lo = _cvtu64_mask64(static_cast<uint64_t>(_mm_cvtsi128_si64(qh)));
-        const __mmask64 k_hi = _cvtu64_mask64(static_cast<uint64_t>(_mm_extract_epi64(qh, 1)));
         __m512i lo = _mm512_and_si512(codes, m_lo);
         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m_lo);
-        lo = _mm512_mask_add_epi8(lo, k_lo, lo, b16);
-        hi = _mm512_mask_add_epi8(hi, k_hi, hi, b16);
-        // Block 3's scale is word 33: past z0, so a two-source permute as for the codes.
+        if constexpr (kQh) {
+          const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(z0, qh_idx, z1));
+          lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(static_cast<uint64_t>(_mm_cvtsi128_si64(qh))), lo, b16);
+          hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(static_cast<uint64_t>(_mm_extract_epi64(qh, 1))), hi, b16);
+        }
         const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(z0, scale_idx, z1)));
+        __m512 mw;
+        if constexpr (kMin) mw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(z0, min_idx, z1)));
         LARDER_UNROLL
         for (int t = 0; t < T; ++t) {
-          const uint8_t* a = acts + ((t0 + t) * ng + g) * 256;
+          const uint8_t* a = acts + ((t0 + t) * ng + g) * kActBytes;
           const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(a + 128), lo, _mm512_load_si512(a));
           const __m512i v = _mm512_dpbusd_epi32(s, hi, _mm512_load_si512(a + 64));
           const __m512 sc = _mm512_mul_ps(dw, _mm512_load_ps(reinterpret_cast<const float*>(a + 192)));
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), sc, acc[r][t]);
+          if constexpr (kMin)
+            acc[r][t] = _mm512_fmadd_ps(mw, _mm512_load_ps(reinterpret_cast<const float*>(a + 256)), acc[r][t]);
         }
       }
     };
@@ -797,23 +839,40 @@ void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const 
   run_matmul_tiles(mk, mk.rows(), n, cols + 4 * nb);
 }
 
-void decode_q5_0(const WeightView& w, const float* x, int64_t n, float* y) {
-  const int64_t cols = w.cols, nb = cols / 32, ng = (nb + 3) / 4;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
-  const Q5_0Quad k{w.data, w.row_bytes(), w.rows, ng, nb, quad_acts(a, n, ng, 4, 1.0f), y};
-  run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
-}
+namespace {
 
-// Fused Q5_0 decode: one activation quantization, one MultiKernel job; prefill shares the
-// quantization (matmul_gguf_avx512.cpp's GEMM).
-void matmul_multi_q5_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+// Decode of count weights in one LowBitQuad format (count 1: a plain matmul): one activation
+// quantization, one pool job.
+template <LowBitLayout L>
+void decode_low_bit(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  using K = LowBitQuad<L>;
   const int64_t cols = ws[0].cols, nb = cols / 32, ng = (nb + 3) / 4;
   QuantizedActs a = quantize_for_decode(x, n, cols);
-  const uint8_t* acts = quad_acts(a, n, ng, 4, 1.0f);
-  MultiKernel<Q5_0Quad> mk;
-  for (int i = 0; i < count; ++i) mk.add(Q5_0Quad{ws[i].data, ws[i].row_bytes(), ws[i].rows, ng, nb, acts, ys[i]}, ws[i].rows);
+  const uint8_t* acts = quad_acts(a, n, ng, L.zero_log2, 1.0f, K::kMin);
+  if (count == 1) return run_matmul_tiles(K{ws[0].data, ws[0].row_bytes(), ws[0].rows, ng, nb, acts, ys[0]}, ws[0].rows, n, cols + 4 * nb);
+  MultiKernel<K> mk;
+  for (int i = 0; i < count; ++i) mk.add(K{ws[i].data, ws[i].row_bytes(), ws[i].rows, ng, nb, acts, ys[i]}, ws[i].rows);
   run_matmul_tiles(mk, mk.rows(), n, cols + 4 * nb);
+}
+
+}  // namespace
+
+void decode_q5_0(const WeightView& w, const float* x, int64_t n, float* y) { decode_low_bit<kQ5_0Layout>(&w, &y, 1, x, n); }
+void decode_q4_1(const WeightView& w, const float* x, int64_t n, float* y) { decode_low_bit<kQ4_1Layout>(&w, &y, 1, x, n); }
+void decode_q5_1(const WeightView& w, const float* x, int64_t n, float* y) { decode_low_bit<kQ5_1Layout>(&w, &y, 1, x, n); }
+
+// Fused decode; prefill shares the activation quantization (matmul_gguf_avx512.cpp's GEMM).
+void matmul_multi_q5_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  decode_low_bit<kQ5_0Layout>(ws, ys, count, x, n);
+}
+void matmul_multi_q4_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  decode_low_bit<kQ4_1Layout>(ws, ys, count, x, n);
+}
+void matmul_multi_q5_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  decode_low_bit<kQ5_1Layout>(ws, ys, count, x, n);
 }
 
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {

@@ -88,13 +88,13 @@ void matmul_gguf(const WeightView& w, const float* x, int64_t n, float* y, Matmu
 }  // namespace
 
 void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y) {
-  matmul_gguf<UnpackQ4_1>(w, x, n, y, avx2::matmul_q4_1);
+  matmul_gguf<UnpackQ4_1>(w, x, n, y, decode_q4_1);  // matmul_avx512.cpp
 }
 void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackQ5_0>(w, x, n, y, decode_q5_0);  // matmul_avx512.cpp
 }
 void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y) {
-  matmul_gguf<UnpackQ5_1>(w, x, n, y, avx2::matmul_q5_1);
+  matmul_gguf<UnpackQ5_1>(w, x, n, y, decode_q5_1);  // matmul_avx512.cpp
 }
 void matmul_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackIQ4_NL>(w, x, n, y, decode_iq4_nl);  // decode_iq4_avx512.cpp
@@ -122,7 +122,9 @@ void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   switch (ws[0].dtype) {
+    case DType::kQ4_1: return gemm_gguf<UnpackQ4_1>(ws, ys, count, x, n);
     case DType::kQ5_0: return gemm_gguf<UnpackQ5_0>(ws, ys, count, x, n);
+    case DType::kQ5_1: return gemm_gguf<UnpackQ5_1>(ws, ys, count, x, n);
     case DType::kQ5_K: return gemm_gguf<UnpackQ5_K>(ws, ys, count, x, n);
     case DType::kIQ4_XS: return gemm_gguf<UnpackIQ4_XS>(ws, ys, count, x, n);
     case DType::kIQ4_NL: return gemm_gguf<UnpackIQ4_NL>(ws, ys, count, x, n);

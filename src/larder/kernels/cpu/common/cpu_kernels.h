@@ -106,6 +106,8 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q5_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q4_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q5_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
@@ -136,8 +138,9 @@ void decode_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
 void decode_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void decode_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS: one kernel over the unpackers of
-// gguf_unpack.h, prefill on the VNNI GEMM, decode on the AVX2 kernels (measured faster) except
-// Q5_K, Q3_K, Q2_K (decode_q5_k, decode_q3_k, decode_q2_k) (matmul_gguf_avx512.cpp).
+// gguf_unpack.h, prefill on the VNNI GEMM, decode on the tier's own decode kernels (decode_q4_1,
+// decode_q5_0, decode_q5_1, decode_iq4_nl, decode_q2_k, decode_q3_k, decode_q5_k, decode_iq4_xs)
+// (matmul_gguf_avx512.cpp).
 void matmul_q4_1(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q5_1(const WeightView& w, const float* x, int64_t n, float* y);
@@ -151,8 +154,11 @@ void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
 // (matmul_kquant_avx512.cpp); Q5_K, IQ4_XS, IQ4_NL (matmul_gguf_avx512.cpp).
 void gemm_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
-// Q5_0 decode (n <= 8; matmul_q5_0 calls it): four blocks per step, vpdpbusd (matmul_avx512.cpp).
+// Q5_0 / Q4_1 / Q5_1 decode (n <= 8; their matmul entry points call them): four blocks per step,
+// vpdpbusd (matmul_avx512.cpp LowBitQuad).
 void decode_q5_0(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_q4_1(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_q5_1(const WeightView& w, const float* x, int64_t n, float* y);
 // IQ4_XS / IQ4_NL decode (n <= 8; the matmul entry points call them): vpshufb codebook lookup into
 // vpdpbusd, IQ4_XS over QuantizedActsK super-blocks (decode_iq4_avx512.cpp); and their fused decode.
 void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);

@@ -221,6 +221,8 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kQ8_0: return avx512::matmul_multi_q8_0;
       case DType::kQ4_0: return avx512::matmul_multi_q4_0;
       case DType::kQ5_0: return avx512::matmul_multi_q5_0;
+      case DType::kQ4_1: return avx512::matmul_multi_q4_1;
+      case DType::kQ5_1: return avx512::matmul_multi_q5_1;
       case DType::kQ4_K: return avx512::matmul_multi_q4_k;
       case DType::kQ5_K: return avx512::matmul_multi_q5_k;
       case DType::kQ6_K: return avx512::matmul_multi_q6_k;
@@ -301,8 +303,9 @@ void register_fast_kernels(KernelTable& t) {
   // 1785). Q6_K keeps its float-per-64 kernel for now: the super-block one (same file, 847 → 749
   // µs, noisy) flips a gemma-3-270m greedy choice that the exact model makes by 0.33 nats
   // (tests/goldens greedy_test; ffn_down's activations have outliers that a 256-wide activation
-  // scale coarsens). The other GGUF formats keep their AVX2 decode on this tier
-  // (matmul_gguf_avx512.cpp: a zmm unpacker kernel measured slower).
+  // scale coarsens). Q4_1, Q5_0 and Q5_1 decode on AVX-512 (matmul_avx512.cpp LowBitQuad; session
+  // 18, same bench): Q4_1 685 → 422, Q5_0 1049 → 501, Q5_1 938 → 597 (a zmm unpacker kernel had
+  // measured slower than AVX2; the word-permute design of Q4_0Quad did not).
   // A CPU with the AVX2 tier only (Zen 3) runs the AVX2 column.
   // IQ4_NL and IQ4_XS decode on AVX-512 (decode_iq4_avx512.cpp; session 15, same bench on a loaded
   // host, medians of 3 alternating runs, gate/up / down): IQ4_NL 920 / 1002 → 424 / 450 µs (AVX2
