@@ -188,7 +188,7 @@ struct IQ4NLQuad {
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     const int64_t full = nb / 4;
     auto step = [&](int64_t g, bool tail) {
-      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * 72, 72);
+      prefetch_rows<kLong>(base, R, row_bytes, g * 72, tail ? row_bytes - g * 72 : 72);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = base + r * row_bytes + 72 * g;

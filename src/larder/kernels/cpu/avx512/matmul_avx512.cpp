@@ -501,7 +501,7 @@ struct Q4_0Quad {
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     const int64_t full = nb / 4;
     auto step = [&](int64_t g, bool tail) {
-      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * 72, 72);
+      prefetch_rows<kLong>(base, R, row_bytes, g * 72, tail ? row_bytes - g * 72 : 72);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = base + r * row_bytes + 72 * g;
@@ -647,7 +647,7 @@ struct LowBitQuad {
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     const int64_t full = nb / 4;
     auto step = [&](int64_t g, bool tail) {
-      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * kGroupBytes, kGroupBytes);
+      prefetch_rows<kLong>(base, R, row_bytes, g * kGroupBytes, tail ? row_bytes - g * kGroupBytes : kGroupBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = base + r * row_bytes + kGroupBytes * g;
@@ -724,7 +724,7 @@ struct Q8_0Quad {
     const int64_t full = nb / 4;
     constexpr int kB = sizeof(BlockQ8_0);
     auto step = [&](int64_t g, bool tail) {
-      if (!tail) prefetch_rows<kLong>(base, R, row_bytes, g * 4 * kB, 4 * kB);
+      prefetch_rows<kLong>(base, R, row_bytes, g * 4 * kB, tail ? row_bytes - g * 4 * kB : 4 * kB);
       const int present = tail ? static_cast<int>(nb - 4 * g) : 4;
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
