@@ -32,9 +32,9 @@ inline bool super_block_acts(const char* tier, DType dt, int64_t n) {
   switch (dt) {
     case DType::kQ4_K:
     case DType::kQ5_K:
-    case DType::kIQ4_XS: return true;  // both tiers
+    case DType::kIQ4_XS:
     case DType::kQ2_K:
-    case DType::kQ3_K: return avx512;
+    case DType::kQ3_K: return true;  // both tiers
     default: return false;
   }
 }

@@ -529,8 +529,21 @@ void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, cons
   }
   matmul_multi_linear<LinIQ4_NL>(ws, ys, count, x, n);
 }
-void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ2_K>(w, x, n, y); }
-void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) { matmul_gguf_any<UnpackQ3_K>(w, x, n, y); }
+// Q2_K / Q3_K decode: integer super-block accumulation (decode_q2k_q3k_avx2.cpp).
+void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= kGemmMinTokens) {
+    matmul_gguf_gemm<UnpackQ2_K>(w, x, n, y);
+  } else {
+    decode_q2_k(w, x, n, y);
+  }
+}
+void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n >= kGemmMinTokens) {
+    matmul_gguf_gemm<UnpackQ3_K>(w, x, n, y);
+  } else {
+    decode_q3_k(w, x, n, y);
+  }
+}
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= kGemmMinTokens) {
     matmul_gguf_gemm<UnpackQ5_K>(w, x, n, y);

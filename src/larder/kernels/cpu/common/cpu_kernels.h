@@ -62,6 +62,12 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y);
 // accumulation over QuantizedActsK (decode_q4k_q5k_avx2.cpp).
 void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y);
 void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y);
+// Q2_K / Q3_K decode (n < 8; the matmul entry points call them) and their fused decode, integer
+// super-block accumulation over QuantizedActsK (decode_q2k_q3k_avx2.cpp).
+void decode_q2_k(const WeightView& w, const float* x, int64_t n, float* y);
+void decode_q3_k(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void matmul_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // GGUF Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS over the unpackers of gguf_unpack.h,
 // int8-quantized activations: decode tiles, and for n >= 8 a token-lane maddubs GEMM that unpacks
 // each 4-row tile once per chunk of token groups (matmul_gguf_avx2.cpp).

@@ -213,6 +213,8 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kQ5_K: return avx2::matmul_multi_q5_k;
       case DType::kIQ4_XS: return avx2::matmul_multi_iq4_xs;
       case DType::kIQ4_NL: return avx2::matmul_multi_iq4_nl;
+      case DType::kQ2_K: return avx2::matmul_multi_q2_k;
+      case DType::kQ3_K: return avx2::matmul_multi_q3_k;
       default: return nullptr;
     }
   }
@@ -300,7 +302,8 @@ void register_fast_kernels(KernelTable& t) {
   // design: Q4_K 530 → 475, Q5_K 1688 → 551 (so AVX-512 stays the faster tier). Q3_K and Q2_K
   // too (decode_q2k_q3k_q6k_avx512.cpp; medians of 3 alternating runs on a loaded host, gate/up |
   // down): Q3_K 1605 | 1689 → 570 | 565, Q2_K 2347 | 1898 → 393 | 372 (AVX2: Q3_K 1572, Q2_K
-  // 1785). Q6_K keeps its float-per-64 kernel for now: the super-block one (same file, 847 → 749
+  // 1785; session 18 gave the AVX2 tier the same design, decode_q2k_q3k_avx2.cpp: hot, 1 thread,
+  // Q2_K 426 vs AVX-512 325 µs, Q3_K 536 vs 453). Q6_K keeps its float-per-64 kernel for now: the super-block one (same file, 847 → 749
   // µs, noisy) flips a gemma-3-270m greedy choice that the exact model makes by 0.33 nats
   // (tests/goldens greedy_test; ffn_down's activations have outliers that a 256-wide activation
   // scale coarsens). Q4_1, Q5_0 and Q5_1 decode on AVX-512 (matmul_avx512.cpp LowBitQuad; session
