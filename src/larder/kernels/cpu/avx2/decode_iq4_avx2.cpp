@@ -146,17 +146,7 @@ void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, cons
     for (int i = 0; i < count; ++i) matmul_iq4_xs(ws[i], x, n, ys[i]);
     return;
   }
-  MultiKernel<IQ4XSDecode> mk;
-  const IQ4XSDecode first = prepare_iq4_xs(ws[0], x, n, ys[0]);
-  for (int i = 0; i < count; ++i) {
-    IQ4XSDecode k = first;
-    k.w = ws[i].data;
-    k.row_bytes = ws[i].row_bytes();
-    k.rows = ws[i].rows;
-    k.y = ys[i];
-    mk.add(k, ws[i].rows);
-  }
-  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + ws[0].cols / 8);
+  run_multi_decode(prepare_iq4_xs(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols + ws[0].cols / 8);
 }
 
 }  // namespace larder::kernels::cpu::avx2

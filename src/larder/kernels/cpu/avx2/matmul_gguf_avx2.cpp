@@ -237,17 +237,7 @@ void matmul_linear(const WeightView& w, const float* x, int64_t n, float* y) {
 // Fused decode (kernels::matmul_multi): one quantization and one pool job for the group.
 template <class L>
 void matmul_multi_linear(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  MultiKernel<LinearKernel<L>> mk;
-  const LinearKernel<L> first = prepare_linear<L>(ws[0], x, n, ys[0]);
-  for (int i = 0; i < count; ++i) {
-    LinearKernel<L> k = first;
-    k.w = ws[i].data;
-    k.row_bytes = ws[i].row_bytes();
-    k.rows = ws[i].rows;
-    k.y = ys[i];
-    mk.add(k, ws[i].rows);
-  }
-  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + 8 * (ws[0].cols / 32));
+  run_multi_decode(prepare_linear<L>(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols + 8 * (ws[0].cols / 32));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -270,17 +270,7 @@ void decode(const WeightView& w, const float* x, int64_t n, float* y) {
 // Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
 template <class F>
 void decode_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  MultiKernel<KDecode<F>> mk;
-  const KDecode<F> first = prepare<F>(ws[0], x, n, ys[0]);
-  for (int i = 0; i < count; ++i) {
-    KDecode<F> k = first;
-    k.w = ws[i].data;
-    k.row_bytes = ws[i].row_bytes();
-    k.rows = ws[i].rows;
-    k.y = ys[i];
-    mk.add(k, ws[i].rows);
-  }
-  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + ws[0].cols / 8);
+  run_multi_decode(prepare<F>(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols + ws[0].cols / 8);
 }
 
 }  // namespace

@@ -158,17 +158,7 @@ Q45KDecode<kQ5> prepare_q45k(const WeightView& w, const float* x, int64_t n, flo
 // Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
 template <bool kQ5>
 void decode_multi_q45k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  MultiKernel<Q45KDecode<kQ5>> mk;
-  const Q45KDecode<kQ5> first = prepare_q45k<kQ5>(ws[0], x, n, ys[0]);
-  for (int i = 0; i < count; ++i) {
-    Q45KDecode<kQ5> k = first;
-    k.w = ws[i].data;
-    k.row_bytes = ws[i].row_bytes();
-    k.rows = ws[i].rows;
-    k.y = ys[i];
-    mk.add(k, ws[i].rows);
-  }
-  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols);
+  run_multi_decode(prepare_q45k<kQ5>(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols);
 }
 
 template <bool kQ5>

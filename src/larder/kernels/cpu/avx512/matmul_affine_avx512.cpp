@@ -263,19 +263,7 @@ void run_decode(const WeightView& w, const float* x, int64_t n, float* y) {
 // groups weights of equal bits, group size and scale dtype).
 template <int B, Sd S>
 void run_decode_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  const AffineDecode<B, S> first = prepare_decode<B, S>(ws[0], x, n, ys[0]);
-  MultiKernel<AffineDecode<B, S>> mk;
-  for (int i = 0; i < count; ++i) {
-    AffineDecode<B, S> k = first;
-    k.w = ws[i].data;
-    k.row_bytes = ws[i].row_bytes();
-    k.scales = ws[i].scales;
-    k.biases = ws[i].biases;
-    k.rows = ws[i].rows;
-    k.y = ys[i];
-    mk.add(k, ws[i].rows);
-  }
-  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + 4 * (ws[0].cols / 32));
+  run_multi_decode(prepare_decode<B, S>(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols + 4 * (ws[0].cols / 32));
 }
 
 template <int B>

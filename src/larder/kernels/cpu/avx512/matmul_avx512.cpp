@@ -878,17 +878,7 @@ void matmul_multi_q5_1(const WeightView* ws, float* const* ys, int count, const 
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokensQ8_0) return matmul_gemm<Q8_0Rows>(ws, ys, count, x, n);
   const int64_t cols = ws[0].cols;
-  MultiKernel<Q8_0Quad> mk;
-  const Q8_0Quad first = prepare_q8_0(ws[0], x, n, ys[0]);
-  for (int i = 0; i < count; ++i) {
-    Q8_0Quad k = first;
-    k.w = ws[i].data;
-    k.row_bytes = ws[i].row_bytes();
-    k.rows = ws[i].rows;
-    k.y = ys[i];
-    mk.add(k, ws[i].rows);
-  }
-  run_matmul_tiles(mk, mk.rows(), n, cols + 4 * (cols / 32));
+  run_multi_decode(prepare_q8_0(ws[0], x, n, ys[0]), ws, ys, count, n, cols + 4 * (cols / 32));
 }
 
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {

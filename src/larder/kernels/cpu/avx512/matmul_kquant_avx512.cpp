@@ -222,17 +222,7 @@ void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
 template <class K>
 void decode_multi(K (*prepare)(const WeightView&, const float*, int64_t, float*), const WeightView* ws,
                   float* const* ys, int count, const float* x, int64_t n) {
-  MultiKernel<K> mk;
-  const K first = prepare(ws[0], x, n, ys[0]);
-  for (int i = 0; i < count; ++i) {
-    K k = first;
-    k.w = ws[i].data;
-    k.row_bytes = ws[i].row_bytes();
-    k.rows = ws[i].rows;
-    k.y = ys[i];
-    mk.add(k, ws[i].rows);
-  }
-  run_matmul_tiles(mk, mk.rows(), n, ws[0].cols + ws[0].cols / 8);
+  run_multi_decode(prepare(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols + ws[0].cols / 8);
 }
 
 void gemm_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {

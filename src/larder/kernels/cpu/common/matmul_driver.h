@@ -31,6 +31,7 @@
 #include "larder/core/cpuid.h"
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
+#include "larder/kernels/ops.h"
 
 namespace larder::kernels::cpu {
 
@@ -192,6 +193,28 @@ struct MultiKernel {
     }
   }
 };
+
+// Fused decode (kernels::matmul_multi) of weights in one format: `first` is weight 0's kernel,
+// holding the activations it prepared, and every weight runs a copy of it with its own rows and
+// output as one job (K: members w, row_bytes, rows, y; and scales, biases for MLX affine).
+template <class K>
+inline void run_multi_decode(const K& first, const WeightView* ws, float* const* ys, int count, int64_t n,
+                             int64_t act_bytes_per_token) {
+  MultiKernel<K> mk;
+  for (int i = 0; i < count; ++i) {
+    K k = first;
+    k.w = ws[i].data;
+    k.row_bytes = ws[i].row_bytes();
+    if constexpr (requires { k.scales; }) {
+      k.scales = ws[i].scales;
+      k.biases = ws[i].biases;
+    }
+    k.rows = ws[i].rows;
+    k.y = ys[i];
+    mk.add(k, ws[i].rows);
+  }
+  run_matmul_tiles(mk, mk.rows(), n, act_bytes_per_token);
+}
 
 // Token-lane GEMMs (G::template tile<R>(r0, group) for R <= 4 rows × one 8-token group).
 // Chunks: 16 rows × a run of token groups whose activations (nb·256 B per group) fit ~256 KiB
