@@ -111,8 +111,18 @@ if [ ! -x "$BENCH_BIN" ]; then
     mv "$LCPP/unpack/llama_cpp_python-$VER/vendor/llama.cpp" "$LCPP/src"
     rm -rf "$LCPP/unpack"
   fi
+  # On CPUs with AMX, GGML_NATIVE compiles ggml's AMX matmul in, and the one this sdist vendors
+  # dies with SIGILL at its first tile instruction (tilezero in ggml_backend_amx_mul_mat: its tile
+  # config is built on the stack and the compiler drops it, so the tiles are never configured;
+  # upstream llama.cpp PR 26954). The peer on such a CPU is therefore llama.cpp's AVX-512 build:
+  # -mno-amx-* wins over -march=native's defaults (GCC lets explicit -m options override -march).
+  NO_AMX=()
+  if grep -qw amx_tile /proc/cpuinfo; then
+    NO_AMX=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+    log "this CPU has AMX: building llama.cpp without it (its AMX path crashes in this version)"
+  fi
   log "building llama-bench (llama-cpp-python $VER) in $LCPP/build"
-  nice -n 10 cmake -S "$LCPP/src" -B "$LCPP/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  nice -n 10 cmake -S "$LCPP/src" -B "$LCPP/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${NO_AMX[@]}" \
     -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMIT="$LCPP_COMMIT" >"$LCPP/configure.log" 2>&1 \

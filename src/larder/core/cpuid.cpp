@@ -1,5 +1,6 @@
 #include "larder/core/cpuid.h"
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -37,6 +38,26 @@ int count_physical_cores() {
   return n > 0 ? n : 1;
 }
 
+// AMX-TILE and AMX-INT8 (cpuid leaf 7 EDX bits 24, 25), the tile state enabled by the OS (XCR0
+// bits 17 TILECFG, 18 TILEDATA), and this process's permission to use the tile data, asked for
+// once here (Linux ≥ 5.16: ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; the grant is per process
+// and covers every thread, the pool's included).
+bool amx_usable() {
+  unsigned a, b, c, d;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+  if (a < 7) return false;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+  if (!((c >> 27) & 1u)) return false;  // OSXSAVE: xgetbv is available
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if (((lo >> 17) & 3u) != 3u) return false;
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return ::syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
 CpuFeatures detect() {
   CpuFeatures f;
   __builtin_cpu_init();
@@ -66,6 +87,8 @@ CpuFeatures detect() {
   if (force && std::strcmp(force, "avx2") == 0) {
     f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512vnni = f.avx512bf16 = false;
   }
+  const char* amx_env = std::getenv("LARDER_AMX");
+  if (f.avx512f && !(amx_env && std::strcmp(amx_env, "0") == 0)) f.amx = amx_usable();
   // Zen 3 is family 19h too, without AVX-512 (and without the AVX-512 kernels the choice is for).
   f.zen4_decode_tiles = f.amd && f.family == 0x19 && f.avx512f;
   if (const char* t = std::getenv("LARDER_DECODE_TILES")) {
@@ -82,7 +105,7 @@ std::string CpuFeatures::describe() const {
   s << (avx2 ? "avx2 " : "") << (fma ? "fma " : "") << (f16c ? "f16c " : "")
     << (avx512f ? "avx512f " : "") << (avx512bw ? "avx512bw " : "") << (avx512vl ? "avx512vl " : "")
     << (avx512vnni ? "avx512vnni " : "") << (avx512bf16 ? "avx512bf16 " : "")
-    << (avx_vnni ? "avx-vnni " : "") << "cores=" << physical_cores << " cpus=" << logical_cpus
+    << (avx_vnni ? "avx-vnni " : "") << (amx ? "amx-int8 " : "") << "cores=" << physical_cores << " cpus=" << logical_cpus
     << " decode-tiles=" << decode_tiles();
   return s.str();
 }

@@ -16,6 +16,12 @@ struct CpuFeatures {
   bool avx512vnni = false;
   bool avx512bf16 = false;
   bool avx_vnni = false;
+  // AMX-TILE + AMX-INT8 usable by this process: the CPU has them, the OS enables the tile state
+  // (XCR0 bits 17, 18) and granted it to this process (arch_prctl ARCH_REQ_XCOMP_PERM; Linux
+  // disables the 8 KiB tile data per process until asked, and a tile instruction without the
+  // grant is SIGILL). The prefill GEMM then computes its block dot products on AMX
+  // (gemm16_avx512.h). LARDER_AMX=0 turns it off (A/B runs); LARDER_ISA=avx2 hides it too.
+  bool amx = false;
   int physical_cores = 1;
   int logical_cpus = 1;
   bool amd = false;

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -518,6 +519,73 @@ TEST(Registration, FastTierOverwritesMatmulEntries) {
   EXPECT_EQ(cpu::fast_matmul_affine("avx2", 7), nullptr);
   // Row lookup (embeddings) stays on the reference.
   EXPECT_EQ(t.dequant_row[static_cast<int>(DType::kQ4_0)], ref_table().dequant_row[static_cast<int>(DType::kQ4_0)]);
+}
+
+
+// The prefill GEMM's AMX path (gemm16_avx512.h tile_amx: TDPBUSD block sums, then the same f32
+// fold) against its vpdpbusd path in one process: exact integer sums and the same fold order, so
+// the outputs must be the same bits. 37 rows = two 16-row AMX tiles and a 5-row remainder on the
+// vpdpbusd tiles; 530 tokens = a chunk of 32 token groups (8 runs of 4) and one of 2; 1280
+// columns = K slices of 32 blocks and a ragged one. Random bytes are valid codes in every format;
+// the f16 scale fields are overwritten with finite values. Skips where AMX is not usable.
+
+// Byte offsets of the f16 scale fields in one block of each GGUF format.
+std::vector<int> f16_fields(DType dt) {
+  switch (dt) {
+    case DType::kQ4_0: case DType::kQ8_0: case DType::kQ5_0: case DType::kIQ4_NL: case DType::kIQ4_XS: return {0};
+    case DType::kQ4_1: case DType::kQ5_1: case DType::kQ4_K: case DType::kQ5_K: return {0, 2};
+    case DType::kQ6_K: return {208};
+    case DType::kQ2_K: return {80, 82};
+    case DType::kQ3_K: return {108};
+    default: return {};
+  }
+}
+
+TEST(GemmAmx, BitIdenticalToVnniPath) {
+  if (!cpu_features().has_avx512_tier() || !cpu_features().amx) GTEST_SKIP() << "AMX is not usable here";
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> mag(0.0005f, 0.01f);
+  const int64_t rows = 37, cols = 1280;
+  auto run_both = [&](MatmulFn fn, const WeightView& w, const std::string& what) {
+    for (int64_t n : {17, 530}) {
+      const std::vector<float> x = make_acts(n, cols, rng);
+      std::vector<float> y_amx(static_cast<size_t>(n * rows)), y_vnni(y_amx.size());
+      cpu::avx512::set_gemm_amx(true);
+      ASSERT_TRUE(cpu::avx512::gemm_uses_amx());
+      fn(w, x.data(), n, y_amx.data());
+      cpu::avx512::set_gemm_amx(false);
+      fn(w, x.data(), n, y_vnni.data());
+      cpu::avx512::set_gemm_amx(true);
+      double norm = 0;
+      for (float v : y_amx) {
+        ASSERT_TRUE(std::isfinite(v)) << what;
+        norm += std::fabs(v);
+      }
+      EXPECT_GT(norm, 0.0) << what;
+      EXPECT_EQ(0, std::memcmp(y_amx.data(), y_vnni.data(), y_amx.size() * sizeof(float))) << what << " n=" << n;
+    }
+  };
+  for (DType dt : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL, DType::kQ4_K,
+                   DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS, DType::kQ2_K, DType::kQ3_K}) {
+    const MatmulFn fn = cpu::fast_matmul("avx512", dt);
+    ASSERT_NE(fn, nullptr) << dtype_info(dt).name;
+    const uint64_t row_bytes = dtype_bytes(dt, static_cast<uint64_t>(cols));
+    const uint32_t bb = dtype_info(dt).block_bytes;
+    std::vector<uint8_t> bytes(row_bytes * rows);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng() & 0xff);
+    for (size_t blk = 0; blk + bb <= bytes.size(); blk += bb)
+      for (int off : f16_fields(dt)) put_u16(bytes.data() + blk + off, f32_to_f16((rng() & 1 ? 1 : -1) * mag(rng)));
+    WeightView w;
+    w.dtype = dt;
+    w.rows = rows;
+    w.cols = cols;
+    w.data = bytes.data();
+    run_both(fn, w, dtype_info(dt).name);
+  }
+  for (auto [bits, gs] : {std::pair{4, 32}, std::pair{4, 64}, std::pair{4, 128}, std::pair{8, 64}, std::pair{3, 64}}) {
+    const AffineWeights aw = make_affine(bits, gs, DType::kBF16, rows, cols, rng);
+    run_both(cpu::fast_matmul_affine("avx512", bits), aw.view, "mlx affine " + std::to_string(bits) + "-bit g" + std::to_string(gs));
+  }
 }
 
 }  // namespace

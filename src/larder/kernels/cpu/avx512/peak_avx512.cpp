@@ -54,6 +54,29 @@ double int8_dot_peak(ThreadPool& pool) {
   });
 }
 
+// In the shape gemm16 issues it (A 16 × 32 B, B 8 × 64 B: 8192 MACs), on its two C tiles.
+double amx_int8_peak(ThreadPool& pool) {
+  constexpr int64_t kAmxIters = kIters / 16;
+  return best_of_three(pool, static_cast<double>(kAmxIters) * 2 * 16 * 16 * 32 * 2, [] {
+    amx_configure_thread(false);
+    alignas(64) uint8_t a[16 * 32];
+    alignas(64) int8_t b[8 * 64];
+    for (int i = 0; i < 16 * 32; ++i) a[i] = 3;
+    for (int i = 0; i < 8 * 64; ++i) b[i] = -2;
+    _tile_loadd(1, a, 32);
+    _tile_loadd(2, b, 64);
+    _tile_zero(0);
+    _tile_zero(3);
+    for (int64_t it = 0; it < kAmxIters; ++it) {
+      _tile_dpbusd(0, 1, 2);
+      _tile_dpbusd(3, 1, 2);
+    }
+    alignas(64) int32_t c[16 * 16];
+    _tile_stored(0, c, 64);
+    return static_cast<float>(c[0]);
+  });
+}
+
 double bf16_dot_peak(ThreadPool& pool) {
   return best_of_three(pool, static_cast<double>(kIters) * kChains * 32 * 2, [] {
     __m512 acc[kChains];

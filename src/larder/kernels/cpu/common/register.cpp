@@ -248,9 +248,9 @@ MatmulFn fast_matmul_affine(const char* tier, int bits) {
 
 double active_int8_peak(ThreadPool& pool) {
   // The VNNI ceiling only when the integer kernels in use are the tier's (not after a failed
-  // self-check or LARDER_QUANT_ACT=0).
-  return active_table().matmul[static_cast<int>(DType::kQ4_0)] == avx512::matmul_q4_0 ? avx512::int8_dot_peak(pool)
-                                                                                      : 0.0;
+  // self-check or LARDER_QUANT_ACT=0); AMX's when the GEMM's block sums run there.
+  if (active_table().matmul[static_cast<int>(DType::kQ4_0)] != avx512::matmul_q4_0) return 0.0;
+  return avx512::gemm_uses_amx() ? avx512::amx_int8_peak(pool) : avx512::int8_dot_peak(pool);
 }
 double active_bf16_peak(ThreadPool& pool) {
   return active_table().matmul[static_cast<int>(DType::kBF16)] == avx512::matmul_bf16 ? avx512::bf16_dot_peak(pool)
