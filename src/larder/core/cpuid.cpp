@@ -89,6 +89,10 @@ CpuFeatures detect() {
   }
   const char* amx_env = std::getenv("LARDER_AMX");
   if (f.avx512f && !(amx_env && std::strcmp(amx_env, "0") == 0)) f.amx = amx_usable();
+  if (f.amx) {
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    f.amx_bf16 = (d >> 22) & 1u;
+  }
   // Zen 3 is family 19h too, without AVX-512 (and without the AVX-512 kernels the choice is for).
   f.zen4_decode_tiles = f.amd && f.family == 0x19 && f.avx512f;
   if (const char* t = std::getenv("LARDER_DECODE_TILES")) {
@@ -105,7 +109,7 @@ std::string CpuFeatures::describe() const {
   s << (avx2 ? "avx2 " : "") << (fma ? "fma " : "") << (f16c ? "f16c " : "")
     << (avx512f ? "avx512f " : "") << (avx512bw ? "avx512bw " : "") << (avx512vl ? "avx512vl " : "")
     << (avx512vnni ? "avx512vnni " : "") << (avx512bf16 ? "avx512bf16 " : "")
-    << (avx_vnni ? "avx-vnni " : "") << (amx ? "amx-int8 " : "") << "cores=" << physical_cores << " cpus=" << logical_cpus
+    << (avx_vnni ? "avx-vnni " : "") << (amx ? "amx-int8 " : "") << (amx_bf16 ? "amx-bf16 " : "") << "cores=" << physical_cores << " cpus=" << logical_cpus
     << " decode-tiles=" << decode_tiles();
   return s.str();
 }

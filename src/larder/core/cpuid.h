@@ -22,6 +22,7 @@ struct CpuFeatures {
   // grant is SIGILL). The prefill GEMM then computes its block dot products on AMX
   // (gemm16_avx512.h). LARDER_AMX=0 turns it off (A/B runs); LARDER_ISA=avx2 hides it too.
   bool amx = false;
+  bool amx_bf16 = false;  // also AMX-BF16 (the BF16 GEMM's TDPBF16PS)
   int physical_cores = 1;
   int logical_cpus = 1;
   bool amd = false;

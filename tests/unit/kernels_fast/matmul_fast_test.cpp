@@ -142,6 +142,11 @@ std::vector<Case> cases(bool float_format) {
     // ragged rows (8/4/1-row tiles); 19 token groups = two chunks of groups, the last ragged.
     cs.push_back({29, 2 * 1100 + 6, 37});
     cs.push_back({13, 2 * 600, 300});
+    // Its AMX path (Bf16Amx, where AMX-BF16 is usable): two 32-row blocks + 6 rows on the
+    // AVX-512 tiles; 1040 pairs = two 512-pair slices + 16 (partial sums through tile loads);
+    // 35 token groups = a chunk of 32 (16 pairs) and one of 3 (a lone group).
+    cs.push_back({70, 2080, 530});
+    cs.push_back({64, 1024, 17});
   }
   return cs;
 }

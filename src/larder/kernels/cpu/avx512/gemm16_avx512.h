@@ -587,7 +587,7 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
     float* part = sc + sc_floats;  // [ngc][nr][16]
     static_assert(kBlockRows == 16, "tile_amx is one 16-row tile");
     if (amx && nr == kBlockRows && bpg <= kAmxBatchBlocks) {  // one 16-row tile, its block sums on AMX
-      amx_configure_thread(F::kZero < 0);
+      amx_configure_thread(F::kZero < 0 ? AmxTiles::kHalves : AmxTiles::kBlocks);
       alignas(64) int32_t sums[2 * kAmxBatchBlocks * kAmxGroups * 256];
       static_assert(kAmxGroupsHalves * 2 <= kAmxGroups, "the halves' sums fit the same buffer");
       constexpr int gmax = F::kZero < 0 ? kAmxGroupsHalves : kAmxGroups;

@@ -17,7 +17,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
+#include "larder/core/cpuid.h"
 #include "larder/core/dtype.h"
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/act_quant.h"
@@ -372,13 +374,122 @@ struct Bf16Plan {
   }
 };
 
+// AMX BF16 prefill (gemm_uses_amx(), cols % 32 == 0). TDPBF16PS multiplies a 16-row × 32-element
+// bf16 tile A by a tile B of 16 pair rows × 16 tokens and accumulates in f32 in the C tile itself
+// — there is no per-block scale, so C stays in its tile over a whole K slice. A comes straight
+// from the weight rows (tile loads take a row stride: no packing), B is Bf16Gemm's token-lane
+// layout as it is (xl[g][k][lane]: 16 pairs × 64 B per step). A chunk is 32 rows × up to 32 token
+// groups; per K slice (kKc pairs) and pair of groups, four C tiles (2 row halves × 2 groups) take
+// 2 A + 2 B loads per 16 pairs for 4 products. Partial sums go through a per-chunk buffer
+// between slices (tile load / store); the last slice's tiles are scattered to y. Rows past the
+// last multiple of 32 run on Bf16Gemm. The sums are f32 like vdpbf16ps's but in the tile unit's
+// order, so the bits differ from the AVX-512 path (both are checked against the reference).
+// Tiles (amx_configure_thread(AmxTiles::kBf16)): C 0, 3, 6, 7; A 1, 4; B 2, 5 — all 16 × 64 B.
+struct Bf16Amx {
+  static constexpr int64_t kRows = 32;
+  const Bf16Gemm& k;
+
+  // Rows [r0, r0 + 32) × groups [g0, g1), slice by slice.
+  void chunk(int64_t r0, int64_t g0, int64_t g1) const {
+    const int64_t ng = g1 - g0;
+    // [group][32 rows][16] partial sums (the C tiles' rows are weight rows, lanes tokens).
+    auto* part = static_cast<float*>(thread_scratch(static_cast<size_t>(ng * kRows * 16) * 4, 5));
+    const uint64_t rb = k.row_bytes;
+    const uint8_t* a0 = k.w + static_cast<uint64_t>(r0) * rb;
+    const uint8_t* a1 = a0 + 16 * rb;
+    for (int64_t k0 = 0; k0 < k.kp; k0 += Bf16Gemm::kKc) {
+      const int64_t kc = std::min(Bf16Gemm::kKc, k.kp - k0);
+      const bool first = k0 == 0, last = k0 + kc == k.kp;
+      for (int64_t g = g0; g < g1; g += 2) {
+        const bool two = g + 1 < g1;
+        float* c0 = part + (g - g0) * kRows * 16;  // group g: rows 0–15, then 16–31
+        float* c1 = c0 + kRows * 16;                // group g + 1
+        if (first) {
+          _tile_zero(0);
+          _tile_zero(3);
+          _tile_zero(6);
+          _tile_zero(7);
+        } else {
+          _tile_loadd(0, c0, 64);
+          _tile_loadd(3, c0 + 256, 64);
+          if (two) {
+            _tile_loadd(6, c1, 64);
+            _tile_loadd(7, c1 + 256, 64);
+          }
+        }
+        const uint32_t* x0 = k.xl + (g * k.kp + k0) * 16;
+        const uint32_t* x1 = two ? x0 + k.kp * 16 : x0;
+        for (int64_t p = 0; p < kc; p += 16) {
+          _tile_loadd(1, a0 + 4 * (k0 + p), rb);
+          _tile_loadd(2, x0 + 16 * p, 64);
+          _tile_dpbf16ps(0, 1, 2);
+          _tile_loadd(4, a1 + 4 * (k0 + p), rb);
+          _tile_dpbf16ps(3, 4, 2);
+          if (two) {
+            _tile_loadd(5, x1 + 16 * p, 64);
+            _tile_dpbf16ps(6, 1, 5);
+            _tile_dpbf16ps(7, 4, 5);
+          }
+        }
+        _tile_stored(0, c0, 64);
+        _tile_stored(3, c0 + 256, 64);
+        if (two) {
+          _tile_stored(6, c1, 64);
+          _tile_stored(7, c1 + 256, 64);
+        }
+        if (last) {
+          store_y(c0, r0, g);
+          if (two) store_y(c1, r0, g + 1);
+        }
+      }
+    }
+  }
+
+  // c: [32 rows][16 tokens] of group g → y[t][r0 + r].
+  void store_y(const float* c, int64_t r0, int64_t g) const {
+    const int64_t t0 = 16 * g, nt = std::min<int64_t>(16, k.n - t0);
+    for (int64_t t = 0; t < nt; ++t)
+      for (int r = 0; r < kRows; ++r) k.y[(t0 + t) * k.rows + r0 + r] = c[r * 16 + t];
+  }
+};
+
+// The chunks of one BF16 weight: on AMX, 32-row blocks × ≤ 32 token groups, the remainder rows
+// on Bf16Gemm; otherwise Bf16Plan's chunks.
+struct Bf16Chunks {
+  const Bf16Gemm& k;
+  const Bf16Plan& plan;
+  bool amx;
+  int64_t amx_blocks, gb, n_gb;
+  Bf16Chunks(const Bf16Gemm& k_, const Bf16Plan& p, bool use_amx) : k(k_), plan(p) {
+    amx = use_amx && k.kp % 16 == 0;
+    amx_blocks = amx ? k.rows / Bf16Amx::kRows : 0;
+    gb = amx ? std::min<int64_t>(plan.groups, 32) : plan.gb;
+    n_gb = (plan.groups + gb - 1) / gb;
+  }
+  // Row blocks per group chunk: the AMX blocks, then one Bf16Gemm chunk of the rows left.
+  int64_t row_blocks() const {
+    return amx ? amx_blocks + (k.rows % Bf16Amx::kRows != 0) : plan.row_blocks(k.rows);
+  }
+  void run(int64_t ib, int64_t ig) const {
+    if (!amx) return plan.run(k, ib, ig);
+    const int64_t g0 = ig * gb, g1 = std::min(plan.groups, g0 + gb);
+    if (ib < amx_blocks) {
+      amx_configure_thread(AmxTiles::kBf16);
+      Bf16Amx{k}.chunk(ib * Bf16Amx::kRows, g0, g1);
+    } else {
+      k.chunk(amx_blocks * Bf16Amx::kRows, k.rows, g0, g1);
+    }
+  }
+};
+
 void gemm_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t kp = w.cols / 2;
   const Bf16Gemm k{w.data, w.row_bytes(), w.rows, kp, n, bf16_token_lanes(x, n, w.cols), y};
   const Bf16Plan plan(n, kp);
-  const int64_t n_rb = plan.row_blocks(w.rows);
+  const Bf16Chunks chunks(k, plan, gemm_uses_amx() && cpu_features().amx_bf16);
+  const int64_t n_rb = chunks.row_blocks();
   // Group block outermost: consecutive chunks share their activation slices.
-  default_pool().parallel_for(n_rb * plan.n_gb, [&](int64_t c, int) { plan.run(k, c % n_rb, c / n_rb); });
+  default_pool().parallel_for(n_rb * chunks.n_gb, [&](int64_t c, int) { chunks.run(c % n_rb, c / n_rb); });
 }
 
 constexpr int64_t kBf16GemmMinTokens = 16;
@@ -917,18 +1028,21 @@ void matmul_multi_bf16(const WeightView* ws, float* const* ys, int count, const 
   const int64_t kp = cols / 2;
   const uint32_t* xl = bf16_token_lanes(x, n, cols);
   const Bf16Plan plan(n, kp);
+  const bool amx = gemm_uses_amx() && cpu_features().amx_bf16;
   Bf16Gemm ks[kMax];
+  std::optional<Bf16Chunks> chunks[kMax];
   int64_t first_rb[kMax + 1] = {0};
   for (int i = 0; i < count; ++i) {
     ks[i] = Bf16Gemm{ws[i].data, ws[i].row_bytes(), ws[i].rows, kp, n, xl, ys[i]};
-    first_rb[i + 1] = first_rb[i] + plan.row_blocks(ws[i].rows);
+    chunks[i].emplace(ks[i], plan, amx);
+    first_rb[i + 1] = first_rb[i] + chunks[i]->row_blocks();
   }
-  const int64_t n_rb = first_rb[count];
-  default_pool().parallel_for(n_rb * plan.n_gb, [&](int64_t c, int) {
+  const int64_t n_rb = first_rb[count], n_gb = chunks[0]->n_gb;  // the same for every weight
+  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
     const int64_t ib = c % n_rb;
     int i = 0;
     while (ib >= first_rb[i + 1]) ++i;
-    plan.run(ks[i], ib - first_rb[i], c / n_rb);
+    chunks[i]->run(ib - first_rb[i], c / n_rb);
   });
 }
 

@@ -58,7 +58,7 @@ double int8_dot_peak(ThreadPool& pool) {
 double amx_int8_peak(ThreadPool& pool) {
   constexpr int64_t kAmxIters = kIters / 16;
   return best_of_three(pool, static_cast<double>(kAmxIters) * 2 * 16 * 16 * 32 * 2, [] {
-    amx_configure_thread(false);
+    amx_configure_thread(AmxTiles::kBlocks);
     alignas(64) uint8_t a[16 * 32];
     alignas(64) int8_t b[8 * 64];
     for (int i = 0; i < 16 * 32; ++i) a[i] = 3;
@@ -74,6 +74,31 @@ double amx_int8_peak(ThreadPool& pool) {
     alignas(64) int32_t c[16 * 16];
     _tile_stored(0, c, 64);
     return static_cast<float>(c[0]);
+  });
+}
+
+// TDPBF16PS in Bf16Amx's shape (16 × 32 bf16 by 32 × 16: 8192 multiply-adds), four C tiles.
+double amx_bf16_peak(ThreadPool& pool) {
+  constexpr int64_t kAmxIters = kIters / 32;
+  return best_of_three(pool, static_cast<double>(kAmxIters) * 4 * 16 * 16 * 32 * 2, [] {
+    amx_configure_thread(AmxTiles::kBf16);
+    alignas(64) uint16_t a[16 * 32];
+    for (auto& v : a) v = 0x3f80;  // 1.0
+    _tile_loadd(1, a, 64);
+    _tile_loadd(2, a, 64);
+    _tile_zero(0);
+    _tile_zero(3);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int64_t it = 0; it < kAmxIters; ++it) {
+      _tile_dpbf16ps(0, 1, 2);
+      _tile_dpbf16ps(3, 1, 2);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 2);
+    }
+    alignas(64) float c[16 * 16];
+    _tile_stored(0, c, 64);
+    return c[0];
   });
 }
 

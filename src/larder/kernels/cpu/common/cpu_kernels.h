@@ -177,14 +177,19 @@ double int8_dot_peak(ThreadPool& pool);
 double bf16_dot_peak(ThreadPool& pool);
 // AMX TDPBUSD on all pool threads, GOP/s (gemm16's block sums where gemm_uses_amx()).
 double amx_int8_peak(ThreadPool& pool);
+// AMX TDPBF16PS on all pool threads, GFLOP/s (the BF16 GEMM where AMX-BF16 is used).
+double amx_bf16_peak(ThreadPool& pool);
 // Whether the prefill GEMM computes its block sums on AMX (amx_avx512.cpp): cpu_features().amx
 // unless set_gemm_amx changed it. set_gemm_amx(true) is ignored where AMX is not usable; tests
 // and kernel_bench use it to run both paths in one process.
 bool gemm_uses_amx();
 void set_gemm_amx(bool on);
-// Loads gemm16's tile configuration (whole blocks, or halves: 16-element half blocks) into the
-// calling thread's tile registers, unless it is the one loaded last.
-void amx_configure_thread(bool halves);
+// The AMX tile configurations: gemm16's whole 32-element blocks or 16-element half blocks
+// (gemm16_avx512.h), and the BF16 GEMM's (matmul_avx512.cpp Bf16Amx).
+enum class AmxTiles { kBlocks, kHalves, kBf16 };
+// Loads a tile configuration into the calling thread's tile registers, unless it is the one
+// loaded last.
+void amx_configure_thread(AmxTiles tiles);
 }  // namespace avx512
 
 // The ceiling of what the active table's prefill kernels issue, for benchmarks: int8 dot products

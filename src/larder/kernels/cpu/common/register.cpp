@@ -253,8 +253,8 @@ double active_int8_peak(ThreadPool& pool) {
   return avx512::gemm_uses_amx() ? avx512::amx_int8_peak(pool) : avx512::int8_dot_peak(pool);
 }
 double active_bf16_peak(ThreadPool& pool) {
-  return active_table().matmul[static_cast<int>(DType::kBF16)] == avx512::matmul_bf16 ? avx512::bf16_dot_peak(pool)
-                                                                                      : 0.0;
+  if (active_table().matmul[static_cast<int>(DType::kBF16)] != avx512::matmul_bf16) return 0.0;
+  return avx512::gemm_uses_amx() && cpu_features().amx_bf16 ? avx512::amx_bf16_peak(pool) : avx512::bf16_dot_peak(pool);
 }
 
 void register_fast_kernels(KernelTable& t) {
