@@ -27,9 +27,8 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 
-// The tiles of gemm16_avx512.h's AMX path (see the table there): whole 32-element blocks, or
-// the 16-element half blocks of the formats with a scale per 16 weights; and Bf16Amx's
-// (matmul_avx512.cpp), every tile 16 rows × 64 bytes.
+// The tiles of gemm16_avx512.h's AMX path (see the table there) and of Bf16Amx
+// (matmul_avx512.cpp, every tile 16 rows × 64 bytes).
 constexpr TileConfig make_config(AmxTiles mode) {
   TileConfig c{};
   c.palette_id = 1;
@@ -37,20 +36,13 @@ constexpr TileConfig make_config(AmxTiles mode) {
     c.rows[t] = static_cast<uint8_t>(rows);
     c.colsb[t] = static_cast<uint16_t>(colsb);
   };
-  if (mode == AmxTiles::kBf16) {
-    for (int t = 0; t < 8; ++t) set(t, 16, 64);
-    return c;
-  }
-  const bool halves = mode == AmxTiles::kHalves;
-  for (int t : {0, 3, 6, 7}) set(t, 16, 64);  // C: 16 rows × 16 int32
-  set(1, 16, halves ? 16 : 32);                // A: 16 rows of codes
-  set(4, 16, 32);
-  set(2, halves ? 4 : 8, 64);  // B: (16 tokens × 4 bytes) per 4 elements
-  set(5, halves ? 4 : 8, 64);
+  const bool bf16 = mode == AmxTiles::kBf16;
+  for (int t : {0, 3, 6, 7}) set(t, 16, 64);  // C: 16 rows × 16 int32 / f32
+  for (int t : {1, 4}) set(t, 16, bf16 ? 64 : 32);  // A: 16 weight rows (one 32-element block)
+  for (int t : {2, 5}) set(t, bf16 ? 16 : 8, 64);   // B: 16 tokens × 4 bytes per 4 (int8) or 2 (bf16) elements
   return c;
 }
-const TileConfig kConfigs[3] = {make_config(AmxTiles::kBlocks), make_config(AmxTiles::kHalves),
-                                make_config(AmxTiles::kBf16)};
+const TileConfig kConfigs[2] = {make_config(AmxTiles::kBlocks), make_config(AmxTiles::kBf16)};
 
 std::atomic<int> g_override{-1};  // -1: cpu_features().amx; 0 / 1: set_gemm_amx
 

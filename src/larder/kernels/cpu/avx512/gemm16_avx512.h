@@ -69,19 +69,25 @@ inline float hsum16(__m512 v) {
 // vpdpbusd) of the unpacked codes, [16 rows][32 B] = tile A, and the activation block as the GEMM
 // already lays it out, q[k4][lane][4] = tile B (8 rows of 64 B). One instruction then does the
 // work of 128 vpdpbusd (16 rows × 8), and what is left on the vector units is the per-block f32
-// fold of the scales — so the fold, not the dot products, bounds this path. Exact integer sums:
-// the results are bit-identical to the vpdpbusd path's (tests run both).
-// Tile registers (palette 1), loaded per thread by amx_configure_thread(halves):
-//   0, 3, 6, 7: C, 16 rows × 16 int32 — one per token group (halves: group 0's two halves in 0
-//               and 3, group 1's in 6 and 7)
-//   1, 4: A, 16 rows × 32 B of codes, alternate blocks (halves: tile 1, 16 rows × 16 B, stride 32)
-//   2, 5: B, 8 rows × 64 B of one activation block (halves: 4 rows × 64 B) — alternate groups
-// Blocks whose sums one pass of AMX writes before the fold reads them (4 groups × 4 blocks ×
-// 1 KiB = 16 KiB: in L1 beside the tile's codes and the activation blocks).
+// fold of the scales. Each block's sums must leave the tiles (a 1 KiB store per 8192 MACs, read
+// back by the fold): Q4_0 8192x2048, n = 512, 1 thread, Emerald Rapids spent ~60 % of its time
+// in the tile products and stores, ~30 % in the fold, ~8 % unpacking — not overlapped, which is
+// where this path has room left. Exact integer sums: the results are bit-identical to the
+// vpdpbusd path's (tests run both).
+// Formats with a scale per 16 elements (kZero < 0: Q6_K, Q2_K, Q3_K) stay on vpdpbusd: two
+// half-K products and stores per block made their AMX path slower (kernel_bench 8192x2048,
+// n = 512, 1 thread, Emerald Rapids, ms AMX / vpdpbusd: Q6_K 51–58 / 44–46, Q2_K 51 / 44, Q3_K
+// 52 / 46; Q5_K 30 / 38, IQ4_XS 30 / 38).
+// Tile registers (palette 1), loaded per thread by amx_configure_thread:
+//   0, 3, 6, 7: C, 16 rows × 16 int32 (row half × token group)
+//   1, 4: A, 16 rows × 32 B of codes — rows 0–15 and 16–31 of a 32-row chunk
+//   2, 5: B, 8 rows × 64 B of one activation block — groups g and g + 1
+// Blocks whose sums one pass of AMX writes before the fold reads them (4 C tiles × 4 blocks ×
+// 1 KiB = 16 KiB: in L1 beside the chunk's codes and the activation blocks).
 constexpr int64_t kAmxBatchBlocks = 4;
-// Token groups whose sums one block's A tile serves: 4 C tiles, or 2 × 2 halves (kZero < 0).
-constexpr int kAmxGroups = 4;
-constexpr int kAmxGroupsHalves = 2;
+// A chunk of the AMX path: 32 rows (two A tiles) × 2 token groups per pass.
+constexpr int64_t kAmxRows = 32;
+constexpr int kAmxGroups = 2;
 
 // From this many tokens on the integer formats run the GEMM below; fewer take the per-format
 // decode kernels, which stream the weights once per 4-token tile. The GEMM works in
@@ -355,148 +361,95 @@ struct Gemm16 {
     }
   }
 
-  // The int32 sums of blocks [b0, b1) (≤ kAmxBatchBlocks) of a 16-row tile against groups
-  // g, g+1, …, g+gc−1 (gc ≤ kAmxGroups; kAmxGroupsHalves for kZero < 0) on AMX, into
-  // out[j][b − b0][256] (kZero < 0: out[j][b − b0][half][256]). One A tile of codes per block
-  // serves every group, and the groups' dot products go to different C tiles, so consecutive
-  // TDPBUSDs are independent and each tile store overlaps the next product (one C tile
-  // zeroed, multiplied and stored per block in turn ran 3× slower: each step waited for the last).
+  // The int32 sums of blocks [b0, b1) (≤ kAmxBatchBlocks) of a 32-row chunk (codes [nb][32][32])
+  // on AMX: row halves h (A tiles 1, 4) × groups g, g+1 (B tiles 2, 5; gc ≤ 2) into
+  // out[j][b − b0][h][256]. Four independent products per block, each B tile serving both row
+  // halves (one B load per two products: half the L2 traffic of one A tile against four
+  // groups), and every store overlapping the next product.
   void amx_sums(const uint8_t* codes, int64_t g, int gc, int64_t b0, int64_t b1, int32_t* out) const {
     const int64_t nbb = b1 - b0;
     for (int64_t b = b0; b < b1; ++b) {
-      const uint8_t* cb = codes + b * 16 * 32;
+      const uint8_t* cb = codes + b * kAmxRows * 32;
       const int64_t ob = b - b0;
-      if constexpr (F::kZero < 0) {
-        // out[j][ob][h]: halves h = 0, 1 of group j at out + ((j·nbb + ob)·2 + h)·256.
-        int32_t* o0 = out + (0 * nbb + ob) * 512;
-        int32_t* o1 = out + (1 * nbb + ob) * 512;
-        const uint8_t* a0 = a.block(g, b);
-        const uint8_t* a1 = gc > 1 ? a.block(g + 1, b) : a0;
-        _tile_loadd(1, cb, 32);  // codes 0..15 of each row
-        _tile_zero(0);
-        _tile_loadd(2, a0, 64);
-        _tile_dpbusd(0, 1, 2);
-        if (gc > 1) {
-          _tile_zero(6);
-          _tile_loadd(5, a1, 64);
-          _tile_dpbusd(6, 1, 5);
-        }
-        _tile_loadd(1, cb + 16, 32);  // codes 16..31
+      const uint8_t* ab = a.block(g, b);
+      auto o = [&](int j, int h) { return out + ((j * nbb + ob) * 2 + h) * 256; };
+      _tile_loadd(1, cb, 32);
+      _tile_loadd(2, ab, 64);
+      _tile_zero(0);
+      _tile_dpbusd(0, 1, 2);
+      _tile_loadd(4, cb + 16 * 32, 32);
+      _tile_zero(6);
+      _tile_dpbusd(6, 4, 2);
+      if (gc > 1) {
+        _tile_loadd(5, a.block(g + 1, b), 64);
         _tile_zero(3);
-        _tile_loadd(2, a0 + 256, 64);
-        _tile_dpbusd(3, 1, 2);
-        if (gc > 1) {
-          _tile_zero(7);
-          _tile_loadd(5, a1 + 256, 64);
-          _tile_dpbusd(7, 1, 5);
-        }
-        _tile_stored(0, o0, 64);
-        _tile_stored(3, o0 + 256, 64);
-        if (gc > 1) {
-          _tile_stored(6, o1, 64);
-          _tile_stored(7, o1 + 256, 64);
-        }
-      } else {
-        // A alternates between tiles 1 and 4 by block: tiles are not renamed, so reloading one
-        // A waits until every product reading the last one is done.
-        // (The tile intrinsics take their tile numbers as literal macro arguments, hence a macro.)
-        auto o = [&](int j) { return out + (j * nbb + ob) * 256; };
-#define LARDER_AMX_WHOLE_BLOCK(TA)               \
-  _tile_loadd(TA, cb, 32);                       \
-  _tile_zero(0);                                 \
-  _tile_loadd(2, a.block(g, b), 64);             \
-  _tile_dpbusd(0, TA, 2);                        \
-  if (gc > 1) {                                  \
-    _tile_zero(3);                               \
-    _tile_loadd(5, a.block(g + 1, b), 64);       \
-    _tile_dpbusd(3, TA, 5);                      \
-  }                                              \
-  _tile_stored(0, o(0), 64);                     \
-  if (gc > 1) _tile_stored(3, o(1), 64);         \
-  if (gc > 2) {                                  \
-    _tile_zero(6);                               \
-    _tile_loadd(2, a.block(g + 2, b), 64);       \
-    _tile_dpbusd(6, TA, 2);                      \
-  }                                              \
-  if (gc > 3) {                                  \
-    _tile_zero(7);                               \
-    _tile_loadd(5, a.block(g + 3, b), 64);       \
-    _tile_dpbusd(7, TA, 5);                      \
-  }                                              \
-  if (gc > 2) _tile_stored(6, o(2), 64);         \
-  if (gc > 3) _tile_stored(7, o(3), 64);
-        if (ob & 1) {
-          LARDER_AMX_WHOLE_BLOCK(4)
-        } else {
-          LARDER_AMX_WHOLE_BLOCK(1)
-        }
-#undef LARDER_AMX_WHOLE_BLOCK
+        _tile_dpbusd(3, 1, 5);
+        _tile_zero(7);
+        _tile_dpbusd(7, 4, 5);
+      }
+      _tile_stored(0, o(0, 0), 64);
+      _tile_stored(6, o(0, 1), 64);
+      if (gc > 1) {
+        _tile_stored(3, o(1, 0), 64);
+        _tile_stored(7, o(1, 1), 64);
       }
     }
   }
 
-  // tile<16> for groups g .. g+gc−1 with the block sums from AMX (amx_sums into `sums`, 2 × 16 KiB);
-  // c: the first group's [16][16] partial sums, the next groups' follow. The fold is tile()'s
-  // arithmetic in the same order, so the bits are the same.
+  // A 32-row chunk (u: codes [nb][32][32], scales and biases [ng][32]) × groups g .. g+gc−1 over
+  // blocks [b0, b1), the block sums from AMX (amx_sums, into `sums`: 2 × 16 KiB); c: the
+  // chunk's partial sums, [group][32 rows][16]. The fold is tile()'s arithmetic in the same
+  // order, so the bits are the same.
   void tile_amx(const Unpacked& u, int64_t r0, int64_t g, int gc, int64_t b0, int64_t b1, float* c, bool first,
                 bool last, int32_t* sums) const {
-    constexpr int R = 16;
+    static_assert(F::kZero >= 0, "formats with 16-element scales stay on vpdpbusd (see run_gemm16)");
     const int64_t bpg = f.blocks_per_group();
     // Batches of whole scale groups (bpg divides kAmxBatchBlocks: 1, 2 or 4).
     const int64_t batch = std::max<int64_t>(kAmxBatchBlocks / bpg, 1) * bpg;
     // Software-pipelined: the tile unit computes batch k + 1 while the vector units fold batch k
     // (two buffers). In program order the fold of a batch comes long after its stores, so the
-    // next batch's tile instructions no longer wait behind a whole fold in the reorder window.
-    constexpr int64_t kBuf = kAmxBatchBlocks * kAmxGroups * 256;
+    // next batch's tile instructions need not wait behind a whole fold in the reorder window.
+    constexpr int64_t kBuf = kAmxBatchBlocks * 4 * 256;
     amx_sums(u.codes, g, gc, b0, std::min(b1, b0 + batch), sums);
     for (int64_t bb = b0, k = 0; bb < b1; bb += batch, ++k) {
       const int64_t be = std::min(b1, bb + batch), nbb = be - bb;
       if (be < b1) amx_sums(u.codes, g, gc, be, std::min(b1, be + batch), sums + ((k + 1) & 1) * kBuf);
-      int32_t* sk = sums + (k & 1) * kBuf;
+      const int32_t* sk = sums + (k & 1) * kBuf;
+      const bool init = first && bb == b0, store_y = last && be == b1;
       for (int j = 0; j < gc; ++j) {
-        const int64_t gj = g + j;
-        float* cj = c + j * R * 16;
-        const bool init = first && bb == b0, store_y = last && be == b1;
-        fold(u, gj, bb, be, sk + j * nbb * (F::kZero < 0 ? 512 : 256), cj, init, store_y, r0);
+        for (int h = 0; h < 2; ++h) {
+          // Sums of (group j, row half h): [block][h][16 rows][16 tokens].
+          fold(u, h, g + j, bb, be, sk + (j * nbb * 2 + h) * 256, 512, c + (j * kAmxRows + 16 * h) * 16, init,
+               store_y, r0 + 16 * h);
+        }
       }
     }
   }
 
-  // Folds the block sums s of blocks [bb, be) (s[b − bb][r][t], halves: s[b − bb][h][r][t]) for
-  // group g into the partial sums c (zero when init) and stores them back, or y when store_y.
-  void fold(const Unpacked& u, int64_t g, int64_t bb, int64_t be, const int32_t* s, float* c, bool init, bool store_y,
-            int64_t r0) const {
+  // Folds the block sums of row half h (rows 16h..16h+15 of the 32-row chunk u) for group g,
+  // blocks [bb, be) — s + (b − bb)·ss = [16 rows][16 tokens] — into the partial sums c (zero
+  // when init) and stores them back, or y (rows r0..) when store_y.
+  void fold(const Unpacked& u, int h, int64_t g, int64_t bb, int64_t be, const int32_t* s, int64_t ss, float* c,
+            bool init, bool store_y, int64_t r0) const {
     constexpr int R = 16;
+    constexpr int RS = kAmxRows;  // the scale arrays' row stride
+    const float* scale = u.scale + 16 * h;
+    const float* bias = u.bias + 16 * h;
     const int64_t bpg = f.blocks_per_group();
     __m512 acc[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) acc[r] = init ? _mm512_setzero_ps() : _mm512_load_ps(c + 16 * r);
     for (int64_t b = bb; b < be; b += bpg) {
-      const int64_t gi = F::kZero < 0 ? b : b / bpg;
-      if constexpr (F::kZero < 0) {
-        const int32_t* lo = s + (b - bb) * 512;
-        const __m512 dx = _mm512_loadu_ps(a.d + b * a.n_pad + 16 * g);
-        const __m512 h0 = _mm512_loadu_ps(a.bs16 + 2 * b * a.n_pad + 16 * g);
-        const __m512 h1 = _mm512_loadu_ps(a.bs16 + (2 * b + 1) * a.n_pad + 16 * g);
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) {
-          const float* sc = u.scale + 2 * b * R + r;
-          const float* bi = u.bias + 2 * b * R + r;
-          __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(lo + 16 * r)), _mm512_set1_ps(sc[0]));
-          t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(lo + 256 + 16 * r)), _mm512_set1_ps(sc[R]), t);
-          acc[r] = _mm512_fmadd_ps(t, dx, acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(bi[0]), h0, acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(bi[R]), h1, acc[r]);
-        }
-      } else if constexpr (F::kZero > 0) {
-        const int32_t* sb = s + (b - bb) * 256;
+      const int64_t gi = b / bpg;
+      if constexpr (F::kZero > 0) {
+        const int32_t* sb = s + (b - bb) * ss;
         const __m512 dx = _mm512_loadu_ps(a.d + b * a.n_pad + 16 * g);
         const __m512 zb = _mm512_mul_ps(_mm512_loadu_ps(a.bs + b * a.n_pad + 16 * g),
                                         _mm512_set1_ps(static_cast<float>(F::kZero)));
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
           const __m512 t = _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sb + 16 * r)), dx, zb);
-          acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(u.scale[gi * R + r]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(scale[gi * RS + r]), acc[r]);
         }
       } else {
         const __m512 gq = _mm512_loadu_ps(gsum + gi * a.n_pad + 16 * g);
@@ -505,10 +458,10 @@ struct Gemm16 {
           __m512 accg = _mm512_setzero_ps();
           for (int64_t j = 0; j < bpg; ++j) {
             const __m512 dx = _mm512_loadu_ps(a.d + (b + j) * a.n_pad + 16 * g);
-            accg = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(s + (b + j - bb) * 256 + 16 * r)), dx, accg);
+            accg = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(s + (b + j - bb) * ss + 16 * r)), dx, accg);
           }
-          acc[r] = _mm512_fmadd_ps(accg, _mm512_set1_ps(u.scale[gi * R + r]), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(u.bias[gi * R + r]), gq, acc[r]);
+          acc[r] = _mm512_fmadd_ps(accg, _mm512_set1_ps(scale[gi * RS + r]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(bias[gi * RS + r]), gq, acc[r]);
         }
       }
     }
@@ -571,12 +524,14 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
   const int64_t n_gb = (groups + gb - 1) / gb;
   // Blocks per K slice: what fits the budget for gb groups, in whole scale groups.
   const int64_t kc = std::min(nb, std::max<int64_t>(1, kActBudget / (gb * 512) / bpg) * bpg);
-  const int64_t n_rb = (rows + kBlockRows - 1) / kBlockRows;
+  // AMX (where usable for this format): 32-row chunks, the last ragged one on the vpdpbusd tiles.
+  const bool amx = F::kZero >= 0 && gemm_uses_amx() && bpg <= kAmxBatchBlocks;
+  const int64_t crows = amx ? kAmxRows : kBlockRows;
+  const int64_t n_rb = (rows + crows - 1) / crows;
   const int64_t unit = 2 * ng;  // scale + bias floats per row
-  const bool amx = gemm_uses_amx();
   default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
     const int64_t ib = c % n_rb, ig = c / n_rb;
-    const int64_t r0 = ib * kBlockRows, r1 = std::min(rows, r0 + kBlockRows);
+    const int64_t r0 = ib * crows, r1 = std::min(rows, r0 + crows);
     const int64_t g0 = ig * gb, g1 = std::min(groups, g0 + gb);
     const int64_t nr = r1 - r0, ngc = g1 - g0;
     auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nr * nb) * 32, 4));
@@ -585,24 +540,24 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
         thread_scratch((sc_floats + static_cast<size_t>(ngc * nr * 16)) * sizeof(float), 5));
     float* tmp = sc + nr * unit;   // one row's scales and biases
     float* part = sc + sc_floats;  // [ngc][nr][16]
-    static_assert(kBlockRows == 16, "tile_amx is one 16-row tile");
-    if (amx && nr == kBlockRows && bpg <= kAmxBatchBlocks) {  // one 16-row tile, its block sums on AMX
-      amx_configure_thread(F::kZero < 0 ? AmxTiles::kHalves : AmxTiles::kBlocks);
-      alignas(64) int32_t sums[2 * kAmxBatchBlocks * kAmxGroups * 256];
-      static_assert(kAmxGroupsHalves * 2 <= kAmxGroups, "the halves' sums fit the same buffer");
-      constexpr int gmax = F::kZero < 0 ? kAmxGroupsHalves : kAmxGroups;
-      const typename Gemm16<F>::Unpacked u16 = k.template unpack<kBlockRows>(r0, codes, sc, tmp);
-      for (int64_t b0 = 0; b0 < nb; b0 += kc) {
-        const int64_t b1 = std::min(nb, b0 + kc);
-        for (int64_t g = g0; g < g1; g += gmax) {
-          const int gc = static_cast<int>(std::min<int64_t>(gmax, g1 - g));
-          k.tile_amx(u16, r0, g, gc, b0, b1, part + (g - g0) * nr * 16, b0 == 0, b1 == nb, sums);
+    if constexpr (F::kZero >= 0) {
+      if (amx && nr == kAmxRows) {
+        amx_configure_thread(AmxTiles::kBlocks);
+        alignas(64) int32_t sums[2 * kAmxBatchBlocks * 4 * 256];
+        constexpr int gmax = kAmxGroups;
+        const typename Gemm16<F>::Unpacked u32 = k.template unpack<kAmxRows>(r0, codes, sc, tmp);
+        for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+          const int64_t b1 = std::min(nb, b0 + kc);
+          for (int64_t g = g0; g < g1; g += gmax) {
+            const int gc = static_cast<int>(std::min<int64_t>(gmax, g1 - g));
+            k.tile_amx(u32, r0, g, gc, b0, b1, part + (g - g0) * nr * 16, b0 == 0, b1 == nb, sums);
+          }
         }
+        return;
       }
-      return;
     }
     // Tile i of the row block (rows r..r+R) unpacks to codes + (r − r0)·nb·32 and sc + (r − r0)·unit.
-    typename Gemm16<F>::Unpacked u[kBlockRows];
+    typename Gemm16<F>::Unpacked u[kAmxRows];
     for_each_tile(r0, r1, [&]<int R>(int64_t r) {
       u[r - r0] = k.template unpack<R>(r, codes + (r - r0) * nb * 32, sc + (r - r0) * unit, tmp);
     });

@@ -184,9 +184,9 @@ double amx_bf16_peak(ThreadPool& pool);
 // and kernel_bench use it to run both paths in one process.
 bool gemm_uses_amx();
 void set_gemm_amx(bool on);
-// The AMX tile configurations: gemm16's whole 32-element blocks or 16-element half blocks
-// (gemm16_avx512.h), and the BF16 GEMM's (matmul_avx512.cpp Bf16Amx).
-enum class AmxTiles { kBlocks, kHalves, kBf16 };
+// The AMX tile configurations: gemm16's int8 blocks (gemm16_avx512.h) and the BF16 GEMM's
+// (matmul_avx512.cpp Bf16Amx).
+enum class AmxTiles { kBlocks, kBf16 };
 // Loads a tile configuration into the calling thread's tile registers, unless it is the one
 // loaded last.
 void amx_configure_thread(AmxTiles tiles);
