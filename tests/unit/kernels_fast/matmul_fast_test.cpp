@@ -137,6 +137,8 @@ std::vector<Case> cases(bool float_format) {
   // The AVX-512 integer GEMM: 530 tokens = two chunks of token groups; 2080 columns = K slices of
   // 32 blocks with a ragged last one; 21 rows = 8-, 4- and 1-row tiles.
   cs.push_back({21, 2080, 530});
+  // Its AMX path where usable: a 32-row chunk, then 13 rows on the 8-, 4- and 1-row tiles.
+  cs.push_back({45, 2080, 530});
   if (float_format) {
     // The AVX-512 BF16 GEMM (n >= 16): several 512-pair K slices with a ragged last one and
     // ragged rows (8/4/1-row tiles); 19 token groups = two chunks of groups, the last ragged.
@@ -530,8 +532,8 @@ TEST(Registration, FastTierOverwritesMatmulEntries) {
 // The prefill GEMM's AMX path (gemm16_avx512.h tile_amx: TDPBUSD block sums, then the same f32
 // fold) against its vpdpbusd path in one process: exact integer sums and the same fold order, so
 // the outputs must be the same bits. 37 rows = a 32-row AMX chunk and a 5-row remainder on the
-// vpdpbusd tiles; 530 tokens = a chunk of 32 token groups (16 pairs) and one of 2, 40 tokens = a
-// pair and a lone group; 1280 columns = K slices of 32 blocks and a ragged one. Random bytes are
+// vpdpbusd tiles; 530 tokens = a chunk of 32 token groups (16 pairs) and one of 2, 72 tokens = two
+// pairs and a lone group; 1280 columns = K slices of 32 blocks and a ragged one. Random bytes are
 // valid codes in every format; the f16 scale fields are overwritten with finite values. (Q6_K,
 // Q2_K, Q3_K stay on vpdpbusd either way: their cases check that the switch leaves them alone.)
 // Skips where AMX is not usable.
@@ -554,7 +556,7 @@ TEST(GemmAmx, BitIdenticalToVnniPath) {
   std::uniform_real_distribution<float> mag(0.0005f, 0.01f);
   const int64_t rows = 37, cols = 1280;
   auto run_both = [&](MatmulFn fn, const WeightView& w, const std::string& what) {
-    for (int64_t n : {17, 40, 530}) {
+    for (int64_t n : {72, 530}) {
       const std::vector<float> x = make_acts(n, cols, rng);
       std::vector<float> y_amx(static_cast<size_t>(n * rows)), y_vnni(y_amx.size());
       cpu::avx512::set_gemm_amx(true);

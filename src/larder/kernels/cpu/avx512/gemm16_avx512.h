@@ -88,6 +88,12 @@ constexpr int64_t kAmxBatchBlocks = 4;
 // A chunk of the AMX path: 32 rows (two A tiles) × 2 token groups per pass.
 constexpr int64_t kAmxRows = 32;
 constexpr int kAmxGroups = 2;
+// Fewer token groups stay on vpdpbusd: with one or two groups each tile register is reloaded
+// before the products reading it finish, and the unit idles on the chain. kernel_bench
+// 8192x2048, 2 threads, Emerald Rapids, µs AMX / vpdpbusd: n = 16: Q4_0 2027 / 1474, Q4_K 1709 /
+// 1378; n = 32: 2276 / 1989, 1973 / 2250; n = 64: 3243 / 3655, 2864 / 3464; n = 128: 5039 / 5790,
+// 4871 / 6092.
+constexpr int64_t kAmxMinGroups = 4;
 
 // From this many tokens on the integer formats run the GEMM below; fewer take the per-format
 // decode kernels, which stream the weights once per 4-token tile. The GEMM works in
@@ -525,7 +531,7 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
   // Blocks per K slice: what fits the budget for gb groups, in whole scale groups.
   const int64_t kc = std::min(nb, std::max<int64_t>(1, kActBudget / (gb * 512) / bpg) * bpg);
   // AMX (where usable for this format): 32-row chunks, the last ragged one on the vpdpbusd tiles.
-  const bool amx = F::kZero >= 0 && gemm_uses_amx() && bpg <= kAmxBatchBlocks;
+  const bool amx = F::kZero >= 0 && gemm_uses_amx() && bpg <= kAmxBatchBlocks && groups >= kAmxMinGroups;
   const int64_t crows = amx ? kAmxRows : kBlockRows;
   const int64_t n_rb = (rows + crows - 1) / crows;
   const int64_t unit = 2 * ng;  // scale + bias floats per row
