@@ -9,7 +9,8 @@
 //   avx512/  AVX-512 F/BW/VL/DQ + VNNI + BF16: Q8_0, Q4_0, Q4_K, Q6_K, the other GGUF formats and MLX affine prefill on one
 //            16-token-lane vpdpbusd GEMM (gemm16_avx512.h); decode kernels with 64 weights per zmm
 //            for Q4_0, Q4_K, Q5_K, Q3_K, Q2_K (integer super-block sums over QuantizedActsK), Q6_K, IQ4_NL, IQ4_XS, MLX 4/8-bit (the other MLX widths decode on AVX2), VNNI Q8_0;
-//            BF16 prefill and decode on vdpbf16ps.
+//            BF16 prefill and decode on vdpbf16ps. Where the CPU has AMX (amx_avx512.cpp), the
+//            integer GEMM's block sums run on TDPBUSD and the BF16 GEMM on TDPBF16PS.
 //            Its functions may only be *called* after cpu_features().has_avx512_tier().
 // Both tiers run on the process-wide core/threadpool.h pool.
 #pragma once
