@@ -362,7 +362,8 @@ def print_table(levels):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(REPO, "build/bin/larder"))
-    ap.add_argument("--llama-server", default=DEFAULT_LLAMA)
+    ap.add_argument("--llama-server", default=DEFAULT_LLAMA,
+                    help="default: built by bench/llamacpp_compare.sh --build-only --server when missing")
     ap.add_argument("--model", required=True, help="a GGUF file both servers load")
     ap.add_argument("--levels", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=3)
@@ -380,6 +381,9 @@ def main():
     # A timeout's SIGTERM unwinds through the finally blocks, so no server is left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     skip = set(filter(None, args.skip.split(",")))
+    if args.llama_server == DEFAULT_LLAMA and not os.path.exists(DEFAULT_LLAMA):
+        # The peer is built from the llama-cpp-python sdist like llama-bench (a few minutes, once).
+        subprocess.run([os.path.join(HERE, "llamacpp_compare.sh"), "--build-only", "--server"], check=True)
     log_dir = tempfile.mkdtemp(prefix="concurrency_bench_")
     eos_ids = gguf_eos_ids(args.model)
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # larder vs llama.cpp, side by side in one run (issue 3, deliverable 4).
 #
-#   bench/llamacpp_compare.sh [--build-only] [--models-only] [--rounds R] [--threads "1 2"] [--models "llama1b"]
+#   bench/llamacpp_compare.sh [--build-only] [--server] [--models-only] [--rounds R] [--threads "1 2"] [--models "llama1b"]
 #                             [--cases "gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"] [--larder BIN] [--out DIR]
 #                             [--nice N (default 10; 0 = not niced)] [--wait-load L] [-p 512] [-n 128]
 #                             [--busy N] [--profile] [-d DEPTH] [--lock FILE] [--gate FILE]
 #
+#   --server    also build llama-server (bench/concurrency_bench.py's peer; with --build-only: just that)
 #   --busy N    keep N busy-loop processes running during every engine run (a core taken by
 #               another process; both engines under the same load)
 #   --profile   larder bench --profile: its per-op decode timeline lands in raw.jsonl
@@ -56,12 +57,14 @@ OUT=""
 NICE="${NICE:-10}"
 WAIT_LOAD=0
 BUILD_ONLY=0
+SERVER=0
 MODELS_ONLY=0
 EXTRA=()
 
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-only) BUILD_ONLY=1 ;;
+    --server) SERVER=1 ;;
     --models-only) MODELS_ONLY=1 ;;
     --cases) CASES="$2"; [ "$CASES" = formats ] && CASES="$FORMAT_CASES"; shift ;;
     --rounds) ROUNDS="$2"; shift ;;
@@ -131,6 +134,15 @@ if [ ! -x "$BENCH_BIN" ]; then
     || { tail -30 "$LCPP/build.log" >&2; exit 1; }
 fi
 log "llama-bench: $BENCH_BIN (llama-cpp-python $VER, llama.cpp $LCPP_COMMIT)"
+# llama-server for bench/concurrency_bench.py: the same build, its server target switched on.
+if [ "$SERVER" = 1 ] && [ ! -x "$LCPP/build/bin/llama-server" ]; then
+  log "building llama-server in $LCPP/build"
+  nice -n 10 cmake "$LCPP/build" -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >>"$LCPP/configure.log" 2>&1 \
+    || { tail -30 "$LCPP/configure.log" >&2; exit 1; }
+  nice -n 10 cmake --build "$LCPP/build" -j2 --target llama-server >"$LCPP/build-server.log" 2>&1 \
+    || { tail -30 "$LCPP/build-server.log" >&2; exit 1; }
+fi
+[ "$SERVER" = 1 ] && log "llama-server: $LCPP/build/bin/llama-server"
 [ "$BUILD_ONLY" = 1 ] && exit 0
 
 # ---------------------------------------------------------------------------------------------
