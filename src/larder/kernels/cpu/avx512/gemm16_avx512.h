@@ -317,6 +317,13 @@ struct Gemm16 {
         }
       }
     }
+    finish<R>(acc, c, last, g, r0);
+  }
+
+  // A tile's accumulators (R rows × the 16 tokens of group g): to its partial sums c, or when
+  // `last` to y rows r0.. (the group's real tokens only).
+  template <int R>
+  LARDER_GEMM_INLINE void finish(const __m512 (&acc)[R], float* c, bool last, int64_t g, int64_t r0) const {
     if (!last) {
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) _mm512_store_ps(c + 16 * r, acc[r]);
@@ -471,17 +478,7 @@ struct Gemm16 {
         }
       }
     }
-    if (!store_y) {
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) _mm512_store_ps(c + 16 * r, acc[r]);
-      return;
-    }
-    const int64_t t0 = 16 * g, nt = std::min<int64_t>(16, a.n - t0);
-    alignas(64) float out[R][16];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], acc[r]);
-    for (int64_t t = 0; t < nt; ++t)
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = out[r][t];
+    finish<R>(acc, c, store_y, g, r0);
   }
 };
 
