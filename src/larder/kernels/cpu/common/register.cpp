@@ -74,23 +74,34 @@ std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols,
 // element), so honest differences stay near 2^-8 of the output scale; the check allows 2^-6.
 // A lane or layout bug is off by the order of the output itself. On disagreement the AVX2
 // kernel stays for that format and a warning says so: a wrong fast path must never serve garbage.
-bool agree_on(const WeightView& v, MatmulFn fast, MatmulFn trusted) {
+bool agree_at(const WeightView& v, MatmulFn fast, MatmulFn trusted, int64_t n) {
   const int64_t rows = v.rows, cols = v.cols;
-  // Token counts: single-token and 2/3/4-token decode tiles, the 8-token GEMM switch-over, one
-  // and two 16-token GEMM groups with ragged tails.
-  for (int64_t n : {1, 2, 3, 4, 6, 9, 17, 33}) {
-    std::vector<float> x(static_cast<size_t>(n * cols)), y_fast(static_cast<size_t>(n * rows)),
-        y_trusted(y_fast.size());
-    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(n));
-    fast(v, x.data(), n, y_fast.data());
-    trusted(v, x.data(), n, y_trusted.data());
-    double scale = 1e-3;
-    for (float y : y_trusted) scale = std::max(scale, std::fabs(static_cast<double>(y)));
-    for (size_t i = 0; i < y_fast.size(); ++i) {
-      if (!(std::fabs(static_cast<double>(y_fast[i]) - y_trusted[i]) <= scale / 64)) return false;
-    }
+  std::vector<float> x(static_cast<size_t>(n * cols)), y_fast(static_cast<size_t>(n * rows)), y_trusted(y_fast.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(n));
+  fast(v, x.data(), n, y_fast.data());
+  trusted(v, x.data(), n, y_trusted.data());
+  double scale = 1e-3;
+  for (float y : y_trusted) scale = std::max(scale, std::fabs(static_cast<double>(y)));
+  for (size_t i = 0; i < y_fast.size(); ++i) {
+    if (!(std::fabs(static_cast<double>(y_fast[i]) - y_trusted[i]) <= scale / 64)) return false;
   }
   return true;
+}
+
+bool agree_on(const WeightView& v, MatmulFn fast, MatmulFn trusted) {
+  // Token counts: single-token and 2/3/4-token decode tiles, the 8-token GEMM switch-over, one
+  // and two 16-token GEMM groups with ragged tails.
+  for (int64_t n : {1, 2, 3, 4, 6, 9, 17, 33})
+    if (!agree_at(v, fast, trusted, n)) return false;
+  // The AMX prefill paths (from 64 tokens and 32 rows; 37 rows × 70 tokens = a 32-row chunk, two
+  // group pairs and a lone group). CI cannot run them either, so they are checked the same way;
+  // a disagreement turns AMX off for the process and keeps the AVX-512 kernels.
+  if (avx512::gemm_uses_amx() && !agree_at(v, fast, trusted, 70)) {
+    LARDER_LOG_WARN("[kernels] the AMX prefill path disagrees with the AVX2 kernel on %s weights: AMX is off",
+                    dtype_info(v.dtype).name);
+    avx512::set_gemm_amx(false);
+  }
+  return agree_at(v, fast, trusted, 70);
 }
 
 bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
