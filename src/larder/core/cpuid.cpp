@@ -38,16 +38,17 @@ int count_physical_cores() {
   return n > 0 ? n : 1;
 }
 
-// AMX-TILE and AMX-INT8 (cpuid leaf 7 EDX bits 24, 25), the tile state enabled by the OS (XCR0
+// AMX-TILE and AMX-INT8 (cpuid leaf 7 EDX bits 24, 25; *bf16 = bit 22, AMX-BF16), the tile state enabled by the OS (XCR0
 // bits 17 TILECFG, 18 TILEDATA), and this process's permission to use the tile data, asked for
 // once here (Linux ≥ 5.16: ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; the grant is per process
 // and covers every thread, the pool's included).
-bool amx_usable() {
+bool amx_usable(bool* bf16) {
   unsigned a, b, c, d;
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
   if (a < 7) return false;
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
   if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;
+  *bf16 = (d >> 22) & 1u;  // AMX-BF16
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
   if (!((c >> 27) & 1u)) return false;  // OSXSAVE: xgetbv is available
   unsigned lo, hi;
@@ -88,10 +89,10 @@ CpuFeatures detect() {
     f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512vnni = f.avx512bf16 = false;
   }
   const char* amx_env = std::getenv("LARDER_AMX");
-  if (f.avx512f && !(amx_env && std::strcmp(amx_env, "0") == 0)) f.amx = amx_usable();
-  if (f.amx) {
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    f.amx_bf16 = (d >> 22) & 1u;
+  if (f.avx512f && !(amx_env && std::strcmp(amx_env, "0") == 0)) {
+    bool bf16 = false;
+    f.amx = amx_usable(&bf16);
+    f.amx_bf16 = f.amx && bf16;
   }
   // Zen 3 is family 19h too, without AVX-512 (and without the AVX-512 kernels the choice is for).
   f.zen4_decode_tiles = f.amd && f.family == 0x19 && f.avx512f;

@@ -53,6 +53,8 @@ bool gemm_uses_amx() {
   return o < 0 ? cpu_features().amx : o == 1;
 }
 
+bool bf16_gemm_uses_amx() { return gemm_uses_amx() && cpu_features().amx_bf16; }
+
 void set_gemm_amx(bool on) { g_override.store(on && cpu_features().amx ? 1 : 0, std::memory_order_relaxed); }
 
 void amx_configure_thread(AmxTiles tiles) {

@@ -88,6 +88,8 @@ constexpr int64_t kAmxBatchBlocks = 4;
 // A chunk of the AMX path: 32 rows (two A tiles) × 2 token groups per pass.
 constexpr int64_t kAmxRows = 32;
 constexpr int kAmxGroups = 2;
+// int32 sums one batch leaves for the fold: blocks × groups × row halves × a 16 × 16 tile.
+constexpr int64_t kAmxBatchSums = kAmxBatchBlocks * kAmxGroups * 2 * 256;
 // Fewer token groups stay on vpdpbusd: with one or two groups each tile register is reloaded
 // before the products reading it finish, and the unit idles on the chain. kernel_bench
 // 8192x2048, 2 threads, Emerald Rapids, µs AMX / vpdpbusd: n = 16: Q4_0 2027 / 1474, Q4_K 1709 /
@@ -422,12 +424,11 @@ struct Gemm16 {
     // Software-pipelined: the tile unit computes batch k + 1 while the vector units fold batch k
     // (two buffers). In program order the fold of a batch comes long after its stores, so the
     // next batch's tile instructions need not wait behind a whole fold in the reorder window.
-    constexpr int64_t kBuf = kAmxBatchBlocks * 4 * 256;
     amx_sums(u.codes, g, gc, b0, std::min(b1, b0 + batch), sums);
     for (int64_t bb = b0, k = 0; bb < b1; bb += batch, ++k) {
       const int64_t be = std::min(b1, bb + batch), nbb = be - bb;
-      if (be < b1) amx_sums(u.codes, g, gc, be, std::min(b1, be + batch), sums + ((k + 1) & 1) * kBuf);
-      const int32_t* sk = sums + (k & 1) * kBuf;
+      if (be < b1) amx_sums(u.codes, g, gc, be, std::min(b1, be + batch), sums + ((k + 1) & 1) * kAmxBatchSums);
+      const int32_t* sk = sums + (k & 1) * kAmxBatchSums;
       const bool init = first && bb == b0, store_y = last && be == b1;
       for (int j = 0; j < gc; ++j) {
         for (int h = 0; h < 2; ++h) {
@@ -546,13 +547,12 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
     if constexpr (F::kZero >= 0) {
       if (amx && nr == kAmxRows) {
         amx_configure_thread(AmxTiles::kBlocks);
-        alignas(64) int32_t sums[2 * kAmxBatchBlocks * 4 * 256];
-        constexpr int gmax = kAmxGroups;
+        alignas(64) int32_t sums[2 * kAmxBatchSums];
         const typename Gemm16<F>::Unpacked u32 = k.template unpack<kAmxRows>(r0, codes, sc, tmp);
         for (int64_t b0 = 0; b0 < nb; b0 += kc) {
           const int64_t b1 = std::min(nb, b0 + kc);
-          for (int64_t g = g0; g < g1; g += gmax) {
-            const int gc = static_cast<int>(std::min<int64_t>(gmax, g1 - g));
+          for (int64_t g = g0; g < g1; g += kAmxGroups) {
+            const int gc = static_cast<int>(std::min<int64_t>(kAmxGroups, g1 - g));
             k.tile_amx(u32, r0, g, gc, b0, b1, part + (g - g0) * nr * 16, b0 == 0, b1 == nb, sums);
           }
         }

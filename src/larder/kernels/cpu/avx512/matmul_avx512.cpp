@@ -486,7 +486,7 @@ void gemm_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t kp = w.cols / 2;
   const Bf16Gemm k{w.data, w.row_bytes(), w.rows, kp, n, bf16_token_lanes(x, n, w.cols), y};
   const Bf16Plan plan(n, kp);
-  const Bf16Chunks chunks(k, plan, gemm_uses_amx() && cpu_features().amx_bf16);
+  const Bf16Chunks chunks(k, plan, bf16_gemm_uses_amx());
   const int64_t n_rb = chunks.row_blocks();
   // Group block outermost: consecutive chunks share their activation slices.
   default_pool().parallel_for(n_rb * chunks.n_gb, [&](int64_t c, int) { chunks.run(c % n_rb, c / n_rb); });
@@ -1028,7 +1028,7 @@ void matmul_multi_bf16(const WeightView* ws, float* const* ys, int count, const 
   const int64_t kp = cols / 2;
   const uint32_t* xl = bf16_token_lanes(x, n, cols);
   const Bf16Plan plan(n, kp);
-  const bool amx = gemm_uses_amx() && cpu_features().amx_bf16;
+  const bool amx = bf16_gemm_uses_amx();
   Bf16Gemm ks[kMax];
   std::optional<Bf16Chunks> chunks[kMax];
   int64_t first_rb[kMax + 1] = {0};

@@ -185,6 +185,8 @@ double amx_bf16_peak(ThreadPool& pool);
 // and kernel_bench use it to run both paths in one process.
 bool gemm_uses_amx();
 void set_gemm_amx(bool on);
+// The BF16 GEMM's AMX path: gemm_uses_amx() on a CPU that also has AMX-BF16.
+bool bf16_gemm_uses_amx();
 // The AMX tile configurations: gemm16's int8 blocks (gemm16_avx512.h) and the BF16 GEMM's
 // (matmul_avx512.cpp Bf16Amx).
 enum class AmxTiles { kBlocks, kBf16 };

@@ -96,12 +96,11 @@ bool agree_on(const WeightView& v, MatmulFn fast, MatmulFn trusted) {
   // The AMX prefill paths (from 64 tokens and 32 rows; 37 rows × 70 tokens = a 32-row chunk, two
   // group pairs and a lone group). CI cannot run them either, so they are checked the same way;
   // a disagreement turns AMX off for the process and keeps the AVX-512 kernels.
-  if (avx512::gemm_uses_amx() && !agree_at(v, fast, trusted, 70)) {
-    LARDER_LOG_WARN("[kernels] the AMX prefill path disagrees with the AVX2 kernel on %s weights: AMX is off",
-                    dtype_info(v.dtype).name);
-    avx512::set_gemm_amx(false);
-  }
-  return agree_at(v, fast, trusted, 70);
+  if (!avx512::gemm_uses_amx() || agree_at(v, fast, trusted, 70)) return true;
+  LARDER_LOG_WARN("[kernels] the AMX prefill path disagrees with the AVX2 kernel on %s weights: AMX is off",
+                  dtype_info(v.dtype).name);
+  avx512::set_gemm_amx(false);
+  return agree_at(v, fast, trusted, 70);  // the same size on the vpdpbusd path
 }
 
 bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
@@ -265,7 +264,7 @@ double active_int8_peak(ThreadPool& pool) {
 }
 double active_bf16_peak(ThreadPool& pool) {
   if (active_table().matmul[static_cast<int>(DType::kBF16)] != avx512::matmul_bf16) return 0.0;
-  return avx512::gemm_uses_amx() && cpu_features().amx_bf16 ? avx512::amx_bf16_peak(pool) : avx512::bf16_dot_peak(pool);
+  return avx512::bf16_gemm_uses_amx() ? avx512::amx_bf16_peak(pool) : avx512::bf16_dot_peak(pool);
 }
 
 void register_fast_kernels(KernelTable& t) {
