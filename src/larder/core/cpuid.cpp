@@ -94,11 +94,13 @@ CpuFeatures detect() {
     f.amx = amx_usable(&bf16);
     f.amx_bf16 = f.amx && bf16;
   }
-  // Zen 3 is family 19h too, without AVX-512 (and without the AVX-512 kernels the choice is for).
-  f.zen4_decode_tiles = f.amd && f.family == 0x19 && f.avx512f;
+  // Zen 4 (family 19h) and Zen 5 (1Ah). Zen 3 is family 19h too, without AVX-512 (and without
+  // the AVX-512 kernels the choice is for).
+  f.zen_decode_tiles = f.amd && (f.family == 0x19 || f.family == 0x1a) && f.avx512f;
   if (const char* t = std::getenv("LARDER_DECODE_TILES")) {
-    if (std::strcmp(t, "zen4") == 0) f.zen4_decode_tiles = true;
-    if (std::strcmp(t, "generic") == 0) f.zen4_decode_tiles = false;
+    // "zen4": the tile set's name before Zen 5 chose it too.
+    if (std::strcmp(t, "zen") == 0 || std::strcmp(t, "zen4") == 0) f.zen_decode_tiles = true;
+    if (std::strcmp(t, "generic") == 0) f.zen_decode_tiles = false;
   }
   return f;
 }

@@ -113,7 +113,7 @@ struct AffineDecode {
   // n = 1 (101–103 % of the read probe, 4 rows: 85 %), 8 bits with 4 (94 %; 8 rows: 72–77 %).
   static constexpr int kRows1 = B == 4 ? 8 : 4;
   // Zen 4 (matmul_driver.h rows1): 1B MLX q4 g64 decode 37.1 → 43.8 tok/s with 2 rows.
-  static constexpr int kRows1Zen4 = B == 4 ? 2 : kRows1;
+  static constexpr int kRows1Zen = B == 4 ? 2 : kRows1;
   static constexpr int kRowsN = B == 4 ? 4 : 2;  // × up to 4 tokens: <= 16 accumulators
   static constexpr int kChunkBytes = 8 * B;
 

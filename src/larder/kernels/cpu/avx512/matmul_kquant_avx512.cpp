@@ -121,7 +121,7 @@ struct Q6KDecode {
   // Zen 4 (matmul_driver.h rows1): with four interleaved rows the kernel read 11–12 GB/s from
   // DRAM, with two 21–23 (kernel_bench 8192x2048, n = 1, 1 thread: 1230–1580 → 650–890 µs; the
   // same 530 µs cache-resident either way); 1B Q6_K decode 29.7 → 32.2 tok/s (2 threads).
-  static constexpr int kRows1Zen4 = 2;
+  static constexpr int kRows1Zen = 2;
   static constexpr int kRowsN = 2;
   const uint8_t* w;
   uint64_t row_bytes;

@@ -59,17 +59,20 @@ inline void run_tokens(const K& k, int64_t r0, int64_t t0, int64_t nt) {
   }
 }
 
-// Rows per single-token tile: K::kRows1, or K::kRows1Zen4 (1 or 2) on Zen 4 for the kernels that
-// declare one. Those kernels streamed their weights from DRAM faster there with fewer rows
-// interleaved per tile (1B decode, 2 threads, larder bench alternating LARDER_DECODE_TILES
-// generic/zen4, medians of 5: Q8_0 17.5 → 22.6 tok/s, MLX q4 37.5 → 47.2, Q5_K_M 24.6 → 33.1,
-// Q6_K 22.0 → 30.5, Q4_K_M 37.4 → 39.0, IQ4_XS 44.6 → 49.5; Q4_0, IQ4_NL and Q2_K/Q3_K measured
-// no better with fewer rows), while the counts in kRows1 were measured on Zen 5 (MLX q4
-// with 8 rows: 101–103 % of the read probe). Same arithmetic either way: one output per row.
+// Rows per single-token tile: K::kRows1, or K::kRows1Zen (1 or 2) on Zen 4 and Zen 5 for the
+// kernels that declare one. Those kernels streamed their weights from DRAM faster there with
+// fewer rows interleaved per tile. Zen 4 (1B decode, 2 threads, larder bench alternating
+// LARDER_DECODE_TILES generic/zen, medians of 5): Q8_0 17.5 → 22.6 tok/s, MLX q4 37.5 → 47.2,
+// Q5_K_M 24.6 → 33.1, Q6_K 22.0 → 30.5, Q4_K_M 37.4 → 39.0, IQ4_XS 44.6 → 49.5; Q4_0, IQ4_NL and
+// Q2_K/Q3_K measured no better with fewer rows. Zen 5 (session 20, 6 alternating pairs): Q8_0
+// 52 → 60 tok/s, Q4_K_M +1–6 %, MLX q4 66 → 79 while a neighbour loaded the host's memory and
+// equal (~100) when it did not. The counts in kRows1 were first measured on an earlier Zen 5
+// host with half this one's bandwidth (MLX q4 with 8 rows: 101–103 % of its read probe) and stay
+// on Intel. Same arithmetic either way: one output per row.
 template <class K>
-constexpr int zen4_rows1() {
-  if constexpr (requires { K::kRows1Zen4; }) {
-    return K::kRows1Zen4;
+constexpr int zen_rows1() {
+  if constexpr (requires { K::kRows1Zen; }) {
+    return K::kRows1Zen;
   } else {
     return K::kRows1;
   }
@@ -77,8 +80,8 @@ constexpr int zen4_rows1() {
 
 template <class K>
 inline int rows1() {
-  static_assert(zen4_rows1<K>() == K::kRows1 || zen4_rows1<K>() == 1 || zen4_rows1<K>() == 2);
-  static const int r = cpu_features().zen4_decode_tiles ? zen4_rows1<K>() : K::kRows1;
+  static_assert(zen_rows1<K>() == K::kRows1 || zen_rows1<K>() == 1 || zen_rows1<K>() == 2);
+  static const int r = cpu_features().zen_decode_tiles ? zen_rows1<K>() : K::kRows1;
   return r;
 }
 
@@ -167,7 +170,7 @@ template <class K, int kMaxParts = 4>
 struct MultiKernel {
   static constexpr int kRows1 = K::kRows1;
   static constexpr int kRowsN = K::kRowsN;
-  static constexpr int kRows1Zen4 = zen4_rows1<K>();
+  static constexpr int kRows1Zen = zen_rows1<K>();
   K part[kMaxParts];
   int64_t off[kMaxParts + 1] = {};
   int count = 0;
