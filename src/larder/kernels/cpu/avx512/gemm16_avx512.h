@@ -293,9 +293,10 @@ struct Gemm16 {
         // depend on it. One chain per row is R dependent vpdpbusd chains of 8, and R = 8 chains do
         // not cover a full-width unit (2 per cycle × its latency): two made Q4_0 8192x2048
         // n = 512 ~8 % faster on Zen 5 (kernel_bench, 1 thread, 3 alternating runs: 25.5–27.1 →
-        // 23.3–25.1 ms). kZero == 0 keeps one: with its R group accumulators the second chain
-        // spills (Q4_K, MLX q4, IQ4_XS within ±3 %), and keeping the running sums in c instead
-        // measured 5–15 % slower.
+        // 23.3–25.1 ms). kZero == 0 reaches this loop only with groups of two or more blocks
+        // (MLX g64/g128; one-block groups take group1) and keeps one chain: beside its R group
+        // accumulators a second one spills (MLX q4 g64 within ±3 %), and the alternatives measured
+        // slower — the running sums kept in c (5–15 %), 6-row tiles with two chains (5–8 %).
         constexpr int kChains = F::kZero > 0 ? 2 : 1;
         __m512i s[kChains][R];
         LARDER_UNROLL
