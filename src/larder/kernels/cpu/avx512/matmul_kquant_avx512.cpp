@@ -67,6 +67,7 @@ struct Q4_KRows {
 // bits 2k..2k+1 of qh[32h ..] as bits 4..5.
 struct Q6_KRows {
   static constexpr int kZero = -1;
+  static constexpr int kHalfZero = 32;  // bias = −32·scale: folded in the integer sums (Gemm16::halves)
   const uint8_t* w;
   uint64_t row_bytes;
   int64_t nsb;
