@@ -218,7 +218,9 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
 //     0 for group-wise scale and bias (MLX affine), kept per group;
 //     −1 for a scale and bias per 16-element half block (Q6_K): groups() = 2·nb halves, and the
 //     block step keeps two int32 sums (k4 0–3 and 4–7) and folds each half's bias with the
-//     activation half sums (quantize_acts16(..., half_sums = true)).
+//     activation half sums (quantize_acts16(..., half_sums = true)). Optional
+//     static constexpr int kHalfZero: the bias is −kHalfZero·scale (Q6_K: 32), and the block step
+//     subtracts kHalfZero·Σq from the int32 sums instead.
 //   int64_t groups() const, blocks_per_group() const
 //   members const uint8_t* w and uint64_t row_bytes: the packed rows (prefetched ahead of unpack)
 //   void unpack(int64_t row, uint8_t* codes /* block b at codes + b·stride, 32 bytes */, int64_t stride,
