@@ -177,7 +177,7 @@ int run_chat(const ChatFlags& f) {
     clear_interrupt();
     out("\n");
     if (!result.is_ok()) {
-      seq.finish(/*failed=*/true);
+      (void)seq.finish(/*failed=*/true);  // the turn already failed: its error is the one to report
       history.pop_back();
       std::fprintf(stderr, "larder: %s\n", result.status().message().c_str());
       continue;
