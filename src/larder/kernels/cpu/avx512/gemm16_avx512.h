@@ -300,46 +300,25 @@ struct Gemm16 {
       }
       for (int64_t b = gi * bpg; b < (gi + 1) * bpg; ++b) {
         const uint8_t* ab = a.block(g, b);
-        // Two int32 chains per row (even and odd k4), summed at the end: exact, so the bits do not
-        // depend on it. One chain per row is R dependent vpdpbusd chains of 8, and R = 8 chains do
-        // not cover a full-width unit (2 per cycle × its latency): two made Q4_0 8192x2048
-        // n = 512 ~8 % faster on Zen 5 (kernel_bench, 1 thread, 3 alternating runs: 25.5–27.1 →
-        // 23.3–25.1 ms). kZero == 0 reaches this loop only with groups of two or more blocks
-        // (MLX g64/g128; one-block groups take group1) and keeps one chain: beside its R group
-        // accumulators a second one spills (MLX q4 g64 within ±3 %), and the alternatives measured
-        // slower — the running sums kept in c (5–15 %), 6-row tiles with two chains (5–8 %).
-        constexpr int kChains = F::kZero > 0 ? 2 : 1;
-        __m512i s[kChains][R];
-        LARDER_UNROLL
-        for (int j = 0; j < kChains; ++j)
-          LARDER_UNROLL
-          for (int r = 0; r < R; ++r) s[j][r] = _mm512_setzero_si512();
-        LARDER_UNROLL
-        for (int k4 = 0; k4 < 8; ++k4) {
-          const __m512i xa = _mm512_load_si512(ab + 64 * k4);
-          LARDER_UNROLL
-          for (int r = 0; r < R; ++r) {
-            int32_t w4;
-            std::memcpy(&w4, cr + (b * R + r) * 32 + 4 * k4, 4);
-            s[k4 % kChains][r] = _mm512_dpbusd_epi32(s[k4 % kChains][r], _mm512_set1_epi32(w4), xa);
-          }
-        }
-        if constexpr (kChains == 2) {
-          LARDER_UNROLL
-          for (int r = 0; r < R; ++r) s[0][r] = _mm512_add_epi32(s[0][r], s[1][r]);
-        }
+        // Two chains per row (block_dots) for kZero > 0. kZero == 0 reaches this loop only with
+        // groups of two or more blocks (MLX g64/g128; one-block groups take group1) and keeps one
+        // chain: beside its R group accumulators a second one spills (MLX q4 g64 within ±3 %), and
+        // the alternatives measured slower — the running sums kept in c (5–15 %), 6-row tiles
+        // with two chains (5–8 %).
+        __m512i s[R];
+        block_dots<R, (F::kZero > 0 ? 2 : 1)>(ab, cr, b, s);
         const __m512 dx = _mm512_loadu_ps(a.d + b * a.n_pad + 16 * g);
         if constexpr (F::kZero > 0) {
           const __m512 zb = _mm512_mul_ps(_mm512_loadu_ps(a.bs + b * a.n_pad + 16 * g),
                                           _mm512_set1_ps(static_cast<float>(F::kZero)));
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {
-            const __m512 t = _mm512_fmsub_ps(_mm512_cvtepi32_ps(s[0][r]), dx, zb);
+            const __m512 t = _mm512_fmsub_ps(_mm512_cvtepi32_ps(s[r]), dx, zb);
             acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(u.scale[gi * R + r]), acc[r]);
           }
         } else {
           LARDER_UNROLL
-          for (int r = 0; r < R; ++r) accg[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0][r]), dx, accg[r]);
+          for (int r = 0; r < R; ++r) accg[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), dx, accg[r]);
         }
       }
       if constexpr (F::kZero == 0) {
@@ -371,8 +350,35 @@ struct Gemm16 {
       for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = out[r][t];
   }
 
+  // s[r] = Σ u·q over block b of the R rows (codes cr, [nb][R][32]) against activation block ab.
+  // kChains int32 chains per row (k4 mod kChains), summed at the end: exact, so the bits do not
+  // depend on it. One chain per row is R dependent vpdpbusd chains of 8, and R = 8 chains do not
+  // cover a full-width unit (2 per cycle × its latency): two made Q4_0 8192x2048 n = 512 ~8 %
+  // faster on Zen 5 (kernel_bench, 1 thread, 3 alternating runs: 25.5–27.1 → 23.3–25.1 ms).
+  template <int R, int kChains>
+  static LARDER_GEMM_INLINE void block_dots(const uint8_t* ab, const uint8_t* cr, int64_t b, __m512i (&s)[R]) {
+    static_assert(kChains == 1 || kChains == 2);
+    __m512i c[kChains][R];
+    LARDER_UNROLL
+    for (int j = 0; j < kChains; ++j)
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) c[j][r] = _mm512_setzero_si512();
+    LARDER_UNROLL
+    for (int k4 = 0; k4 < 8; ++k4) {
+      const __m512i xa = _mm512_load_si512(ab + 64 * k4);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        int32_t w4;
+        std::memcpy(&w4, cr + (b * R + r) * 32 + 4 * k4, 4);
+        c[k4 % kChains][r] = _mm512_dpbusd_epi32(c[k4 % kChains][r], _mm512_set1_epi32(w4), xa);
+      }
+    }
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) s[r] = kChains == 2 ? _mm512_add_epi32(c[0][r], c[kChains - 1][r]) : c[0][r];
+  }
+
   // Scale group gi of one block (kZero == 0 with bpg == 1: K-quants, IQ4, Q4_1/Q5_x, MLX affine
-  // g32) with two int32 chains per row as for kZero > 0 (k4 parity), and the arithmetic of the
+  // g32) with two int32 chains per row as for kZero > 0 (block_dots), and the arithmetic of the
   // loop in tile() (fma(x, y, 0) rounds as x·y), so the bits are the same. The group
   // accumulator is a temporary here, which leaves the 32 zmm for the 2R chains: kernel_bench
   // 8192x2048, n = 512, 1 thread, Zen 5, 3 alternating runs: Q4_K 27.1–27.7 → 25.5–26.0 ms, Q5_K
@@ -381,27 +387,13 @@ struct Gemm16 {
   // groups stay on that loop.
   template <int R>
   LARDER_GEMM_INLINE void group1(const Unpacked& u, int64_t g, int64_t b, const uint8_t* cr, __m512 (&acc)[R]) const {
-    const uint8_t* ab = a.block(g, b);
-    __m512i s[2][R];
-    LARDER_UNROLL
-    for (int j = 0; j < 2; ++j)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) s[j][r] = _mm512_setzero_si512();
-    LARDER_UNROLL
-    for (int k4 = 0; k4 < 8; ++k4) {
-      const __m512i xa = _mm512_load_si512(ab + 64 * k4);
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        int32_t w4;
-        std::memcpy(&w4, cr + (b * R + r) * 32 + 4 * k4, 4);
-        s[k4 % 2][r] = _mm512_dpbusd_epi32(s[k4 % 2][r], _mm512_set1_epi32(w4), xa);
-      }
-    }
+    __m512i s[R];
+    block_dots<R, 2>(a.block(g, b), cr, b, s);
     const __m512 dx = _mm512_loadu_ps(a.d + b * a.n_pad + 16 * g);
     const __m512 gq = _mm512_loadu_ps(gsum + b * a.n_pad + 16 * g);
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) {
-      const __m512 accg = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[0][r], s[1][r])), dx);
+      const __m512 accg = _mm512_mul_ps(_mm512_cvtepi32_ps(s[r]), dx);
       acc[r] = _mm512_fmadd_ps(accg, _mm512_set1_ps(u.scale[b * R + r]), acc[r]);
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(u.bias[b * R + r]), gq, acc[r]);
     }
