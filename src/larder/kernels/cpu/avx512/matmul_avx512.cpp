@@ -94,7 +94,8 @@ inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 struct BF16Kernel {
   static constexpr int kRows1 = 4;
   // matmul_driver.h rows1, Zen 5: 1B BF16 tg64, 8 alternating triples, medians generic (4 rows) 22.2,
-  // 2 rows 21.9, 1 row 23.9 tok/s (1 row ahead of generic in 7 of 8).
+  // 2 rows 21.9, 1 row 23.9 tok/s (1 row ahead of generic in 7 of 8). Zen 4 takes the same
+  // set and so this row count too: not measured there yet.
   static constexpr int kRows1Zen = 1;
   static constexpr int kRowsN = 4;
 
