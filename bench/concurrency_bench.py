@@ -6,6 +6,7 @@
         [--levels 1,4,8] [--rounds 3] [--prompt-tokens 128] [--gen-tokens 64] [--threads 2]
         [--ctx 1024] [--overhead-pairs 3] [--overhead-gen 64] [--lock /work/notes/cpu.lock]
         [--skip levels,overhead] [--json-out FILE]
+        [--sampling '{"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1}']
 
 What it measures (stdlib only, loopback, streaming SSE):
 
@@ -35,6 +36,12 @@ What it measures (stdlib only, loopback, streaming SSE):
    one streaming request of G tokens on an idle `larder serve --parallel 1`, alternated
    --overhead-pairs times; overhead = 1 - server decode / bench decode (medians), server decode
    = (tokens - 1) / (last - first token arrival).
+
+--sampling JSON: sampling fields merged into every request body, both servers (default: greedy,
+temperature 0). Greedy hides what a real client pays per token: a sampler that ranks or
+normalizes the whole vocabulary on the step's critical path. llama-server's own defaults are the
+example above (its chain: top_k, top_p, min_p, then temperature; larder applies the same three
+filters to the untempered distribution).
 
 --lock FILE: every measured round (both servers, one level) and every overhead pair runs under
 an exclusive flock on FILE, released between them (shared-machine protocol: builds hold it
@@ -136,8 +143,12 @@ def gguf_eos_ids(path):
     return sorted(ids)
 
 
+SAMPLING = {}  # --sampling: merged into every request body
+
+
 def completion_body(side, prompt_ids, gen, eos_ids):
     body = {"prompt": prompt_ids, "n_predict": gen, "temperature": 0, "stream": True, "cache_prompt": True}
+    body.update(SAMPLING)
     if side == "llama":
         body["ignore_eos"] = True
         body["return_tokens"] = True
@@ -373,6 +384,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence/slot")
     ap.add_argument("--overhead-pairs", type=int, default=3)
     ap.add_argument("--overhead-gen", type=int, default=64)
+    ap.add_argument("--sampling", default="", help="JSON object of sampling fields for every request (default greedy)")
     ap.add_argument("--larder-flags", default="", help="extra `larder serve` flags, e.g. '--step-tokens 128'")
     ap.add_argument("--lock", default="", help="flock -x this file around each measured round")
     ap.add_argument("--skip", default="", help="comma list: levels,overhead")
@@ -381,6 +393,8 @@ def main():
     # A timeout's SIGTERM unwinds through the finally blocks, so no server is left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     skip = set(filter(None, args.skip.split(",")))
+    if args.sampling:
+        SAMPLING.update(json.loads(args.sampling))
     if args.llama_server == DEFAULT_LLAMA and not os.path.exists(DEFAULT_LLAMA):
         # The peer is built from the llama-cpp-python sdist like llama-bench (a few minutes, once).
         subprocess.run([os.path.join(HERE, "llamacpp_compare.sh"), "--build-only", "--server"], check=True)
@@ -390,6 +404,7 @@ def main():
     facts = sb.machine_facts(args.bin, args.model)
     facts["llama_server"] = args.llama_server
     facts["eos_ids"] = eos_ids
+    facts["sampling"] = SAMPLING or "greedy (temperature 0)"
     print("== machine")
     for k, v in facts.items():
         print(f"  {k}: {v}")

@@ -204,7 +204,8 @@ int run_bench(const BenchFlags& f) {
     for (int64_t i = 0; i < f.gen; ++i) {
       Status st = model.forward(&next, 1, cache, logits.data(), false);
       if (!st.is_ok()) return report(st);
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      // The server's greedy pick (runtime/sampler.h), so tg and a greedy stream do the same work.
+      next = static_cast<int32_t>(kernels::argmax(logits.data(), static_cast<int64_t>(logits.size())));
     }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (r > 0) tg_tps.push_back(static_cast<double>(f.gen) / dt);
@@ -223,7 +224,7 @@ int run_bench(const BenchFlags& f) {
     for (int64_t i = 0; i < f.gen; ++i) {
       Status st = model.forward(&next, 1, cache, logits.data(), false);
       if (!st.is_ok()) return report(st);
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      next = static_cast<int32_t>(kernels::argmax(logits.data(), static_cast<int64_t>(logits.size())));
     }
     prof_tps = static_cast<double>(f.gen) / std::chrono::duration<double>(Clock::now() - t0).count();
     profile::set_enabled(false);

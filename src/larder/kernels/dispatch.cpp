@@ -41,6 +41,9 @@ KernelTable make_ref_table() {
   t.add = ref::add;
   t.to_f16 = ref::to_f16;
   t.attention = ref::attention;
+  t.argmax = ref::argmax;
+  t.sum_exp = ref::sum_exp;
+  t.select_at_least = ref::select_at_least;
   return t;
 }
 

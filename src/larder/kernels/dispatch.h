@@ -26,6 +26,9 @@ using SoftmaxFn = void (*)(float* x, int64_t n);
 using BinaryFn = void (*)(const float* a, const float* b, float* out, int64_t n);
 // f32 → f16 (IEEE half, round to nearest even), n elements: the f16 KV cache's row writes.
 using ToF16Fn = void (*)(const float* x, int64_t n, uint16_t* out);
+using ArgmaxFn = int64_t (*)(const float* x, int64_t n);
+using SumExpFn = double (*)(const float* x, int64_t n, float shift, float scale);
+using SelectFn = int64_t (*)(const float* x, int64_t n, float t, int32_t* out);
 using AttentionFn = void (*)(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                              const AttentionParams& p, float* out);
 
@@ -50,6 +53,9 @@ struct KernelTable {
   BinaryFn add = nullptr;
   ToF16Fn to_f16 = nullptr;
   AttentionFn attention = nullptr;
+  ArgmaxFn argmax = nullptr;
+  SumExpFn sum_exp = nullptr;
+  SelectFn select_at_least = nullptr;
 };
 
 // The scalar reference table (every entry the ref set implements).

@@ -154,6 +154,15 @@ void add(const float* a, const float* b, float* out, int64_t n) {
   active_table().add(a, b, out, n);
 }
 
+// Not profiled ops: they run once per sampled token on the engine thread, outside a forward.
+int64_t argmax(const float* x, int64_t n) { return n > 0 ? active_table().argmax(x, n) : 0; }
+double sum_exp(const float* x, int64_t n, float shift, float scale) {
+  return n > 0 ? active_table().sum_exp(x, n, shift, scale) : 0.0;
+}
+int64_t select_at_least(const float* x, int64_t n, float t, int32_t* out) {
+  return n > 0 ? active_table().select_at_least(x, n, t, out) : 0;
+}
+
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out) {
   LARDER_DCHECK(p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0, "heads %d kv %d", p.n_heads, p.n_kv_heads);

@@ -127,6 +127,23 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 // out[i] = a[i] + b[i]. out may alias a or b.
 void add(const float* a, const float* b, float* out, int64_t n);
 
+// ---- One row of logits (runtime/sampler.h). Sampling a token must cost tens of µs, not the
+// step's time: a full-vocabulary pass in double precision or a sort of 49k–262k ids took
+// 0.25–4.4 ms per token. Each op here is one vectorised pass over the row.
+
+// The index of the largest value, the lowest index among equal maxima; NaN never wins. 0 when n <= 0
+// or every value is NaN.
+int64_t argmax(const float* x, int64_t n);
+
+// Σ e^{(x[i] − shift)·scale} over the i with x[i] > −∞ (NaN and −∞ add exactly nothing), summed in
+// double. The caller keeps the exponents <= 0 (shift = the maximum, scale > 0); exponents below
+// about −87 add ~1e-38 instead of their true tiny value. Fast tiers: within 2e-6 relative.
+double sum_exp(const float* x, int64_t n, float shift, float scale);
+
+// Writes the indices i with x[i] >= t to out in ascending order (room for n) and returns how many.
+// NaN is never selected. Exact in every tier.
+int64_t select_at_least(const float* x, int64_t n, float t, int32_t* out);
+
 // Causal attention for n query tokens at positions q_pos0 .. q_pos0+n-1, whose own K/V rows are
 // already in the spans. q, out: [n, n_heads, head_dim]; spans cover positions [0, q_pos0 + n).
 // Query at position p attends to keys [0, p] (or its window).

@@ -136,8 +136,11 @@ TEST(Sampler, TopPIsTheSmallestSetWithMassAtLeastP) {
     }
     EXPECT_GE(mass, top_p - 1e-9);
     EXPECT_LT(mass - prob[c.back()], top_p);  // dropping the last one falls short
-    for (int32_t t = 0; t < 300; ++t)
-      if (std::find(c.begin(), c.end(), t) == c.end()) EXPECT_LE(prob[t], min_in);
+    for (int32_t t = 0; t < 300; ++t) {
+      if (std::find(c.begin(), c.end(), t) == c.end()) {
+        EXPECT_LE(prob[t], min_in);
+      }
+    }
   }
 }
 
@@ -302,6 +305,148 @@ TEST(Sampler, PrefixRankingEqualsFullSortOnLargeFlatVocab) {
   EXPECT_GT(n, 1000u);
   ASSERT_EQ(c.size(), n);
   EXPECT_TRUE(std::equal(c.begin(), c.end(), ranked.begin()));
+}
+
+}  // namespace
+}  // namespace larder::runtime
+
+namespace larder::runtime {
+namespace {
+
+// The definition candidates() must equal: rank every non-NaN id (logit descending, lower id on
+// ties), probabilities in double over the whole row, then top_k's count, min_p's first token
+// below min_p·p_max and top_p's token reaching the mass, whichever comes first (the top token
+// always kept).
+std::vector<int32_t> candidates_by_full_sort(const std::vector<float>& l, const SamplingParams& p) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < l.size(); ++i)
+    if (!std::isnan(l[i])) ids.push_back(static_cast<int32_t>(i));
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
+  const double mx = l[ids[0]];
+  double z = 0;
+  for (int32_t i : ids) z += std::exp(static_cast<double>(l[i]) - mx);
+  const size_t limit = p.top_k > 0 && static_cast<size_t>(p.top_k) < l.size() ? static_cast<size_t>(p.top_k) : l.size();
+  std::vector<int32_t> keep;
+  double cum = 0;
+  for (size_t n = 0; n < ids.size() && keep.size() < limit; ++n) {
+    const double q = std::exp(static_cast<double>(l[ids[n]]) - mx) / z;
+    if (p.min_p > 0 && q < p.min_p / z && !keep.empty()) break;
+    keep.push_back(ids[n]);
+    cum += q;
+    if (p.top_p > 0 && p.top_p < 1 && cum >= p.top_p) break;
+  }
+  return keep;
+}
+
+// candidates() ranks lazily (bands below the maximum, chunks within a band, kernels::select and
+// sum_exp): over rows shaped like real logits (a peaked head over a wide tail), flat rows where
+// the filters reach deep, rows of ties, rows with masked (−∞) and NaN tokens, and vocabularies
+// from 1 to 152k, it must return exactly the full sort's set, in order.
+TEST(Sampler, CandidatesEqualTheFullSortDefinition) {
+  std::mt19937_64 rng(99);
+  const std::vector<SamplingParams> filters = [] {
+    std::vector<SamplingParams> v;
+    for (int k : {0, 1, 5, 40, 100000})
+      for (float tp : {1.0f, 0.5f, 0.9f, 0.95f, 0.999f})
+        for (float mp : {0.0f, 0.05f, 0.5f}) {
+          SamplingParams p;
+          p.temperature = 0.8f;
+          p.top_k = k, p.top_p = tp, p.min_p = mp;
+          if (k == 0 && tp == 1.0f && mp == 0.0f) continue;  // unfiltered: pick() never ranks
+          v.push_back(p);
+        }
+    return v;
+  }();
+  int checked = 0;
+  for (int64_t V : {1, 3, 70, 1000, 5000, 49152, 151936}) {
+    for (int shape = 0; shape < 5; ++shape) {
+      std::normal_distribution<float> d(0.0f, shape == 1 ? 0.3f : 2.5f);
+      std::vector<float> l(static_cast<size_t>(V));
+      for (float& x : l) x = d(rng);
+      if (shape == 0)  // a peaked head: a few tokens 5–15 above the bulk
+        for (int i = 0; i < 12; ++i) l[rng() % static_cast<uint64_t>(V)] += 5.0f + static_cast<float>(rng() % 10);
+      if (shape == 2)
+        for (float& x : l) x = static_cast<float>(static_cast<int>(x));  // ties everywhere
+      if (shape == 3)  // constrained decoding: most tokens masked
+        for (float& x : l) x = rng() % 8 == 0 ? x : -INFINITY;
+      if (shape == 4)
+        for (float& x : l) x = rng() % 50 == 0 ? NAN : x;
+      if (std::all_of(l.begin(), l.end(), [](float x) { return !std::isfinite(x); })) l[0] = 0.0f;
+      for (const SamplingParams& p : filters) {
+        // A few filter sets per row on the large vocabularies (the reference sorts the row).
+        if (V > 5000 && rng() % 6 != 0) continue;
+        const auto want = candidates_by_full_sort(l, p);
+        const auto got = Sampler(p).candidates(l.data(), V);
+        ASSERT_EQ(got, want) << "V " << V << " shape " << shape << " top_k " << p.top_k << " top_p " << p.top_p
+                             << " min_p " << p.min_p;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+// token_logprobs' alternatives are the full sort's first k (masked tokens excluded), with
+// log-probabilities of the whole row.
+TEST(Sampler, LogprobAlternativesEqualTheFullSort) {
+  std::mt19937_64 rng(5);
+  for (int64_t V : {10, 3000, 49152}) {
+    std::normal_distribution<float> d(0.0f, 2.0f);
+    std::vector<float> l(static_cast<size_t>(V));
+    for (float& x : l) x = d(rng);
+    for (size_t i = 0; i < l.size(); i += 7) l[i] = -INFINITY;
+    std::vector<int32_t> ids;
+    double mx = -INFINITY, z = 0;
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (l[i] > -INFINITY) ids.push_back(static_cast<int32_t>(i));
+      mx = std::max(mx, static_cast<double>(l[i]));
+    }
+    for (float x : l) z += std::exp(static_cast<double>(x) - mx);
+    std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
+    for (int k : {0, 1, 5, 20}) {
+      const TokenLogprobs r = token_logprobs(l.data(), V, ids[3], k);
+      EXPECT_NEAR(r.logprob, l[ids[3]] - mx - std::log(z), 1e-5);
+      ASSERT_EQ(r.top.size(), std::min<size_t>(static_cast<size_t>(k), ids.size())) << "V " << V << " k " << k;
+      for (size_t i = 0; i < r.top.size(); ++i) {
+        EXPECT_EQ(r.top[i].first, ids[i]) << "V " << V << " k " << k << " i " << i;
+        EXPECT_NEAR(r.top[i].second, l[ids[i]] - mx - std::log(z), 1e-5);
+      }
+    }
+  }
+}
+
+// Unfiltered temperature sampling sums the weights in blocks (vectorised) and walks one block: the
+// same draw as walking the whole row in id order with double weights, except where u·z falls
+// within rounding (~1e-7 relative) of a boundary between two tokens; and a masked token is
+// never drawn, even when whole blocks are masked.
+TEST(Sampler, BlockwiseUnfilteredDrawEqualsTheIdOrderWalk) {
+  const int64_t V = 20000;  // ten blocks
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> d(0.0f, 1.5f);
+  std::vector<float> l(static_cast<size_t>(V));
+  for (float& x : l) x = d(rng);
+  for (int64_t i = 4096; i < 8192; ++i) l[static_cast<size_t>(i)] = -INFINITY;  // two masked blocks
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.seed = 3;
+  const Sampler s(p);
+  double mx = -INFINITY;
+  for (float x : l) mx = std::max(mx, static_cast<double>(x));
+  int differ = 0;
+  const int kDraws = 3000;
+  for (int step = 0; step < kDraws; ++step) {
+    double z = 0;
+    for (float x : l) z += std::exp((x - mx) / p.temperature);
+    const double u = counter_uniform(p.seed, static_cast<uint64_t>(step)) * z;
+    double cum = 0;
+    int32_t want = -1;
+    for (int64_t i = 0; i < V && want < 0; ++i)
+      if ((cum += std::exp((l[static_cast<size_t>(i)] - mx) / p.temperature)) > u) want = static_cast<int32_t>(i);
+    const int32_t got = s.pick(l.data(), V, static_cast<uint64_t>(step));
+    ASSERT_TRUE(got < 4096 || got >= 8192) << "masked token " << got << " drawn at step " << step;
+    differ += got != want;
+  }
+  EXPECT_LE(differ, kDraws / 200) << "draws that differ from the id-order walk";
 }
 
 }  // namespace

@@ -75,6 +75,10 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void add(const float* a, const float* b, float* out, int64_t n);
 void to_f16(const float* x, int64_t n, uint16_t* out);  // f32_to_f16 per element
+// One row of logits (ref/logits.cpp): the definitions the fast tiers are tested against.
+int64_t argmax(const float* x, int64_t n);
+double sum_exp(const float* x, int64_t n, float shift, float scale);  // std::exp in double per term
+int64_t select_at_least(const float* x, int64_t n, float t, int32_t* out);
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out);
 

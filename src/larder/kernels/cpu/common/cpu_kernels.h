@@ -102,9 +102,17 @@ void add(const float* a, const float* b, float* out, int64_t n);
 // f32 → f16 with F16C (vcvtps2ph, round to nearest even): bit-identical to f32_to_f16 for every
 // non-NaN input; a NaN stays a NaN (its payload is not the reference's canonical 0x7e00).
 void to_f16(const float* x, int64_t n, uint16_t* out);
+// One row of logits (logits_avx2.cpp), same contracts as kernels::argmax, sum_exp and
+// select_at_least: argmax and select exact, sum_exp within 2e-6 relative of the double reference.
+int64_t argmax(const float* x, int64_t n);
+double sum_exp(const float* x, int64_t n, float shift, float scale);
+int64_t select_at_least(const float* x, int64_t n, float t, int32_t* out);
 }  // namespace avx2
 
 namespace avx512 {
+// Same contracts as avx2::argmax and avx2::sum_exp, 16 lanes (logits_avx512.cpp).
+int64_t argmax(const float* x, int64_t n);
+double sum_exp(const float* x, int64_t n, float shift, float scale);
 // Same contract as avx2::gelu_tanh_mul, 16 lanes (elementwise_avx512.cpp).
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);

@@ -299,6 +299,9 @@ void register_fast_kernels(KernelTable& t) {
   t.gelu_tanh_mul = avx2::gelu_tanh_mul;
   t.add = avx2::add;
   t.to_f16 = avx2::to_f16;
+  t.argmax = avx2::argmax;
+  t.sum_exp = avx2::sum_exp;
+  t.select_at_least = avx2::select_at_least;
   t.name = "avx2";
   // Which tier decodes what (issue 14's machine matrix; bench/RESULTS.md "Decode vs llama.cpp on
   // Zen 4"). The choice is per format, not per CPU model: a format takes the AVX-512 kernel only
@@ -355,6 +358,8 @@ void register_fast_kernels(KernelTable& t) {
       }
     }
     t.gelu_tanh_mul = avx512::gelu_tanh_mul;  // tested against the reference (tests/unit/kernels_fast)
+    t.argmax = avx512::argmax;                // (tests/unit/kernels_fast/logits_fast_test.cpp)
+    t.sum_exp = avx512::sum_exp;
     t.name = "avx512";
   }
 }
