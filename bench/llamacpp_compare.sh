@@ -4,11 +4,14 @@
 #   bench/llamacpp_compare.sh [--build-only] [--server] [--models-only] [--rounds R] [--threads "1 2"] [--models "llama1b"]
 #                             [--cases "gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"] [--larder BIN] [--out DIR]
 #                             [--nice N (default 10; 0 = not niced)] [--wait-load L] [-p 512] [-n 128]
-#                             [--busy N] [--profile] [-d DEPTH] [--lock FILE] [--gate FILE]
+#                             [--busy N] [--profile] [-d DEPTH] [--lock FILE] [--gate FILE] [--isa avx2]
 #
 #   --server    also build llama-server (bench/concurrency_bench.py's peer; with --build-only: just that)
 #   --busy N    keep N busy-loop processes running during every engine run (a core taken by
 #               another process; both engines under the same load)
+#   --isa avx2  both engines on their AVX2 code only — the side by side of an AVX2-only CPU (Zen 3)
+#               run on this one: llama.cpp built for AVX2/FMA/F16C/BMI2 without AVX-512 or
+#               AVX-VNNI (GGML_NATIVE=OFF, in build-avx2/), larder under LARDER_ISA=avx2
 #   --profile   larder bench --profile: its per-op decode timeline lands in raw.jsonl
 #   -p 0        decode only (llama-bench -p 0; larder bench -p 0 skips pp); -n 0 prefill only
 #   --models    also .gguf paths (real models): that file in both engines
@@ -76,6 +79,7 @@ while [ $# -gt 0 ]; do
     --wait-load) WAIT_LOAD="$2"; shift ;;
     -p|-n|--busy|-d|--lock|--gate) EXTRA+=("$1" "$2"); shift ;;
     --profile) EXTRA+=("$1") ;;
+    --isa) ISA="$2"; shift ;;
     -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -105,7 +109,20 @@ LCPP="$CACHE/llama.cpp-$VER"
 LCPP_COMMIT="$(tar xzOf "$SDIST" "llama_cpp_python-$VER/CHANGELOG.md" 2>/dev/null \
   | grep -m1 -o 'llama.cpp@[0-9a-f]*' | cut -d@ -f2 || true)"
 LCPP_COMMIT="${LCPP_COMMIT:-unknown}"
-BENCH_BIN="$LCPP/build/bin/llama-bench"
+BUILD="$LCPP/build"
+ISA_FLAGS=(-DGGML_NATIVE=ON)
+case "${ISA:-native}" in
+  native) ;;
+  avx2)
+    BUILD="$LCPP/build-avx2"
+    ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+               -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+               -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    export LARDER_ISA=avx2  # larder bench's kernels: the AVX2 tier (core/cpuid.cpp)
+    ;;
+  *) echo "--isa: native or avx2, not '$ISA'" >&2; exit 2 ;;
+esac
+BENCH_BIN="$BUILD/bin/llama-bench"
 if [ ! -x "$BENCH_BIN" ]; then
   if [ ! -f "$LCPP/src/CMakeLists.txt" ]; then
     log "unpacking llama.cpp from $SDIST"
@@ -120,29 +137,29 @@ if [ ! -x "$BENCH_BIN" ]; then
   # upstream llama.cpp PR 26954). The peer on such a CPU is therefore llama.cpp's AVX-512 build:
   # -mno-amx-* wins over -march=native's defaults (GCC lets explicit -m options override -march).
   NO_AMX=()
-  if grep -qw amx_tile /proc/cpuinfo; then
+  if [ "${ISA:-native}" = native ] && grep -qw amx_tile /proc/cpuinfo; then
     NO_AMX=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
     log "this CPU has AMX: building llama.cpp without it (its AMX path crashes in this version)"
   fi
-  log "building llama-bench (llama-cpp-python $VER) in $LCPP/build"
-  nice -n 10 cmake -S "$LCPP/src" -B "$LCPP/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${NO_AMX[@]}" \
-    -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+  log "building llama-bench (llama-cpp-python $VER) in $BUILD"
+  nice -n 10 cmake -S "$LCPP/src" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${NO_AMX[@]}" \
+    -DBUILD_SHARED_LIBS=OFF "${ISA_FLAGS[@]}" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMIT="$LCPP_COMMIT" >"$LCPP/configure.log" 2>&1 \
-    || { tail -30 "$LCPP/configure.log" >&2; exit 1; }
-  nice -n 10 cmake --build "$LCPP/build" -j2 --target llama-bench >"$LCPP/build.log" 2>&1 \
-    || { tail -30 "$LCPP/build.log" >&2; exit 1; }
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMIT="$LCPP_COMMIT" >"$BUILD.configure.log" 2>&1 \
+    || { tail -30 "$BUILD.configure.log" >&2; exit 1; }
+  nice -n 10 cmake --build "$BUILD" -j2 --target llama-bench >"$BUILD.log" 2>&1 \
+    || { tail -30 "$BUILD.log" >&2; exit 1; }
 fi
-log "llama-bench: $BENCH_BIN (llama-cpp-python $VER, llama.cpp $LCPP_COMMIT)"
+log "llama-bench: $BENCH_BIN (llama-cpp-python $VER, llama.cpp $LCPP_COMMIT, ISA ${ISA:-native})"
 # llama-server for bench/concurrency_bench.py: the same build, its server target switched on.
-if [ "$SERVER" = 1 ] && [ ! -x "$LCPP/build/bin/llama-server" ]; then
-  log "building llama-server in $LCPP/build"
-  nice -n 10 cmake "$LCPP/build" -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >>"$LCPP/configure.log" 2>&1 \
+if [ "$SERVER" = 1 ] && [ ! -x "$BUILD/bin/llama-server" ]; then
+  log "building llama-server in $BUILD"
+  nice -n 10 cmake "$BUILD" -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >>"$LCPP/configure.log" 2>&1 \
     || { tail -30 "$LCPP/configure.log" >&2; exit 1; }
-  nice -n 10 cmake --build "$LCPP/build" -j2 --target llama-server >"$LCPP/build-server.log" 2>&1 \
+  nice -n 10 cmake --build "$BUILD" -j2 --target llama-server >"$LCPP/build-server.log" 2>&1 \
     || { tail -30 "$LCPP/build-server.log" >&2; exit 1; }
 fi
-[ "$SERVER" = 1 ] && log "llama-server: $LCPP/build/bin/llama-server"
+[ "$SERVER" = 1 ] && log "llama-server: $BUILD/bin/llama-server"
 [ "$BUILD_ONLY" = 1 ] && exit 0
 
 # ---------------------------------------------------------------------------------------------
@@ -164,10 +181,10 @@ for c in $CASES; do
   esac
 done
 if [ -n "$QUANT_TYPES" ]; then
-  QUANT_BIN="$LCPP/build/bin/llama-quantize"
+  QUANT_BIN="$BUILD/bin/llama-quantize"
   if [ ! -x "$QUANT_BIN" ]; then
     log "building llama-quantize"
-    nice -n 10 cmake --build "$LCPP/build" -j2 --target llama-quantize >"$LCPP/build-quantize.log" 2>&1 \
+    nice -n 10 cmake --build "$BUILD" -j2 --target llama-quantize >"$LCPP/build-quantize.log" 2>&1 \
       || { tail -30 "$LCPP/build-quantize.log" >&2; exit 1; }
   fi
   for m in $SYNTH; do

@@ -783,14 +783,13 @@ struct HttpServer::Impl {
                                  {"min_p", m.defaults.min_p.value_or(0.0f)}};
         const auto bos = m.m->tokenizer->bos_id();
         const auto eos_ids = m.m->tokenizer->eos_ids();
-        const std::optional<int32_t> eos = eos_ids.empty() ? std::nullopt : std::optional<int32_t>(eos_ids[0]);
         return send_json(res, 200,
                          {{"model_alias", m.id}, {"model_path", m.m->files.path},
                           {"default_generation_settings", {{"n_ctx", m.ctx}, {"params", defaults}}},
                           {"total_slots", e ? e->config().parallel : 0},
                           {"chat_template", m.m->template_choice.source},
                           {"bos_token", bos ? m.m->tokenizer->decode({*bos}, false) : ""},
-                          {"eos_token", eos ? m.m->tokenizer->decode({*eos}, false) : ""},
+                          {"eos_token", eos_ids.empty() ? "" : m.m->tokenizer->decode({eos_ids[0]}, false)},
                           {"build_info", m.fingerprint}});
       }
       case RouteId::kTokenize: {

@@ -113,9 +113,12 @@ TEST(ResponseWriter, AnthropicToolUseStreamAndBody) {
       EXPECT_EQ(j["content_block"]["name"], "get_weather");
       EXPECT_EQ(j["index"], 1);
     }
-    if (ev == "content_block_delta" && j["delta"]["type"] == "input_json_delta")
+    if (ev == "content_block_delta" && j["delta"]["type"] == "input_json_delta") {
       EXPECT_EQ(ordered_json::parse(j["delta"]["partial_json"].get<std::string>())["city"], "Oslo");
-    if (ev == "message_delta") EXPECT_EQ(j["delta"]["stop_reason"], "tool_use");
+    }
+    if (ev == "message_delta") {
+      EXPECT_EQ(j["delta"]["stop_reason"], "tool_use");
+    }
   }
   const std::vector<std::string> want = {"message_start",       "content_block_start", "content_block_delta",
                                          "content_block_stop",  "content_block_start", "content_block_delta",
