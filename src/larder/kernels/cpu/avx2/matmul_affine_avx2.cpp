@@ -335,35 +335,52 @@ struct AffineGemm {
   const float* gqb;  // [ng][n_pad] Σ x̂ per (group, token)
   float* y;
 
+  // R rows over token groups [g80, g81): the rows' codes (and for 8 bits their magnitudes) are
+  // unpacked once per chunk of groups into [nb][R][32], the scales and biases (the latter with
+  // the signed codes' +128·s folded in) into [ng][R] f32, and every group runs over the copy
+  // instead of unpacking per group (as Q4_0Gemm::rows_x_groups).
   template <int R>
-  void tile(int64_t r0, int64_t g8) const {
-    const uint8_t* wr[R];
-    const uint8_t* sr[R];
-    const uint8_t* br[R];
-    LARDER_UNROLL
+  void rows_x_groups(int64_t r0, int64_t g80, int64_t g81) const {
+    const size_t cb = static_cast<size_t>(nb * R) * 32;
+    auto* wq = static_cast<uint8_t*>(thread_scratch((C::kSigned ? 2 : 1) * cb, 4));
+    uint8_t* wa = wq + cb;
+    auto* sb = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * ng * R) * sizeof(float), 5));
+    float* sc = sb;
+    float* bi = sb + ng * R;
     for (int r = 0; r < R; ++r) {
-      wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
-      sr[r] = scales + static_cast<uint64_t>(r0 + r) * srow_bytes;
-      br[r] = biases + static_cast<uint64_t>(r0 + r) * srow_bytes;
+      const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+      const uint8_t* sr = scales + static_cast<uint64_t>(r0 + r) * srow_bytes;
+      const uint8_t* br = biases + static_cast<uint64_t>(r0 + r) * srow_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i u = C::template load<false>(wr + b * kBlockBytes, nullptr);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(wq + (b * R + r) * 32), u);
+        if constexpr (C::kSigned) _mm256_store_si256(reinterpret_cast<__m256i*>(wa + (b * R + r) * 32), _mm256_abs_epi8(u));
+      }
+      for (int64_t g = 0; g < ng; ++g) {
+        const float s = load_scale<S>(sr, g);
+        float bias = load_scale<S>(br, g);
+        if constexpr (C::kSigned) bias += 128.0f * s;
+        sc[g * R + r] = s;
+        bi[g * R + r] = bias;
+      }
     }
+    for (int64_t g8 = g80; g8 < g81; ++g8) tile<R>(wq, wa, sc, bi, r0, g8);
+  }
+
+  template <int R>
+  void tile(const uint8_t* wq, const uint8_t* wa, const float* sc, const float* bi, int64_t r0, int64_t g8) const {
     __m256 acc[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
-    alignas(32) uint8_t wq[R][32], wa[R][32];
     const uint8_t* ag = act8 + static_cast<uint64_t>(g8) * nb * 256;
     for (int64_t g = 0; g < ng; ++g) {
       __m256 accg[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) accg[r] = _mm256_setzero_ps();
       for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) {
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) {
-          const __m256i u = C::template load<false>(wr[r] + b * kBlockBytes, nullptr);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(wq[r]), u);
-          if constexpr (C::kSigned) _mm256_store_si256(reinterpret_cast<__m256i*>(wa[r]), _mm256_abs_epi8(u));
-        }
-        __asm__ volatile("" ::: "memory");  // broadcasts from L1, see Q4_0Gemm
+        const uint8_t* qb = wq + b * R * 32;
+        const uint8_t* mb = wa + b * R * 32;
         __m256i p[R];
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
@@ -374,10 +391,10 @@ struct AffineGemm {
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {
             int32_t q4;
-            std::memcpy(&q4, wq[r] + 4 * k4, 4);
+            std::memcpy(&q4, qb + r * 32 + 4 * k4, 4);
             if constexpr (C::kSigned) {
               int32_t a4;
-              std::memcpy(&a4, wa[r] + 4 * k4, 4);
+              std::memcpy(&a4, mb + r * 32 + 4 * k4, 4);
               const __m256i m =
                   _mm256_maddubs_epi16(_mm256_set1_epi32(a4), _mm256_sign_epi8(xa, _mm256_set1_epi32(q4)));
               p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(m, ones));
@@ -397,11 +414,8 @@ struct AffineGemm {
       const __m256 gqv = _mm256_loadu_ps(gqb + g * a.n_pad + 8 * g8);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const float sc = load_scale<S>(sr[r], g);
-        float bias = load_scale<S>(br[r], g);
-        if constexpr (C::kSigned) bias += 128.0f * sc;
-        acc[r] = _mm256_fmadd_ps(accg[r], _mm256_set1_ps(sc), acc[r]);
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(bias), gqv, acc[r]);
+        acc[r] = _mm256_fmadd_ps(accg[r], _mm256_broadcast_ss(sc + g * R + r), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(bi + g * R + r), gqv, acc[r]);
       }
     }
     const int64_t t0 = 8 * g8, nt = std::min<int64_t>(8, n - t0);

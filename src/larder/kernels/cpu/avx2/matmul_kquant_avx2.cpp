@@ -244,55 +244,71 @@ struct Q4KGemm {
   QuantizedActs a;
   float* y;
 
+  // R rows over token groups [g0, g1): each super-block of the rows is unpacked once per chunk of
+  // groups (codes [nb][R][32], d·sc_j and dmin·m_j [nb][R] as f32) and every group runs over the
+  // copy — the 6-bit scale decode and the nibble split were re-done per group before.
   template <int R>
-  void tile(int64_t r0, int64_t g) const {
+  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
+    const int64_t nb = nsb * 8;
+    auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * R) * 32, 4));
+    auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * nb * R) * sizeof(float), 5));
+    float* dsc = sc;
+    float* dmm = sc + nb * R;
     const float* f16 = f16_table();
-    const uint8_t* wr[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        Q4KUnpacked u;
+        unpack_q4k(wr + sb * sizeof(BlockQ4_K), f16, u);
+        const __m256i sci = _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(u.scm)),
+                                             _mm256_set1_epi32(0xffff));
+        alignas(32) float ds[8], dm[8];
+        _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(u.d), _mm256_cvtepi32_ps(sci)));
+        _mm256_store_ps(dm, u.dmm);
+        for (int j = 0; j < 8; ++j) {
+          const int64_t b = sb * 8 + j;
+          _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (b * R + r) * 32),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j])));
+          dsc[b * R + r] = ds[j];
+          dmm[b * R + r] = dm[j];
+        }
+      }
+    }
+    for (int64_t g = g0; g < g1; ++g) tile<R>(codes, dsc, dmm, r0, g);
+  }
+
+  template <int R>
+  void tile(const uint8_t* codes, const float* dsc, const float* dmm, int64_t r0, int64_t g) const {
     __m256 acc[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     const int64_t nb = nsb * 8;
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    Q4KUnpacked u[R];
-    alignas(32) float dsc[R][8], dmm[R][8];
-    for (int64_t sb = 0; sb < nsb; ++sb) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* cb = codes + b * R * 32;
+      const uint8_t* ab = ag + b * 256;
+      __m256i p[R];
       LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        unpack_q4k(wr[r] + sb * sizeof(BlockQ4_K), f16, u[r]);
-        const __m256i sc = _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(u[r].scm)),
-                                            _mm256_set1_epi32(0xffff));
-        _mm256_store_ps(dsc[r], _mm256_mul_ps(_mm256_set1_ps(u[r].d), _mm256_cvtepi32_ps(sc)));
-        _mm256_store_ps(dmm[r], u[r].dmm);
-      }
-      __asm__ volatile("" ::: "memory");  // broadcasts from L1, see the Q4_0 GEMM
-      for (int j = 0; j < 8; ++j) {
-        const int64_t b = sb * 8 + j;
-        const uint8_t* ab = ag + b * 256;
-        __m256i p[R];
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-        LARDER_UNROLL
-        for (int k4 = 0; k4 < 8; ++k4) {
-          const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-          LARDER_UNROLL
-          for (int r = 0; r < R; ++r) {
-            int32_t u4;
-            std::memcpy(&u4, u[r].codes[j] + 4 * k4, 4);
-            p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
-            __asm__("" : "+x"(p[r]));  // keep the chain sequential (see the Q4_0 GEMM)
-          }
-        }
-        const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
-        const __m256 bs = _mm256_loadu_ps(a.sums(b) + 8 * g);
+      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+      LARDER_UNROLL
+      for (int k4 = 0; k4 < 8; ++k4) {
+        const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
-          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_broadcast_ss(&dsc[r][j]), acc[r]);
-          acc[r] = _mm256_fnmadd_ps(bs, _mm256_broadcast_ss(&dmm[r][j]), acc[r]);
+          int32_t u4;
+          std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
+          p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
+          __asm__("" : "+x"(p[r]));  // keep the chain sequential (see the Q4_0 GEMM)
         }
+      }
+      const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
+      const __m256 bs = _mm256_loadu_ps(a.sums(b) + 8 * g);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_broadcast_ss(dsc + b * R + r), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(bs, _mm256_broadcast_ss(dmm + b * R + r), acc[r]);
       }
     }
     const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
@@ -331,54 +347,73 @@ struct Q6KGemm {
   QuantizedActs a;
   float* y;
 
+  // As Q4KGemm::rows_x_groups: codes [nb][R][32], the two 16-value scales of each 32-block
+  // [nb][R][2] (int16) and d [nb][R] unpacked once per chunk of groups.
   template <int R>
-  void tile(int64_t r0, int64_t g) const {
+  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
+    const int64_t nb = nsb * 8;
+    auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * R) * 32, 4));
+    auto* fs = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * R) * (sizeof(float) + 2 * sizeof(int16_t)), 5));
+    auto* ds = reinterpret_cast<float*>(fs);
+    auto* sc = reinterpret_cast<int16_t*>(fs + static_cast<size_t>(nb * R) * sizeof(float));
     const float* f16 = f16_table();
-    const uint8_t* wr[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        Q6KUnpacked u;
+        unpack_q6k(wr + sb * sizeof(BlockQ6_K), f16, u);
+        for (int j = 0; j < 8; ++j) {
+          const int64_t b = sb * 8 + j;
+          _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (b * R + r) * 32),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j])));
+          sc[(b * R + r) * 2] = u.sc16[2 * j];
+          sc[(b * R + r) * 2 + 1] = u.sc16[2 * j + 1];
+          ds[b * R + r] = u.d;
+        }
+      }
+    }
+    for (int64_t g = g0; g < g1; ++g) tile<R>(codes, sc, ds, r0, g);
+  }
+
+  template <int R>
+  void tile(const uint8_t* codes, const int16_t* sc, const float* ds, int64_t r0, int64_t g) const {
     __m256 acc[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     const int64_t nb = nsb * 8;
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
     const float* zg = z16 + static_cast<uint64_t>(g) * nb * 16;
-    Q6KUnpacked u[R];
-    for (int64_t sb = 0; sb < nsb; ++sb) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* cb = codes + b * R * 32;
+      const int16_t* sb16 = sc + b * R * 2;
+      const uint8_t* ab = ag + b * 256;
+      __m256i p[R];
       LARDER_UNROLL
-      for (int r = 0; r < R; ++r) unpack_q6k(wr[r] + sb * sizeof(BlockQ6_K), f16, u[r]);
-      __asm__ volatile("" ::: "memory");  // broadcasts from L1, see the Q4_0 GEMM
-      for (int j = 0; j < 8; ++j) {
-        const int64_t b = sb * 8 + j;
-        const uint8_t* ab = ag + b * 256;
-        __m256i p[R];
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-        LARDER_UNROLL
-        for (int k2 = 0; k2 < 4; ++k2) {
-          const __m256i xa0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 64 * k2));
-          const __m256i xa1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 64 * k2 + 32));
-          LARDER_UNROLL
-          for (int r = 0; r < R; ++r) {
-            int32_t u0, u1;
-            std::memcpy(&u0, u[r].codes[j] + 8 * k2, 4);
-            std::memcpy(&u1, u[r].codes[j] + 8 * k2 + 4, 4);
-            const __m256i q2 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(u0), xa0),
-                                                _mm256_maddubs_epi16(_mm256_set1_epi32(u1), xa1));
-            const __m256i scv = _mm256_set1_epi16(u[r].sc16[2 * j + k2 / 2]);
-            p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(q2, scv));
-            __asm__("" : "+x"(p[r]));
-          }
-        }
-        const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
-        const __m256 zlo = _mm256_load_ps(zg + b * 16), zhi = _mm256_load_ps(zg + b * 16 + 8);
+      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+      LARDER_UNROLL
+      for (int k2 = 0; k2 < 4; ++k2) {
+        const __m256i xa0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 64 * k2));
+        const __m256i xa1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 64 * k2 + 32));
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
-          const __m256 z = _mm256_fmadd_ps(zlo, _mm256_set1_ps(static_cast<float>(u[r].sc16[2 * j])),
-                                           _mm256_mul_ps(zhi, _mm256_set1_ps(static_cast<float>(u[r].sc16[2 * j + 1]))));
-          const __m256 f = _mm256_fnmadd_ps(z, _mm256_set1_ps(32.0f), _mm256_cvtepi32_ps(p[r]));
-          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_set1_ps(u[r].d), acc[r]);
+          int32_t u0, u1;
+          std::memcpy(&u0, cb + r * 32 + 8 * k2, 4);
+          std::memcpy(&u1, cb + r * 32 + 8 * k2 + 4, 4);
+          const __m256i q2 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(u0), xa0),
+                                              _mm256_maddubs_epi16(_mm256_set1_epi32(u1), xa1));
+          const __m256i scv = _mm256_set1_epi16(sb16[2 * r + k2 / 2]);
+          p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(q2, scv));
+          __asm__("" : "+x"(p[r]));
         }
+      }
+      const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
+      const __m256 zlo = _mm256_load_ps(zg + b * 16), zhi = _mm256_load_ps(zg + b * 16 + 8);
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 z = _mm256_fmadd_ps(zlo, _mm256_set1_ps(static_cast<float>(sb16[2 * r])),
+                                         _mm256_mul_ps(zhi, _mm256_set1_ps(static_cast<float>(sb16[2 * r + 1]))));
+        const __m256 f = _mm256_fnmadd_ps(z, _mm256_set1_ps(32.0f), _mm256_cvtepi32_ps(p[r]));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_broadcast_ss(ds + b * R + r), acc[r]);
       }
     }
     const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
