@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -92,12 +93,13 @@ class Ranking {
       const float upper = mx_ - reach_;  // ids at or above it came with earlier bands
       const bool first = reach_ == 0;
       reach_ = first ? 8.0f : reach_ >= 64.0f ? INFINITY : 2 * reach_;
-      std::vector<int32_t> ids(static_cast<size_t>(vocab_));
+      // Uninitialized room for a whole row (a zero-filled vector cost ~20 µs at 262k ids).
+      if (!sel_) sel_.reset(new int32_t[static_cast<size_t>(vocab_)]);
       const float lower = reach_ == INFINITY ? -INFINITY : mx_ - reach_;
-      ids.resize(static_cast<size_t>(kernels::select_at_least(l_, vocab_, lower, ids.data())));
-      if (!first) std::erase_if(ids, [&](int32_t i) { return l_[i] >= upper; });
-      if (!ids.empty()) {
-        pending_ = std::move(ids);
+      const int64_t k = kernels::select_at_least(l_, vocab_, lower, sel_.get());
+      pending_.assign(sel_.get(), sel_.get() + k);
+      if (!first) std::erase_if(pending_, [&](int32_t i) { return l_[i] >= upper; });
+      if (!pending_.empty()) {
         chunk_ = 64;
         return true;
       }
@@ -129,6 +131,7 @@ class Ranking {
   size_t pos_ = 0;
   std::vector<int32_t> pending_;  // selected, below every ranked id, not yet ranked
   size_t chunk_ = 64;
+  std::unique_ptr<int32_t[]> sel_;  // select_at_least's output
 };
 
 }  // namespace
