@@ -16,7 +16,7 @@
 //
 // Cost: one row is 49k–262k logits, sampled on the engine thread between forwards while the rest
 // of the pool waits, so each step is a vectorised pass (kernels::argmax, sum_exp,
-// select_at_least) and only the ranked prefix the filters keep is sorted: 14–80 µs per token on
+// select_at_least) and only the ranked prefix the filters keep is sorted: 13–66 µs per token on
 // Zen 5, where a double-precision pass and a sort of the vocabulary took 0.7–4.4 ms.
 //
 // Randomness is counter-based: the uniform draw of step s is a pure function of (seed, s), so the
