@@ -117,8 +117,7 @@ class Ranking {
       pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(chunk_));
       chunk_ *= 4;
     } else {
-      ranked_.swap(pending_);
-      pending_.clear();
+      ranked_.swap(pending_);  // ranked_ was cleared above, so pending_ is now empty
     }
     std::sort(ranked_.begin(), ranked_.end(), cmp);
   }

@@ -219,10 +219,9 @@ inline void run_multi_decode(const K& first, const WeightView* ws, float* const*
   run_matmul_tiles(mk, mk.rows(), n, act_bytes_per_token);
 }
 
-// Token-lane GEMMs (G::template tile<R>(r0, group) for R <= 4 rows × one 8-token group, or
-// G::template rows_x_groups<R>(r0, g0, g1) where the kernel unpacks a row tile once per chunk).
-// Chunks: 16 rows × a run of token groups whose activations (nb·256 B per group) fit ~256 KiB
-// of L2; inside, each 4-row tile streams its weights once per group from L1/L2.
+// Token-lane GEMMs: G::template rows_x_groups<R>(r0, g0, g1) unpacks R <= 4 rows once and runs
+// token groups [g0, g1) (8 tokens each) over them. Chunks: 16 rows × a run of token groups whose
+// activations (nb·256 B per group) fit ~256 KiB of L2.
 template <class G>
 inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb) {
   const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
@@ -234,26 +233,12 @@ inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb)
     const int64_t r_begin = ib * rb, r_end = std::min(rows, r_begin + rb);
     const int64_t g_begin = ig * gb, g_end = std::min(groups, g_begin + gb);
     int64_t r = r_begin;
-    if constexpr (requires { k.template rows_x_groups<4>(r, g_begin, g_end); }) {
-      // The kernel unpacks a row tile once and runs the chunk's groups over it.
-      for (; r + 4 <= r_end; r += 4) k.template rows_x_groups<4>(r, g_begin, g_end);
-      switch (r_end - r) {
-        case 3: k.template rows_x_groups<3>(r, g_begin, g_end); break;
-        case 2: k.template rows_x_groups<2>(r, g_begin, g_end); break;
-        case 1: k.template rows_x_groups<1>(r, g_begin, g_end); break;
-        default: break;
-      }
-    } else {
-      for (; r + 4 <= r_end; r += 4)
-        for (int64_t g = g_begin; g < g_end; ++g) k.template tile<4>(r, g);
-      for (int64_t g = g_begin; g < g_end; ++g) {
-        switch (r_end - r) {
-          case 3: k.template tile<3>(r, g); break;
-          case 2: k.template tile<2>(r, g); break;
-          case 1: k.template tile<1>(r, g); break;
-          default: break;
-        }
-      }
+    for (; r + 4 <= r_end; r += 4) k.template rows_x_groups<4>(r, g_begin, g_end);
+    switch (r_end - r) {
+      case 3: k.template rows_x_groups<3>(r, g_begin, g_end); break;
+      case 2: k.template rows_x_groups<2>(r, g_begin, g_end); break;
+      case 1: k.template rows_x_groups<1>(r, g_begin, g_end); break;
+      default: break;
     }
   });
 }
