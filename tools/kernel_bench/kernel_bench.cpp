@@ -224,13 +224,15 @@ std::string cpu_model() {
 
 
 // Attention at Llama-3.2-1B's shape (32 query heads, 8 KV heads, head_dim 64): decode (n rows at
-// the end of each context) and one prefill chunk ending at 4096. The tier's entry is the
-// dispatch table's (ref, or the active table for the fast tiers: attention has one AVX2 kernel
-// that every fast tier uses).
+// the end of each context) and one prefill chunk ending at 4096. The tier's entry is its own
+// kernel (the reference's, attention_avx2.cpp's or attention_avx512.cpp's).
 void bench_attention(const std::string& tier, const std::vector<int>& threads, const std::vector<double>& bw,
                      const std::vector<int64_t>& contexts, const std::vector<int64_t>& decode_ns, bool do_decode,
                      bool do_prefill, int reps, bool hot, double bw_cpu1) {
-  const AttentionFn fn = tier == "ref" ? ref_table().attention : active_table().attention;
+  const AttentionFn fn = tier == "ref"      ? ref_table().attention
+                         : tier == "avx2"   ? cpu::avx2::attention
+                         : tier == "avx512" ? (cpu_features().has_avx512_tier() ? cpu::avx512::attention : nullptr)
+                                            : nullptr;
   if (!fn) {
     std::printf("\n%s: no attention kernel\n", tier.c_str());
     return;

@@ -1,4 +1,4 @@
-// The AVX2 online-softmax attention against the double-precision reference over random shapes:
+// Each tier's online-softmax attention (AVX2, AVX-512) against the double-precision reference over random shapes:
 // head counts and GQA groups (including groups larger than one work item), head dims that are
 // not multiples of 8, sliding windows, several KV spans (shared prefix + private tail), prefill
 // chunks that start mid-sequence, and score ranges wide enough to exercise the exp underflow.
@@ -20,16 +20,57 @@
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/ref/ref_ops.h"
 
-// Internal entry points of attention_avx2.cpp (no header: tests only).
+// Internal entry points of attention_avx2.cpp and attention_avx512.cpp (no header: tests only).
 namespace larder::kernels::cpu::avx2 {
 void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                      const AttentionParams& p, int64_t tile, int64_t chunk_keys, bool split, int64_t slots_per_item,
                      float* out);
 void exp_neg_batch(const float* x, float* y, int64_t n);
 }  // namespace larder::kernels::cpu::avx2
+namespace larder::kernels::cpu::avx512 {
+void attention_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+                     const AttentionParams& p, int64_t tile, int64_t chunk_keys, bool split, int64_t slots_per_item,
+                     float* out);
+}  // namespace larder::kernels::cpu::avx512
 
 namespace larder::kernels {
 namespace {
+
+// Each tier's kernel runs every test below (the driver — items, chunks, packing, folding — is
+// shared; the block arithmetic is the tier's).
+using TiledFn = void (*)(const float*, int64_t, int64_t, const KvSpanView*, int, const AttentionParams&, int64_t,
+                         int64_t, bool, int64_t, float*);
+struct Tier {
+  const char* name;
+  bool (*supported)();
+  AttentionFn attention;
+  TiledFn tiled;
+};
+const Tier kTiers[] = {
+    {"avx2", [] { return cpu_features().avx2 && cpu_features().fma && cpu_features().f16c; }, cpu::avx2::attention,
+     cpu::avx2::attention_tiled},
+    {"avx512", [] { return cpu_features().has_avx512_tier(); }, cpu::avx512::attention, cpu::avx512::attention_tiled},
+};
+void PrintTo(const Tier& t, std::ostream* os) { *os << t.name; }
+const Tier* g_tier = &kTiers[0];  // the tier the running test exercises
+
+class AttentionTier : public ::testing::TestWithParam<Tier> {
+ protected:
+  void SetUp() override {
+    if (!GetParam().supported()) GTEST_SKIP() << "this CPU has no " << GetParam().name << " tier";
+    g_tier = &GetParam();
+  }
+};
+
+void tier_tiled(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+                const AttentionParams& p, int64_t tile, int64_t chunk_keys, bool split, int64_t slots_per_item,
+                float* out) {
+  g_tier->tiled(q, n, q_pos0, spans, n_spans, p, tile, chunk_keys, split, slots_per_item, out);
+}
+void tier_attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+                    const AttentionParams& p, float* out) {
+  g_tier->attention(q, n, q_pos0, spans, n_spans, p, out);
+}
 
 struct Case {
   int n_heads, n_kv_heads, head_dim;
@@ -111,20 +152,19 @@ void check(const Problem& pr, const Kernel& kernel, const char* what) {
   // wrong key, head, mask or merge weight is off by O(0.01..1)).
   float worst = 0;
   for (size_t i = 0; i < pr.want.size(); ++i) worst = std::max(worst, std::abs(got[i] - pr.want[i]));
-  EXPECT_LE(worst, 2e-5f) << what << ": heads " << c.n_heads << "/" << c.n_kv_heads << " hd " << c.head_dim
+  EXPECT_LE(worst, 2e-5f) << g_tier->name << " " << what << ": heads " << c.n_heads << "/" << c.n_kv_heads << " hd " << c.head_dim
                           << " pos0 " << c.pos0 << " n " << c.n << " window " << c.window << " spans "
                           << pr.spans.size() << " kv " << dtype_name(c.dtype);
 }
 
 void public_kernel(const Problem& pr, float* out) {
-  cpu::avx2::attention(pr.q.data(), pr.c.n, pr.c.pos0, pr.spans.data(), static_cast<int>(pr.spans.size()), pr.p,
+  tier_attention(pr.q.data(), pr.c.n, pr.c.pos0, pr.spans.data(), static_cast<int>(pr.spans.size()), pr.p,
                        out);
 }
 
 void run_case(const Case& c, std::mt19937& rng) { check(make_problem(c, rng), public_kernel, "attention"); }
 
-TEST(AttentionAvx2, MatchesReferenceOnRandomShapes) {
-  if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2/FMA";
+TEST_P(AttentionTier, MatchesReferenceOnRandomShapes) {
   std::mt19937 rng(20261202);
   const int head_dims[] = {8, 16, 40, 64, 80, 128, 13};
   const std::pair<int, int> heads[] = {{1, 1}, {4, 4}, {8, 2}, {32, 8}, {40, 2}, {6, 3}};
@@ -185,8 +225,7 @@ TEST(AttentionAvx2, ExpNegWithinOneUlp) {
 // fully masked for the first rows), 100, 700, and 0 (no split) for comparison; row tiles of
 // n (one tile) and 3 (tiles that see different chunk subsets); one KV head per item, or all of
 // them (the decode policy's choice).
-TEST(AttentionAvx2, SplitKvMatchesReference) {
-  if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2/FMA";
+TEST_P(AttentionTier, SplitKvMatchesReference) {
   std::mt19937 rng(7);
   const int head_dims[] = {64, 128, 80, 13};
   const std::pair<int, int> heads[] = {{4, 4}, {8, 2}, {8, 1}};  // GQA groups 1, 4, 8
@@ -202,7 +241,7 @@ TEST(AttentionAvx2, SplitKvMatchesReference) {
         for (int64_t tile : {n, int64_t{3}}) {
           for (int64_t spi : {1, 1000}) {
             check(pr, [&](const Problem& q, float* out) {
-              cpu::avx2::attention_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(),
+              tier_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(),
                                          static_cast<int>(q.spans.size()), q.p, tile, ck == 0 ? 256 : ck, ck != 0, spi, out);
             }, ck == 0 ? "unsplit" : "split");
           }
@@ -222,7 +261,7 @@ TEST(AttentionAvx2, SplitKvMatchesReference) {
     for (int64_t tile : {8, 3}) {
       for (int64_t spi : {1, 1000}) {
         check(*pr, [&](const Problem& q, float* out) {
-          cpu::avx2::attention_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()),
+          tier_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()),
                                      q.p, tile, ck == 0 ? 256 : ck, ck != 0, spi, out);
         }, "masked chunks");
       }
@@ -232,13 +271,13 @@ TEST(AttentionAvx2, SplitKvMatchesReference) {
   const Problem big = make_problem({32, 8, 64, 4992, 8, 0, 3, 4.0f}, rng);
   for (int64_t ck : {256, 1000, 0}) {
     check(big, [&](const Problem& q, float* out) {
-      cpu::avx2::attention_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()), q.p,
+      tier_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()), q.p,
                                  q.c.n, ck == 0 ? 256 : ck, ck != 0, 1000, out);
     }, "split 32/8");
   }
   const Problem big128 = make_problem({16, 2, 128, 4999, 1, 0, 2, 8.0f}, rng);
   check(big128, [&](const Problem& q, float* out) {
-    cpu::avx2::attention_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()), q.p, 1,
+    tier_tiled(q.q.data(), q.c.n, q.c.pos0, q.spans.data(), static_cast<int>(q.spans.size()), q.p, 1,
                                333, true, 1, out);
   }, "split 16/2 hd128");
 }
@@ -246,8 +285,7 @@ TEST(AttentionAvx2, SplitKvMatchesReference) {
 // The public entry picks its chunking from the pool size (8 chunks per thread, each at least 256
 // keys); each choice must give the same answer within rounding. The last problem has exactly 512
 // visible keys, the shortest context that is split (into 2).
-TEST(AttentionAvx2, DecodePolicyAnyThreadCount) {
-  if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2/FMA";
+TEST_P(AttentionTier, DecodePolicyAnyThreadCount) {
   std::mt19937 rng(11);
   const Problem llama = make_problem({32, 8, 64, 4095, 1, 0, 2, 4.0f}, rng);
   const Problem one_group = make_problem({8, 1, 128, 2040, 8, 0, 1, 2.0f}, rng);
@@ -266,8 +304,7 @@ TEST(AttentionAvx2, DecodePolicyAnyThreadCount) {
 // f16 and q8_0 K/V (ops.h KV row formats) against the reference reading the same stored rows:
 // the kernel widens them exactly as kv_decode does, so the bound is the f32 one. Random shapes,
 // several spans, windows, decode at depth (the split path) and prefill chunks.
-TEST(AttentionAvx2, F16AndQ8KvMatchReference) {
-  if (!cpu_features().avx2 || !cpu_features().fma || !cpu_features().f16c) GTEST_SKIP() << "no AVX2/FMA/F16C";
+TEST_P(AttentionTier, F16AndQ8KvMatchReference) {
   std::mt19937 rng(1604);
   int cases = 0;
   for (DType dt : {DType::kF16, DType::kQ8_0}) {
@@ -293,13 +330,12 @@ TEST(AttentionAvx2, F16AndQ8KvMatchReference) {
 // the keys it sees and their positions. The same rows cut into different spans (a cached prefix
 // + a tail; a ring's two spans; cuts inside blocks and chunks), computed in one call of n rows or
 // one row at a time, at 1-3 threads, on the tile path or the decode split, give identical bits.
-TEST(AttentionAvx2, SpanSplitIsBitIdenticalToContiguous) {
-  if (!cpu_features().avx2 || !cpu_features().fma || !cpu_features().f16c) GTEST_SKIP() << "no AVX2/FMA/F16C";
+TEST_P(AttentionTier, SpanSplitIsBitIdenticalToContiguous) {
   std::mt19937 rng(4242);
   const int saved = default_pool().n_threads();
   auto run = [](const Problem& pr, const std::vector<KvSpanView>& sp, int64_t row0, int64_t rows, float* out) {
     const int64_t q_row = static_cast<int64_t>(pr.c.n_heads) * pr.c.head_dim;
-    cpu::avx2::attention(pr.q.data() + row0 * q_row, rows, pr.c.pos0 + row0, sp.data(), static_cast<int>(sp.size()),
+    tier_attention(pr.q.data() + row0 * q_row, rows, pr.c.pos0 + row0, sp.data(), static_cast<int>(sp.size()),
                          pr.p, out);
   };
   int compared = 0;
@@ -342,6 +378,9 @@ TEST(AttentionAvx2, SpanSplitIsBitIdenticalToContiguous) {
   default_pool().set_threads(saved);
   EXPECT_EQ(compared, 3 * 5 * 3 * 4);
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, AttentionTier, ::testing::ValuesIn(kTiers),
+                         [](const ::testing::TestParamInfo<Tier>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace larder::kernels

@@ -87,7 +87,7 @@ void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, cons
 // IQ4_NL fused decode (the linear decode kernel of matmul_gguf_avx2.cpp, one quantization per group).
 void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Causal GQA attention over f32/f16/q8_0 K/V, f32 online softmax, on the thread pool
-// (attention_avx2.cpp). Same contract as kernels::attention.
+// (attention_driver.h, attention_avx2.cpp). Same contract as kernels::attention.
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out);
 // Elementwise ops on the pool (elementwise_avx2.cpp). Same contracts as kernels::rmsnorm, rope,
@@ -110,6 +110,10 @@ int64_t select_at_least(const float* x, int64_t n, float t, int32_t* out);
 }  // namespace avx2
 
 namespace avx512 {
+// Same contract as avx2::attention; each block is computed for tiles of (row, head) pairs as two
+// register-blocked matrix products (attention_avx512.cpp).
+void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
+               const AttentionParams& p, float* out);
 // Same contracts as avx2::argmax and avx2::sum_exp, 16 lanes (logits_avx512.cpp).
 int64_t argmax(const float* x, int64_t n);
 double sum_exp(const float* x, int64_t n, float shift, float scale);

@@ -360,6 +360,7 @@ void register_fast_kernels(KernelTable& t) {
     t.gelu_tanh_mul = avx512::gelu_tanh_mul;  // tested against the reference (tests/unit/kernels_fast)
     t.argmax = avx512::argmax;                // (tests/unit/kernels_fast/logits_fast_test.cpp)
     t.sum_exp = avx512::sum_exp;
+    t.attention = avx512::attention;  // (tests/unit/kernels_fast/attention_fast_test.cpp)
     t.name = "avx512";
   }
 }
