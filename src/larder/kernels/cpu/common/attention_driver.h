@@ -85,7 +85,13 @@ struct AttnBlock {
 template <class Tier>
 struct AttentionDriver {
   static constexpr int kMaxGroup = 16;     // query heads per KV head handled in one item (larger: split)
-  static constexpr int64_t kMaxTile = 16;  // query rows per item
+  // Query rows per item. Every item streams its KV head's rows once, so a prefill chunk at depth
+  // re-reads the cache once per row tile (at 4096 keys, 2 MB per head: from L3, not L2): more
+  // rows per item, fewer passes. 64 rows × 4 heads keep 256 pairs' states (64 KiB at head_dim 64)
+  // in L2.
+  static constexpr int64_t kMaxTile = 64;
+  // Up to this many rows (decode, speculative verification) a long context is split by chunks.
+  static constexpr int64_t kDecodeRows = 16;
   static constexpr int kMaxBlock = 64;     // keys per block, upper bound
   // Keys per chunk. What a chunk adds per (query row, head): initialising and folding one state
   // (~3 passes over head_dim floats, one scalar exp), plus a ragged first/last block — about the
@@ -364,7 +370,9 @@ struct AttentionDriver {
         const int head0 = x.sl.h0(sl0);
         const int nh = x.sl.h0(sl1 - 1) + x.sl.heads(sl1 - 1) - head0;
         if (nh <= 0) return;
-        const int64_t t0 = (it / slot_groups) * tile, nt = std::min(tile, n - t0);
+        // Last rows first: they see the most keys, and the pool hands items out in order, so the
+        // small items even out the threads at the end.
+        const int64_t t0 = (row_tiles - 1 - it / slot_groups) * tile, nt = std::min(tile, n - t0);
         Scratch& s = scratch;
         load_q(x, t0, nt, head0, nh, s);
         const size_t pairs = static_cast<size_t>(nt * nh);
@@ -429,7 +437,7 @@ struct AttentionDriver {
     const int64_t threads = default_pool().n_threads();
     const int64_t r0 = p.window > 0 ? std::max<int64_t>(0, q_pos0 - p.window + 1) : 0;
     const int64_t keys = q_pos0 + n - r0;
-    if (n <= kMaxTile && keys >= kSplitMinKeys) {
+    if (n <= kDecodeRows && keys >= kSplitMinKeys) {
       // Decode: all rows and all KV heads in each item (the cache is read once, front to back),
       // parallel over the chunks (dynamic balancing on a shared host, like the matmuls).
       attention_tiled(q, n, q_pos0, spans, n_spans, p, n, kChunk, true, slots, out);
