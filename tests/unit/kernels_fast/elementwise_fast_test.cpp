@@ -166,6 +166,44 @@ TEST_P(ElementwiseAvx2, RopeIsBitIdentical) {
   }
 }
 
+// The fast rope keeps the angle tables of recent (frequencies, positions) across calls (a model's
+// layers rotate by the same ones). A table must be reused only for the same angles: the same
+// buffers refilled with other positions or frequencies (as a model's scratch is between forwards,
+// and a reloaded model's table may land at a freed one's address), and more tables in turn than
+// the cache holds, still give the reference's bits.
+TEST_P(ElementwiseAvx2, RopeReusesAnglesOnlyForTheSameAngles) {
+  std::mt19937 rng(5);
+  const int heads = 4, hd = 64, rot = 64;
+  const int64_t n = 40;
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  std::vector<float> inv(static_cast<size_t>(rot / 2));
+  auto check = [&](const char* what) {
+    const auto x = randv(rng, n * heads * hd, 1.0f);
+    auto want = x, got = x;
+    ref::rope(want.data(), n, heads, hd, rot, pos.data(), inv.data(), RopePairing::kHalf);
+    cpu::avx2::rope(got.data(), n, heads, hd, rot, pos.data(), inv.data(), RopePairing::kHalf);
+    ASSERT_EQ(got, want) << what;
+  };
+  auto fill = [&](int64_t p0, float base) {
+    for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = p0 + t;
+    for (int i = 0; i < rot / 2; ++i) inv[static_cast<size_t>(i)] = std::pow(base, -2.0f * i / rot);
+  };
+  fill(0, 10000.0f);
+  check("first");
+  check("again (a hit)");
+  fill(1, 10000.0f);
+  check("same buffers, positions moved by one");
+  fill(1, 500000.0f);
+  check("same buffers, other frequencies");
+  pos[7] = 1000;
+  check("one position changed");
+  for (int round = 0; round < 2; ++round)
+    for (int k = 0; k < 6; ++k) {  // six tables in turn, more than are kept
+      fill(100 * k, 10000.0f + 1000.0f * static_cast<float>(k));
+      check("tables in turn");
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, ElementwiseAvx2, ::testing::Values(1, 2, 3));
 
 }  // namespace

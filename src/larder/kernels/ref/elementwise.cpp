@@ -18,21 +18,24 @@ void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float 
   }
 }
 
-void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
-          const float* inv_freq, RopePairing pairing) {
-  const int half = rot_dim / 2;
-  std::vector<double> cs(static_cast<size_t>(2 * half));  // cos, sin per pair: shared by every head
-  for (int64_t t = 0; t < n; ++t) {
+void rope_angles(const int64_t* positions, int64_t n, const float* inv_freq, int half, double* cs) {
+  for (int64_t t = 0; t < n; ++t, cs += 2 * half) {
     const double pos = static_cast<double>(positions[t]);
     for (int i = 0; i < half; ++i) {
       const double theta = pos * static_cast<double>(inv_freq[i]);
-      cs[static_cast<size_t>(2 * i)] = std::cos(theta);
-      cs[static_cast<size_t>(2 * i + 1)] = std::sin(theta);
+      cs[2 * i] = std::cos(theta);
+      cs[2 * i + 1] = std::sin(theta);
     }
+  }
+}
+
+void rope_rotate(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const double* cs, RopePairing pairing) {
+  const int half = rot_dim / 2;
+  for (int64_t t = 0; t < n; ++t, cs += 2 * half) {
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * head_dim;
       for (int i = 0; i < half; ++i) {
-        const double c = cs[static_cast<size_t>(2 * i)], s = cs[static_cast<size_t>(2 * i + 1)];
+        const double c = cs[2 * i], s = cs[2 * i + 1];
         // The pair (a, b) rotates as the complex number a + ib times e^{iθ}.
         const int ia = pairing == RopePairing::kHalf ? i : 2 * i;
         const int ib = pairing == RopePairing::kHalf ? i + half : 2 * i + 1;
@@ -41,6 +44,16 @@ void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int
         v[ib] = static_cast<float>(a * s + b * c);
       }
     }
+  }
+}
+
+void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
+          const float* inv_freq, RopePairing pairing) {
+  const int half = rot_dim / 2;
+  std::vector<double> cs(static_cast<size_t>(2 * half));  // cos, sin per pair: shared by every head
+  for (int64_t t = 0; t < n; ++t) {
+    rope_angles(positions + t, 1, inv_freq, half, cs.data());
+    rope_rotate(x + t * n_heads * head_dim, 1, n_heads, head_dim, rot_dim, cs.data(), pairing);
   }
 }
 

@@ -70,6 +70,11 @@ float affine_scale(const WeightView& w, int64_t row, int64_t group, bool bias);
 void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out);
 void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
           const float* inv_freq, RopePairing pairing);
+// rope's two halves, which the fast tiers run separately (they reuse the angles across layers):
+// cs[t][2i], cs[t][2i + 1] = cos, sin of positions[t]·inv_freq[i] in double, for i < half; and the
+// rotation of x[n, n_heads, head_dim] by them (in double, rounded once to f32).
+void rope_angles(const int64_t* positions, int64_t n, const float* inv_freq, int half, double* cs);
+void rope_rotate(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const double* cs, RopePairing pairing);
 void softmax(float* x, int64_t n);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
