@@ -151,7 +151,10 @@ void check(const Problem& pr, const Kernel& kernel, const char* what) {
   // 7.3e-6 for 5000 keys at q_scale 4 (scores spread ±15). 2e-5 still flags any real bug (a
   // wrong key, head, mask or merge weight is off by O(0.01..1)).
   float worst = 0;
-  for (size_t i = 0; i < pr.want.size(); ++i) worst = std::max(worst, std::abs(got[i] - pr.want[i]));
+  // (A NaN output — an element never written, or a stale non-finite state — counts as infinitely wrong;
+  // std::max would drop it.)
+  for (size_t i = 0; i < pr.want.size(); ++i)
+    worst = std::isfinite(got[i]) ? std::max(worst, std::abs(got[i] - pr.want[i])) : INFINITY;
   EXPECT_LE(worst, 2e-5f) << g_tier->name << " " << what << ": heads " << c.n_heads << "/" << c.n_kv_heads << " hd " << c.head_dim
                           << " pos0 " << c.pos0 << " n " << c.n << " window " << c.window << " spans "
                           << pr.spans.size() << " kv " << dtype_name(c.dtype);
@@ -285,6 +288,28 @@ TEST_P(AttentionTier, SplitKvMatchesReference) {
 // The public entry picks its chunking from the pool size (8 chunks per thread, each at least 256
 // keys); each choice must give the same answer within rounding. The last problem has exactly 512
 // visible keys, the shortest context that is split (into 2).
+// The kernels keep per-thread scratch (packed blocks, states) across calls. A call whose V rows
+// hold inf and NaN leaves such values there; every later call must still be exact — on the tile
+// path and the decode split, at 1-3 threads.
+TEST_P(AttentionTier, StaleNonFiniteStateDoesNotLeak) {
+  std::mt19937 rng(99);
+  const int saved = default_pool().n_threads();
+  for (int t : {1, 2, 3}) {
+    default_pool().set_threads(t);
+    for (const Case& c : {Case{32, 8, 64, 600, 40, 0, 1, 2.0f}, Case{32, 8, 64, 3000, 1, 0, 2, 2.0f},
+                          Case{8, 2, 128, 900, 4, 0, 1, 2.0f}}) {
+      Problem bad = make_problem(c, rng);
+      auto* v = reinterpret_cast<float*>(bad.v.data());  // f32 rows
+      for (size_t i = 0; i < bad.v.size() / 4; i += 3) v[i] = (i % 2) ? INFINITY : NAN;
+      std::vector<float> junk(bad.q.size());
+      tier_attention(bad.q.data(), c.n, c.pos0, bad.spans.data(), static_cast<int>(bad.spans.size()), bad.p,
+                     junk.data());
+      check(make_problem(c, rng), public_kernel, "after a non-finite call");
+    }
+  }
+  default_pool().set_threads(saved);
+}
+
 TEST_P(AttentionTier, DecodePolicyAnyThreadCount) {
   std::mt19937 rng(11);
   const Problem llama = make_problem({32, 8, 64, 4095, 1, 0, 2, 4.0f}, rng);
