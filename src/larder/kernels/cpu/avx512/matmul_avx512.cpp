@@ -597,6 +597,11 @@ void decode_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
 // halves), the seed [16] int32 and d_x/16 [16] f32 — 256 B, built once per matmul.
 struct Q4_0Quad {
   static constexpr int kRows1 = 4;
+  // matmul_driver.h rows1. Zen 5 (session 22, one binary alternating LARDER_DECODE_TILES, a
+  // neighbour loading memory): 1B Q4_0 tg64 at 2 threads, 5 pairs, 71.0 → 72.9 tok/s (2 rows
+  // ahead in all 5); kernel_bench 8192x2048 n = 1, 1 thread, 4 pairs, 258 → 234 µs (down
+  // 2048x8192 level). Zen 4 had measured no gain (session 17); its set takes 2 rows now too.
+  static constexpr int kRows1Zen = 2;
   static constexpr int kRowsN = 2;
   const uint8_t* w;
   uint64_t row_bytes;
