@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "larder/kernels/cpu/avx512/simd_exp_avx512.h"
+#include "larder/kernels/cpu/avx512/simd_transpose_avx512.h"
 #include "larder/kernels/cpu/common/attention_driver.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
@@ -56,33 +57,6 @@ constexpr int kScoreStride = kMaxBlock;  // floats per pair in the score scratch
 inline __m512 exp_neg16(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
   return _mm512_maskz_mov_ps(keep, exp16(x));
-}
-
-// In-register transpose of 16 rows of 16 floats: r[i][j] → r[j][i].
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  // u[4g + c], lane k: rows 4g..4g+3 at column 4k + c.
-  for (int g = 0; g < 4; ++g) {
-    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
-    const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
-    u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  // Column 4k + c gathers lane k of u[c], u[4 + c], u[8 + c], u[12 + c].
-  for (int c = 0; c < 4; ++c) {
-    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
-    const __m512 e = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), f = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-    r[c] = _mm512_shuffle_f32x4(a, e, 0x88);
-    r[4 + c] = _mm512_shuffle_f32x4(a, e, 0xDD);
-    r[8 + c] = _mm512_shuffle_f32x4(b, f, 0x88);
-    r[12 + c] = _mm512_shuffle_f32x4(b, f, 0xDD);
-  }
 }
 
 // Scores of SP pairs against key vectors [v0, v0 + KVV) of the block: kt is K transposed,
@@ -205,12 +179,12 @@ struct Avx512Tier {
 
   // K transposed: kt[d][j] = kp[j][d] for the block's bk rows (rows nobody sees included: finite).
   static void prepare(const float* kp, int bk, int hdp, float* kt) {
-    __m512 r[16];
+    __m512i r[16];
     for (int j0 = 0; j0 < bk; j0 += 16) {
       for (int d0 = 0; d0 < hdp; d0 += 16) {
-        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(kp + static_cast<int64_t>(j0 + i) * hdp + d0);
-        transpose16(r);
-        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(kt + static_cast<int64_t>(d0 + i) * bk + j0, r[i]);
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(kp + static_cast<int64_t>(j0 + i) * hdp + d0);
+        transpose16x16(r);
+        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kt + static_cast<int64_t>(d0 + i) * bk + j0, r[i]);
       }
     }
   }

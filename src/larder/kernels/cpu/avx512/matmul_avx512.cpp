@@ -27,6 +27,7 @@
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
 #include "larder/kernels/cpu/avx512/gemm16_avx512.h"
+#include "larder/kernels/cpu/avx512/simd_transpose_avx512.h"
 #include "larder/kernels/gguf_blocks.h"
 
 namespace larder::kernels::cpu::avx512 {
@@ -302,31 +303,6 @@ struct Bf16Gemm {
     }
   }
 };
-
-// 16×16 transpose of 32-bit elements: lane j of r[i] → lane i of r[j].
-LARDER_GEMM_INLINE void transpose16x16(__m512i (&r)[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // Per 128-bit lane L: r[4b + c] = column 4L + c of rows 4b..4b+3.
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i u0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), u1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
-    const __m512i v0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), v1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
-    t[c] = _mm512_shuffle_i32x4(u0, v0, 0x88);
-    t[4 + c] = _mm512_shuffle_i32x4(u0, v0, 0xDD);
-    t[8 + c] = _mm512_shuffle_i32x4(u1, v1, 0x88);
-    t[12 + c] = _mm512_shuffle_i32x4(u1, v1, 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
 
 // x[n, cols] (cols even) → Bf16Gemm's token-lane activations (slot 1 of the calling thread):
 // rounded to bf16 (cvtne2ps2bf16: nearest even, as BF16Kernel), padding tokens and pairs zero.
