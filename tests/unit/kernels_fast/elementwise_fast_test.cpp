@@ -202,6 +202,18 @@ TEST_P(ElementwiseAvx2, RopeReusesAnglesOnlyForTheSameAngles) {
       fill(100 * k, 10000.0f + 1000.0f * static_cast<float>(k));
       check("tables in turn");
     }
+  // A call whose table is too large to keep (computed for that call only), then the kept ones.
+  const int64_t long_n = 20000;  // × 128 doubles = 20 MB
+  std::vector<int64_t> long_pos(static_cast<size_t>(long_n));
+  for (int64_t t = 0; t < long_n; ++t) long_pos[static_cast<size_t>(t)] = t;
+  const auto lx = randv(rng, long_n * 2 * 128, 1.0f);
+  auto lwant = lx, lgot = lx;
+  std::vector<float> inv64(64);
+  for (int i = 0; i < 64; ++i) inv64[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / 128);
+  ref::rope(lwant.data(), long_n, 2, 128, 128, long_pos.data(), inv64.data(), RopePairing::kHalf);
+  cpu::avx2::rope(lgot.data(), long_n, 2, 128, 128, long_pos.data(), inv64.data(), RopePairing::kHalf);
+  ASSERT_EQ(lgot, lwant) << "a table too large to keep";
+  check("after a large call");
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, ElementwiseAvx2, ::testing::Values(1, 2, 3));

@@ -146,7 +146,22 @@ struct RopeAngles {
   uint64_t last_use = 0;
 };
 
-const double* rope_angles_cached(const int64_t* positions, int64_t n, const float* inv_freq, int half) {
+// Entries hold at most this much (a 512-token chunk at head_dim 256 is 1 MiB); a larger call's
+// table is computed into `big` for that call only, so the cache never pins a long prompt's
+// tables for the life of the thread.
+constexpr size_t kMaxCachedBytes = size_t{8} << 20;
+
+const double* rope_angles_cached(const int64_t* positions, int64_t n, const float* inv_freq, int half,
+                                 std::vector<double>& big) {
+  // A sin/cos pair costs ~20 ns: count it as 16 floats of elementwise work.
+  auto fill = [&](double* cs) {
+    split(n, 1, 16 * half, [&](int64_t b, int64_t e) { ref::rope_angles(positions + b, e - b, inv_freq, half, cs + b * 2 * half); });
+  };
+  if (static_cast<size_t>(n * 2 * half) * sizeof(double) > kMaxCachedBytes) {
+    big.resize(static_cast<size_t>(n * 2 * half));
+    fill(big.data());
+    return big.data();
+  }
   thread_local std::array<RopeAngles, 4> cache;  // gemma: 2 tables; room for a second sequence
   thread_local uint64_t clock = 0;
   ++clock;
@@ -163,11 +178,10 @@ const double* rope_angles_cached(const int64_t* positions, int64_t n, const floa
   e.inv_freq.assign(inv_freq, inv_freq + half);
   e.positions.assign(positions, positions + n);
   e.cs.resize(static_cast<size_t>(n * 2 * half));
-  double* cs = e.cs.data();
-  // A sin/cos pair costs ~20 ns: count it as 16 floats of elementwise work.
-  split(n, 1, 16 * half, [&](int64_t b, int64_t end) { ref::rope_angles(positions + b, end - b, inv_freq, half, cs + b * 2 * half); });
+  e.cs.shrink_to_fit();  // an entry keeps only what its table needs
+  fill(e.cs.data());
   e.last_use = clock;
-  return cs;
+  return e.cs.data();
 }
 
 }  // namespace
@@ -175,7 +189,8 @@ const double* rope_angles_cached(const int64_t* positions, int64_t n, const floa
 void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int64_t* positions,
           const float* inv_freq, RopePairing pairing) {
   const int half = rot_dim / 2;
-  const double* cs = rope_angles_cached(positions, n, inv_freq, half);
+  std::vector<double> big;
+  const double* cs = rope_angles_cached(positions, n, inv_freq, half, big);
   const int64_t stride = static_cast<int64_t>(n_heads) * head_dim;
   split(n, 1, stride, [&](int64_t b, int64_t e) {
     ref::rope_rotate(x + b * stride, e - b, n_heads, head_dim, rot_dim, cs + b * 2 * half, pairing);
