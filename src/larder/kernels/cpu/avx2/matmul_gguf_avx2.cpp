@@ -470,20 +470,8 @@ void matmul_gguf_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
     }
   }
   const G k{w.data, w.row_bytes(), w.rows, nb, n, w.cols / U::kElems, act8, a, bs16, y};
-  const int64_t groups = a.n_pad / 8;
-  const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
-  const int64_t n_gb = (groups + gb - 1) / gb;
-  const int64_t rb = 4 * G::kRows;
-  const int64_t n_rb = (w.rows + rb - 1) / rb;
-  default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
-    const int64_t ib = c % n_rb, ig = c / n_rb;
-    const int64_t r_end = std::min(w.rows, (ib + 1) * rb);
-    const int64_t g0 = ig * gb, g1 = std::min(groups, g0 + gb);
-    int64_t r = ib * rb;
-    for (; r + G::kRows <= r_end; r += G::kRows)
-      k.template rows_x_groups<G::kRows>(r, g0, g1, std::clamp<int64_t>(r_end - r - G::kRows, 0, G::kRows));
-    for (; r < r_end; ++r) k.template rows_x_groups<1>(r, g0, g1, 0);
-  });
+  static_assert(G::kRows == 4, "run_gemm_tiles cuts 4-row tiles");
+  run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
 }
 
 // From this many tokens on (one full 8-token group) the GEMM above; fewer: the decode kernels.

@@ -221,7 +221,19 @@ inline void run_multi_decode(const K& first, const WeightView* ws, float* const*
 
 // Token-lane GEMMs: G::template rows_x_groups<R>(r0, g0, g1) unpacks R <= 4 rows once and runs
 // token groups [g0, g1) (8 tokens each) over them. Chunks: 16 rows × a run of token groups whose
-// activations (nb·256 B per group) fit ~256 KiB of L2.
+// activations (nb·256 B per group) fit ~256 KiB of L2. A kernel whose rows_x_groups takes a fourth
+// argument is told how many of the chunk's next rows to prefetch while it runs (the AVX2 GGUF
+// GEMM, whose packed rows are long enough to stall on DRAM otherwise).
+template <int R, class G>
+__attribute__((always_inline)) inline void run_rows_x_groups(const G& k, int64_t r, int64_t g0, int64_t g1,
+                                                             int64_t next_rows) {
+  if constexpr (requires { k.template rows_x_groups<R>(r, g0, g1, next_rows); }) {
+    k.template rows_x_groups<R>(r, g0, g1, next_rows);
+  } else {
+    k.template rows_x_groups<R>(r, g0, g1);
+  }
+}
+
 template <class G>
 inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb) {
   const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
@@ -233,11 +245,11 @@ inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb)
     const int64_t r_begin = ib * rb, r_end = std::min(rows, r_begin + rb);
     const int64_t g_begin = ig * gb, g_end = std::min(groups, g_begin + gb);
     int64_t r = r_begin;
-    for (; r + 4 <= r_end; r += 4) k.template rows_x_groups<4>(r, g_begin, g_end);
+    for (; r + 4 <= r_end; r += 4) run_rows_x_groups<4>(k, r, g_begin, g_end, std::clamp<int64_t>(r_end - r - 4, 0, 4));
     switch (r_end - r) {
-      case 3: k.template rows_x_groups<3>(r, g_begin, g_end); break;
-      case 2: k.template rows_x_groups<2>(r, g_begin, g_end); break;
-      case 1: k.template rows_x_groups<1>(r, g_begin, g_end); break;
+      case 3: run_rows_x_groups<3>(k, r, g_begin, g_end, 0); break;
+      case 2: run_rows_x_groups<2>(k, r, g_begin, g_end, 0); break;
+      case 1: run_rows_x_groups<1>(k, r, g_begin, g_end, 0); break;
       default: break;
     }
   });
