@@ -22,6 +22,9 @@
 //     +0 product w·v to an accumulator changes no bit — so a wider union gives the same result;
 //   - the weight sum adds the key vectors in ascending order, then one fixed horizontal reduce;
 //   - each output element is one FMA chain over the keys in ascending order.
+// (All for finite V rows. A non-finite V element — an f16 cache overflowing — turns the +0 terms
+// of the tile's pairs that do not see it into NaN; the pairs that do see it are NaN or ±inf in
+// either tier.)
 //
 // Numerics differ from the double-precision reference only by f32 rounding and the polynomial
 // exp: tests/unit/kernels_fast bound the output and check the canonical-order contract.
