@@ -49,11 +49,6 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Lanes [0, k) set.
-inline __m256i first_lanes(int k) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 // Eight dot products q·k_u. The eight accumulators are independent FMA chains (enough to cover
 // the FMA latency), and one hadd tree turns them into a vector of 8 scores — 9 shuffle/add ops
 // per 8 keys instead of a 6-op horizontal sum per key. q and the packed K rows are zero-padded
@@ -121,7 +116,7 @@ void pair_block(const float* qh, const float* kp, const float* vp, int lo, int h
     const float* kr[8];
     LARDER_UNROLL for (int u = 0; u < 8; ++u) kr[u] = kb + (j + u) * stride;
     __m256 s = _mm256_mul_ps(scores8<HD>(qh, kr, hdp), vscale);
-    if (j + 8 > cnt) s = _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(first_lanes(cnt - j)));
+    if (j + 8 > cnt) s = _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(simd::first_lanes(cnt - j)));
     _mm256_storeu_ps(sc + j, s);
     vmax = _mm256_max_ps(vmax, s);
   }

@@ -99,11 +99,6 @@ struct AttentionDriver {
   static constexpr int64_t kChunk = 256;
   static constexpr int64_t kSplitMinKeys = 2 * kChunk;
 
-  // Lanes [0, k) set.
-  static __m256i first_lanes(int k) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  }
-
   // ---- packing: one block of one KV head, any storage format, into f32 rows at stride hdp ----
 
   // Copies `rows` rows of one KV head (source stride `stride` bytes) into dst at stride hdp floats,
@@ -126,7 +121,7 @@ struct AttentionDriver {
       if constexpr (DT == DType::kF32) {
         const float* s = reinterpret_cast<const float*>(src);
         LARDER_UNROLL for (int i = 0; i < nv; ++i) _mm256_store_ps(dst + 8 * i, _mm256_loadu_ps(s + 8 * i));
-        if (d & 7) _mm256_store_ps(dst + 8 * nv, _mm256_maskload_ps(s + 8 * nv, first_lanes(d & 7)));
+        if (d & 7) _mm256_store_ps(dst + 8 * nv, _mm256_maskload_ps(s + 8 * nv, simd::first_lanes(d & 7)));
       } else if constexpr (DT == DType::kF16) {
         LARDER_UNROLL for (int i = 0; i < nv; ++i)
           _mm256_store_ps(dst + 8 * i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * i))));

@@ -66,9 +66,10 @@ inline void run_tokens(const K& k, int64_t r0, int64_t t0, int64_t nt) {
 // Q5_K_M 24.6 → 33.1, Q6_K 22.0 → 30.5, Q4_K_M 37.4 → 39.0, IQ4_XS 44.6 → 49.5; Q4_0, IQ4_NL and
 // Q2_K/Q3_K measured no better with fewer rows. Zen 5 (session 20, 6 alternating pairs): Q8_0
 // 52 → 60 tok/s, Q4_K_M +1–6 %, MLX q4 66 → 79 while a neighbour loaded the host's memory and
-// equal (~100) when it did not; Q4_0 (session 22) 71.0 → 72.9 tok/s under load. The counts in kRows1 were first measured on an earlier Zen 5
-// host with half this one's bandwidth (MLX q4 with 8 rows: 101–103 % of its read probe) and stay
-// on Intel. Same arithmetic either way: one output per row.
+// equal (~100) when it did not; Q4_0 (session 22) 71.0 → 72.9 tok/s under load. The counts in
+// kRows1 were first measured on an earlier Zen 5 host with half this one's bandwidth (MLX q4 with
+// 8 rows: 101–103 % of its read probe) and stay on Intel. Same arithmetic either way: one output
+// per row.
 template <class K>
 constexpr int zen_rows1() {
   if constexpr (requires { K::kRows1Zen; }) {

@@ -19,6 +19,11 @@ namespace larder::kernels::cpu::simd {
 // few hundred distinct scales a real checkpoint uses stay L1/L2-resident.
 const float* f16_table();
 
+// Lanes [0, k) set (a mask for the ragged tail of a row).
+inline __m256i first_lanes(int k) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
