@@ -334,7 +334,8 @@ void check_affine_tier(const char* tier, const AffineFormat af) {
   // 530 tokens, 21 rows, 1280 columns: the AVX-512 GEMM's chunks of token groups and K slices
   // (whole scale groups: 32 blocks, ragged last), as in cases().
   const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 530};
-  const int64_t cols_set[] = {128, 256, 384, 640, 1024};
+  // 96 and 160: odd block counts at group size 32 (the AVX-512 4-bit unpacking's one-block tail).
+  const int64_t cols_set[] = {96, 128, 160, 256, 384, 640, 1024};
   const DType sdts[] = {DType::kBF16, DType::kF16, DType::kF32};
   double worst_rel = 0, worst_ratio = 0;
   int iter = 0;
