@@ -182,6 +182,8 @@ class ResolverTest(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertEqual(out, ref[1])
         self.assertIn("CPU", err, "-ngl is accepted with a note that larder runs on the CPU")
+        # --no-mmap (llama.cpp's): the weights are read into memory instead of mapped; same tokens.
+        self.assertEqual(self.gen(STORIES, "--no-mmap")[1], ref[1], "--no-mmap")
         code, out, err = run("generate", STORIES, "-m", STORIES, "-p", "x")
         self.assertNotEqual(code, 0, "two models given")
         # -c/--ctx-size wherever there is a context; -n/--n-predict on serve's default.
@@ -191,6 +193,7 @@ class ResolverTest(unittest.TestCase):
             self.assertIn("--ctx-size", out, verb)
             self.assertIn("-m,--model", out, verb)
             self.assertIn("--n-gpu-layers", out, verb)
+            self.assertIn("--no-mmap", out, verb)
 
     # bad paths ----------------------------------------------------------------------------
     def test_fifo_and_devices_are_refused_not_opened(self):

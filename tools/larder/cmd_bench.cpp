@@ -90,6 +90,7 @@ int run_bench(const BenchFlags& f) {
   if (!kv_dtype.is_ok()) return report(kv_dtype.status());
   runtime::LoadOptions lo;
   lo.kv_dtype = *kv_dtype;
+  lo.map_mode = map_mode(f.model_arg);
   auto loaded = runtime::load_model(f.model, lo);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;

@@ -41,6 +41,7 @@ Result<std::unique_ptr<runtime::LoadedModel>> load_for_eval(const std::string& p
   LARDER_ASSIGN_OR_RETURN(DType dt, kv_dtype_of(f.kv));
   runtime::LoadOptions lo;
   lo.kv_dtype = dt;
+  lo.map_mode = map_mode(f.model_arg);
   return runtime::load_model(path, lo);
 }
 

@@ -40,6 +40,7 @@ VerbMain add_info(CLI::App& app) {
     if (!located.is_ok()) return report(located.status());
     runtime::LoadOptions lo;
     lo.chat_template = *tpl;
+    lo.map_mode = map_mode(*model);
     auto kv_dtype = kv_dtype_of(ff->kv);
     if (!kv_dtype.is_ok()) return report(kv_dtype.status());
     lo.kv_dtype = *kv_dtype;

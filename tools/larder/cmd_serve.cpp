@@ -189,6 +189,7 @@ int run_serve(ServeFlags f) {
 
   runtime::LoadOptions lo;
   lo.chat_template = f.chat_template;
+  lo.map_mode = map_mode(f.model);
   {
     auto dt = kv_dtype_of(f.kv);
     if (!dt.is_ok()) return fail(dt.status());

@@ -80,6 +80,7 @@ Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg
   if (f.threads > 0) default_pool().set_threads(f.threads);
   runtime::LoadOptions lo;
   lo.chat_template = chat_template;
+  lo.map_mode = map_mode(model);
   LARDER_ASSIGN_OR_RETURN(lo.kv_dtype, kv_dtype_of(f.kv));
   auto loaded = runtime::load_model(where.path, lo);
   if (located) *located = std::move(where);

@@ -17,6 +17,10 @@ void add_model_arg(CLI::App* cmd, ModelArg& a, const std::string& what) {
   cmd->add_option("--n-gpu-layers,--gpu-layers", a.n_gpu_layers,
                   "accepted for llama.cpp habit (-ngl); larder runs on the CPU, so it changes nothing");
   cmd->add_flag("--jinja", a.jinja, "accepted for llama.cpp habit; the model's Jinja chat template is always used");
+  cmd->add_flag("--no-mmap", a.no_mmap,
+                "read the weights into private huge-page memory instead of mapping the file (llama.cpp's --no-mmap): "
+                "the whole file is read at start and kept as a private copy, and decode streams it through 2 MiB "
+                "pages even when the file's page cache holds 4 KiB pages (a freshly downloaded or converted file)");
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -51,9 +52,43 @@ void* map_aligned(int fd, size_t size) {
   return p;
 }
 
+// Reads `size` bytes of fd into anonymous memory at a 2 MiB boundary, advised into huge pages
+// before the first write so the kernel backs it with 2 MiB pages as the read fills it. Returns
+// the reservation (region, bytes) and the data pointer, or an error naming the file.
+Status copy_aligned(int fd, size_t size, const std::string& path, void** region, size_t* region_bytes,
+                    uint8_t** data) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t bytes = (size + kHuge - 1) / kHuge * kHuge + kHuge;
+  void* res = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (res == MAP_FAILED) {
+    return Status(StatusCode::kOutOfMemory, strfmt("[mmap] %s: cannot allocate %zu MiB to read the file into (--no-mmap): %s",
+                                     path.c_str(), bytes >> 20, std::strerror(errno)));
+  }
+  auto* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(res) + kHuge - 1) & ~(kHuge - 1));
+  ::madvise(p, bytes - kHuge, MADV_HUGEPAGE);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t r = ::pread(fd, p + done, std::min<size_t>(size - done, size_t{64} << 20), static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int e = errno;
+      ::munmap(res, bytes);
+      if (r == 0) return io_error(strfmt("[mmap] %s: file ended at byte %zu of %zu while reading it", path.c_str(), done, size));
+      return io_error(strfmt("[mmap] %s: read failed at byte %zu: %s", path.c_str(), done, std::strerror(e)));
+    }
+    done += static_cast<size_t>(r);
+  }
+  // Read-only from here on, like a mapping: a stray write faults instead of changing weights.
+  ::mprotect(res, bytes, PROT_READ);
+  *region = res;
+  *region_bytes = bytes;
+  *data = p;
+  return Status::ok();
+}
+
 }  // namespace
 
-Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path, MapMode mode) {
   // O_NONBLOCK: opening a FIFO (or a device) would otherwise block until a writer appears; it
   // is refused below as not a regular file instead. It changes nothing for regular files.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -75,7 +110,13 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = static_cast<size_t>(st.st_size);
-  if (f->size_ > 0) {
+  if (f->size_ > 0 && mode == MapMode::kCopy) {
+    const Status st = copy_aligned(fd, f->size_, path, &f->region_, &f->region_bytes_, &f->data_);
+    if (!st.is_ok()) {
+      ::close(fd);
+      return st;
+    }
+  } else if (f->size_ > 0) {
     void* p = map_aligned(fd, f->size_);
     if (p == MAP_FAILED) {
       int e = errno;
@@ -84,13 +125,15 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
                              std::strerror(e)));
     }
     f->data_ = static_cast<uint8_t*>(p);
+    f->region_ = p;
+    f->region_bytes_ = f->size_;
   }
   ::close(fd);  // the mapping keeps the file alive
   return f;
 }
 
 MappedFile::~MappedFile() {
-  if (data_) ::munmap(data_, size_);
+  if (region_) ::munmap(region_, region_bytes_);
 }
 
 void MappedFile::advise_willneed(size_t offset, size_t length) const {

@@ -15,10 +15,19 @@
 
 namespace larder {
 
+// How a file's bytes reach memory. kMap (the default) maps the file: instant, and shared with the
+// page cache and other processes. kCopy reads it into private anonymous memory in 2 MiB huge pages
+// (`--no-mmap`, as llama.cpp's): a full read at open and a private copy, but the weights then
+// stream through huge pages whatever state the page cache is in. A file whose cached pages were
+// written (a fresh download or conversion) stays in 4 KiB folios and maps with 4 KiB pages; its
+// decode measured 3–5 % slower than from the copy (bench/RESULTS.md, session 23).
+enum class MapMode { kMap, kCopy };
+
 class MappedFile {
  public:
-  // Maps the whole file read-only. An empty file maps to size 0 with a null data pointer.
-  static Result<std::shared_ptr<MappedFile>> open(const std::string& path);
+  // Maps (or copies, MapMode::kCopy) the whole file, read-only. An empty file maps to size 0 with a
+  // null data pointer.
+  static Result<std::shared_ptr<MappedFile>> open(const std::string& path, MapMode mode = MapMode::kMap);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -35,6 +44,9 @@ class MappedFile {
   std::string path_;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  // What the destructor unmaps: the mapping, or for a copy its whole reservation.
+  void* region_ = nullptr;
+  size_t region_bytes_ = 0;
 };
 
 // Reads a whole (small) file, e.g. config.json. Errors name the path.

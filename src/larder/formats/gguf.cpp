@@ -173,8 +173,8 @@ DType GgufFile::dtype_from_ggml(uint32_t t) {
   }
 }
 
-Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
-  LARDER_ASSIGN_OR_RETURN(auto mapped, MappedFile::open(path));
+Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path, MapMode mode) {
+  LARDER_ASSIGN_OR_RETURN(auto mapped, MappedFile::open(path, mode));
   std::unique_ptr<GgufFile> g(new GgufFile());
   g->path_ = path;
   Reader r(mapped->data(), mapped->size(), path);

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "larder/core/mmap_file.h"
 #include "larder/core/status.h"
 #include "larder/formats/tensor.h"
 
@@ -44,7 +45,7 @@ struct GgufValue {
 
 class GgufFile {
  public:
-  static Result<std::unique_ptr<GgufFile>> open(const std::string& path);
+  static Result<std::unique_ptr<GgufFile>> open(const std::string& path, MapMode mode = MapMode::kMap);
 
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }

@@ -53,7 +53,7 @@ Result<ModelFiles> open_model_files(const std::string& path_in, const OpenOption
       return invalid_argument(strfmt("[model] %s: expected a model directory or a .gguf file", path.c_str()));
     }
     m.source = ModelSource::kGguf;
-    LARDER_ASSIGN_OR_RETURN(auto g, GgufFile::open(path));
+    LARDER_ASSIGN_OR_RETURN(auto g, GgufFile::open(path, opts.weights ? opts.map_mode : MapMode::kMap));
     m.gguf = std::move(g);
     if (auto t = m.gguf->get_string("tokenizer.chat_template")) {
       m.chat_template = *t;
@@ -90,7 +90,7 @@ Result<ModelFiles> open_model_files(const std::string& path_in, const OpenOption
   }
   if (m.chat_template.empty()) m.chat_template_source.clear();
   if (opts.weights) {
-    LARDER_ASSIGN_OR_RETURN(auto set, open_safetensors_dir(path));
+    LARDER_ASSIGN_OR_RETURN(auto set, open_safetensors_dir(path, opts.map_mode));
     m.hf_tensors = std::make_shared<TensorSet>(std::move(set));
   }
   return m;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "larder/core/mmap_file.h"
 #include "larder/core/status.h"
 #include "larder/formats/gguf.h"
 #include "larder/formats/tensor.h"
@@ -36,6 +37,7 @@ struct ModelFiles {
 
 struct OpenOptions {
   bool weights = true;  // false: tokenizer/config only (e.g. `larder tokenize` on a tokenizer-only dir)
+  MapMode map_mode = MapMode::kMap;  // kCopy: weights read into huge pages (`--no-mmap`)
 };
 
 Result<ModelFiles> open_model_files(const std::string& path, const OpenOptions& opts = {});

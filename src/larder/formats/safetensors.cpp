@@ -19,8 +19,9 @@ DType dtype_from_safetensors(const std::string& s) {
   return it == kMap.end() ? DType::kUnknown : it->second;
 }
 
-Status read_safetensors(const std::string& path, TensorSet* out, std::map<std::string, std::string>* metadata) {
-  LARDER_ASSIGN_OR_RETURN(auto mapped, MappedFile::open(path));
+Status read_safetensors(const std::string& path, TensorSet* out, std::map<std::string, std::string>* metadata,
+                        MapMode mode) {
+  LARDER_ASSIGN_OR_RETURN(auto mapped, MappedFile::open(path, mode));
   const size_t size = mapped->size();
   if (size < 8) {
     return corrupt(strfmt("[safetensors] %s: file is %zu bytes, too short for the 8-byte header length", path.c_str(), size));
@@ -115,7 +116,7 @@ Status read_safetensors(const std::string& path, TensorSet* out, std::map<std::s
   return Status::ok();
 }
 
-Result<TensorSet> open_safetensors_dir(const std::string& dir) {
+Result<TensorSet> open_safetensors_dir(const std::string& dir, MapMode mode) {
   TensorSet set;
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
@@ -139,7 +140,7 @@ Result<TensorSet> open_safetensors_dir(const std::string& dir) {
       }
       shards.insert(shard);
     }
-    for (const auto& shard : shards) LARDER_RETURN_IF_ERROR(read_safetensors(dir + "/" + shard, &set));
+    for (const auto& shard : shards) LARDER_RETURN_IF_ERROR(read_safetensors(dir + "/" + shard, &set, nullptr, mode));
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
       const TensorInfo* t = set.find(it.key());
       std::string shard = it.value().get<std::string>();
@@ -151,7 +152,7 @@ Result<TensorSet> open_safetensors_dir(const std::string& dir) {
     return set;
   }
   if (file_exists(single)) {
-    LARDER_RETURN_IF_ERROR(read_safetensors(single, &set));
+    LARDER_RETURN_IF_ERROR(read_safetensors(single, &set, nullptr, mode));
     return set;
   }
   return not_found(strfmt("[safetensors] %s: no model.safetensors or model.safetensors.index.json", dir.c_str()));

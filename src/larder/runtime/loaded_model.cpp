@@ -61,6 +61,7 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
   auto lm = std::make_unique<LoadedModel>();
   formats::OpenOptions fo;
   fo.weights = opts.weights;
+  fo.map_mode = opts.map_mode;
   LARDER_ASSIGN_OR_RETURN(lm->files, formats::open_model_files(path, fo));
   const formats::ModelFiles& f = lm->files;
 

@@ -26,6 +26,8 @@ struct LoadOptions {
   // Dtype of the KV rows (Model::set_kv_dtype): f32 here, the exact default of the library and
   // its tests; the CLI verbs and the server default to f16 (--kv-dtype).
   DType kv_dtype = DType::kF32;
+  // kCopy: weights read into private huge-page memory instead of mapped (`--no-mmap`; MapMode).
+  MapMode map_mode = MapMode::kMap;
 };
 
 // Defaults a request starts from (generation_config.json, then the tokenizer), before flags or

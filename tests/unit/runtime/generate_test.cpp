@@ -67,6 +67,23 @@ TEST_F(Generate, GreedyFromBosMatchesLlama2c) {
   EXPECT_EQ(c.length(), 1 + 200 - 1);  // the last sampled token is never forwarded
 }
 
+// --no-mmap (MapMode::kCopy): the weights read into private memory generate exactly the mapped
+// model's tokens, which are llama2.c's.
+TEST_F(Generate, CopiedWeightsGenerateTheMappedTokens) {
+  formats::OpenOptions copy;
+  copy.map_mode = MapMode::kCopy;
+  auto f = formats::open_model_files(std::string(LARDER_SHARED_DIR) + "/models/stories260K/stories260K.gguf", copy);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  auto m = models::Model::load(*f);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  GenerateOptions o;
+  o.max_new_tokens = 200;
+  auto c = (*m)->new_state(512);
+  auto r = generate(**m, c, {1}, o, nullptr);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->tokens, tail(*bos_ref_, 1));
+}
+
 TEST_F(Generate, ChunkedPrefillSameTokens) {
   for (int64_t chunk : {1, 2, 512}) {
     GenerateOptions o;
