@@ -61,7 +61,6 @@ const std::map<std::string, std::string>& hint_table() {
       {"--cont-batching", "continuous batching is always on in `larder serve` (--parallel N sequences)"},
       {"--no-cont-batching", "continuous batching is always on in `larder serve`; --parallel 1 serves one at a time"},
       {"--mlock", "larder maps the model file (mmap) and leaves paging to the kernel: drop it"},
-      {"--no-mmap", "larder always maps the model file (mmap): drop it"},
       {"--no-kv-offload", cpu},
       {"--tensor-split", cpu},
       {"--split-mode", cpu},
