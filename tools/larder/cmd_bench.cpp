@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/core/cpuid.h"
+#include "larder/core/mmap_file.h"
 #include "larder/core/profile.h"
 #include "larder/core/roofline.h"
 #include "larder/core/threadpool.h"
@@ -235,6 +236,17 @@ int run_bench(const BenchFlags& f) {
   if (pp_tps.empty()) pp_tps.push_back(0);
   if (tg_tps.empty()) tg_tps.push_back(0);
   const Sample pp = summarize(pp_tps), tg = summarize(tg_tps);
+  // The weights' pages after the runs: a file mapping whose page cache was filled by a write (a
+  // fresh download or conversion) stays in 4 KiB pages, and decode streams it measurably slower
+  // (bench/RESULTS.md, session 23) — worth a line, since nothing else shows it.
+  MappedFile::Residency weight_pages;
+  bool weights_mapped = false;
+  for (const auto& file : m.files.tensors().files()) {
+    const MappedFile::Residency r = file->residency();
+    weight_pages.resident += r.resident;
+    weight_pages.huge += r.huge;
+    weights_mapped |= file->mode() == MapMode::kMap;
+  }
   const double avg_ctx = static_cast<double>(f.depth) + static_cast<double>(f.gen) / 2;
   const double kv_read_gbs = tg.median * kv_row_bytes * avg_ctx / 1e9;  // of tg_gbs
   const double bytes_token = static_cast<double>(weight_bytes) + kv_row_bytes * avg_ctx;
@@ -258,6 +270,7 @@ int run_bench(const BenchFlags& f) {
                 {"gbs", tg_gbs}, {"kv_read_gbs", kv_read_gbs}, {"pct_bandwidth", roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0},
                 {"bound_tok_s", roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0}}},
         {"memory", {{"rss_bytes", rss.total}, {"rss_anon_bytes", rss.anon}, {"rss_file_bytes", rss.file},
+                    {"weights_resident_bytes", weight_pages.resident}, {"weights_huge_page_bytes", weight_pages.huge},
                     {"mapped_weight_bytes", mapped_bytes}, {"kv_bytes", kv_bytes},
                     {"state", {{"context_tokens", f.depth + f.prompt}, {"plain_kv_layers", cache_plain_layers},
                                {"plain_kv_bytes", plain_bytes}, {"ring_layers", ring_layers},
@@ -309,6 +322,11 @@ int run_bench(const BenchFlags& f) {
               static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes)),
               mapped_bytes / 1048576.0,
               kv_bytes / 1048576.0);
+  std::printf("weights in 2 MiB pages: %.1f of %.1f MiB resident (%s)\n", weight_pages.huge / 1048576.0,
+              weight_pages.resident / 1048576.0, weights_mapped ? "mapped" : "--no-mmap copy");
+  if (weights_mapped && weight_pages.resident > (uint64_t{64} << 20) && 2 * weight_pages.huge < weight_pages.resident)
+    std::printf("note: most of the weights are mapped in 4 KiB pages (their page cache was filled by a write, e.g. a "
+                "fresh download); --no-mmap reads them into 2 MiB pages\n");
   std::printf("state after pp%lld: plain KV %.2f MiB (%d layers) | sliding rings %.2f MiB (%d layers)",
               (long long)f.prompt, plain_bytes / 1048576.0, cache_plain_layers, ring_bytes / 1048576.0, ring_layers);
   if (other_layers > 0) std::printf(" | other %.2f MiB (%d layers)", other_bytes / 1048576.0, other_layers);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -109,6 +110,7 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path, Ma
   }
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
+  f->mode_ = mode;
   f->size_ = static_cast<size_t>(st.st_size);
   if (f->size_ > 0 && mode == MapMode::kCopy) {
     const Status st = copy_aligned(fd, f->size_, path, &f->region_, &f->region_bytes_, &f->data_);
@@ -142,6 +144,31 @@ void MappedFile::advise_willneed(size_t offset, size_t length) const {
   size_t start = offset & ~static_cast<size_t>(page - 1);
   size_t end = std::min(size_, offset + length);
   ::madvise(data_ + start, end - start, MADV_WILLNEED);
+}
+
+MappedFile::Residency MappedFile::residency() const {
+  Residency r;
+  if (!region_) return r;
+  std::FILE* fp = std::fopen("/proc/self/smaps", "r");
+  if (!fp) return r;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(region_), hi = lo + region_bytes_;
+  bool inside = false;
+  char line[512];
+  while (std::fgets(line, sizeof line, fp)) {
+    unsigned long long a = 0, b = 0, kb = 0;
+    char key[64];
+    // A mapping's header ("start-end perms ...") starts its block of fields.
+    // (No field name is hex digits followed by '-'.)
+    if (std::sscanf(line, "%llx-%llx ", &a, &b) == 2) {
+      inside = a < hi && b > lo;
+      continue;
+    }
+    if (!inside || std::sscanf(line, "%63[^:]: %llu kB", key, &kb) != 2) continue;
+    if (std::strcmp(key, "Rss") == 0) r.resident += kb * 1024;
+    if (std::strcmp(key, "FilePmdMapped") == 0 || std::strcmp(key, "AnonHugePages") == 0) r.huge += kb * 1024;
+  }
+  std::fclose(fp);
+  return r;
 }
 
 Result<std::string> read_text_file(const std::string& path) {

@@ -39,6 +39,15 @@ class MappedFile {
   // Hint the kernel to read a range ahead (e.g. before a full pass over the weights).
   void advise_willneed(size_t offset, size_t length) const;
 
+  // How much of the file is resident now, and how much of that the kernel maps with 2 MiB pages
+  // (/proc/self/smaps: FilePmdMapped for a mapping, AnonHugePages for a copy). Zeros where smaps
+  // cannot be read.
+  struct Residency {
+    uint64_t resident = 0, huge = 0;
+  };
+  Residency residency() const;
+  MapMode mode() const { return mode_; }
+
  private:
   MappedFile() = default;
   std::string path_;
@@ -47,6 +56,7 @@ class MappedFile {
   // What the destructor unmaps: the mapping, or for a copy its whole reservation.
   void* region_ = nullptr;
   size_t region_bytes_ = 0;
+  MapMode mode_ = MapMode::kMap;
 };
 
 // Reads a whole (small) file, e.g. config.json. Errors name the path.

@@ -53,6 +53,26 @@ TEST(MapModeTest, CopyHoldsTheFileBytesAtAHugePageBoundary) {
   EXPECT_NE(missing.status().message().find("nope"), std::string::npos);
 }
 
+// residency() finds the file's own pages in /proc/self/smaps: all of them once touched (the copy
+// touched them when it read the file), never more than the region, and the 2 MiB share within it.
+TEST(MapModeTest, ResidencyCountsTheFilesOwnPages) {
+  TempDir dir;
+  const size_t n = (size_t{4} << 20) + 12345;
+  const std::string path = dir.file("f");
+  write_file(path, random_bytes(n, 3));
+  for (MapMode mode : {MapMode::kMap, MapMode::kCopy}) {
+    auto f = MappedFile::open(path, mode);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    EXPECT_EQ((*f)->mode(), mode);
+    volatile uint8_t sink = 0;
+    for (size_t i = 0; i < n; i += 4096) sink = sink + (*f)->data()[i];
+    const MappedFile::Residency r = (*f)->residency();
+    EXPECT_GE(r.resident, n / 4096 * 4096) << (mode == MapMode::kCopy ? "copy" : "map");
+    EXPECT_LE(r.resident, n + (size_t{4} << 20));
+    EXPECT_LE(r.huge, r.resident);
+  }
+}
+
 // Every tensor of a model opened both ways: same names, dtypes, shapes and bytes, at different
 // addresses.
 void expect_same_tensors(const TensorSet& a, const TensorSet& b) {
