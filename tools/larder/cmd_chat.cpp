@@ -94,7 +94,6 @@ int run_chat(const ChatFlags& f) {
   // do); the warning says so before the first prompt.
   runtime::announce_chat_template(m);
   runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read, not in the first answer
-  note_small_pages(m.files.tensors());
   auto opened = open_cli_store(f.gen, m);
   if (!opened.is_ok()) return report(opened.status());
   memory::KvStore& store = **opened;

@@ -119,7 +119,6 @@ int run_generate(const GenerateFlags& f) {
     if (!fit.status.is_ok()) return report(fit.status);
   }
   runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read
-  note_small_pages(m.files.tensors());
 
   runtime::GenerateOptions go = generate_options(f.gen, m);
   go.max_new_tokens = n;

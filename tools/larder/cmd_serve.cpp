@@ -238,7 +238,6 @@ int run_serve(ServeFlags f) {
     }
   }
   runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read
-  note_small_pages(m.files.tensors());
   const auto& gc = m.files.generation_config;
   sm.defaults.temperature = f.temp ? f.temp : gc_number(gc, "temperature");
   sm.defaults.top_p = f.top_p ? f.top_p : gc_number(gc, "top_p");

@@ -2,8 +2,6 @@
 
 #include <cstdio>
 
-#include "larder/runtime/page_in.h"
-
 namespace larder::cli {
 
 const char* const kModelHelp =
@@ -23,16 +21,6 @@ void add_model_arg(CLI::App* cmd, ModelArg& a, const std::string& what) {
                 "read the weights into private huge-page memory instead of mapping the file (llama.cpp's --no-mmap): "
                 "the whole file is read at start and kept as a private copy, and decode streams it through 2 MiB "
                 "pages even when the file's page cache holds 4 KiB pages (a freshly downloaded or converted file)");
-}
-
-void note_small_pages(const formats::TensorSet& tensors) {
-  const runtime::HugePageSample s = runtime::sample_huge_pages(tensors);
-  if (s.spans < 32 || 2 * s.huge_spans >= s.spans) return;
-  std::fprintf(stderr,
-               "larder: note: %llu of the model's %llu MiB are mapped in 4 KiB pages (its page cache was filled by a "
-               "write, e.g. a fresh download), which decode reads ~5 %% slower than 2 MiB pages; --no-mmap reads the "
-               "file into 2 MiB pages\n",
-               static_cast<unsigned long long>(2 * (s.spans - s.huge_spans)), static_cast<unsigned long long>(2 * s.spans));
 }
 
 namespace {

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "larder/core/mmap_file.h"
-#include "larder/formats/tensor.h"
 #include "larder/runtime/model_locator.h"
 
 namespace larder::cli {
@@ -34,10 +33,6 @@ Result<runtime::LocatedModel> resolve_model(const ModelArg& a, bool allow_defaul
 
 // The same for a plain path/repo argument (eval kl's candidate, quantize's source).
 Result<runtime::LocatedModel> resolve_model(const std::string& spec);
-
-// After the weights are paged in (serve, generate, chat): a note on stderr when most of a mapped
-// model comes in 4 KiB pages (runtime::sample_huge_pages), naming --no-mmap.
-void note_small_pages(const formats::TensorSet& tensors);
 
 // The help text shared by the MODEL positionals.
 extern const char* const kModelHelp;

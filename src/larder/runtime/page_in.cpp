@@ -3,8 +3,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -56,40 +54,6 @@ PageInStats page_in_weights(const formats::TensorSet& tensors) {
   progress.finish();
   st.paged_in = true;
   return st;
-}
-
-namespace {
-
-// "always" or "madvise" selected in /sys/kernel/mm/transparent_hugepage/enabled.
-bool thp_available() {
-  std::FILE* fp = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-  if (!fp) return false;
-  char buf[128] = {};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, fp);
-  std::fclose(fp);
-  buf[n] = '\0';
-  return std::strstr(buf, "[always]") || std::strstr(buf, "[madvise]");
-}
-
-}  // namespace
-
-HugePageSample sample_huge_pages(const formats::TensorSet& tensors) {
-  HugePageSample s;
-  // LARDER_PAGE_IN=0 asks for the weights to be read on demand: touching a byte per span of a cold
-  // file would read it all (huge-page readahead).
-  if (const char* off = std::getenv("LARDER_PAGE_IN"); off && std::strcmp(off, "0") == 0) return s;
-  if (!thp_available()) return s;
-  constexpr size_t kHuge = size_t{2} << 20;
-  volatile uint8_t sink = 0;
-  for (const auto& f : tensors.files()) {
-    if (!f || f->mode() != MapMode::kMap || f->size() < kHuge) continue;
-    // Whole spans only: the file's last partial span is always mapped with small pages.
-    const size_t spans = f->size() / kHuge;
-    for (size_t i = 0; i < spans; ++i) sink = sink + f->data()[i * kHuge];
-    s.spans += spans;
-    s.huge_spans += std::min<uint64_t>(spans, f->residency().huge / kHuge);
-  }
-  return s;
 }
 
 }  // namespace larder::runtime

@@ -20,17 +20,4 @@ struct PageInStats {
 
 PageInStats page_in_weights(const formats::TensorSet& tensors);
 
-// How the mapped weights are paged: one byte per 2 MiB span of every mapped (not copied) file is
-// touched, so the kernel maps each span with the largest page its page-cache folio allows, and
-// MappedFile::residency counts the spans that came in as one 2 MiB page. A file whose page cache
-// was filled by a write (a fresh download or conversion) stays in 4 KiB folios, and decode
-// streams it 5–9 % slower than from 2 MiB pages (bench/RESULTS.md, session 23). Nothing is
-// sampled where the kernel's transparent huge pages are off (nothing would come in huge), nor
-// under LARDER_PAGE_IN=0.
-struct HugePageSample {
-  uint64_t spans = 0;       // 2 MiB spans sampled
-  uint64_t huge_spans = 0;  // of them, mapped by one 2 MiB page
-};
-HugePageSample sample_huge_pages(const formats::TensorSet& tensors);
-
 }  // namespace larder::runtime
