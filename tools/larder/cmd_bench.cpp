@@ -325,8 +325,9 @@ int run_bench(const BenchFlags& f) {
   std::printf("weights in 2 MiB pages: %.1f of %.1f MiB resident (%s)\n", weight_pages.huge / 1048576.0,
               weight_pages.resident / 1048576.0, weights_mapped ? "mapped" : "--no-mmap copy");
   if (weights_mapped && weight_pages.resident > (uint64_t{64} << 20) && 2 * weight_pages.huge < weight_pages.resident)
-    std::printf("note: most of the weights are mapped in 4 KiB pages (their page cache was filled by a write, e.g. a "
-                "fresh download); --no-mmap reads them into 2 MiB pages\n");
+    std::printf("note: most of the weights are mapped in 4 KiB pages (how the file entered the page cache decides it: "
+                "one written since it was last read, e.g. a fresh download, stays in 4 KiB pages); --no-mmap reads "
+                "them into 2 MiB pages\n");
   std::printf("state after pp%lld: plain KV %.2f MiB (%d layers) | sliding rings %.2f MiB (%d layers)",
               (long long)f.prompt, plain_bytes / 1048576.0, cache_plain_layers, ring_bytes / 1048576.0, ring_layers);
   if (other_layers > 0) std::printf(" | other %.2f MiB (%d layers)", other_bytes / 1048576.0, other_layers);

@@ -62,8 +62,9 @@ Status copy_aligned(int fd, size_t size, const std::string& path, void** region,
   const size_t bytes = (size + kHuge - 1) / kHuge * kHuge + kHuge;
   void* res = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (res == MAP_FAILED) {
-    return Status(StatusCode::kOutOfMemory, strfmt("[mmap] %s: cannot allocate %zu MiB to read the file into (--no-mmap): %s",
-                                     path.c_str(), bytes >> 20, std::strerror(errno)));
+    return Status(StatusCode::kOutOfMemory,
+                  strfmt("[mmap] %s: cannot allocate %zu MiB to read the file into (--no-mmap): %s", path.c_str(),
+                         bytes >> 20, std::strerror(errno)));
   }
   auto* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(res) + kHuge - 1) & ~(kHuge - 1));
   ::madvise(p, bytes - kHuge, MADV_HUGEPAGE);
@@ -74,7 +75,10 @@ Status copy_aligned(int fd, size_t size, const std::string& path, void** region,
     if (r <= 0) {
       const int e = errno;
       ::munmap(res, bytes);
-      if (r == 0) return io_error(strfmt("[mmap] %s: file ended at byte %zu of %zu while reading it", path.c_str(), done, size));
+      if (r == 0) {
+        return io_error(
+            strfmt("[mmap] %s: file ended at byte %zu of %zu while reading it", path.c_str(), done, size));
+      }
       return io_error(strfmt("[mmap] %s: read failed at byte %zu: %s", path.c_str(), done, std::strerror(e)));
     }
     done += static_cast<size_t>(r);
@@ -152,9 +156,13 @@ MappedFile::Residency MappedFile::residency() const {
   std::FILE* fp = std::fopen("/proc/self/smaps", "r");
   if (!fp) return r;
   const uintptr_t lo = reinterpret_cast<uintptr_t>(region_), hi = lo + region_bytes_;
-  bool inside = false;
+  bool inside = false, line_start = true;
   char line[512];
   while (std::fgets(line, sizeof line, fp)) {
+    // The rest of a line longer than the buffer (a header's long path) is not a line of its own.
+    const bool starts = line_start;
+    line_start = std::strchr(line, '\n') != nullptr;
+    if (!starts) continue;
     unsigned long long a = 0, b = 0, kb = 0;
     char key[64];
     // A mapping's header ("start-end perms ...") starts its block of fields.

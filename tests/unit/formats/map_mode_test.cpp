@@ -107,7 +107,8 @@ TEST(MapModeTest, SafetensorsTensorsAreTheSameCopiedOrMapped) {
   TempDir dir;
   const std::string data = random_bytes(24 + 4, 7);
   const std::string header =
-      R"({"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]}})";
+      R"({"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+      R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]}})";
   std::string file(8, '\0');
   const uint64_t hl = header.size();
   std::memcpy(file.data(), &hl, 8);
