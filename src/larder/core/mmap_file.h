@@ -20,7 +20,7 @@ namespace larder {
 // (`--no-mmap`, as llama.cpp's): a full read at open and a private copy, but the weights then
 // stream through huge pages whatever state the page cache is in. A file whose cached pages were
 // written (a fresh download or conversion) stays in 4 KiB folios and maps with 4 KiB pages; its
-// decode measured 3–5 % slower than from the copy (bench/RESULTS.md, session 23).
+// decode measured 5–9 % slower than from the copy (bench/RESULTS.md, session 23).
 enum class MapMode { kMap, kCopy };
 
 class MappedFile {
