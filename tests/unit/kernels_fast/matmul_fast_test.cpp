@@ -133,6 +133,9 @@ std::vector<Case> cases(bool float_format) {
   }
   cs.push_back({2048 / 8, 2048, 1});
   cs.push_back({96, 4096, 2});
+  // 8192 columns: Q4_0 and Q8_0 rows past simd::long_rows' 4 KiB per row of a 2-row tile, where
+  // Zen's decode tiles take one row (matmul_driver.h rows1).
+  cs.push_back({37, 8192, 1});
   cs.push_back({40, 256, 64});  // several prefill token blocks
   // The AVX-512 integer GEMM: 530 tokens = two chunks of token groups; 2080 columns = K slices of
   // 32 blocks with a ragged last one; 21 rows = 8-, 4- and 1-row tiles.

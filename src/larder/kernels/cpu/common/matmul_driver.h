@@ -79,10 +79,21 @@ constexpr int zen_rows1() {
   }
 }
 
+//
+// On those CPUs a tile of long rows (simd::long_rows: the down projection, 4.6–6.7 KiB per row
+// at 8192 columns) takes one row where it would take two. Each row of a tile is its own stream
+// from DRAM, and one row per tile turns the region into one linear stream that the short-row
+// sweep prefetches; two interleaved 4.6 KiB streams per core did not keep up. Zen 5 (session 24,
+// 1B decode tg64, 2 threads, one binary alternating, both orders): Q4_0 +2–8 % in 11 of 12
+// pairs, Q4_K_M +4–9 % in 11 of 11, Q5_K_M +4–7 %, Q6_K +5–7 %; 1 thread: Q4_0 level, Q6_K
+// +3–6 %. The same change inside the R = 2 tile (the sweep prefetch over two rows) was not faster.
 template <class K>
-inline int rows1() {
+inline int rows1(const K& k) {
   static_assert(zen_rows1<K>() == K::kRows1 || zen_rows1<K>() == 1 || zen_rows1<K>() == 2);
   static const int r = cpu_features().zen_decode_tiles ? zen_rows1<K>() : K::kRows1;
+  if constexpr (requires { k.row_bytes; }) {
+    if (r == 2 && cpu_features().zen_decode_tiles && simd::long_rows(2, k.row_bytes)) return 1;
+  }
   return r;
 }
 
@@ -90,7 +101,7 @@ template <class K>
 inline void run_block(const K& k, int64_t r_begin, int64_t r_end, int64_t t_begin, int64_t t_end) {
   const int64_t nt = t_end - t_begin;
   int64_t r = r_begin;
-  const int r1 = nt == 1 ? rows1<K>() : 0;
+  const int r1 = nt == 1 ? rows1<K>(k) : 0;
   if (nt == 1 && r1 == K::kRows1) {
     for (; r + K::kRows1 <= r_end; r += K::kRows1) run_tile<K::kRows1, 1>(k, r, t_begin);
   } else if (nt == 1 && r1 == 2) {
@@ -176,7 +187,10 @@ struct MultiKernel {
   int64_t off[kMaxParts + 1] = {};
   int count = 0;
 
+  uint64_t row_bytes = 0;  // the longest part's, where K has rows in bytes (rows1's long-row rule)
+
   void add(const K& k, int64_t rows) {
+    if constexpr (requires { k.row_bytes; }) row_bytes = std::max<uint64_t>(row_bytes, k.row_bytes);
     part[count] = k;
     off[count + 1] = off[count] + rows;
     ++count;
