@@ -120,23 +120,32 @@ inline void run_block(const K& k, int64_t r_begin, int64_t r_end, int64_t t_begi
 // chunks of one matrix between the cores instead (chunk i to whoever is free) restarts every
 // core's hardware prefetch stream at each chunk; measured on the 2-core Zen 5 (1B Q4_0 / MLX q4
 // decode, alternating runs), contiguous regions were faster in 8 of 8 pairs (see bench/RESULTS.md).
+//
+// A sub-chunk is at most 1/8 of a region and at most half of what the region has left, down to
+// 8 rows: a thread that finishes first then waits at the join for at most a small last piece,
+// not a whole eighth. With fixed eighths the caller waited 6–8 µs per gate/up call on the
+// 2-core Zen 5 (`LARDER_PROFILE` join wait; 1B Q4_0 decode); halving brought it to ~1 µs and
+// decode +1–2 % (1B tg64: Q4_0 10 of 10 alternating pairs, Q4_K_M 14 of 16).
 template <class K>
 inline void run_decode_regions(const K& k, int64_t rows, int64_t n, int threads) {
-  constexpr int kSub = 8;                          // sub-chunks per region
+  constexpr int kSub = 8;                          // sub-chunks per region, at most
   constexpr int kMaxThreads = 256;
   const int regions = std::min(threads, kMaxThreads);
   const int64_t region_rows = ((rows + regions - 1) / regions + 7) / 8 * 8;
   const int64_t sub_rows = std::max<int64_t>(8, (region_rows / kSub + 7) / 8 * 8);
-  std::atomic<int64_t> next[kMaxThreads];
+  std::atomic<int64_t> next[kMaxThreads];  // per region: rows handed out
   for (int i = 0; i < regions; ++i) next[i].store(0, std::memory_order_relaxed);
   default_pool().parallel_for(regions, [&](int64_t home, int) {
     for (int i = 0; i < regions; ++i) {
       const int64_t reg = (home + i) % regions;
-      const int64_t r_begin = reg * region_rows, r_end = std::min(rows, r_begin + region_rows);
-      for (;;) {
-        const int64_t r0 = r_begin + next[reg].fetch_add(sub_rows, std::memory_order_relaxed);
-        if (r0 >= r_end) break;
-        run_block(k, r0, std::min(r_end, r0 + sub_rows), 0, n);
+      const int64_t r_begin = reg * region_rows, len = std::min(rows, r_begin + region_rows) - r_begin;
+      int64_t h = next[reg].load(std::memory_order_relaxed);
+      while (h < len) {
+        const int64_t half = (len - h + 15) / 16 * 8;  // half of what is left, in whole 8-row blocks
+        const int64_t size = std::min(len - h, std::max<int64_t>(8, std::min(sub_rows, half)));
+        if (!next[reg].compare_exchange_weak(h, h + size, std::memory_order_relaxed)) continue;
+        run_block(k, r_begin + h, r_begin + h + size, 0, n);
+        h = next[reg].load(std::memory_order_relaxed);
       }
     }
   });
