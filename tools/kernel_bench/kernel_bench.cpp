@@ -16,6 +16,7 @@
 // Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,Q4_1,Q5_K,IQ4_XS,...,BF16,F16,F32,affine-q4-g64,...]
 //                     [--tiers avx2,avx512,ref] [--no-prefill] [--no-decode] [--model-estimate]
 //                     [--no-attention | --attention-only] [--attn-contexts 512,4096,16384]
+//                     [--step]  (only the decode step's matmul sequence: bench_step)
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -319,6 +320,66 @@ void bench_attention(const std::string& tier, const std::vector<int>& threads, c
   }
 }
 
+// --step: the matmuls of one decode step in the model's order — per layer q/k/v (one 3072-row
+// matrix, as matmul_multi runs them), o, gate/up (one 16384-row matrix), down; then the LM head —
+// each matrix in its own allocation, as the layers of a model file are. The per-shape rotation
+// above runs one shape back to back; a step switches matrix and shape at every call, and on the
+// 2-core Zen 5 it streamed 8–10 % slower than the rotations of the same shapes (session 24).
+void bench_step(const std::string& tier, const std::string& fmt_name, const Format& fmt, const MatmulFn fn, const std::vector<int>& threads,
+                const std::vector<double>& bw, int reps) {
+  struct StepShape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const StepShape kLayer[] = {{"q/k/v 3072x2048", 3072, 2048}, {"o 2048x2048", 2048, 2048},
+                              {"gate/up 16384x2048", 16384, 2048}, {"down 2048x8192", 2048, 8192}};
+  const StepShape kHead = {"lm_head 32000x2048", 32000, 2048};
+  std::vector<WeightView> views;
+  std::vector<int> kind;  // index into kLayer, 4 = the head
+  uint64_t step_bytes = 0;
+  auto add = [&](const StepShape& sh, int k) {
+    const uint64_t b = fmt.bytes(sh.rows, sh.cols);
+    auto* w = static_cast<uint8_t*>(big_alloc(b));
+    if (fmt.bits) fill_affine(w, fmt, sh.rows, sh.cols);
+    else fill_weights(w, fmt.dtype, sh.rows, sh.cols);
+    views.push_back(make_view(fmt, w, sh.rows, sh.cols));
+    kind.push_back(k);
+    step_bytes += b;
+  };
+  for (int l = 0; l < kLayers; ++l)
+    for (int k = 0; k < 4; ++k) add(kLayer[k], k);
+  add(kHead, 4);
+  std::vector<float> x(8192), y(32000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+  std::printf("\n## %s %s: decode step (%d layers, %.1f MB of weights per step, n = 1)\n", tier.c_str(),
+              fmt_name.c_str(), kLayers, step_bytes / 1e6);
+  std::printf("| threads | step median ms [min..max] | GB/s | %% of read BW | per shape: mean GB/s |\n|---|---|---|---|---|\n");
+  ThreadPool& pool = default_pool();
+  for (size_t ti = 0; ti < threads.size(); ++ti) {
+    pool.set_threads(threads[ti]);
+    double per[5] = {}, bytes[5] = {};
+    std::vector<double> steps;
+    for (int st = -1; st < reps; ++st) {  // step -1 warms up
+      const auto t0 = Clock::now();
+      for (size_t i = 0; i < views.size(); ++i) {
+        const auto a = Clock::now();
+        fn(views[i], x.data(), 1, y.data());
+        if (st >= 0) {
+          per[kind[i]] += seconds_since(a);
+          bytes[kind[i]] += static_cast<double>(fmt.bytes(views[i].rows, views[i].cols));
+        }
+      }
+      if (st >= 0) steps.push_back(seconds_since(t0));
+    }
+    const Stats s = stats(steps);
+    std::printf("| %d | %.3f [%.3f..%.3f] | %.1f | %.0f%% |", threads[ti], s.median * 1e3, s.min * 1e3, s.max * 1e3,
+                step_bytes / s.median / 1e9, 100.0 * step_bytes / s.median / 1e9 / bw[ti]);
+    for (int k = 0; k < 5; ++k)
+      std::printf(" %s %.1f%s", k < 4 ? kLayer[k].name : kHead.name, bytes[k] / per[k] / 1e9, k < 4 ? ";" : " |\n");
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -328,6 +389,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> tiers = {cpu_features().has_avx512_tier() ? "avx512" : "avx2"};
   bool do_prefill = true, do_decode = true, hot = false, skip_bw = false;
   bool do_attention = true, only_attention = false;
+  bool step_only = false;  // --step: only the decode step's matmul sequence (bench_step)
   std::vector<int64_t> attn_contexts = {512, 4096, 16384};
   std::vector<Shape> shapes(std::begin(kDefaultShapes), std::end(kDefaultShapes));
   std::vector<std::string> shape_names;
@@ -346,6 +408,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-decode") do_decode = false;
     else if (a == "--hot") hot = true;  // one copy: cache-resident, measures instruction throughput
     else if (a == "--no-bw") skip_bw = true;
+    else if (a == "--step") step_only = true;
     else if (a == "--no-attention") do_attention = false;
     else if (a == "--attention-only") only_attention = true;
     else if (a == "--attn-contexts") { attn_contexts.clear(); for (auto& s : split(val())) attn_contexts.push_back(std::atoll(s.c_str())); }
@@ -385,6 +448,15 @@ int main(int argc, char** argv) {
     bool decode_full = true, prefill_full = true;
   };
 
+  if (step_only) {
+    for (const std::string& tier : tiers)
+      for (const std::string& fs : formats) {
+        const Format fmt = parse_format(fs);
+        if (const MatmulFn fn = tier_fn(tier, fmt)) bench_step(tier, fs, fmt, fn, threads, bw_before, reps);
+        else std::printf("\n%s: no %s kernel\n", tier.c_str(), fs.c_str());
+      }
+    return 0;
+  }
   if (only_attention) formats.clear();
   for (const std::string& tier : tiers) {
     for (const std::string& fs : formats) {
