@@ -640,19 +640,37 @@ const uint8_t* quad_acts(const QuantizedActs& a, int64_t n, int64_t ng, int zero
   auto* out = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * ng * stride) + 64, 1));
   const int64_t nb = a.nb;
   const __m512i ones = _mm512_set1_epi8(1);
+  // Full groups: the 4 blocks' 128 bytes are two zmm of 16-byte halves, [b lo | b hi] per block,
+  // so one qword permute each gathers the lo and the hi halves; the block scales are strided by
+  // n_pad (block-major) and broadcast to their 4 lanes. Same bytes and floats as the tail's copy.
+  const __m512i lo_idx = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), hi_idx = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+  const __m512i dx_idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   for (int64_t t = 0; t < n; ++t) {
     const int8_t* q = a.token_blocks(t);
     for (int64_t g = 0; g < ng; ++g) {
       uint8_t* dst = out + (t * ng + g) * stride;
-      alignas(64) uint8_t lo[64] = {}, hi[64] = {};
-      alignas(64) float dx[16] = {};
-      for (int k = 0; k < 4 && 4 * g + k < nb; ++k) {
-        const int64_t b = 4 * g + k;
-        std::memcpy(lo + 16 * k, q + 32 * b, 16);
-        std::memcpy(hi + 16 * k, q + 32 * b + 16, 16);
-        for (int l = 0; l < 4; ++l) dx[4 * k + l] = a.scales(b)[t] * dx_mul;
+      __m512i xl, xh;
+      __m512 vdx;
+      if (4 * g + 4 <= nb) {
+        const __m512i z0 = _mm512_loadu_si512(q + 128 * g), z1 = _mm512_loadu_si512(q + 128 * g + 64);
+        xl = _mm512_permutex2var_epi64(z0, lo_idx, z1);
+        xh = _mm512_permutex2var_epi64(z0, hi_idx, z1);
+        const __m128 d4 = _mm_setr_ps(a.scales(4 * g)[t], a.scales(4 * g + 1)[t], a.scales(4 * g + 2)[t],
+                                      a.scales(4 * g + 3)[t]);
+        vdx = _mm512_mul_ps(_mm512_permutexvar_ps(dx_idx, _mm512_castps128_ps512(d4)), _mm512_set1_ps(dx_mul));
+      } else {
+        alignas(64) uint8_t lo[64] = {}, hi[64] = {};
+        alignas(64) float dx[16] = {};
+        for (int k = 0; 4 * g + k < nb; ++k) {
+          const int64_t b = 4 * g + k;
+          std::memcpy(lo + 16 * k, q + 32 * b, 16);
+          std::memcpy(hi + 16 * k, q + 32 * b + 16, 16);
+          for (int l = 0; l < 4; ++l) dx[4 * k + l] = a.scales(b)[t] * dx_mul;
+        }
+        xl = _mm512_load_si512(lo);
+        xh = _mm512_load_si512(hi);
+        vdx = _mm512_load_ps(dx);
       }
-      const __m512i xl = _mm512_load_si512(lo), xh = _mm512_load_si512(hi);
       // Σ q per lane over its 4 lo and 4 hi elements (u8 ones · s8 q), times −zero.
       const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xl), ones, xh);
       _mm512_store_si512(dst, xl);
@@ -660,10 +678,10 @@ const uint8_t* quad_acts(const QuantizedActs& a, int64_t n, int64_t ng, int zero
       _mm512_store_si512(dst + 128, zero_log2 < 0 ? _mm512_setzero_si512()
                                                   : _mm512_sub_epi32(_mm512_setzero_si512(),
                                                                      _mm512_sll_epi32(sum, _mm_cvtsi32_si128(zero_log2))));
-      _mm512_store_ps(reinterpret_cast<float*>(dst + 192), _mm512_load_ps(dx));
+      _mm512_store_ps(reinterpret_cast<float*>(dst + 192), vdx);
       if (with_sums)
         _mm512_store_ps(reinterpret_cast<float*>(dst + 256),
-                        _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_load_ps(dx), _mm512_set1_ps(1.0f / dx_mul))));
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(vdx, _mm512_set1_ps(1.0f / dx_mul))));
     }
   }
   return out;
