@@ -36,6 +36,32 @@ class NativeRoutesTest(ServerTestCase):
         self.assertIs(events[-1]["stop"], True)
         self.assertEqual("".join(e["content"] for e in events), ref["choices"][0]["text"])
 
+    def test_logit_bias_llama_server_forms(self):
+        # llama-server's /completion takes logit_bias as [id, bias] pairs, false to ban a token,
+        # and strings that stand for every token of their encoding (besides OpenAI's dict).
+        def ids(extra):
+            r = self.server.post("/completion", {"prompt": STORIES_PROMPT, "n_predict": 3, "temperature": 0,
+                                                 "stream": True, **extra})
+            self.assertEqual(r.status, 200, r)
+            return [t for e in parse_sse(r.body) if e.data for t in json.loads(e.data).get("tokens", [])]
+
+        greedy = ids({})
+        self.assertEqual(len(greedy), 3, greedy)
+        forced = 403 if greedy[0] != 403 else 407
+        self.assertEqual(ids({"logit_bias": [[forced, 100]]}), [forced] * 3, "[id, +100] forces the token")
+        self.assertEqual(ids({"logit_bias": {str(forced): 100}}), [forced] * 3, "the OpenAI dict still works")
+        banned = ids({"logit_bias": [[greedy[0], False]]})
+        self.assertNotIn(greedy[0], banned, "[id, false] never produces the token")
+        word = " little"
+        allowed = self.server.post("/tokenize", {"content": word, "add_special": False}).json()["tokens"]
+        self.assertTrue(allowed, allowed)
+        got = ids({"logit_bias": [[word, 100]]})
+        self.assertTrue(set(got) <= set(allowed), f"[string, +100] forces the tokens of {word!r} {allowed}: got {got}")
+        for bad in ([[1, "x"]], [[100000, 1]], [[1]], [1, 2], "x", [[1.5, 1]], {"1": 1000}):
+            r = self.server.post("/completion", {"prompt": STORIES_PROMPT, "n_predict": 2, "logit_bias": bad})
+            self.assertEqual(r.status, 400, f"logit_bias {bad!r}: {r}")
+            self.assertIn("logit_bias", r.json()["error"]["message"] + str(r.json()["error"].get("param")), bad)
+
     def test_tokenize_with_pieces(self):
         r = self.server.post("/tokenize", {"content": STORIES_PROMPT, "add_special": True, "with_pieces": True})
         self.assertEqual(r.status, 200, r)

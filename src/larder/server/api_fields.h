@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "larder/memory/store/identity.h"
@@ -120,6 +121,53 @@ inline std::vector<std::string> stops(const ordered_json& b, const char* name) {
   return out;
 }
 
+// logit_bias in the forms OpenAI and llama-server accept:
+//   {"15043": 2.5}                 OpenAI: token id (as a string) → bias in [-100, 100]
+//   [[15043, 2.5], [15044, false]] llama-server: [id, bias] pairs; false bans the token
+//   [["Hello", -0.5]]              llama-server: every token of the string's encoding
+// An id outside the vocabulary is an error (llama-server skips it silently; a typo should not
+// pass unnoticed). Pair biases may exceed ±100 (llama-server clamps nothing); false is −∞.
+inline void logit_bias(const ServedModel& sm, const ordered_json& lb, runtime::SamplingParams& p) {
+  const int64_t V = sm.m->model->info().vocab;
+  auto set = [&](long long id, float x) {
+    if (id < 0 || id >= V) bad(strfmt("logit_bias token id %lld is outside the vocabulary [0, %lld)", id, (long long)V), "logit_bias");
+    p.logit_bias[static_cast<int32_t>(id)] = x;
+  };
+  if (lb.is_object()) {
+    for (const auto& [k, v] : lb.items()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || errno != 0 || !v.is_number()) bad("logit_bias must be a dict of int to float", "logit_bias");
+      const double x = v.get<double>();
+      if (!std::isfinite(x) || x < -100 || x > 100) bad("logit_bias values must be between -100 and 100", "logit_bias");
+      set(id, static_cast<float>(x));
+    }
+    return;
+  }
+  const char* form = "logit_bias must be a dict of int to float, or a list of [token id or string, bias or false] pairs";
+  if (!lb.is_array()) bad(form, "logit_bias");
+  for (const auto& pair : lb) {
+    if (!pair.is_array() || pair.size() != 2) bad(form, "logit_bias");
+    const ordered_json& v = pair[1];
+    float x = 0;
+    if (v.is_boolean() && !v.get<bool>()) {
+      x = -std::numeric_limits<float>::infinity();
+    } else if (v.is_number() && std::isfinite(v.get<double>())) {
+      x = static_cast<float>(v.get<double>());
+    } else {
+      bad(form, "logit_bias");
+    }
+    if (pair[0].is_number_integer()) {
+      set(pair[0].get<long long>(), x);
+    } else if (pair[0].is_string()) {
+      for (int32_t id : sm.m->tokenizer->encode(pair[0].get<std::string>(), /*add_special=*/false)) set(id, x);
+    } else {
+      bad(form, "logit_bias");
+    }
+  }
+}
+
 // Sampling parameters: request field → server defaults (flags over generation_config.json) →
 // built-ins (server-api.md §3).
 inline runtime::SamplingParams sampling(const ServedModel& sm, const ordered_json& b, bool with_penalties) {
@@ -150,20 +198,7 @@ inline runtime::SamplingParams sampling(const ServedModel& sm, const ordered_jso
   if (auto n = integer(b, "repetition_context_size", 0, 1 << 20)) p.repetition_context_size = static_cast<int>(*n);
   if (auto n = integer(b, "presence_context_size", 0, 1 << 20)) p.presence_context_size = static_cast<int>(*n);
   if (auto n = integer(b, "frequency_context_size", 0, 1 << 20)) p.frequency_context_size = static_cast<int>(*n);
-  if (const ordered_json* lb = get(b, "logit_bias")) {
-    if (!lb->is_object()) bad("logit_bias must be a dict of int to float", "logit_bias");
-    const int64_t V = sm.m->model->info().vocab;
-    for (const auto& [k, v] : lb->items()) {
-      char* end = nullptr;
-      errno = 0;
-      const long long id = std::strtoll(k.c_str(), &end, 10);
-      if (k.empty() || *end != '\0' || errno != 0 || !v.is_number()) bad("logit_bias must be a dict of int to float", "logit_bias");
-      if (id < 0 || id >= V) bad(strfmt("logit_bias token id %lld is outside the vocabulary [0, %lld)", id, (long long)V), "logit_bias");
-      const double x = v.get<double>();
-      if (!std::isfinite(x) || x < -100 || x > 100) bad("logit_bias values must be between -100 and 100", "logit_bias");
-      p.logit_bias[static_cast<int32_t>(id)] = static_cast<float>(x);
-    }
-  }
+  if (const ordered_json* lb = get(b, "logit_bias")) logit_bias(sm, *lb, p);
   return p;
 }
 
