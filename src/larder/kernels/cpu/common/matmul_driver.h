@@ -79,14 +79,14 @@ constexpr int zen_rows1() {
   }
 }
 
-//
-// On those CPUs a tile of long rows (simd::long_rows: the down projection, 4.6–6.7 KiB per row
-// at 8192 columns) takes one row where it would take two. Each row of a tile is its own stream
-// from DRAM, and one row per tile turns the region into one linear stream that the short-row
-// sweep prefetches; two interleaved 4.6 KiB streams per core did not keep up. Zen 5 (session 24,
-// 1B decode tg64, 2 threads, one binary alternating, both orders): Q4_0 +2–8 % in 11 of 12
-// pairs, Q4_K_M +4–9 % in 11 of 11, Q5_K_M +4–7 %, Q6_K +5–7 %; 1 thread: Q4_0 level, Q6_K
-// +3–6 %. The same change inside the R = 2 tile (the sweep prefetch over two rows) was not faster.
+// With zen decode tiles, a tile of long rows (simd::long_rows: the down projection, 4.6–6.7
+// KiB per row at 8192 columns) takes one row where it would take two. Each row of a tile is its
+// own stream from DRAM, and one row per tile turns the region into one linear stream that the
+// short-row sweep prefetches; two interleaved 4.6 KiB streams per core did not keep up. Zen 5
+// (session 24, 1B decode tg64, 2 threads, one binary alternating, both orders): Q4_0 +2–8 % in
+// 12 of 14 pairs, Q4_K_M +4–9 % in 11 of 11, Q5_K_M +4–7 %, Q6_K +5–7 %; 1 thread: Q4_0 level,
+// Q6_K +3–6 %. The sweep prefetch over a tile of two long rows instead was not faster. Zen 4
+// shares the rule unmeasured (its earlier data only ever favoured fewer rows per tile).
 template <class K>
 inline int rows1(const K& k) {
   static_assert(zen_rows1<K>() == K::kRows1 || zen_rows1<K>() == 1 || zen_rows1<K>() == 2);
