@@ -209,6 +209,17 @@ Format parse_format(const std::string& s) {
   std::exit(2);
 }
 
+// Random weights of any format (GGUF blocks, float, or MLX affine) for a rows × cols matrix at p.
+void fill_format(uint8_t* p, const Format& f, int64_t rows, int64_t cols) {
+  if (f.bits) fill_affine(p, f, rows, cols);
+  else fill_weights(p, f.dtype, rows, cols);
+}
+
+// Deterministic activations in [-1, 1).
+void fill_acts(std::vector<float>& x) {
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+}
+
 MatmulFn tier_fn(const std::string& tier, const Format& f) {
   if (f.bits) return tier == "ref" ? ref_table().matmul_affine[f.bits] : cpu::fast_matmul_affine(tier.c_str(), f.bits);
   if (tier == "ref") return ref_table().matmul[static_cast<int>(f.dtype)];
@@ -287,7 +298,7 @@ void bench_attention(const std::string& tier, const std::vector<int>& threads, c
       spans[c] = {k, k + run.ctx * kv_row, 0, run.ctx};
     }
     std::vector<float> q(run.n * q_row), out(run.n * q_row);
-    for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    fill_acts(q);
     const bool prefill = run.n > 16;
     for (size_t ti = 0; ti < threads.size(); ++ti) {
       default_pool().set_threads(threads[ti]);
@@ -336,38 +347,37 @@ void bench_step(const std::string& tier, const std::string& fmt_name, const Form
   const StepShape kHead = {"lm_head 32000x2048", 32000, 2048};
   std::vector<WeightView> views;
   std::vector<int> kind;  // index into kLayer, 4 = the head
-  uint64_t step_bytes = 0;
+  std::vector<void*> bufs;
+  uint64_t step_bytes = 0, kind_bytes[5] = {};  // per step
   auto add = [&](const StepShape& sh, int k) {
     const uint64_t b = fmt.bytes(sh.rows, sh.cols);
     auto* w = static_cast<uint8_t*>(big_alloc(b));
-    if (fmt.bits) fill_affine(w, fmt, sh.rows, sh.cols);
-    else fill_weights(w, fmt.dtype, sh.rows, sh.cols);
+    fill_format(w, fmt, sh.rows, sh.cols);
+    bufs.push_back(w);
     views.push_back(make_view(fmt, w, sh.rows, sh.cols));
     kind.push_back(k);
+    kind_bytes[k] += b;
     step_bytes += b;
   };
   for (int l = 0; l < kLayers; ++l)
     for (int k = 0; k < 4; ++k) add(kLayer[k], k);
   add(kHead, 4);
   std::vector<float> x(8192), y(32000);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+  fill_acts(x);
   std::printf("\n## %s %s: decode step (%d layers, %.1f MB of weights per step, n = 1)\n", tier.c_str(),
               fmt_name.c_str(), kLayers, step_bytes / 1e6);
   std::printf("| threads | step median ms [min..max] | GB/s | %% of read BW | per shape: mean GB/s |\n|---|---|---|---|---|\n");
   ThreadPool& pool = default_pool();
   for (size_t ti = 0; ti < threads.size(); ++ti) {
     pool.set_threads(threads[ti]);
-    double per[5] = {}, bytes[5] = {};
+    double per[5] = {};  // seconds per kind over the timed steps
     std::vector<double> steps;
     for (int st = -1; st < reps; ++st) {  // step -1 warms up
       const auto t0 = Clock::now();
       for (size_t i = 0; i < views.size(); ++i) {
         const auto a = Clock::now();
         fn(views[i], x.data(), 1, y.data());
-        if (st >= 0) {
-          per[kind[i]] += seconds_since(a);
-          bytes[kind[i]] += static_cast<double>(fmt.bytes(views[i].rows, views[i].cols));
-        }
+        if (st >= 0) per[kind[i]] += seconds_since(a);
       }
       if (st >= 0) steps.push_back(seconds_since(t0));
     }
@@ -375,9 +385,11 @@ void bench_step(const std::string& tier, const std::string& fmt_name, const Form
     std::printf("| %d | %.3f [%.3f..%.3f] | %.1f | %.0f%% |", threads[ti], s.median * 1e3, s.min * 1e3, s.max * 1e3,
                 step_bytes / s.median / 1e9, 100.0 * step_bytes / s.median / 1e9 / bw[ti]);
     for (int k = 0; k < 5; ++k)
-      std::printf(" %s %.1f%s", k < 4 ? kLayer[k].name : kHead.name, bytes[k] / per[k] / 1e9, k < 4 ? ";" : " |\n");
+      std::printf(" %s %.1f%s", k < 4 ? kLayer[k].name : kHead.name, static_cast<double>(kind_bytes[k]) * reps / per[k] / 1e9,
+                  k < 4 ? ";" : " |\n");
     std::fflush(stdout);
   }
+  for (void* b : bufs) std::free(b);
 }
 
 }  // namespace
@@ -478,14 +490,13 @@ int main(int argc, char** argv) {
             hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{128} << 20) / wbytes + 1));
         auto* wbuf = static_cast<uint8_t*>(big_alloc(wbytes * copies));
         for (int c = 0; c < copies; ++c) {
-          if (fmt.bits) fill_affine(wbuf + c * wbytes, fmt, sh.rows, sh.cols);
-          else fill_weights(wbuf + c * wbytes, fmt.dtype, sh.rows, sh.cols);
+          fill_format(wbuf + c * wbytes, fmt, sh.rows, sh.cols);
         }
         std::vector<WeightView> views(copies);
         for (int c = 0; c < copies; ++c) views[c] = make_view(fmt, wbuf + c * wbytes, sh.rows, sh.cols);
         const int64_t max_n = std::max<int64_t>(prefill_n, *std::max_element(decode_ns.begin(), decode_ns.end()));
         std::vector<float> x(max_n * sh.cols), y(max_n * sh.rows);
-        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+        fill_acts(x);
 
         std::vector<int64_t> ns;
         if (do_decode) ns = decode_ns;
