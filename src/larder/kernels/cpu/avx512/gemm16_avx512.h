@@ -228,7 +228,7 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
 //
 // Gemm16 runs tiles of R rows × one 16-token group × one K slice over the unpacked rows.
 //
-// Blocking (as Bf16Gemm in matmul_avx512.cpp). A chunk is a row block (kBlockRows rows) × up to
+// Blocking (as Bf16Gemm in matmul_avx512.cpp). A chunk is a row block (gemm_block_rows rows) × up to
 // kMaxGroups token groups. It unpacks its rows once, whole, into a per-thread buffer, then walks
 // K in slices of blocks: per slice, every tile of the row block runs over every group of the
 // chunk, so the chunk's activation slices (≤ kActBudget) stay in L2 across its tiles and a tile's
@@ -562,10 +562,25 @@ struct Gemm16 {
 // Tile rows: 8 rows × 16 tokens = 8 int32 + 8 f32 accumulators (+ group accumulators for MLX
 // affine), well inside 32 zmm; each activation vector feeds 8 vpdpbusd.
 constexpr int kGemmRows = 8;
-// Rows per chunk: two tiles. The chunk's unpacked rows (16 × K bytes: 32 KiB at K = 2048, 128 KiB
-// at 8192) and its partial sums (16 rows × 64 B per group) sit in L2 beside the activation
-// slices; 2048 rows still make 128 chunks, ~64 per thread for the pool's balancing.
-constexpr int64_t kBlockRows = 2 * kGemmRows;
+// Rows per chunk (gemm_block_rows). A chunk walks K slice by slice, and each slice of activations
+// (up to kActBudget) comes into L2 from L3 once per chunk, then serves the chunk's other tiles
+// from L2: at two tiles a chunk, half the activation reads of every tile-group came from L3 —
+// with both cores doing it, enough to cost Q4_0 8192x2048 n = 512 ~10 % against 8 tiles
+// (kernel_bench, 2 threads, Zen 5, 4 alternating runs: 12.6–13.9 → 11.5–12.2 ms; MLX q4 and
+// Q4_K 6–7 %; 1B pp512 +7–12 %, SmolLM2 +12 %, gemma-3-270m +23 %). Bounded by the chunk's
+// unpacked rows with their f32 scales and biases (≤ kCodesBudget beside the slice in L2: 48 rows
+// of Q4_0 at K = 2048, 16 at 8192 — a 256 KiB budget gave 32 there and Q4_K 2048x8192 lost 5 %)
+// and by balance (≥ 8 chunks per thread, so a core a neighbour slows claims fewer), never under
+// two tiles.
+constexpr int64_t kMinBlockRows = 2 * kGemmRows;
+constexpr int64_t kMaxBlockRows = 8 * kGemmRows;
+constexpr int64_t kCodesBudget = 128 * 1024;
+inline int64_t gemm_block_rows(int64_t rows, int64_t row_bytes, int64_t token_blocks, int64_t threads) {
+  const int64_t by_l2 = kCodesBudget / std::max<int64_t>(row_bytes, 1);
+  const int64_t by_balance = rows * token_blocks / std::max<int64_t>(8 * threads, 1);
+  const int64_t r = std::min(by_l2, by_balance) / kGemmRows * kGemmRows;
+  return std::clamp(r, kMinBlockRows, kMaxBlockRows);
+}
 // Token groups per chunk: 512 tokens in one chunk, so a prompt of up to 512 tokens unpacks every
 // weight row once.
 constexpr int64_t kMaxGroups = 32;
@@ -581,7 +596,7 @@ LARDER_GEMM_INLINE void for_each_tile(int64_t r0, int64_t r1, Fn&& fn) {
   for (; r < r1; ++r) fn.template operator()<1>(r);
 }
 
-// y[n, rows] for a format F: chunks of (kBlockRows rows × ≤ kMaxGroups token groups), each run
+// y[n, rows] for a format F: chunks of (gemm_block_rows rows × ≤ kMaxGroups token groups), each run
 // slice by slice over K (see Gemm16).
 template <class F>
 void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
@@ -606,7 +621,7 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
   const int64_t kc = std::min(nb, std::max<int64_t>(1, kActBudget / (gb * 512) / bpg) * bpg);
   // AMX (where usable for this format): 32-row chunks, the last ragged one on the vpdpbusd tiles.
   const bool amx = F::kZero >= 0 && gemm_uses_amx() && bpg <= kAmxBatchBlocks && groups >= kAmxMinGroups;
-  const int64_t crows = amx ? kAmxRows : kBlockRows;
+  const int64_t crows = amx ? kAmxRows : gemm_block_rows(rows, nb * 32 + 2 * ng * 4, n_gb, default_pool().n_threads());
   const int64_t n_rb = (rows + crows - 1) / crows;
   const int64_t unit = 2 * ng;  // scale + bias floats per row
   default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
@@ -636,7 +651,7 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
       }
     }
     // Tile i of the row block (rows r..r+R) unpacks to codes + (r − r0)·nb·32 and sc + (r − r0)·unit.
-    typename Gemm16<F>::Unpacked u[kAmxRows];
+    typename Gemm16<F>::Unpacked u[std::max(kMaxBlockRows, kAmxRows)];
     for_each_tile(r0, r1, [&]<int R>(int64_t r) {
       u[r - r0] = k.template unpack<R>(r, codes + (r - r0) * nb * 32, sc + (r - r0) * unit, tmp);
     });

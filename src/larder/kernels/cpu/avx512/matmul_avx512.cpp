@@ -157,7 +157,7 @@ struct BF16Kernel {
 // and the chunk's activation slices (≤ ~512 KiB) stay in L2 across its row tiles. Partial sums
 // between slices go through a per-thread f32 buffer (one load + store per accumulator per
 // slice); the last slice writes y. While a tile computes, the next tile's weight slice is
-// prefetched into L2, a share before each group pair (as gemm16_avx512.h does).
+// prefetched into L2, a share before each group pair.
 struct Bf16Gemm {
   static constexpr int R = 8;
   static constexpr int64_t kKc = 512;  // pairs per K slice
