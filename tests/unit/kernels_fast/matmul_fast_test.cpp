@@ -140,6 +140,8 @@ std::vector<Case> cases(bool float_format) {
   // The AVX-512 integer GEMM: 530 tokens = two chunks of token groups; 2080 columns = K slices of
   // 32 blocks with a ragged last one; 21 rows = 8-, 4- and 1-row tiles.
   cs.push_back({21, 2080, 530});
+  // Its chunks of up to 64 rows (gemm_block_rows: 64 at 1 thread, 24 at 3) and a 5-row remainder.
+  cs.push_back({581, 512, 40});
   // Its AMX path where usable: a 32-row chunk, then 13 rows on the 8-, 4- and 1-row tiles.
   cs.push_back({45, 2080, 530});
   if (float_format) {
@@ -349,7 +351,8 @@ void check_affine_tier(const char* tier, const AffineFormat af) {
         const int64_t drawn_rows = rows_set[rng() % std::size(rows_set)];
         int64_t cols = cols_set[rng() % std::size(cols_set)];
         cols = std::max<int64_t>(af.group_size, cols / af.group_size * af.group_size);
-        const int64_t rows = n > 64 ? 21 : drawn_rows;
+        // n = 33: 581 rows, the AVX-512 GEMM's chunks of up to 64 rows (gemm_block_rows).
+        const int64_t rows = n > 64 ? 21 : n == 33 ? 581 : drawn_rows;
         if (n > 64) cols = 1280;
         const DType sdt = sdts[iter % 3];
         SCOPED_TRACE(testing::Message() << "bits " << af.bits << " g " << af.group_size << " " << dtype_name(sdt)

@@ -41,6 +41,7 @@ enum class Sd { kBF16, kF16, kF32 };
 template <int B>
 struct AffineRows {
   static constexpr int kZero = 0;
+  static constexpr bool kGroups = true;  // groups of several blocks (Gemm16::tile)
   static constexpr uint64_t kDeposit = (0x0101010101010101ull * ((1u << B) - 1u)) & ~uint64_t{0};
 
   const uint8_t* w;
