@@ -637,7 +637,8 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
   const int64_t kc = std::min(nb, std::max<int64_t>(1, kActBudget / (gb * 512) / bpg) * bpg);
   // AMX (where usable for this format): 32-row chunks, the last ragged one on the vpdpbusd tiles.
   const bool amx = F::kZero >= 0 && gemm_uses_amx() && bpg <= kAmxBatchBlocks && groups >= kAmxMinGroups;
-  const int64_t crows = amx ? kAmxRows : gemm_block_rows(rows, nb * 32 + 2 * ng * 4, n_gb, default_pool().n_threads());
+  const int64_t unpacked_row_bytes = nb * 32 + 2 * ng * static_cast<int64_t>(sizeof(float));  // codes, scales, biases
+  const int64_t crows = amx ? kAmxRows : gemm_block_rows(rows, unpacked_row_bytes, n_gb, default_pool().n_threads());
   const int64_t n_rb = (rows + crows - 1) / crows;
   const int64_t unit = 2 * ng;  // scale + bias floats per row
   default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
