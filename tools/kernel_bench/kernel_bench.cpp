@@ -15,15 +15,18 @@
 //
 // Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,Q4_1,Q5_K,IQ4_XS,...,BF16,F16,F32,affine-q4-g64,...]
 //                     [--tiers avx2,avx512,ref] [--no-prefill] [--no-decode] [--model-estimate]
-//                     [--no-attention | --attention-only] [--attn-contexts 512,4096,16384]
+//                     [--no-attention | --attention-only] [--attn-contexts 512,4096,16384] [--kv-dtype f16|f32|q8_0]
+//                     [--attn-shape 32/8/64] [--attn-evict-mb N]
 //                     [--step]  (only the decode step's matmul sequence: bench_step)
 #include <immintrin.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -181,11 +184,11 @@ const Shape kDefaultShapes[] = {
 };
 constexpr int kLayers = 16;
 
-std::vector<std::string> split(const std::string& s) {
+std::vector<std::string> split(const std::string& s, char sep = ',') {
   std::vector<std::string> out;
   size_t i = 0;
   while (i <= s.size()) {
-    size_t j = s.find(',', i);
+    size_t j = s.find(sep, i);
     if (j == std::string::npos) j = s.size();
     if (j > i) out.push_back(s.substr(i, j - i));
     i = j + 1;
@@ -238,9 +241,33 @@ std::string cpu_model() {
 // Attention at Llama-3.2-1B's shape (32 query heads, 8 KV heads, head_dim 64): decode (n rows at
 // the end of each context) and one prefill chunk ending at 4096. The tier's entry is its own
 // kernel (the reference's, attention_avx2.cpp's or attention_avx512.cpp's).
+// Reads every cache line of `buf` on all pool threads: what a decode step's matmuls do to the
+// caches and TLBs between two layers' attention calls (--attn-evict-mb).
+void stream_through(const std::vector<float>& buf) {
+  static std::atomic<float> sink;
+  default_pool().parallel_for(default_pool().n_threads(), [&](int64_t t, int) {
+    const size_t n = buf.size(), per = (n + default_pool().n_threads() - 1) / default_pool().n_threads();
+    float a = 0, b = 0;  // one float per 64-byte line, two chains
+    for (size_t k = t * per; k + 16 < std::min(n, (t + 1) * per); k += 32) {
+      a += buf[k];
+      b += buf[k + 16];
+    }
+    sink.store(a + b, std::memory_order_relaxed);
+  });
+}
+
+// Shape of the attention case: query heads / KV heads / head_dim (--attn-shape; Llama 3.2 1B's by
+// default).
+struct AttnShape {
+  int heads = 32, kv_heads = 8, head_dim = 64;
+};
+
 void bench_attention(const std::string& tier, const std::vector<int>& threads, const std::vector<double>& bw,
                      const std::vector<int64_t>& contexts, const std::vector<int64_t>& decode_ns, bool do_decode,
-                     bool do_prefill, int reps, bool hot, double bw_cpu1) {
+                     bool do_prefill, int reps, bool hot, double bw_cpu1, DType kv_dtype, const AttnShape& shape,
+                     int evict_mb) {
+  // Streamed before each timed call when evict_mb > 0 (stream_through).
+  const std::vector<float> evict(static_cast<size_t>(evict_mb) << 18, 1.0f);
   const AttentionFn fn = tier == "ref"      ? ref_table().attention
                          : tier == "avx2"   ? cpu::avx2::attention
                          : tier == "avx512" ? (cpu_features().has_avx512_tier() ? cpu::avx512::attention : nullptr)
@@ -250,10 +277,10 @@ void bench_attention(const std::string& tier, const std::vector<int>& threads, c
     return;
   }
   AttentionParams p;
-  p.n_heads = 32;
-  p.n_kv_heads = 8;
-  p.head_dim = 64;
-  p.scale = 0.125f;
+  p.n_heads = shape.heads;
+  p.n_kv_heads = shape.kv_heads;
+  p.head_dim = shape.head_dim;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   const int64_t kv_row = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
   const int64_t q_row = static_cast<int64_t>(p.n_heads) * p.head_dim;
   struct Run {
@@ -271,7 +298,10 @@ void bench_attention(const std::string& tier, const std::vector<int>& threads, c
     default_pool().set_threads(threads[ti]);
     fma[ti] = measure_f32_fma_peak(default_pool());
   }
-  std::printf("\n## %s attention (heads 32/8, head_dim 64, f32 K/V; n rows at the end of the context)\n", tier.c_str());
+  std::printf("\n## %s attention (heads %d/%d, head_dim %d, %s K/V; n rows at the end of the context%s)\n",
+              tier.c_str(), shape.heads, shape.kv_heads, shape.head_dim,
+              kv_dtype == DType::kF16 ? "f16" : kv_dtype == DType::kQ8_0 ? "q8_0" : "f32",
+              evict_mb > 0 ? ("; " + std::to_string(evict_mb) + " MiB streamed before each call").c_str() : "");
   for (size_t ti = 0; ti < threads.size(); ++ti)
     std::printf("f32 FMA peak, %d thread(s): %.1f GFLOP/s\n", threads[ti], fma[ti]);
   std::printf("| context | n | threads | median µs [min..max] | GB/s (K/V) | %% of read BW | GFLOP/s | %% of FMA peak | 1-thread CPU µs / GFLOP/s / %% of CPU-time BW |\n");
@@ -282,20 +312,26 @@ void bench_attention(const std::string& tier, const std::vector<int>& threads, c
     double pairs = 0;
     for (int64_t t = 0; t < run.n; ++t) pairs += static_cast<double>(q_pos0 + t + 1);
     const double flops = 4.0 * pairs * p.n_heads * p.head_dim;  // q·k and w·v, 2 FLOP per FMA each
-    const uint64_t kv_bytes = 2 * static_cast<uint64_t>(run.ctx) * kv_row * sizeof(float);
+    const uint64_t row_bytes = static_cast<uint64_t>(kernels::kv_bytes(kv_dtype, kv_row));
+    const uint64_t kv_bytes = 2 * static_cast<uint64_t>(run.ctx) * row_bytes;
     if (tier == "ref" && flops > 4e9) continue;  // the double-precision oracle is ~1 GFLOP/s
     const int copies = hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{128} << 20) / kv_bytes + 1));
-    auto* kv = static_cast<float*>(big_alloc(kv_bytes * copies));
-    const uint64_t floats = kv_bytes / sizeof(float) * copies;
+    // Uniform values in [-1, 1), stored in the cache's row format.
+    auto* kv = static_cast<uint8_t*>(big_alloc(kv_bytes * copies));
+    const uint64_t rows = 2 * static_cast<uint64_t>(run.ctx) * copies;
+    std::vector<float> row(kv_row);
     uint32_t h = 0x12345678u;
-    for (uint64_t i = 0; i < floats; ++i) {
-      h = h * 1664525u + 1013904223u;
-      kv[i] = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    for (uint64_t r = 0; r < rows; ++r) {
+      for (float& x : row) {
+        h = h * 1664525u + 1013904223u;
+        x = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+      }
+      kv_encode(kv_dtype, row.data(), kv_row, kv + r * row_bytes);
     }
     std::vector<KvSpanView> spans(copies);
     for (int c = 0; c < copies; ++c) {
-      float* k = kv + c * (kv_bytes / sizeof(float));
-      spans[c] = {k, k + run.ctx * kv_row, 0, run.ctx};
+      uint8_t* k = kv + c * kv_bytes;
+      spans[c] = {k, k + run.ctx * row_bytes, 0, run.ctx, kv_dtype};
     }
     std::vector<float> q(run.n * q_row), out(run.n * q_row);
     fill_acts(q);
@@ -308,6 +344,7 @@ void bench_attention(const std::string& tier, const std::vector<int>& threads, c
       const int r = prefill ? std::max(1, reps / 4) : reps * std::max(1, copies / 2);
       std::vector<double> ts, cpu;
       for (int i = 0, c = 0; i < r; ++i, c = (c + 1) % copies) {
+        if (!evict.empty()) stream_through(evict);
         const double c0 = thread_cpu_seconds();
         auto t0 = Clock::now();
         fn(q.data(), run.n, q_pos0, &spans[c], 1, p, out.data());
@@ -407,6 +444,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> shape_names;
   int64_t prefill_n = 512;
   std::vector<int64_t> decode_ns = {1};
+  DType kv_dtype = DType::kF16;  // the KV cache's default (--kv-dtype)
+  AttnShape attn_shape;
+  int attn_evict_mb = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -420,6 +460,23 @@ int main(int argc, char** argv) {
     else if (a == "--no-decode") do_decode = false;
     else if (a == "--hot") hot = true;  // one copy: cache-resident, measures instruction throughput
     else if (a == "--no-bw") skip_bw = true;
+    else if (a == "--attn-shape") {  // H/KV/HD
+      const auto f = split(val(), '/');
+      if (f.size() != 3) { std::fprintf(stderr, "kernel_bench: --attn-shape takes heads/kv_heads/head_dim, e.g. 32/8/64\n"); return 2; }
+      attn_shape = {std::atoi(f[0].c_str()), std::atoi(f[1].c_str()), std::atoi(f[2].c_str())};
+      if (attn_shape.kv_heads <= 0 || attn_shape.head_dim <= 0 || attn_shape.heads % attn_shape.kv_heads != 0) {
+        std::fprintf(stderr, "kernel_bench: --attn-shape needs heads a multiple of kv_heads, all positive\n");
+        return 2;
+      }
+    }
+    else if (a == "--attn-evict-mb") attn_evict_mb = std::atoi(val().c_str());
+    else if (a == "--kv-dtype") {
+      const std::string v = val();
+      if (v == "f32") kv_dtype = DType::kF32;
+      else if (v == "f16") kv_dtype = DType::kF16;
+      else if (v == "q8_0") kv_dtype = DType::kQ8_0;
+      else { std::fprintf(stderr, "kernel_bench: --kv-dtype takes f32, f16 or q8_0, not '%s'\n", v.c_str()); return 2; }
+    }
     else if (a == "--step") step_only = true;
     else if (a == "--no-attention") do_attention = false;
     else if (a == "--attention-only") only_attention = true;
@@ -578,7 +635,8 @@ int main(int argc, char** argv) {
 
   if (do_attention || only_attention)
     for (const std::string& tier : tiers)
-      bench_attention(tier, threads, bw_before, attn_contexts, decode_ns, do_decode, do_prefill, reps, hot, bw_cpu1);
+      bench_attention(tier, threads, bw_before, attn_contexts, decode_ns, do_decode, do_prefill, reps, hot, bw_cpu1,
+                      kv_dtype, attn_shape, attn_evict_mb);
 
   for (size_t i = 0; i < threads.size(); ++i) {
     pool.set_threads(threads[i]);
