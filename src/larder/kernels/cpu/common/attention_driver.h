@@ -432,7 +432,15 @@ struct AttentionDriver {
     const int64_t threads = default_pool().n_threads();
     const int64_t r0 = p.window > 0 ? std::max<int64_t>(0, q_pos0 - p.window + 1) : 0;
     const int64_t keys = q_pos0 + n - r0;
-    if (n <= kDecodeRows && keys >= kSplitMinKeys) {
+    const int64_t chunks = (q_pos0 + n + kChunk - 1) / kChunk - r0 / kChunk;
+    // Below kSplitMinKeys the split's second pass and partial states cost more than they save —
+    // except when the unsplit call has fewer items (rows × slots, one row per item here) than
+    // threads, as for a model with one KV head (gemma-3-270m): then its decode attention ran on
+    // one thread. (kernel_bench --attn-shape 4/1/256, f16, 2 threads, 32 MiB streamed between
+    // calls: 400 keys 33–41 → 30–31 µs, 300 keys level; 9/3/64 split at 300–400 keys: 13–22 →
+    // 21–26 µs, so three slots on two threads stay unsplit.)
+    const bool starved = n * slots < threads && chunks >= 2;
+    if (n <= kDecodeRows && (keys >= kSplitMinKeys || starved)) {
       // Decode: all rows and all KV heads in each item (the cache is read once, front to back),
       // parallel over the chunks (dynamic balancing on a shared host, like the matmuls).
       attention_tiled(q, n, q_pos0, spans, n_spans, p, n, kChunk, true, slots, out);
