@@ -153,8 +153,9 @@ void check_tier(const char* tier, DType dt) {
   const bool avx512 = std::strcmp(tier, "avx512") == 0;
   std::mt19937 rng(static_cast<unsigned>(static_cast<int>(dt) * 37 + (avx512 ? 11 : 3)));
   const int64_t rows_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 31, 67};
-  // 530 tokens: two chunks of token groups in the prefill GEMM, and (with 1280/1312 columns)
-  // K slices of 32 blocks with a ragged last one (gemm16_avx512.h run_gemm16).
+  // 530 tokens: two chunks of token groups in the prefill GEMMs, and (with 2304/2336 columns) K
+  // slices with a ragged last one: of 32 blocks in the AVX-512 GEMM (gemm16_avx512.h run_gemm16),
+  // of 16 in the AVX2 one (matmul_driver.h run_gemm_sliced, which slices above 2048 columns).
   const int64_t n_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 33, 530};
   const bool k256 = dtype_info(dt).block_elems == 256;
   const std::vector<int64_t> cols_set = k256 ? std::vector<int64_t>{256, 512, 768, 1280}
@@ -168,9 +169,9 @@ void check_tier(const char* tier, DType dt) {
         const int64_t drawn = cols_set[rng() % cols_set.size()];
         // The first decode case of each n runs 8192 columns: rows past simd::long_rows' 8 KiB per
         // tile take the per-row prefetch regime (the down projection's), a separate instantiation.
-        // The long prompt takes 21 rows (8-, 4- and 1-row tiles) and the widest drawn columns.
+        // The long prompt takes 21 rows (8-, 4- and 1-row tiles).
         const int64_t rows = n > 64 ? 21 : drawn_rows;
-        const int64_t cols = n > 64 ? cols_set.back() : (i == 0 && n <= 3) ? 8192 : drawn;
+        const int64_t cols = n > 64 ? (k256 ? 2304 : 2336) : (i == 0 && n <= 3) ? 8192 : drawn;
         SCOPED_TRACE(testing::Message() << tier << " " << dtype_name(dt) << " rows " << rows << " cols " << cols
                                         << " n " << n << " threads " << threads);
         GWeights w = make(dt, rows, cols, avx512, rng);

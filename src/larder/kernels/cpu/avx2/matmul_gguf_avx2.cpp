@@ -245,12 +245,10 @@ void matmul_multi_linear(const WeightView* ws, float* const* ys, int count, cons
 // GEMM (matmul_avx2.cpp): act8 puts 8 tokens in the lanes, 4 weight codes of a row are broadcast
 // against them, maddubs sums 4 products per token lane.
 //
-// Unpack once, reuse across the token groups (as the AVX-512 gemm16 does): a chunk is 16 rows ×
-// a run of 8-token groups whose activations fit ~256 KiB of L2; each 4-row tile of the chunk is
-// unpacked once into per-thread scratch — codes block-major [nb][4][32], s and c per scale unit —
-// and then every group of the chunk runs over it, so the format's bit layout and the f16/scale
-// decoding cost once per (row, chunk) instead of once per (row, group). While the groups run, the
-// next tile's packed rows are prefetched into L2 (the unpack is the only DRAM reader).
+// Unpack once, reuse across the token groups and K slices (run_gemm_sliced, as the AVX-512 gemm16
+// does): each 4-row tile of a chunk is unpacked once into per-thread scratch — codes block-major
+// [nb][4][32], s and c per scale unit — so the format's bit layout and the f16/scale decoding
+// cost once per (row, chunk) instead of once per (row, group).
 //
 // Codes (gguf_unpack.h kCodeOffset / kMaxCode / kScaleElems):
 // - unsigned formats: u = w + kCodeOffset ∈ [0, kMaxCode] in maddubs' unsigned operand, bias
@@ -271,7 +269,6 @@ struct GgufGemm {
   static constexpr bool kBias = U::kBias || kOff > 0;
   static constexpr bool kOneChain = !kSigned && U::kMaxCode <= 15;
   static_assert(kSigned || U::kMaxCode <= 31, "int16 accumulation bound");
-  static constexpr int kRows = 4;
 
   const uint8_t* w;
   uint64_t row_bytes;
@@ -289,11 +286,16 @@ struct GgufGemm {
     const float* c;        // [nb·kSpb][R] c − kOff·s
   };
 
+  int64_t slice_align() const { return U::kElems / 32; }  // whole unpack units (super-blocks)
+  size_t tile_bytes(int R) const {
+    return (kSigned ? 2 : 1) * round_up64(static_cast<size_t>(nb * R) * 32) +
+           round_up64(static_cast<size_t>(2 * nb * kSpb * R) * sizeof(float));
+  }
   template <int R>
-  Tile unpack(int64_t r0) const {
-    const size_t cb = static_cast<size_t>(nb * R) * 32;
-    auto* codes = static_cast<uint8_t*>(thread_scratch((kSigned ? 2 : 1) * cb, 4));
-    auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * nb * kSpb * R) * sizeof(float), 5));
+  Tile unpack(int64_t r0, uint8_t* buf) const {
+    const size_t cb = round_up64(static_cast<size_t>(nb * R) * 32);
+    uint8_t* codes = buf;
+    auto* sc = reinterpret_cast<float*>(buf + (kSigned ? 2 : 1) * cb);
     uint8_t* mags = codes + cb;
     float* cc = sc + nb * kSpb * R;
     const __m256i off = _mm256_set1_epi8(static_cast<char>(kOff));
@@ -324,14 +326,16 @@ struct GgufGemm {
     return {codes, mags, sc, cc};
   }
 
-  template <int R>
-  void tile(const Tile& tl, int64_t r0, int64_t g) const {
+  // Inlined into matmul_driver.h's out-of-line gemm_whole_tile / gemm_slice_tile, each a small
+  // function of its own (register allocation).
+  template <int R, bool kFirst, bool kLast>
+  __attribute__((always_inline)) void tile(const Tile& tl, int64_t r0, int64_t g, int64_t b0, int64_t b1,
+                                           float* part) const {
     __m256 acc[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    gemm_sums_start<R, kFirst>(acc, part);
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* ab = ag + b * 256;
       const uint8_t* cb = tl.codes + b * R * 32;
       const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
@@ -413,28 +417,7 @@ struct GgufGemm {
         }
       }
     }
-    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
-    }
-  }
-
-  // One tile of R rows over groups [g0, g1): unpack once, prefetch the next tile's packed rows
-  // (`next_rows` of them) into L2 a slice per group, run every group.
-  template <int R>
-  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1, int64_t next_rows) const {
-    const Tile tl = unpack<R>(r0);
-    const uint8_t* next = w + static_cast<uint64_t>(r0 + R) * row_bytes;
-    const int64_t lines = static_cast<int64_t>((next_rows * row_bytes + 63) / 64);
-    const int64_t per_group = (lines + (g1 - g0) - 1) / (g1 - g0);
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t l0 = (g - g0) * per_group, l1 = std::min(lines, l0 + per_group);
-      for (int64_t l = l0; l < l1; ++l) _mm_prefetch(reinterpret_cast<const char*>(next + 64 * l), _MM_HINT_T1);
-      tile<R>(tl, r0, g);
-    }
+    gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g);
   }
 };
 
@@ -470,7 +453,6 @@ void matmul_gguf_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
     }
   }
   const G k{w.data, w.row_bytes(), w.rows, nb, n, w.cols / U::kElems, act8, a, bs16, y};
-  static_assert(G::kRows == 4, "run_gemm_tiles cuts 4-row tiles");
   run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
 }
 

@@ -243,40 +243,154 @@ inline void run_multi_decode(const K& first, const WeightView* ws, float* const*
   run_matmul_tiles(mk, mk.rows(), n, act_bytes_per_token);
 }
 
-// Token-lane GEMMs: G::template rows_x_groups<R>(r0, g0, g1) unpacks R <= 4 rows once and runs
-// token groups [g0, g1) (8 tokens each) over them. Chunks: 16 rows × a run of token groups whose
-// activations (nb·256 B per group) fit ~256 KiB of L2. A kernel whose rows_x_groups takes a fourth
-// argument is told how many of the chunk's next rows to prefetch while it runs (the AVX2 GGUF
-// GEMM, whose packed rows are long enough to stall on DRAM otherwise).
-template <int R, class G>
-__attribute__((always_inline)) inline void run_rows_x_groups(const G& k, int64_t r, int64_t g0, int64_t g1,
-                                                             int64_t next_rows) {
-  if constexpr (requires { k.template rows_x_groups<R>(r, g0, g1, next_rows); }) {
-    k.template rows_x_groups<R>(r, g0, g1, next_rows);
-  } else {
-    k.template rows_x_groups<R>(r, g0, g1);
+// K-sliced token-lane GEMMs (as the AVX-512 gemm16). A kernel supplies
+//   struct Tile;                                            // pointers into one tile's unpacked rows
+//   int64_t slice_align() const;                            // slices cut at multiples of this many blocks
+//   size_t tile_bytes(int R) const;                         // one R-row tile's unpacked rows
+//   template <int R> Tile unpack(int64_t r0, uint8_t* buf) const;   // buf: tile_bytes(R), 64-aligned
+//   template <int R, bool kFirst, bool kLast>
+//   void tile(const Tile&, int64_t r0, int64_t g, int64_t b0, int64_t b1, float* part) const;
+// tile: rows r0..r0+R × token group g over the 32-blocks [b0, b1), its R×8 sums begun and ended
+// by gemm_sums_start/gemm_sums_finish. Chunks are up to 16 rows × a run of token groups; a chunk
+// unpacks its rows once, whole, then walks K in slices: per slice every tile runs over every
+// group, so the slice of the chunk's activations (≤ kGemmActBudget) stays in L2 across the tiles
+// and a tile's unpacked slice stays in L1 across the groups. Where a whole row of activations
+// for 16 groups fits the budget (K ≤ 2048) there is one slice of 16 groups, as before slicing
+// (measured faster there than 64 groups in 4 slices). At K = 8192 a chunk held 4 groups (32
+// tokens), so every row was unpacked 16 times for a 512-token prompt; in slices of 16 blocks ×
+// 64 groups, once. The partial sums pass through f32 memory between slices and are summed in the
+// same block order as one pass: the result is bit-identical to it. The GGUF GEMM
+// (matmul_gguf_avx2.cpp: Q2_K, Q3_K, Q5_K, IQ4, Q4_1, Q5_0/1) in this form, kernel_bench n = 512,
+// 2 threads, 3 alternating rounds, ms: Q5_K 2048x8192 46.1–50.1 → 31.3–33.7, 8192x2048
+// 40.8–41.9 → 31.6–35.4, 2048x2048 10.8–11.0 → 8.0–9.3; Q3_K 52.6–53.0 → 37.6–40.1, 46.3–47.2 →
+// 36.7–40.5, 11.0–12.4 → 8.9–10.7; IQ4_XS 2048x8192 52.8–55.4 → 47.1–47.9, the others level.
+constexpr int64_t kGemmActBudget = 256 * 1024;   // Zen 3: half of its 512 KiB L2
+constexpr int64_t kGemmCodesBudget = 128 * 1024;  // a chunk's unpacked rows, beside the slice
+constexpr int64_t kGemmWholeGroups = 16;          // groups of whole-K activations worth one slice
+constexpr int64_t kGemmMaxGroups = 64;            // 512 tokens: a pp512 unpacks every row once
+
+inline size_t round_up64(size_t v) { return (v + 63) / 64 * 64; }
+
+// A sliced tile's R×8 sums: zero for the first slice, else where the previous one left them.
+template <int R, bool kFirst>
+__attribute__((always_inline)) inline void gemm_sums_start(__m256 (&acc)[R], const float* part) {
+  for (int r = 0; r < R; ++r) acc[r] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(part + 8 * r);
+}
+
+// After a slice: back to part, or after the last one to y (token t of group g, row r0 + r).
+template <int R, bool kLast>
+__attribute__((always_inline)) inline void gemm_sums_finish(const __m256 (&acc)[R], float* part, float* y, int64_t rows,
+                                                            int64_t n, int64_t r0, int64_t g) {
+  if constexpr (!kLast) {
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(part + 8 * r, acc[r]);
+    return;
+  }
+  const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[8];
+    _mm256_store_ps(out, acc[r]);
+    for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
   }
 }
 
+// One sliced tile call, out of line: inlined into the chunk loop, GCC spilled the tiles' int16
+// chains to the stack at every block's end (a Q4_0 GEMM in this form, 8192x2048, 1 thread: 15 %
+// slower).
+template <int R, bool kFirst, bool kLast, class G>
+[[gnu::noinline]] void gemm_slice_tile(const G& k, const typename G::Tile& tl, int64_t r, int64_t g, int64_t b0,
+                                       int64_t b1, float* part) {
+  k.template tile<R, kFirst, kLast>(tl, r, g, b0, b1, part);
+}
+
+// One tile's rows over whole K: unpacked, then run over groups [g0, g1). A function of its own
+// (not inlined into the chunk loop) for the same reason.
+template <int R, class G>
+[[gnu::noinline]] void gemm_whole_tile(const G& k, int64_t r, int64_t g0, int64_t g1, int64_t nb, uint8_t* buf) {
+  const typename G::Tile tl = k.template unpack<R>(r, buf);
+  for (int64_t g = g0; g < g1; ++g) k.template tile<R, true, true>(tl, r, g, 0, nb, nullptr);
+}
+
 template <class G>
-inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb) {
-  const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
+inline void run_gemm_sliced(const G& k, int64_t rows, int64_t groups, int64_t nb) {
+  const int64_t align = k.slice_align();
+  const int64_t whole = kGemmActBudget / (nb * 256);
+  const bool sliced = whole < std::min(groups, kGemmWholeGroups);
+  const int64_t gb = sliced ? std::min(groups, kGemmMaxGroups) : std::min(groups, whole);
+  const int64_t kc = sliced ? std::clamp<int64_t>(kGemmActBudget / (gb * 256) / align * align, align, nb) : nb;
   const int64_t n_gb = (groups + gb - 1) / gb;
-  const int64_t rb = 16;
+  const int64_t tile4 = static_cast<int64_t>(k.tile_bytes(4));
+  const int64_t rb = std::clamp<int64_t>(kGemmCodesBudget / std::max<int64_t>(tile4 / 4, 1) / 4 * 4, 4, 16);
   const int64_t n_rb = (rows + rb - 1) / rb;
   default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
     const int64_t ib = c % n_rb, ig = c / n_rb;
-    const int64_t r_begin = ib * rb, r_end = std::min(rows, r_begin + rb);
-    const int64_t g_begin = ig * gb, g_end = std::min(groups, g_begin + gb);
-    int64_t r = r_begin;
-    for (; r + 4 <= r_end; r += 4) run_rows_x_groups<4>(k, r, g_begin, g_end, std::clamp<int64_t>(r_end - r - 4, 0, 4));
-    switch (r_end - r) {
-      case 3: run_rows_x_groups<3>(k, r, g_begin, g_end, 0); break;
-      case 2: run_rows_x_groups<2>(k, r, g_begin, g_end, 0); break;
-      case 1: run_rows_x_groups<1>(k, r, g_begin, g_end, 0); break;
-      default: break;
+    const int64_t r0 = ib * rb, r1 = std::min(rows, r0 + rb), nr = r1 - r0;
+    const int64_t g0 = ig * gb, g1 = std::min(groups, g0 + gb);
+    const int64_t n_tiles = (nr + 3) / 4;
+    // Tiles of 4 rows, then one of the remaining 1-3.
+    auto each_tile = [&](auto&& fn) {
+      int64_t i = 0, r = r0;
+      for (; r + 4 <= r1; r += 4, ++i) fn.template operator()<4>(i, r);
+      switch (r1 - r) {
+        case 3: fn.template operator()<3>(i, r); break;
+        case 2: fn.template operator()<2>(i, r); break;
+        case 1: fn.template operator()<1>(i, r); break;
+        default: break;
+      }
+    };
+    if (!sliced) {  // one tile's rows at a time, unpacked and run over every group of the chunk
+      auto* buf = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(tile4), 4));
+      each_tile([&]<int R>(int64_t, int64_t r) { gemm_whole_tile<R>(k, r, g0, g1, nb, buf); });
+      return;
+    }
+    const size_t part_bytes = static_cast<size_t>((g1 - g0) * nr * 8) * sizeof(float);
+    auto* buf = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n_tiles * tile4) + part_bytes, 4));
+    auto* part = reinterpret_cast<float*>(buf + n_tiles * tile4);
+    typename G::Tile tl[16 / 4];
+    each_tile([&]<int R>(int64_t i, int64_t r) { tl[i] = k.template unpack<R>(r, buf + i * tile4); });
+    for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+      const int64_t b1 = std::min(nb, b0 + kc);
+      each_tile([&]<int R>(int64_t i, int64_t r) {
+        for (int64_t g = g0; g < g1; ++g) {
+          float* p = part + ((g - g0) * nr + (r - r0)) * 8;
+          if (b0 == 0) gemm_slice_tile<R, true, false>(k, tl[i], r, g, b0, b1, p);
+          else if (b1 < nb) gemm_slice_tile<R, false, false>(k, tl[i], r, g, b0, b1, p);
+          else gemm_slice_tile<R, false, true>(k, tl[i], r, g, b0, b1, p);
+        }
+      });
     }
   });
+}
+
+// The older form of a token-lane GEMM: G::template rows_x_groups<R>(r0, g0, g1) unpacks R <= 4
+// rows once and runs token groups [g0, g1) (8 tokens each) over them. Chunks: 16 rows × a run of
+// token groups whose activations (nb·256 B per group) fit ~256 KiB of L2 — at K = 8192 only 4
+// groups, so each row is unpacked 16 times for a 512-token prompt. The Q4_0, Q8_0, K-quant and
+// MLX GEMMs still take this form: converted to the sliced one (run_gemm_sliced), their K = 8192
+// shapes ran 5–13 % faster but their K = 2048 ones 3–5 % slower at 2 threads (kernel_bench, 4
+// alternating rounds), and Q4_K_M pp512 under LARDER_ISA=avx2 lost in 8 of 9 alternating pairs.
+template <class G>
+inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb) {
+  if constexpr (requires { k.tile_bytes(4); }) {
+    run_gemm_sliced(k, rows, groups, nb);
+  } else {
+    const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
+    const int64_t n_gb = (groups + gb - 1) / gb;
+    const int64_t rb = 16;
+    const int64_t n_rb = (rows + rb - 1) / rb;
+    default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
+      const int64_t ib = c % n_rb, ig = c / n_rb;
+      const int64_t r_begin = ib * rb, r_end = std::min(rows, r_begin + rb);
+      const int64_t g_begin = ig * gb, g_end = std::min(groups, g_begin + gb);
+      int64_t r = r_begin;
+      for (; r + 4 <= r_end; r += 4) k.template rows_x_groups<4>(r, g_begin, g_end);
+      switch (r_end - r) {
+        case 3: k.template rows_x_groups<3>(r, g_begin, g_end); break;
+        case 2: k.template rows_x_groups<2>(r, g_begin, g_end); break;
+        case 1: k.template rows_x_groups<1>(r, g_begin, g_end); break;
+        default: break;
+      }
+    });
+  }
 }
 
 }  // namespace larder::kernels::cpu
