@@ -437,8 +437,8 @@ struct AttentionDriver {
     // except when the unsplit call has fewer items (rows × slots, one row per item here) than
     // threads, as for a model with one KV head (gemma-3-270m): then its decode attention ran on
     // one thread. (kernel_bench --attn-shape 4/1/256, f16, 2 threads, 32 MiB streamed between
-    // calls: 400 keys 33–41 → 30–31 µs, 300 keys level; 9/3/64 split at 300–400 keys: 13–22 →
-    // 21–26 µs, so three slots on two threads stay unsplit.)
+    // calls: 400 keys 39–41 → 28–30 µs, 500 keys 44–49 → 28–30 µs, 300 keys 29–32 → 28–29 µs;
+    // 9/3/64 split at 300–400 keys: 13–22 → 21–26 µs, so three slots on two threads stay unsplit.)
     const bool starved = n * slots < threads && chunks >= 2;
     if (n <= kDecodeRows && (keys >= kSplitMinKeys || starved)) {
       // Decode: all rows and all KV heads in each item (the cache is read once, front to back),
