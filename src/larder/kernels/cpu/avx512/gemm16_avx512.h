@@ -57,8 +57,6 @@ struct Acts16 {
   const uint8_t* block(int64_t g, int64_t b) const { return q + (g * nb + b) * 512; }
 };
 
-inline size_t round_up64(size_t v) { return (v + 63) / 64 * 64; }
-
 // Sum of 16 lanes. Own reduction: GCC 12's _mm512_reduce_add_ps trips -Wuninitialized in its own
 // header (the zero-masked extract does not).
 inline float hsum16(__m512 v) {

@@ -91,4 +91,7 @@ void quantize_acts_k_avx2(const float* x, int64_t n, int64_t cols, QuantizedActs
 constexpr int kScratchSlots = 6;
 void* thread_scratch(size_t bytes, int slot = 0);
 
+// Bytes rounded up to whole 64-byte lines: how kernels cut one scratch buffer into aligned parts.
+inline size_t round_up64(size_t v) { return (v + 63) / 64 * 64; }
+
 }  // namespace larder::kernels::cpu

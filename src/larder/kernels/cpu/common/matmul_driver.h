@@ -30,6 +30,7 @@
 
 #include "larder/core/cpuid.h"
 #include "larder/core/threadpool.h"
+#include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
 #include "larder/kernels/ops.h"
 
@@ -269,8 +270,6 @@ constexpr int64_t kGemmCodesBudget = 128 * 1024;  // a chunk's unpacked rows, be
 constexpr int64_t kGemmWholeGroups = 16;          // groups of whole-K activations worth one slice
 constexpr int64_t kGemmMaxGroups = 64;            // 512 tokens: a pp512 unpacks every row once
 
-inline size_t round_up64(size_t v) { return (v + 63) / 64 * 64; }
-
 // A sliced tile's R×8 sums: zero for the first slice, else where the previous one left them.
 template <int R, bool kFirst>
 __attribute__((always_inline)) inline void gemm_sums_start(__m256 (&acc)[R], const float* part) {
@@ -366,8 +365,8 @@ inline void run_gemm_sliced(const G& k, int64_t rows, int64_t groups, int64_t nb
 // token groups whose activations (nb·256 B per group) fit ~256 KiB of L2 — at K = 8192 only 4
 // groups, so each row is unpacked 16 times for a 512-token prompt. The Q4_0, Q8_0, K-quant and
 // MLX GEMMs still take this form: converted to the sliced one (run_gemm_sliced), their K = 8192
-// shapes ran 5–13 % faster but their K = 2048 ones 3–5 % slower at 2 threads (kernel_bench, 4
-// alternating rounds), and Q4_K_M pp512 under LARDER_ISA=avx2 lost in 8 of 9 alternating pairs.
+// shapes ran 5–13 % faster but their K = 2048 ones 3–6 % slower at 2 threads (kernel_bench Q4_0
+// 8192x2048, 4 of 4 alternating rounds; bench/RESULTS.md, session 26).
 template <class G>
 inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb) {
   if constexpr (requires { k.tile_bytes(4); }) {
