@@ -116,8 +116,9 @@ void check_kquant_tier(const char* tier, DType dt, MatmulFn decode = nullptr) {
   ASSERT_NE(fast, nullptr);
   std::mt19937 rng(static_cast<unsigned>(static_cast<int>(dt) * 31 + 5));
   const int64_t rows_set[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 31, 67};
-  // 530 tokens: two chunks of token groups in the prefill GEMM, and (with 1280 columns) K slices
-  // of 32 blocks with a ragged last one (gemm16_avx512.h run_gemm16).
+  // 530 tokens: two chunks of token groups in the prefill GEMM, and (with 2304 columns) K slices
+  // with a ragged last one: 32 blocks in gemm16_avx512.h's run_gemm16, 16 in the AVX2 Q6_K GEMM's
+  // run_gemm_sliced (matmul_driver.h).
   const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 530};
   const int64_t cols_set[] = {256, 512, 768, 1280, 2048};
   double worst_rel = 0, worst_ratio = 0;
@@ -131,7 +132,7 @@ void check_kquant_tier(const char* tier, DType dt, MatmulFn decode = nullptr) {
         // tile take the per-row prefetch regime (the down projection's), a separate instantiation.
         // The long prompt takes 21 rows (8-, 4- and 1-row tiles).
         const int64_t rows = n > 64 ? 21 : drawn_rows;
-        const int64_t cols = n > 64 ? 1280 : (i == 0 && n <= 3) ? 8192 : drawn;
+        const int64_t cols = n > 64 ? 2304 : (i == 0 && n <= 3) ? 8192 : drawn;
         SCOPED_TRACE(testing::Message() << dtype_name(dt) << " rows " << rows << " cols " << cols << " n " << n
                                         << " threads " << threads);
         KWeights w = make(dt, rows, cols, rng);

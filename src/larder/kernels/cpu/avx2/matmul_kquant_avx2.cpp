@@ -335,27 +335,41 @@ void matmul_q4_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
 // Q6_K GEMM for n >= 8 tokens, same token-lane layout. Codes u = q + 32 reach 63, so a maddubs
 // lane reaches 2·63·127 = 16002 and int16 holds only two steps: each pair of steps is summed in
 // int16 and widened by vpmaddwd with the 16-value sub-block's scale as multiplier (steps 0..3 are
-// values 0..15 of the block = sub-block 2j, steps 4..7 sub-block 2j+1): |lane| <= 4·2·16002·128
-// < 2^25. The zero point (u − 32) is folded out per (row, block) with the token-lane sums of
-// q_x over each 16 values (z16, built once per matmul): − 32·(sc_a·Σ_lo + sc_b·Σ_hi).
+// values 0..15 of the block = sub-block 2j, steps 4..7 sub-block 2j+1): |lane| <= 4·2·2·16002·128
+// < 2^25. The zero point (u − 32) is one more vpmaddwd per (row, block), in integers: the
+// token-lane int16 sums of q_x over each 16 values (zs: lane pair t = Σ_lo, Σ_hi of token t,
+// built once per matmul) times the dword (−32·sc_a, −32·sc_b) (|32·128| fits int16), so the
+// block's integer total is exact and converted once. Every multiplier is a dword broadcast
+// straight from memory (a load, no shuffle): the scale dwords hold sc in both int16 halves.
+// Per (row, block) that leaves 20 ALU ops in the k loop and 5 after it for 256 MACs; the float
+// zero-point fold this replaced cost 10 after it, a third of Q4_K's whole per-block budget.
 struct Q6KGemm {
   const uint8_t* w;
   uint64_t row_bytes;
   int64_t rows, nsb, n;
   const uint8_t* act8;
-  const float* z16;  // [groups][nb][2][8]
+  const int16_t* zs;  // [groups][nb][8 tokens][2]
   QuantizedActs a;
   float* y;
 
-  // As Q4KGemm::rows_x_groups: codes [nb][R][32], the two 16-value scales of each 32-block
-  // [nb][R][2] (int16) and d [nb][R] unpacked once per chunk of groups.
+  // A tile's rows unpacked once per chunk (run_gemm_sliced): the codes [nb][R][32] and per
+  // (block, row) four dwords: sc_a|sc_a, sc_b|sc_b, −32·sc_a|−32·sc_b (int16 pairs), d (f32).
+  // Sliced because the 6-bit unpack is a large share of a row's cost: at K = 8192 the older
+  // chunking (whole-K activations of 4 groups) unpacked each row 16 times for 512 tokens.
+  struct Tile {
+    const uint8_t* codes;
+    const int32_t* mul;
+  };
+
+  int64_t slice_align() const { return 1; }  // every 32-block carries its own scales
+  size_t tile_bytes(int R) const {
+    return round_up64(static_cast<size_t>(nsb * 8 * R) * 32) + round_up64(static_cast<size_t>(nsb * 8 * R) * 16);
+  }
   template <int R>
-  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
+  Tile unpack(int64_t r0, uint8_t* buf) const {
     const int64_t nb = nsb * 8;
-    auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * R) * 32, 4));
-    auto* fs = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * R) * (sizeof(float) + 2 * sizeof(int16_t)), 5));
-    auto* ds = reinterpret_cast<float*>(fs);
-    auto* sc = reinterpret_cast<int16_t*>(fs + static_cast<size_t>(nb * R) * sizeof(float));
+    uint8_t* codes = buf;
+    auto* mul = reinterpret_cast<int32_t*>(buf + round_up64(static_cast<size_t>(nb * R) * 32));
     const float* f16 = f16_table();
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
@@ -366,26 +380,30 @@ struct Q6KGemm {
           const int64_t b = sb * 8 + j;
           _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (b * R + r) * 32),
                              _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j])));
-          sc[(b * R + r) * 2] = u.sc16[2 * j];
-          sc[(b * R + r) * 2 + 1] = u.sc16[2 * j + 1];
-          ds[b * R + r] = u.d;
+          const auto lo = static_cast<uint16_t>(u.sc16[2 * j]), hi = static_cast<uint16_t>(u.sc16[2 * j + 1]);
+          const auto zlo = static_cast<uint16_t>(-32 * u.sc16[2 * j]), zhi = static_cast<uint16_t>(-32 * u.sc16[2 * j + 1]);
+          int32_t* m = mul + (b * R + r) * 4;
+          m[0] = static_cast<int32_t>(lo | (static_cast<uint32_t>(lo) << 16));
+          m[1] = static_cast<int32_t>(hi | (static_cast<uint32_t>(hi) << 16));
+          m[2] = static_cast<int32_t>(zlo | (static_cast<uint32_t>(zhi) << 16));
+          std::memcpy(m + 3, &u.d, sizeof(float));
         }
       }
     }
-    for (int64_t g = g0; g < g1; ++g) tile<R>(codes, sc, ds, r0, g);
+    return Tile{codes, mul};
   }
 
-  template <int R>
-  void tile(const uint8_t* codes, const int16_t* sc, const float* ds, int64_t r0, int64_t g) const {
+  template <int R, bool kFirst, bool kLast>
+  __attribute__((always_inline)) void tile(const Tile& tl, int64_t r0, int64_t g, int64_t b0, int64_t b1,
+                                           float* part) const {
     __m256 acc[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    gemm_sums_start<R, kFirst>(acc, part);
     const int64_t nb = nsb * 8;
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    const float* zg = z16 + static_cast<uint64_t>(g) * nb * 16;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* cb = codes + b * R * 32;
-      const int16_t* sb16 = sc + b * R * 2;
+    const int16_t* zg = zs + static_cast<uint64_t>(g) * nb * 16;
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* cb = tl.codes + b * R * 32;
+      const int32_t* mb = tl.mul + b * R * 4;
       const uint8_t* ab = ag + b * 256;
       __m256i p[R];
       LARDER_UNROLL
@@ -401,28 +419,20 @@ struct Q6KGemm {
           std::memcpy(&u1, cb + r * 32 + 8 * k2 + 4, 4);
           const __m256i q2 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(u0), xa0),
                                               _mm256_maddubs_epi16(_mm256_set1_epi32(u1), xa1));
-          const __m256i scv = _mm256_set1_epi16(sb16[2 * r + k2 / 2]);
-          p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(q2, scv));
+          p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(q2, _mm256_set1_epi32(mb[r * 4 + k2 / 2])));
           __asm__("" : "+x"(p[r]));
         }
       }
+      const __m256i zv = _mm256_load_si256(reinterpret_cast<const __m256i*>(zg + b * 16));
       const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
-      const __m256 zlo = _mm256_load_ps(zg + b * 16), zhi = _mm256_load_ps(zg + b * 16 + 8);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m256 z = _mm256_fmadd_ps(zlo, _mm256_set1_ps(static_cast<float>(sb16[2 * r])),
-                                         _mm256_mul_ps(zhi, _mm256_set1_ps(static_cast<float>(sb16[2 * r + 1]))));
-        const __m256 f = _mm256_fnmadd_ps(z, _mm256_set1_ps(32.0f), _mm256_cvtepi32_ps(p[r]));
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_broadcast_ss(ds + b * R + r), acc[r]);
+        const __m256i t = _mm256_add_epi32(p[r], _mm256_madd_epi16(zv, _mm256_set1_epi32(mb[r * 4 + 2])));
+        const __m256 d = _mm256_castsi256_ps(_mm256_set1_epi32(mb[r * 4 + 3]));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(t), dx), d, acc[r]);
       }
     }
-    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
-    }
+    gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g);
   }
 };
 
@@ -433,15 +443,15 @@ void matmul_q6_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
   auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
   build_act8(a, n, act8);
   const int64_t groups = a.n_pad / 8;
-  auto* z16 = static_cast<float*>(thread_scratch(static_cast<size_t>(groups * nb * 16) * sizeof(float), 1));
+  auto* zs = static_cast<int16_t*>(thread_scratch(static_cast<size_t>(groups * nb * 16) * sizeof(int16_t), 1));
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t b = 0; b < nb; ++b)
-      for (int h = 0; h < 2; ++h)
-        for (int t = 0; t < 8; ++t) {
+      for (int t = 0; t < 8; ++t)
+        for (int h = 0; h < 2; ++h) {
           const int64_t tok = 8 * g + t;
-          z16[((g * nb + b) * 2 + h) * 8 + t] = tok < n ? static_cast<float>(k.s16[tok * nb * 2 + 2 * b + h]) : 0.0f;
+          zs[((g * nb + b) * 8 + t) * 2 + h] = tok < n ? k.s16[tok * nb * 2 + 2 * b + h] : int16_t{0};
         }
-  const Q6KGemm kern{w.data, w.row_bytes(), w.rows, w.cols / 256, n, act8, z16, a, y};
+  const Q6KGemm kern{w.data, w.row_bytes(), w.rows, w.cols / 256, n, act8, zs, a, y};
   run_gemm_tiles(kern, w.rows, groups, nb);
 }
 
