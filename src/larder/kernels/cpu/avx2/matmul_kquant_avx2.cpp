@@ -244,16 +244,25 @@ struct Q4KGemm {
   QuantizedActs a;
   float* y;
 
-  // R rows over token groups [g0, g1): each super-block of the rows is unpacked once per chunk of
-  // groups (codes [nb][R][32], d·sc_j and dmin·m_j [nb][R] as f32) and every group runs over the
-  // copy — the 6-bit scale decode and the nibble split were re-done per group before.
+  // A tile's rows unpacked once per chunk (run_gemm_sliced): codes [nb][R][32], d·sc_j and
+  // dmin·m_j [nb][R] as f32 — the 6-bit scale decode and the nibble split once per row for up
+  // to 512 tokens (at K = 8192 the older whole-K chunks of 4 groups unpacked each row 16 times).
+  struct Tile {
+    const uint8_t* codes;
+    const float* dsc;
+    const float* dmm;
+  };
+
+  int64_t slice_align() const { return 1; }  // every 32-block carries its own scales
+  size_t tile_bytes(int R) const {
+    return round_up64(static_cast<size_t>(nsb * 8 * R) * 32) + round_up64(static_cast<size_t>(nsb * 8 * R) * 8);
+  }
   template <int R>
-  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
+  Tile unpack(int64_t r0, uint8_t* buf) const {
     const int64_t nb = nsb * 8;
-    auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * R) * 32, 4));
-    auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * nb * R) * sizeof(float), 5));
-    float* dsc = sc;
-    float* dmm = sc + nb * R;
+    uint8_t* codes = buf;
+    auto* dsc = reinterpret_cast<float*>(buf + round_up64(static_cast<size_t>(nb * R) * 32));
+    float* dmm = dsc + nb * R;
     const float* f16 = f16_table();
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
@@ -274,19 +283,19 @@ struct Q4KGemm {
         }
       }
     }
-    for (int64_t g = g0; g < g1; ++g) tile<R>(codes, dsc, dmm, r0, g);
+    return Tile{codes, dsc, dmm};
   }
 
-  template <int R>
-  void tile(const uint8_t* codes, const float* dsc, const float* dmm, int64_t r0, int64_t g) const {
+  template <int R, bool kFirst, bool kLast>
+  __attribute__((always_inline)) void tile(const Tile& tl, int64_t r0, int64_t g, int64_t b0, int64_t b1,
+                                           float* part) const {
     __m256 acc[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    gemm_sums_start<R, kFirst>(acc, part);
     const __m256i ones = _mm256_set1_epi16(1);
     const int64_t nb = nsb * 8;
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* cb = codes + b * R * 32;
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* cb = tl.codes + b * R * 32;
       const uint8_t* ab = ag + b * 256;
       __m256i p[R];
       LARDER_UNROLL
@@ -307,17 +316,11 @@ struct Q4KGemm {
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_broadcast_ss(dsc + b * R + r), acc[r]);
-        acc[r] = _mm256_fnmadd_ps(bs, _mm256_broadcast_ss(dmm + b * R + r), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_broadcast_ss(tl.dsc + b * R + r), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(bs, _mm256_broadcast_ss(tl.dmm + b * R + r), acc[r]);
       }
     }
-    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
-    }
+    gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g);
   }
 };
 

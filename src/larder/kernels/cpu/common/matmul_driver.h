@@ -273,6 +273,7 @@ constexpr int64_t kGemmMaxGroups = 64;            // 512 tokens: a pp512 unpacks
 // A sliced tile's R×8 sums: zero for the first slice, else where the previous one left them.
 template <int R, bool kFirst>
 __attribute__((always_inline)) inline void gemm_sums_start(__m256 (&acc)[R], const float* part) {
+  LARDER_UNROLL  // unrolled before GCC decides whether acc can live in registers (else it is kept on the stack)
   for (int r = 0; r < R; ++r) acc[r] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(part + 8 * r);
 }
 
@@ -281,10 +282,12 @@ template <int R, bool kLast>
 __attribute__((always_inline)) inline void gemm_sums_finish(const __m256 (&acc)[R], float* part, float* y, int64_t rows,
                                                             int64_t n, int64_t r0, int64_t g) {
   if constexpr (!kLast) {
+    LARDER_UNROLL
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(part + 8 * r, acc[r]);
     return;
   }
   const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
+  LARDER_UNROLL
   for (int r = 0; r < R; ++r) {
     alignas(32) float out[8];
     _mm256_store_ps(out, acc[r]);
