@@ -137,8 +137,9 @@ std::vector<Case> cases(bool float_format) {
   // Zen's decode tiles take one row (matmul_driver.h rows1).
   cs.push_back({37, 8192, 1});
   cs.push_back({40, 256, 64});  // several prefill token blocks
-  // The AVX-512 integer GEMM: 530 tokens = two chunks of token groups; 2080 columns = K slices of
-  // 32 blocks with a ragged last one; 21 rows = 8-, 4- and 1-row tiles.
+  // The integer GEMMs: 530 tokens = two chunks of token groups; 2080 columns = K slices with a
+  // ragged last one (32 blocks in the AVX-512 gemm16, 16 in the AVX2 run_gemm_sliced); 21 rows =
+  // 8-, 4- and 1-row tiles.
   cs.push_back({21, 2080, 530});
   // Its chunks of up to 64 rows (gemm_block_rows: 64 at 1 thread, 24 at 3) and a 5-row remainder.
   cs.push_back({581, 512, 40});
@@ -336,8 +337,8 @@ void check_affine_tier(const char* tier, const AffineFormat af) {
   ASSERT_NE(fast, nullptr);
   std::mt19937 rng(static_cast<unsigned>(af.bits * 131 + af.group_size));
   const int64_t rows_set[] = {1, 2, 3, 5, 7, 8, 9, 13, 31, 67};
-  // 530 tokens, 21 rows, 1280 columns: the AVX-512 GEMM's chunks of token groups and K slices
-  // (whole scale groups: 32 blocks, ragged last), as in cases().
+  // 530 tokens, 21 rows, 2304 columns: the GEMMs' chunks of token groups and K slices (whole
+  // scale groups, ragged last: 32 blocks in the AVX-512 gemm16, 16 in the AVX2 run_gemm_sliced).
   const int64_t n_set[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 530};
   // 96 and 160: odd block counts at group size 32 (the AVX-512 4-bit unpacking's one-block tail).
   const int64_t cols_set[] = {96, 128, 160, 256, 384, 640, 1024};
@@ -353,7 +354,7 @@ void check_affine_tier(const char* tier, const AffineFormat af) {
         cols = std::max<int64_t>(af.group_size, cols / af.group_size * af.group_size);
         // n = 33: 581 rows, the AVX-512 GEMM's chunks of up to 64 rows (gemm_block_rows).
         const int64_t rows = n > 64 ? 21 : n == 33 ? 581 : drawn_rows;
-        if (n > 64) cols = 1280;
+        if (n > 64) cols = 2304;
         const DType sdt = sdts[iter % 3];
         SCOPED_TRACE(testing::Message() << "bits " << af.bits << " g " << af.group_size << " " << dtype_name(sdt)
                                         << " rows " << rows << " cols " << cols << " n " << n << " threads "

@@ -335,18 +335,28 @@ struct AffineGemm {
   const float* gqb;  // [ng][n_pad] Σ x̂ per (group, token)
   float* y;
 
-  // R rows over token groups [g80, g81): the rows' codes (and for 8 bits their magnitudes) are
-  // unpacked once per chunk of groups into [nb][R][32], the scales and biases (the latter with
-  // the signed codes' +128·s folded in) into [ng][R] f32, and every group runs over the copy
-  // instead of unpacking per group (as Q4_0Gemm::rows_x_groups).
+  // A tile's rows unpacked once per chunk (run_gemm_sliced): the codes (and for 8 bits their
+  // magnitudes) into [nb][R][32], the scales and biases (the latter with the signed codes'
+  // +128·s folded in) into [ng][R] f32. Slices cut at whole quantization groups.
+  struct Tile {
+    const uint8_t* wq;
+    const uint8_t* wa;
+    const float* sc;
+    const float* bi;
+  };
+
+  int64_t slice_align() const { return bpg; }
+  size_t tile_bytes(int R) const {
+    return (C::kSigned ? 2 : 1) * round_up64(static_cast<size_t>(nb * R) * 32) +
+           round_up64(static_cast<size_t>(2 * ng * R) * sizeof(float));
+  }
   template <int R>
-  void rows_x_groups(int64_t r0, int64_t g80, int64_t g81) const {
-    const size_t cb = static_cast<size_t>(nb * R) * 32;
-    auto* wq = static_cast<uint8_t*>(thread_scratch((C::kSigned ? 2 : 1) * cb, 4));
-    uint8_t* wa = wq + cb;
-    auto* sb = static_cast<float*>(thread_scratch(static_cast<size_t>(2 * ng * R) * sizeof(float), 5));
-    float* sc = sb;
-    float* bi = sb + ng * R;
+  Tile unpack(int64_t r0, uint8_t* buf) const {
+    const size_t cb = round_up64(static_cast<size_t>(nb * R) * 32);
+    uint8_t* wq = buf;
+    uint8_t* wa = buf + cb;
+    auto* sc = reinterpret_cast<float*>(buf + (C::kSigned ? 2 : 1) * cb);
+    float* bi = sc + ng * R;
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
       const uint8_t* sr = scales + static_cast<uint64_t>(r0 + r) * srow_bytes;
@@ -364,23 +374,24 @@ struct AffineGemm {
         bi[g * R + r] = bias;
       }
     }
-    for (int64_t g8 = g80; g8 < g81; ++g8) tile<R>(wq, wa, sc, bi, r0, g8);
+    return Tile{wq, wa, sc, bi};
   }
 
-  template <int R>
-  void tile(const uint8_t* wq, const uint8_t* wa, const float* sc, const float* bi, int64_t r0, int64_t g8) const {
+  // Token group g8 over the blocks [b0, b1) (whole quantization groups).
+  template <int R, bool kFirst, bool kLast>
+  __attribute__((always_inline)) void tile(const Tile& tl, int64_t r0, int64_t g8, int64_t b0, int64_t b1,
+                                           float* part) const {
     __m256 acc[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    gemm_sums_start<R, kFirst>(acc, part);
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* ag = act8 + static_cast<uint64_t>(g8) * nb * 256;
-    for (int64_t g = 0; g < ng; ++g) {
+    for (int64_t g = b0 / bpg; g < b1 / bpg; ++g) {
       __m256 accg[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) accg[r] = _mm256_setzero_ps();
       for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) {
-        const uint8_t* qb = wq + b * R * 32;
-        const uint8_t* mb = wa + b * R * 32;
+        const uint8_t* qb = tl.wq + b * R * 32;
+        const uint8_t* mb = tl.wa + b * R * 32;
         __m256i p[R];
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
@@ -414,17 +425,11 @@ struct AffineGemm {
       const __m256 gqv = _mm256_loadu_ps(gqb + g * a.n_pad + 8 * g8);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_fmadd_ps(accg[r], _mm256_broadcast_ss(sc + g * R + r), acc[r]);
-        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(bi + g * R + r), gqv, acc[r]);
+        acc[r] = _mm256_fmadd_ps(accg[r], _mm256_broadcast_ss(tl.sc + g * R + r), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(tl.bi + g * R + r), gqv, acc[r]);
       }
     }
-    const int64_t t0 = 8 * g8, nt = std::min<int64_t>(8, n - t0);
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
-    }
+    gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g8);
   }
 };
 
@@ -484,7 +489,7 @@ void run_affine_gemm(const WeightView& w, const QuantizedActs& a, const uint8_t*
   const uint64_t esz = S == Sd::kF32 ? 4 : 2;
   const AffineGemm<C, S> k{w.data, w.row_bytes(), w.scales, w.biases, static_cast<uint64_t>(ng) * esz,
                            w.rows, ng,           w.group_size / 32, a.nb, a.n,  act8, a, gqb, y};
-  run_gemm_tiles(k, w.rows, a.n_pad / 8, a.nb);
+  run_gemm_sliced(k, w.rows, a.n_pad / 8, a.nb);
 }
 
 // From this many tokens on, 4- and 8-bit use the token-lane GEMM (one full 8-token group).

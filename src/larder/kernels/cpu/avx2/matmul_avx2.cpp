@@ -270,14 +270,22 @@ struct Q4_0Gemm {
   QuantizedActs a;
   float* y;
 
-  // R rows over token groups [g0, g1): the rows' codes and scales are unpacked once into the
-  // thread's scratch ([nb][R][32] codes, [nb][R] f32 scales) and every group runs over them, so
-  // the nibble unpack and the f16 scale conversion cost once per (row, chunk of groups) instead
-  // of once per (row, group) — they were ~a quarter of a tile's vector ops.
+  // A tile's rows unpacked once per chunk (run_gemm_sliced): codes [nb][R][32] and f32 scales
+  // [nb][R], so the nibble unpack and the f16 scale conversion cost once per row for up to 512
+  // tokens instead of once per (row, group) — they were ~a quarter of a tile's vector ops.
+  struct Tile {
+    const uint8_t* codes;
+    const float* dws;
+  };
+
+  int64_t slice_align() const { return 1; }
+  size_t tile_bytes(int R) const {
+    return round_up64(static_cast<size_t>(nb * R) * 32) + round_up64(static_cast<size_t>(nb * R) * sizeof(float));
+  }
   template <int R>
-  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
-    auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * R) * 32, 4));
-    auto* dws = static_cast<float*>(thread_scratch(static_cast<size_t>(nb * R) * sizeof(float), 5));
+  Tile unpack(int64_t r0, uint8_t* buf) const {
+    uint8_t* codes = buf;
+    auto* dws = reinterpret_cast<float*>(buf + round_up64(static_cast<size_t>(nb * R) * 32));
     const float* f16 = f16_table();
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
@@ -287,19 +295,19 @@ struct Q4_0Gemm {
         dws[b * R + r] = f16[load_u16(blk)];
       }
     }
-    for (int64_t g = g0; g < g1; ++g) tile<R>(codes, dws, r0, g);
+    return Tile{codes, dws};
   }
 
-  template <int R>
-  void tile(const uint8_t* codes, const float* dws, int64_t r0, int64_t g) const {
+  template <int R, bool kFirst, bool kLast>
+  __attribute__((always_inline)) void tile(const Tile& tl, int64_t r0, int64_t g, int64_t b0, int64_t b1,
+                                           float* part) const {
     __m256 acc[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    gemm_sums_start<R, kFirst>(acc, part);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256 eight = _mm256_set1_ps(8.0f);
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* cb = codes + b * R * 32;
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* cb = tl.codes + b * R * 32;
       __m256i p[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
@@ -322,16 +330,10 @@ struct Q4_0Gemm {
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
-        acc[r] = _mm256_fmadd_ps(_mm256_fmsub_ps(f, dx, bs), _mm256_broadcast_ss(dws + b * R + r), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_fmsub_ps(f, dx, bs), _mm256_broadcast_ss(tl.dws + b * R + r), acc[r]);
       }
     }
-    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
-    }
+    gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g);
   }
 };
 
@@ -348,14 +350,24 @@ struct Q8_0Gemm {
   QuantizedActs a;
   float* y;
 
-  // As Q4_0Gemm::rows_x_groups: the rows' signed bytes, their magnitudes and scales unpacked once
-  // per chunk of groups ([nb][R][32] each, [nb][R] f32).
+  // As Q4_0Gemm: the tile's signed bytes, their magnitudes ([nb][R][32] each) and f32 scales
+  // ([nb][R]) unpacked once per chunk.
+  struct Tile {
+    const uint8_t* wq;
+    const uint8_t* wa;
+    const float* dws;
+  };
+
+  int64_t slice_align() const { return 1; }
+  size_t tile_bytes(int R) const {
+    return 2 * round_up64(static_cast<size_t>(nb * R) * 32) + round_up64(static_cast<size_t>(nb * R) * sizeof(float));
+  }
   template <int R>
-  void rows_x_groups(int64_t r0, int64_t g0, int64_t g1) const {
-    const size_t cb = static_cast<size_t>(nb * R) * 32;
-    auto* wq = static_cast<uint8_t*>(thread_scratch(2 * cb, 4));
-    uint8_t* wa = wq + cb;
-    auto* dws = static_cast<float*>(thread_scratch(static_cast<size_t>(nb * R) * sizeof(float), 5));
+  Tile unpack(int64_t r0, uint8_t* buf) const {
+    const size_t cb = round_up64(static_cast<size_t>(nb * R) * 32);
+    uint8_t* wq = buf;
+    uint8_t* wa = buf + cb;
+    auto* dws = reinterpret_cast<float*>(buf + 2 * cb);
     const float* f16 = f16_table();
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
@@ -367,19 +379,19 @@ struct Q8_0Gemm {
         dws[b * R + r] = f16[load_u16(blk)];
       }
     }
-    for (int64_t g = g0; g < g1; ++g) tile<R>(wq, wa, dws, r0, g);
+    return Tile{wq, wa, dws};
   }
 
-  template <int R>
-  void tile(const uint8_t* wq, const uint8_t* wa, const float* dws, int64_t r0, int64_t g) const {
+  template <int R, bool kFirst, bool kLast>
+  __attribute__((always_inline)) void tile(const Tile& tl, int64_t r0, int64_t g, int64_t b0, int64_t b1,
+                                           float* part) const {
     __m256 acc[R];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    gemm_sums_start<R, kFirst>(acc, part);
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* qb = wq + b * R * 32;
-      const uint8_t* mb = wa + b * R * 32;
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* qb = tl.wq + b * R * 32;
+      const uint8_t* mb = tl.wa + b * R * 32;
       __m256i s[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
@@ -400,17 +412,11 @@ struct Q8_0Gemm {
       const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m256 dw = _mm256_broadcast_ss(dws + b * R + r);
+        const __m256 dw = _mm256_broadcast_ss(tl.dws + b * R + r);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(dx, dw), acc[r]);
       }
     }
-    const int64_t t0 = 8 * g, nt = std::min<int64_t>(8, n - t0);
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float out[8];
-      _mm256_store_ps(out, acc[r]);
-      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[t];
-    }
+    gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g);
   }
 };
 
@@ -423,7 +429,7 @@ void matmul_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
   auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
   build_act8(a, n, act8);
   const G k{w.data, w.row_bytes(), w.rows, nb, n, act8, a, y};
-  run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
+  run_gemm_sliced(k, w.rows, a.n_pad / 8, nb);
 }
 
 template <class K>

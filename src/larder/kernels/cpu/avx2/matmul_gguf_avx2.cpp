@@ -453,7 +453,7 @@ void matmul_gguf_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
     }
   }
   const G k{w.data, w.row_bytes(), w.rows, nb, n, w.cols / U::kElems, act8, a, bs16, y};
-  run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
+  run_gemm_sliced(k, w.rows, a.n_pad / 8, nb);
 }
 
 // From this many tokens on (one full 8-token group) the GEMM above; fewer: the decode kernels.

@@ -332,7 +332,7 @@ void matmul_q4_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
   auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
   build_act8(a, n, act8);
   const Q4KGemm k{w.data, w.row_bytes(), w.rows, w.cols / 256, n, act8, a, y};
-  run_gemm_tiles(k, w.rows, a.n_pad / 8, nb);
+  run_gemm_sliced(k, w.rows, a.n_pad / 8, nb);
 }
 
 // Q6_K GEMM for n >= 8 tokens, same token-lane layout. Codes u = q + 32 reach 63, so a maddubs
@@ -455,7 +455,7 @@ void matmul_q6_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
           zs[((g * nb + b) * 8 + t) * 2 + h] = tok < n ? k.s16[tok * nb * 2 + 2 * b + h] : int16_t{0};
         }
   const Q6KGemm kern{w.data, w.row_bytes(), w.rows, w.cols / 256, n, act8, zs, a, y};
-  run_gemm_tiles(kern, w.rows, groups, nb);
+  run_gemm_sliced(kern, w.rows, groups, nb);
 }
 
 }  // namespace

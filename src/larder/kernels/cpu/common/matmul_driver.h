@@ -260,11 +260,13 @@ inline void run_multi_decode(const K& first, const WeightView* ws, float* const*
 // (measured faster there than 64 groups in 4 slices). At K = 8192 a chunk held 4 groups (32
 // tokens), so every row was unpacked 16 times for a 512-token prompt; in slices of 16 blocks ×
 // 64 groups, once. The partial sums pass through f32 memory between slices and are summed in the
-// same block order as one pass: the result is bit-identical to it. The GGUF GEMM
-// (matmul_gguf_avx2.cpp: Q2_K, Q3_K, Q5_K, IQ4, Q4_1, Q5_0/1) in this form, kernel_bench n = 512,
-// 2 threads, 3 alternating rounds, ms: Q5_K 2048x8192 46.1–50.1 → 31.3–33.7, 8192x2048
-// 40.8–41.9 → 31.6–35.4, 2048x2048 10.8–11.0 → 8.0–9.3; Q3_K 52.6–53.0 → 37.6–40.1, 46.3–47.2 →
-// 36.7–40.5, 11.0–12.4 → 8.9–10.7; IQ4_XS 2048x8192 52.8–55.4 → 47.1–47.9, the others level.
+// same block order as one pass: the result is bit-identical to it. Every AVX2 token-lane GEMM
+// runs here. Before, each chunk held whole-K activations for as many groups as fit (4 at
+// K = 8192); kernel_bench n = 512, 2 threads, alternating rounds, ms, the K = 8192 shape
+// (2048x8192): Q5_K 46.1–50.1 → 31.3–33.7, Q3_K 52.6–53.0 → 37.6–40.1, Q6_K 57 → 38–40, Q4_0
+// 31.8–33.8 → 28.3–28.7, Q8_0 56.0–56.5 → 46.2–47.1, Q4_K 30.2–34.6 → 28.4–30.1; K = 2048 level
+// (once gemm_sums_start/finish unrolled their loops: before, the tiles' sums were also kept on
+// the stack and stored at every block, which cost the K = 2048 shapes 3–6 % in session 26).
 constexpr int64_t kGemmActBudget = 256 * 1024;   // Zen 3: half of its 512 KiB L2
 constexpr int64_t kGemmCodesBudget = 128 * 1024;  // a chunk's unpacked rows, beside the slice
 constexpr int64_t kGemmWholeGroups = 16;          // groups of whole-K activations worth one slice
@@ -361,38 +363,6 @@ inline void run_gemm_sliced(const G& k, int64_t rows, int64_t groups, int64_t nb
       });
     }
   });
-}
-
-// The older form of a token-lane GEMM: G::template rows_x_groups<R>(r0, g0, g1) unpacks R <= 4
-// rows once and runs token groups [g0, g1) (8 tokens each) over them. Chunks: 16 rows × a run of
-// token groups whose activations (nb·256 B per group) fit ~256 KiB of L2 — at K = 8192 only 4
-// groups, so each row is unpacked 16 times for a 512-token prompt. The Q4_0, Q8_0, K-quant and
-// MLX GEMMs still take this form: converted to the sliced one (run_gemm_sliced), their K = 8192
-// shapes ran 5–13 % faster but their K = 2048 ones 3–6 % slower at 2 threads (kernel_bench Q4_0
-// 8192x2048, 4 of 4 alternating rounds; bench/RESULTS.md, session 26).
-template <class G>
-inline void run_gemm_tiles(const G& k, int64_t rows, int64_t groups, int64_t nb) {
-  if constexpr (requires { k.tile_bytes(4); }) {
-    run_gemm_sliced(k, rows, groups, nb);
-  } else {
-    const int64_t gb = std::max<int64_t>(1, std::min<int64_t>(groups, (256 * 1024) / (nb * 256)));
-    const int64_t n_gb = (groups + gb - 1) / gb;
-    const int64_t rb = 16;
-    const int64_t n_rb = (rows + rb - 1) / rb;
-    default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
-      const int64_t ib = c % n_rb, ig = c / n_rb;
-      const int64_t r_begin = ib * rb, r_end = std::min(rows, r_begin + rb);
-      const int64_t g_begin = ig * gb, g_end = std::min(groups, g_begin + gb);
-      int64_t r = r_begin;
-      for (; r + 4 <= r_end; r += 4) k.template rows_x_groups<4>(r, g_begin, g_end);
-      switch (r_end - r) {
-        case 3: k.template rows_x_groups<3>(r, g_begin, g_end); break;
-        case 2: k.template rows_x_groups<2>(r, g_begin, g_end); break;
-        case 1: k.template rows_x_groups<1>(r, g_begin, g_end); break;
-        default: break;
-      }
-    });
-  }
 }
 
 }  // namespace larder::kernels::cpu
