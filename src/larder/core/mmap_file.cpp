@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace larder {
 
@@ -134,12 +135,17 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path, Ma
     f->region_ = p;
     f->region_bytes_ = f->size_;
   }
-  ::close(fd);  // the mapping keeps the file alive
+  if (f->mode_ == MapMode::kMap && f->data_) {
+    f->fd_ = fd;  // for regroup_page_cache; the mapping alone would keep the file alive
+  } else {
+    ::close(fd);
+  }
   return f;
 }
 
 MappedFile::~MappedFile() {
   if (region_) ::munmap(region_, region_bytes_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MappedFile::advise_willneed(size_t offset, size_t length) const {
@@ -177,6 +183,65 @@ MappedFile::Residency MappedFile::residency() const {
   }
   std::fclose(fp);
   return r;
+}
+
+namespace {
+
+bool thp_off() {
+  std::FILE* fp = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (!fp) return true;
+  char line[128] = {};
+  const bool ok = std::fgets(line, sizeof line, fp) != nullptr;
+  std::fclose(fp);
+  return !ok || std::strstr(line, "[never]") != nullptr;
+}
+
+}  // namespace
+
+MappedFile::PageCacheCheck MappedFile::regroup_page_cache() {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (mode_ != MapMode::kMap || fd_ < 0 || size_ < 4 * kHuge ||
+      reinterpret_cast<uintptr_t>(data_) % kHuge != 0 || thp_off()) {
+    return PageCacheCheck::kSkipped;
+  }
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t spans = size_ / kHuge;  // whole 2 MiB spans (the file's tail is never PMD-mapped)
+  std::vector<unsigned char> in(kHuge / page);
+  // Up to 8 fully resident spans, spread over the file.
+  std::vector<size_t> sample;
+  constexpr size_t kSample = 8;
+  for (size_t i = 0; i < kSample && i < spans; ++i) {
+    const size_t s = (2 * i + 1) * spans / (2 * std::min(kSample, spans));
+    if (::mincore(data_ + s * kHuge, kHuge, in.data()) != 0) continue;
+    if (std::all_of(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; })) sample.push_back(s);
+  }
+  if (sample.empty()) return PageCacheCheck::kSkipped;  // a cold file is read in 2 MiB folios anyway
+  // Unmap each span from this process (its pages stay cached), touch it (one byte maps its folio)
+  // and see whether the PMD-mapped total grows by 2 MiB.
+  volatile uint8_t sink = 0;
+  auto maps_huge = [&](size_t s) {
+    ::madvise(data_ + s * kHuge, kHuge, MADV_DONTNEED);
+    const uint64_t before = residency().huge;
+    sink = sink + data_[s * kHuge];
+    return residency().huge >= before + kHuge;
+  };
+  size_t small = 0, probe = 0;
+  for (size_t s : sample) {
+    if (!maps_huge(s)) {
+      ++small;
+      probe = s;
+    }
+  }
+  if (2 * small <= sample.size()) return PageCacheCheck::kLarge;
+  // Dirty pages (a write not yet on disk) are not evicted by POSIX_FADV_DONTNEED: write them first.
+  ::fdatasync(fd_);
+  // One span out and back in: does this filesystem give this mapping 2 MiB folios on a read?
+  ::madvise(data_ + probe * kHuge, kHuge, MADV_DONTNEED);  // our page table entries, not the data
+  ::posix_fadvise(fd_, static_cast<off_t>(probe * kHuge), static_cast<off_t>(kHuge), POSIX_FADV_DONTNEED);
+  if (!maps_huge(probe)) return PageCacheCheck::kUnsupported;
+  ::madvise(data_, size_, MADV_DONTNEED);
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+  return PageCacheCheck::kEvicted;
 }
 
 Result<std::string> read_text_file(const std::string& path) {

@@ -48,6 +48,23 @@ class MappedFile {
   Residency residency() const;
   MapMode mode() const { return mode_; }
 
+  // A file cached by a write (a fresh download or conversion) sits in the page cache in small
+  // folios, which map with 4 KiB pages whatever the mapping asks for; the same pages read back
+  // through this mapping (MADV_HUGEPAGE readahead) come in 2 MiB folios where the filesystem
+  // supports large folios. 1B Q4_0 decode on Zen 5, 2 threads: 91 tok/s from a written file's
+  // cache, 113 once re-read (bench/RESULTS.md, session 27). This checks and, where it helps,
+  // evicts the file's cached pages so the next pass over them (runtime::page_in_weights) reads
+  // them back in 2 MiB folios. Only a mapping (kMap) of at least 8 MiB at a 2 MiB boundary with
+  // THP not off is checked; pages other processes map stay cached (posix_fadvise DONTNEED skips
+  // them); nothing is evicted unless one span evicted and read back maps with a 2 MiB page.
+  enum class PageCacheCheck {
+    kSkipped,      // not a candidate (copy, small file, unaligned, THP off) or no resident span
+    kLarge,        // most sampled resident spans already map with 2 MiB pages
+    kUnsupported,  // small folios, and a span read back came in small folios again
+    kEvicted,      // small folios; the file's cached pages were evicted to be read back
+  };
+  PageCacheCheck regroup_page_cache();
+
  private:
   MappedFile() = default;
   std::string path_;
@@ -57,6 +74,7 @@ class MappedFile {
   void* region_ = nullptr;
   size_t region_bytes_ = 0;
   MapMode mode_ = MapMode::kMap;
+  int fd_ = -1;  // kMap: kept open for regroup_page_cache's posix_fadvise (the same inode)
 };
 
 // Reads a whole (small) file, e.g. config.json. Errors name the path.

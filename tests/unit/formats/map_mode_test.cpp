@@ -3,6 +3,10 @@
 // through either mode; a missing file is still named.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -71,6 +75,77 @@ TEST(MapModeTest, ResidencyCountsTheFilesOwnPages) {
     EXPECT_LE(r.resident, n + (size_t{4} << 20));
     EXPECT_LE(r.huge, r.resident);
   }
+}
+
+// Writes `bytes` in 64 KiB write() calls, as a download does: the page cache then holds the
+// file in folios no larger than one write, which map with 4 KiB pages.
+void write_in_pieces(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  for (size_t off = 0; off < bytes.size(); off += 65536) {
+    const size_t n = std::min<size_t>(65536, bytes.size() - off);
+    ASSERT_EQ(::write(fd, bytes.data() + off, n), static_cast<ssize_t>(n));
+  }
+  ::close(fd);
+}
+
+void drop_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);  // dirty pages are not dropped
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void touch_all(const MappedFile& f) {
+  volatile uint8_t sink = 0;
+  for (size_t i = 0; i < f.size(); i += 4096) sink = sink + f.data()[i];
+}
+
+// A file cached by a write maps with 4 KiB pages; regroup_page_cache evicts it so a pass over the
+// mapping reads it back in 2 MiB folios, keeps its bytes, and does not evict it a second time.
+// Whether this kernel and filesystem read a file into 2 MiB folios at all is found independently
+// first (cache dropped, read through a mapping); where they do not, the check must not evict.
+TEST(MapModeTest, RegroupsAFileCachedByAWrite) {
+  TempDir dir;
+  const size_t n = (size_t{24} << 20) + 777;
+  const std::string bytes = random_bytes(n, 5);
+  const std::string path = dir.file("w");
+  write_in_pieces(path, bytes);
+  drop_cache(path);
+  bool capable = false;
+  {
+    auto probe = MappedFile::open(path, MapMode::kMap);
+    ASSERT_TRUE(probe.is_ok()) << probe.status().to_string();
+    touch_all(**probe);
+    capable = (*probe)->residency().huge >= (size_t{8} << 20);
+  }
+  write_in_pieces(path, bytes);  // rewritten: cached in small folios again
+  auto f = MappedFile::open(path, MapMode::kMap);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  touch_all(**f);
+  const uint64_t huge_before = (*f)->residency().huge;
+  const MappedFile::PageCacheCheck check = (*f)->regroup_page_cache();
+  if (!capable) {
+    EXPECT_NE(check, MappedFile::PageCacheCheck::kEvicted) << "THP off, or small folios on read here";
+    GTEST_SKIP() << "this kernel or filesystem reads files into small folios";
+  }
+  EXPECT_LT(huge_before, size_t{8} << 20) << "a written file was expected in small folios";
+  ASSERT_EQ(check, MappedFile::PageCacheCheck::kEvicted);
+  touch_all(**f);
+  EXPECT_GE((*f)->residency().huge, size_t{16} << 20);
+  EXPECT_EQ(std::memcmp((*f)->data(), bytes.data(), n), 0);
+  EXPECT_EQ((*f)->regroup_page_cache(), MappedFile::PageCacheCheck::kLarge);
+  // Not candidates: a copy, and a file under 8 MiB.
+  auto copy = MappedFile::open(path, MapMode::kCopy);
+  ASSERT_TRUE(copy.is_ok());
+  EXPECT_EQ((*copy)->regroup_page_cache(), MappedFile::PageCacheCheck::kSkipped);
+  const std::string small = dir.file("s");
+  write_in_pieces(small, bytes.substr(0, size_t{6} << 20));
+  auto s = MappedFile::open(small, MapMode::kMap);
+  ASSERT_TRUE(s.is_ok());
+  touch_all(**s);
+  EXPECT_EQ((*s)->regroup_page_cache(), MappedFile::PageCacheCheck::kSkipped);
 }
 
 // Every tensor of a model opened both ways: same names, dtypes, shapes and bytes, at different
