@@ -15,6 +15,8 @@
 #include <sstream>
 #include <vector>
 
+#include "larder/core/log.h"
+
 namespace larder {
 
 namespace {
@@ -232,7 +234,10 @@ MappedFile::PageCacheCheck MappedFile::regroup_page_cache() {
       probe = s;
     }
   }
-  if (2 * small <= sample.size()) return PageCacheCheck::kLarge;
+  LARDER_LOG_DEBUG("[mmap] %s: %zu of %zu sampled 2 MiB spans map with 4 KiB pages", path_.c_str(), small,
+                   sample.size());
+  // A quarter of the file in 4 KiB pages is worth one re-read (about 0.2 s per GB from a fast disk).
+  if (4 * small < sample.size()) return PageCacheCheck::kLarge;
   // Dirty pages (a write not yet on disk) are not evicted by POSIX_FADV_DONTNEED: write them first.
   ::fdatasync(fd_);
   // One span out and back in: does this filesystem give this mapping 2 MiB folios on a read?

@@ -54,12 +54,12 @@ class MappedFile {
   // supports large folios. 1B Q4_0 decode on Zen 5, 2 threads: 91 tok/s from a written file's
   // cache, 113 once re-read (bench/RESULTS.md, session 27). This checks and, where it helps,
   // evicts the file's cached pages so the next pass over them (runtime::page_in_weights) reads
-  // them back in 2 MiB folios. Only a mapping (kMap) of at least 8 MiB at a 2 MiB boundary with
+  // them back in 2 MiB folios (where a quarter or more of the sampled spans map with 4 KiB pages). Only a mapping (kMap) of at least 8 MiB at a 2 MiB boundary with
   // THP not off is checked; pages other processes map stay cached (posix_fadvise DONTNEED skips
   // them); nothing is evicted unless one span evicted and read back maps with a 2 MiB page.
   enum class PageCacheCheck {
     kSkipped,      // not a candidate (copy, small file, unaligned, THP off) or no resident span
-    kLarge,        // most sampled resident spans already map with 2 MiB pages
+    kLarge,        // over 3/4 of the sampled resident spans already map with 2 MiB pages
     kUnsupported,  // small folios, and a span read back came in small folios again
     kEvicted,      // small folios; the file's cached pages were evicted to be read back
   };

@@ -32,8 +32,8 @@ PageInStats page_in_weights(const formats::TensorSet& tensors) {
     // here so the pass below reads it back in 2 MiB folios (MappedFile::regroup_page_cache).
     if (f->regroup_page_cache() == MappedFile::PageCacheCheck::kEvicted) {
       ++st.regrouped;
-      LARDER_LOG_INFO("[load] %s: its cached pages are 4 KiB pieces (a file written since it was last read); "
-                      "reading it again so the weights map with 2 MiB pages",
+      LARDER_LOG_INFO("[load] %s: much of its page cache is in 4 KiB pieces (pages cached by a write, e.g. a "
+                      "fresh download); reading it again so the weights map with 2 MiB pages",
                       std::filesystem::path(f->path()).filename().c_str());
     }
     st.mapped_bytes += f->size();
