@@ -545,6 +545,10 @@ Status fetch_blob(const Hub& hub, const PullOptions& opts, const std::string& re
       const int fd = ::open(inc.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd >= 0) {
         ::fsync(fd);
+        // The written pages sit in the page cache in folios no larger than one write, which map
+        // with 4 KiB pages; dropped now, the first load reads the file back in 2 MiB folios
+        // (core/mmap_file.h regroup_page_cache, which would otherwise do this at that load).
+        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
         ::close(fd);
       }
       std::error_code ec;

@@ -117,6 +117,9 @@ Status write_one_shard(const std::string& path, const std::vector<ShardEntry>& e
     if (Status s = write_fd_all(fd, data.value(), entries[i].nbytes, path); !s) return fail(s);
   }
   if (::fsync(fd) != 0) return fail(io_error(strfmt("[checkpoint] fsync %s: %s", path.c_str(), std::strerror(errno))));
+  // Written pages are cached in small folios (4 KiB mappings); dropped, the first load reads the
+  // weights back in 2 MiB folios (as hub/pull.cpp does for a download).
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
   return Status::ok();
 }
