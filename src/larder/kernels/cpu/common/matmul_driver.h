@@ -264,7 +264,7 @@ inline void run_multi_decode(const K& first, const WeightView* ws, float* const*
 // runs here. Before, each chunk held whole-K activations for as many groups as fit (4 at
 // K = 8192); kernel_bench n = 512, 2 threads, alternating rounds, ms, the K = 8192 shape
 // (2048x8192): Q5_K 46.1–50.1 → 31.3–33.7, Q3_K 52.6–53.0 → 37.6–40.1, Q6_K 57 → 38–40, Q4_0
-// 31.8–33.8 → 28.3–28.7, Q8_0 56.0–56.5 → 46.2–47.1, Q4_K 30.2–34.6 → 28.4–30.1; K = 2048 level
+// 31.8–33.8 → 28.3–28.7, Q8_0 56.0–56.5 → 46.2–47.1, Q4_K 32.2–34.6 → 29.9–30.1; K = 2048 level
 // (once gemm_sums_start/finish unrolled their loops: before, the tiles' sums were also kept on
 // the stack and stored at every block, which cost the K = 2048 shapes 3–6 % in session 26).
 constexpr int64_t kGemmActBudget = 256 * 1024;   // Zen 3: half of its 512 KiB L2
