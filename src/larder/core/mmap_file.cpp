@@ -158,6 +158,13 @@ void MappedFile::advise_willneed(size_t offset, size_t length) const {
   ::madvise(data_ + start, end - start, MADV_WILLNEED);
 }
 
+void MappedFile::release_pages(size_t offset, size_t length) const {
+  if (mode_ != MapMode::kMap || !data_ || offset >= size_) return;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t start = offset & ~(page - 1);
+  ::madvise(data_ + start, std::min(size_, offset + length) - start, MADV_DONTNEED);
+}
+
 MappedFile::Residency MappedFile::residency() const {
   Residency r;
   if (!region_) return r;
@@ -233,6 +240,7 @@ MappedFile::PageCacheCheck MappedFile::regroup_page_cache() {
       ++small;
       probe = s;
     }
+    ::madvise(data_ + s * kHuge, kHuge, MADV_DONTNEED);  // sampled, not needed mapped: RSS stays
   }
   LARDER_LOG_DEBUG("[mmap] %s: %zu of %zu sampled 2 MiB spans map with 4 KiB pages", path_.c_str(), small,
                    sample.size());
@@ -243,7 +251,9 @@ MappedFile::PageCacheCheck MappedFile::regroup_page_cache() {
   // One span out and back in: does this filesystem give this mapping 2 MiB folios on a read?
   ::madvise(data_ + probe * kHuge, kHuge, MADV_DONTNEED);  // our page table entries, not the data
   ::posix_fadvise(fd_, static_cast<off_t>(probe * kHuge), static_cast<off_t>(kHuge), POSIX_FADV_DONTNEED);
-  if (!maps_huge(probe)) return PageCacheCheck::kUnsupported;
+  const bool huge_again = maps_huge(probe);
+  ::madvise(data_ + probe * kHuge, kHuge, MADV_DONTNEED);
+  if (!huge_again) return PageCacheCheck::kUnsupported;
   ::madvise(data_, size_, MADV_DONTNEED);
   ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
   return PageCacheCheck::kEvicted;

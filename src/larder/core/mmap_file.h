@@ -38,6 +38,10 @@ class MappedFile {
   std::string_view view() const { return {reinterpret_cast<const char*>(data_), size_}; }
   // Hint the kernel to read a range ahead (e.g. before a full pass over the weights).
   void advise_willneed(size_t offset, size_t length) const;
+  // Drops this process's page table entries for a range of a mapping (MADV_DONTNEED): the page
+  // cache keeps the data and the next read maps it again (a minor fault). A pass that only
+  // fills the cache uses it so the process's RSS does not count the whole file. No-op on a copy.
+  void release_pages(size_t offset, size_t length) const;
 
   // How much of the file is resident now, and how much of that the kernel maps with 2 MiB pages
   // (/proc/self/smaps: FilePmdMapped for a mapping, AnonHugePages for a copy). Zeros where smaps

@@ -61,10 +61,20 @@ PageInStats page_in_weights(const formats::TensorSet& tensors) {
     const size_t end = std::min(off + kChunk, c->file->size());
     volatile uint8_t sink = 0;
     uint64_t n = 0;
-    for (size_t p = off / page; p * page < end; ++p) {
-      if (c->resident[p] & 1) continue;
-      sink = sink + c->file->data()[p * page];
-      n += page;
+    // Each 2 MiB span is unmapped again once read: the page cache keeps it and a forward maps
+    // what it reads, so the page-in does not put the whole file (e.g. all of the embedding
+    // table, which decode reads a row of) into the process's RSS or its high-water mark.
+    constexpr size_t kSpan = 2u << 20;
+    for (size_t s = off; s < end; s += kSpan) {
+      const size_t s_end = std::min(s + kSpan, end);
+      bool touched = false;
+      for (size_t p = s / page; p * page < s_end; ++p) {
+        if (c->resident[p] & 1) continue;
+        sink = sink + c->file->data()[p * page];
+        n += page;
+        touched = true;
+      }
+      if (touched) c->file->release_pages(s, s_end - s);
     }
     progress.update(std::min(done.fetch_add(n) + n, st.cold_bytes));
   });
