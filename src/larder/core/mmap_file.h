@@ -56,11 +56,13 @@ class MappedFile {
   // folios, which map with 4 KiB pages whatever the mapping asks for; the same pages read back
   // through this mapping (MADV_HUGEPAGE readahead) come in 2 MiB folios where the filesystem
   // supports large folios. 1B Q4_0 decode on Zen 5, 2 threads: 91 tok/s from a written file's
-  // cache, 113 once re-read (bench/RESULTS.md, session 27). This checks and, where it helps,
-  // evicts the file's cached pages so the next pass over them (runtime::page_in_weights) reads
-  // them back in 2 MiB folios (where a quarter or more of the sampled spans map with 4 KiB pages). Only a mapping (kMap) of at least 8 MiB at a 2 MiB boundary with
-  // THP not off is checked; pages other processes map stay cached (posix_fadvise DONTNEED skips
-  // them); nothing is evicted unless one span evicted and read back maps with a 2 MiB page.
+  // cache, 113 once re-read (bench/RESULTS.md, session 27). This samples up to 8 resident 2 MiB
+  // spans and, where a quarter or more map with 4 KiB pages, evicts the file's cached pages so
+  // the next pass over them (runtime::page_in_weights) reads them back in 2 MiB folios. Only a
+  // mapping (kMap) of at least 8 MiB at a 2 MiB boundary with THP not off is checked; pages
+  // other processes map stay cached (posix_fadvise DONTNEED skips them); nothing is evicted
+  // unless one span evicted and read back maps with a 2 MiB page. The sampled spans are
+  // unmapped again (the process's RSS does not keep them).
   enum class PageCacheCheck {
     kSkipped,      // not a candidate (copy, small file, unaligned, THP off) or no resident span
     kLarge,        // over 3/4 of the sampled resident spans already map with 2 MiB pages
