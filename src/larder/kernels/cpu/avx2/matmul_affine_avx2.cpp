@@ -309,8 +309,8 @@ struct AffineKernel {
 // ---------------------------------------------------------------------------------------------
 // Prefill (n >= 8) for 4 and 8 bits: token lanes, as Q4_0Gemm/Q8_0Gemm in matmul_avx2.cpp. The
 // activations are re-laid out once per matmul (build_act8: act8[g][b][k4] = for tokens 8g..8g+7
-// the 4 bytes x_q[t][32b + 4k4 ..]), each row's 32 codes of a block are unpacked once into a
-// stack copy and broadcast 4 at a time against all 8 tokens:
+// the 4 bytes x_q[t][32b + 4k4 ..]), each row's 32 codes of a block are unpacked once per chunk
+// (run_gemm_sliced) and broadcast 4 at a time against all 8 tokens:
 // - 4 bits: p16 += maddubs(bcast(u[4k4..]), act8[k4]), 2 ops per 32 MACs; int16 cannot overflow
 //   over a block (per lane 8 steps of a pair sum <= 2·15·127: 30480 < 2^15).
 // - 8 bits: the signed u − 128 with |w|/sign(x, w), then madd into int32 every step (a pair sum

@@ -253,7 +253,7 @@ struct Q4_0Kernel {
 // its own madd + cvt + scale FMA: ≈ 5 ops per 32 MACs. Here the 8 lanes are 8 *tokens*:
 //   act8[g][b][k4] = 32 bytes = for tokens t = 8g..8g+7: x_q[t][32b + 4k4 .. 32b + 4k4 + 3]
 // (re-laid out once per matmul), and the 4 weight codes u[4k4..4k4+3] of a row are broadcast to
-// all lanes (vpbroadcastd from a 32-byte stack copy of the unpacked block), so
+// all lanes (vpbroadcastd from the tile's unpacked codes, run_gemm_sliced), so
 //   p16[r] += maddubs(bcast(u[r][k4]), act8[k4])         (lane t: Σ of 4 products for token t)
 // is 2 ops per 32 MACs. The int16 sums cannot overflow over a whole block: per maddubs lane
 // |u0·x0 + u1·x1| <= 2·15·127 = 3810, times 8 steps = 30480 < 2^15. Only then, once per (row,
