@@ -215,16 +215,20 @@ MappedFile::PageCacheCheck MappedFile::regroup_page_cache() {
   }
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t spans = size_ / kHuge;  // whole 2 MiB spans (the file's tail is never PMD-mapped)
-  std::vector<unsigned char> in(kHuge / page);
-  // Up to 8 fully resident spans, spread over the file.
-  std::vector<size_t> sample;
-  constexpr size_t kSample = 8;
-  for (size_t i = 0; i < kSample && i < spans; ++i) {
-    const size_t s = (2 * i + 1) * spans / (2 * std::min(kSample, spans));
-    if (::mincore(data_ + s * kHuge, kHuge, in.data()) != 0) continue;
-    if (std::all_of(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; })) sample.push_back(s);
+  // The fully resident spans (a partly cached file: only they can be in small folios that stay),
+  // then up to 8 of them spread over the file.
+  std::vector<unsigned char> in(spans * (kHuge / page));
+  if (::mincore(data_, spans * kHuge, in.data()) != 0) return PageCacheCheck::kSkipped;
+  std::vector<size_t> resident;
+  for (size_t s = 0; s < spans; ++s) {
+    const auto* b = in.data() + s * (kHuge / page);
+    if (std::all_of(b, b + kHuge / page, [](unsigned char c) { return (c & 1) != 0; })) resident.push_back(s);
   }
-  if (sample.empty()) return PageCacheCheck::kSkipped;  // a cold file is read in 2 MiB folios anyway
+  if (resident.empty()) return PageCacheCheck::kSkipped;  // a cold file is read in 2 MiB folios anyway
+  constexpr size_t kSample = 8;
+  std::vector<size_t> sample;
+  const size_t k = std::min(kSample, resident.size());
+  for (size_t i = 0; i < k; ++i) sample.push_back(resident[(2 * i + 1) * resident.size() / (2 * k)]);
   // Unmap each span from this process (its pages stay cached), touch it (one byte maps its folio)
   // and see whether the PMD-mapped total grows by 2 MiB.
   volatile uint8_t sink = 0;

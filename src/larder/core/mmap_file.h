@@ -56,8 +56,8 @@ class MappedFile {
   // folios, which map with 4 KiB pages whatever the mapping asks for; the same pages read back
   // through this mapping (MADV_HUGEPAGE readahead) come in 2 MiB folios where the filesystem
   // supports large folios. 1B Q4_0 decode on Zen 5, 2 threads: 91 tok/s from a written file's
-  // cache, 113 once re-read (bench/RESULTS.md, session 27). This samples up to 8 resident 2 MiB
-  // spans and, where a quarter or more map with 4 KiB pages, evicts the file's cached pages so
+  // cache, 113 once re-read (bench/RESULTS.md, session 27). This samples up to 8 of the file's
+  // fully resident 2 MiB spans and, where a quarter or more map with 4 KiB pages, evicts the file's cached pages so
   // the next pass over them (runtime::page_in_weights) reads them back in 2 MiB folios. Only a
   // mapping (kMap) of at least 8 MiB at a 2 MiB boundary with THP not off is checked; pages
   // other processes map stay cached (posix_fadvise DONTNEED skips them); nothing is evicted

@@ -136,6 +136,23 @@ TEST(MapModeTest, RegroupsAFileCachedByAWrite) {
   EXPECT_GE((*f)->residency().huge, size_t{16} << 20);
   EXPECT_EQ(std::memcmp((*f)->data(), bytes.data(), n), 0);
   EXPECT_EQ((*f)->regroup_page_cache(), MappedFile::PageCacheCheck::kLarge);
+  // A partly cached file: only spans 1 and 4 (of 12) stay cached, in small folios; the check
+  // samples the resident spans, not fixed points of the file (which would all miss here).
+  const std::string part = dir.file("p");
+  write_in_pieces(part, bytes);
+  {
+    const int fd = ::open(part.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ::fdatasync(fd);
+    const off_t mib = off_t{1} << 20;
+    ::posix_fadvise(fd, 0, 2 * mib, POSIX_FADV_DONTNEED);
+    ::posix_fadvise(fd, 4 * mib, 4 * mib, POSIX_FADV_DONTNEED);
+    ::posix_fadvise(fd, 10 * mib, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  auto p = MappedFile::open(part, MapMode::kMap);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ((*p)->regroup_page_cache(), MappedFile::PageCacheCheck::kEvicted);
   // Not candidates: a copy, and a file under 8 MiB.
   auto copy = MappedFile::open(path, MapMode::kCopy);
   ASSERT_TRUE(copy.is_ok());
