@@ -229,35 +229,31 @@ MappedFile::PageCacheCheck MappedFile::regroup_page_cache() {
   std::vector<size_t> sample;
   const size_t k = std::min(kSample, resident.size());
   for (size_t i = 0; i < k; ++i) sample.push_back(resident[(2 * i + 1) * resident.size() / (2 * k)]);
-  // Unmap each span from this process (its pages stay cached), touch it (one byte maps its folio)
-  // and see whether the PMD-mapped total grows by 2 MiB.
+  // How many of `spans` are cached in 2 MiB folios: each is unmapped from this process (its
+  // pages stay cached) and touched (one byte maps its folio), and the PMD-mapped total grows by
+  // 2 MiB per such span; two reads of /proc/self/smaps for all of them. They are unmapped again
+  // after: the check leaves nothing mapped (the process's RSS stays).
   volatile uint8_t sink = 0;
-  auto maps_huge = [&](size_t s) {
-    ::madvise(data_ + s * kHuge, kHuge, MADV_DONTNEED);
+  auto huge_spans = [&](const std::vector<size_t>& spans) -> size_t {
+    for (size_t s : spans) ::madvise(data_ + s * kHuge, kHuge, MADV_DONTNEED);
     const uint64_t before = residency().huge;
-    sink = sink + data_[s * kHuge];
-    return residency().huge >= before + kHuge;
+    for (size_t s : spans) sink = sink + data_[s * kHuge];
+    const uint64_t after = residency().huge;
+    for (size_t s : spans) ::madvise(data_ + s * kHuge, kHuge, MADV_DONTNEED);
+    return std::min<size_t>(spans.size(), after > before ? (after - before) / kHuge : 0);
   };
-  size_t small = 0, probe = 0;
-  for (size_t s : sample) {
-    if (!maps_huge(s)) {
-      ++small;
-      probe = s;
-    }
-    ::madvise(data_ + s * kHuge, kHuge, MADV_DONTNEED);  // sampled, not needed mapped: RSS stays
-  }
+  const size_t small = sample.size() - huge_spans(sample);
   LARDER_LOG_DEBUG("[mmap] %s: %zu of %zu sampled 2 MiB spans map with 4 KiB pages", path_.c_str(), small,
                    sample.size());
   // A quarter of the file in 4 KiB pages is worth one re-read (about 0.2 s per GB from a fast disk).
   if (4 * small < sample.size()) return PageCacheCheck::kLarge;
   // Dirty pages (a write not yet on disk) are not evicted by POSIX_FADV_DONTNEED: write them first.
   ::fdatasync(fd_);
-  // One span out and back in: does this filesystem give this mapping 2 MiB folios on a read?
-  ::madvise(data_ + probe * kHuge, kHuge, MADV_DONTNEED);  // our page table entries, not the data
+  // One span out and back in (unmapped above, so the eviction takes it): does this filesystem
+  // give this mapping 2 MiB folios on a read? Any sampled span answers that.
+  const size_t probe = sample.front();
   ::posix_fadvise(fd_, static_cast<off_t>(probe * kHuge), static_cast<off_t>(kHuge), POSIX_FADV_DONTNEED);
-  const bool huge_again = maps_huge(probe);
-  ::madvise(data_ + probe * kHuge, kHuge, MADV_DONTNEED);
-  if (!huge_again) return PageCacheCheck::kUnsupported;
+  if (huge_spans({probe}) == 0) return PageCacheCheck::kUnsupported;
   ::madvise(data_, size_, MADV_DONTNEED);
   ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
   return PageCacheCheck::kEvicted;
