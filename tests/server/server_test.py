@@ -490,6 +490,57 @@ class StoriesTest(ServerTestCase):
 
 
 # =============================================================================================
+class StreamPacingTest(ServerTestCase):
+    """--stream-flush-ms: once tokens flow a stream writes at most once per interval, the tokens
+    made meanwhile together; the last event is never held back, and the text is the same."""
+    FLUSH_MS = 150
+    FLAGS = ("--parallel", "1", "--stream-flush-ms", str(FLUSH_MS))
+
+    def raw_stream(self, body):
+        """(seconds from send to the end, number of reads that carried events, bytes)."""
+        import socket as so
+        payload = json.dumps(body).encode()
+        s = so.create_connection(("127.0.0.1", self.server.port), timeout=60)
+        t0 = time.monotonic()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+        reads, raw = 0, b""
+        while True:
+            d = s.recv(1 << 20)
+            if not d:
+                break
+            raw += d
+            reads += b"data:" in d
+        s.close()
+        return time.monotonic() - t0, reads, raw
+
+    def test_tokens_go_out_together_and_the_end_is_not_held(self):
+        n = 300
+        body = {"prompt": STORIES_PROMPT, "max_tokens": n, "temperature": 0, "stream": True}
+        want = self.server.post("/v1/completions", dict(body, stream=False)).json()
+        self.assertEqual(want["usage"]["completion_tokens"], n, f"the test needs a long answer: {want}")
+        seconds, reads, raw = self.raw_stream(body)
+        # Every event is its own SSE frame, one per token at least, though several share a write.
+        self.assertIn(b"data: [DONE]", raw)
+        frames = raw.count(b"data: {")
+        self.assertGreaterEqual(frames, n // 2, f"{frames} frames for {n} tokens")
+        # At most one write per interval after the first token, a few more for the first and the last
+        # (a large write may also arrive in two reads). Unpaced, this stream took 50-80 reads.
+        most = 6 + int(seconds * 1000 / self.FLUSH_MS)
+        self.assertLessEqual(reads, most, f"{reads} reads carried events in {seconds:.3f} s at one write per "
+                                          f"{self.FLUSH_MS} ms; the stream is not paced")
+        # The same text as the answer that was not streamed.
+        r, events = self.server.stream("/v1/completions", body)
+        text = "".join(json.loads(e.data)["choices"][0]["text"] for e in events if e.data and e.data != "[DONE]")
+        self.assertEqual(text, want["choices"][0]["text"])
+        # The last event is not held for the interval: a whole answer that takes less than the
+        # interval ends about when it is generated (its first token goes out at once; the rest
+        # wait for the last event, which wakes the writer).
+        short = {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0, "stream": True}
+        best = min(self.raw_stream(short)[0] for _ in range(3))
+        self.assertLess(best, self.FLUSH_MS / 1000 * 0.8, f"an 8-token stream took {best:.3f} s: the end was held")
+
+
 class ChatModelTest(ServerTestCase):
     """The random-weight Llama with the Llama 3 chat template: chat completions and messages."""
     FLAGS = ("--parallel", "16")
@@ -1134,7 +1185,14 @@ class QueueFullTest(ServerTestCase):
         t = threading.Thread(target=lambda: queued.setdefault("r", self.server.post(
             "/v1/chat/completions", chat_body("I wait in the queue.", 3), timeout=120)))
         t.start()
-        time.sleep(1.0)
+        # Send the third as soon as the second is queued: the first (1800 tokens) takes only about
+        # half a second on a fast idle machine, so a fixed sleep here raced its end.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            depth = metric_sum(self.server.metrics(), "larder_queue_depth")
+            if depth >= 1:
+                break
+            time.sleep(0.005)
         try:
             r = self.server.post("/v1/chat/completions", chat_body("No room for me.", 3), timeout=30)
             self.assertOpenAIError(r, 429, type_="rate_limit_error")

@@ -54,6 +54,7 @@ struct ServeFlags {
   std::optional<double> ssd_demote_idle_s;
   std::vector<std::string> cors, allowed_hosts;
   int max_connections = 1024, max_connections_per_ip = 256;
+  int stream_flush_ms = 10;
   double read_timeout_s = 10, idle_timeout_s = 60;
   std::string log_format = "text";
   bool no_webui = false;
@@ -153,6 +154,7 @@ int run_serve(ServeFlags f) {
   hc.port = f.port;
   hc.api_key = f.api_key;
   hc.webui = !f.no_webui;
+  hc.stream_flush_ms = f.stream_flush_ms;
   for (const std::string& c : f.cors) {  // accept "a,b" as well as repeated flags
     std::stringstream ss(c);
     std::string item;
@@ -363,6 +365,10 @@ VerbMain add_serve(CLI::App& app) {
       ->check(in_range(0.1, 86400.0));
   cmd->add_option("--log-format", f->log_format, "request log lines: text (default) or json (one object per line)")
       ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--stream-flush-ms", f->stream_flush_ms,
+                  "a stream writes at most once per this many ms; tokens made meanwhile go out together "
+                  "(default 10; 0 = every token in its own write; the first token is never held)")
+      ->check(in_range(0, 1000));
   cmd->add_flag("--no-webui", f->no_webui, "do not serve the browser chat page at / (GET / then answers the JSON index)");
   cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");
   add_chat_template_flags(cmd, &f->chat_template);

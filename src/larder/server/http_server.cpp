@@ -462,12 +462,38 @@ struct HttpServer::Impl {
     res.status = 200;
     res.content_type = stream ? (ollama ? "application/x-ndjson" : "text/event-stream") : "application/json";
     auto log = lg.shared_from_this();
-    res.provider = [this, ch, writer, owriter, pr, stream, route, t0, first, log, m, native, ollama](BodySink& sink) {
+    const auto flush_every = std::chrono::milliseconds(cfg.stream_flush_ms);
+    res.provider = [this, ch, writer, owriter, pr, stream, route, t0, first, log, m, native, ollama,
+                    flush_every](BodySink& sink) {
           auto last_write = Clock::now();
           auto write = [&](const std::string& s) {
             if (s.empty()) return true;
             last_write = Clock::now();
             return sink.write(s.data(), s.size());
+          };
+          auto disconnected = [&] {
+            ch->cancel();
+            metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
+            log->status = 499;
+            log->error = "client disconnected";
+            return false;
+          };
+          std::string frames;  // what this pass writes, in one send
+          // One event's share of the response: frames for a stream, the body's parts otherwise.
+          auto take = [&](const Event& e) {
+            if (ollama) {
+              if (stream) frames += owriter->stream_frames(e);
+              else owriter->add(e);
+            } else if (stream && native) {
+              frames += native_stream_frame(e);
+              writer->add(e);
+              if (e.done)
+                frames += "data: " + native_completion_body(*m, *pr, e.outcome, "").dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n\n";
+            } else if (stream) {
+              frames += writer->stream_frames(e);
+            } else {
+              writer->add(e);
+            }
           };
           for (;;) {
             std::optional<Event> ev;
@@ -490,35 +516,32 @@ struct HttpServer::Impl {
             if (!ev || Clock::now() - last_write > kProbe) {
               if (!sink.is_writable() ||
                   (Clock::now() - last_write > kProbe && !write(stream && !ollama ? ": keep-alive\n\n" : " "))) {
-                ch->cancel();
-                metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
-                log->status = 499;
-                log->error = "client disconnected";
-                return false;
+                return disconnected();
               }
               if (!ev) continue;
             }
-            bool ok = true;
-            if (ollama) {
-              if (stream) ok = write(owriter->stream_frames(*ev));
-              else owriter->add(*ev);
-            } else if (stream && native) {
-              ok = write(native_stream_frame(*ev));
-              writer->add(*ev);
-              if (ok && ev->done) ok = write("data: " + native_completion_body(*m, *pr, ev->outcome, "").dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n\n");
-            } else if (stream) {
-              ok = write(writer->stream_frames(*ev));
-            } else {
-              writer->add(*ev);
+            // Everything queued behind this event goes out in the same write.
+            bool tokens = !ev->tokens.empty();
+            take(*ev);
+            while (!ev->done) {
+              std::optional<Event> more = ch->try_pop();
+              if (!more) break;
+              if (more->held) continue;
+              ev = std::move(more);
+              tokens = tokens || !ev->tokens.empty();
+              take(*ev);
             }
-            if (!ok) {
-              ch->cancel();
-              metrics.request_done(route, 499, std::chrono::duration<double>(Clock::now() - t0).count());
-              log->status = 499;
-              log->error = "client disconnected";
-              return false;
+            if (!write(frames)) return disconnected();
+            frames.clear();
+            if (!ev->done) {
+              // Pace the next pass: tokens that arrive meanwhile wait for it instead of waking
+              // this thread one by one. A body that is not streamed waits for its end (or the
+              // next probe). The first token after the prompt is never held back: the wait
+              // follows only a pass that carried tokens.
+              if (!stream) ch->wait_urgent(Clock::now() + kProbe);
+              else if (tokens && flush_every.count() > 0) ch->wait_urgent(Clock::now() + flush_every);
+              continue;
             }
-            if (!ev->done) continue;
             const Outcome& o = ev->outcome;
             if (!stream) {
               ordered_json b;

@@ -33,6 +33,11 @@ struct HttpConfig {
   int header_timeout_ms = 10000, body_timeout_ms = 30000, idle_timeout_ms = 60000;
   bool log_json = false;               // --log-format json
   bool webui = true;                   // GET / serves the chat page to browsers (--no-webui: off)
+  // A stream writes at most once per this many ms once its tokens flow (0: every token as it
+  // comes). Tokens made meanwhile go out together in one write. The first token is never held.
+  // Why: one wake-up and one send per token cost the server ~70 µs of CPU per token and a
+  // Python client as much again, on the cores the model runs on (bench/RESULTS.md, session 28).
+  int stream_flush_ms = 10;
 };
 
 // The JSON nesting limit of request bodies (400 beyond, before parsing).

@@ -75,22 +75,43 @@ struct Event {
 };
 
 // Single producer (engine thread), single consumer (the connection's HTTP thread).
+//
+// A consumer that paces its writes (HttpConfig::stream_flush_ms) waits in wait_urgent() between
+// them; token events pushed meanwhile queue without waking it. Waking the consumer once per token
+// cost ~70 µs of CPU per token on the 2-core Zen 5 (mostly the context switches, which on a host
+// whose cores all run compute threads preempt one of them), plus as much again in the client.
 class Channel {
  public:
   void push(Event e) {
+    const bool urgent = is_urgent(e);
+    bool wake;
     {
       std::lock_guard<std::mutex> l(mu_);
       q_.push_back(std::move(e));
+      urgent_ += urgent;
+      wake = urgent || !pacing_;
     }
-    cv_.notify_one();
+    if (wake) cv_.notify_one();
   }
   // Waits up to `timeout` for the next event.
   std::optional<Event> pop(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> l(mu_);
     if (!cv_.wait_for(l, timeout, [&] { return !q_.empty(); })) return std::nullopt;
-    Event e = std::move(q_.front());
-    q_.pop_front();
-    return e;
+    return take();
+  }
+  // The next event if one is queued.
+  std::optional<Event> try_pop() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (q_.empty()) return std::nullopt;
+    return take();
+  }
+  // Waits until `until`, or until an event that must not wait is queued (the last event, a
+  // memory hold, a refusal, an admission). Ordinary events queue meanwhile without a wake-up.
+  void wait_urgent(std::chrono::steady_clock::time_point until) {
+    std::unique_lock<std::mutex> l(mu_);
+    pacing_ = true;
+    cv_.wait_until(l, until, [&] { return urgent_ > 0; });
+    pacing_ = false;
   }
   // The consumer is gone (client disconnected) or no longer wants output: the engine drops the
   // request at its next step (or before it starts, if still queued).
@@ -98,9 +119,19 @@ class Channel {
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
 
  private:
+  static bool is_urgent(const Event& e) { return e.done || e.held || e.admitted || e.refuse_status != 0; }
+  Event take() {
+    Event e = std::move(q_.front());
+    q_.pop_front();
+    urgent_ -= is_urgent(e);
+    return e;
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> q_;
+  int urgent_ = 0;       // urgent events in q_
+  bool pacing_ = false;  // the consumer is in wait_urgent
   std::atomic<bool> cancelled_{false};
 };
 
