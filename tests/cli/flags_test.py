@@ -64,6 +64,28 @@ class FlagsTest(unittest.TestCase):
         self.assertIn("pp8", out)
         self.assertNotIn("tg0", out)
 
+    def test_bench_sets_each_decode_run_against_the_probe_beside_it(self):
+        # The read probe runs before every timed tg run and after the last; each run's share is
+        # its GB/s over the mean of the two probes around it, and the headline is their median.
+        code, out, err = run("bench", STORIES, "-p", "0", "-n", "8", "-r", "3", "--json", timeout=120)
+        self.assertEqual(code, 0, err)
+        tg = json.loads(out)["tg"]
+        probes, runs = tg["probe_gbs_beside_runs"], tg["pct_bandwidth_runs"]
+        self.assertEqual(len(probes), 4, tg)
+        self.assertEqual(len(runs), 3, tg)
+        self.assertTrue(all(p > 0 for p in probes), tg)
+        self.assertAlmostEqual(tg["pct_bandwidth"], sorted(runs)[1], places=6)
+        # A run's share follows from its own speed and the probes on either side of it: the speed
+        # it implies is one of the runs' (within their min..max).
+        per_token = tg["gbs"] / tg["tok_s"]  # GB per token (weights + KV read)
+        for i, pct in enumerate(runs):
+            implied = pct / 100 * 0.5 * (probes[i] + probes[i + 1]) / per_token
+            self.assertGreaterEqual(implied, tg["tok_s_min"] * (1 - 1e-6), tg)
+            self.assertLessEqual(implied, tg["tok_s_max"] * (1 + 1e-6), tg)
+        code, out, err = run("bench", STORIES, "-p", "0", "-n", "8", "-r", "2", timeout=120)
+        self.assertEqual(code, 0, err)
+        self.assertIn("tg vs the read probe beside each run", out)
+
     def test_bench_runs_past_the_trained_context(self):
         # stories260K is trained to 2048 positions; llama-bench measures past n_ctx_train with a
         # warning, and so does larder bench (issue 14's -d 16384 on a model trained to 8192).

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -202,9 +203,16 @@ int run_bench(const BenchFlags& f) {
       }
     }
   }
-  // tg: `gen` single-token steps after the context (llama-bench's tg<n>).
+  // tg: `gen` single-token steps after the context (llama-bench's tg<n>). The read probe runs
+  // before every timed run and after the last, so each run is set against the bandwidth of its
+  // own minutes (the mean of the probes on either side), not the start's.
+  // Made after the prefill runs, so the RSS they report does not hold its buffer.
+  std::vector<double> tg_probe;
+  std::optional<ReadProbe> probe;
+  if (!f.no_roofline && f.gen > 0) probe.emplace();
   for (int r = 0; f.gen > 0 && r < f.repeats + 1; ++r) {
     if (Status st = at_depth(cache, false); !st.is_ok()) return report(st);
+    if (r > 0 && probe && probe->ok()) tg_probe.push_back(probe->measure(default_pool(), 3));
     int32_t next = tok(rng);
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < f.gen; ++i) {
@@ -216,6 +224,8 @@ int run_bench(const BenchFlags& f) {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (r > 0) tg_tps.push_back(static_cast<double>(f.gen) / dt);
   }
+  if (!tg_probe.empty()) tg_probe.push_back(probe->measure(default_pool(), 3));
+  probe.reset();
   // --profile: the same decode once more with core/profile.h on (after the timed runs, so the
   // clock reads never touch the reported tok/s).
   std::vector<profile::OpStat> prof_ops;
@@ -255,6 +265,15 @@ int run_bench(const BenchFlags& f) {
   const double kv_read_gbs = tg.median * kv_row_bytes * avg_ctx / 1e9;  // of tg_gbs
   const double bytes_token = static_cast<double>(weight_bytes) + kv_row_bytes * avg_ctx;
   const double tg_gbs = tg.median * bytes_token / 1e9;
+  // Decode against the probes beside each run (see the tg loop); else against the start's probe.
+  std::vector<double> tg_pct_runs;
+  for (size_t i = 0; i + 1 < tg_probe.size() && i < tg_tps.size(); ++i) {
+    const double beside = 0.5 * (tg_probe[i] + tg_probe[i + 1]);
+    if (beside > 0) tg_pct_runs.push_back(100 * tg_tps[i] * bytes_token / 1e9 / beside);
+  }
+  const double tg_pct = !tg_pct_runs.empty() ? summarize(tg_pct_runs).median
+                        : roof.read_gbs > 0  ? 100 * tg_gbs / roof.read_gbs
+                                             : 0.0;
   const double pp_avg_ctx = static_cast<double>(f.depth) + static_cast<double>(f.prompt) / 2;
   const double attn_macs = 2.0 * info.n_layers * q_dim * pp_avg_ctx;
   const double pp_gops = pp.median * 2 * (macs_token + attn_macs) / 1e9 +
@@ -271,7 +290,8 @@ int run_bench(const BenchFlags& f) {
         {"pp", {{"tokens", f.prompt}, {"tok_s", pp.median}, {"tok_s_min", pp.min}, {"tok_s_max", pp.max},
                 {"gops", pp_gops}, {"pct_peak", peak > 0 ? 100 * pp_gops / peak : 0}}},
         {"tg", {{"tokens", f.gen}, {"tok_s", tg.median}, {"tok_s_min", tg.min}, {"tok_s_max", tg.max},
-                {"gbs", tg_gbs}, {"kv_read_gbs", kv_read_gbs}, {"pct_bandwidth", roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0},
+                {"gbs", tg_gbs}, {"kv_read_gbs", kv_read_gbs}, {"pct_bandwidth", tg_pct},
+                {"pct_bandwidth_runs", tg_pct_runs}, {"probe_gbs_beside_runs", tg_probe},
                 {"bound_tok_s", roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0}}},
         {"memory", {{"rss_bytes", rss.total}, {"rss_anon_bytes", rss.anon}, {"rss_file_bytes", rss.file},
                     {"weights_resident_bytes", weight_pages.resident}, {"weights_huge_page_bytes", weight_pages.huge},
@@ -319,8 +339,14 @@ int run_bench(const BenchFlags& f) {
               pp_gops, peak > 0 ? 100 * pp_gops / peak : 0.0, at.c_str());
   if (f.gen > 0)
     std::printf("tg%-6lld %12.2f %10.2f..%-10.2f %9.1f GB/s  %9.1f%%   (bound %.1f tok/s; KV read %.1f GB/s)%s\n",
-              (long long)f.gen, tg.median, tg.min, tg.max, tg_gbs, roof.read_gbs > 0 ? 100 * tg_gbs / roof.read_gbs : 0.0,
+              (long long)f.gen, tg.median, tg.min, tg.max, tg_gbs, tg_pct,
               roof.read_gbs > 0 ? roof.read_gbs * 1e9 / bytes_token : 0.0, kv_read_gbs, at.c_str());
+  if (!tg_pct_runs.empty()) {
+    const Sample pr = summarize(tg_probe);
+    std::string runs;
+    for (double p : tg_pct_runs) runs += strfmt("%s%.1f %%", runs.empty() ? "" : ", ", p);
+    std::printf("tg vs the read probe beside each run (%.1f..%.1f GB/s): %s\n", pr.min, pr.max, runs.c_str());
+  }
   std::printf("memory after pp: RSS %.1f MiB (file %.1f, anon %.1f) = %.3f x (mapped weights %.1f MiB + KV %.1f MiB)\n",
               rss.total / 1048576.0, rss.file / 1048576.0, rss.anon / 1048576.0,
               static_cast<double>(rss.total) / static_cast<double>(std::max<uint64_t>(1, mapped_bytes + kv_bytes)),

@@ -66,16 +66,24 @@ double measure_read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes
   return median(gbs);
 }
 
-double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+ReadProbe::ReadProbe(size_t bytes) {
   const size_t huge = size_t{2} << 20;
   const size_t alloc = (bytes + huge - 1) / huge * huge;
-  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(huge, alloc));
-  if (!buf) return 0;
-  madvise(buf, alloc, MADV_HUGEPAGE);  // like a THP-backed weight mapping: fewer TLB misses
-  std::memset(buf, 1, alloc);
-  const double r = measure_read_bandwidth(pool, buf, bytes, reps);
-  std::free(buf);
-  return r;
+  buf_ = static_cast<uint8_t*>(std::aligned_alloc(huge, alloc));
+  if (!buf_) return;
+  bytes_ = bytes;
+  madvise(buf_, alloc, MADV_HUGEPAGE);  // like a THP-backed weight mapping: fewer TLB misses
+  std::memset(buf_, 1, alloc);
+}
+
+ReadProbe::~ReadProbe() { std::free(buf_); }
+
+double ReadProbe::measure(ThreadPool& pool, int reps) const {
+  return buf_ ? measure_read_bandwidth(pool, buf_, bytes_, reps) : 0.0;
+}
+
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+  return ReadProbe(bytes).measure(pool, reps);
 }
 
 double measure_f32_fma_peak(ThreadPool& pool) {

@@ -24,6 +24,26 @@ double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, 
 // bandwidth per second of the calling thread's CPU time (robust to being descheduled on a
 // shared host).
 double measure_read_bandwidth(ThreadPool& pool, const uint8_t* buf, size_t bytes, int reps, double* cpu_gbs = nullptr);
+
+// A streaming-read probe that keeps its buffer (THP-backed, touched once), so it can be measured
+// again beside each timed run: on a shared host whose neighbour loads memory on and off within
+// minutes, a ceiling taken once at the start put the same decode speed at 80 % of it in one run
+// and 130 % in the next (bench/RESULTS.md, session 28).
+class ReadProbe {
+ public:
+  explicit ReadProbe(size_t bytes = size_t{1} << 30);
+  ~ReadProbe();
+  ReadProbe(const ReadProbe&) = delete;
+  ReadProbe& operator=(const ReadProbe&) = delete;
+  bool ok() const { return buf_ != nullptr; }
+  // Median GB/s of `reps` reads of the buffer (after one warm-up read); 0 if the allocation failed.
+  double measure(ThreadPool& pool, int reps = 5) const;
+
+ private:
+  uint8_t* buf_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 double measure_f32_fma_peak(ThreadPool& pool);
 double measure_int8_peak(ThreadPool& pool);
 Roofline measure_roofline(ThreadPool& pool);
