@@ -54,7 +54,7 @@ struct ServeFlags {
   std::optional<double> ssd_demote_idle_s;
   std::vector<std::string> cors, allowed_hosts;
   int max_connections = 1024, max_connections_per_ip = 256;
-  int stream_flush_ms = 10;
+  int stream_flush_ms = 25;
   double read_timeout_s = 10, idle_timeout_s = 60;
   std::string log_format = "text";
   bool no_webui = false;
@@ -367,7 +367,7 @@ VerbMain add_serve(CLI::App& app) {
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--stream-flush-ms", f->stream_flush_ms,
                   "a stream writes at most once per this many ms; tokens made meanwhile go out together "
-                  "(default 10; 0 = every token in its own write; the first token is never held)")
+                  "(default 25; 0 = every token in its own write; the first token is never held)")
       ->check(in_range(0, 1000));
   cmd->add_flag("--no-webui", f->no_webui, "do not serve the browser chat page at / (GET / then answers the JSON index)");
   cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");

@@ -36,8 +36,10 @@ struct HttpConfig {
   // A stream writes at most once per this many ms once its tokens flow (0: every token as it
   // comes). Tokens made meanwhile go out together in one write. The first token is never held.
   // Why: one wake-up and one send per token cost the server ~70 µs of CPU per token and a
-  // Python client as much again, on the cores the model runs on (bench/RESULTS.md, session 28).
-  int stream_flush_ms = 10;
+  // Python client as much again, on the cores the model runs on. 25 ms is 40 writes a second,
+  // smoother than a reader notices; SmolLM2 streaming ~500 tok/s on 2 cores lost 1.5 % of its
+  // decode speed to the stream at 25 ms, 3.9 % at 10 and ~6 % unpaced (bench/RESULTS.md, session 28).
+  int stream_flush_ms = 25;
 };
 
 // The JSON nesting limit of request bodies (400 beyond, before parsing).
