@@ -4,8 +4,9 @@
 // Honesty rules built in:
 // - The bandwidth ceiling is measured in the same process (streaming read of a 1 GiB buffer,
 //   1 and N threads on the same pool the kernels use), before and after the kernel runs.
-// - Decode weights are rotated over enough copies to exceed 4× the L3 (32 MiB here): a single
-//   2048×2048 Q4_0 matrix (2.3 MB) would otherwise be L3-resident and flatter the kernel.
+// - Decode weights are rotated over enough copies to stream 512 MiB, 16× the L3 (32 MiB here): a
+//   single 2048×2048 Q4_0 matrix (2.3 MB) would otherwise be L3-resident and flatter the kernel,
+//   and even a 128 MiB rotation left enough in L3 to read ~15 % above the 1 GiB probe.
 // - Every number is the median of `--reps` timed calls after a warm-up pass; min and max are
 //   printed so the spread is visible (the host is shared).
 //
@@ -315,7 +316,8 @@ void bench_attention(const std::string& tier, const std::vector<int>& threads, c
     const uint64_t row_bytes = static_cast<uint64_t>(kernels::kv_bytes(kv_dtype, kv_row));
     const uint64_t kv_bytes = 2 * static_cast<uint64_t>(run.ctx) * row_bytes;
     if (tier == "ref" && flops > 4e9) continue;  // the double-precision oracle is ~1 GFLOP/s
-    const int copies = hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{128} << 20) / kv_bytes + 1));
+    // >= 512 MiB per rotation, as the decode weights (see there): a step streams the weights too.
+    const int copies = hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{512} << 20) / kv_bytes + 1));
     // Uniform values in [-1, 1), stored in the cache's row format.
     auto* kv = static_cast<uint8_t*>(big_alloc(kv_bytes * copies));
     const uint64_t rows = 2 * static_cast<uint64_t>(run.ctx) * copies;
@@ -542,9 +544,11 @@ int main(int argc, char** argv) {
       for (const Shape& sh : shapes) {
         if (fmt.bits && sh.cols % fmt.group_size != 0) continue;
         const uint64_t wbytes = fmt.bytes(sh.rows, sh.cols);
-        // Copies so that one rotation streams >= 128 MiB (4x L3).
+        // Copies so that one rotation streams >= 512 MiB (16x this L3; a 1B model streams ~600 MB
+        // per token). At 128 MiB the L3 still held part of a rotation: the same Q4_0 decode shapes
+        // read 107-110 % of the 1 GiB probe against 92-97 % at 512 MiB (bench/RESULTS.md, session 28).
         const int copies =
-            hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{128} << 20) / wbytes + 1));
+            hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{512} << 20) / wbytes + 1));
         auto* wbuf = static_cast<uint8_t*>(big_alloc(wbytes * copies));
         for (int c = 0; c < copies; ++c) {
           fill_format(wbuf + c * wbytes, fmt, sh.rows, sh.cols);
