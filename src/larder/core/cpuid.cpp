@@ -102,6 +102,13 @@ CpuFeatures detect() {
     if (std::strcmp(t, "zen") == 0 || std::strcmp(t, "zen4") == 0) f.zen_decode_tiles = true;
     if (std::strcmp(t, "generic") == 0) f.zen_decode_tiles = false;
   }
+  const long l1d = ::sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  f.l1d_kib = l1d > 0 ? static_cast<int>(l1d / 1024) : 0;
+  f.decode_prefetch_l1 = f.l1d_kib >= 48;
+  if (const char* p = std::getenv("LARDER_DECODE_PREFETCH")) {
+    if (std::strcmp(p, "l1") == 0) f.decode_prefetch_l1 = true;
+    if (std::strcmp(p, "l2") == 0) f.decode_prefetch_l1 = false;
+  }
   return f;
 }
 
@@ -113,7 +120,7 @@ std::string CpuFeatures::describe() const {
     << (avx512f ? "avx512f " : "") << (avx512bw ? "avx512bw " : "") << (avx512vl ? "avx512vl " : "")
     << (avx512vnni ? "avx512vnni " : "") << (avx512bf16 ? "avx512bf16 " : "")
     << (avx_vnni ? "avx-vnni " : "") << (amx ? "amx-int8 " : "") << (amx_bf16 ? "amx-bf16 " : "") << "cores=" << physical_cores << " cpus=" << logical_cpus
-    << " decode-tiles=" << decode_tiles();
+    << " decode-tiles=" << decode_tiles() << " prefetch=" << (decode_prefetch_l1 ? "l1" : "l2");
   return s.str();
 }
 

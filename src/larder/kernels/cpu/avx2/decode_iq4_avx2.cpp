@@ -45,7 +45,7 @@ struct IQ4XSDecode {
   const float* dx;     // [n][nsb]
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m256 acc[R][T];
@@ -59,7 +59,7 @@ struct IQ4XSDecode {
     const __m256i m15 = _mm256_set1_epi32(15), m48 = _mm256_set1_epi32(48), k32 = _mm256_set1_epi32(32);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kLong>(base, R, row_bytes, sb * sizeof(BlockIQ4_XS), sizeof(BlockIQ4_XS));
+      prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockIQ4_XS), sizeof(BlockIQ4_XS));
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockIQ4_XS);

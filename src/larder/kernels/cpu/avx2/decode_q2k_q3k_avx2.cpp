@@ -123,7 +123,7 @@ struct TwoBitDecode {
     }
   }
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m256 acc[R][T];
@@ -133,7 +133,7 @@ struct TwoBitDecode {
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kLong>(base, R, row_bytes, sb * F::kBlockBytes, F::kBlockBytes);
+      prefetch_rows<kPf>(base, R, row_bytes, sb * F::kBlockBytes, F::kBlockBytes);
       const uint8_t* blk[R];
       Scales sc[R];
       __m256i isum[R][T];

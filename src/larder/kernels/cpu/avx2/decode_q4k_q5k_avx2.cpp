@@ -79,7 +79,7 @@ struct Q45KDecode {
     }
   }
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m256 acc[R][T];
@@ -92,7 +92,7 @@ struct Q45KDecode {
                                           12, -128, 12, -128, 13, -128, 13, -128, 14, -128, 14, -128, 15, -128, 15, -128);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kLong>(base, R, row_bytes, sb * kBlockBytes, kBlockBytes);
+      prefetch_rows<kPf>(base, R, row_bytes, sb * kBlockBytes, kBlockBytes);
       const uint8_t* blk[R];
       __m256i scb[R];
       __m256i isum[R][T];

@@ -198,11 +198,11 @@ struct AffineKernel {
   float* y;
 
   // One block b for all R×T pairs; First: starts the group accumulators.
-  template <int R, int T, bool First, bool Checked, bool kLong>
+  template <int R, int T, bool First, bool Checked, int kPf>
   LARDER_INLINE void block(int64_t b, const uint8_t* const* wr, const int8_t* const* xq, int64_t t0,
                            __m256 (&accg)[R][T]) const {
     const __m256i ones = _mm256_set1_epi16(1);
-    prefetch_rows<kLong>(wr[0], R, row_bytes, b * kBlockBytes, kBlockBytes);
+    prefetch_rows<kPf>(wr[0], R, row_bytes, b * kBlockBytes, kBlockBytes);
     __m256i u[R], aw[R];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) {
@@ -243,7 +243,7 @@ struct AffineKernel {
     }
   }
 
-  template <int R, int T, bool Checked, bool kLong>
+  template <int R, int T, bool Checked, int kPf>
   void tile_impl(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     const uint8_t* sr[R];
@@ -289,8 +289,8 @@ struct AffineKernel {
       for (int gi = 0; gi < gc; ++gi) {
         const int64_t b0 = (g0 + gi) * bpg;
         __m256 accg[R][T];
-        block<R, T, true, Checked, kLong>(b0, wr, xq, t0, accg);
-        for (int64_t b = b0 + 1; b < b0 + bpg; ++b) block<R, T, false, Checked, kLong>(b, wr, xq, t0, accg);
+        block<R, T, true, Checked, kPf>(b0, wr, xq, t0, accg);
+        for (int64_t b = b0 + 1; b < b0 + bpg; ++b) block<R, T, false, Checked, kPf>(b, wr, xq, t0, accg);
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {
           const __m256 sg = _mm256_broadcast_ss(&sv[r][gi]);

@@ -60,7 +60,7 @@ struct IntKernel {
   QuantizedActs a;
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     LARDER_UNROLL
@@ -79,7 +79,7 @@ struct IntKernel {
       __m256i wv[R], aw[R];
       // Scales of 4 consecutive tokens of this block: one load (block-major layout, padded).
       const __m128 dx = _mm_loadu_ps(a.scales(b) + t0);
-      prefetch_rows<kLong>(wr[0], R, row_bytes, b * WB::kBytes, WB::kBytes);
+      prefetch_rows<kPf>(wr[0], R, row_bytes, b * WB::kBytes, WB::kBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = wr[r] + b * WB::kBytes;
@@ -144,7 +144,7 @@ struct Q4_0Kernel {
   // cvt/FMA work; the price is building [d_a ×4 | d_b ×4] with one vinsertf128. Each row's sum
   // is spread over its lane's 4 floats, so each lane folds out 2·bsum (4 lanes × 2 = the 8 of
   // the zero point).
-  template <int P, bool kLong>
+  template <int P, int kPf>
   void tile_pairs(int64_t r0, int64_t t) const {
     const float* f16 = f16_table();
     const uint8_t* wr[2 * P];
@@ -159,7 +159,7 @@ struct Q4_0Kernel {
     for (int64_t b = 0; b < nb; ++b) {
       // Short rows: the tile four ahead in one sweep; long rows: each row's own stream
       // (simd::prefetch_rows).
-      if constexpr (kLong) prefetch_rows<true>(wr[0], 2 * P, row_bytes, b * sizeof(BlockQ4_0), sizeof(BlockQ4_0));
+      if constexpr (pf_long(kPf)) prefetch_rows<kPf>(wr[0], 2 * P, row_bytes, b * sizeof(BlockQ4_0), sizeof(BlockQ4_0));
       else _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 8 * P * row_bytes + b * sizeof(BlockQ4_0) * 2 * P), _MM_HINT_T0);
       const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + b * 32)));
       const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + b * 32 + 16)));
@@ -191,10 +191,10 @@ struct Q4_0Kernel {
     }
   }
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     if constexpr (T == 1 && R % 2 == 0) {
-      tile_pairs<R / 2, kLong>(r0, t0);
+      tile_pairs<R / 2, kPf>(r0, t0);
       return;
     }
     const float* f16 = f16_table();
@@ -217,7 +217,7 @@ struct Q4_0Kernel {
       // Software prefetch of the next tile (the R rows after ours are contiguous), at the rate this
       // tile consumes bytes: rows are short (1152 B at 2048 columns), so R interleaved 18-line
       // streams end before the hardware stream prefetcher has ramped up.
-      if constexpr (kLong) prefetch_rows<true>(wr[0], R, row_bytes, b * sizeof(BlockQ4_0), sizeof(BlockQ4_0));
+      if constexpr (pf_long(kPf)) prefetch_rows<kPf>(wr[0], R, row_bytes, b * sizeof(BlockQ4_0), sizeof(BlockQ4_0));
       else _mm_prefetch(reinterpret_cast<const char*>(wr[0] + 4 * R * row_bytes + b * sizeof(BlockQ4_0) * R), _MM_HINT_T0);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {

@@ -45,7 +45,7 @@ struct GgufKernel {
   LaneActs la;
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     LARDER_UNROLL
@@ -59,7 +59,7 @@ struct GgufKernel {
     alignas(32) int8_t wb[R][U::kElems];
     alignas(32) float sl[R][kLanes], cl[R][kLanes];
     for (int64_t u = 0; u < units; ++u) {
-      prefetch_rows<kLong>(wr[0], R, row_bytes, u * U::kBytes, U::kBytes);
+      prefetch_rows<kPf>(wr[0], R, row_bytes, u * U::kBytes, U::kBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         float s[U::kElems / 16], c[U::kElems / 16];
@@ -171,7 +171,7 @@ struct LinearKernel {
   const float* bs8;  // [nb][n_pad]: d_x·Σ q_x / 8
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     const uint8_t* wr[R];
@@ -184,7 +184,7 @@ struct LinearKernel {
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
-      prefetch_rows<kLong>(wr[0], R, row_bytes, b * L::kBytes, L::kBytes);
+      prefetch_rows<kPf>(wr[0], R, row_bytes, b * L::kBytes, L::kBytes);
       __m256i u[R];
       float d[R], c[R];
       LARDER_UNROLL

@@ -169,7 +169,7 @@ struct Q6KDecode {
   KActs k;
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     const uint8_t* wr[R];
@@ -183,7 +183,7 @@ struct Q6KDecode {
     const int64_t nb = k.nb32;
     Q6KUnpacked u[R];
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kLong>(wr[0], R, row_bytes, sb * kBlockBytes, kBlockBytes);
+      prefetch_rows<kPf>(wr[0], R, row_bytes, sb * kBlockBytes, kBlockBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) unpack_q6k(wr[r] + sb * kBlockBytes, f16, u[r]);
       LARDER_UNROLL

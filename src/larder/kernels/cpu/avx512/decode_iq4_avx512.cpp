@@ -90,7 +90,7 @@ struct IQ4XSDecode {
   const float* dx;      // [n][nsb] (QuantizedActsK::d)
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m512 acc[R][T];
@@ -102,7 +102,7 @@ struct IQ4XSDecode {
     const __m512i pat_b = _mm512_add_epi32(pat_a, _mm512_set1_epi32(4));
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kLong>(base, R, row_bytes, sb * sizeof(BlockIQ4_XS), sizeof(BlockIQ4_XS));
+      prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockIQ4_XS), sizeof(BlockIQ4_XS));
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockIQ4_XS);
@@ -176,7 +176,7 @@ struct IQ4NLQuad {
   const uint8_t* acts;   // [n][ng][256]: x_lo[64], x_hi[64], seed[16] i32, d_x[16] f32
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     alignas(64) static constexpr uint16_t kCodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
                                                           19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
@@ -188,7 +188,7 @@ struct IQ4NLQuad {
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     const int64_t full = nb / 4;
     auto step = [&](int64_t g, bool tail) {
-      prefetch_rows<kLong>(base, R, row_bytes, g * 72, tail ? row_bytes - g * 72 : 72);
+      prefetch_rows<kPf>(base, R, row_bytes, g * 72, tail ? row_bytes - g * 72 : 72);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = base + r * row_bytes + 72 * g;

@@ -186,14 +186,14 @@ struct KDecode {
   const float* dx;       // [n][nsb]
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m512 acc[R][T];
     zero_acc(acc);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kLong>(base, R, row_bytes, sb * F::kBlockBytes, F::kBlockBytes);
+      prefetch_rows<kPf>(base, R, row_bytes, sb * F::kBlockBytes, F::kBlockBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         Unpacked u;

@@ -59,7 +59,7 @@ struct Q45KDecode {
   QuantizedActsK a;  // qs permuted per super-block (prepare_q45k)
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m512 acc[R][T];
@@ -92,7 +92,7 @@ struct Q45KDecode {
     const __m512i c16 = _mm512_set1_epi8(16);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kLong>(base, R, row_bytes, sb * kBlockBytes, kBlockBytes);
+      prefetch_rows<kPf>(base, R, row_bytes, sb * kBlockBytes, kBlockBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * kBlockBytes;

@@ -181,7 +181,7 @@ struct AffineDecode {
     }
   }
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const uint8_t* wr[R];
     LARDER_UNROLL
@@ -212,7 +212,7 @@ struct AffineDecode {
       }
       for (int64_t gi = 0; gi < gc; ++gi) {
         for (int64_t c = (g0 + gi) * cpg; c < (g0 + gi + 1) * cpg; ++c) {
-          prefetch_rows<kLong>(wr[0], R, row_bytes, c * kChunkBytes, kChunkBytes);
+          prefetch_rows<kPf>(wr[0], R, row_bytes, c * kChunkBytes, kChunkBytes);
           __m512i u[R];
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {

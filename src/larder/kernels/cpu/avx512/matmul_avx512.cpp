@@ -492,7 +492,7 @@ struct Q4_0Decode {
   const float* bsp;     // [n][np][16]
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m512 acc[R][T];
@@ -501,7 +501,7 @@ struct Q4_0Decode {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t p = 0; p < np; ++p) {
-      prefetch_rows<kLong>(base, R, row_bytes, p * 36, 36);
+      prefetch_rows<kPf>(base, R, row_bytes, p * 36, 36);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* b0 = base + r * row_bytes + 36 * p;
@@ -585,7 +585,7 @@ struct Q4_0Quad {
   const uint8_t* acts;   // [n][ng][256]: x_lo[64], x_hi[64], seed[16] i32, dx16[16] f32
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     alignas(64) static constexpr uint16_t kCodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
                                                           19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
@@ -597,7 +597,7 @@ struct Q4_0Quad {
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     const int64_t full = nb / 4;
     auto step = [&](int64_t g, bool tail) {
-      prefetch_rows<kLong>(base, R, row_bytes, g * 72, tail ? row_bytes - g * 72 : 72);
+      prefetch_rows<kPf>(base, R, row_bytes, g * 72, tail ? row_bytes - g * 72 : 72);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = base + r * row_bytes + 72 * g;
@@ -751,7 +751,7 @@ struct LowBitQuad {
   const uint8_t* acts;   // [n][ng][kActBytes]: x_lo[64], x_hi[64], seed[16] i32, dx[16] f32 [, bsl[16] f32]
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const __m512i code_idx = _mm512_load_si512(kIdx.codes), scale_idx = _mm512_load_si512(kIdx.scale);
     const __m512i min_idx = _mm512_load_si512(kIdx.min), qh_idx = _mm512_load_si512(kIdx.qh);
@@ -761,7 +761,7 @@ struct LowBitQuad {
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     const int64_t full = nb / 4;
     auto step = [&](int64_t g, bool tail) {
-      prefetch_rows<kLong>(base, R, row_bytes, g * kGroupBytes, tail ? row_bytes - g * kGroupBytes : kGroupBytes);
+      prefetch_rows<kPf>(base, R, row_bytes, g * kGroupBytes, tail ? row_bytes - g * kGroupBytes : kGroupBytes);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = base + r * row_bytes + kGroupBytes * g;
@@ -828,7 +828,7 @@ struct Q8_0Quad {
   const uint8_t* acts;   // [n][ng][384]
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -838,7 +838,7 @@ struct Q8_0Quad {
     const int64_t full = nb / 4;
     constexpr int kB = sizeof(BlockQ8_0);
     auto step = [&](int64_t g, bool tail) {
-      prefetch_rows<kLong>(base, R, row_bytes, g * 4 * kB, tail ? row_bytes - g * 4 * kB : 4 * kB);
+      prefetch_rows<kPf>(base, R, row_bytes, g * 4 * kB, tail ? row_bytes - g * 4 * kB : 4 * kB);
       const int present = tail ? static_cast<int>(nb - 4 * g) : 4;
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {

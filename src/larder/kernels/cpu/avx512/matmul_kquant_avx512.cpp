@@ -132,7 +132,7 @@ struct Q6KDecode {
   const float* zs;       // [n][nsb][16] −32·d_x·Σq of each 16-element sub-block
   float* y;
 
-  template <int R, int T, bool kLong>
+  template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m512 acc[R][T];
@@ -148,7 +148,7 @@ struct Q6KDecode {
     }
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kLong>(base, R, row_bytes, sb * sizeof(BlockQ6_K), sizeof(BlockQ6_K));
+      prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockQ6_K), sizeof(BlockQ6_K));
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockQ6_K);

@@ -1,7 +1,7 @@
 // matmul_driver.h — how a matmul is cut into tiles and spread over the pool (all formats, all tiers).
 //
 // A format supplies a micro-kernel `K::template tile<R, T>(r0, t0)` that computes the R×T block
-// y[t0..t0+T, r0..r0+R] over the full reduction (cols), or `tile_rows<R, T, kLong>` when its
+// y[t0..t0+T, r0..r0+R] over the full reduction (cols), or `tile_rows<R, T, kPf>` when its
 // weight stream takes simd::prefetch_rows' prefetch (run_tile picks the regime). The driver
 // only decides tile order:
 //
@@ -36,14 +36,23 @@
 
 namespace larder::kernels::cpu {
 
-// One R×T tile. For a kernel written as tile_rows<R, T, kLong> (and holding row_bytes) the
-// prefetch regime of simd::prefetch_rows is chosen here, once per tile: with the choice made
+// One R×T tile. For a kernel written as tile_rows<R, T, kPf> (and holding row_bytes) the
+// prefetch policy of simd::prefetch_rows is chosen here, once per tile: with the choice made
 // inside the step the short-row loops ran 20 % slower on Zen 4.
+// Whether decode tiles prefetch into L1 (simd_avx2.h prefetch_rows: cores with >= 48 KiB of L1D).
+inline const bool g_prefetch_l1 = cpu_features().decode_prefetch_l1;
+
 template <int R, int T, class K>
 __attribute__((always_inline)) inline void run_tile(const K& k, int64_t r0, int64_t t0) {
-  if constexpr (requires { k.template tile_rows<R, T, true>(r0, t0); }) {
-    if (simd::long_rows(R, k.row_bytes)) k.template tile_rows<R, T, true>(r0, t0);
-    else k.template tile_rows<R, T, false>(r0, t0);
+  if constexpr (requires { k.template tile_rows<R, T, 0>(r0, t0); }) {
+    const bool lng = simd::long_rows(R, k.row_bytes);
+    if (g_prefetch_l1) {
+      if (lng) k.template tile_rows<R, T, simd::kPfLong | simd::kPfL1>(r0, t0);
+      else k.template tile_rows<R, T, simd::kPfL1>(r0, t0);
+    } else {
+      if (lng) k.template tile_rows<R, T, simd::kPfLong>(r0, t0);
+      else k.template tile_rows<R, T, 0>(r0, t0);
+    }
   } else {
     k.template tile<R, T>(r0, t0);
   }

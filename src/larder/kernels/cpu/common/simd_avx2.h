@@ -56,7 +56,7 @@ inline __m256 f16x8_to_f32(const uint8_t* p) {
 
 // Decode tiles read R consecutive rows as R interleaved streams, and software prefetch keeps the
 // DRAM reads ahead of them. Two regimes, by the tile's size (chosen once per tile, outside the
-// kernel's loop: matmul_driver.h run_tile calls its tile_rows<R, T, kLong>; with the choice made
+// kernel's loop: matmul_driver.h run_tile calls its tile_rows<R, T, kPf>; with the choice made
 // inside the step the short-row loops ran 20 % slower on Zen 4):
 // - Short rows (R·row_bytes <= 8 KiB; Q4_0 at 2048 columns is 1152 B, 18 cache lines): each
 //   stream ends before the hardware stream prefetcher has ramped up, so a tile prefetches the tile
@@ -69,9 +69,16 @@ inline __m256 f16x8_to_f32(const uint8_t* p) {
 //   same bytes, session 15). Instead each row's stream is prefetched 6 KiB ahead of where the tile
 //   reads it, continuing in the next tile's rows past the end (for rows shorter than 6 KiB that
 //   is, in effect, one contiguous sweep tile_bytes − row_bytes + 6 KiB ahead).
-// Both regimes prefetch into L2 (prefetcht1), not L1. Into L1 the distance could not grow past
-// ~1 KiB per stream without evicting the activations the tile reuses (and with it the down
-// projection stayed at 12 GB/s); into L2 it can, and the L1 streamer pulls from there. Zen 4,
+// Where to: into L1 (prefetcht0) on cores whose L1D holds 48 KiB or more, else into L2
+// (prefetcht1) — the policy's kPfL1 bit, from cpu_features().decode_prefetch_l1.
+// - L1, Zen 5 (48 KiB L1D; session 28, 1B decode at 2 threads, idle host, alternating builds, the
+//   same distances): Q4_0 122–126 → 133–135 tok/s (82 → 89–90 % of the read probe beside each
+//   run), IQ4_XS +5–8 %, Q5_K_M +1–5 %, Q4_K_M +0–3 %, Q8_0 +2–4 %, MLX q4 +0–2 %, BF16 +1 %.
+//   The demand loads then hit L1 instead of waiting on the L2→L1 fill; 4 tiles of 2 rows are
+//   ~9 KiB, which 48 KiB holds beside the activations.
+// - L2 elsewhere. On Zen 4 (32 KiB L1D) the distance into L1 could not grow past ~1 KiB per
+//   stream without evicting the activations the tile reuses (and with it the down projection
+//   stayed at 12 GB/s); into L2 it can, and the L1 streamer pulls from there. Zen 4,
 // session 17, alternating runs: Q6_K 2048×8192 n = 1, 1 thread 1030–1080 → 660–680 µs (L1 1 KiB:
 // 1060; L2 3/4/8/12 KiB: 810/790/720/680), 8192×2048 640–660 → 580–600 µs (L2, four tiles ahead;
 // three: 640); 1B decode tg64, 2 threads, medians: Q6_K 35.7 → 43.3 tok/s, Q4_K_M 40.7 → 49.4,
@@ -80,19 +87,25 @@ inline __m256 f16x8_to_f32(const uint8_t* p) {
 // `done` and `step` count bytes per row: consumed before this step, and consumed by it.
 inline bool long_rows(int R, uint64_t row_bytes) { return static_cast<uint64_t>(R) * row_bytes > 8192; }
 
-template <bool kLong>
+// A tile's prefetch policy (the kPf template argument of tile_rows and prefetch_rows): bit kPfLong
+// selects the long-row regime, bit kPfL1 prefetches into L1 instead of L2.
+enum : int { kPfLong = 1, kPfL1 = 2 };
+constexpr bool pf_long(int pf) { return (pf & kPfLong) != 0; }
+
+template <int kPf>
 __attribute__((always_inline)) inline void prefetch_rows(const uint8_t* tile, int R, uint64_t row_bytes, uint64_t done,
                                                          uint64_t step) {
+  constexpr _mm_hint kHint = (kPf & kPfL1) ? _MM_HINT_T0 : _MM_HINT_T1;
   const uint64_t tile_bytes = static_cast<uint64_t>(R) * row_bytes;
-  if constexpr (!kLong) {
+  if constexpr (!pf_long(kPf)) {
     const uint8_t* p = tile + 4 * tile_bytes + done * R;
-    for (uint64_t off = 0; off < step * R; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
+    for (uint64_t off = 0; off < step * R; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), kHint);
   } else {
     const uint64_t q = done + 6144;
     const uint8_t* p = tile + q + (q >= row_bytes ? tile_bytes - row_bytes : 0);
     for (int r = 0; r < R; ++r)
       for (uint64_t off = 0; off < step; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + r * row_bytes + off), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p + r * row_bytes + off), kHint);
   }
 }
 
