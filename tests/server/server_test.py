@@ -1533,6 +1533,11 @@ class ShutdownTest(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn(".lkv", out, "the KV store was flushed to the SSD directory on shutdown")
         b = self.start("--ssd-cache", d)
+        # The startup scan runs beside the server; a request before it publishes its index is a
+        # miss by design (reason ssd_scanning). Wait for it, as /stats reports it.
+        deadline = time.monotonic() + 30
+        while not b.request("GET", "/stats").json()["kv_store"]["ssd"]["ready"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         r = b.post("/v1/chat/completions", body)
         second = r.json()
         self.assertGreater(second["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
