@@ -102,9 +102,7 @@ CpuFeatures detect() {
     if (std::strcmp(t, "zen") == 0 || std::strcmp(t, "zen4") == 0) f.zen_decode_tiles = true;
     if (std::strcmp(t, "generic") == 0) f.zen_decode_tiles = false;
   }
-  const long l1d = ::sysconf(_SC_LEVEL1_DCACHE_SIZE);
-  f.l1d_kib = l1d > 0 ? static_cast<int>(l1d / 1024) : 0;
-  f.decode_prefetch_l1 = f.l1d_kib >= 48;
+  f.decode_prefetch_l1 = ::sysconf(_SC_LEVEL1_DCACHE_SIZE) >= 48 * 1024;
   if (const char* p = std::getenv("LARDER_DECODE_PREFETCH")) {
     if (std::strcmp(p, "l1") == 0) f.decode_prefetch_l1 = true;
     if (std::strcmp(p, "l2") == 0) f.decode_prefetch_l1 = false;

@@ -34,9 +34,8 @@ struct CpuFeatures {
   // counts, which stay on Intel (Emerald Rapids: 93–103 % of the read probe with them).
   // LARDER_DECODE_TILES=zen|generic forces either choice (tests run both on any CPU).
   bool zen_decode_tiles = false;
-  // L1D size (sysconf), and whether decode tiles prefetch into L1 rather than L2 (>= 48 KiB;
+  // Whether decode tiles prefetch into L1 rather than L2: an L1D of >= 48 KiB (sysconf;
   // kernels/cpu/common/simd_avx2.h prefetch_rows). LARDER_DECODE_PREFETCH=l1|l2 overrides.
-  int l1d_kib = 0;
   bool decode_prefetch_l1 = false;
 
   // The whole AVX-512 tier larder compiles (F, BW, VL, DQ, VNNI, BF16).
