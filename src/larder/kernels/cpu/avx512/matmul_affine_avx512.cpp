@@ -131,20 +131,26 @@ struct AffineRows {
 
 
 // ---------------------------------------------------------------------------------------------
-// Decode (n <= 8) of 4- and 8-bit weights, groups a multiple of 64: 64 weights of a row per zmm.
+// Decode (n <= 8) of 4- and 8-bit weights, groups a multiple of 64.
 //
 // 4 bits: a row's 64 codes of a chunk are 32 bytes (element 2j in the low nibble of byte j, 2j+1 in
-// the high one). One vbroadcasti64x4 puts them in both halves, one vpsrlvq shifts the upper half by
-// 4 and one vpand leaves [even elements | odd elements] as 64 bytes; the activations of each chunk
-// are permuted once per matmul into the same order. 8 bits: the 64 code bytes are one load.
-// Then per token one vpdpbusd (u8 codes × s8 activations → 16 int32 lanes), vcvtdq2ps, and the
-// lane-wise activation block scales d_x (each lane belongs to one of the chunk's two 32-blocks:
-// [A×4 B×4 A×4 B×4] for 4 bits, [A×8 B×8] for 8) times the group scale s folded in with one
-// multiply and one FMA. Per 64 weights and token that is 4 vector ops (+ 2 shared unpack ops),
-// against ≈ 12 for the AVX2 kernel (maddubs + madd per 32), so one core streams the weights at
-// its bandwidth with room to spare. Scales and biases are converted 16 groups at a time per row;
-// the bias term b·Σx̂ is one FMA per 16 groups and token against the group sums.
-// Group size 32 (two scales inside a chunk) stays on the AVX2 kernel.
+// the high one). A step takes two chunks, one 64-byte load: e = v & 0x0F holds the even elements
+// of both chunks and o = (v >> 4) & 0x0F the odd ones, and the activations are laid out once per
+// matmul in the same order (xe, xo: [chunk c | chunk c+1] of evens, of odds). Two chained
+// vpdpbusd then sum 8 products per int32 lane, lane l belonging to one 32-block (lanes 0–3 block
+// A of chunk c, 4–7 its block B, 8–15 likewise chunk c+1), so the float work (cvt, the d_x lane
+// pattern, the group scale) is done once per 128 weights and token: per 128 weights and row 2
+// vpdpbusd + cvt + mul + FMA and 3 unpack ops. The previous kernel (one chunk per zmm:
+// vbroadcasti64x4 + vpsrlvq to put the odd nibbles in the upper half, one vpdpbusd) did the float
+// work per 64 weights and ran compute-bound on Zen 4 (AVX-512 as two 256-bit halves: vpdpbusd,
+// FMA and mul share one zmm per cycle there): kernel_bench --hot, 1 thread, 512x2048 and
+// 8192x2048 n = 1, 21–22 GB/s per core against a per-core DRAM share of ~31 GB/s.
+// 8 bits: the 64 code bytes of a chunk are one load; per token one vpdpbusd (u8 codes × s8
+// activations → 16 int32 lanes, [A×8 B×8]), cvt, the lane-wise d_x times the group scale with one
+// multiply and one FMA. Scales and biases are converted 16 groups at a time per row; the bias term
+// b·Σx̂ is one FMA per 16 groups and token against the group sums.
+// Group size 32 (two scales inside a chunk) stays on the AVX2 kernel, as do 4-bit groups of an odd
+// number of chunks above one (192, ...: a pair would straddle two groups; MLX writes 32, 64, 128).
 template <int B, Sd S>
 struct AffineDecode {
   // Measured (kernel_bench decode, Zen 5, 1 thread): 4 bits stream best with 8 rows per tile at
@@ -161,9 +167,12 @@ struct AffineDecode {
   const uint8_t* biases;
   uint64_t srow_bytes;
   int64_t rows, ng, nc, cpg;  // groups, 64-chunks per row, chunks per group
-  const uint8_t* acts;        // [n][nc][64] int8, in the unpacker's order
-  const float* dxp;           // [n][nc][16] per-lane d_x
-  const float* gq;            // [n][ng16] Σ x̂ per group, zero-padded to ng16 = round_up(ng, 16)
+  // Activations in the kernel's order (prepare_decode). 4 bits: [n][np][128] int8, xe | xo per
+  // chunk pair (np = ceil(nc / 2); an odd row's last pair is padded with zeros), and dxp
+  // [n][np][16] per-lane d_x. 8 bits: [n][nc][64] (the quantizer's own blocks) and [n][nc][16].
+  const uint8_t* acts;
+  const float* dxp;
+  const float* gq;  // [n][ng16] Σ x̂ per group, zero-padded to ng16 = round_up(ng, 16)
   int64_t ng16;
   float* y;
 
@@ -198,8 +207,8 @@ struct AffineDecode {
         _mm_prefetch(reinterpret_cast<const char*>(biases + ahead + off), _MM_HINT_T0);
       }
     }
-    const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const int64_t np = (nc + 1) / 2;
     for (int64_t g0 = 0; g0 < ng; g0 += 16) {
       const int64_t gc = std::min<int64_t>(16, ng - g0);
       LARDER_UNROLL
@@ -210,27 +219,56 @@ struct AffineDecode {
         LARDER_UNROLL
         for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(b16, _mm512_loadu_ps(gq + (t0 + t) * ng16 + g0), acc[r][t]);
       }
-      for (int64_t gi = 0; gi < gc; ++gi) {
-        for (int64_t c = (g0 + gi) * cpg; c < (g0 + gi + 1) * cpg; ++c) {
-          prefetch_rows<kPf>(wr[0], R, row_bytes, c * kChunkBytes, kChunkBytes);
-          __m512i u[R];
+      if constexpr (B == 4) {
+        // Chunk pairs of this batch of groups (cpg is 1 or even, so a pair never straddles two
+        // batches; only a row's last pair can be half past its end).
+        const int64_t c_end = std::min(nc, (g0 + gc) * cpg);
+        for (int64_t c = g0 * cpg; c < c_end; c += 2) {
+          const bool half = c + 1 == nc;
+          prefetch_rows<kPf>(wr[0], R, row_bytes, c * kChunkBytes, half ? kChunkBytes : 2 * kChunkBytes);
+          const int64_t gi = c / cpg - g0;
+          __m512i e[R], o[R];
+          __m512 sp[R];
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {
-            if constexpr (B == 4) {
-              const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * c)));
-              u[r] = _mm512_and_si512(_mm512_srlv_epi64(v, shift), m4);
-            } else {
-              u[r] = _mm512_loadu_si512(wr[r] + 64 * c);
-            }
+            // The last row may end at the end of the mapping: a half pair reads only its 32 bytes.
+            const __m512i v = half ? _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * c)))
+                                   : _mm512_loadu_si512(wr[r] + 32 * c);
+            e[r] = _mm512_and_si512(v, m4);
+            o[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            // Groups of one chunk: the pair's two scales, one per 256-bit half (gi is even; past a
+            // row's end sv holds zero, which meets zero activations).
+            sp[r] = cpg == 1 ? _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(sv[r][gi]), _mm512_set1_ps(sv[r][gi + 1]))
+                             : _mm512_set1_ps(sv[r][gi]);
           }
           LARDER_UNROLL
           for (int t = 0; t < T; ++t) {
-            const __m512i xa = _mm512_load_si512(acts + ((t0 + t) * nc + c) * 64);
-            const __m512 dx = _mm512_load_ps(dxp + ((t0 + t) * nc + c) * 16);
+            const uint8_t* xa = acts + ((t0 + t) * np + c / 2) * 128;
+            const __m512i xe = _mm512_load_si512(xa), xo = _mm512_load_si512(xa + 64);
+            const __m512 dx = _mm512_load_ps(dxp + ((t0 + t) * np + c / 2) * 16);
             LARDER_UNROLL
             for (int r = 0; r < R; ++r) {
-              const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], xa));
-              acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(f, dx), _mm512_set1_ps(sv[r][gi]), acc[r][t]);
+              const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), e[r], xe), o[r], xo);
+              acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), dx), sp[r], acc[r][t]);
+            }
+          }
+        }
+      } else {
+        for (int64_t gi = 0; gi < gc; ++gi) {
+          for (int64_t c = (g0 + gi) * cpg; c < (g0 + gi + 1) * cpg; ++c) {
+            prefetch_rows<kPf>(wr[0], R, row_bytes, c * kChunkBytes, kChunkBytes);
+            __m512i u[R];
+            LARDER_UNROLL
+            for (int r = 0; r < R; ++r) u[r] = _mm512_loadu_si512(wr[r] + 64 * c);
+            LARDER_UNROLL
+            for (int t = 0; t < T; ++t) {
+              const __m512i xa = _mm512_load_si512(acts + ((t0 + t) * nc + c) * 64);
+              const __m512 dx = _mm512_load_ps(dxp + ((t0 + t) * nc + c) * 16);
+              LARDER_UNROLL
+              for (int r = 0; r < R; ++r) {
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], xa));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(f, dx), _mm512_set1_ps(sv[r][gi]), acc[r][t]);
+              }
             }
           }
         }
@@ -242,7 +280,9 @@ struct AffineDecode {
 
 template <int B>
 bool decode_fits(const WeightView& w) {
-  return (B == 4 || B == 8) && w.group_size % 64 == 0;
+  // 4 bits: a chunk pair must not straddle two groups, so one chunk per group or an even count.
+  if constexpr (B == 4) return w.group_size == 64 || w.group_size % 128 == 0;
+  return B == 8 && w.group_size % 64 == 0;
 }
 
 // Quantizes x and lays out the decode activations for weights shaped like w (bits, group size,
@@ -250,11 +290,12 @@ bool decode_fits(const WeightView& w) {
 // every weight of the group.
 template <int B, Sd S>
 AffineDecode<B, S> prepare_decode(const WeightView& w, const float* x, int64_t n, float* y) {
-  const int64_t cols = w.cols, nc = cols / 64, ng = cols / w.group_size;
+  const int64_t cols = w.cols, nc = cols / 64, np = (nc + 1) / 2, ng = cols / w.group_size;
   const int64_t ng16 = (ng + 15) / 16 * 16;
   QuantizedActs a = quantize_for_decode(x, n, cols);
-  // acts [n][nc][64] + dxp [n][nc][16] f32 + gq [n][ng16] f32, one scratch slot.
-  const size_t acts_bytes = static_cast<size_t>(n * nc) * 64, dxp_bytes = static_cast<size_t>(n * nc) * 64;
+  // acts + dxp (16 f32 per chunk, 8 bits, or per chunk pair, 4 bits) + gq [n][ng16] f32, one
+  // scratch slot; 4 bits: acts [n][np][128], a padded odd pair included.
+  const size_t acts_bytes = static_cast<size_t>(n * np) * 128, dxp_bytes = static_cast<size_t>(n * nc) * 64;
   auto* buf = static_cast<uint8_t*>(thread_scratch(acts_bytes + dxp_bytes + static_cast<size_t>(n * ng16) * 4 + 64, 1));
   auto* acts = B == 4 ? buf : reinterpret_cast<uint8_t*>(a.qs);
   auto* dxp = reinterpret_cast<float*>(buf + acts_bytes);
@@ -262,20 +303,31 @@ AffineDecode<B, S> prepare_decode(const WeightView& w, const float* x, int64_t n
   const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,  //
                                               0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (int64_t t = 0; t < n; ++t) {
-    for (int64_t c = 0; c < nc; ++c) {
-      const float da = a.scales(2 * c)[t], db = a.scales(2 * c + 1)[t];
-      float* d = dxp + (t * nc + c) * 16;
-      for (int l = 0; l < 16; ++l) d[l] = (B == 4 ? (l / 4) % 2 : l / 8) ? db : da;
+    for (int64_t c = 0; c < (B == 4 ? 2 * np : nc); ++c) {
+      const bool pad = c >= nc;
+      const float da = pad ? 0.0f : a.scales(2 * c)[t], db = pad ? 0.0f : a.scales(2 * c + 1)[t];
       if constexpr (B == 4) {
-        // [evens of A | evens of B | odds of A | odds of B] (A, B: the chunk's two 32-blocks).
+        // Chunk c is half h of pair c / 2: its evens [A | B] at xe + 32h, its odds at xo + 32h, and
+        // d_x for its lanes 8h .. 8h + 7 ([A×4 B×4]).
+        uint8_t* dst = acts + (t * np + c / 2) * 128 + 32 * (c % 2);
+        float* d = dxp + (t * np + c / 2) * 16 + 8 * (c % 2);
+        for (int l = 0; l < 8; ++l) d[l] = l < 4 ? da : db;
+        if (pad) {
+          std::memset(dst, 0, 32);
+          std::memset(dst + 64, 0, 32);
+          continue;
+        }
+        // [evens of A | evens of B] and [odds of A | odds of B] (A, B: the chunk's two 32-blocks).
         const int8_t* src = a.token_blocks(t) + 64 * c;
         const __m256i qa = _mm256_permute4x64_epi64(
             _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)), evens_odds), 0xD8);
         const __m256i qb = _mm256_permute4x64_epi64(
             _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32)), evens_odds), 0xD8);
-        uint8_t* dst = acts + (t * nc + c) * 64;
         _mm256_store_si256(reinterpret_cast<__m256i*>(dst), _mm256_permute2x128_si256(qa, qb, 0x20));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 32), _mm256_permute2x128_si256(qa, qb, 0x31));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64), _mm256_permute2x128_si256(qa, qb, 0x31));
+      } else {
+        float* d = dxp + (t * nc + c) * 16;
+        for (int l = 0; l < 16; ++l) d[l] = l < 8 ? da : db;
       }
     }
     const int64_t bpg = w.group_size / 32;
