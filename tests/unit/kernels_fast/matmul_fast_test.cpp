@@ -424,7 +424,7 @@ TEST_P(FastAffine, Avx512MatchesReferenceWithinBound) {
 INSTANTIATE_TEST_SUITE_P(Widths, FastAffine,
                          testing::Values(AffineFormat{2, 32}, AffineFormat{2, 128}, AffineFormat{3, 32},
                                          AffineFormat{3, 64}, AffineFormat{4, 32}, AffineFormat{4, 64},
-                                         AffineFormat{4, 128}, AffineFormat{5, 64}, AffineFormat{5, 128},
+                                         AffineFormat{4, 128}, AffineFormat{4, 192}, AffineFormat{5, 64}, AffineFormat{5, 128},
                                          AffineFormat{6, 32}, AffineFormat{6, 64}, AffineFormat{8, 32},
                                          AffineFormat{8, 64}, AffineFormat{8, 128}),
                          [](const testing::TestParamInfo<AffineFormat>& p) {
