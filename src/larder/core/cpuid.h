@@ -34,6 +34,10 @@ struct CpuFeatures {
   // counts, which stay on Intel (Emerald Rapids: 93–103 % of the read probe with them).
   // LARDER_DECODE_TILES=zen|generic forces either choice (tests run both on any CPU).
   bool zen_decode_tiles = false;
+  // With zen_decode_tiles: 4 (Zen 4, family 19h) or 5 (Zen 5, 1Ah). The two share the tile set
+  // except where a kernel measured otherwise on one of them (matmul_driver.h rows1, kRows1Zen4).
+  // LARDER_DECODE_TILES=zen4|zen5 forces the zen set as measured on that generation.
+  int zen_generation = 0;
   // Whether decode tiles prefetch into L1 rather than L2: an L1D of >= 48 KiB (sysconf;
   // kernels/cpu/common/simd_avx2.h prefetch_rows). LARDER_DECODE_PREFETCH=l1|l2 overrides.
   bool decode_prefetch_l1 = false;
@@ -44,7 +48,9 @@ struct CpuFeatures {
   }
   std::string describe() const;
   // What the kernels chose from these features, for logs and bench output.
-  std::string decode_tiles() const { return zen_decode_tiles ? "zen" : "generic"; }
+  std::string decode_tiles() const {
+    return zen_decode_tiles ? (zen_generation == 4 ? "zen4" : "zen5") : "generic";
+  }
 };
 
 // Detected once (thread-safe); LARDER_ISA=avx2 forces the AVX2 tier for testing.

@@ -576,8 +576,15 @@ struct Q4_0Quad {
   // matmul_driver.h rows1. Zen 5 (session 22, one binary alternating LARDER_DECODE_TILES, a
   // neighbour loading memory): 1B Q4_0 tg64 at 2 threads, 5 pairs, 71.0 → 72.9 tok/s (2 rows
   // ahead in all 5); kernel_bench 8192x2048 n = 1, 1 thread, 4 pairs, 258 → 234 µs (down
-  // 2048x8192 level). Zen 4 had measured no gain (session 17); its set takes 2 rows now too.
+  // 2048x8192 level).
   static constexpr int kRows1Zen = 2;
+  // Zen 4 keeps the four rows (session 30, 1B Q4_0 tg64 at 2 threads, one binary alternating
+  // LARDER_DECODE_TILES generic/zen, 45 pairs): in windows where the host's memory was idle (read
+  // probe >= 50 GB/s) 4 rows decoded 74.0 tok/s (median of 10; 71.2–84.0) against 71.2 (of 13;
+  // 64.6–76.9), paired 1.05× [0.99–1.09]; with the neighbour loading memory 51.9 vs 53.2 (paired
+  // 0.985× over 25); 1 thread 41.6–43.5 vs 35.4–42.1. Session 17 had measured no gain from fewer
+  // rows here either; the target is the idle host.
+  static constexpr int kRows1Zen4 = kRows1;
   static constexpr int kRowsN = 2;
   const uint8_t* w;
   uint64_t row_bytes;

@@ -76,7 +76,8 @@ inline void run_tokens(const K& k, int64_t r0, int64_t t0, int64_t nt) {
 // Q5_K_M 24.6 → 33.1, Q6_K 22.0 → 30.5, Q4_K_M 37.4 → 39.0, IQ4_XS 44.6 → 49.5; Q4_0, IQ4_NL and
 // Q2_K/Q3_K measured no better with fewer rows. Zen 5 (session 20, 6 alternating pairs): Q8_0
 // 52 → 60 tok/s, Q4_K_M +1–6 %, MLX q4 66 → 79 while a neighbour loaded the host's memory and
-// equal (~100) when it did not; Q4_0 (session 22) 71.0 → 72.9 tok/s under load. The counts in
+// equal (~100) when it did not; Q4_0 (session 22) 71.0 → 72.9 tok/s under load — on Zen 4 Q4_0
+// keeps its four rows (kRows1Zen4: faster with the host's memory idle, session 30). The counts in
 // kRows1 were first measured on an earlier Zen 5 host with half this one's bandwidth (MLX q4 with
 // 8 rows: 101–103 % of its read probe) and stay on Intel. Same arithmetic either way: one output
 // per row.
@@ -97,10 +98,24 @@ constexpr int zen_rows1() {
 // 12 of 14 pairs, Q4_K_M +4–9 % in 11 of 11, Q5_K_M +4–7 %, Q6_K +5–7 %; 1 thread: Q4_0 level,
 // Q6_K +3–6 %. The sweep prefetch over a tile of two long rows instead was not faster. Zen 4
 // shares the rule unmeasured (its earlier data only ever favoured fewer rows per tile).
+// Zen 4 only (cpu_features().zen_generation == 4): K::kRows1Zen4 where a kernel declares one,
+// else the zen set's count.
+template <class K>
+constexpr int zen4_rows1() {
+  if constexpr (requires { K::kRows1Zen4; }) {
+    return K::kRows1Zen4;
+  } else {
+    return zen_rows1<K>();
+  }
+}
+
 template <class K>
 inline int rows1(const K& k) {
   static_assert(zen_rows1<K>() == K::kRows1 || zen_rows1<K>() == 1 || zen_rows1<K>() == 2);
-  static const int r = cpu_features().zen_decode_tiles ? zen_rows1<K>() : K::kRows1;
+  static_assert(zen4_rows1<K>() == K::kRows1 || zen4_rows1<K>() == 1 || zen4_rows1<K>() == 2);
+  static const int r = !cpu_features().zen_decode_tiles       ? K::kRows1
+                       : cpu_features().zen_generation == 4 ? zen4_rows1<K>()
+                                                            : zen_rows1<K>();
   if constexpr (requires { k.row_bytes; }) {
     if (r == 2 && cpu_features().zen_decode_tiles && simd::long_rows(2, k.row_bytes)) return 1;
   }
@@ -202,6 +217,7 @@ struct MultiKernel {
   static constexpr int kRows1 = K::kRows1;
   static constexpr int kRowsN = K::kRowsN;
   static constexpr int kRows1Zen = zen_rows1<K>();
+  static constexpr int kRows1Zen4 = zen4_rows1<K>();
   K part[kMaxParts];
   int64_t off[kMaxParts + 1] = {};
   int count = 0;
