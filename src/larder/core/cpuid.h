@@ -32,7 +32,8 @@ struct CpuFeatures {
   // Zen 4 and Zen 5 (AMD family 19h/1Ah with AVX-512) stream several decode kernels' weights
   // faster with fewer interleaved rows per tile (the "zen" tile set) than with the generic row
   // counts, which stay on Intel (Emerald Rapids: 93–103 % of the read probe with them).
-  // LARDER_DECODE_TILES=zen|generic forces either choice (tests run both on any CPU).
+  // LARDER_DECODE_TILES=zen|generic forces either choice (tests run both on any CPU; zen4 and
+  // zen5 also pick the generation below).
   bool zen_decode_tiles = false;
   // With zen_decode_tiles: 4 (Zen 4, family 19h) or 5 (Zen 5, 1Ah). The two share the tile set
   // except where a kernel measured otherwise on one of them (matmul_driver.h rows1, kRows1Zen4).
