@@ -97,15 +97,16 @@ CpuFeatures detect() {
   // Zen 4 (family 19h) and Zen 5 (1Ah). Zen 3 is family 19h too, without AVX-512 (and without
   // the AVX-512 kernels the choice is for).
   f.zen_decode_tiles = f.amd && (f.family == 0x19 || f.family == 0x1a) && f.avx512f;
-  const int own_generation = f.amd && f.family == 0x19 ? 4 : 5;  // forced on another CPU: Zen 5's
-  if (const char* t = std::getenv("LARDER_DECODE_TILES")) {
-    if (std::strcmp(t, "zen") == 0 || std::strcmp(t, "zen4") == 0 || std::strcmp(t, "zen5") == 0) f.zen_decode_tiles = true;
-    if (std::strcmp(t, "generic") == 0) f.zen_decode_tiles = false;
-    if (std::strcmp(t, "zen4") == 0) f.zen_generation = 4;
-    if (std::strcmp(t, "zen5") == 0) f.zen_generation = 5;
-  }
-  if (f.zen_decode_tiles && f.zen_generation == 0) f.zen_generation = own_generation;
-  if (!f.zen_decode_tiles) f.zen_generation = 0;
+  const char* tiles_env = std::getenv("LARDER_DECODE_TILES");
+  const std::string tiles = tiles_env ? tiles_env : "";
+  if (tiles == "generic") f.zen_decode_tiles = false;
+  if (tiles == "zen" || tiles == "zen4" || tiles == "zen5") f.zen_decode_tiles = true;
+  // The generation: forced, else this CPU's (a zen set forced on another CPU takes Zen 5's).
+  f.zen_generation = !f.zen_decode_tiles            ? 0
+                     : tiles == "zen4"              ? 4
+                     : tiles == "zen5"              ? 5
+                     : f.amd && f.family == 0x19    ? 4
+                                                    : 5;
   f.decode_prefetch_l1 = ::sysconf(_SC_LEVEL1_DCACHE_SIZE) >= 48 * 1024;
   if (const char* p = std::getenv("LARDER_DECODE_PREFETCH")) {
     if (std::strcmp(p, "l1") == 0) f.decode_prefetch_l1 = true;
