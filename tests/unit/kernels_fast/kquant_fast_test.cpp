@@ -10,8 +10,8 @@
 // what is left is f32 scaling and accumulation: 8 sub-block FMAs per super-block, nb/8
 // super-blocks, a lane tree, and the reference's own f32 decoding of w (one rounding each):
 //   tight = 2·(nb + 16)·u·Σ A_i·|x̂_i|.
-// The integer super-block decode kernels (AVX-512 Q4_K, n <= 8) quantize per 256-element
-// super-block instead (act_quant.h QuantizedActsK: |x − d_x·q_x| <= d_x/2 with d_x from the amax of
+// The integer super-block kernels (AVX-512 Q4_K decode, and its prefill GEMM's super-block path
+// where gemm_super_blocks says so) quantize per 256-element super-block instead (act_quant.h QuantizedActsK: |x − d_x·q_x| <= d_x/2 with d_x from the amax of
 // 256 values), so there Q sums d_x/2 of the super-block; their super-block dot is one exact int32
 // (lanes < 2^22) scaled by one f32 FMA per super-block plus one for the mins: fewer roundings
 // than the bound above allows.

@@ -15,7 +15,9 @@
 // (x̂ = d_x·q, the int8 activation blocks of act_quant.h; bs = d_x·Σ q is the block sum).
 // Q4_0: u = nibble, s = d, c = −8d. Q8_0: u = q ^ 0x80, s = d, c = −128d. MLX affine: u = code,
 // s and c are the group's scale and bias (constant over the group's blocks, so they are applied
-// once per group to a group accumulator).
+// once per group to a group accumulator). Q4_K, Q5_K and IQ4_XS, whose s and c are integers
+// under a super-block's f32 scales, keep a super-block's sums in integers instead (kSuperBlocks,
+// over activations quantized per 256 values).
 //
 // Weights are unpacked once per (row block, chunk of up to 512 tokens) into a per-thread buffer
 // of plain bytes ([nb][R][32] per tile) plus f32 scales/biases, then every 16-token group runs
@@ -54,6 +56,9 @@ struct Acts16 {
   float* bs = nullptr;                // [nb][n_pad] d_x·Σ q
   float* bs16 = nullptr;              // [2·nb][n_pad] d_x·Σ q per 16-element half (when asked for)
   int32_t* qs16 = nullptr;            // [2·nb][n_pad] Σ q per 16-element half (with bs16)
+  // ActScales::kSuperBlocks (one scale per 256 values; d, bs and the half sums then stay null):
+  float* dk = nullptr;                // [nb/8][n_pad] the super-block's scale d_x
+  int32_t* qp = nullptr;              // [nb/8][4][n_pad] (Σq of block 2i, Σq of block 2i+1) as int16 pairs
   const uint8_t* block(int64_t g, int64_t b) const { return q + (g * nb + b) * 512; }
 };
 
@@ -210,6 +215,69 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
   return a;
 }
 
+// The same token-lane blocks quantized per 256-element super-block (act_quant.h's
+// quantize_acts_k_ref: d = amax/127 over the 256 values, bit-identical q), for formats whose
+// sub-block scales are integers (kSuperBlocks below). Besides the codes: d_x per super-block and
+// the exact Σq of each 32-block, two blocks' sums packed as the int16 halves of one int32 lane
+// (|Σq| <= 32·127 < 2^15), the operand layout of vpdpwssd against the weights' packed mins.
+inline Acts16 quantize_acts16_super(const float* x, int64_t n, int64_t cols) {
+  Acts16 a;
+  a.n = n;
+  a.nb = cols / 32;
+  a.n_pad = (n + 15) / 16 * 16;
+  const int64_t nsb = cols / 256;
+  const size_t qbytes = round_up64(static_cast<size_t>(a.n_pad * a.nb) * 32);
+  const size_t dbytes = round_up64(static_cast<size_t>(nsb * a.n_pad) * sizeof(float));
+  auto* base = static_cast<uint8_t*>(thread_scratch(qbytes + 5 * dbytes + 64, 0));
+  a.q = base;
+  a.dk = reinterpret_cast<float*>(base + qbytes);
+  a.qp = reinterpret_cast<int32_t*>(base + qbytes + dbytes);
+  const Acts16 out = a;
+  default_pool().parallel_for(a.n_pad / 16, [&](int64_t g, int) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const int64_t lanes = std::min<int64_t>(16, n - 16 * g);
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      float* d_out = out.dk + sb * out.n_pad + 16 * g;
+      int32_t* qp_out = out.qp + sb * 4 * out.n_pad + 16 * g;
+      for (int64_t lane = 0; lane < lanes; ++lane) {
+        const float* xt = x + (16 * g + lane) * cols + 256 * sb;
+        __m512 m = _mm512_setzero_ps();
+        LARDER_UNROLL
+        for (int i = 0; i < 16; ++i) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(xt + 16 * i)));
+        const float d = _mm512_reduce_max_ps(m) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        int32_t sums[8];
+        for (int j = 0; j < 8; ++j) {
+          // cvtps2dq rounds to nearest even (the default MXCSR mode), as nearbyint does.
+          const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xt + 32 * j), vid));
+          const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xt + 32 * j + 16), vid));
+          const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(i1), _mm512_cvtepi32_epi8(i0));
+          alignas(32) uint32_t w[8];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(w), q);
+          uint8_t* blk = out.q + (g * out.nb + 8 * sb + j) * 512;
+          for (int k4 = 0; k4 < 8; ++k4) std::memcpy(blk + 64 * k4 + 4 * lane, &w[k4], 4);
+          sums[j] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        }
+        d_out[lane] = d;
+        for (int i = 0; i < 4; ++i)
+          qp_out[i * out.n_pad + lane] =
+              static_cast<int32_t>((static_cast<uint32_t>(sums[2 * i + 1]) << 16) | (static_cast<uint32_t>(sums[2 * i]) & 0xffff));
+      }
+      // Padding tokens: zero codes, scales and sums.
+      for (int64_t lane = lanes; lane < 16; ++lane) {
+        for (int j = 0; j < 8; ++j) {
+          uint8_t* blk = out.q + (g * out.nb + 8 * sb + j) * 512;
+          for (int k4 = 0; k4 < 8; ++k4) std::memset(blk + 64 * k4 + 4 * lane, 0, 4);
+        }
+        d_out[lane] = 0.0f;
+        for (int i = 0; i < 4; ++i) qp_out[i * out.n_pad + lane] = 0;
+      }
+    }
+  });
+  return a;
+}
+
 // What a weight format gives the GEMM for one row (see the header comment):
 //   static constexpr int kZero: > 0 for one scale per block with c = −kZero·s (Q4_0: 8,
 //     Q8_0: 128) — the bias then folds into the block step as (S·d_x − kZero·bs)·s;
@@ -223,6 +291,17 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
 //   members const uint8_t* w and uint64_t row_bytes: the packed rows (prefetched ahead of unpack)
 //   void unpack(int64_t row, uint8_t* codes /* block b at codes + b·stride, 32 bytes */, int64_t stride,
 //               float* scale /* per group */, float* bias /* per group, kZero == 0 only */) const
+// or, for super-block formats with integer sub-block scales (Q4_K: w = d·sc_j·u − dmin·m_j over
+// 32-block j of a 256-element super-block, sc_j and m_j 6-bit integers):
+//   static constexpr bool kSuperBlocks = true; groups() = super-blocks, blocks_per_group() = 8;
+//   void unpack_super(int64_t row, uint8_t* codes, int64_t stride, int16_t* sc /* per block */,
+//                     int16_t* mn /* per block */, float* d /* per super-block */, float* dmin) const
+//   The activations are then quantized per super-block (quantize_acts16_super), so a super-block's
+//   dot product stays an integer until its end: Σ_j sc_j·S_j (one vpmulld + add per block and row
+//   in place of the per-block chain merge, cvt, mul and two FMAs) and the mins' Σ_j m_j·Σq_j (4
+//   vpdpwssd per super-block), then 5 f32 ops per super-block. Per 8 blocks of a row that is 64
+//   vpdpbusd + 25 other ops instead of 64 + 40 — the trade llama.cpp makes with its Q8_K
+//   activations (a coarser activation grid: d_x from the amax of 256 values, not 32).
 //
 // Gemm16 runs tiles of R rows × one 16-token group × one K slice over the unpacked rows.
 //
@@ -236,6 +315,9 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
 // the result is bit-identical to it. Before this, a chunk held whole-K activation rows of ≤ 512
 // KiB, so an 8-row tile was unpacked once per 16 groups at K = 2048 and once per 4 at K = 8192,
 // and the unpacking (with its weight-stream stalls) was 7 % of Q4_0 pp512 and 11 % of Q4_K_M's.
+template <class F>
+constexpr bool kSuperBlockFormat = requires { F::kSuperBlocks; };
+
 template <class F>
 struct Gemm16 {
   const F& f;
@@ -251,30 +333,68 @@ struct Gemm16 {
   // shuffle ops per block beside the 64 vpdpbusd.)
   struct Unpacked {
     const uint8_t* codes;  // [nb][R][32]
-    const float* scale;    // [ng][R]
-    const float* bias;     // [ng][R]
+    const float* scale;    // [ng][R] (super-block formats: d)
+    const float* bias;     // [ng][R] (super-block formats: dmin)
+    const int32_t* isc = nullptr;  // super-block formats: [nb][R] sc_j
+    const int32_t* imn = nullptr;  // super-block formats: [ng][4][R] (m_2i, m_2i+1) as int16 pairs
   };
+
+  // Scale words (4 bytes) per unpacked row: f32 scale + bias per group, or for super-block
+  // formats d, dmin, 8 sc_j and 4 packed min pairs per super-block.
+  static constexpr int64_t unit_words(int64_t ng) { return kSuperBlockFormat<F> ? 14 * ng : 2 * ng; }
 
   // tmp: 2·ng floats of scratch for one row's scales and biases.
   template <int R>
   Unpacked unpack(int64_t r0, uint8_t* codes, float* sc, float* tmp) const {
     const int64_t ng = f.groups();
-    float* scale = sc;
-    float* bias = sc + R * ng;
-    for (int r = 0; r < R; ++r) {
-      f.unpack(r0 + r, codes + r * 32, R * 32, tmp, tmp + ng);
-      for (int64_t gi = 0; gi < ng; ++gi) {
-        scale[gi * R + r] = tmp[gi];
-        bias[gi * R + r] = tmp[ng + gi];
+    if constexpr (kSuperBlockFormat<F>) {
+      const int64_t nb = 8 * ng;
+      float* d = sc;
+      float* dmin = sc + R * ng;
+      auto* isc = reinterpret_cast<int32_t*>(sc + 2 * R * ng);  // [nb][R]
+      int32_t* imn = isc + R * nb;                               // [ng][4][R]
+      auto* sc16 = reinterpret_cast<int16_t*>(tmp);
+      int16_t* mn16 = sc16 + nb;
+      float* td = tmp + nb;  // after 2·nb int16
+      for (int r = 0; r < R; ++r) {
+        f.unpack_super(r0 + r, codes + r * 32, R * 32, sc16, mn16, td, td + ng);
+        for (int64_t s = 0; s < ng; ++s) {
+          d[s * R + r] = td[s];
+          dmin[s * R + r] = td[ng + s];
+          for (int i = 0; i < 4; ++i)
+            imn[(4 * s + i) * R + r] = static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(mn16[8 * s + 2 * i + 1])) << 16) |
+                                                            static_cast<uint16_t>(mn16[8 * s + 2 * i]));
+        }
+        for (int64_t b = 0; b < nb; ++b) isc[b * R + r] = sc16[b];
       }
+      return {codes, d, dmin, isc, imn};
+    } else {
+      float* scale = sc;
+      float* bias = sc + R * ng;
+      for (int r = 0; r < R; ++r) {
+        f.unpack(r0 + r, codes + r * 32, R * 32, tmp, tmp + ng);
+        for (int64_t gi = 0; gi < ng; ++gi) {
+          scale[gi * R + r] = tmp[gi];
+          bias[gi * R + r] = tmp[ng + gi];
+        }
+      }
+      return {codes, scale, bias};
     }
-    return {codes, scale, bias};
   }
 
   // R rows × group g over blocks [b0, b1) (whole scale groups). c: this tile's [R][16] partial
   // sums, read unless `first`; written unless `last`, which stores y instead.
   template <int R>
   void tile(const Unpacked& u, int64_t r0, int64_t g, int64_t b0, int64_t b1, float* c, bool first, bool last) const {
+    if constexpr (kSuperBlockFormat<F>) {
+      tile_super<R>(u, r0, g, b0, b1, c, first, last);
+      return;
+    } else {
+      tile_other<R>(u, r0, g, b0, b1, c, first, last);
+    }
+  }
+  template <int R>
+  LARDER_GEMM_INLINE void tile_other(const Unpacked& u, int64_t r0, int64_t g, int64_t b0, int64_t b1, float* c, bool first, bool last) const {
     // MLX groups of 64 and 128 elements with their block count as a constant: the group loop
     // unrolls and the bookkeeping of a runtime count (two divisions per call, ~60 scalar ops per
     // group beside its 128 vpdpbusd, GPRs spilled to the stack) goes. MLX q4 g64, kernel_bench
@@ -342,6 +462,47 @@ struct Gemm16 {
           acc[r] = _mm512_fmadd_ps(accg[r], _mm512_set1_ps(u.scale[gi * R + r]), acc[r]);
           acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(u.bias[gi * R + r]), gq, acc[r]);
         }
+      }
+    }
+    finish<R>(acc, c, last, g, r0);
+  }
+
+  // tile() for super-block formats over whole super-blocks [b0/8, b1/8): per block, one int32
+  // chain of 8 vpdpbusd per row (8 independent rows cover vpdpbusd's latency at one per cycle),
+  // scaled by sc_j in integers; per super-block, the mins against the activations' packed block
+  // sums, then t = d·S − dmin·M and acc += t·d_x. Exact until the cvt of each super-block's sums.
+  template <int R>
+  LARDER_GEMM_INLINE void tile_super(const Unpacked& u, int64_t r0, int64_t g, int64_t b0, int64_t b1, float* c,
+                                     bool first, bool last) const {
+    const uint8_t* cr = u.codes;
+    __m512 acc[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) acc[r] = first ? _mm512_setzero_ps() : _mm512_load_ps(c + 16 * r);
+    for (int64_t sb = b0 / 8; sb < b1 / 8; ++sb) {
+      __m512i sacc[R];
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) sacc[r] = _mm512_setzero_si512();
+      for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
+        __m512i s[R];
+        block_dots<R, 1>(a.block(g, b), cr, b, s);
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r)
+          sacc[r] = _mm512_add_epi32(sacc[r], _mm512_mullo_epi32(s[r], _mm512_set1_epi32(u.isc[b * R + r])));
+      }
+      const int32_t* qp = a.qp + sb * 4 * a.n_pad + 16 * g;
+      const __m512i q0 = _mm512_loadu_si512(qp), q1 = _mm512_loadu_si512(qp + a.n_pad);
+      const __m512i q2 = _mm512_loadu_si512(qp + 2 * a.n_pad), q3 = _mm512_loadu_si512(qp + 3 * a.n_pad);
+      const __m512 dx = _mm512_loadu_ps(a.dk + sb * a.n_pad + 16 * g);
+      const int32_t* mn = u.imn + 4 * sb * R;
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        __m512i m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q0, _mm512_set1_epi32(mn[r]));
+        m = _mm512_dpwssd_epi32(m, q1, _mm512_set1_epi32(mn[R + r]));
+        m = _mm512_dpwssd_epi32(m, q2, _mm512_set1_epi32(mn[2 * R + r]));
+        m = _mm512_dpwssd_epi32(m, q3, _mm512_set1_epi32(mn[3 * R + r]));
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(sacc[r]), _mm512_set1_ps(u.scale[sb * R + r]));
+        t = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(u.bias[sb * R + r]), t);
+        acc[r] = _mm512_fmadd_ps(t, dx, acc[r]);
       }
     }
     finish<R>(acc, c, last, g, r0);
@@ -617,7 +778,7 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
   if (a.nb <= 0 || rows <= 0 || a.n <= 0) return;
   const int64_t groups = a.n_pad / 16, nb = a.nb, ng = f.groups(), bpg = f.blocks_per_group();
   float* gsum = nullptr;
-  if constexpr (F::kZero == 0) {
+  if constexpr (F::kZero == 0 && !kSuperBlockFormat<F>) {
     gsum = static_cast<float*>(thread_scratch(static_cast<size_t>(ng * a.n_pad) * sizeof(float) + 64, 1));
     for (int64_t gi = 0; gi < ng; ++gi) {
       float* dst = gsum + gi * a.n_pad;
@@ -634,11 +795,11 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
   // Blocks per K slice: what fits the budget for gb groups, in whole scale groups.
   const int64_t kc = std::min(nb, std::max<int64_t>(1, kActBudget / (gb * 512) / bpg) * bpg);
   // AMX (where usable for this format): 32-row chunks, the last ragged one on the vpdpbusd tiles.
-  const bool amx = F::kZero >= 0 && gemm_uses_amx() && bpg <= kAmxBatchBlocks && groups >= kAmxMinGroups;
-  const int64_t unpacked_row_bytes = nb * 32 + 2 * ng * static_cast<int64_t>(sizeof(float));  // codes, scales, biases
+  const bool amx = F::kZero >= 0 && !kSuperBlockFormat<F> && gemm_uses_amx() && bpg <= kAmxBatchBlocks && groups >= kAmxMinGroups;
+  const int64_t unit = Gemm16<F>::unit_words(ng);  // scale words per row
+  const int64_t unpacked_row_bytes = nb * 32 + unit * 4;   // codes, scales, biases
   const int64_t crows = amx ? kAmxRows : gemm_block_rows(rows, unpacked_row_bytes, n_gb, default_pool().n_threads());
   const int64_t n_rb = (rows + crows - 1) / crows;
-  const int64_t unit = 2 * ng;  // scale + bias floats per row
   default_pool().parallel_for(n_rb * n_gb, [&](int64_t c, int) {
     const int64_t ib = c % n_rb, ig = c / n_rb;
     const int64_t r0 = ib * crows, r1 = std::min(rows, r0 + crows);
@@ -650,7 +811,7 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
         thread_scratch((sc_floats + static_cast<size_t>(ngc * nr * 16)) * sizeof(float), 5));
     float* tmp = sc + nr * unit;   // one row's scales and biases
     float* part = sc + sc_floats;  // [ngc][nr][16]
-    if constexpr (F::kZero >= 0) {
+    if constexpr (F::kZero >= 0 && !kSuperBlockFormat<F>) {
       if (amx && nr == kAmxRows) {
         amx_configure_thread(AmxTiles::kBlocks);
         alignas(64) int32_t sums[2 * kAmxBatchSums];
@@ -687,7 +848,8 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
 template <class Make>
 void gemm16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n, Make make) {
   using F = decltype(make(ws[0]));
-  const Acts16 a = quantize_acts16(x, n, ws[0].cols, /*half_sums=*/F::kZero < 0);
+  const Acts16 a = kSuperBlockFormat<F> ? quantize_acts16_super(x, n, ws[0].cols)
+                                        : quantize_acts16(x, n, ws[0].cols, /*half_sums=*/F::kZero < 0);
   for (int i = 0; i < count; ++i) run_gemm16(make(ws[i]), a, ws[i].rows, ys[i]);
 }
 

@@ -70,8 +70,43 @@ struct GgufRows {
   }
 };
 
+// GEMM adapter for the super-block formats with integer sub-block scales (Q5_K, IQ4_XS): the
+// GEMM's super-block path (gemm16_avx512.h kSuperBlocks), codes u = w + U::kSuperCodeOffset.
+template <class U>
+struct GgufSuperRows {
+  static constexpr int kZero = 0;
+  static constexpr bool kSuperBlocks = true;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t nsb;
+
+  int64_t groups() const { return nsb; }
+  int64_t blocks_per_group() const { return 8; }
+
+  void unpack_super(int64_t row, uint8_t* codes, int64_t stride, int16_t* sc, int16_t* mn, float* d,
+                    float* dmin) const {
+    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
+    const __m256i offset = _mm256_set1_epi8(static_cast<char>(U::kSuperCodeOffset));
+    alignas(32) int8_t wb[256];
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      U::unpack_super(p + sb * U::kBytes, wb, sc + 8 * sb, mn + 8 * sb, d[sb], dmin[sb]);
+      for (int j = 0; j < 8; ++j) {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 32 * j));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (8 * sb + j) * stride), _mm256_add_epi8(v, offset));
+      }
+    }
+  }
+};
+
 template <class U>
 void gemm_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if constexpr (requires { U::kSuperCodeOffset; }) {
+    if (gemm_super_blocks(ws[0].dtype, n)) {
+      gemm16(ws, ys, count, x, n,
+             [](const WeightView& w) { return GgufSuperRows<U>{w.data, w.row_bytes(), w.cols / 256}; });
+      return;
+    }
+  }
   gemm16(ws, ys, count, x, n, [](const WeightView& w) { return GgufRows<U>{w.data, w.row_bytes(), w.cols / U::kElems}; });
 }
 

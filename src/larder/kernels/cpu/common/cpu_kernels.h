@@ -172,6 +172,11 @@ void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y);
 // matmul_multi entry points (q/k/v, gate/up): one activation quantization for all. Q4_K
 // (matmul_kquant_avx512.cpp); Q5_K, IQ4_XS, IQ4_NL (matmul_gguf_avx512.cpp).
 void gemm_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+// Whether the prefill GEMM of n tokens of this format runs the super-block path (gemm16_avx512.h
+// kSuperBlocks: Q4_K, Q5_K and IQ4_XS, activations quantized per 256 values) rather than the
+// per-32-block one (other formats, and those three where AMX computes the block sums). Tests
+// replay the quantizer it names.
+bool gemm_super_blocks(DType dtype, int64_t n);
 void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Q5_0 / Q4_1 / Q5_1 decode (n <= 8; their matmul entry points call them): four blocks per step,
 // vpdpbusd (matmul_avx512.cpp LowBitQuad).

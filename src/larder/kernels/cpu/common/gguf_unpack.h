@@ -203,6 +203,20 @@ struct UnpackQ5_K {
       gu::fill2(c + 2 * j, -(dmin * static_cast<float>(m[j])));
     }
   }
+  // The AVX-512 GEMM's super-block form (gemm16_avx512.h kSuperBlocks): value = d·sc_j·u − dmin·m_j
+  // with u = w (0..31) and the 6-bit sc_j, m_j as integers.
+  static constexpr int kSuperCodeOffset = 0;
+  static void unpack_super(const uint8_t* blk, int8_t* w, int16_t* sc, int16_t* mn, float& d, float& dmin) {
+    float s[16], c[16];
+    unpack(blk, w, s, c);
+    d = gu::f16(blk + offsetof(BlockQ5_K, d));
+    dmin = gu::f16(blk + offsetof(BlockQ5_K, dmin));
+    const Q4KScaleBytes sb = q4k_scale_bytes(blk + offsetof(BlockQ5_K, scales));
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = static_cast<int16_t>(sb.sc(j));
+      mn[j] = static_cast<int16_t>(sb.m(j));
+    }
+  }
 };
 
 // IQ4_XS: eight IQ4_NL-shaped sub-blocks of 32 with 6-bit signed scales.
@@ -215,12 +229,30 @@ struct UnpackIQ4_XS {
     for (int j = 0; j < 8; ++j)
       gu::store32(w + 32 * j, gu::iq4_lookup(gu::nibbles32(blk + offsetof(BlockIQ4_XS, qs) + 16 * j)));
     const float d = gu::f16(blk + offsetof(BlockIQ4_XS, d));
-    const int sh = simd::load_u16(blk + offsetof(BlockIQ4_XS, scales_h));
-    const uint8_t* sl = blk + offsetof(BlockIQ4_XS, scales_l);
     for (int j = 0; j < 8; ++j) {
-      const int ls = (((sl[j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)) - 32;
+      const int ls = scale(blk, j);
       gu::fill2(s + 2 * j, d * static_cast<float>(ls));
       gu::fill2(c + 2 * j, 0.0f);
+    }
+  }
+  // Sub-block j's signed scale, −32..31.
+  static int scale(const uint8_t* blk, int j) {
+    const int sh = simd::load_u16(blk + offsetof(BlockIQ4_XS, scales_h));
+    const uint8_t* sl = blk + offsetof(BlockIQ4_XS, scales_l);
+    return (((sl[j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)) - 32;
+  }
+  // The AVX-512 GEMM's super-block form (gemm16_avx512.h kSuperBlocks): codes u = w + 128 (the
+  // codebook values made unsigned), so value = d·ls_j·w = d·ls_j·u − d·(128·ls_j): sc_j = ls_j,
+  // m_j = 128·ls_j (|m_j| <= 4096, an int16), dmin = d.
+  static constexpr int kSuperCodeOffset = 128;
+  static void unpack_super(const uint8_t* blk, int8_t* w, int16_t* sc, int16_t* mn, float& d, float& dmin) {
+    for (int j = 0; j < 8; ++j)
+      gu::store32(w + 32 * j, gu::iq4_lookup(gu::nibbles32(blk + offsetof(BlockIQ4_XS, qs) + 16 * j)));
+    d = dmin = gu::f16(blk + offsetof(BlockIQ4_XS, d));
+    for (int j = 0; j < 8; ++j) {
+      const int ls = scale(blk, j);
+      sc[j] = static_cast<int16_t>(ls);
+      mn[j] = static_cast<int16_t>(128 * ls);
     }
   }
 };

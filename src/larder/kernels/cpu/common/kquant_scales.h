@@ -15,6 +15,9 @@ namespace {
 
 struct Q4KScaleBytes {
   uint32_t sc_lo, sc_hi, m_lo, m_hi;
+  // Sub-block j's (0..7) scale and min.
+  uint32_t sc(int j) const { return ((j < 4 ? sc_lo : sc_hi) >> (8 * (j % 4))) & 0xff; }
+  uint32_t m(int j) const { return ((j < 4 ? m_lo : m_hi) >> (8 * (j % 4))) & 0xff; }
 };
 
 inline Q4KScaleBytes q4k_scale_bytes(const uint8_t* s) {
