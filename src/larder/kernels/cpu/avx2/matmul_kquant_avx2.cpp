@@ -231,107 +231,155 @@ void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 
 // Q4_K GEMM for n >= 8 tokens: the token-lane layout of the Q4_0 GEMM (matmul_avx2.cpp, act8 of
-// act_quant.h). Lane t of the int16 accumulator sums token t's products over one 32-value
-// sub-block: 8 broadcast-code maddubs steps, |sum| <= 8·2·15·127 = 30480 < 2^15 (codes 0..15 like
-// Q4_0). Once per (row, sub-block) for all 8 tokens: madd → cvt → ·d_x[t] → FMA by d·sc_j, and
-// the min folded out with the activation block sums: − dmin·m_j·bsum[t]. 2 ops per 32 MACs in the
-// k loop, vs ≈ 4 in the k-lane tiles.
+// act_quant.h) over activations quantized per 256 values. Lane t of the int16 accumulator sums
+// token t's products over one 32-value sub-block: 8 broadcast-code maddubs steps, |sum| <=
+// 8·2·15·127 = 30480 < 2^15 (codes 0..15 like Q4_0). Once per (row, sub-block) for all 8 tokens:
+// vpmaddwd by sc_j (exact: <= 2^21) + add into the super-block's int32 sum — where activations
+// quantized per 32 took madd by ones, cvt, ·d_x[t], an FMA by d·sc_j and one for the min. Once
+// per (row, super-block): the mins against the block sums (4 vpmaddwd), 2 cvt and 3 float ops.
 struct Q4KGemm {
   const uint8_t* w;
   uint64_t row_bytes;
   int64_t rows, nsb, n;
-  const uint8_t* act8;
-  QuantizedActs a;
+  const uint8_t* act8;  // the token-lane int8 blocks (build_act8) of the per-256 activations
+  const float* dk;      // [nsb][n_pad]: d_x of each super-block
+  const int32_t* qp;    // [nsb][4][n_pad]: (Σq of block 2i, Σq of block 2i+1) as int16 pairs
+  int64_t n_pad;
   float* y;
 
-  // A tile's rows unpacked once per chunk (run_gemm_sliced): codes [nb][R][32], d·sc_j and
-  // dmin·m_j [nb][R] as f32 — the 6-bit scale decode and the nibble split once per row for up
-  // to 512 tokens (at K = 8192 the older whole-K chunks of 4 groups unpacked each row 16 times).
+  // A tile's rows unpacked once per chunk (run_gemm_sliced): codes [nb][R][32]; per (block, row)
+  // the vpmaddwd multiplier sc_j|sc_j; per (super-block, row) the packed min pairs [4] and d, dmin.
   struct Tile {
     const uint8_t* codes;
-    const float* dsc;
-    const float* dmm;
+    const int32_t* scm;  // [nb][R]
+    const int32_t* mnp;  // [nsb][4][R]
+    const float* d;      // [nsb][R]
+    const float* dmin;   // [nsb][R]
   };
 
-  int64_t slice_align() const { return 1; }  // every 32-block carries its own scales
+  int64_t slice_align() const { return 8; }  // whole super-blocks
   size_t tile_bytes(int R) const {
-    return round_up64(static_cast<size_t>(nsb * 8 * R) * 32) + round_up64(static_cast<size_t>(nsb * 8 * R) * 8);
+    return round_up64(static_cast<size_t>(nsb * 8 * R) * 32) + round_up64(static_cast<size_t>(nsb * R) * 14 * 4);
   }
   template <int R>
   Tile unpack(int64_t r0, uint8_t* buf) const {
     const int64_t nb = nsb * 8;
     uint8_t* codes = buf;
-    auto* dsc = reinterpret_cast<float*>(buf + round_up64(static_cast<size_t>(nb * R) * 32));
-    float* dmm = dsc + nb * R;
+    auto* scm = reinterpret_cast<int32_t*>(buf + round_up64(static_cast<size_t>(nb * R) * 32));
+    int32_t* mnp = scm + nb * R;
+    auto* d = reinterpret_cast<float*>(mnp + 4 * nsb * R);
+    float* dmin = d + nsb * R;
     const float* f16 = f16_table();
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
       for (int64_t sb = 0; sb < nsb; ++sb) {
         Q4KUnpacked u;
         unpack_q4k(wr + sb * sizeof(BlockQ4_K), f16, u);
-        const __m256i sci = _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(u.scm)),
-                                             _mm256_set1_epi32(0xffff));
-        alignas(32) float ds[8], dm[8];
-        _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(u.d), _mm256_cvtepi32_ps(sci)));
-        _mm256_store_ps(dm, u.dmm);
+        const Q4KScaleBytes sm = q4k_scale_bytes(wr + sb * sizeof(BlockQ4_K) + 4);
+        d[sb * R + r] = u.d;
+        dmin[sb * R + r] = f16[load_u16(wr + sb * sizeof(BlockQ4_K) + 2)];
+        for (int i = 0; i < 4; ++i) mnp[(4 * sb + i) * R + r] = static_cast<int32_t>(sm.m(2 * i) | (sm.m(2 * i + 1) << 16));
         for (int j = 0; j < 8; ++j) {
           const int64_t b = sb * 8 + j;
           _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (b * R + r) * 32),
                              _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j])));
-          dsc[b * R + r] = ds[j];
-          dmm[b * R + r] = dm[j];
+          scm[b * R + r] = u.scm[j];
         }
       }
     }
-    return Tile{codes, dsc, dmm};
+    return Tile{codes, scm, mnp, d, dmin};
   }
 
+  // Per super-block: per block, the int16 chain of 8 maddubs (pair sums <= 2·15·127, the chain
+  // <= 8 of them = 30480: no saturation) widened by vpmaddwd with sc_j as multiplier into an
+  // int32 sum; the mins as 4 vpmaddwd of the activations' packed block sums; then
+  // acc += (d·S − dmin·M)·d_x. The float work runs once per 256 values instead of per 32.
   template <int R, bool kFirst, bool kLast>
   __attribute__((always_inline)) void tile(const Tile& tl, int64_t r0, int64_t g, int64_t b0, int64_t b1,
                                            float* part) const {
     __m256 acc[R];
     gemm_sums_start<R, kFirst>(acc, part);
-    const __m256i ones = _mm256_set1_epi16(1);
     const int64_t nb = nsb * 8;
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    for (int64_t b = b0; b < b1; ++b) {
-      const uint8_t* cb = tl.codes + b * R * 32;
-      const uint8_t* ab = ag + b * 256;
-      __m256i p[R];
+    for (int64_t sb = b0 / 8; sb < b1 / 8; ++sb) {
+      __m256i sacc[R];
       LARDER_UNROLL
-      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-      LARDER_UNROLL
-      for (int k4 = 0; k4 < 8; ++k4) {
-        const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
+      for (int r = 0; r < R; ++r) sacc[r] = _mm256_setzero_si256();
+      for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
+        const uint8_t* cb = tl.codes + b * R * 32;
+        const uint8_t* ab = ag + b * 256;
+        __m256i p[R];
         LARDER_UNROLL
-        for (int r = 0; r < R; ++r) {
-          int32_t u4;
-          std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
-          p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
-          __asm__("" : "+x"(p[r]));  // keep the chain sequential (see the Q4_0 GEMM)
+        for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+        LARDER_UNROLL
+        for (int k4 = 0; k4 < 8; ++k4) {
+          const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) {
+            int32_t u4;
+            std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
+            p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
+            __asm__("" : "+x"(p[r]));  // keep the chain sequential (see the Q4_0 GEMM)
+          }
         }
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r)
+          sacc[r] = _mm256_add_epi32(sacc[r], _mm256_madd_epi16(p[r], _mm256_set1_epi32(tl.scm[b * R + r])));
       }
-      const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
-      const __m256 bs = _mm256_loadu_ps(a.sums(b) + 8 * g);
+      const int32_t* q = qp + sb * 4 * n_pad + 8 * g;
+      const __m256 dx = _mm256_loadu_ps(dk + sb * n_pad + 8 * g);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dx), _mm256_broadcast_ss(tl.dsc + b * R + r), acc[r]);
-        acc[r] = _mm256_fnmadd_ps(bs, _mm256_broadcast_ss(tl.dmm + b * R + r), acc[r]);
+        const int32_t* mn = tl.mnp + 4 * sb * R + r;
+        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), _mm256_set1_epi32(mn[0]));
+        LARDER_UNROLL
+        for (int i = 1; i < 4; ++i)
+          m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * n_pad)),
+                                                    _mm256_set1_epi32(mn[i * R])));
+        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sacc[r]), _mm256_broadcast_ss(tl.d + sb * R + r));
+        t = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_broadcast_ss(tl.dmin + sb * R + r), t);
+        acc[r] = _mm256_fmadd_ps(t, dx, acc[r]);
       }
     }
     gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g);
   }
 };
 
+// Q4_K prefill over activations quantized per 256 values (act_quant.h quantize_acts_k_avx2, like
+// ggml's Q8_K): the same int8 codes in the token-lane layout, d_x per super-block and the block
+// sums packed for vpmaddwd. Zen 4 (AVX2 tier), kernel_bench n = 512: see bench/RESULTS.md
+// session 31.
 void matmul_q4_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
-  const int64_t nb = w.cols / 32;
-  void* scratch = thread_scratch(quantized_acts_bytes(n, w.cols));
-  QuantizedActs a = quantized_acts_view(scratch, n, w.cols);
-  quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
+  const int64_t nb = w.cols / 32, nsb = w.cols / 256;
+  QuantizedActsK ak = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, w.cols)), n, w.cols);
+  quantize_acts_k_avx2(x, n, w.cols, ak);
+  QuantizedActs a;  // the same bytes as 32-blocks, for build_act8
+  a.n = n;
+  a.nb = nb;
+  a.n_pad = (n + 7) / 8 * 8;
+  a.qs = ak.qs;
   auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
   build_act8(a, n, act8);
-  const Q4KGemm k{w.data, w.row_bytes(), w.rows, w.cols / 256, n, act8, a, y};
+  const size_t lanes = static_cast<size_t>(nsb * a.n_pad);
+  auto* side = static_cast<uint8_t*>(thread_scratch(5 * lanes * 4 + 64, 3));
+  auto* dk = reinterpret_cast<float*>(side);
+  auto* qp = reinterpret_cast<int32_t*>(side + lanes * 4);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    for (int64_t t = 0; t < a.n_pad; ++t) {
+      const bool real = t < n;
+      dk[sb * a.n_pad + t] = real ? ak.scales(t)[sb] : 0.0f;
+      for (int i = 0; i < 4; ++i) {
+        int32_t v = 0;
+        if (real) {
+          const int16_t* s16 = ak.sums16(t) + 16 * sb + 4 * i;  // four 16-sums: blocks 2i, 2i + 1
+          const int lo = s16[0] + s16[1], hi = s16[2] + s16[3];
+          v = static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) | (static_cast<uint32_t>(lo) & 0xffff));
+        }
+        qp[(sb * 4 + i) * a.n_pad + t] = v;
+      }
+    }
+  }
+  const Q4KGemm k{w.data, w.row_bytes(), w.rows, nsb, n, act8, dk, qp, a.n_pad, y};
   run_gemm_sliced(k, w.rows, a.n_pad / 8, nb);
 }
 
