@@ -14,13 +14,15 @@
 // matmul, so the inner loop is loads, 6–7 vector ops and no shuffles.
 //
 // Decode streams each weight byte once for up to 4 tokens (matmul_driver.h); prefill (n >= 8) runs
-// the token-lane GEMM at the end of this file (GgufGemm).
+// the token-lane GEMM at the end of this file (GgufGemm), Q5_K the super-block one of
+// gemm_super_avx2.h.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "larder/core/dtype.h"
+#include "larder/kernels/cpu/avx2/gemm_super_avx2.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/gguf_unpack.h"
@@ -506,7 +508,7 @@ void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= kGemmMinTokens) {
-    matmul_gguf_gemm<UnpackQ5_K>(w, x, n, y);
+    gemm_super<UnpackQ5_K>(w, x, n, y);  // gemm_super_avx2.h: integer sub-block scales
   } else {
     decode_q5_k(w, x, n, y);  // decode_q4k_q5k_avx2.cpp
   }

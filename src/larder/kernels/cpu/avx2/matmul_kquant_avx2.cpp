@@ -1,6 +1,7 @@
 // matmul_kquant_avx2.cpp — y[n, rows] = x[n, cols]·Wᵀ for GGUF Q4_K and Q6_K weights, AVX2.
-// (Q4_K decode, n < 8, runs decode_q4k_q5k_avx2.cpp's integer super-block kernel; what follows
-// about 32-block decode tiles now serves Q6_K, and Q4_K's prefill GEMM.)
+// (Q4_K decode, n < 8, runs decode_q4k_q5k_avx2.cpp's integer super-block kernel and its prefill
+// the super-block GEMM of gemm_super_avx2.h; what follows serves Q6_K — the Q4_K lines record the
+// per-32 form those replaced.)
 //
 // Block layouts: ref/kquant.cpp. Activations are quantized once per matmul into the same 32-wide
 // int8 blocks as Q4_0/Q8_0 (act_quant.h), which line up with the K-quant sub-blocks: a Q4_K
@@ -24,16 +25,18 @@
 // Tiles: the codes of a row's super-block are unpacked once (to 8 × 32 bytes on the stack, a
 // handful of ops per 64 weights) and reused by every token of the tile, so decode streams each
 // weight byte from DRAM once for up to 4 tokens. R = 3 rows for one token (3 + 3 accumulators
-// + temps in 16 ymm), R = 1 row × T <= 4 tokens otherwise (8 accumulators). Q4_K
-// and Q6_K prefill (n >= 8) instead run token-lane GEMMs (Q4KGemm, Q6KGemm below).
+// + temps in 16 ymm), R = 1 row × T <= 4 tokens otherwise (8 accumulators). Q6_K prefill
+// (n >= 8) instead runs the token-lane GEMM Q6KGemm below.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "larder/core/dtype.h"
+#include "larder/kernels/cpu/avx2/gemm_super_avx2.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/gguf_unpack.h"
 #include "larder/kernels/cpu/common/kquant_scales.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
@@ -88,32 +91,6 @@ KActs prepare_kacts(const float* x, int64_t n, int64_t cols) {
     k.s16 = s16;
   }
   return k;
-}
-
-// Q4_K: codes and per-sub-block scale multipliers of one row's super-block.
-struct Q4KUnpacked {
-  alignas(32) uint8_t codes[8][32];
-  alignas(32) int32_t scm[8];  // sc_j in both int16 halves (the vpmaddwd multiplier)
-  __m256 dmm;                  // dmin·m_j
-  float d;
-};
-
-inline void unpack_q4k(const uint8_t* blk, const float* f16, Q4KUnpacked& u) {
-  u.d = f16[load_u16(blk)];
-  const float dmin = f16[load_u16(blk + 2)];
-  const Q4KScaleBytes sb = q4k_scale_bytes(blk + 4);
-  const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sb.sc_hi), static_cast<int>(sb.sc_lo)));
-  const __m256i m = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sb.m_hi), static_cast<int>(sb.m_lo)));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(u.scm), _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)));
-  u.dmm = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(m));
-  const __m256i mask = _mm256_set1_epi8(0x0f);
-  LARDER_UNROLL
-  for (int c4 = 0; c4 < 4; ++c4) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c4));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[2 * c4]), _mm256_and_si256(raw, mask));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(u.codes[2 * c4 + 1]),
-                       _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask));
-  }
 }
 
 // Q6_K: codes u = q + 32 per 32-value chunk, the chunk's two int16 scales (low lane: sub-block
@@ -228,159 +205,6 @@ void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   const KActs k = prepare_kacts(x, n, w.cols);
   const Q6KDecode kern{w.data, w.row_bytes(), w.rows, w.cols / 256, k, y};
   run_matmul_tiles(kern, w.rows, n, w.cols + 8 * (w.cols / 32) + w.cols / 8);
-}
-
-// Q4_K GEMM for n >= 8 tokens: the token-lane layout of the Q4_0 GEMM (matmul_avx2.cpp, act8 of
-// act_quant.h) over activations quantized per 256 values. Lane t of the int16 accumulator sums
-// token t's products over one 32-value sub-block: 8 broadcast-code maddubs steps, |sum| <=
-// 8·2·15·127 = 30480 < 2^15 (codes 0..15 like Q4_0). Once per (row, sub-block) for all 8 tokens:
-// vpmaddwd by sc_j (exact: <= 2^21) + add into the super-block's int32 sum — where activations
-// quantized per 32 took madd by ones, cvt, ·d_x[t], an FMA by d·sc_j and one for the min. Once
-// per (row, super-block): the mins against the block sums (4 vpmaddwd), 2 cvt and 3 float ops.
-struct Q4KGemm {
-  const uint8_t* w;
-  uint64_t row_bytes;
-  int64_t rows, nsb, n;
-  const uint8_t* act8;  // the token-lane int8 blocks (build_act8) of the per-256 activations
-  const float* dk;      // [nsb][n_pad]: d_x of each super-block
-  const int32_t* qp;    // [nsb][4][n_pad]: (Σq of block 2i, Σq of block 2i+1) as int16 pairs
-  int64_t n_pad;
-  float* y;
-
-  // A tile's rows unpacked once per chunk (run_gemm_sliced): codes [nb][R][32]; per (block, row)
-  // the vpmaddwd multiplier sc_j|sc_j; per (super-block, row) the packed min pairs [4] and d, dmin.
-  struct Tile {
-    const uint8_t* codes;
-    const int32_t* scm;  // [nb][R]
-    const int32_t* mnp;  // [nsb][4][R]
-    const float* d;      // [nsb][R]
-    const float* dmin;   // [nsb][R]
-  };
-
-  int64_t slice_align() const { return 8; }  // whole super-blocks
-  size_t tile_bytes(int R) const {
-    return round_up64(static_cast<size_t>(nsb * 8 * R) * 32) + round_up64(static_cast<size_t>(nsb * R) * 14 * 4);
-  }
-  template <int R>
-  Tile unpack(int64_t r0, uint8_t* buf) const {
-    const int64_t nb = nsb * 8;
-    uint8_t* codes = buf;
-    auto* scm = reinterpret_cast<int32_t*>(buf + round_up64(static_cast<size_t>(nb * R) * 32));
-    int32_t* mnp = scm + nb * R;
-    auto* d = reinterpret_cast<float*>(mnp + 4 * nsb * R);
-    float* dmin = d + nsb * R;
-    const float* f16 = f16_table();
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
-      for (int64_t sb = 0; sb < nsb; ++sb) {
-        Q4KUnpacked u;
-        unpack_q4k(wr + sb * sizeof(BlockQ4_K), f16, u);
-        const Q4KScaleBytes sm = q4k_scale_bytes(wr + sb * sizeof(BlockQ4_K) + 4);
-        d[sb * R + r] = u.d;
-        dmin[sb * R + r] = f16[load_u16(wr + sb * sizeof(BlockQ4_K) + 2)];
-        for (int i = 0; i < 4; ++i) mnp[(4 * sb + i) * R + r] = static_cast<int32_t>(sm.m(2 * i) | (sm.m(2 * i + 1) << 16));
-        for (int j = 0; j < 8; ++j) {
-          const int64_t b = sb * 8 + j;
-          _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (b * R + r) * 32),
-                             _mm256_load_si256(reinterpret_cast<const __m256i*>(u.codes[j])));
-          scm[b * R + r] = u.scm[j];
-        }
-      }
-    }
-    return Tile{codes, scm, mnp, d, dmin};
-  }
-
-  // Per super-block: per block, the int16 chain of 8 maddubs (pair sums <= 2·15·127, the chain
-  // <= 8 of them = 30480: no saturation) widened by vpmaddwd with sc_j as multiplier into an
-  // int32 sum; the mins as 4 vpmaddwd of the activations' packed block sums; then
-  // acc += (d·S − dmin·M)·d_x. The float work runs once per 256 values instead of per 32.
-  template <int R, bool kFirst, bool kLast>
-  __attribute__((always_inline)) void tile(const Tile& tl, int64_t r0, int64_t g, int64_t b0, int64_t b1,
-                                           float* part) const {
-    __m256 acc[R];
-    gemm_sums_start<R, kFirst>(acc, part);
-    const int64_t nb = nsb * 8;
-    const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
-    for (int64_t sb = b0 / 8; sb < b1 / 8; ++sb) {
-      __m256i sacc[R];
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) sacc[r] = _mm256_setzero_si256();
-      for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
-        const uint8_t* cb = tl.codes + b * R * 32;
-        const uint8_t* ab = ag + b * 256;
-        __m256i p[R];
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-        LARDER_UNROLL
-        for (int k4 = 0; k4 < 8; ++k4) {
-          const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-          LARDER_UNROLL
-          for (int r = 0; r < R; ++r) {
-            int32_t u4;
-            std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
-            p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
-            __asm__("" : "+x"(p[r]));  // keep the chain sequential (see the Q4_0 GEMM)
-          }
-        }
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r)
-          sacc[r] = _mm256_add_epi32(sacc[r], _mm256_madd_epi16(p[r], _mm256_set1_epi32(tl.scm[b * R + r])));
-      }
-      const int32_t* q = qp + sb * 4 * n_pad + 8 * g;
-      const __m256 dx = _mm256_loadu_ps(dk + sb * n_pad + 8 * g);
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const int32_t* mn = tl.mnp + 4 * sb * R + r;
-        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), _mm256_set1_epi32(mn[0]));
-        LARDER_UNROLL
-        for (int i = 1; i < 4; ++i)
-          m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * n_pad)),
-                                                    _mm256_set1_epi32(mn[i * R])));
-        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sacc[r]), _mm256_broadcast_ss(tl.d + sb * R + r));
-        t = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_broadcast_ss(tl.dmin + sb * R + r), t);
-        acc[r] = _mm256_fmadd_ps(t, dx, acc[r]);
-      }
-    }
-    gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g);
-  }
-};
-
-// Q4_K prefill over activations quantized per 256 values (act_quant.h quantize_acts_k_avx2, like
-// ggml's Q8_K): the same int8 codes in the token-lane layout, d_x per super-block and the block
-// sums packed for vpmaddwd. Zen 4 (AVX2 tier), kernel_bench n = 512: see bench/RESULTS.md
-// session 31.
-void matmul_q4_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
-  const int64_t nb = w.cols / 32, nsb = w.cols / 256;
-  QuantizedActsK ak = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, w.cols)), n, w.cols);
-  quantize_acts_k_avx2(x, n, w.cols, ak);
-  QuantizedActs a;  // the same bytes as 32-blocks, for build_act8
-  a.n = n;
-  a.nb = nb;
-  a.n_pad = (n + 7) / 8 * 8;
-  a.qs = ak.qs;
-  auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
-  build_act8(a, n, act8);
-  const size_t lanes = static_cast<size_t>(nsb * a.n_pad);
-  auto* side = static_cast<uint8_t*>(thread_scratch(5 * lanes * 4 + 64, 3));
-  auto* dk = reinterpret_cast<float*>(side);
-  auto* qp = reinterpret_cast<int32_t*>(side + lanes * 4);
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    for (int64_t t = 0; t < a.n_pad; ++t) {
-      const bool real = t < n;
-      dk[sb * a.n_pad + t] = real ? ak.scales(t)[sb] : 0.0f;
-      for (int i = 0; i < 4; ++i) {
-        int32_t v = 0;
-        if (real) {
-          const int16_t* s16 = ak.sums16(t) + 16 * sb + 4 * i;  // four 16-sums: blocks 2i, 2i + 1
-          const int lo = s16[0] + s16[1], hi = s16[2] + s16[3];
-          v = static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) | (static_cast<uint32_t>(lo) & 0xffff));
-        }
-        qp[(sb * 4 + i) * a.n_pad + t] = v;
-      }
-    }
-  }
-  const Q4KGemm k{w.data, w.row_bytes(), w.rows, nsb, n, act8, dk, qp, a.n_pad, y};
-  run_gemm_sliced(k, w.rows, a.n_pad / 8, nb);
 }
 
 // Q6_K GEMM for n >= 8 tokens, same token-lane layout. Codes u = q + 32 reach 63, so a maddubs
@@ -510,7 +334,7 @@ void matmul_q6_k_gemm(const WeightView& w, const float* x, int64_t n, float* y) 
 
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= 8) {
-    matmul_q4_k_gemm(w, x, n, y);
+    gemm_super<UnpackQ4_K>(w, x, n, y);  // gemm_super_avx2.h
   } else {
     decode_q4_k(w, x, n, y);  // decode_q4k_q5k_avx2.cpp
   }

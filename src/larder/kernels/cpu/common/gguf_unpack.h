@@ -219,6 +219,31 @@ struct UnpackQ5_K {
   }
 };
 
+// Q4_K for the super-block GEMMs only (its other kernels read the block themselves): codes u =
+// the 4-bit values (chunk c's 32 bytes: sub-block 2c from the low nibbles, 2c + 1 from the high
+// ones), value = d·sc_j·u − dmin·m_j.
+struct UnpackQ4_K {
+  static constexpr int kElems = 256;
+  static constexpr size_t kBytes = sizeof(BlockQ4_K);
+  static constexpr int kMaxCode = 15;
+  static constexpr int kSuperCodeOffset = 0;
+  static void unpack_super(const uint8_t* blk, int8_t* w, int16_t* sc, int16_t* mn, float& d, float& dmin) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ4_K, qs) + 32 * c));
+      gu::store32(w + 64 * c, _mm256_and_si256(v, m4));
+      gu::store32(w + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    }
+    d = gu::f16(blk + offsetof(BlockQ4_K, d));
+    dmin = gu::f16(blk + offsetof(BlockQ4_K, dmin));
+    const Q4KScaleBytes sb = q4k_scale_bytes(blk + offsetof(BlockQ4_K, scales));
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = static_cast<int16_t>(sb.sc(j));
+      mn[j] = static_cast<int16_t>(sb.m(j));
+    }
+  }
+};
+
 // IQ4_XS: eight IQ4_NL-shaped sub-blocks of 32 with 6-bit signed scales.
 struct UnpackIQ4_XS {
   static constexpr int kElems = 256;
