@@ -99,13 +99,14 @@ struct GgufSuperRows {
 };
 
 template <class U>
+void gemm_gguf_super(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemm16(ws, ys, count, x, n, [](const WeightView& w) { return GgufSuperRows<U>{w.data, w.row_bytes(), w.cols / 256}; });
+}
+
+template <class U>
 void gemm_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if constexpr (requires { U::kSuperCodeOffset; }) {
-    if (gemm_super_blocks(ws[0].dtype, n)) {
-      gemm16(ws, ys, count, x, n,
-             [](const WeightView& w) { return GgufSuperRows<U>{w.data, w.row_bytes(), w.cols / 256}; });
-      return;
-    }
+    if (gemm_super_blocks(ws[0].dtype, n)) return gemm_gguf_super<U>(ws, ys, count, x, n);
   }
   gemm16(ws, ys, count, x, n, [](const WeightView& w) { return GgufRows<U>{w.data, w.row_bytes(), w.cols / U::kElems}; });
 }
@@ -153,6 +154,15 @@ void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
   matmul_gguf<UnpackIQ4_XS>(w, x, n, y, decode_iq4_xs);  // decode_iq4_avx512.cpp
+}
+
+void gemm_multi_super(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  switch (ws[0].dtype) {
+    case DType::kQ4_K: return gemm_gguf_super<UnpackQ4_K>(ws, ys, count, x, n);
+    case DType::kQ5_K: return gemm_gguf_super<UnpackQ5_K>(ws, ys, count, x, n);
+    case DType::kIQ4_XS: return gemm_gguf_super<UnpackIQ4_XS>(ws, ys, count, x, n);
+    default: LARDER_CHECK(false, "[kernels] avx512 gemm_multi_super: %s", dtype_name(ws[0].dtype));
+  }
 }
 
 void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {

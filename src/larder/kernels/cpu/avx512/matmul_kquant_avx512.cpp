@@ -3,7 +3,7 @@
 // Prefill (n >= 9, kGemm16MinTokens) runs the 16-token-lane VNNI GEMM (gemm16_avx512.h). A Q4_K
 // sub-block of 32 is exactly one activation block, and its value is d·sc_j·q − dmin·m_j: an
 // unsigned 4-bit code with integer sub-block scales and mins under two f32 super-block scales,
-// which the GEMM's super-block path keeps in integers over per-256 activations (Q4_KSuperRows;
+// which the GEMM's super-block path keeps in integers over per-256 activations (gemm_multi_super;
 // where AMX computes the block sums, the per-block float form of Q4_KRows). Unpacking a row turns
 // every super-block into 8 × 32 code bytes (chunk c's 32 bytes give sub-block 2c from the low
 // nibbles and 2c + 1 from the high ones, already in element order) plus its scales; it runs once
@@ -38,59 +38,26 @@ struct Q4_KRows {
   int64_t groups() const { return 8 * nsb; }
   int64_t blocks_per_group() const { return 1; }
 
-  // The float scales and biases per 32-block (the AMX path's form: gemm16_avx512.h kZero == 0).
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float* bias) const {
     const float* f16 = f16_table();
+    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = super_block(row, sb, codes, stride);
+      const uint8_t* blk = p + sb * sizeof(BlockQ4_K);
       const float d = f16[load_u16(blk)], dmin = f16[load_u16(blk + 2)];
       const Q4KScaleBytes sm = q4k_scale_bytes(blk + 4);
       for (int j = 0; j < 8; ++j) {
         scale[8 * sb + j] = d * static_cast<float>(sm.sc(j));
         bias[8 * sb + j] = -(dmin * static_cast<float>(sm.m(j)));
       }
-    }
-  }
-
-  // Integer sub-block scales and mins, f32 d and dmin per super-block (Q4_KSuperRows).
-  void unpack_super(int64_t row, uint8_t* codes, int64_t stride, int16_t* sc, int16_t* mn, float* d,
-                    float* dmin) const {
-    const float* f16 = f16_table();
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = super_block(row, sb, codes, stride);
-      d[sb] = f16[load_u16(blk)];
-      dmin[sb] = f16[load_u16(blk + 2)];
-      const Q4KScaleBytes sm = q4k_scale_bytes(blk + 4);
-      for (int j = 0; j < 8; ++j) {
-        sc[8 * sb + j] = static_cast<int16_t>(sm.sc(j));
-        mn[8 * sb + j] = static_cast<int16_t>(sm.m(j));
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+        uint8_t* dst = codes + (8 * sb + 2 * c) * stride;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst), _mm256_and_si256(v, m4));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst + stride), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
       }
     }
   }
-
-  // Unpacks super-block sb's codes (chunk c's 32 bytes: sub-block 2c from the low nibbles, 2c + 1
-  // from the high ones) and returns its packed bytes.
-  const uint8_t* super_block(int64_t row, int64_t sb, uint8_t* codes, int64_t stride) const {
-    const uint8_t* blk = w + static_cast<uint64_t>(row) * row_bytes + sb * sizeof(BlockQ4_K);
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
-      uint8_t* dst = codes + (8 * sb + 2 * c) * stride;
-      _mm256_store_si256(reinterpret_cast<__m256i*>(dst), _mm256_and_si256(v, m4));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + stride), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-    }
-    return blk;
-  }
-};
-
-// Q4_K on the GEMM's super-block path (gemm16_avx512.h kSuperBlocks): integer sub-block scales
-// against per-256 activations. Zen 4, 1 thread, kernel_bench n = 512, 3 alternating pairs, ms:
-// 8192x2048 58.4–60.2 → 54.4–54.6, 2048x8192 57.3–61.4 → 53.5–54.9, 2048x2048 14.4–14.7 →
-// 13.5–13.8; 1B Q4_K_M pp512, 2 threads, 5 alternating pairs: 1.04–1.17× (median 1.075×).
-struct Q4_KSuperRows : Q4_KRows {
-  static constexpr bool kSuperBlocks = true;
-  int64_t groups() const { return nsb; }
-  int64_t blocks_per_group() const { return 8; }
 };
 
 // Q6_K: value = (d·sc_s)·(u − 32), u = 4 low bits from ql | 2 high bits from qh, an int8 scale per
@@ -293,14 +260,13 @@ bool gemm_super_blocks(DType dtype, int64_t n) {
   return super && n >= kGemm16MinTokens && !(gemm_uses_amx() && (n + 15) / 16 >= kAmxMinGroups);
 }
 
+// The super-block path (matmul_gguf_avx512.cpp gemm_multi_super) unless AMX computes the block
+// sums, which keeps the per-block float form. Zen 4, 1 thread, kernel_bench n = 512, 3
+// alternating pairs, ms: 8192x2048 58.4–60.2 → 54.4–54.6, 2048x8192 57.3–61.4 → 53.5–54.9,
+// 2048x2048 14.4–14.7 → 13.5–13.8; 1B Q4_K_M pp512, 2 threads, 5 pairs: 1.04–1.17× (median 1.075×).
 void gemm_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  // AMX keeps the per-block float path: its tile products give per-block sums only.
-  if (!gemm_super_blocks(DType::kQ4_K, n)) {
-    gemm16(ws, ys, count, x, n, [](const WeightView& w) { return Q4_KRows{w.data, w.row_bytes(), w.cols / 256}; });
-    return;
-  }
-  gemm16(ws, ys, count, x, n,
-         [](const WeightView& w) { return Q4_KSuperRows{{w.data, w.row_bytes(), w.cols / 256}}; });
+  if (gemm_super_blocks(DType::kQ4_K, n)) return gemm_multi_super(ws, ys, count, x, n);
+  gemm16(ws, ys, count, x, n, [](const WeightView& w) { return Q4_KRows{w.data, w.row_bytes(), w.cols / 256}; });
 }
 
 }  // namespace larder::kernels::cpu::avx512

@@ -177,6 +177,8 @@ void gemm_multi_q4_k(const WeightView* ws, float* const* ys, int count, const fl
 // per-32-block one (other formats, and those three where AMX computes the block sums). Tests
 // replay the quantizer it names.
 bool gemm_super_blocks(DType dtype, int64_t n);
+// That path for any of the three (matmul_gguf_avx512.cpp), where gemm_super_blocks says so.
+void gemm_multi_super(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Q5_0 / Q4_1 / Q5_1 decode (n <= 8; their matmul entry points call them): four blocks per step,
 // vpdpbusd (matmul_avx512.cpp LowBitQuad).

@@ -61,6 +61,20 @@ inline void store32(int8_t* w, __m256i v) { _mm256_storeu_si256(reinterpret_cast
 
 inline void fill2(float* a, float v) { a[0] = a[1] = v; }
 
+// The super-block header Q4_K and Q5_K share (d, dmin, 12 bytes of 6-bit scales and mins) as
+// the super-block GEMMs take it: f32 d and dmin, sub-block j's sc_j and m_j as integers.
+template <class Block>
+inline void k_super_header(const uint8_t* blk, int16_t* sc, int16_t* mn, float& d, float& dmin) {
+  static_assert(offsetof(Block, d) == 0 && offsetof(Block, dmin) == 2 && offsetof(Block, scales) == 4);
+  d = f16(blk + offsetof(Block, d));
+  dmin = f16(blk + offsetof(Block, dmin));
+  const Q4KScaleBytes sb = q4k_scale_bytes(blk + offsetof(Block, scales));
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<int16_t>(sb.sc(j));
+    mn[j] = static_cast<int16_t>(sb.m(j));
+  }
+}
+
 }  // namespace gu
 
 // Each unpacker: kElems weights per unit (one block / super-block of kBytes), kBias (whether c
@@ -209,13 +223,7 @@ struct UnpackQ5_K {
   static void unpack_super(const uint8_t* blk, int8_t* w, int16_t* sc, int16_t* mn, float& d, float& dmin) {
     float s[16], c[16];
     unpack(blk, w, s, c);
-    d = gu::f16(blk + offsetof(BlockQ5_K, d));
-    dmin = gu::f16(blk + offsetof(BlockQ5_K, dmin));
-    const Q4KScaleBytes sb = q4k_scale_bytes(blk + offsetof(BlockQ5_K, scales));
-    for (int j = 0; j < 8; ++j) {
-      sc[j] = static_cast<int16_t>(sb.sc(j));
-      mn[j] = static_cast<int16_t>(sb.m(j));
-    }
+    gu::k_super_header<BlockQ5_K>(blk, sc, mn, d, dmin);
   }
 };
 
@@ -234,13 +242,7 @@ struct UnpackQ4_K {
       gu::store32(w + 64 * c, _mm256_and_si256(v, m4));
       gu::store32(w + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
     }
-    d = gu::f16(blk + offsetof(BlockQ4_K, d));
-    dmin = gu::f16(blk + offsetof(BlockQ4_K, dmin));
-    const Q4KScaleBytes sb = q4k_scale_bytes(blk + offsetof(BlockQ4_K, scales));
-    for (int j = 0; j < 8; ++j) {
-      sc[j] = static_cast<int16_t>(sb.sc(j));
-      mn[j] = static_cast<int16_t>(sb.m(j));
-    }
+    gu::k_super_header<BlockQ4_K>(blk, sc, mn, d, dmin);
   }
 };
 
