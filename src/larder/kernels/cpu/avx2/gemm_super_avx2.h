@@ -70,15 +70,12 @@ struct SuperGemm {
         alignas(32) int8_t wb[256];
         int16_t sc[8], mn[8];
         S::unpack_super(wr + sb * S::kBytes, wb, sc, mn, d[sb * R + r], dmin[sb * R + r]);
-        for (int i = 0; i < 4; ++i)
-          mnp[(4 * sb + i) * R + r] = static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(mn[2 * i + 1])) << 16) |
-                                                           static_cast<uint16_t>(mn[2 * i]));
+        for (int i = 0; i < 4; ++i) mnp[(4 * sb + i) * R + r] = pack_i16_pair(mn[2 * i], mn[2 * i + 1]);
         for (int j = 0; j < 8; ++j) {
           const int64_t b = sb * 8 + j;
           _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (b * R + r) * 32),
                              _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 32 * j)));
-          scm[b * R + r] = static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(sc[j])) << 16) |
-                                                static_cast<uint16_t>(sc[j]));
+          scm[b * R + r] = pack_i16_pair(sc[j], sc[j]);
         }
       }
     }
@@ -160,11 +157,10 @@ void gemm_super(const WeightView& w, const float* x, int64_t n, float* y) {
       const bool real = t < n;
       dk[sb * a.n_pad + t] = real ? ak.scales(t)[sb] : 0.0f;
       for (int i = 0; i < 4; ++i) {
-        int32_t v = 0;
+        int32_t v = 0;  // padding tokens: zero sums
         if (real) {
           const int16_t* s16 = ak.sums16(t) + 16 * sb + 4 * i;  // four 16-sums: blocks 2i, 2i + 1
-          const int lo = s16[0] + s16[1], hi = s16[2] + s16[3];
-          v = static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) | (static_cast<uint32_t>(lo) & 0xffff));
+          v = pack_i16_pair(s16[0] + s16[1], s16[2] + s16[3]);
         }
         qp[(sb * 4 + i) * a.n_pad + t] = v;
       }

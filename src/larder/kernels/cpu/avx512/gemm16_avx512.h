@@ -56,7 +56,7 @@ struct Acts16 {
   float* bs = nullptr;                // [nb][n_pad] d_x·Σ q
   float* bs16 = nullptr;              // [2·nb][n_pad] d_x·Σ q per 16-element half (when asked for)
   int32_t* qs16 = nullptr;            // [2·nb][n_pad] Σ q per 16-element half (with bs16)
-  // ActScales::kSuperBlocks (one scale per 256 values; d, bs and the half sums then stay null):
+  // quantize_acts16_super (one scale per 256 values; d, bs and the half sums then stay null):
   float* dk = nullptr;                // [nb/8][n_pad] the super-block's scale d_x
   int32_t* qp = nullptr;              // [nb/8][4][n_pad] (Σq of block 2i, Σq of block 2i+1) as int16 pairs
   const uint8_t* block(int64_t g, int64_t b) const { return q + (g * nb + b) * 512; }
@@ -260,9 +260,7 @@ inline Acts16 quantize_acts16_super(const float* x, int64_t n, int64_t cols) {
           sums[j] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
         }
         d_out[lane] = d;
-        for (int i = 0; i < 4; ++i)
-          qp_out[i * out.n_pad + lane] =
-              static_cast<int32_t>((static_cast<uint32_t>(sums[2 * i + 1]) << 16) | (static_cast<uint32_t>(sums[2 * i]) & 0xffff));
+        for (int i = 0; i < 4; ++i) qp_out[i * out.n_pad + lane] = pack_i16_pair(sums[2 * i], sums[2 * i + 1]);
       }
       // Padding tokens: zero codes, scales and sums.
       for (int64_t lane = lanes; lane < 16; ++lane) {
@@ -361,9 +359,7 @@ struct Gemm16 {
         for (int64_t s = 0; s < ng; ++s) {
           d[s * R + r] = td[s];
           dmin[s * R + r] = td[ng + s];
-          for (int i = 0; i < 4; ++i)
-            imn[(4 * s + i) * R + r] = static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(mn16[8 * s + 2 * i + 1])) << 16) |
-                                                            static_cast<uint16_t>(mn16[8 * s + 2 * i]));
+          for (int i = 0; i < 4; ++i) imn[(4 * s + i) * R + r] = pack_i16_pair(mn16[8 * s + 2 * i], mn16[8 * s + 2 * i + 1]);
         }
         for (int64_t b = 0; b < nb; ++b) isc[b * R + r] = sc16[b];
       }
@@ -394,7 +390,8 @@ struct Gemm16 {
     }
   }
   template <int R>
-  LARDER_GEMM_INLINE void tile_other(const Unpacked& u, int64_t r0, int64_t g, int64_t b0, int64_t b1, float* c, bool first, bool last) const {
+  LARDER_GEMM_INLINE void tile_other(const Unpacked& u, int64_t r0, int64_t g, int64_t b0, int64_t b1, float* c,
+                                     bool first, bool last) const {
     // MLX groups of 64 and 128 elements with their block count as a constant: the group loop
     // unrolls and the bookkeeping of a runtime count (two divisions per call, ~60 scalar ops per
     // group beside its 128 vpdpbusd, GPRs spilled to the stack) goes. MLX q4 g64, kernel_bench
@@ -795,7 +792,8 @@ void run_gemm16(const F& f, const Acts16& a, int64_t rows, float* y) {
   // Blocks per K slice: what fits the budget for gb groups, in whole scale groups.
   const int64_t kc = std::min(nb, std::max<int64_t>(1, kActBudget / (gb * 512) / bpg) * bpg);
   // AMX (where usable for this format): 32-row chunks, the last ragged one on the vpdpbusd tiles.
-  const bool amx = F::kZero >= 0 && !kSuperBlockFormat<F> && gemm_uses_amx() && bpg <= kAmxBatchBlocks && groups >= kAmxMinGroups;
+  const bool amx = F::kZero >= 0 && !kSuperBlockFormat<F> && gemm_uses_amx() && bpg <= kAmxBatchBlocks &&
+                   groups >= kAmxMinGroups;
   const int64_t unit = Gemm16<F>::unit_words(ng);  // scale words per row
   const int64_t unpacked_row_bytes = nb * 32 + unit * 4;   // codes, scales, biases
   const int64_t crows = amx ? kAmxRows : gemm_block_rows(rows, unpacked_row_bytes, n_gb, default_pool().n_threads());

@@ -70,7 +70,7 @@ struct GgufRows {
   }
 };
 
-// GEMM adapter for the super-block formats with integer sub-block scales (Q5_K, IQ4_XS): the
+// GEMM adapter for the super-block formats with integer sub-block scales (Q4_K, Q5_K, IQ4_XS): the
 // GEMM's super-block path (gemm16_avx512.h kSuperBlocks), codes u = w + U::kSuperCodeOffset.
 template <class U>
 struct GgufSuperRows {

@@ -76,6 +76,12 @@ struct QuantizedActsK {
   const int16_t* sums16(int64_t t) const { return bsum + t * nsb * 16; }
 };
 
+// Two int16 values as one int32 lane, lo in the low half: the operand layout of vpmaddwd /
+// vpdpwssd, with which the super-block GEMMs multiply packed block sums by packed scales or mins.
+constexpr int32_t pack_i16_pair(int lo, int hi) {
+  return static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16) | static_cast<uint16_t>(lo));
+}
+
 // Bytes of scratch for n tokens of cols (a multiple of 256) columns, and the view inside it.
 size_t quantized_acts_k_bytes(int64_t n, int64_t cols);
 QuantizedActsK quantized_acts_k_view(void* scratch, int64_t n, int64_t cols);
