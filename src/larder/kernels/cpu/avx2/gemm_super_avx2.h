@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "larder/kernels/cpu/avx2/token_lane_avx2.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
@@ -99,18 +100,7 @@ struct SuperGemm {
         LARDER_UNROLL
         for (int h = 0; h < 8 / kSteps; ++h) {
           __m256i p[R];
-          LARDER_UNROLL
-          for (int k4 = kSteps * h; k4 < kSteps * (h + 1); ++k4) {
-            const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-            LARDER_UNROLL
-            for (int r = 0; r < R; ++r) {
-              int32_t u4;
-              std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
-              const __m256i m = _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa);
-              p[r] = k4 == kSteps * h ? m : _mm256_add_epi16(p[r], m);
-              __asm__("" : "+x"(p[r]));  // keep the chain sequential (see the Q4_0 GEMM)
-            }
-          }
+          u8_chain<R, kSteps>(cb + 4 * kSteps * h, ab + 32 * kSteps * h, p);
           LARDER_UNROLL
           for (int r = 0; r < R; ++r)
             sacc[r] = _mm256_add_epi32(sacc[r], _mm256_madd_epi16(p[r], _mm256_set1_epi32(tl.scm[b * R + r])));

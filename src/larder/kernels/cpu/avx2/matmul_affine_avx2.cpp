@@ -38,6 +38,7 @@
 
 #include "larder/core/dtype.h"
 #include "larder/core/status.h"
+#include "larder/kernels/cpu/avx2/token_lane_avx2.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
@@ -393,28 +394,8 @@ struct AffineGemm {
         const uint8_t* qb = tl.wq + b * R * 32;
         const uint8_t* mb = tl.wa + b * R * 32;
         __m256i p[R];
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-        const uint8_t* ab = ag + b * 256;
-        LARDER_UNROLL
-        for (int k4 = 0; k4 < 8; ++k4) {
-          const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-          LARDER_UNROLL
-          for (int r = 0; r < R; ++r) {
-            int32_t q4;
-            std::memcpy(&q4, qb + r * 32 + 4 * k4, 4);
-            if constexpr (C::kSigned) {
-              int32_t a4;
-              std::memcpy(&a4, mb + r * 32 + 4 * k4, 4);
-              const __m256i m =
-                  _mm256_maddubs_epi16(_mm256_set1_epi32(a4), _mm256_sign_epi8(xa, _mm256_set1_epi32(q4)));
-              p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(m, ones));
-            } else {
-              p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(q4), xa));
-            }
-            __asm__("" : "+x"(p[r]));  // keep the chain sequential (see Q4_0Gemm)
-          }
-        }
+        if constexpr (C::kSigned) s8_block<R>(qb, mb, ag + b * 256, p);
+        else u8_chain<R, 8>(qb, ag + b * 256, p);
         const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g8);
         LARDER_UNROLL
         for (int r = 0; r < R; ++r) {

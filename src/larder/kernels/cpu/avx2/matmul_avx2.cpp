@@ -27,6 +27,7 @@
 #include <immintrin.h>
 
 #include "larder/core/dtype.h"
+#include "larder/kernels/cpu/avx2/token_lane_avx2.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
@@ -310,22 +311,7 @@ struct Q4_0Gemm {
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* cb = tl.codes + b * R * 32;
       __m256i p[R];
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-      const uint8_t* ab = ag + b * 256;
-      LARDER_UNROLL
-      for (int k4 = 0; k4 < 8; ++k4) {
-        const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) {
-          int32_t u4;
-          std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
-          p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa));
-          // Keep the 8-step chain sequential: GCC reassociates integer adds into a tree, which
-          // keeps all 32 maddubs results live and spills them (seen in objdump).
-          __asm__("" : "+x"(p[r]));
-        }
-      }
+      u8_chain<R, 8>(cb, ag + b * 256, p);
       const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
       const __m256 bs = _mm256_mul_ps(_mm256_loadu_ps(a.sums(b) + 8 * g), eight);
       LARDER_UNROLL
@@ -388,28 +374,12 @@ struct Q8_0Gemm {
                                            float* part) const {
     __m256 acc[R];
     gemm_sums_start<R, kFirst>(acc, part);
-    const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* ag = act8 + static_cast<uint64_t>(g) * nb * 256;
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* qb = tl.wq + b * R * 32;
       const uint8_t* mb = tl.wa + b * R * 32;
       __m256i s[R];
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
-      const uint8_t* ab = ag + b * 256;
-      LARDER_UNROLL
-      for (int k4 = 0; k4 < 8; ++k4) {
-        const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-        LARDER_UNROLL
-        for (int r = 0; r < R; ++r) {
-          int32_t q4, a4;
-          std::memcpy(&q4, qb + r * 32 + 4 * k4, 4);
-          std::memcpy(&a4, mb + r * 32 + 4 * k4, 4);
-          const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(a4), _mm256_sign_epi8(xa, _mm256_set1_epi32(q4)));
-          s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(p, ones));
-          __asm__("" : "+x"(s[r]));
-        }
-      }
+      s8_block<R>(qb, mb, ag + b * 256, s);
       const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {

@@ -23,6 +23,7 @@
 
 #include "larder/core/dtype.h"
 #include "larder/kernels/cpu/avx2/gemm_super_avx2.h"
+#include "larder/kernels/cpu/avx2/token_lane_avx2.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/gguf_unpack.h"
@@ -342,23 +343,8 @@ struct GgufGemm {
       const uint8_t* cb = tl.codes + b * R * 32;
       const __m256 dx = _mm256_loadu_ps(a.scales(b) + 8 * g);
       if constexpr (kSigned) {
-        const uint8_t* mb = tl.mags + b * R * 32;
         __m256i i[R];
-        LARDER_UNROLL
-        for (int k4 = 0; k4 < 8; ++k4) {
-          const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-          LARDER_UNROLL
-          for (int r = 0; r < R; ++r) {
-            int32_t q4, m4;
-            std::memcpy(&q4, cb + r * 32 + 4 * k4, 4);
-            std::memcpy(&m4, mb + r * 32 + 4 * k4, 4);
-            const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(m4), _mm256_sign_epi8(xa, _mm256_set1_epi32(q4)));
-            // The first step initializes the chain (no add of a zero register: the asm barrier
-            // below would keep it).
-            i[r] = k4 == 0 ? _mm256_madd_epi16(p, ones) : _mm256_add_epi32(i[r], _mm256_madd_epi16(p, ones));
-            __asm__("" : "+x"(i[r]));  // keep the chain sequential (see the Q4_0 GEMM)
-          }
-        }
+        s8_block<R>(cb, tl.mags + b * R * 32, ab, i);
         LARDER_UNROLL
         for (int r = 0; r < R; ++r)
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[r]), _mm256_mul_ps(dx, _mm256_broadcast_ss(tl.s + b * R + r)), acc[r]);
@@ -366,18 +352,7 @@ struct GgufGemm {
         LARDER_UNROLL
         for (int h = 0; h < 2; ++h) {
           __m256i p[R];
-          LARDER_UNROLL
-          for (int k4 = 4 * h; k4 < 4 * h + 4; ++k4) {
-            const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-            LARDER_UNROLL
-            for (int r = 0; r < R; ++r) {
-              int32_t u4;
-              std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
-              const __m256i m = _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa);
-              p[r] = k4 == 4 * h ? m : _mm256_add_epi16(p[r], m);
-              __asm__("" : "+x"(p[r]));
-            }
-          }
+          u8_chain<R, 4>(cb + 16 * h, ab + 128 * h, p);
           const int64_t k = (2 * b + h) * R;
           const __m256 hs = _mm256_loadu_ps(bs16 + (2 * b + h) * a.n_pad + 8 * g);
           LARDER_UNROLL
@@ -393,18 +368,7 @@ struct GgufGemm {
         LARDER_UNROLL
         for (int h = 0; h < 8 / kSteps; ++h) {
           __m256i p[R];
-          LARDER_UNROLL
-          for (int k4 = kSteps * h; k4 < kSteps * (h + 1); ++k4) {
-            const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab + 32 * k4));
-            LARDER_UNROLL
-            for (int r = 0; r < R; ++r) {
-              int32_t u4;
-              std::memcpy(&u4, cb + r * 32 + 4 * k4, 4);
-              const __m256i m = _mm256_maddubs_epi16(_mm256_set1_epi32(u4), xa);
-              p[r] = k4 == kSteps * h ? m : _mm256_add_epi16(p[r], m);
-              __asm__("" : "+x"(p[r]));
-            }
-          }
+          u8_chain<R, kSteps>(cb + 4 * kSteps * h, ab + 32 * kSteps * h, p);
           LARDER_UNROLL
           for (int r = 0; r < R; ++r) {
             const __m256i m = _mm256_madd_epi16(p[r], ones);
