@@ -97,4 +97,16 @@ void quantize_acts_k_avx2(const float* x, int64_t n, int64_t cols, QuantizedActs
   }
 }
 
+QuantizedActs quantize_acts_scratch(const float* x, int64_t n, int64_t cols, bool offset128) {
+  QuantizedActs a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, cols)), n, cols);
+  quantize_acts_avx2(x, n, cols, offset128, a);
+  return a;
+}
+
+QuantizedActsK quantize_acts_k_scratch(const float* x, int64_t n, int64_t cols) {
+  QuantizedActsK a = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, cols)), n, cols);
+  quantize_acts_k_avx2(x, n, cols, a);
+  return a;
+}
+
 }  // namespace larder::kernels::cpu

@@ -115,8 +115,7 @@ struct IQ4XSDecode {
 // matmul_multi reuses the result for every weight of the group.
 IQ4XSDecode prepare_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nsb = cols / 256;
-  QuantizedActsK a = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, cols)), n, cols);
-  quantize_acts_k_avx2(x, n, cols, a);
+  QuantizedActsK a = quantize_acts_k_scratch(x, n, cols);
   auto* acts = static_cast<int8_t*>(thread_scratch(static_cast<size_t>(n * nsb) * 256 + 64, 1));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t sb = 0; sb < nsb; ++sb) {

@@ -177,44 +177,28 @@ struct TwoBitDecode {
   }
 };
 
-// Quantizes x into the calling thread's scratch slot 0 (natural element order, as the codes are).
-template <class F>
-TwoBitDecode<F> prepare(const WeightView& w, const float* x, int64_t n, float* y) {
-  QuantizedActsK a = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, w.cols)), n, w.cols);
-  quantize_acts_k_avx2(x, n, w.cols, a);
-  return TwoBitDecode<F>{w.data, w.row_bytes(), w.rows, w.cols / 256, a, y};
-}
-
-// Fused decode (kernels::matmul_multi): the first weight's quantized activations serve them all.
-template <class F>
-void decode_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  run_multi_decode(prepare<F>(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols);
-}
-
-template <class F>
-void decode_one(const WeightView& w, const float* x, int64_t n, float* y) {
-  if (n <= 0 || w.rows <= 0) return;
-  run_matmul_tiles(prepare<F>(w, x, n, y), w.rows, n, w.cols);
-}
-
 }  // namespace
 
-void decode_q2_k(const WeightView& w, const float* x, int64_t n, float* y) { decode_one<Q2K>(w, x, n, y); }
-void decode_q3_k(const WeightView& w, const float* x, int64_t n, float* y) { decode_one<Q3K>(w, x, n, y); }
+void decode_q2_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  super_decode<TwoBitDecode<Q2K>>(w, x, n, y);
+}
+void decode_q3_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  super_decode<TwoBitDecode<Q3K>>(w, x, n, y);
+}
 
 void matmul_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= 8) {
     for (int i = 0; i < count; ++i) matmul_q2_k(ws[i], x, n, ys[i]);
     return;
   }
-  decode_multi<Q2K>(ws, ys, count, x, n);
+  super_decode_multi<TwoBitDecode<Q2K>>(ws, ys, count, x, n);
 }
 void matmul_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= 8) {
     for (int i = 0; i < count; ++i) matmul_q3_k(ws[i], x, n, ys[i]);
     return;
   }
-  decode_multi<Q3K>(ws, ys, count, x, n);
+  super_decode_multi<TwoBitDecode<Q3K>>(ws, ys, count, x, n);
 }
 
 }  // namespace larder::kernels::cpu::avx2

@@ -131,44 +131,28 @@ struct Q45KDecode {
   }
 };
 
-// Quantizes x into the calling thread's scratch slot 0 (element order is what the codes want).
-template <bool kQ5>
-Q45KDecode<kQ5> prepare_q45k(const WeightView& w, const float* x, int64_t n, float* y) {
-  QuantizedActsK a = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, w.cols)), n, w.cols);
-  quantize_acts_k_avx2(x, n, w.cols, a);
-  return Q45KDecode<kQ5>{w.data, w.row_bytes(), w.rows, w.cols / 256, a, y};
-}
-
-// Fused decode (kernels::matmul_multi): the first weight's quantized activations serve them all.
-template <bool kQ5>
-void decode_multi_q45k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  run_multi_decode(prepare_q45k<kQ5>(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols);
-}
-
-template <bool kQ5>
-void decode_q45k(const WeightView& w, const float* x, int64_t n, float* y) {
-  if (n <= 0 || w.rows <= 0) return;
-  run_matmul_tiles(prepare_q45k<kQ5>(w, x, n, y), w.rows, n, w.cols);
-}
-
 }  // namespace
 
-void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) { decode_q45k<false>(w, x, n, y); }
-void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y) { decode_q45k<true>(w, x, n, y); }
+void decode_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  super_decode<Q45KDecode<false>>(w, x, n, y);
+}
+void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  super_decode<Q45KDecode<true>>(w, x, n, y);
+}
 
 void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= 8) {
     for (int i = 0; i < count; ++i) matmul_q4_k(ws[i], x, n, ys[i]);
     return;
   }
-  decode_multi_q45k<false>(ws, ys, count, x, n);
+  super_decode_multi<Q45KDecode<false>>(ws, ys, count, x, n);
 }
 void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= 8) {
     for (int i = 0; i < count; ++i) matmul_q5_k(ws[i], x, n, ys[i]);
     return;
   }
-  decode_multi_q45k<true>(ws, ys, count, x, n);
+  super_decode_multi<Q45KDecode<true>>(ws, ys, count, x, n);
 }
 
 }  // namespace larder::kernels::cpu::avx2

@@ -129,8 +129,7 @@ struct SuperGemm {
 template <class S>
 void gemm_super(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t nb = w.cols / 32, nsb = w.cols / 256;
-  QuantizedActsK ak = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, w.cols)), n, w.cols);
-  quantize_acts_k_avx2(x, n, w.cols, ak);
+  QuantizedActsK ak = quantize_acts_k_scratch(x, n, w.cols);
   QuantizedActs a;  // the same bytes as 32-blocks, for build_act8
   a.n = n;
   a.nb = nb;

@@ -418,8 +418,7 @@ template <class K>
 void matmul_int_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n <= 0) return;
   const int64_t cols = ws[0].cols;
-  QuantizedActs a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, cols)), n, cols);
-  quantize_acts_avx2(x, n, cols, /*offset128=*/false, a);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   MultiKernel<K> mk;
   for (int i = 0; i < count; ++i) mk.add(K{ws[i].data, ws[i].row_bytes(), ws[i].rows, cols / 32, a, ys[i]}, ws[i].rows);
   run_matmul_tiles(mk, mk.rows(), n, cols + 4 * (cols / 32));

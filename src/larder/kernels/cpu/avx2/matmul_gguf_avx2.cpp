@@ -222,8 +222,7 @@ struct LinearKernel {
 // matmul_multi_linear reuses them for every weight of a fused group.
 template <class L>
 LinearKernel<L> prepare_linear(const WeightView& w, const float* x, int64_t n, float* y) {
-  QuantizedActs a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, w.cols)), n, w.cols);
-  quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
+  QuantizedActs a = quantize_acts_scratch(x, n, w.cols);
   const int64_t nb = w.cols / 32;
   auto* bs8 = static_cast<float*>(thread_scratch(static_cast<size_t>(nb * a.n_pad) * sizeof(float) + 64, 3));
   for (int64_t i = 0; i < nb * a.n_pad; ++i) bs8[i] = a.bsum[i] * 0.125f;
@@ -391,8 +390,7 @@ template <class U>
 void matmul_gguf_gemm(const WeightView& w, const float* x, int64_t n, float* y) {
   using G = GgufGemm<U>;
   const int64_t nb = w.cols / 32;
-  QuantizedActs a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, w.cols)), n, w.cols);
-  quantize_acts_avx2(x, n, w.cols, /*offset128=*/false, a);
+  QuantizedActs a = quantize_acts_scratch(x, n, w.cols);
   auto* act8 = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(a.n_pad) * nb * 32, 2));
   build_act8(a, n, act8);
   float* bs16 = nullptr;

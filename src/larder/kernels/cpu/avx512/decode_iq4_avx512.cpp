@@ -145,8 +145,7 @@ struct IQ4XSDecode {
 // (slot 1) for w; matmul_multi reuses them for every weight of the group.
 IQ4XSDecode prepare_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nsb = cols / 256;
-  QuantizedActsK a = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, cols)), n, cols);
-  quantize_acts_k_avx2(x, n, cols, a);
+  QuantizedActsK a = quantize_acts_k_scratch(x, n, cols);
   auto* acts = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * nsb) * IQ4XSDecode::kActBytes + 64, 1));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t sb = 0; sb < nsb; ++sb) {
@@ -224,7 +223,7 @@ struct IQ4NLQuad {
 
 IQ4NLQuad prepare_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, ng = (nb + 3) / 4;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   auto* out = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * ng) * 256 + 64, 1));
   for (int64_t t = 0; t < n; ++t) {
     const int8_t* q = a.token_blocks(t);

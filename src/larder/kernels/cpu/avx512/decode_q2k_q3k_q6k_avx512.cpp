@@ -234,8 +234,7 @@ struct KDecode {
 template <class F>
 KDecode<F> prepare(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nsb = cols / 256;
-  QuantizedActsK a = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, cols)), n, cols);
-  quantize_acts_k_avx2(x, n, cols, a);
+  QuantizedActsK a = quantize_acts_k_scratch(x, n, cols);
   const size_t act_bytes = F::kPermuted ? static_cast<size_t>(n * cols) : 0;
   auto* buf = static_cast<uint8_t*>(thread_scratch(act_bytes + static_cast<size_t>(n * nsb) * 32 + 64, 1));
   auto* nsum = reinterpret_cast<int16_t*>(buf + act_bytes);

@@ -140,8 +140,7 @@ struct Q45KDecode {
 template <bool kQ5>
 Q45KDecode<kQ5> prepare_q45k(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nsb = cols / 256;
-  QuantizedActsK a = quantized_acts_k_view(thread_scratch(quantized_acts_k_bytes(n, cols)), n, cols);
-  quantize_acts_k_avx2(x, n, cols, a);
+  QuantizedActsK a = quantize_acts_k_scratch(x, n, cols);
   for (int64_t c = 0; c < n * nsb; ++c) {
     int8_t* q = a.qs + c * 256;
     for (int h = 0; h < 2; ++h) {

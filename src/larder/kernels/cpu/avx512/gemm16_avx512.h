@@ -114,13 +114,6 @@ constexpr int64_t kAmxMinGroups = 4;
 constexpr int64_t kGemm16MinTokens = 9;
 constexpr int64_t kGemm16MinTokensQ8_0 = 8;
 
-// Decode kernels quantize activations in act_quant.h's plain layout (slot 0 of the calling
-// thread); each then derives its own per-token patterns into slot 1.
-inline QuantizedActs quantize_for_decode(const float* x, int64_t n, int64_t cols, bool offset128 = false) {
-  QuantizedActs a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, cols)), n, cols);
-  quantize_acts_avx2(x, n, cols, offset128, a);
-  return a;
-}
 
 // Decode tiles (R rows × T tokens of 16-lane partial sums): zero the accumulators, and store
 // each one's lane sum to y[t0 + t][r0 + r].

@@ -292,7 +292,7 @@ template <int B, Sd S>
 AffineDecode<B, S> prepare_decode(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nc = cols / 64, np = (nc + 1) / 2, ng = cols / w.group_size;
   const int64_t ng16 = (ng + 15) / 16 * 16;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   // acts + dxp (16 f32 per chunk, 8 bits, or per chunk pair, 4 bits) + gq [n][ng16] f32, one
   // scratch slot; 4 bits: acts [n][np][128], a padded odd pair included.
   const size_t acts_bytes = static_cast<size_t>(n * np) * 128, dxp_bytes = static_cast<size_t>(n * nc) * 64;

@@ -527,7 +527,7 @@ struct Q4_0Decode {
 
 void decode_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, np = nb / 2;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   const size_t pat = static_cast<size_t>(n * np) * 64;
   auto* buf = static_cast<uint8_t*>(thread_scratch(3 * pat + 64, 1));
   auto* acts = buf;
@@ -700,7 +700,7 @@ const uint8_t* quad_acts(const QuantizedActs& a, int64_t n, int64_t ng, int zero
 
 void decode_q4_0_quad(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, ng = (nb + 3) / 4;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   const Q4_0Quad k{w.data, w.row_bytes(), w.rows, ng, nb, quad_acts(a, n, ng, 3, 1.0f / 16.0f), y};
   run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
 }
@@ -910,7 +910,7 @@ const uint8_t* q8_0_quad_acts(const QuantizedActs& a, int64_t n, int64_t ng) {
 
 Q8_0Quad prepare_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, ng = (nb + 3) / 4;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   return Q8_0Quad{w.data, w.row_bytes(), w.rows, ng, nb, q8_0_quad_acts(a, n, ng), y};
 }
 
@@ -957,7 +957,7 @@ void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const 
     return;
   }
   const int64_t cols = ws[0].cols, nb = cols / 32, ng = (nb + 3) / 4;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   const uint8_t* acts = quad_acts(a, n, ng, 3, 1.0f / 16.0f);
   MultiKernel<Q4_0Quad> mk;
   for (int i = 0; i < count; ++i) mk.add(Q4_0Quad{ws[i].data, ws[i].row_bytes(), ws[i].rows, ng, nb, acts, ys[i]}, ws[i].rows);
@@ -972,7 +972,7 @@ template <LowBitLayout L>
 void decode_low_bit(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   using K = LowBitQuad<L>;
   const int64_t cols = ws[0].cols, nb = cols / 32, ng = (nb + 3) / 4;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   const uint8_t* acts = quad_acts(a, n, ng, L.zero_log2, 1.0f, K::kMin);
   if (count == 1) return run_matmul_tiles(K{ws[0].data, ws[0].row_bytes(), ws[0].rows, ng, nb, acts, ys[0]}, ws[0].rows, n, cols + 4 * nb);
   MultiKernel<K> mk;

@@ -192,7 +192,7 @@ struct Q6KDecode {
 // slots 0 and 1); matmul_multi_q6_k reuses them for every weight of the group.
 Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
-  QuantizedActs a = quantize_for_decode(x, n, cols);
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
   const size_t dxp_bytes = static_cast<size_t>(n * nsb) * 256;  // [n][nsb][4][16] of 4 bytes
   const size_t zs_bytes = static_cast<size_t>(n * nsb) * 64;    // [n][nsb][16] of 4 bytes
   auto* buf = static_cast<uint8_t*>(thread_scratch(dxp_bytes + zs_bytes + 64, 1));

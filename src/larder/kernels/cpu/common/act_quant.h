@@ -90,6 +90,12 @@ QuantizedActsK quantized_acts_k_view(void* scratch, int64_t n, int64_t cols);
 void quantize_acts_k_ref(const float* x, int64_t n, int64_t cols, QuantizedActsK& out);
 void quantize_acts_k_avx2(const float* x, int64_t n, int64_t cols, QuantizedActsK& out);
 
+// x quantized by the AVX2 quantizers above into the calling thread's scratch slot 0: the first
+// step of every integer matmul of the AVX2 and AVX-512 tiers (act_quant_avx2.cpp). Kernels then
+// derive their own per-token layouts (act8, permutations, sums) into the other slots.
+QuantizedActs quantize_acts_scratch(const float* x, int64_t n, int64_t cols, bool offset128 = false);
+QuantizedActsK quantize_acts_k_scratch(const float* x, int64_t n, int64_t cols);
+
 // A thread-local, 64-byte-aligned, grow-only scratch buffer: kernels must not own long-lived
 // memory (system.md §3), and reallocating per matmul would cost a page fault per 4 KiB.
 // Slots 0–3 hold per-matmul data prepared by the calling thread (which also runs chunks of the

@@ -297,8 +297,7 @@ struct LaneActs {
 
 inline LaneActs prepare_lane_acts(const float* x, int64_t n, int64_t cols, bool need_h) {
   LaneActs la;
-  la.a = quantized_acts_view(thread_scratch(quantized_acts_bytes(n, cols)), n, cols);
-  quantize_acts_avx2(x, n, cols, /*offset128=*/false, la.a);
+  la.a = quantize_acts_scratch(x, n, cols);
   la.nl = cols / 4;
   const int64_t nb = cols / 32;
   const size_t per = static_cast<size_t>(n * la.nl);

@@ -269,6 +269,23 @@ inline void run_multi_decode(const K& first, const WeightView* ws, float* const*
   run_matmul_tiles(mk, mk.rows(), n, act_bytes_per_token);
 }
 
+// Decode kernels that read x quantized per super-block as it is (act_quant.h QuantizedActsK, no
+// permutation): K is the aggregate {w, row_bytes, rows, nsb, acts, y}. One weight, or (matmul_multi)
+// a group sharing one quantization.
+template <class K>
+K super_decode_kernel(const WeightView& w, const float* x, int64_t n, float* y) {
+  return K{w.data, w.row_bytes(), w.rows, w.cols / 256, quantize_acts_k_scratch(x, n, w.cols), y};
+}
+template <class K>
+void super_decode(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  run_matmul_tiles(super_decode_kernel<K>(w, x, n, y), w.rows, n, w.cols);
+}
+template <class K>
+void super_decode_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  run_multi_decode(super_decode_kernel<K>(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols);
+}
+
 // K-sliced token-lane GEMMs (as the AVX-512 gemm16). A kernel supplies
 //   struct Tile;                                            // pointers into one tile's unpacked rows
 //   int64_t slice_align() const;                            // slices cut at multiples of this many blocks
