@@ -132,6 +132,23 @@ LARDER_GEMM_INLINE void store_acc(const __m512 (&acc)[R][T], float* y, int64_t r
     for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
 }
 
+// One token's 32 values v0|v1 quantized with 1/d = vid into int32 codes i0|i1 (cvtps2dq rounds to
+// nearest even, the default MXCSR mode, as nearbyint does) and stored as int8 into lane `lane` of
+// the 16-token block blk (4 bytes per 64-byte step): the shared step of both quantizers below.
+LARDER_GEMM_INLINE void quantize_lane16(__m512 v0, __m512 v1, __m512 vid, uint8_t* blk, int64_t lane, __m512i& i0,
+                                        __m512i& i1) {
+  i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+  i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+  const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(i1), _mm512_cvtepi32_epi8(i0));
+  alignas(32) uint32_t w[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(w), q);
+  for (int k4 = 0; k4 < 8; ++k4) std::memcpy(blk + 64 * k4 + 4 * lane, &w[k4], 4);
+}
+// A padding token's lane of blk: zero codes.
+LARDER_GEMM_INLINE void zero_lane16(uint8_t* blk, int64_t lane) {
+  for (int k4 = 0; k4 < 8; ++k4) std::memset(blk + 64 * k4 + 4 * lane, 0, 4);
+}
+
 // Quantizes x[n, cols] into `scratch` slot 0 of the calling thread (act_quant.h's quantizer:
 // amax/127, 1/d, round to nearest even; bit-identical to quantize_acts_ref).
 // half_sums: also the per-16 block sums (formats with 16-element sub-block scales, Q6_K).
@@ -173,14 +190,8 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
         const float amax = _mm_cvtss_f32(m4);
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const __m512 vid = _mm512_set1_ps(id);
-        // cvtps2dq rounds to nearest even (the default MXCSR mode), as nearbyint does.
-        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
-        const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-        const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(i1), _mm512_cvtepi32_epi8(i0));
-        alignas(32) uint32_t w[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(w), q);
-        for (int k4 = 0; k4 < 8; ++k4) std::memcpy(blk + 64 * k4 + 4 * lane, &w[k4], 4);
+        __m512i i0, i1;
+        quantize_lane16(v0, v1, _mm512_set1_ps(id), blk, lane, i0, i1);
         d_out[lane] = d;
         if (out.bs16) {
           const int sum0 = _mm512_reduce_add_epi32(i0), sum1 = _mm512_reduce_add_epi32(i1);
@@ -195,7 +206,7 @@ inline Acts16 quantize_acts16(const float* x, int64_t n, int64_t cols, bool half
       }
       // Padding tokens: zero codes, scales and sums.
       for (int64_t lane = lanes; lane < 16; ++lane) {
-        for (int k4 = 0; k4 < 8; ++k4) std::memset(blk + 64 * k4 + 4 * lane, 0, 4);
+        zero_lane16(blk, lane);
         d_out[lane] = 0.0f;
         bs_out[lane] = 0.0f;
         if (out.bs16) {
@@ -242,14 +253,9 @@ inline Acts16 quantize_acts16_super(const float* x, int64_t n, int64_t cols) {
         const __m512 vid = _mm512_set1_ps(id);
         int32_t sums[8];
         for (int j = 0; j < 8; ++j) {
-          // cvtps2dq rounds to nearest even (the default MXCSR mode), as nearbyint does.
-          const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xt + 32 * j), vid));
-          const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xt + 32 * j + 16), vid));
-          const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(i1), _mm512_cvtepi32_epi8(i0));
-          alignas(32) uint32_t w[8];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(w), q);
-          uint8_t* blk = out.q + (g * out.nb + 8 * sb + j) * 512;
-          for (int k4 = 0; k4 < 8; ++k4) std::memcpy(blk + 64 * k4 + 4 * lane, &w[k4], 4);
+          __m512i i0, i1;
+          quantize_lane16(_mm512_loadu_ps(xt + 32 * j), _mm512_loadu_ps(xt + 32 * j + 16), vid,
+                          out.q + (g * out.nb + 8 * sb + j) * 512, lane, i0, i1);
           sums[j] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
         }
         d_out[lane] = d;
@@ -257,10 +263,7 @@ inline Acts16 quantize_acts16_super(const float* x, int64_t n, int64_t cols) {
       }
       // Padding tokens: zero codes, scales and sums.
       for (int64_t lane = lanes; lane < 16; ++lane) {
-        for (int j = 0; j < 8; ++j) {
-          uint8_t* blk = out.q + (g * out.nb + 8 * sb + j) * 512;
-          for (int k4 = 0; k4 < 8; ++k4) std::memset(blk + 64 * k4 + 4 * lane, 0, 4);
-        }
+        for (int j = 0; j < 8; ++j) zero_lane16(out.q + (g * out.nb + 8 * sb + j) * 512, lane);
         d_out[lane] = 0.0f;
         for (int i = 0; i < 4; ++i) qp_out[i * out.n_pad + lane] = 0;
       }
