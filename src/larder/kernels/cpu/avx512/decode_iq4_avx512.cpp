@@ -41,6 +41,7 @@
 
 #include "larder/core/dtype.h"
 #include "larder/kernels/cpu/avx512/gemm16_avx512.h"
+#include "larder/kernels/cpu/avx512/quad18_avx512.h"
 #include "larder/kernels/cpu/common/act_quant.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/matmul_driver.h"
@@ -177,10 +178,6 @@ struct IQ4NLQuad {
 
   template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
-    alignas(64) static constexpr uint16_t kCodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
-                                                          19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
-    alignas(64) static constexpr uint16_t kScaleIdx[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
-    const __m512i code_idx = _mm512_load_si512(kCodeIdx), scale_idx = _mm512_load_si512(kScaleIdx);
     const __m512i tbl = iq4_table_u8(), m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[R][T];
     zero_acc(acc);
@@ -190,27 +187,15 @@ struct IQ4NLQuad {
       prefetch_rows<kPf>(base, R, row_bytes, g * 72, tail ? row_bytes - g * 72 : 72);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* p = base + r * row_bytes + 72 * g;
-        __m512i z0, z1;
-        if (!tail) {
-          z0 = _mm512_loadu_si512(p);
-          z1 = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
-        } else {
-          // Masked-out blocks: scale 0 and zero activations and seeds, so they add exactly 0.
-          const int64_t bytes = 18 * (nb - 4 * g);  // 18..54
-          z0 = _mm512_maskz_loadu_epi8((uint64_t{1} << bytes) - 1, p);
-          z1 = _mm512_setzero_si512();
-        }
-        const __m512i codes = _mm512_permutex2var_epi16(z0, code_idx, z1);
-        const __m512i lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(codes, m4));
-        const __m512i hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4));
-        const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_idx, z0)));
+        const Quad18 q = load_quad18(base + r * row_bytes + 72 * g, tail, nb - 4 * g);
+        const __m512i lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(q.codes, m4));
+        const __m512i hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(q.codes, 4), m4));
         LARDER_UNROLL
         for (int t = 0; t < T; ++t) {
           const uint8_t* a = acts + ((t0 + t) * ng + g) * 256;
           const __m512i v = _mm512_dpbusd_epi32(
               _mm512_dpbusd_epi32(_mm512_load_si512(a + 128), lo, _mm512_load_si512(a)), hi, _mm512_load_si512(a + 64));
-          const __m512 sc = _mm512_mul_ps(dw, _mm512_load_ps(reinterpret_cast<const float*>(a + 192)));
+          const __m512 sc = _mm512_mul_ps(q.d, _mm512_load_ps(reinterpret_cast<const float*>(a + 192)));
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), sc, acc[r][t]);
         }
       }

@@ -27,6 +27,7 @@
 #include "larder/kernels/cpu/common/matmul_driver.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
 #include "larder/kernels/cpu/avx512/gemm16_avx512.h"
+#include "larder/kernels/cpu/avx512/quad18_avx512.h"
 #include "larder/kernels/cpu/avx512/simd_transpose_avx512.h"
 #include "larder/kernels/gguf_blocks.h"
 
@@ -555,9 +556,8 @@ void decode_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
   run_matmul_tiles(k, w.rows, n, cols + 4 * nb);
 }
 
-// Q4_0 decode (n <= 8), four blocks of a row per step (Q4_0Quad). The four blocks are 72
-// contiguous bytes; all of their fields are 16-bit aligned (block k's scale is word 9k, its 16
-// code bytes words 9k+1..9k+8), so two AVX-512BW word permutes cut them apart without VBMI:
+// Q4_0 decode (n <= 8), four blocks of a row per step (Q4_0Quad). quad18_avx512.h cuts the 72
+// bytes of four blocks apart with two AVX-512BW word permutes, no VBMI:
 //   codes: vpermt2w over the first 64 bytes and the last 8 → [b0 codes | b1 | b2 | b3] (zmm)
 //   scales: vpermw → lane l holds block l/4's f16 scale → vcvtph2ps
 // The nibbles are split without a shift: lo = codes & 0x0F (elements 0–15 of each block) and
@@ -594,10 +594,6 @@ struct Q4_0Quad {
 
   template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
-    alignas(64) static constexpr uint16_t kCodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
-                                                          19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
-    alignas(64) static constexpr uint16_t kScaleIdx[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
-    const __m512i code_idx = _mm512_load_si512(kCodeIdx), scale_idx = _mm512_load_si512(kScaleIdx);
     const __m512i m_lo = _mm512_set1_epi8(0x0f), m_hi = _mm512_set1_epi8(static_cast<char>(0xf0));
     __m512 acc[R][T];
     zero_acc(acc);
@@ -607,29 +603,14 @@ struct Q4_0Quad {
       prefetch_rows<kPf>(base, R, row_bytes, g * 72, tail ? row_bytes - g * 72 : 72);
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* p = base + r * row_bytes + 72 * g;
-        __m512i z0, z1;
-        if (!tail) {
-          z0 = _mm512_loadu_si512(p);
-          z1 = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
-        } else {
-          const int64_t bytes = 18 * (nb - 4 * g);  // 18..54
-          z0 = _mm512_maskz_loadu_epi8((uint64_t{1} << bytes) - 1, p);
-          z1 = _mm512_setzero_si512();
-        }
-        // GCC folds a second 64-byte load of the group into the scale permute's memory operand;
-        // the empty asm pins z0 to a register, so the group is loaded once. Hot decode, 1 thread,
-        // Zen 4 (kernel_bench --hot, n = 1, 2048x8192, alternating): 339 → 312–322 µs.
-        __asm__("" : "+v"(z0));
-        const __m512i codes = _mm512_permutex2var_epi16(z0, code_idx, z1);
-        const __m512i lo = _mm512_and_si512(codes, m_lo), hi = _mm512_and_si512(codes, m_hi);
-        const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_idx, z0)));
+        const Quad18 q = load_quad18(base + r * row_bytes + 72 * g, tail, nb - 4 * g);
+        const __m512i lo = _mm512_and_si512(q.codes, m_lo), hi = _mm512_and_si512(q.codes, m_hi);
         LARDER_UNROLL
         for (int t = 0; t < T; ++t) {
           const uint8_t* a = acts + ((t0 + t) * ng + g) * 256;
           const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(a + 128), lo, _mm512_load_si512(a));
           const __m512i v = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 4), hi, _mm512_load_si512(a + 64));
-          const __m512 sc = _mm512_mul_ps(dw, _mm512_load_ps(reinterpret_cast<const float*>(a + 192)));
+          const __m512 sc = _mm512_mul_ps(q.d, _mm512_load_ps(reinterpret_cast<const float*>(a + 192)));
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), sc, acc[r][t]);
         }
       }
