@@ -187,18 +187,10 @@ void decode_q3_k(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 
 void matmul_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= 8) {
-    for (int i = 0; i < count; ++i) matmul_q2_k(ws[i], x, n, ys[i]);
-    return;
-  }
-  super_decode_multi<TwoBitDecode<Q2K>>(ws, ys, count, x, n);
+  super_matmul_multi<TwoBitDecode<Q2K>, matmul_q2_k>(ws, ys, count, x, n);
 }
 void matmul_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= 8) {
-    for (int i = 0; i < count; ++i) matmul_q3_k(ws[i], x, n, ys[i]);
-    return;
-  }
-  super_decode_multi<TwoBitDecode<Q3K>>(ws, ys, count, x, n);
+  super_matmul_multi<TwoBitDecode<Q3K>, matmul_q3_k>(ws, ys, count, x, n);
 }
 
 }  // namespace larder::kernels::cpu::avx2

@@ -141,18 +141,10 @@ void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 
 void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= 8) {
-    for (int i = 0; i < count; ++i) matmul_q4_k(ws[i], x, n, ys[i]);
-    return;
-  }
-  super_decode_multi<Q45KDecode<false>>(ws, ys, count, x, n);
+  super_matmul_multi<Q45KDecode<false>, matmul_q4_k>(ws, ys, count, x, n);
 }
 void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  if (n >= 8) {
-    for (int i = 0; i < count; ++i) matmul_q5_k(ws[i], x, n, ys[i]);
-    return;
-  }
-  super_decode_multi<Q45KDecode<true>>(ws, ys, count, x, n);
+  super_matmul_multi<Q45KDecode<true>, matmul_q5_k>(ws, ys, count, x, n);
 }
 
 }  // namespace larder::kernels::cpu::avx2

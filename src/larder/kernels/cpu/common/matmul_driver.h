@@ -285,6 +285,12 @@ template <class K>
 void super_decode_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   run_multi_decode(super_decode_kernel<K>(ws[0], x, n, ys[0]), ws, ys, count, n, ws[0].cols);
 }
+// kernels::matmul_multi for such a format whose prefill (n >= 8) runs one kMatmul per weight.
+template <class K, void (*kMatmul)(const WeightView&, const float*, int64_t, float*)>
+void super_matmul_multi(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (n < 8) return super_decode_multi<K>(ws, ys, count, x, n);
+  for (int i = 0; i < count; ++i) kMatmul(ws[i], x, n, ys[i]);
+}
 
 // K-sliced token-lane GEMMs (as the AVX-512 gemm16). A kernel supplies
 //   struct Tile;                                            // pointers into one tile's unpacked rows
