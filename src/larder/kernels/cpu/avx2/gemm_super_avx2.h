@@ -12,6 +12,13 @@
 // cvt, ·d_x[t], an FMA by d·sc_j and one more for the min. Once per (row, super-block): the mins
 // as 4 vpmaddwd against the activations' block sums packed as int16 pairs, 2 cvt, 3 float ops.
 // Zen 4 (AVX2 tier), Q4_K: see bench/RESULTS.md session 31.
+//
+// IQ4_XS (codebook values −127..113 under a signed 6-bit scale ls_j, no min) keeps its codes
+// signed: the unsigned +128 form of the AVX-512 path would overflow maddubs' int16 pair sums
+// (2·241·127). Each step is maddubs(|w|, sign(x, w)) widened at once by vpmaddwd — with ls_j|ls_j
+// as multiplier where the per-32 GEMM took ones, so the block's sum lands scaled in the
+// super-block's int32 sum (|Σ| <= 8 blocks · 8 steps · 2 · 32258 · 32 < 2^31) — and the float
+// work, without a min term, runs once per super-block.
 #pragma once
 
 #include <immintrin.h>
@@ -28,12 +35,15 @@
 namespace larder::kernels::cpu::avx2 {
 namespace {
 
-// S: a gguf_unpack.h unpacker with kBytes, kMaxCode (<= 31) and
-//   unpack_super(blk, int8_t* w /* 256 codes u */, int16_t* sc, int16_t* mn, float& d, float& dmin).
+// S: a gguf_unpack.h unpacker with kBytes, kMaxCode and
+//   unpack_super(blk, int8_t* w /* 256 codes */, int16_t* sc, int16_t* mn, float& d, float& dmin):
+// unsigned codes u <= 31 (Q4_K, Q5_K), or signed codes without a min (IQ4_XS: those the AVX-512
+// path makes unsigned by a kSuperCodeOffset).
 template <class S>
 struct SuperGemm {
-  static_assert(S::kMaxCode <= 31, "int16 accumulation bound");
-  static constexpr int kSteps = S::kMaxCode <= 15 ? 8 : 4;  // maddubs steps per int16 chain
+  static constexpr bool kSigned = S::kSuperCodeOffset != 0;
+  static_assert(kSigned || S::kMaxCode <= 31, "int16 accumulation bound");
+  static constexpr int kSteps = S::kMaxCode <= 15 ? 8 : 4;  // maddubs steps per int16 chain (unsigned)
   const uint8_t* w;
   uint64_t row_bytes;
   int64_t rows, nsb, n;
@@ -47,7 +57,8 @@ struct SuperGemm {
   // the vpmaddwd multiplier sc_j|sc_j; per (super-block, row) the packed min pairs [4] and d, dmin.
   struct Tile {
     const uint8_t* codes;
-    const int32_t* scm;  // [nb][R]
+    const uint8_t* mags;  // kSigned: [nb][R][32] |w|
+    const int32_t* scm;   // [nb][R]
     const int32_t* mnp;  // [nsb][4][R]
     const float* d;      // [nsb][R]
     const float* dmin;   // [nsb][R]
@@ -55,13 +66,16 @@ struct SuperGemm {
 
   int64_t slice_align() const { return 8; }  // whole super-blocks
   size_t tile_bytes(int R) const {
-    return round_up64(static_cast<size_t>(nsb * 8 * R) * 32) + round_up64(static_cast<size_t>(nsb * R) * 14 * 4);
+    return (kSigned ? 2 : 1) * round_up64(static_cast<size_t>(nsb * 8 * R) * 32) +
+           round_up64(static_cast<size_t>(nsb * R) * 14 * 4);
   }
   template <int R>
   Tile unpack(int64_t r0, uint8_t* buf) const {
     const int64_t nb = nsb * 8;
+    const size_t cbytes = round_up64(static_cast<size_t>(nb * R) * 32);
     uint8_t* codes = buf;
-    auto* scm = reinterpret_cast<int32_t*>(buf + round_up64(static_cast<size_t>(nb * R) * 32));
+    uint8_t* mags = buf + cbytes;
+    auto* scm = reinterpret_cast<int32_t*>(buf + (kSigned ? 2 : 1) * cbytes);
     int32_t* mnp = scm + nb * R;
     auto* d = reinterpret_cast<float*>(mnp + 4 * nsb * R);
     float* dmin = d + nsb * R;
@@ -74,13 +88,15 @@ struct SuperGemm {
         for (int i = 0; i < 4; ++i) mnp[(4 * sb + i) * R + r] = pack_i16_pair(mn[2 * i], mn[2 * i + 1]);
         for (int j = 0; j < 8; ++j) {
           const int64_t b = sb * 8 + j;
-          _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (b * R + r) * 32),
-                             _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 32 * j)));
+          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 32 * j));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(codes + (b * R + r) * 32), v);
+          if constexpr (kSigned)
+            _mm256_store_si256(reinterpret_cast<__m256i*>(mags + (b * R + r) * 32), _mm256_abs_epi8(v));
           scm[b * R + r] = pack_i16_pair(sc[j], sc[j]);
         }
       }
     }
-    return Tile{codes, scm, mnp, d, dmin};
+    return Tile{codes, mags, scm, mnp, d, dmin};
   }
 
   template <int R, bool kFirst, bool kLast>
@@ -97,28 +113,46 @@ struct SuperGemm {
       for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
         const uint8_t* cb = tl.codes + b * R * 32;
         const uint8_t* ab = ag + b * 256;
-        LARDER_UNROLL
-        for (int h = 0; h < 8 / kSteps; ++h) {
-          __m256i p[R];
-          u8_chain<R, kSteps>(cb + 4 * kSteps * h, ab + 32 * kSteps * h, p);
+        if constexpr (kSigned) {
+          __m256i sc[R], p[R];
           LARDER_UNROLL
-          for (int r = 0; r < R; ++r)
-            sacc[r] = _mm256_add_epi32(sacc[r], _mm256_madd_epi16(p[r], _mm256_set1_epi32(tl.scm[b * R + r])));
+          for (int r = 0; r < R; ++r) sc[r] = _mm256_set1_epi32(tl.scm[b * R + r]);
+          s8_block<R>(cb, tl.mags + b * R * 32, ab, p, sc);
+          LARDER_UNROLL
+          for (int r = 0; r < R; ++r) sacc[r] = _mm256_add_epi32(sacc[r], p[r]);
+        } else {
+          LARDER_UNROLL
+          for (int h = 0; h < 8 / kSteps; ++h) {
+            __m256i p[R];
+            u8_chain<R, kSteps>(cb + 4 * kSteps * h, ab + 32 * kSteps * h, p);
+            LARDER_UNROLL
+            for (int r = 0; r < R; ++r)
+              sacc[r] = _mm256_add_epi32(sacc[r], _mm256_madd_epi16(p[r], _mm256_set1_epi32(tl.scm[b * R + r])));
+          }
         }
       }
-      const int32_t* q = qp + sb * 4 * n_pad + 8 * g;
       const __m256 dx = _mm256_loadu_ps(dk + sb * n_pad + 8 * g);
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const int32_t* mn = tl.mnp + 4 * sb * R + r;
-        __m256i m = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), _mm256_set1_epi32(mn[0]));
+      if constexpr (kSigned) {
         LARDER_UNROLL
-        for (int i = 1; i < 4; ++i)
-          m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * n_pad)),
-                                                    _mm256_set1_epi32(mn[i * R])));
-        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sacc[r]), _mm256_broadcast_ss(tl.d + sb * R + r));
-        t = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_broadcast_ss(tl.dmin + sb * R + r), t);
-        acc[r] = _mm256_fmadd_ps(t, dx, acc[r]);
+        for (int r = 0; r < R; ++r)
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sacc[r]), _mm256_broadcast_ss(tl.d + sb * R + r)),
+                                   dx, acc[r]);
+      } else {
+        const int32_t* q = qp + sb * 4 * n_pad + 8 * g;
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const int32_t* mn = tl.mnp + 4 * sb * R + r;
+          __m256i m;
+          LARDER_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            const __m256i qi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * n_pad));
+            const __m256i mi = _mm256_madd_epi16(qi, _mm256_set1_epi32(mn[i * R]));
+            m = i == 0 ? mi : _mm256_add_epi32(m, mi);
+          }
+          __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sacc[r]), _mm256_broadcast_ss(tl.d + sb * R + r));
+          t = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_broadcast_ss(tl.dmin + sb * R + r), t);
+          acc[r] = _mm256_fmadd_ps(t, dx, acc[r]);
+        }
       }
     }
     gemm_sums_finish<R, kLast>(acc, part, y, rows, n, r0, g);
@@ -145,6 +179,7 @@ void gemm_super(const WeightView& w, const float* x, int64_t n, float* y) {
     for (int64_t t = 0; t < a.n_pad; ++t) {
       const bool real = t < n;
       dk[sb * a.n_pad + t] = real ? ak.scales(t)[sb] : 0.0f;
+      if constexpr (SuperGemm<S>::kSigned) continue;  // no mins
       for (int i = 0; i < 4; ++i) {
         int32_t v = 0;  // padding tokens: zero sums
         if (real) {

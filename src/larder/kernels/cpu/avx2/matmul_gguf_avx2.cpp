@@ -478,7 +478,7 @@ void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
 // IQ4_XS decode: integer super-block accumulation (decode_iq4_avx2.cpp).
 void matmul_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n >= kGemmMinTokens) {
-    matmul_gguf_gemm<UnpackIQ4_XS>(w, x, n, y);
+    gemm_super<UnpackIQ4_XS>(w, x, n, y);  // gemm_super_avx2.h: signed codes, integer sub-block scales
   } else {
     decode_iq4_xs(w, x, n, y);
   }

@@ -46,23 +46,30 @@ __attribute__((always_inline)) inline void u8_chain(const uint8_t* codes, const 
 
 // Signed codes, stored as magnitudes |w| (mags) and the codes themselves for their signs: per step
 // maddubs(|w|, sign(x, w)). A pair sum reaches 2·128·127, so int16 cannot carry two steps: each is
-// widened by vpmaddwd with ones into the int32 sum p[r] over the block's 8 steps (4 ops per 32 MACs,
-// where unsigned codes take 2).
+// widened by vpmaddwd with mul[r] (int16 pairs: ones, or a sub-block scale) into the int32 sum p[r]
+// over the block's 8 steps (4 ops per 32 MACs, where unsigned codes take 2).
 template <int R>
 __attribute__((always_inline)) inline void s8_block(const uint8_t* codes, const uint8_t* mags, const uint8_t* act,
-                                                    __m256i (&p)[R]) {
-  const __m256i ones = _mm256_set1_epi16(1);
+                                                    __m256i (&p)[R], const __m256i (&mul)[R]) {
   LARDER_UNROLL
   for (int k4 = 0; k4 < 8; ++k4) {
     const __m256i xa = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + 32 * k4));
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256i m = _mm256_madd_epi16(
-          _mm256_maddubs_epi16(code_step(mags, r, k4), _mm256_sign_epi8(xa, code_step(codes, r, k4))), ones);
+          _mm256_maddubs_epi16(code_step(mags, r, k4), _mm256_sign_epi8(xa, code_step(codes, r, k4))), mul[r]);
       p[r] = k4 == 0 ? m : _mm256_add_epi32(p[r], m);
       __asm__("" : "+x"(p[r]));  // sequential, as in u8_chain
     }
   }
+}
+template <int R>
+__attribute__((always_inline)) inline void s8_block(const uint8_t* codes, const uint8_t* mags, const uint8_t* act,
+                                                    __m256i (&p)[R]) {
+  __m256i ones[R];
+  LARDER_UNROLL
+  for (int r = 0; r < R; ++r) ones[r] = _mm256_set1_epi16(1);
+  s8_block<R>(codes, mags, act, p, ones);
 }
 
 }  // namespace
