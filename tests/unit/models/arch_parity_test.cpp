@@ -40,12 +40,13 @@
 #include "larder/kernels/dispatch.h"
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
+#include "../../support/model_fixture.h"
 #include "../../support/logit_diff.h"
 
 namespace larder::models {
 namespace {
 
-const std::string kRoot = std::string(LARDER_TEST_DATA_DIR) + "/models/";
+const std::string& kRoot = test::kModelFixtures;
 
 struct Ref {
   std::vector<int32_t> tokens;
@@ -69,24 +70,6 @@ Ref read_ref(const std::string& dir) {
   r.tokens = r.meta["tokens"].get<std::vector<int32_t>>();
   r.vocab = r.meta["vocab"].get<int64_t>();
   return r;
-}
-
-
-struct Loaded {
-  formats::ModelFiles files;
-  std::unique_ptr<Model> model;
-};
-
-Loaded load(const std::string& path) {
-  Loaded l;
-  auto f = formats::open_model_files(path);
-  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
-  if (!f.is_ok()) return l;
-  l.files = std::move(f.value());
-  auto m = Model::load(l.files);
-  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-  if (m.is_ok()) l.model = std::move(m.value());
-  return l;
 }
 
 // Forward the sequence in the given chunk sizes, collecting every position's logits.
@@ -133,7 +116,7 @@ TEST_P(ArchParity, TightAgainstMlxLm) {
   const std::string dir = kRoot + c.dir;
   Ref ref = read_ref(dir);
   ASSERT_FALSE(ref.tokens.empty());
-  Loaded l = load(std::string(c.file).empty() ? dir : dir + "/" + c.file);
+  test::LoadedModel l = test::load_model(std::string(c.file).empty() ? dir : dir + "/" + c.file);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
   EXPECT_EQ(m.info().architecture, c.arch);
@@ -219,7 +202,7 @@ TEST(SharedPrefix, SpansAndTrimMatchReference) {
     const std::string dir = kRoot + name;
     Ref ref = read_ref(dir);
     ASSERT_FALSE(ref.tokens.empty());
-    Loaded l = load(dir);
+    test::LoadedModel l = test::load_model(dir);
     ASSERT_NE(l.model, nullptr);
     Model& m = *l.model;
     const int64_t V = ref.vocab;
@@ -295,7 +278,7 @@ TEST_P(Bf16Parity, LooseAgainstMlxBf16Compute) {
   const std::string dir = kRoot + GetParam();
   Ref ref = read_ref(dir);
   ASSERT_FALSE(ref.tokens.empty());
-  Loaded l = load(dir);
+  test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   const std::vector<float> want = ref.logits(dir, "bf16");
   float max_ref = 0;

@@ -10,41 +10,18 @@
 
 #include "larder/formats/model_files.h"
 #include "larder/models/model.h"
+#include "../../support/model_fixture.h"
 
 namespace larder::models {
 namespace {
 
-const std::string kRoot = std::string(LARDER_TEST_DATA_DIR) + "/models/";
-
-struct Loaded {
-  formats::ModelFiles files;
-  std::unique_ptr<Model> model;
-};
-
-Loaded load(const std::string& path) {
-  Loaded l;
-  auto f = formats::open_model_files(path);
-  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
-  if (!f.is_ok()) return l;
-  l.files = std::move(f.value());
-  auto m = Model::load(l.files);
-  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-  if (m.is_ok()) l.model = std::move(m.value());
-  return l;
-}
-
-std::vector<int32_t> ref_tokens(const std::string& dir) {
-  std::ifstream f(dir + "/ref.json");
-  EXPECT_TRUE(f.good()) << dir << ": fixture gemma3_ref did not run";
-  if (!f.good()) return {};
-  return nlohmann::json::parse(f)["tokens"].get<std::vector<int32_t>>();
-}
+const std::string& kRoot = test::kModelFixtures;
 
 TEST(Gemma3, DeclaresSlidingAndGlobalLayers) {
   struct { const char* dir; const char* file; int64_t window; } cases[] = {
       {"gemma3_text_f32", "", 8}, {"gemma3_ltypes_f32", "", 13}, {"gemma3_mm", "", 8}, {"gemma3_q8_0", "/model.gguf", 8}};
   for (const auto& c : cases) {
-    Loaded l = load(kRoot + c.dir + c.file);
+    test::LoadedModel l = test::load_model(kRoot + c.dir + c.file);
     ASSERT_NE(l.model, nullptr) << c.dir;
     const auto layers = l.model->layers();
     ASSERT_EQ(layers.size(), 6u);
@@ -65,10 +42,10 @@ TEST(Gemma3, DeclaresSlidingAndGlobalLayers) {
 // window × kv_row × (K + V) floats, while the global layers' plain KV holds all 64 tokens.
 TEST(Gemma3, SlidingStateStaysAtItsWindow) {
   const std::string dir = kRoot + "gemma3_text_f32";
-  Loaded l = load(dir);
+  test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
-  const std::vector<int32_t> toks = ref_tokens(dir);
+  const std::vector<int32_t> toks = test::ref_tokens(dir, "gemma3_ref");
   ASSERT_EQ(toks.size(), 64u);
   memory::SequenceState st = m.new_state(m.info().max_context);
   std::vector<float> logits(static_cast<size_t>(m.info().vocab));
@@ -95,10 +72,10 @@ TEST(Gemma3, SlidingStateStaysAtItsWindow) {
 // what each gives alone.
 TEST(Gemma3, BatchedEqualsAlone) {
   const std::string dir = kRoot + "gemma3_ltypes_f32";
-  Loaded l = load(dir);
+  test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
-  const std::vector<int32_t> toks = ref_tokens(dir);
+  const std::vector<int32_t> toks = test::ref_tokens(dir, "gemma3_ref");
   ASSERT_EQ(toks.size(), 64u);
   const int64_t V = m.info().vocab;
   memory::SequenceState a = m.new_state(128), b = m.new_state(128), a1 = m.new_state(128), b1 = m.new_state(128);

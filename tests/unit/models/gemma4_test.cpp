@@ -12,42 +12,19 @@
 
 #include "larder/formats/model_files.h"
 #include "larder/models/model.h"
+#include "../../support/model_fixture.h"
 
 namespace larder::models {
 namespace {
 
-const std::string kRoot = std::string(LARDER_TEST_DATA_DIR) + "/models/";
-
-struct Loaded {
-  formats::ModelFiles files;
-  std::unique_ptr<Model> model;
-};
-
-Loaded load(const std::string& path) {
-  Loaded l;
-  auto f = formats::open_model_files(path);
-  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
-  if (!f.is_ok()) return l;
-  l.files = std::move(f.value());
-  auto m = Model::load(l.files);
-  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-  if (m.is_ok()) l.model = std::move(m.value());
-  return l;
-}
-
-std::vector<int32_t> ref_tokens(const std::string& dir) {
-  std::ifstream f(dir + "/ref.json");
-  EXPECT_TRUE(f.good()) << dir << ": fixture gemma4_ref did not run";
-  if (!f.good()) return {};
-  return nlohmann::json::parse(f)["tokens"].get<std::vector<int32_t>>();
-}
+const std::string& kRoot = test::kModelFixtures;
 
 // gemma4_text: layers [s s F s s F], head_dim 16 / global 32, layers 4 and 5 share the K/V of
 // layers 3 (sliding) and 2 (global). gemma4_keqv: [s F s s F], global layers k_eq_v with 2 KV
 // heads and head_dim 16, sliding 1 KV head of 24.
 TEST(Gemma4, DeclaresPerLayerShapes) {
   for (const char* dir : {"gemma4_text_f32", "gemma4_mm"}) {
-    Loaded l = load(kRoot + dir);
+    test::LoadedModel l = test::load_model(kRoot + dir);
     ASSERT_NE(l.model, nullptr) << dir;
     const auto layers = l.model->layers();
     ASSERT_EQ(layers.size(), 6u);
@@ -71,7 +48,7 @@ TEST(Gemma4, DeclaresPerLayerShapes) {
     EXPECT_EQ(st.layers.size(), 3u);
     EXPECT_EQ(l.model->info().sliding_window, 8);
   }
-  Loaded k = load(kRoot + "gemma4_keqv_f32");
+  test::LoadedModel k = test::load_model(kRoot + "gemma4_keqv_f32");
   ASSERT_NE(k.model, nullptr);
   const auto layers = k.model->layers();
   ASSERT_EQ(layers.size(), 5u);
@@ -89,10 +66,10 @@ TEST(Gemma4, DeclaresPerLayerShapes) {
 // at different offsets and wrap points — give what each gives alone.
 TEST(Gemma4, BatchedEqualsAlone) {
   const std::string dir = kRoot + "gemma4_text_f32";
-  Loaded l = load(dir);
+  test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
-  const std::vector<int32_t> toks = ref_tokens(dir);
+  const std::vector<int32_t> toks = test::ref_tokens(dir, "gemma4_ref");
   ASSERT_EQ(toks.size(), 64u);
   const int64_t V = m.info().vocab;
   memory::SequenceState a = m.new_state(128), b = m.new_state(128), a1 = m.new_state(128), b1 = m.new_state(128);
