@@ -23,49 +23,6 @@ namespace {
 constexpr DType kNewFormats[] = {DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL,
                                  DType::kQ2_K, DType::kQ3_K, DType::kIQ4_XS};
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path << " (fixture gguf_quants_ref did not run?)";
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
-
-DType fmt_dtype(const std::string& s) {
-  for (DType d : kNewFormats)
-    if (s == dtype_name(d)) return d;
-  ADD_FAILURE() << "unknown format " << s;
-  return DType::kUnknown;
-}
-
-struct QCase {
-  DType dtype;
-  int64_t rows, cols;
-  std::string stem;
-  std::vector<uint8_t> blocks;
-  std::vector<float> deq;
-};
-
-std::vector<QCase> qcases() {
-  const std::string dir = std::string(LARDER_TEST_DATA_DIR) + "/gguf_quants/";
-  std::ifstream f(dir + "index.json");
-  EXPECT_TRUE(f.good()) << "fixture gguf_quants_ref did not run";
-  std::vector<QCase> out;
-  if (!f.good()) return out;
-  for (const auto& c : nlohmann::json::parse(f)) {
-    QCase k;
-    k.dtype = fmt_dtype(c["format"]);
-    k.rows = c["rows"];
-    k.cols = c["cols"];
-    k.stem = c["stem"];
-    k.blocks = read_bytes(dir + k.stem + ".bin");
-    auto d = read_bytes(dir + k.stem + ".f32");
-    k.deq.resize(d.size() / 4);
-    std::memcpy(k.deq.data(), d.data(), d.size());
-    out.push_back(std::move(k));
-  }
-  return out;
-}
-
 TEST(RefGgufQuants, DTypeTableMatchesBlockStructs) {
   const struct {
     DType d;
@@ -167,9 +124,9 @@ TEST(RefGgufQuants, HandBuiltQ3_KScales) {
 }
 
 TEST(RefGgufQuants, DequantMatchesGgufPyExactly) {
-  auto cases = qcases();
+  auto cases = testing::quant_cases("gguf_quants", "gguf_quants_ref");
   ASSERT_EQ(cases.size(), 40u);
-  for (const QCase& k : cases) {
+  for (const testing::QuantCase& k : cases) {
     ASSERT_EQ(k.blocks.size(), dtype_bytes(k.dtype, k.rows * k.cols)) << k.stem;
     ASSERT_EQ(k.deq.size(), static_cast<size_t>(k.rows * k.cols)) << k.stem;
     WeightView w{k.dtype, k.rows, k.cols, k.blocks.data()};
@@ -190,9 +147,9 @@ TEST(RefGgufQuants, DequantMatchesGgufPyExactly) {
 // The ref accumulates in double over the decoded weights: only the final rounding differs.
 TEST(RefGgufQuants, MatmulAgainstDoubleLoop) {
   std::mt19937_64 rng(15);
-  auto cases = qcases();
+  auto cases = testing::quant_cases("gguf_quants", "gguf_quants_ref");
   ASSERT_FALSE(cases.empty());
-  for (const QCase& k : cases) {
+  for (const testing::QuantCase& k : cases) {
     WeightView w{k.dtype, k.rows, k.cols, k.blocks.data()};
     for (int64_t n : {1, 3, 9}) {
       auto x = testing::randn(static_cast<size_t>(n * k.cols), rng);

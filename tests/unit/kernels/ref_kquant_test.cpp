@@ -18,46 +18,7 @@
 namespace larder::kernels {
 namespace {
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path << " (fixture kquant_ref did not run?)";
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
 void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
-
-DType fmt_dtype(const std::string& s) {
-  return s == "Q4_K" ? DType::kQ4_K : s == "Q5_K" ? DType::kQ5_K : DType::kQ6_K;
-}
-
-struct KCase {
-  DType dtype;
-  int64_t rows, cols;
-  std::string stem;
-  std::vector<uint8_t> blocks;
-  std::vector<float> deq;
-};
-
-std::vector<KCase> kcases() {
-  const std::string dir = std::string(LARDER_TEST_DATA_DIR) + "/kquant/";
-  std::ifstream f(dir + "index.json");
-  EXPECT_TRUE(f.good()) << "fixture kquant_ref did not run";
-  std::vector<KCase> out;
-  if (!f.good()) return out;
-  for (const auto& c : nlohmann::json::parse(f)) {
-    KCase k;
-    k.dtype = fmt_dtype(c["format"]);
-    k.rows = c["rows"];
-    k.cols = c["cols"];
-    k.stem = c["stem"];
-    k.blocks = read_bytes(dir + k.stem + ".bin");
-    auto d = read_bytes(dir + k.stem + ".f32");
-    k.deq.resize(d.size() / 4);
-    std::memcpy(k.deq.data(), d.data(), d.size());
-    out.push_back(std::move(k));
-  }
-  return out;
-}
 
 TEST(RefKQuant, DTypeTable) {
   EXPECT_EQ(dtype_info(DType::kQ4_K).block_elems, 256u);
@@ -119,9 +80,9 @@ TEST(RefKQuant, HandBuiltQ6_K) {
 }
 
 TEST(RefKQuant, DequantMatchesGgufPyExactly) {
-  auto cases = kcases();
+  auto cases = testing::quant_cases("kquant", "kquant_ref");
   ASSERT_EQ(cases.size(), 24u);
-  for (const KCase& k : cases) {
+  for (const testing::QuantCase& k : cases) {
     ASSERT_EQ(k.blocks.size(), dtype_bytes(k.dtype, k.rows * k.cols)) << k.stem;
     ASSERT_EQ(k.deq.size(), static_cast<size_t>(k.rows * k.cols)) << k.stem;
     WeightView w{k.dtype, k.rows, k.cols, k.blocks.data()};
@@ -136,9 +97,9 @@ TEST(RefKQuant, DequantMatchesGgufPyExactly) {
 // The ref accumulates in double over the decoded weights: only the final rounding differs.
 TEST(RefKQuant, MatmulAgainstDoubleLoop) {
   std::mt19937_64 rng(14);
-  auto cases = kcases();
+  auto cases = testing::quant_cases("kquant", "kquant_ref");
   ASSERT_FALSE(cases.empty());
-  for (const KCase& k : cases) {
+  for (const testing::QuantCase& k : cases) {
     WeightView w{k.dtype, k.rows, k.cols, k.blocks.data()};
     for (int64_t n : {1, 3, 9}) {
       auto x = testing::randn(static_cast<size_t>(n * k.cols), rng);

@@ -20,11 +20,7 @@ namespace {
 
 using testing::randn;
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path << " (fixture kernels_ref did not run?)";
-  return {std::istreambuf_iterator<char>(f), {}};
-}
+std::vector<uint8_t> read_bytes(const std::string& path) { return testing::read_bytes(path, "kernels_ref"); }
 
 void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
@@ -50,37 +46,10 @@ TEST(RefDequant, HandBuiltQ4_0) {
   }
 }
 
-struct QCase {
-  DType dtype;
-  int64_t rows, cols;
-  std::vector<uint8_t> blocks;
-  std::vector<float> deq;
-};
-
-std::vector<QCase> fixture_cases() {
-  const std::string dir = std::string(LARDER_TEST_DATA_DIR) + "/kernels/";
-  std::ifstream f(dir + "index.json");
-  EXPECT_TRUE(f.good()) << "fixture kernels_ref did not run";
-  std::vector<QCase> out;
-  if (!f.good()) return out;
-  for (const auto& c : nlohmann::json::parse(f)) {
-    QCase q;
-    q.dtype = c["format"] == "Q8_0" ? DType::kQ8_0 : DType::kQ4_0;
-    q.rows = c["rows"];
-    q.cols = c["cols"];
-    q.blocks = read_bytes(dir + c["stem"].get<std::string>() + ".bin");
-    auto d = read_bytes(dir + c["stem"].get<std::string>() + ".f32");
-    q.deq.resize(d.size() / 4);
-    std::memcpy(q.deq.data(), d.data(), d.size());
-    out.push_back(std::move(q));
-  }
-  return out;
-}
-
 TEST(RefDequant, MatchesGgufPyExactly) {
-  auto cases = fixture_cases();
+  auto cases = testing::quant_cases("kernels", "kernels_ref");
   ASSERT_EQ(cases.size(), 12u);
-  for (const QCase& q : cases) {
+  for (const testing::QuantCase& q : cases) {
     ASSERT_EQ(q.blocks.size(), dtype_bytes(q.dtype, q.rows * q.cols));
     ASSERT_EQ(q.deq.size(), static_cast<size_t>(q.rows * q.cols));
     WeightView w{q.dtype, q.rows, q.cols, q.blocks.data()};
@@ -141,9 +110,9 @@ TEST(RefMatmul, PlainDtypesRaggedShapes) {
 
 TEST(RefMatmul, GgufBlockFormats) {
   std::mt19937_64 rng(12);
-  auto cases = fixture_cases();
+  auto cases = testing::quant_cases("kernels", "kernels_ref");
   ASSERT_FALSE(cases.empty());
-  for (const QCase& q : cases) {
+  for (const testing::QuantCase& q : cases) {
     for (int64_t n : {1, 4, 13}) expect_matmul({q.dtype, q.rows, q.cols, q.blocks.data()}, q.deq, n, rng);
   }
 }
