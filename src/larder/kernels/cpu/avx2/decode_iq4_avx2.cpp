@@ -49,10 +49,7 @@ struct IQ4XSDecode {
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    zero_acc(acc);
     const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i sh_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_h = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
@@ -104,10 +101,7 @@ struct IQ4XSDecode {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 

@@ -127,10 +127,7 @@ struct TwoBitDecode {
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    zero_acc(acc);
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
       prefetch_rows<kPf>(base, R, row_bytes, sb * F::kBlockBytes, F::kBlockBytes);
@@ -170,10 +167,7 @@ struct TwoBitDecode {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 

@@ -83,10 +83,7 @@ struct Q45KDecode {
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    zero_acc(acc);
     // m_j at int16 positions 2j and 2j + 1 of the broadcast [sc_0..sc_7 | m_0..m_7] (sums come per 16).
     const __m256i ctlm = _mm256_setr_epi8(8, -128, 8, -128, 9, -128, 9, -128, 10, -128, 10, -128, 11, -128, 11, -128,
                                           12, -128, 12, -128, 13, -128, 13, -128, 14, -128, 14, -128, 15, -128, 15, -128);
@@ -124,10 +121,7 @@ struct Q45KDecode {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 

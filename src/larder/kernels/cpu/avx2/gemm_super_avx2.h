@@ -59,9 +59,9 @@ struct SuperGemm {
     const uint8_t* codes;
     const uint8_t* mags;  // kSigned: [nb][R][32] |w|
     const int32_t* scm;   // [nb][R]
-    const int32_t* mnp;  // [nsb][4][R]
-    const float* d;      // [nsb][R]
-    const float* dmin;   // [nsb][R]
+    const int32_t* mnp;   // [nsb][4][R]
+    const float* d;       // [nsb][R]
+    const float* dmin;    // [nsb][R]
   };
 
   int64_t slice_align() const { return 8; }  // whole super-blocks

@@ -259,10 +259,7 @@ struct AffineKernel {
     LARDER_UNROLL
     for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    zero_acc(acc);
     // Scales and biases of the tile two ahead: separate tensors whose per-tile runs are too short
     // for the hardware prefetcher (the codes are prefetched per block). Without this, decode
     // stalled on them: 77–79 % → see bench/RESULTS.md for the measured gain.
@@ -300,10 +297,7 @@ struct AffineKernel {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 

@@ -70,10 +70,7 @@ struct IntKernel {
     LARDER_UNROLL
     for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    zero_acc(acc);
     const __m256i ones = _mm256_set1_epi16(1);
     float sc[R * 4];  // scale products d_w·d_x, [row][token]
     for (int64_t b = 0; b < nb; ++b) {
@@ -99,10 +96,7 @@ struct IntKernel {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 
@@ -209,11 +203,7 @@ struct Q4_0Kernel {
     LARDER_UNROLL
     for (int t = 0; t < T; ++t) xq[t] = a.token_blocks(t0 + t);
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r) {
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    }
+    zero_acc(acc);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
       __m256i u[R];
@@ -240,11 +230,7 @@ struct Q4_0Kernel {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t) {
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
-    }
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 
@@ -464,10 +450,7 @@ struct FloatKernel {
     LARDER_UNROLL
     for (int t = 0; t < T; ++t) xt[t] = x + (t0 + t) * cols;
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    zero_acc(acc);
     const int64_t c8 = cols & ~int64_t{7};
     for (int64_t c = 0; c < c8; c += 8) {
       // Per-row streams, as the AVX-512 BF16 kernel (one cache line per row per prefetch).

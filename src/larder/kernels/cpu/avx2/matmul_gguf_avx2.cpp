@@ -54,10 +54,7 @@ struct GgufKernel {
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    zero_acc(acc);
     const __m256i ones = _mm256_set1_epi16(1);
     alignas(32) int8_t wb[R][U::kElems];
     alignas(32) float sl[R][kLanes], cl[R][kLanes];
@@ -97,10 +94,7 @@ struct GgufKernel {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 
@@ -181,10 +175,7 @@ struct LinearKernel {
     LARDER_UNROLL
     for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
     __m256 acc[R][T];
-    LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
-      LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    zero_acc(acc);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; ++b) {
       prefetch_rows<kPf>(wr[0], R, row_bytes, b * L::kBytes, L::kBytes);
@@ -211,10 +202,7 @@ struct LinearKernel {
         }
       }
     }
-    LARDER_UNROLL
-    for (int t = 0; t < T; ++t)
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+    store_acc(acc, y, rows, r0, t0);
   }
 };
 

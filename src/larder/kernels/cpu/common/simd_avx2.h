@@ -31,6 +31,24 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// A decode tile's R×T accumulators (row r, token t): zeroed at its start, and at its end each
+// one's lane sum stored to y[t0 + t][r0 + r] (y is [tokens][rows]).
+template <int R, int T>
+__attribute__((always_inline)) inline void zero_acc(__m256 (&acc)[R][T]) {
+  LARDER_UNROLL
+  for (int r = 0; r < R; ++r)
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+}
+template <int R, int T>
+__attribute__((always_inline)) inline void store_acc(const __m256 (&acc)[R][T], float* y, int64_t rows, int64_t r0,
+                                                     int64_t t0) {
+  LARDER_UNROLL
+  for (int t = 0; t < T; ++t)
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum(acc[r][t]);
+}
+
 inline uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
