@@ -113,37 +113,26 @@ void matmul_gguf(const WeightView& w, const float* x, int64_t n, float* y) {
 //   acc += cvt(madd(maddubs(u, q_x), 1))·(d·d_x) + c·(bs/8)       (bs = d_x·Σ q_x; 8 lanes)
 // 6 vector ops per (row, token, 32 weights) against the generic kernel's 8 plus its per-block
 // lane-array stores — decode of these formats is compute-bound on one core otherwise.
-struct LinQ4_1 {
+// B: the GGUF block; kFifth: codes carry a fifth bit in qh (Q5_0, Q5_1); kMin: c is the block's
+// f16 m (Q4_1, Q5_1), else the zero point 16 (Q5_0).
+template <class B, bool kFifth, bool kMin>
+struct LinLowBit {
   static constexpr bool kSigned = false;
-  static constexpr size_t kBytes = sizeof(BlockQ4_1);
-  static __m256i codes(const uint8_t* blk) { return gu::nibbles32(blk + offsetof(BlockQ4_1, qs)); }
-  static void scales(const uint8_t* blk, const float* f16, float* d, float* c) {
-    *d = f16[load_u16(blk + offsetof(BlockQ4_1, d))];
-    *c = f16[load_u16(blk + offsetof(BlockQ4_1, m))];
-  }
-};
-struct LinQ5_1 {
-  static constexpr bool kSigned = false;
-  static constexpr size_t kBytes = sizeof(BlockQ5_1);
+  static constexpr size_t kBytes = sizeof(B);
   static __m256i codes(const uint8_t* blk) {
-    return _mm256_or_si256(gu::nibbles32(blk + offsetof(BlockQ5_1, qs)), gu::fifth_bits(blk + offsetof(BlockQ5_1, qh)));
+    const __m256i lo = gu::nibbles32(blk + offsetof(B, qs));
+    if constexpr (kFifth) return _mm256_or_si256(lo, gu::fifth_bits(blk + offsetof(B, qh)));
+    return lo;
   }
   static void scales(const uint8_t* blk, const float* f16, float* d, float* c) {
-    *d = f16[load_u16(blk + offsetof(BlockQ5_1, d))];
-    *c = f16[load_u16(blk + offsetof(BlockQ5_1, m))];
+    *d = f16[load_u16(blk + offsetof(B, d))];
+    if constexpr (kMin) *c = f16[load_u16(blk + offsetof(B, m))];
+    else *c = -16.0f * *d;
   }
 };
-struct LinQ5_0 {
-  static constexpr bool kSigned = false;
-  static constexpr size_t kBytes = sizeof(BlockQ5_0);
-  static __m256i codes(const uint8_t* blk) {
-    return _mm256_or_si256(gu::nibbles32(blk + offsetof(BlockQ5_0, qs)), gu::fifth_bits(blk + offsetof(BlockQ5_0, qh)));
-  }
-  static void scales(const uint8_t* blk, const float* f16, float* d, float* c) {
-    *d = f16[load_u16(blk + offsetof(BlockQ5_0, d))];
-    *c = -16.0f * *d;
-  }
-};
+using LinQ4_1 = LinLowBit<BlockQ4_1, false, true>;
+using LinQ5_1 = LinLowBit<BlockQ5_1, true, true>;
+using LinQ5_0 = LinLowBit<BlockQ5_0, true, false>;
 // IQ4_NL: signed codebook values (−127..113, no bias): maddubs takes |w| and sign(q_x, w), as the
 // Q8_0 decode kernel does.
 struct LinIQ4_NL {
