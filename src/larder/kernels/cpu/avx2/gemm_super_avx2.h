@@ -54,20 +54,25 @@ struct SuperGemm {
   float* y;
 
   // A tile's rows unpacked once per chunk (run_gemm_sliced): codes [nb][R][32]; per (block, row)
-  // the vpmaddwd multiplier sc_j|sc_j; per (super-block, row) the packed min pairs [4] and d, dmin.
+  // the vpmaddwd multiplier sc_j|sc_j; per (super-block, row) d and, unsigned, the packed min
+  // pairs [4] and dmin.
   struct Tile {
     const uint8_t* codes;
     const uint8_t* mags;  // kSigned: [nb][R][32] |w|
     const int32_t* scm;   // [nb][R]
-    const int32_t* mnp;   // [nsb][4][R]
     const float* d;       // [nsb][R]
-    const float* dmin;    // [nsb][R]
+    const int32_t* mnp;   // unsigned: [nsb][4][R]
+    const float* dmin;    // unsigned: [nsb][R]
   };
+
+  // int32/f32 words per (super-block, row) after the codes: 8 multipliers and d, then (unsigned)
+  // 4 min pairs and dmin.
+  static constexpr int kSideWords = kSigned ? 9 : 14;
 
   int64_t slice_align() const { return 8; }  // whole super-blocks
   size_t tile_bytes(int R) const {
     return (kSigned ? 2 : 1) * round_up64(static_cast<size_t>(nsb * 8 * R) * 32) +
-           round_up64(static_cast<size_t>(nsb * R) * 14 * 4);
+           round_up64(static_cast<size_t>(nsb * R) * kSideWords * 4);
   }
   template <int R>
   Tile unpack(int64_t r0, uint8_t* buf) const {
@@ -76,16 +81,20 @@ struct SuperGemm {
     uint8_t* codes = buf;
     uint8_t* mags = buf + cbytes;
     auto* scm = reinterpret_cast<int32_t*>(buf + (kSigned ? 2 : 1) * cbytes);
-    int32_t* mnp = scm + nb * R;
-    auto* d = reinterpret_cast<float*>(mnp + 4 * nsb * R);
-    float* dmin = d + nsb * R;
+    auto* d = reinterpret_cast<float*>(scm + nb * R);
+    auto* mnp = reinterpret_cast<int32_t*>(d + nsb * R);
+    auto* dmin = reinterpret_cast<float*>(mnp + 4 * nsb * R);
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + static_cast<uint64_t>(r0 + r) * row_bytes;
       for (int64_t sb = 0; sb < nsb; ++sb) {
         alignas(32) int8_t wb[256];
         int16_t sc[8], mn[8];
-        S::unpack_super(wr + sb * S::kBytes, wb, sc, mn, d[sb * R + r], dmin[sb * R + r]);
-        for (int i = 0; i < 4; ++i) mnp[(4 * sb + i) * R + r] = pack_i16_pair(mn[2 * i], mn[2 * i + 1]);
+        float dm;  // signed: the unpacker's d again (its min form for the AVX-512 path), unused
+        S::unpack_super(wr + sb * S::kBytes, wb, sc, mn, d[sb * R + r], dm);
+        if constexpr (!kSigned) {
+          dmin[sb * R + r] = dm;
+          for (int i = 0; i < 4; ++i) mnp[(4 * sb + i) * R + r] = pack_i16_pair(mn[2 * i], mn[2 * i + 1]);
+        }
         for (int j = 0; j < 8; ++j) {
           const int64_t b = sb * 8 + j;
           const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + 32 * j));
@@ -96,7 +105,7 @@ struct SuperGemm {
         }
       }
     }
-    return Tile{codes, mags, scm, mnp, d, dmin};
+    return Tile{codes, mags, scm, d, mnp, dmin};
   }
 
   template <int R, bool kFirst, bool kLast>
@@ -175,20 +184,15 @@ void gemm_super(const WeightView& w, const float* x, int64_t n, float* y) {
   auto* side = static_cast<uint8_t*>(thread_scratch(5 * lanes * 4 + 64, 3));
   auto* dk = reinterpret_cast<float*>(side);
   auto* qp = reinterpret_cast<int32_t*>(side + lanes * 4);
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    for (int64_t t = 0; t < a.n_pad; ++t) {
-      const bool real = t < n;
-      dk[sb * a.n_pad + t] = real ? ak.scales(t)[sb] : 0.0f;
-      if constexpr (SuperGemm<S>::kSigned) continue;  // no mins
-      for (int i = 0; i < 4; ++i) {
-        int32_t v = 0;  // padding tokens: zero sums
-        if (real) {
-          const int16_t* s16 = ak.sums16(t) + 16 * sb + 4 * i;  // four 16-sums: blocks 2i, 2i + 1
-          v = pack_i16_pair(s16[0] + s16[1], s16[2] + s16[3]);
+  for (int64_t sb = 0; sb < nsb; ++sb)
+    for (int64_t t = 0; t < a.n_pad; ++t) dk[sb * a.n_pad + t] = t < n ? ak.scales(t)[sb] : 0.0f;
+  if constexpr (!SuperGemm<S>::kSigned) {  // the mins' activation sums (padding tokens: zero)
+    for (int64_t sb = 0; sb < nsb; ++sb)
+      for (int64_t t = 0; t < a.n_pad; ++t)
+        for (int i = 0; i < 4; ++i) {
+          const int16_t* s16 = t < n ? ak.sums16(t) + 16 * sb + 4 * i : nullptr;  // blocks 2i, 2i + 1
+          qp[(sb * 4 + i) * a.n_pad + t] = s16 ? pack_i16_pair(s16[0] + s16[1], s16[2] + s16[3]) : 0;
         }
-        qp[(sb * 4 + i) * a.n_pad + t] = v;
-      }
-    }
   }
   const SuperGemm<S> k{w.data, w.row_bytes(), w.rows, nsb, n, act8, dk, qp, a.n_pad, y};
   run_gemm_sliced(k, w.rows, a.n_pad / 8, nb);
