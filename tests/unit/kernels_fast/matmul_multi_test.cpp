@@ -95,7 +95,8 @@ TEST_P(FastMatmulMulti, EqualsOneMatmulPerWeight) {
   const int64_t kcols_set[] = {256, 512, 1280};
   for (int threads : {1, 2, 3}) {
     default_pool().set_threads(threads);
-    // BF16 fuses only its prefill GEMM (n >= 16): 17 and 40 are 2 and 3 token groups, ragged.
+    // BF16 fuses its decode kernel below 16 tokens and its prefill GEMM from 16: 17 and 40 are 2
+    // and 3 token groups, ragged.
     for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 17, 40}) {
       for (int count : {2, 3}) {
         const int64_t cols = kq ? kcols_set[rng() % 3] : cols_set[rng() % 5];

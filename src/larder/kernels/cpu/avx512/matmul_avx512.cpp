@@ -96,8 +96,9 @@ inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 struct BF16Kernel {
   static constexpr int kRows1 = 4;
   // matmul_driver.h rows1, Zen 5: 1B BF16 tg64, 8 alternating triples, medians generic (4 rows) 22.2,
-  // 2 rows 21.9, 1 row 23.9 tok/s (1 row ahead of generic in 7 of 8). Zen 4 takes the same
-  // set and so this row count too: not measured there yet.
+  // 2 rows 21.9, 1 row 23.9 tok/s (1 row ahead of generic in 7 of 8). Zen 4 takes the same set
+  // and so this row count too (session 33, 1B BF16 tg32, 6 alternating pairs with prefetch: level
+  // under load, 95.4 vs 95.6 % of the probe; idle 72.8 vs 76.5 % over 3 runs each).
   static constexpr int kRows1Zen = 1;
   static constexpr int kRowsN = 4;
 
@@ -117,12 +118,20 @@ struct BF16Kernel {
     for (int t = 0; t < T; ++t) xt[t] = xb + (t0 + t) * cols32;
     __m512 acc[R][T];
     zero_acc(acc);
+    // Software prefetch: per-row streams (prefetch_rows' long regime) at any width — a bf16 row
+    // is 4 KiB at 2048 columns. The old whole-tile sweep two tiles (32–128 KiB) ahead into L1:
+    // 1B BF16 tg64, 2 threads, Zen 4, alternating: 14.7 → 20.3 tok/s (medians of 4), 14.8 → 16.2
+    // (of 5, another hour); the AVX2 kernel 15.1 → 20.0 (of 3).
+    // None for a one-row tile of a row up to 8 KiB (the zen tile set's decode, up to 4096
+    // columns): consecutive rows are one linear stream per core, which the hardware prefetchers
+    // follow on their own at one vdpbf16ps per 64 bytes, and prefetching every line into L2 as
+    // well held it below the idle host's bandwidth (session 33, Zen 4, kernel_bench 2 threads in
+    // idle windows, GB/s with → without: 8192x2048 52–57 → 63–65, 4096x4096 52–56 → 60–65; 1B BF16
+    // decode in bench/RESULTS.md). Longer rows keep it: 2048x8192 (16 KiB rows, whose 16 KiB of
+    // activations no longer stay in L1 beside the stream) 48–57 → 44–45.
+    const bool pf = R > 1 || long_rows(1, row_bytes);
     auto step = [&](int64_t c, __mmask32 m) {
-      // Per-row streams (prefetch_rows' long regime) at any width: a bf16 row is 4 KiB at 2048
-      // columns. The old whole-tile sweep two tiles (32–128 KiB) ahead into L1: 1B BF16 tg64,
-      // 2 threads, Zen 4, alternating: 14.7 → 20.3 tok/s (medians of 4), 14.8 → 16.2 (of 5, another
-      // hour); the AVX2 kernel 15.1 → 20.0 (of 3).
-      prefetch_rows<true>(wr[0], R, row_bytes, 2 * c, 64);
+      if (pf) prefetch_rows<true>(wr[0], R, row_bytes, 2 * c, 64);
       __m512i wv[R];
       // Masked on the tail: the last row may end at the end of the mapping.
       LARDER_UNROLL
@@ -987,12 +996,11 @@ void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const 
   run_multi_decode(prepare_q8_0(ws[0], x, n, ys[0]), ws, ys, count, n, cols + 4 * (cols / 32));
 }
 
-void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
-  if (n <= 0 || w.rows <= 0) return;
-  if (n >= kBf16GemmMinTokens && w.cols > 0 && w.cols % 2 == 0) {
-    gemm_bf16(w, x, n, y);
-    return;
-  }
+namespace {
+
+// The decode kernel over x rounded to bf16 (slot 1 of the calling thread's scratch), for w and
+// every weight of its matmul_multi group (same cols).
+BF16Kernel prepare_bf16_decode(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, cols32 = (cols + 31) / 32 * 32;
   auto* xb = static_cast<uint16_t*>(thread_scratch(static_cast<size_t>(n * cols32) * 2, 1));
   for (int64_t t = 0; t < n; ++t) {
@@ -1007,16 +1015,34 @@ void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
       _mm512_store_si512(xb + t * cols32 + c, reinterpret_cast<__m512i&>(v));
     }
   }
-  BF16Kernel k{w.data, w.row_bytes(), w.rows, cols, cols32, xb, y};
-  run_matmul_tiles(k, w.rows, n, cols32 * 2);
+  return BF16Kernel{w.data, w.row_bytes(), w.rows, cols, cols32, xb, y};
 }
 
-// Fused prefill (q/k/v, gate/up): the activations are converted once, and the chunks of all
-// weights run as one pool job. Decode (n < 16) runs one matmul per weight.
+}  // namespace
+
+void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (n <= 0 || w.rows <= 0) return;
+  if (n >= kBf16GemmMinTokens && w.cols > 0 && w.cols % 2 == 0) {
+    gemm_bf16(w, x, n, y);
+    return;
+  }
+  const BF16Kernel k = prepare_bf16_decode(w, x, n, y);
+  run_matmul_tiles(k, w.rows, n, k.cols32 * 2);
+}
+
+// Fused q/k/v and gate/up: the activations are converted once, and the weights run as one pool
+// job — decode (n < 16) as one set of decode regions across the weights (run_multi_decode),
+// prefill as the chunks of every weight's GEMM.
 void matmul_multi_bf16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   constexpr int kMax = 4;  // kernels::kMaxMultiMatmul
   const int64_t cols = count > 0 ? ws[0].cols : 0;
-  if (n < kBf16GemmMinTokens || cols <= 0 || cols % 2 != 0 || count > kMax) {
+  if (count <= 0 || n <= 0) return;
+  if (n < kBf16GemmMinTokens) {
+    const BF16Kernel k = prepare_bf16_decode(ws[0], x, n, ys[0]);
+    run_multi_decode(k, ws, ys, count, n, k.cols32 * 2);
+    return;
+  }
+  if (cols <= 0 || cols % 2 != 0 || count > kMax) {
     for (int i = 0; i < count; ++i) matmul_bf16(ws[i], x, n, ys[i]);
     return;
   }
