@@ -49,8 +49,9 @@ CASES = {
 }
 # The GGUF types llama.cpp's own llama-quantize makes from the BF16 GGUF (llamacpp_compare.sh), the
 # same file run by both engines: the mixes people download (Q4_K_M = Q4_K + Q6_K, Q3_K_M, Q5_K_M, Q2_K
-# with its Q3_K/Q4_K tensors) and the single-type formats of issue 12.
-QUANTIZED = ["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
+# with its Q3_K/Q4_K tensors), the single-type formats of issue 12, and F16 (the unquantized
+# half-precision file llama.cpp's converter writes by default).
+QUANTIZED = ["Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "F16"]
 for _q in QUANTIZED:
     CASES[f"gguf-{_q}"] = (f"gguf-{_q}", f"gguf-{_q}")
 ORDER = (["gguf-Q4_0", "mlx-q4g64", "gguf-Q4_K_M", "gguf-Q8_0", "mlx-q8g64", "bf16"]

@@ -39,7 +39,7 @@
 #   bf16       larder HF bf16 safetensors vs llama.cpp BF16 GGUF
 #   gguf-Q4_K_M the same Q4_K_M GGUF in both (made by llama.cpp's llama-quantize from the BF16 GGUF);
 #               likewise gguf-Q4_1 gguf-Q5_0 gguf-Q5_1 gguf-Q2_K gguf-Q3_K_M gguf-Q5_K_M gguf-Q6_K
-#               gguf-IQ4_NL gguf-IQ4_XS. `--cases formats` = all GGUF types + mlx-q4g64 + bf16 (issue 12's
+#               gguf-IQ4_NL gguf-IQ4_XS gguf-F16. `--cases formats` = all GGUF types + mlx-q4g64 + bf16 (issue 12's
 #               per-format table in one command); --models-only makes the files and stops.
 # Heavy steps run under `nice -n 10` (shared machine). Check `uptime` first: the host is noisy.
 set -euo pipefail
@@ -55,7 +55,7 @@ THREADS="1 2"
 MODELS="llama1b"
 CASES="gguf-Q4_0 mlx-q4g64 gguf-Q8_0 mlx-q8g64 bf16"
 # --cases formats: every GGUF type side by side (issue 12) plus the MLX 4-bit and bf16 cases
-FORMAT_CASES="gguf-Q4_0 gguf-Q4_1 gguf-Q5_0 gguf-Q5_1 gguf-Q8_0 gguf-Q2_K gguf-Q3_K_M gguf-Q4_K_M gguf-Q5_K_M gguf-Q6_K gguf-IQ4_NL gguf-IQ4_XS mlx-q4g64 bf16"
+FORMAT_CASES="gguf-Q4_0 gguf-Q4_1 gguf-Q5_0 gguf-Q5_1 gguf-Q8_0 gguf-Q2_K gguf-Q3_K_M gguf-Q4_K_M gguf-Q5_K_M gguf-Q6_K gguf-IQ4_NL gguf-IQ4_XS gguf-F16 mlx-q4g64 bf16"
 OUT=""
 NICE="${NICE:-10}"
 WAIT_LOAD=0

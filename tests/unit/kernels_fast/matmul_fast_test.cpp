@@ -277,7 +277,7 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmul,
                                          TierFormat{"avx2", DType::kBF16}, TierFormat{"avx2", DType::kF16},
                                          TierFormat{"avx2", DType::kF32}, TierFormat{"avx512", DType::kQ8_0},
                                          TierFormat{"avx512", DType::kQ4_0},
-                                         TierFormat{"avx512", DType::kBF16}),
+                                         TierFormat{"avx512", DType::kBF16}, TierFormat{"avx512", DType::kF16}),
                          name_of);
 
 // ---- MLX affine -------------------------------------------------------------------------------
@@ -526,7 +526,7 @@ TEST(Registration, FastTierOverwritesMatmulEntries) {
   EXPECT_EQ(exact.matmul[static_cast<int>(DType::kBF16)], t.matmul[static_cast<int>(DType::kBF16)]);
   const bool avx512 = cpu_features().has_avx512_tier();
   EXPECT_STREQ(t.name, avx512 ? "avx512" : "avx2");
-  EXPECT_EQ(t.matmul[static_cast<int>(DType::kF16)], cpu::fast_matmul("avx2", DType::kF16));
+  EXPECT_EQ(t.matmul[static_cast<int>(DType::kF16)], cpu::fast_matmul(avx512 ? "avx512" : "avx2", DType::kF16));
   EXPECT_EQ(t.matmul[static_cast<int>(DType::kQ4_0)], cpu::fast_matmul(avx512 ? "avx512" : "avx2", DType::kQ4_0));
   EXPECT_EQ(t.matmul_affine[4], cpu::fast_matmul_affine(avx512 ? "avx512" : "avx2", 4));
   EXPECT_EQ(t.matmul_affine[3], cpu::fast_matmul_affine(avx512 ? "avx512" : "avx2", 3));

@@ -28,10 +28,10 @@ namespace {
 // Random codes with valid f16 scale fields (~0.001–0.02: outputs of order 1).
 std::vector<uint8_t> random_weights(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
   std::vector<uint8_t> w(dtype_bytes(dt, static_cast<uint64_t>(rows * cols)));
-  if (dt == DType::kBF16) {  // random bytes would be NaN/Inf: values of order 1/sqrt(cols)
+  if (dt == DType::kBF16 || dt == DType::kF16) {  // random bytes would be NaN/Inf: values of order 1/sqrt(cols)
     std::normal_distribution<float> nd(0.0f, 0.03f);
     for (size_t i = 0; i + 1 < w.size(); i += 2) {
-      const uint16_t h = f32_to_bf16(nd(rng));
+      const uint16_t h = dt == DType::kF16 ? f32_to_f16(nd(rng)) : f32_to_bf16(nd(rng));
       std::memcpy(&w[i], &h, 2);
     }
     return w;
@@ -137,7 +137,8 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmulMulti,
                                          TierFormat{"avx512", DType::kQ8_0}, TierFormat{"avx512", DType::kQ4_0},
                                          TierFormat{"avx512", DType::kQ4_K}, TierFormat{"avx512", DType::kQ5_K},
                                          TierFormat{"avx512", DType::kQ6_K}, TierFormat{"avx512", DType::kBF16},
-                                         TierFormat{"avx512", DType::kQ3_K}, TierFormat{"avx512", DType::kQ2_K}),
+                                         TierFormat{"avx512", DType::kQ3_K}, TierFormat{"avx512", DType::kQ2_K},
+                                         TierFormat{"avx512", DType::kF16}),
                          [](const testing::TestParamInfo<TierFormat>& p) {
                            return std::string(p.param.tier) + "_" + dtype_name(p.param.dtype);
                          });

@@ -133,8 +133,11 @@ void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const 
 void matmul_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y);
-// Prefill (n >= 16): one bf16 activation conversion and one pool job for all weights.
+// One bf16 activation conversion and one pool job for all weights (decode and prefill).
 void matmul_multi_bf16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+// F16: decode (n <= 8) widening 16 halves per instruction; prefill on the AVX2 kernel.
+void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_multi_f16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // MLX affine, bits {2,3,4,5,6,8}: prefill on the VNNI GEMM; decode of 4/8 bits with groups of
 // 64/128 on AVX-512, the rest on the AVX2 kernel (matmul_affine_avx512.cpp).
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y);

@@ -208,6 +208,7 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
       case DType::kQ5_K: return avx512::matmul_q5_k;
       case DType::kIQ4_XS: return avx512::matmul_iq4_xs;
       case DType::kBF16: return avx512::matmul_bf16;
+      case DType::kF16: return avx512::matmul_f16;
       default: return nullptr;
     }
   }
@@ -239,6 +240,7 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kQ5_K: return avx512::matmul_multi_q5_k;
       case DType::kQ6_K: return avx512::matmul_multi_q6_k;
       case DType::kBF16: return avx512::matmul_multi_bf16;
+      case DType::kF16: return avx512::matmul_multi_f16;
       case DType::kIQ4_NL: return avx512::matmul_multi_iq4_nl;
       case DType::kIQ4_XS: return avx512::matmul_multi_iq4_xs;
       case DType::kQ3_K: return avx512::matmul_multi_q3_k;
