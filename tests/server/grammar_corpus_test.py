@@ -25,9 +25,13 @@ class SchemaStoreCorpusTest(unittest.TestCase):
     def test_ci_subset(self):
         corpus = schema_corpus.ci_subset(schema_corpus.load())
         self.assertEqual(len(corpus), 32)
-        server = Server(SMOLLM2, "--parallel", "8", "--ctx", "4096", startup_timeout=120).start()
+        # One request at a time: with 8 in flight the batches' make-up varied from run to run, and
+        # with it the logits in their last bits (prefill and decode kernels differ in rounding), so
+        # seeded sampling drifted: 7–11 of the 32 validated over 7 runs of one build. Served
+        # alone, each answer is a function of the build. (Grammars sharing a batch: grammar_test.py.)
+        server = Server(SMOLLM2, "--parallel", "1", "--ctx", "4096", startup_timeout=120).start()
         try:
-            results = schema_corpus.run(server, corpus, max_tokens=64, retry_tokens=192)
+            results = schema_corpus.run(server, corpus, max_tokens=64, retry_tokens=192, parallel=1)
         finally:
             server.stop()
         c = schema_corpus.counts(results)
