@@ -153,7 +153,8 @@ struct BF16Kernel {
 // F16 decode (n <= 8): 16 halves widened per vcvtph2ps (exact) against x in f32, one FMA per 16
 // weights. The AVX2 kernel this replaces on the AVX-512 tier widens 8 per instruction and was
 // compute-bound on Zen 4 at about half of one core's DRAM stream (kernel_bench --hot, 1 thread,
-// 128x2048: 16–17 GB/s). Tiles, rows per tile and prefetch as BF16Kernel's.
+// 128x2048: 16–17 GB/s); this one 45–48 GB/s. Tiles and prefetch as BF16Kernel's, rows per tile
+// below.
 struct F16Kernel {
   // Four rows per tile with the zen tile set too. Unlike BF16's, its activations are f32 (16 KiB
   // per token at 4096 columns, 32 KiB at 8192) and one-row tiles streamed slower: session 33, Zen
@@ -171,9 +172,10 @@ struct F16Kernel {
 
   template <int R, int T>
   void tile(int64_t r0, int64_t t0) const {
-    // Independent sums per output for small tiles: one row and one token in a single FMA chain
-    // waits its 4-cycle latency per 32 bytes of weights, ~30 GB/s at 3.7 GHz — one Zen 4 core's
-    // DRAM stream, with nothing to spare (kernel_bench --hot 128x2048, 1 thread: 30 → 49 GB/s).
+    // Independent sums per output for tiles of one or two outputs (a region's last rows): one
+    // row and one token in a single FMA chain waits its 4-cycle latency per 32 bytes of weights,
+    // ~30 GB/s at 3.7 GHz, one Zen 4 core's DRAM stream (kernel_bench --hot 128x2048, 1 thread,
+    // one-row tiles: 30 → 45 GB/s with four sums).
     constexpr int kC = R * T == 1 ? 4 : R * T == 2 ? 2 : 1;
     const uint8_t* wr[R];
     LARDER_UNROLL
@@ -181,7 +183,7 @@ struct F16Kernel {
     __m512 acc[kC][R][T];
     LARDER_UNROLL
     for (int k = 0; k < kC; ++k) zero_acc(acc[k]);
-    const bool pf = R > 1 || long_rows(1, row_bytes);  // BF16Kernel's rule (one-row tiles: tails)
+    const bool pf = R > 1 || long_rows(1, row_bytes);  // BF16Kernel's rule
     auto step = [&](int64_t c, __mmask16 m, __m512 (&a)[R][T]) __attribute__((always_inline)) {
       if (pf && c % 32 == 0) prefetch_rows<true>(wr[0], R, row_bytes, 2 * c, 64);
       __m512 wv[R];
