@@ -1101,8 +1101,8 @@ void matmul_bf16(const WeightView& w, const float* x, int64_t n, float* y) {
 // prefill as the chunks of every weight's GEMM.
 void matmul_multi_bf16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   constexpr int kMax = 4;  // kernels::kMaxMultiMatmul
-  const int64_t cols = count > 0 ? ws[0].cols : 0;
   if (count <= 0 || n <= 0) return;
+  const int64_t cols = ws[0].cols;
   if (n < kBf16GemmMinTokens) {
     const BF16Kernel k = prepare_bf16_decode(ws[0], x, n, ys[0]);
     run_multi_decode(k, ws, ys, count, n, k.cols32 * 2);
