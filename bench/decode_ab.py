@@ -2,10 +2,11 @@
 """Decode A/B on a host whose memory a neighbour loads on and off.
 
     .venv/bin/python bench/decode_ab.py --model MODEL [--rounds 10] [-n 32] [-t 2] [-r 3]
-        [--idle 50] [--loaded 42] NAME=[BIN=path,][ENV=value,...] NAME=... ...
+        [--idle 50] [--loaded 42] NAME=[BIN=path,][ARGS=flags,][ENV=value,...] NAME=...
 
 Each variant is a `larder bench MODEL -p 0 -n N -t T -r R --json` run with its own binary (BIN=,
-default build/bin/larder) and environment (e.g. LARDER_ISA=avx2, LARDER_DECODE_TILES=generic).
+default build/bin/larder) and environment (e.g. LARDER_ISA=avx2, LARDER_DECODE_TILES=generic), and extra `larder bench`
+flags (ARGS=, split at spaces: "nommap=ARGS=--no-mmap").
 The variants alternate, in reverse order every other round. `larder bench` reports each decode
 run as a % of the read probe and the probes taken before and after it; a run counts as
 **idle** when both of its probes are >= --idle GB/s, **loaded** when both are < --loaded, and as
@@ -27,14 +28,16 @@ import sys
 
 def parse_variant(spec, default_bin):
     name, _, rest = spec.partition("=")
-    env, binary = dict(os.environ), default_bin
+    env, binary, args = dict(os.environ), default_bin, []
     for kv in filter(None, rest.split(",")):
         k, _, v = kv.partition("=")
         if k == "BIN":
             binary = v
+        elif k == "ARGS":
+            args += v.split()
         else:
             env[k] = v
-    return name, binary, env
+    return name, binary, env, args
 
 
 def main():
@@ -47,13 +50,13 @@ def main():
     ap.add_argument("-r", type=int, default=3, help="runs per larder bench call")
     ap.add_argument("--idle", type=float, default=50.0, help="GB/s: both probes at least this = idle")
     ap.add_argument("--loaded", type=float, default=42.0, help="GB/s: both probes below this = loaded")
-    ap.add_argument("variants", nargs="+", metavar="NAME=[BIN=path,][ENV=value,...]")
+    ap.add_argument("variants", nargs="+", metavar="NAME=[BIN=path,][ARGS=flags,][ENV=value,...]")
     a = ap.parse_args()
     variants = [parse_variant(v, a.bin) for v in a.variants]
-    runs = {name: {"idle": [], "loaded": [], "mixed": []} for name, _, _ in variants}
+    runs = {name: {"idle": [], "loaded": [], "mixed": []} for name, _, _, _ in variants}
     for rd in range(a.rounds):
-        for name, binary, env in variants if rd % 2 == 0 else variants[::-1]:
-            cmd = [binary, "bench", a.model, "-p", "0", "-n", str(a.n), "-t", str(a.t), "-r", str(a.r), "--json"]
+        for name, binary, env, args in variants if rd % 2 == 0 else variants[::-1]:
+            cmd = [binary, "bench", a.model, "-p", "0", "-n", str(a.n), "-t", str(a.t), "-r", str(a.r), "--json"] + args
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode != 0 or "{" not in p.stdout:
                 sys.exit(f"{name}: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
