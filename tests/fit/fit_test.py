@@ -77,6 +77,11 @@ class FitTest(unittest.TestCase):
         if smol:
             cls.models.append((smol[0], (256, 1024, 2048)))
 
+    @classmethod
+    def tearDownClass(cls):
+        import shutil
+        shutil.rmtree(cls.tmp, ignore_errors=True)  # the tiny HF model: 72 MB per run
+
     def estimate(self, model, ctx, parallel=1, env=None):
         r = run("info", model, "--ctx", str(ctx), "--parallel", str(parallel), "--json", env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -165,6 +170,7 @@ class FitTest(unittest.TestCase):
         # of the file cold; a small GGUF is read whole by that read-around.
         import shutil
         d = tempfile.mkdtemp(prefix="cold-", dir=os.environ.get("LARDER_TEST_DATA_DIR") or None)
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
         model = os.path.join(d, "cold")
         shutil.copytree(self.tiny_hf, model)
         for f in os.listdir(model):
@@ -193,7 +199,6 @@ class FitTest(unittest.TestCase):
             if "loading model.safetensors" not in r.stderr:
                 break
         self.assertNotIn("loading model.safetensors", r.stderr)
-        shutil.rmtree(d, ignore_errors=True)
 
 if __name__ == "__main__":
     unittest.main()

@@ -118,7 +118,11 @@ class MemoryPressureTest(unittest.TestCase):
         import os
         import tempfile
         from server_harness import STORIES_PROMPT
+        import shutil
         ssd = tempfile.mkdtemp(prefix="larder_pressure_")
+        ssd2 = tempfile.mkdtemp(prefix="larder_pressure_")
+        self.addCleanup(shutil.rmtree, ssd, ignore_errors=True)
+        self.addCleanup(shutil.rmtree, ssd2, ignore_errors=True)
         body = {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0}
         env = {**os.environ, "LARDER_MEMORY_LIMIT": "1G"}
         s = Server(STORIES, "--ssd-cache", ssd, "--min-free-memory", "2G", env=env).start()
@@ -140,8 +144,7 @@ class MemoryPressureTest(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
         # Above the mark nothing moves: the entry stays in RAM.
-        s = Server(STORIES, "--ssd-cache", tempfile.mkdtemp(prefix="larder_pressure_"), "--min-free-memory", "512M",
-                   env=env).start()
+        s = Server(STORIES, "--ssd-cache", ssd2, "--min-free-memory", "512M", env=env).start()
         try:
             s.post("/v1/completions", body)
             time.sleep(1.5)
