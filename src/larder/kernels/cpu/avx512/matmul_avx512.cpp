@@ -658,7 +658,9 @@ struct Q4_0Quad {
   // probe >= 50 GB/s) 4 rows decoded 74.0 tok/s (median of 10; 71.2–84.0) against 71.2 (of 13;
   // 64.6–76.9), paired 1.05× [0.99–1.09]; with the neighbour loading memory 51.9 vs 53.2 (paired
   // 0.985× over 25); 1 thread 41.6–43.5 vs 35.4–42.1. Session 17 had measured no gain from fewer
-  // rows here either; the target is the idle host.
+  // rows here either; the target is the idle host. Session 34 again (% of the idle probe):
+  // one row 66.9 vs 75.0; a repacked layout's row-interleaved stream (llama.cpp's Q4_0 repack),
+  // emulated with and without this step's permutes, 72–78 vs 77–80 — not worth a private copy.
   static constexpr int kRows1Zen4 = kRows1;
   static constexpr int kRowsN = 2;
   const uint8_t* w;

@@ -102,6 +102,13 @@ inline __m256 f16x8_to_f32(const uint8_t* p) {
 // three: 640); 1B decode tg64, 2 threads, medians: Q6_K 35.7 → 43.3 tok/s, Q4_K_M 40.7 → 49.4,
 // Q5_K_M 40.1 → 47.8, Q3_K_M 44.9 → 56.7, Q8_0 21.8 → 24.3; Q4_0, MLX q4, IQ4_XS and the AVX2
 // tier (Q4_0) unchanged within the host's noise.
+// Why every line, and why prefetch instructions (Zen 4, session 34, bench/RESULTS.md: 1B Q4_0 decode
+// at 2 threads with test builds of the tile): the hardware prefetchers keep only one linear stream
+// per core near the idle read probe, and only while its demand loads come densely — pure loads
+// 78–90 %, BF16's one weight and one activation load per 64 bytes 88 % — so with no software
+// prefetch a one-row tile doing the Q4_0 step's arithmetic read ~40 % and a two-row tile ~43 %
+// with no arithmetic at all. Prefetching every other line read 41 % (the neighbour line does not
+// come with it), and loads in place of the prefetches 30–34 % (each miss holds retirement).
 // `done` and `step` count bytes per row: consumed before this step, and consumed by it.
 inline bool long_rows(int R, uint64_t row_bytes) { return static_cast<uint64_t>(R) * row_bytes > 8192; }
 
