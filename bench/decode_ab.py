@@ -5,8 +5,8 @@
         [--idle 50] [--loaded 42] NAME=[BIN=path,][ARGS=flags,][ENV=value,...] NAME=...
 
 Each variant is a `larder bench MODEL -p 0 -n N -t T -r R --json` run with its own binary (BIN=,
-default build/bin/larder) and environment (e.g. LARDER_ISA=avx2, LARDER_DECODE_TILES=generic), and extra `larder bench`
-flags (ARGS=, split at spaces: "nommap=ARGS=--no-mmap").
+default build/bin/larder), environment (e.g. LARDER_ISA=avx2, LARDER_DECODE_TILES=generic) and
+extra `larder bench` flags (ARGS=, split at spaces: "nommap=ARGS=--no-mmap").
 The variants alternate, in reverse order every other round. `larder bench` reports each decode
 run as a % of the read probe and the probes taken before and after it; a run counts as
 **idle** when both of its probes are >= --idle GB/s, **loaded** when both are < --loaded, and as
