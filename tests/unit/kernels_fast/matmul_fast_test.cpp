@@ -6,6 +6,9 @@
 //   We allow 2·(cols/8 + 8)·u·S.
 // - BF16 on AVX-512 (vdpbf16ps): the activation is rounded to bf16 (relative error <= 2^-9 per
 //   element) ⇒ + 2^-9·S, plus f32 accumulation as above; we allow 2^-8·S + 2·(cols/16 + 8)·2u·S.
+// - F16 on AVX-512, decode (n <= 8): the activation is rounded to f16 (as llama.cpp does for F16
+//   weights; relative error <= 2^-11 per element in f16's normal range) ⇒ + 2^-11·S; we allow
+//   2^-10·S + the f32 accumulation term. Activations past f16's range keep f32 (FastF16Decode).
 // - Q8_0 / Q4_0: the weight values are exact, but the kernels quantize activations to int8 blocks
 //   (act_quant.h: d = amax/127, |x − d·q| <= d/2). Hence
 //     |err| <= Q = Σ_blocks (d_x/2)·Σ_{i∈block} |w_i|   (+ f32 accumulation of nb block terms)
@@ -184,6 +187,7 @@ TEST_P(FastMatmul, MatchesReferenceWithinBound) {
   ASSERT_NE(fast, nullptr);
   const bool is_int = tf.dtype == DType::kQ8_0 || tf.dtype == DType::kQ4_0;
   const bool bf16_dot = std::string(tf.tier) == "avx512" && tf.dtype == DType::kBF16;
+  const bool f16_half = std::string(tf.tier) == "avx512" && tf.dtype == DType::kF16;
   std::mt19937 rng(static_cast<unsigned>(static_cast<int>(tf.dtype) * 7919 + (bf16_dot ? 1 : 0)));
   double worst_rel = 0;  // max |err| / S, reported for the error-bound discussion
   double worst_ratio = 0;  // max |err| / allowed
@@ -256,6 +260,8 @@ TEST_P(FastMatmul, MatchesReferenceWithinBound) {
             tol = Q * (1 + 1e-6) + tight + 2 * kU * std::fabs(want);
           } else if (bf16_dot) {
             tol = std::ldexp(1.0, -8) * S + 2 * (c.cols / 16.0 + 8) * 2 * kU * S + 1e-30;
+          } else if (f16_half && c.n <= 8) {
+            tol = std::ldexp(1.0, -10) * S + 2 * (c.cols / 16.0 + 8) * 2 * kU * S + 1e-30;
           } else {
             tol = 2 * (c.cols / 8.0 + 8) * kU * S + 1e-30;
           }
@@ -279,6 +285,41 @@ INSTANTIATE_TEST_SUITE_P(Tiers, FastMatmul,
                                          TierFormat{"avx512", DType::kQ4_0},
                                          TierFormat{"avx512", DType::kBF16}, TierFormat{"avx512", DType::kF16}),
                          name_of);
+
+// AVX-512 F16 decode rounds the activations to f16 unless one is past f16's range (|x| > 65504
+// would become inf): that call keeps f32 activations, so it meets the f32 bound — which the f16
+// path, 2^-11 relative per activation, does not at these sizes — matmul and matmul_multi alike.
+TEST(FastF16Decode, ActivationsPastHalfRangeKeepF32) {
+  if (!cpu_features().has_avx512_tier()) GTEST_SKIP() << "no AVX-512 tier: " << cpu_features().describe();
+  const MatmulFn fast = cpu::fast_matmul("avx512", DType::kF16);
+  const MatmulMultiFn multi = cpu::fast_matmul_multi("avx512", DType::kF16);
+  ASSERT_NE(fast, nullptr);
+  ASSERT_NE(multi, nullptr);
+  std::mt19937 rng(4242);
+  for (int64_t n : {1, 3, 8}) {
+    const int64_t rows = 37, cols = 200;
+    SCOPED_TRACE(testing::Message() << "n " << n);
+    Weights w = make_weights(DType::kF16, rows, cols, rng);
+    std::vector<float> x = make_acts(n, cols, rng);
+    x[(n - 1) * cols + 5] = -1.0e5f;  // one activation of the last token past the range
+    std::vector<float> y(n * rows, -1234.0f), ym(n * rows, -1234.0f), ym2(n * rows), yref(n * rows);
+    fast(w.view, x.data(), n, y.data());
+    const WeightView ws[2] = {w.view, w.view};
+    float* ys[2] = {ym.data(), ym2.data()};
+    multi(ws, ys, 2, x.data(), n);
+    ref::matmul(w.view, x.data(), n, yref.data());
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        double S = 0;
+        for (int64_t i = 0; i < cols; ++i) S += std::fabs(static_cast<double>(w.deq[r * cols + i]) * x[t * cols + i]);
+        const double tol = 2 * (cols / 8.0 + 8) * kU * S + 1e-30;
+        const double want = yref[t * rows + r];
+        ASSERT_LE(std::fabs(y[t * rows + r] - want), tol) << "t " << t << " r " << r << " got " << y[t * rows + r];
+        ASSERT_LE(std::fabs(ym[t * rows + r] - want), tol) << "multi t " << t << " r " << r;
+      }
+    }
+  }
+}
 
 // ---- MLX affine -------------------------------------------------------------------------------
 

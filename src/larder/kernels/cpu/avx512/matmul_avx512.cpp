@@ -150,11 +150,11 @@ struct BF16Kernel {
   }
 };
 
-// F16 decode (n <= 8): 16 halves widened per vcvtph2ps (exact) against x in f32, one FMA per 16
-// weights. The AVX2 kernel this replaces on the AVX-512 tier widens 8 per instruction and was
-// compute-bound on Zen 4 at about half of one core's DRAM stream (kernel_bench --hot, 1 thread,
-// 128x2048: 16–17 GB/s); this one 45–48 GB/s. Tiles and prefetch as BF16Kernel's, rows per tile
-// below.
+// F16 decode (n <= 8) with x in f32: the calls whose activations F16HalfKernel (below) cannot
+// round to f16, |x| > 65504. 16 halves widened per vcvtph2ps (exact), one FMA per 16 weights. The
+// AVX2 kernel it replaced on the AVX-512 tier widens 8 per instruction and was compute-bound on
+// Zen 4 at about half of one core's DRAM stream (kernel_bench --hot, 1 thread, 128x2048: 16–17
+// GB/s); this one 45–48 GB/s. Tiles and prefetch as BF16Kernel's, rows per tile below.
 struct F16Kernel {
   // Four rows per tile with the zen tile set too. Unlike BF16's, its activations are f32 (16 KiB
   // per token at 4096 columns, 32 KiB at 8192) and one-row tiles streamed slower: session 33, Zen
@@ -210,6 +210,80 @@ struct F16Kernel {
       for (int r = 0; r < R; ++r) {
         LARDER_UNROLL
         for (int t = 0; t < T; ++t) acc[0][r][t] = _mm512_add_ps(acc[0][r][t], acc[k][r][t]);
+      }
+    }
+    store_acc(acc[0], y, rows, r0, t0);
+  }
+};
+
+// F16 decode over activations rounded to f16 — what llama.cpp computes for F16 weights (ggml
+// converts the activations to the weights' vec_dot type, F16) — so a step is one 64-byte load of
+// 32 weights and one of 32 activations, each widened in two vcvtph2ps, and two FMAs. Why: on Zen
+// 4 a decode stream reaches the read probe only with the hardware prefetchers following one linear
+// stream per core whose demand loads come densely (session 34, bench/RESULTS.md); F16Kernel's f32
+// activations take two loads per 16 weights, and its four-row tiles (four interleaved streams)
+// need software prefetch of every line. Test builds, 1B F16 tg, % of the probe: 1 thread 74.8 →
+// 84.9 (four rows with f16 activations 78.8), 2 threads loaded 94.3 → 97.2, idle 76.7 → 82.8.
+// The rounding costs at most 2^-11 relative per activation (the test's bound); an activation past
+// f16's range (|x| > 65504) would become inf, so such a call keeps F16Kernel's f32 activations.
+// Tiles and prefetch as BF16Kernel's: one row per tile on the zen set, no software prefetch for a
+// one-row tile of rows up to 8 KiB.
+struct F16HalfKernel {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRows1Zen = 1;
+  static constexpr int kRowsN = 4;
+
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, cols, cols32;
+  const uint16_t* xh;  // [n][cols32] f16, zero-padded
+  float* y;
+
+  template <int R, int T>
+  void tile(int64_t r0, int64_t t0) const {
+    // One or two outputs: the low and high 16 weights of a step go to two sums, so no single FMA
+    // chain waits its latency per 64 bytes (F16Kernel's reason for its independent sums).
+    constexpr int kC = R * T <= 2 ? 2 : 1;
+    const uint8_t* wr[R];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r) wr[r] = w + static_cast<uint64_t>(r0 + r) * row_bytes;
+    const uint16_t* xt[T];
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t) xt[t] = xh + (t0 + t) * cols32;
+    __m512 acc[kC][R][T];
+    LARDER_UNROLL
+    for (int k = 0; k < kC; ++k) zero_acc(acc[k]);
+    const bool pf = R > 1 || long_rows(1, row_bytes);  // BF16Kernel's rule
+    auto step = [&](int64_t c, __mmask32 m) __attribute__((always_inline)) {
+      if (pf) prefetch_rows<true>(wr[0], R, row_bytes, 2 * c, 64);
+      __m512 lo[R], hi[R];
+      // Masked on the tail: the last row may end at the end of the mapping.
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i v = _mm512_maskz_loadu_epi16(m, wr[r] + 2 * c);
+        lo[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(v));
+        hi[r] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
+      }
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) {
+        const __m512i xv = _mm512_load_si512(xt[t] + c);
+        const __m512 xl = _mm512_cvtph_ps(_mm512_castsi512_si256(xv));
+        const __m512 xu = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(xv, 1));
+        LARDER_UNROLL
+        for (int r = 0; r < R; ++r) {
+          acc[0][r][t] = _mm512_fmadd_ps(lo[r], xl, acc[0][r][t]);
+          acc[kC - 1][r][t] = _mm512_fmadd_ps(hi[r], xu, acc[kC - 1][r][t]);
+        }
+      }
+    };
+    int64_t c = 0;
+    for (; c + 32 <= cols; c += 32) step(c, ~__mmask32{0});
+    if (c < cols) step(c, static_cast<__mmask32>((uint64_t{1} << (cols - c)) - 1));
+    if constexpr (kC == 2) {
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) acc[0][r][t] = _mm512_add_ps(acc[0][r][t], acc[1][r][t]);
       }
     }
     store_acc(acc[0], y, rows, r0, t0);
@@ -1135,11 +1209,41 @@ void matmul_multi_bf16(const WeightView* ws, float* const* ys, int count, const 
   });
 }
 
-// F16: decode on F16Kernel (the weights of a matmul_multi group as one job); prefill (n > 8)
-// stays on the AVX2 kernel.
+namespace {
+
+// x rounded to f16 (nearest even; slot 1 of the calling thread's scratch) for F16HalfKernel over w
+// and every weight of its matmul_multi group (same cols); false when some |x| > 65504 (f16's
+// largest finite value), which the caller then runs on F16Kernel's f32 activations.
+bool prepare_f16_decode(const WeightView& w, const float* x, int64_t n, float* y, F16HalfKernel* k) {
+  const int64_t cols = w.cols, cols32 = (cols + 31) / 32 * 32;
+  auto* xh = static_cast<uint16_t*>(thread_scratch(static_cast<size_t>(n * cols32) * 2, 1));
+  const __m512 lim = _mm512_set1_ps(65504.0f);
+  __mmask16 big = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * cols;
+    for (int64_t c = 0; c < cols32; c += 16) {
+      const int64_t left = cols - c;
+      const __mmask16 m = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << std::max<int64_t>(left, 0)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(m, xt + c);
+      big |= _mm512_cmp_ps_mask(_mm512_abs_ps(v), lim, _CMP_GT_OQ);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(xh + t * cols32 + c),
+                         _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  }
+  if (big) return false;
+  *k = F16HalfKernel{w.data, w.row_bytes(), w.rows, cols, cols32, xh, y};
+  return true;
+}
+
+}  // namespace
+
+// F16: decode on F16HalfKernel (F16Kernel when an activation is past f16's range), the weights
+// of a matmul_multi group as one job; prefill (n > 8) stays on the AVX2 kernel.
 void matmul_f16(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n > 8) return avx2::matmul_f16(w, x, n, y);
   if (n <= 0 || w.rows <= 0) return;
+  F16HalfKernel kh;
+  if (prepare_f16_decode(w, x, n, y, &kh)) return run_matmul_tiles(kh, w.rows, n, kh.cols32 * 2);
   const F16Kernel k{w.data, w.row_bytes(), w.rows, w.cols, x, y};
   run_matmul_tiles(k, w.rows, n, w.cols * 4);
 }
@@ -1149,6 +1253,8 @@ void matmul_multi_f16(const WeightView* ws, float* const* ys, int count, const f
     return;
   }
   if (count <= 0 || n <= 0) return;
+  F16HalfKernel kh;
+  if (prepare_f16_decode(ws[0], x, n, ys[0], &kh)) return run_multi_decode(kh, ws, ys, count, n, kh.cols32 * 2);
   const F16Kernel k{ws[0].data, ws[0].row_bytes(), ws[0].rows, ws[0].cols, x, ys[0]};
   run_multi_decode(k, ws, ys, count, n, ws[0].cols * 4);
 }
