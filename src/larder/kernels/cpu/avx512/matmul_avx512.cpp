@@ -222,8 +222,9 @@ struct F16Kernel {
 // 4 a decode stream reaches the read probe only with the hardware prefetchers following one linear
 // stream per core whose demand loads come densely (session 34, bench/RESULTS.md); F16Kernel's f32
 // activations take two loads per 16 weights, and its four-row tiles (four interleaved streams)
-// need software prefetch of every line. Test builds, 1B F16 tg, % of the probe: 1 thread 74.8 →
-// 84.9 (four rows with f16 activations 78.8), 2 threads loaded 94.3 → 97.2, idle 76.7 → 82.8.
+// need software prefetch of every line. 1B F16 tg16 (bench/decode_ab.py, % of the probe beside
+// each run, 15 runs each): 1 thread 76.0 → 84.1, 2 threads idle 78.0 → 84.8 (a test build with
+// four rows per tile and f16 activations: 1 thread 78.8).
 // The rounding costs at most 2^-11 relative per activation (the test's bound); an activation past
 // f16's range (|x| > 65504) would become inf, so such a call keeps F16Kernel's f32 activations.
 // Tiles and prefetch as BF16Kernel's: one row per tile on the zen set, no software prefetch for a
