@@ -1,6 +1,6 @@
 #include "larder/runtime/kv_identity.h"
 
-#include "larder/kernels/dispatch.h"
+#include "larder/kernels/numerics.h"
 #include "larder/memory/store/entry.h"
 
 namespace larder::runtime {
@@ -39,9 +39,10 @@ Result<memory::StoreIdentity> kv_store_identity(const LoadedModel& m) {
     id.tokenizer_fp = "gguf-metadata";
   }
   id.kv_scheme = kv_state_signature(m);
-  // KV rows computed by different kernel tiers differ in the last bits; mixing them would break
-  // the cached == uncached contract, so the tier is part of the identity.
-  id.numerics_id = std::string("cpu:") + kernels::active_table().name + ":v1";
+  // KV rows computed by other numerics (another tier, tile set or build whose kernels round
+  // differently) differ in the last bits; reusing them would break the cached == uncached
+  // contract, so the identity carries a fingerprint of what the active kernels compute.
+  id.numerics_id = kernels::active_numerics_id();
   id.model_label = m.files.path;
   return id;
 }

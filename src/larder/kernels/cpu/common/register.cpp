@@ -11,6 +11,7 @@
 #include "larder/core/dtype.h"
 #include "larder/core/log.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/probe_weights.h"
 #include "larder/kernels/gguf_blocks.h"
 
 namespace larder::kernels::cpu {
@@ -40,7 +41,8 @@ std::vector<uint32_t> f16_fields(DType d) {
   }
 }
 
-// Deterministic weights in `dtype` for the self-check: small random codes, f16 scales ~0.01.
+}  // namespace
+
 std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
   uint32_t s = seed;
   auto next = [&s]() {
@@ -68,6 +70,7 @@ std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols,
   return w;
 }
 
+namespace {
 // The AVX-512 tier cannot be exercised by CI on machines without it, so before the tier serves
 // anything, each of its matmuls must agree with the (tested) AVX2 kernel on a small problem with
 // ragged sizes. The AVX-512 BF16 path rounds activations to bf16 (relative error 2^-9 per
