@@ -316,6 +316,50 @@ class CacheSafetyTest(unittest.TestCase):
         self.assertEqual(self.snapshot(self.outside), before_out)
 
 
+class InputBoundTest(unittest.TestCase):
+    """Issue 47: `generate -f /dev/zero` and `eval ppl -f /dev/zero` read without limit (GBs in
+    seconds, no message). What is read is bounded by what the context can hold."""
+
+    def assertBounded(self, args, needle, stdin=subprocess.DEVNULL):
+        t0 = __import__("time").monotonic()
+        p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=20, errors="replace", stdin=stdin)
+        took = __import__("time").monotonic() - t0
+        self.assertNotEqual(p.returncode, 0, p.stderr)
+        self.assertLess(p.returncode, 64, p.stderr)
+        self.assertIn(needle, p.stderr)
+        self.assertIn("not read further", p.stderr)
+        self.assertLess(took, 30, f"{args} took {took:.1f}s")
+        return p.stderr
+
+    def test_generate_file_and_stdin(self):
+        err = self.assertBounded(["generate", STORIES, "-f", "/dev/zero", "-n", "1"], "'/dev/zero' is longer than")
+        self.assertIn("context of", err)
+        with open("/dev/zero", "rb") as z:
+            self.assertBounded(["generate", STORIES, "-n", "1"], "standard input is longer than", stdin=z)
+        with open("/dev/zero", "rb") as z:
+            self.assertBounded(["generate", STORIES, "--chat", "-n", "1"], "standard input is longer than", stdin=z)
+
+    def test_eval_and_tokenize_and_chat(self):
+        self.assertBounded(["eval", "ppl", STORIES, "--text", "/dev/zero"], "'/dev/zero' is longer than")
+        self.assertBounded(["eval", "ppl", STORIES, "-f", "/dev/zero", "--ctx", "64", "--chunks", "100000000000"],
+                           "'/dev/zero' is longer than")
+        self.assertBounded(["tokenize", STORIES, "-f", "/dev/zero"], "'/dev/zero' is longer than")
+        with open("/dev/zero", "rb") as z:
+            self.assertBounded(["chat", STORIES, "-n", "1"], "longer than", stdin=z)
+
+    def test_text_that_fits_is_still_read(self):
+        tmp = tempfile.mkdtemp(prefix="larder_bound_")
+        try:
+            path = os.path.join(tmp, "p.txt")
+            with open(path, "w") as f:
+                f.write("Once upon a time\n")
+            code, out, err = run("generate", STORIES, "-f", path, "-n", "4", "--temp", "0")
+            self.assertEqual(code, 0, err)
+            self.assertTrue(out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class InfoTest(unittest.TestCase):
     def test_info_stories(self):
         code, out, err = run("info", STORIES)
