@@ -217,6 +217,149 @@ class SsdCacheTest(unittest.TestCase):
         self.assertIn("removed", out)
 
 
+class CacheSafetyTest(unittest.TestCase):
+    """Issue 47: `larder cache clear DIR` deleted every file one level inside DIR's subfolders,
+    whatever its name (~/.ssh/id_rsa, Documents/thesis.tex), and reported "removed 0 files". A
+    cache command deletes only files it can prove are its own, never follows links, and refuses a
+    folder that is not a larder cache."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="larder_cache_safety_")
+        self.home = os.path.join(self.tmp, "home")
+        self.outside = os.path.join(self.tmp, "outside")
+        os.makedirs(os.path.join(self.home, ".ssh"))
+        os.makedirs(os.path.join(self.home, "Documents"))
+        os.makedirs(self.outside)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write(self, path, data):
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def snapshot(self, root):
+        """Every path under root (links as links, never followed) with its content."""
+        out = {}
+        for r, dirs, files in os.walk(root):
+            for n in dirs + files:
+                p = os.path.join(r, n)
+                if os.path.islink(p):
+                    out[p] = "link:" + os.readlink(p)
+                elif os.path.isfile(p):
+                    with open(p, "rb") as f:
+                        out[p] = f.read()
+                else:
+                    out[p] = "dir"
+        return out
+
+    def real_cache(self, where):
+        code, out, err = run("generate", STORIES, "--prompt", "Once upon a time, there was a little girl",
+                             "-n", "4", "--ssd-cache", where)
+        self.assertEqual(code, 0, err)
+        files = [os.path.join(r, f) for r, _, fs in os.walk(where) for f in fs if f.endswith(".lkv")]
+        self.assertTrue(files, "generate --ssd-cache wrote an .lkv file")
+        return files
+
+    def foreign_layout(self, valid_lkv):
+        self.write(os.path.join(self.home, ".ssh", "id_rsa"), b"KEY")
+        self.write(os.path.join(self.home, ".ssh", "authorized_keys"), b"ssh-ed25519 AAAA")
+        self.write(os.path.join(self.home, "Documents", "thesis.tex"), b"\\chapter{One}")
+        self.write(os.path.join(self.home, "Documents", "fake.lkv"), b"not an LKV1 header at all")
+        # Outside the folder: real LKV1 bytes and a temp-like file behind a linked "namespace".
+        self.write(os.path.join(self.outside, "f" * 32 + ".lkv"), valid_lkv)
+        self.write(os.path.join(self.outside, "e" * 32 + ".lkv.tmp"), bytes(8192))
+        os.symlink(self.outside, os.path.join(self.home, "Documents", "base"))
+
+    def test_clear_refuses_a_home_like_folder_and_deletes_nothing(self):
+        cache = os.path.join(self.tmp, "cache")
+        with open(self.real_cache(cache)[0], "rb") as f:
+            self.foreign_layout(f.read())
+        before_home, before_out = self.snapshot(self.home), self.snapshot(self.outside)
+        for verb in ("clear", "ls", "verify"):
+            code, out, err = run("cache", verb, self.home, timeout=30)
+            self.assertNotEqual(code, 0, f"cache {verb} of a home folder must fail: {out}")
+            self.assertLess(code, 64, err)
+            self.assertIn("not a larder cache", err)
+        self.assertEqual(self.snapshot(self.home), before_home, "nothing in the folder may change")
+        self.assertEqual(self.snapshot(self.outside), before_out, "nothing behind a link may change")
+        # --ssd-cache pointed at it is refused too, and changes nothing.
+        code, out, err = run("generate", STORIES, "--prompt", "x", "-n", "2", "--ssd-cache", self.home)
+        self.assertNotEqual(code, 0)
+        self.assertIn("not a larder cache", err)
+        self.assertEqual(self.snapshot(self.home), before_home)
+
+    def test_clear_of_a_real_cache_removes_its_files_and_keeps_foreign_ones(self):
+        cache = os.path.join(self.tmp, "cache")
+        files = self.real_cache(cache)
+        with open(files[0], "rb") as f:
+            valid = f.read()
+        self.foreign_layout(valid)
+        ns_dir = os.path.dirname(files[0])
+        id_dir = os.path.dirname(ns_dir)
+        os.symlink(self.outside, os.path.join(id_dir, "evil"))
+        self.write(os.path.join(ns_dir, "fake.lkv"), b"not an LKV1 header at all")
+        self.write(os.path.join(ns_dir, "README"), b"mine")
+        before_out = self.snapshot(self.outside)
+        code, out, err = run("cache", "clear", cache, timeout=30)
+        self.assertEqual(code, 0, out + err)
+        self.assertRegex(out, r"removed %d files" % len(files))
+        self.assertIn("kept 3 entries", out)
+        for f in files:
+            self.assertFalse(os.path.exists(f), f)
+        with open(os.path.join(ns_dir, "fake.lkv"), "rb") as f:
+            self.assertEqual(f.read(), b"not an LKV1 header at all")
+        self.assertTrue(os.path.islink(os.path.join(id_dir, "evil")))
+        self.assertEqual(self.snapshot(self.outside), before_out)
+        # The startup scan of the next run leaves the linked folder's target alone too.
+        self.real_cache(cache)
+        self.assertEqual(self.snapshot(self.outside), before_out)
+
+
+class InputBoundTest(unittest.TestCase):
+    """Issue 47: `generate -f /dev/zero` and `eval ppl -f /dev/zero` read without limit (GBs in
+    seconds, no message). What is read is bounded by what the context can hold."""
+
+    def assertBounded(self, args, needle, stdin=subprocess.DEVNULL):
+        t0 = __import__("time").monotonic()
+        p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=20, errors="replace", stdin=stdin)
+        took = __import__("time").monotonic() - t0
+        self.assertNotEqual(p.returncode, 0, p.stderr)
+        self.assertLess(p.returncode, 64, p.stderr)
+        self.assertIn(needle, p.stderr)
+        self.assertIn("not read further", p.stderr)
+        self.assertLess(took, 30, f"{args} took {took:.1f}s")
+        return p.stderr
+
+    def test_generate_file_and_stdin(self):
+        err = self.assertBounded(["generate", STORIES, "-f", "/dev/zero", "-n", "1"], "'/dev/zero' is longer than")
+        self.assertIn("context of", err)
+        with open("/dev/zero", "rb") as z:
+            self.assertBounded(["generate", STORIES, "-n", "1"], "standard input is longer than", stdin=z)
+        with open("/dev/zero", "rb") as z:
+            self.assertBounded(["generate", STORIES, "--chat", "-n", "1"], "standard input is longer than", stdin=z)
+
+    def test_eval_and_tokenize_and_chat(self):
+        self.assertBounded(["eval", "ppl", STORIES, "--text", "/dev/zero"], "'/dev/zero' is longer than")
+        self.assertBounded(["eval", "ppl", STORIES, "-f", "/dev/zero", "--ctx", "64", "--chunks", "100000000000"],
+                           "'/dev/zero' is longer than")
+        self.assertBounded(["tokenize", STORIES, "-f", "/dev/zero"], "'/dev/zero' is longer than")
+        with open("/dev/zero", "rb") as z:
+            self.assertBounded(["chat", STORIES, "-n", "1"], "longer than", stdin=z)
+
+    def test_text_that_fits_is_still_read(self):
+        tmp = tempfile.mkdtemp(prefix="larder_bound_")
+        try:
+            path = os.path.join(tmp, "p.txt")
+            with open(path, "w") as f:
+                f.write("Once upon a time\n")
+            code, out, err = run("generate", STORIES, "-f", path, "-n", "4", "--temp", "0")
+            self.assertEqual(code, 0, err)
+            self.assertTrue(out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class InfoTest(unittest.TestCase):
     def test_info_stories(self):
         code, out, err = run("info", STORIES)

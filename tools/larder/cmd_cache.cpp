@@ -19,7 +19,8 @@ VerbMain add_cache(CLI::App& app) {
   CLI::App* ls = cmd->add_subcommand("ls", "list cached prefixes (headers only)");
   CLI::App* inspect = cmd->add_subcommand("inspect", "print one cache file's header as JSON");
   CLI::App* verify = cmd->add_subcommand("verify", "verify every checksum of a file or directory");
-  CLI::App* clear = cmd->add_subcommand("clear", "remove cache files (only LKV1 files are touched)");
+  CLI::App* clear = cmd->add_subcommand(
+      "clear", "remove the cache's LKV1 files (a folder that is not a larder cache is refused; links are never followed)");
   for (CLI::App* sub : {ls, inspect, verify, clear}) sub->add_option("path", o->path, "cache directory or file")->required();
   ls->add_flag("--json", o->json, "one JSON object per file");
   clear->add_option("--identity", o->identity, "only this model identity's files");
@@ -64,7 +65,10 @@ VerbMain add_cache(CLI::App& app) {
     if (clear->parsed()) {
       auto r = memory::cache_clear(o->path, o->identity.empty() ? std::nullopt : std::optional<std::string>(o->identity));
       if (!r.is_ok()) return report(r.status());
-      std::printf("removed %zu files (%.1f MiB)\n", r->files_removed, r->bytes_removed / 1048576.0);
+      std::printf("removed %zu files (%.1f MiB) and %zu empty cache folders\n", r->files_removed,
+                  r->bytes_removed / 1048576.0, r->dirs_removed);
+      if (!r->kept.empty()) std::printf("kept %zu entries that are not this cache's own files:\n", r->kept.size());
+      for (const auto& k : r->kept) std::printf("  %s\n", k.c_str());
       for (const auto& e : r->errors) std::fprintf(stderr, "larder: %s\n", e.c_str());
       return r->errors.empty() ? 0 : 1;
     }

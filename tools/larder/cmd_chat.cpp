@@ -6,6 +6,7 @@
 // --verbose). Ctrl-C stops the current answer (the partial answer stays in the conversation), not
 // the session; at the prompt it discards the line. /clear starts over, /exit or Ctrl-D ends it.
 // When standard input is not a terminal every line is a turn and no prompt is printed.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <string>
@@ -35,15 +36,18 @@ struct ChatFlags {
   runtime::ChatTemplateFlags chat_template;
 };
 
-enum class LineResult { kLine, kEof, kInterrupted };
+enum class LineResult { kLine, kEof, kInterrupted, kTooLong };
 
 // Reads one line from fd 0 without stdio, so that a Ctrl-C during the read (EINTR: the handler
-// has no SA_RESTART) is seen at once.
+// has no SA_RESTART) is seen at once. A line is bounded by what the context can hold: past
+// `max_bytes` without a newline (/dev/zero, an endless pipe) it is kTooLong and no more is read.
 class LineReader {
  public:
+  explicit LineReader(size_t max_bytes) : max_(max_bytes) {}
   LineResult next(std::string* line) {
     for (;;) {
       const size_t nl = buf_.find('\n');
+      if (nl == std::string::npos ? buf_.size() > max_ : nl > max_) return LineResult::kTooLong;
       if (nl != std::string::npos) {
         *line = buf_.substr(0, nl);
         buf_.erase(0, nl + 1);
@@ -57,7 +61,7 @@ class LineReader {
         return LineResult::kLine;
       }
       char tmp[4096];
-      const ssize_t n = ::read(STDIN_FILENO, tmp, sizeof tmp);
+      const ssize_t n = ::read(STDIN_FILENO, tmp, std::min(sizeof tmp, max_ + 1 - buf_.size()));
       if (n < 0 && errno == EINTR) {
         if (interrupted()) {
           buf_.clear();  // the terminal dropped the typed line too
@@ -76,6 +80,7 @@ class LineReader {
  private:
   std::string buf_;
   bool eof_ = false;
+  size_t max_;
 };
 
 std::string trim(const std::string& s) {
@@ -110,7 +115,8 @@ int run_chat(const ChatFlags& f) {
   std::vector<runtime::ChatMessage> history;
   if (!f.system.empty()) history.push_back({"system", f.system});
   const size_t fixed = history.size();
-  LineReader reader;
+  const TextLimit limit = text_limit_for_context(ctx);
+  LineReader reader(static_cast<size_t>(limit.max_bytes));
   auto out = [](const std::string& s) {
     if (s.empty()) return;
     std::fwrite(s.data(), 1, s.size(), stdout);
@@ -123,6 +129,11 @@ int run_chat(const ChatFlags& f) {
     if (r == LineResult::kEof) {
       if (tty) out("\n");
       return 0;
+    }
+    if (r == LineResult::kTooLong) {
+      return report(invalid_argument(strfmt("[chat] a message on standard input is longer than %llu bytes: %s; not "
+                                            "read further",
+                                            static_cast<unsigned long long>(limit.max_bytes), limit.why.c_str())));
     }
     if (r == LineResult::kInterrupted) {
       clear_interrupt();

@@ -17,6 +17,7 @@
 #include "larder/runtime/loaded_model.h"
 #include "larder/tokenizer/tokenizer.h"
 #include "larder/core/progress.h"
+#include "generation_setup.h"
 #include "kv_dtype_flag.h"
 #include "model_arg.h"
 #include "validators.h"
@@ -45,10 +46,27 @@ Result<std::unique_ptr<runtime::LoadedModel>> load_for_eval(const std::string& p
   return runtime::load_model(path, lo);
 }
 
-Result<std::string> read_text(const std::string& path) {
-  auto r = read_text_file(path);
-  if (!r) return Status(r.status().code(), strfmt("[eval] cannot open text file '%s': ", path.c_str()) + r.status().message());
-  std::string s = std::move(r).value();
+// The evaluation text, bounded before it is read (/dev/zero must end in a message): with
+// --chunks N only N chunks of --ctx tokens are scored, so no more than they can hold is read (the
+// rest of a longer text is never used); without, at most kMaxTextBytes.
+Result<std::string> read_text(const EvalFlags& f) {
+  const std::string& path = f.text;
+  TextLimit limit;
+  const bool bounded = f.chunks > 0 && f.ctx > 0 && f.chunks <= static_cast<int64_t>(kMaxTextBytes) / f.ctx;
+  if (bounded) {
+    limit = text_limit_for_context(f.chunks * f.ctx);
+  } else {
+    limit.why = strfmt("larder reads at most %llu MiB of text (--chunks N reads only the beginning N chunks need)",
+                       static_cast<unsigned long long>(kMaxTextBytes >> 20));
+  }
+  auto r = read_text_input(path, limit, "eval", /*allow_truncate=*/bounded);
+  if (!r) return r.status();
+  if (r->truncated) {
+    std::fprintf(stderr, "larder: reading the first %llu bytes of '%s': %lld chunks of %lld tokens need no more\n",
+                 static_cast<unsigned long long>(limit.max_bytes), path.c_str(), static_cast<long long>(f.chunks),
+                 static_cast<long long>(f.ctx));
+  }
+  std::string s = std::move(r->text);
   if (s.find_first_not_of(" \t\r\n") == std::string::npos) {
     return invalid_argument(strfmt("[eval] text file '%s' is empty", path.c_str()));
   }
@@ -75,7 +93,7 @@ struct Prepared {
 };
 
 Result<Prepared> prepare(const EvalFlags& f, const runtime::LoadedModel& m) {
-  LARDER_ASSIGN_OR_RETURN(std::string text, read_text(f.text));
+  LARDER_ASSIGN_OR_RETURN(std::string text, read_text(f));
   Prepared p;
   runtime::EvalStream stream = runtime::make_eval_stream(*m.tokenizer, text);
   p.stream_tokens = static_cast<int64_t>(stream.ids.size());

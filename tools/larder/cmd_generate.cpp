@@ -3,9 +3,9 @@
 // The continuation only goes to stdout, streamed as produced (whole UTF-8 characters, nothing
 // of a stop string); load/prefill/decode statistics go to stderr — also after Ctrl-C, which stops
 // the generation (exit 130).
+#include <cerrno>
 #include <cstdio>
-#include <iostream>
-#include <iterator>
+#include <cstring>
 #include <optional>
 
 #include <unistd.h>
@@ -49,36 +49,57 @@ std::string drop_final_newline(std::string s) {
   return s;
 }
 
-// The prompt: --prompt, else -f FILE, else standard input when it is not a terminal (a pipe or
-// a file: `echo "Tell me a joke" | larder generate M --chat`), else none.
-Result<std::optional<std::string>> prompt_text(const GenerateFlags& f) {
+// Where the prompt comes from: --prompt, else -f FILE, else standard input when it is not a
+// terminal (a pipe or a file: `echo "Tell me a joke" | larder generate M --chat`), else none.
+// Chosen before the model loads (flag errors come first); read after, when the context that
+// bounds it is known.
+struct PromptSource {
+  enum class Kind { kNone, kLiteral, kFile, kStdin } kind = Kind::kNone;
+  std::string file;  // kFile
+};
+
+Result<PromptSource> prompt_source(const GenerateFlags& f) {
   if (f.prompt && !f.file.empty()) return invalid_argument("[generate] give the prompt once: --prompt or -f, not both");
-  if (f.prompt) return std::optional<std::string>(*f.prompt);
+  if (f.prompt) return PromptSource{PromptSource::Kind::kLiteral, ""};
   if (!f.file.empty()) {
-    LARDER_ASSIGN_OR_RETURN(std::string text, read_text_file(f.file));
-    return std::optional<std::string>(drop_final_newline(std::move(text)));
+    // A missing file is reported before the model loads.
+    if (::access(f.file.c_str(), R_OK) != 0) {
+      return errno == ENOENT ? not_found(strfmt("[generate] %s: file not found", f.file.c_str()))
+                             : io_error(strfmt("[generate] %s: cannot open: %s", f.file.c_str(), std::strerror(errno)));
+    }
+    return PromptSource{PromptSource::Kind::kFile, f.file};
   }
-  if (!isatty(STDIN_FILENO)) {
-    std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-    return std::optional<std::string>(drop_final_newline(std::move(text)));
-  }
-  return std::optional<std::string>();
+  if (!isatty(STDIN_FILENO)) return PromptSource{PromptSource::Kind::kStdin, ""};
+  return PromptSource{};
+}
+
+// The prompt text; a file or standard input is read only as far as a context of `ctx` tokens
+// can hold (/dev/zero ends in a message, not in an endless read).
+Result<std::string> prompt_text(const GenerateFlags& f, const PromptSource& src, int64_t ctx) {
+  if (src.kind == PromptSource::Kind::kLiteral) return *f.prompt;
+  if (src.kind == PromptSource::Kind::kNone) return std::string();
+  LARDER_ASSIGN_OR_RETURN(TextRead r, read_text_input(src.kind == PromptSource::Kind::kFile ? src.file : "",
+                                                      text_limit_for_context(ctx), "generate"));
+  return drop_final_newline(std::move(r.text));
 }
 
 int run_generate(const GenerateFlags& f) {
   install_interrupt_handler();
-  auto text_in = prompt_text(f);
-  if (!text_in.is_ok()) return report(text_in.status());
-  if (f.chat && !*text_in) {
+  auto source = prompt_source(f);
+  if (!source.is_ok()) return report(source.status());
+  if (f.chat && source->kind == PromptSource::Kind::kNone) {
     return report(invalid_argument("[generate] --chat needs a message: --prompt TEXT, -f FILE, or text on standard "
                                    "input (for a conversation: larder chat MODEL)"));
   }
-  const std::string user_text = text_in->value_or("");
   auto loaded = load_for_generation(f.model, f.gen, f.chat_template);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
   const auto& info = m.model->info();
   if (interrupted()) return 130;
+  const int64_t ctx = context_of(f.gen, m);
+  auto text_in = prompt_text(f, *source, ctx);
+  if (!text_in.is_ok()) return text_in.status().code() == StatusCode::kCancelled ? 130 : report(text_in.status());
+  const std::string& user_text = *text_in;
 
   std::vector<int32_t> prompt;
   if (f.chat) {
@@ -99,7 +120,6 @@ int run_generate(const GenerateFlags& f) {
     return report(invalid_argument("[generate] the prompt is empty and the tokenizer adds no BOS token"));
   }
 
-  const int64_t ctx = context_of(f.gen, m);
   if (static_cast<int64_t>(prompt.size()) >= ctx) {
     return report(invalid_argument(strfmt("[generate] the prompt is %zu tokens but the context is %lld tokens "
                                           "(use a shorter prompt or a larger --ctx, up to %lld)",

@@ -2,7 +2,7 @@
 #include <cstdio>
 #include <optional>
 
-#include "larder/core/mmap_file.h"
+#include "generation_setup.h"
 #include "larder/runtime/loaded_model.h"
 #include "model_arg.h"
 #include "verbs.h"
@@ -29,9 +29,10 @@ VerbMain add_tokenize(CLI::App& app) {
       return report(invalid_argument("[tokenize] give the text with --text TEXT or -f FILE (one of them)"));
     }
     if (!o->file.empty()) {
-      auto t = read_text_file(o->file);
+      // Bounded (generation_setup.h): -f /dev/zero ends in a message, not in an endless read.
+      auto t = read_text_input(o->file, text_limit_for_context(0x7fffffffffffffffLL), "tokenize");
       if (!t.is_ok()) return report(t.status());
-      o->text = std::move(*t);
+      o->text = std::move(t->text);
     }
     auto located = resolve_model(o->model);
     if (!located.is_ok()) return report(located.status());

@@ -1,5 +1,14 @@
 #include "generation_setup.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "interrupt.h"
 #include "larder/core/threadpool.h"
 #include "larder/runtime/kv_identity.h"
 #include "validators.h"
@@ -85,6 +94,70 @@ Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg
   auto loaded = runtime::load_model(where.path, lo);
   if (located) *located = std::move(where);
   return loaded;
+}
+
+TextLimit text_limit_for_context(int64_t ctx_tokens) {
+  TextLimit l;
+  const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(ctx_tokens, 1));
+  l.max_bytes = ctx > kMaxTextBytes / kMaxBytesPerToken ? kMaxTextBytes : ctx * kMaxBytesPerToken;
+  l.why = strfmt("more than a context of %llu tokens can hold (at most %llu bytes a token)",
+                 static_cast<unsigned long long>(ctx), static_cast<unsigned long long>(kMaxBytesPerToken));
+  if (l.max_bytes == kMaxTextBytes) l.why = strfmt("larder reads at most %llu MiB of text",
+                                                   static_cast<unsigned long long>(kMaxTextBytes >> 20));
+  return l;
+}
+
+std::string text_source_name(const std::string& path) { return path.empty() ? "standard input" : "'" + path + "'"; }
+
+Result<TextRead> read_text_input(const std::string& path, const TextLimit& limit, const char* tag, bool allow_truncate) {
+  const std::string src = text_source_name(path);
+  int fd = STDIN_FILENO;
+  if (!path.empty()) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int e = errno;
+      if (e == ENOENT) return not_found(strfmt("[%s] %s: file not found", tag, path.c_str()));
+      return io_error(strfmt("[%s] %s: cannot open: %s", tag, path.c_str(), std::strerror(e)));
+    }
+  }
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd != STDIN_FILENO) ::close(fd);
+    }
+  } closer{fd};
+  auto too_long = [&] {
+    return invalid_argument(strfmt("[%s] %s is longer than %llu bytes: %s; not read further", tag, src.c_str(),
+                                   static_cast<unsigned long long>(limit.max_bytes), limit.why.c_str()));
+  };
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return invalid_argument(strfmt("[%s] %s is a directory", tag, src.c_str()));
+    // A regular file says its size: too long is known before reading a byte.
+    if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > limit.max_bytes && !allow_truncate) return too_long();
+  }
+  TextRead out;
+  std::string& text = out.text;
+  char buf[1 << 16];
+  for (;;) {
+    // Never more than one byte past the limit: that byte is the proof that more follows.
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(sizeof buf, limit.max_bytes + 1 - text.size()));
+    const ssize_t n = ::read(fd, buf, want);
+    if (n < 0 && errno == EINTR) {
+      if (interrupted()) return Status(StatusCode::kCancelled, strfmt("[%s] interrupted while reading %s", tag, src.c_str()));
+      continue;
+    }
+    if (n < 0) return io_error(strfmt("[%s] %s: read failed: %s", tag, src.c_str(), std::strerror(errno)));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > limit.max_bytes) {
+      if (!allow_truncate) return too_long();
+      text.resize(limit.max_bytes);
+      out.truncated = true;
+      break;
+    }
+  }
+  return out;
 }
 
 }  // namespace larder::cli

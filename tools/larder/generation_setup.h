@@ -54,6 +54,35 @@ int64_t budget_for(const GenerationFlags& f, int64_t prompt_tokens, int64_t ctx)
 // The KV store of one CLI run (RAM, plus the SSD tier with --ssd-cache).
 Result<std::unique_ptr<memory::KvStore>> open_cli_store(const GenerationFlags& f, const runtime::LoadedModel& m);
 
+// ---- text input (prompts, eval texts) -----------------------------------------------------
+// What a verb reads from a file or standard input is bounded before it is read: /dev/zero or an
+// endless pipe must end in a message, not fill memory. The bound is what the context can hold,
+// at kMaxBytesPerToken bytes a token — generous: real text averages 3-5 bytes a token; only runs
+// of whitespace (tokens of up to 512 spaces in some vocabularies) come near it — or, where no
+// context bounds the text (`eval` over all chunks, `tokenize`), kMaxTextBytes.
+inline constexpr uint64_t kMaxBytesPerToken = 64;
+inline constexpr uint64_t kMaxTextBytes = 128ull << 20;
+
+// The byte bound of a text that must fit `ctx_tokens` tokens, and its reason for messages.
+struct TextLimit {
+  uint64_t max_bytes = kMaxTextBytes;
+  std::string why;  // e.g. "more than a context of 512 tokens can hold (at most 64 bytes a token)"
+};
+TextLimit text_limit_for_context(int64_t ctx_tokens);
+
+struct TextRead {
+  std::string text;
+  bool truncated = false;  // only with allow_truncate: the first max_bytes bytes, more followed
+};
+// Reads `path` ("" = standard input) up to limit.max_bytes. One byte more is an error naming the
+// source and the limit — "[tag] <source> is longer than N bytes: <why>; not read further" — and the
+// rest is never read; with allow_truncate the first max_bytes are returned instead. A Ctrl-C
+// during a blocked read returns kCancelled.
+Result<TextRead> read_text_input(const std::string& path, const TextLimit& limit, const char* tag,
+                                 bool allow_truncate = false);
+// How read_text_input names its source in messages: "'FILE'" or "standard input".
+std::string text_source_name(const std::string& path);
+
 // "prompt N tokens in S s (R tok/s) | generated ... | stop: X" (no "larder: " prefix, no newline).
 std::string stats_text(const runtime::GenerateStats& s, const char* stop);
 

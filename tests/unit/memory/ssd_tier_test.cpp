@@ -2,12 +2,14 @@
 // with real files: round trips bit for bit, restarts, corruption, fault injection, ENOSPC,
 // SIGKILL during writes, caps, durability (kv-store.md §6–§8, §11.1, §11.2, §12).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -16,6 +18,7 @@
 
 #include "kv_test_util.h"
 #include "larder/memory/store/cache_admin.h"
+#include "larder/memory/store/cache_dir.h"
 #include "larder/memory/store/kv_store.h"
 #include "larder/memory/store/lkv_format.h"
 #include "larder/memory/store/ssd_tier.h"
@@ -30,6 +33,7 @@ using testing::Kinds;
 using testing::kCtx;
 using testing::kLayout;
 using testing::kv_matches;
+using testing::list_files;
 using testing::prefilled;
 using testing::prefix_matches;
 using testing::seq;
@@ -71,6 +75,11 @@ std::unique_ptr<SsdTier> open_tier(const std::string& dir, uint64_t cap = 1ull <
 std::string read_all(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary);
+  out << bytes;
 }
 
 void flip_byte(const std::string& path, uint64_t off) {
@@ -268,13 +277,89 @@ TEST(SsdTier, LeftoverTempFilesReapedAndUnknownFilesKept) {
   auto t = open_tier(d.path);
   ASSERT_TRUE(t->store(*entry_of(seq(1, 10))));
   const std::string nsdir = t->identity_dir() + "/base";
-  { std::ofstream(nsdir + "/deadbeef.lkv.tmp") << "partial"; }
-  { std::ofstream(nsdir + "/notes.txt") << "keep me"; }
+  // What an interrupted write leaves: <entry-id>.lkv.tmp, zero where the prefix goes (it is
+  // written last), or empty (killed right after the open).
+  write_file(nsdir + "/" + entry_id("base", seq(5, 9)) + ".lkv.tmp", std::string(8192, '\0'));
+  write_file(nsdir + "/" + entry_id("base", seq(6, 9)) + ".lkv.tmp", "");
+  // Not provably ours: another name, or bytes where the prefix goes that are no LKV1 prefix.
+  write_file(nsdir + "/deadbeef.lkv.tmp", "partial");
+  write_file(nsdir + "/" + entry_id("base", seq(7, 9)) + ".lkv.tmp", "my own notes, named like a temp file");
+  write_file(nsdir + "/notes.txt", "keep me");
   auto t2 = open_tier(d.path);
-  EXPECT_EQ(t2->stats().scan_tmp_reaped, 1u);
-  EXPECT_EQ(count_files(d.path, ".tmp"), 0u);
+  EXPECT_EQ(t2->stats().scan_tmp_reaped, 2u);
+  EXPECT_EQ(count_files(d.path, ".tmp"), 2u);
+  EXPECT_EQ(read_all(nsdir + "/deadbeef.lkv.tmp"), "partial");
   EXPECT_EQ(count_files(d.path, "notes.txt"), 1u);
   EXPECT_EQ(t2->stats().entries, 1u);
+}
+
+// Issue 47: a namespace folder that is a symbolic link was followed by the startup scan, which
+// deleted *.lkv / *.lkv.tmp files at its target, outside the cache directory.
+TEST(SsdTier, ScanNeverFollowsALinkedNamespaceFolderNorDeletesForeignFiles) {
+  TempDir d, outside;
+  std::string valid, id_dir;
+  {
+    auto t = open_tier(d.path);
+    ASSERT_TRUE(t->store(*entry_of(seq(1, 30))));
+    valid = read_all(t->records()[0].path);
+    id_dir = t->identity_dir();
+  }
+  // Outside the cache: a valid LKV1 file (a copy), a temp-like file, a non-LKV1 file.
+  const std::string copy = outside.path + "/" + entry_id("base", seq(1, 30)) + ".lkv";
+  const std::string tmp = outside.path + "/" + entry_id("base", seq(2, 30)) + ".lkv.tmp";
+  const std::string other = outside.path + "/thesis.lkv";
+  write_file(copy, valid);
+  write_file(tmp, std::string(8192, '\0'));
+  write_file(other, "chapter 1");
+  ASSERT_EQ(::symlink(outside.path.c_str(), (id_dir + "/evil").c_str()), 0);
+  ASSERT_EQ(::symlink(outside.path.c_str(), (id_dir + "/base2").c_str()), 0);
+  ASSERT_EQ(::symlink(copy.c_str(), (id_dir + "/base/" + entry_id("base", seq(3, 30)) + ".lkv").c_str()), 0);
+  // Inside the cache, named *.lkv but not an LKV1 file: not the tier's to delete either.
+  write_file(id_dir + "/base/mine.lkv", "not a cache file");
+  auto t = open_tier(d.path);
+  EXPECT_EQ(t->stats().entries, 1u);
+  EXPECT_TRUE(read_all(copy) == valid) << "the copy outside changed";
+  EXPECT_TRUE(read_all(tmp) == std::string(8192, '\0')) << "the temp file outside changed";
+  EXPECT_EQ(read_all(other), "chapter 1");
+  EXPECT_EQ(read_all(id_dir + "/base/mine.lkv"), "not a cache file");
+  struct stat st {};
+  EXPECT_EQ(::lstat((id_dir + "/evil").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  // Stores never write through a linked namespace folder either.
+  EXPECT_FALSE(t->store(*entry_of(seq(1, 30), {}, "base2")));
+  EXPECT_EQ(count_files(outside.path, ".lkv"), 2u);
+}
+
+TEST(SsdTier, OpenRefusesAFolderThatIsNotACacheAndALinkedIdentityFolder) {
+  TempDir home, outside;
+  write_file(home.path + "/notes.txt", "mine");
+  SsdConfig c;
+  c.dir = home.path;
+  c.identity = ident();
+  auto r = SsdTier::open(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("not a larder cache"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(std::filesystem::exists(home.path + "/" + std::string(kCacheMarkerName)));
+  EXPECT_EQ(read_all(home.path + "/notes.txt"), "mine");
+  // A new folder gets the marker; an identity folder that is a link is refused.
+  TempDir d;
+  c.dir = d.path + "/cache";
+  open_tier(c.dir, 1ull << 30, nullptr, ident("weights-b"));  // a cache (marker) of another model
+  EXPECT_EQ(check_cache_dir(c.dir).kind, CacheDirKind::kMarked);
+  ASSERT_EQ(::symlink(outside.path.c_str(), (c.dir + "/" + identity_id(c.identity)).c_str()), 0);
+  r = SsdTier::open(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("symbolic link"), std::string::npos) << r.status().message();
+  // A cache written before the marker existed (only the layout and LKV1 files) is adopted.
+  TempDir legacy;
+  {
+    auto t = open_tier(legacy.path);
+    ASSERT_TRUE(t->store(*entry_of(seq(1, 30))));
+  }
+  ASSERT_EQ(::unlink((legacy.path + "/" + std::string(kCacheMarkerName)).c_str()), 0);
+  EXPECT_EQ(check_cache_dir(legacy.path).kind, CacheDirKind::kLegacy);
+  EXPECT_EQ(open_tier(legacy.path)->stats().entries, 1u);
+  EXPECT_EQ(check_cache_dir(legacy.path).kind, CacheDirKind::kMarked);
 }
 
 TEST(SsdTier, ForeignIdentityIgnoredAndLeftAlone) {
@@ -463,11 +548,11 @@ TEST(SsdFaults, DiskFullIsAFailedWriteNotACrash) {
   std::printf("[ ENOSPC ] method: %s\n", mounted ? "tmpfs mount (size=96k)" : "injected I/O layer (mount refused)");
   ::testing::Test::RecordProperty("enospc_method", mounted ? "tmpfs" : "injected");
   {
-    auto t = open_tier(mounted ? mnt : d.path, 1ull << 30, mounted ? nullptr : &io);
+    auto t = open_tier(mnt, 1ull << 30, mounted ? nullptr : &io);
     auto big = entry_of(seq(1, 2000));  // 2 layers × 2 × 2000 × 8 floats = 256 KiB > 96 KiB
     EXPECT_FALSE(t->store(*big));
     EXPECT_EQ(t->stats().write_no_space, 1u);
-    EXPECT_EQ(count_files(mounted ? mnt : d.path, ".tmp"), 0u);
+    EXPECT_EQ(count_files(mnt, ".tmp"), 0u);
     io = FaultyIo();
     EXPECT_TRUE(t->store(*entry_of(seq(1, 20))));  // space freed by the unlink: serving on
   }
@@ -710,7 +795,7 @@ TEST(CacheAdmin, LsInspectVerifyClear) {
   auto t = open_tier(d.path);
   ASSERT_TRUE(t->store(*entry_of(seq(1, 30))));
   ASSERT_TRUE(t->store(*entry_of(seq(100, 30), {.recurrent = true}, "tenant")));
-  { std::ofstream(t->identity_dir() + "/base/zz.lkv.tmp") << "x"; }
+  write_file(t->identity_dir() + "/base/" + entry_id("base", seq(9, 9)) + ".lkv.tmp", std::string(4096, '\0'));
   { std::ofstream(t->identity_dir() + "/base/README") << "x"; }
   auto ls = cache_ls(d.path);
   ASSERT_TRUE(ls.is_ok());
@@ -742,6 +827,88 @@ TEST(CacheAdmin, LsInspectVerifyClear) {
   EXPECT_EQ(c->files_removed, 3u);
   EXPECT_EQ(count_files(d.path, ".lkv"), 0u);
   EXPECT_EQ(count_files(d.path, "README"), 1u);  // not ours: kept
+  ASSERT_EQ(c->kept.size(), 1u);
+  EXPECT_NE(c->kept[0].find("README"), std::string::npos);
+}
+
+// Issue 47: `cache clear DIR` removed every regular file one level inside DIR's subfolders,
+// whatever its name (~/.ssh/id_rsa, Documents/thesis.tex), and every folder left empty.
+TEST(CacheAdmin, EveryVerbRefusesAFolderThatIsNotACache) {
+  TempDir home, outside;
+  std::string valid;
+  {
+    TempDir c;
+    auto t = open_tier(c.path);
+    ASSERT_TRUE(t->store(*entry_of(seq(1, 30))));
+    valid = read_all(t->records()[0].path);
+  }
+  ASSERT_EQ(::mkdir((home.path + "/.ssh").c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((home.path + "/Documents").c_str(), 0700), 0);
+  write_file(home.path + "/.ssh/id_rsa", "KEY");
+  write_file(home.path + "/.ssh/authorized_keys", "ssh-ed25519 AAAA");
+  write_file(home.path + "/Documents/thesis.tex", "\\chapter{One}");
+  write_file(home.path + "/Documents/fake.lkv", "not an LKV1 header");
+  write_file(outside.path + "/" + entry_id("base", seq(1, 30)) + ".lkv", valid);
+  write_file(outside.path + "/" + entry_id("base", seq(2, 30)) + ".lkv.tmp", std::string(4096, '\0'));
+  ASSERT_EQ(::symlink(outside.path.c_str(), (home.path + "/Documents/base").c_str()), 0);
+  const auto before = list_files(home.path, "");
+  auto c = cache_clear(home.path);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("not a larder cache"), std::string::npos) << c.status().message();
+  EXPECT_FALSE(cache_ls(home.path).is_ok());
+  EXPECT_FALSE(cache_verify(home.path).is_ok());
+  EXPECT_EQ(list_files(home.path, ""), before);
+  EXPECT_EQ(read_all(home.path + "/.ssh/id_rsa"), "KEY");
+  EXPECT_EQ(read_all(home.path + "/Documents/thesis.tex"), "\\chapter{One}");
+  EXPECT_EQ(count_files(outside.path, ".lkv"), 1u);
+  EXPECT_EQ(count_files(outside.path, ".lkv.tmp"), 1u);
+  EXPECT_FALSE(cache_clear(home.path + "/nope").is_ok());
+}
+
+// Inside a real cache, clear removes the tier's files and empty folders only: links are never
+// followed (nor removed), files that are not LKV1 stay and are reported.
+TEST(CacheAdmin, ClearRemovesOnlyTheCachesOwnFilesAndNeverFollowsLinks) {
+  TempDir d, outside;
+  auto t = open_tier(d.path);
+  ASSERT_TRUE(t->store(*entry_of(seq(1, 30))));
+  ASSERT_TRUE(t->store(*entry_of(seq(100, 30), {}, "tenant")));
+  const std::string id_dir = t->identity_dir();
+  const std::string valid = read_all(t->records()[0].path);
+  const std::string leftover = id_dir + "/base/" + entry_id("base", seq(4, 9)) + ".lkv.tmp";
+  write_file(leftover, std::string(8192, '\0'));
+  const std::string copy = outside.path + "/" + entry_id("base", seq(1, 30)) + ".lkv";
+  const std::string tmp = outside.path + "/" + entry_id("base", seq(2, 30)) + ".lkv.tmp";
+  write_file(copy, valid);
+  write_file(tmp, std::string(8192, '\0'));
+  ASSERT_EQ(::symlink(outside.path.c_str(), (id_dir + "/evil").c_str()), 0);                    // a namespace folder
+  ASSERT_EQ(::symlink(outside.path.c_str(), (d.path + "/" + std::string(32, 'a')).c_str()), 0);  // an identity folder
+  ASSERT_EQ(::symlink(copy.c_str(), (id_dir + "/base/" + entry_id("base", seq(5, 9)) + ".lkv").c_str()), 0);
+  write_file(id_dir + "/base/fake.lkv", "wrong header");
+  write_file(d.path + "/notes.txt", "mine");
+  auto c = cache_clear(d.path);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->files_removed, 3u);  // two entries and the leftover temp file
+  EXPECT_TRUE(c->errors.empty());
+  EXPECT_EQ(c->kept.size(), 5u);
+  EXPECT_FALSE(std::filesystem::exists(leftover));
+  EXPECT_FALSE(std::filesystem::exists(id_dir + "/tenant"));  // emptied: removed
+  EXPECT_TRUE(std::filesystem::exists(id_dir + "/base"));     // still holds foreign files
+  EXPECT_TRUE(read_all(copy) == valid) << "the copy outside changed";
+  EXPECT_TRUE(read_all(tmp) == std::string(8192, '\0')) << "the temp file outside changed";
+  EXPECT_EQ(read_all(id_dir + "/base/fake.lkv"), "wrong header");
+  EXPECT_EQ(read_all(d.path + "/notes.txt"), "mine");
+  struct stat st {};
+  EXPECT_EQ(::lstat((id_dir + "/evil").c_str(), &st), 0);
+  EXPECT_EQ(::lstat((d.path + "/" + std::string(32, 'a')).c_str(), &st), 0);
+  // ls lists the link without reading through it; verify reads only the cache's own files.
+  auto ls = cache_ls(d.path);
+  ASSERT_TRUE(ls.is_ok());
+  for (const auto& f : *ls) EXPECT_FALSE(f.status.is_ok()) << f.path;
+  auto v = cache_verify(d.path);
+  ASSERT_TRUE(v.is_ok());
+  ASSERT_EQ(v->size(), 1u);  // fake.lkv: refused as corrupt, never a read through a link
+  EXPECT_NE((*v)[0].path.find("fake.lkv"), std::string::npos);
 }
 
 // ---- identity -----------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 // ls|inspect|verify|clear DIR` (the CLI wires these; no model needs to be loaded).
 //
 // They read headers with the same validating reader the server uses and never modify a file
-// except `cache_clear`, which removes only LKV1 files (*.lkv, *.lkv.tmp) — unknown files stay.
+// except `cache_clear`, which removes only the cache's own files (cache_dir.h: a valid LKV1
+// prefix, never through a link) — everything else stays and is reported. Every verb refuses a
+// folder that is not a larder cache (no marker and not the cache's layout) before reading it.
 #pragma once
 
 #include <cstdint>
@@ -47,11 +49,14 @@ Result<std::vector<VerifyReport>> cache_verify(const std::string& dir_or_file);
 
 struct ClearReport {
   size_t files_removed = 0;
-  uint64_t bytes_removed = 0;
-  std::vector<std::string> errors;
+  uint64_t bytes_removed = 0;  // allocated bytes
+  size_t dirs_removed = 0;     // namespace and identity folders left empty
+  std::vector<std::string> kept;    // "PATH: why" of everything left that is not the cache's own
+  std::vector<std::string> errors;  // removals that failed
 };
-// Removes LKV1 files under DIR; only those of `identity_id` when given. Empty ns and identity
-// directories are removed too.
+// Removes the cache's own files under DIR (only those of `identity_id` when given), then its
+// namespace and identity folders that are left empty. Refuses (invalid_argument, nothing
+// removed) a folder that is not a larder cache.
 Result<ClearReport> cache_clear(const std::string& dir, const std::optional<std::string>& identity_id = std::nullopt);
 
 }  // namespace larder::memory

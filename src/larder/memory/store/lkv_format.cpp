@@ -381,14 +381,20 @@ struct Fd {
 }  // namespace
 
 Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expected, LkvKey* key) {
+  return read_lkv_info_at(AT_FDCWD, path, path, expected, key, /*follow=*/true);
+}
+
+Result<LkvInfo> read_lkv_info_at(int dirfd, const std::string& name, const std::string& path,
+                                 const StoreIdentity* expected, LkvKey* key, bool follow) {
   // The type is checked before opening and the open never blocks: a FIFO (or a device) named
   // *.lkv would otherwise block open() forever and with it the scan and everything that waits
   // for it. O_NONBLOCK means nothing for a regular file's reads.
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return io_error(strfmt("[lkv] %s: cannot stat: %s", path.c_str(), std::strerror(errno)));
+  if (::fstatat(dirfd, name.c_str(), &st, follow ? 0 : AT_SYMLINK_NOFOLLOW) != 0)
+    return io_error(strfmt("[lkv] %s: cannot stat: %s", path.c_str(), std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) return corrupt(strfmt("[lkv] %s: not a regular file", path.c_str()));
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  f.fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW));
   if (f.fd < 0) return io_error(strfmt("[lkv] %s: cannot open: %s", path.c_str(), std::strerror(errno)));
   if (::fstat(f.fd, &st) != 0) return io_error(strfmt("[lkv] %s: fstat failed", path.c_str()));
   if (!S_ISREG(st.st_mode)) return corrupt(strfmt("[lkv] %s: not a regular file", path.c_str()));

@@ -93,6 +93,10 @@ struct LkvKey {
 // its token section verified — also for a file refused for its size, so that a miss can name
 // the file the startup scan removed instead of reading as a plain divergence.
 Result<LkvInfo> read_lkv_info(const std::string& path, const StoreIdentity* expected, LkvKey* key = nullptr);
+// The same for the entry `name` of the directory `dirfd` (`path` names it in messages); with
+// follow = false a symbolic link is never opened (the scan: nothing outside the cache is read).
+Result<LkvInfo> read_lkv_info_at(int dirfd, const std::string& name, const std::string& path,
+                                 const StoreIdentity* expected, LkvKey* key, bool follow);
 
 enum class VerifyPolicy { kFull, kSampled, kOff };
 enum class RestoreMode { kMmap, kCopy };

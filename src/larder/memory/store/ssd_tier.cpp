@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "larder/core/log.h"
+#include "larder/memory/store/cache_dir.h"
 
 namespace larder::memory {
 
@@ -19,9 +20,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A folder of the cache: created 0700, or an existing real directory — never a link (the tier
+// would otherwise read, write and delete at its target, outside the cache directory).
 Status make_dir(const std::string& p) {
-  if (::mkdir(p.c_str(), 0700) == 0 || errno == EEXIST) return Status::ok();
-  return io_error(strfmt("[ssd-cache] cannot create %s: %s", p.c_str(), std::strerror(errno)));
+  if (::mkdir(p.c_str(), 0700) == 0) return Status::ok();
+  if (errno != EEXIST) return io_error(strfmt("[ssd-cache] cannot create %s: %s", p.c_str(), std::strerror(errno)));
+  struct stat st {};
+  if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return Status::ok();
+  return io_error(strfmt("[ssd-cache] %s is %s, not a folder of the cache; larder never follows links out of its "
+                         "cache directory",
+                         p.c_str(), S_ISLNK(st.st_mode) ? "a symbolic link" : "not a directory"));
 }
 
 bool ends_with(const std::string& s, const char* suf) {
@@ -46,8 +54,7 @@ SsdTier::SsdTier(SsdConfig c) : cfg_(std::move(c)), io_(cfg_.io ? cfg_.io : &pos
 }
 
 Result<std::unique_ptr<SsdTier>> SsdTier::open(SsdConfig config) {
-  if (config.dir.empty()) return invalid_argument("[ssd-cache] no directory given");
-  LARDER_RETURN_IF_ERROR(make_dir(config.dir));
+  LARDER_RETURN_IF_ERROR(prepare_cache_dir(config.dir));  // refuses a folder that is not a larder cache
   std::unique_ptr<SsdTier> t(new SsdTier(std::move(config)));
   LARDER_RETURN_IF_ERROR(make_dir(t->id_dir_));
   return t;
@@ -62,38 +69,74 @@ void SsdTier::scan() {
   std::vector<std::pair<int64_t, size_t>> by_mtime;
   uint64_t removed = 0, reaped = 0, removed_corrupt = 0, removed_incompatible = 0;
   std::vector<Removed> removed_keys;
-  std::error_code ec;
-  for (fs::directory_iterator nsit(id_dir_, ec), end; !ec && nsit != end; nsit.increment(ec)) {
-    if (!nsit->is_directory(ec)) continue;
-    std::error_code ec2;
-    for (fs::directory_iterator it(nsit->path(), ec2); !ec2 && it != end; it.increment(ec2)) {
-      const std::string path = it->path().string();
-      const std::string name = it->path().filename().string();
-      if (ends_with(name, ".lkv.tmp")) {  // an interrupted write: never read, always reaped
-        io_->unlink(path.c_str());
-        ++reaped;
+  // Every directory is opened without following links and every file is judged and removed
+  // relative to its directory's descriptor: a namespace folder that is a link (or becomes one)
+  // is never entered, so nothing outside the cache directory is read or deleted.
+  DirFd idfd = open_dir_at(AT_FDCWD, id_dir_);
+  auto ns_names = idfd.ok() ? list_dir(idfd.get()) : Result<std::vector<std::string>>(std::vector<std::string>{});
+  if (!idfd.ok() || !ns_names.is_ok()) {
+    log_warn_once("ssd-scan-open", strfmt("[ssd-cache] cannot read %s: %s", id_dir_.c_str(),
+                                          idfd.ok() ? ns_names.status().message().c_str() : std::strerror(errno)));
+  }
+  for (const std::string& ns_name : ns_names.is_ok() ? *ns_names : std::vector<std::string>{}) {
+    const EntryKind nk = entry_kind(idfd.get(), ns_name);
+    if (nk == EntryKind::kLink) {
+      log_warn_once("ssd-scan-link", strfmt("[ssd-cache] %s/%s is a symbolic link: not followed, left alone",
+                                            id_dir_.c_str(), ns_name.c_str()));
+    }
+    if (nk != EntryKind::kDir) continue;
+    DirFd nsfd = open_dir_at(idfd.get(), ns_name);
+    if (!nsfd.ok()) continue;  // swapped for a link since: not followed
+    auto files = list_dir(nsfd.get());
+    if (!files.is_ok()) continue;
+    for (const std::string& name : *files) {
+      const std::string path = id_dir_ + "/" + ns_name + "/" + name;
+      if (ends_with(name, ".lkv.tmp")) {  // an interrupted write: never read, reaped when provably ours
+        std::string why;
+        if (is_own_file(nsfd.get(), name, &why)) {
+          ::unlinkat(nsfd.get(), name.c_str(), 0);
+          ++reaped;
+        } else {
+          log_warn_once("ssd-scan-foreign", strfmt("[ssd-cache] %s: %s; left alone", path.c_str(), why.c_str()));
+        }
         continue;
       }
       if (!ends_with(name, ".lkv")) continue;  // unknown extensions are not ours to judge
+      const EntryKind fk = entry_kind(nsfd.get(), name);
+      if (fk == EntryKind::kLink) {
+        log_warn_once("ssd-scan-link", strfmt("[ssd-cache] %s is a symbolic link: not followed, left alone", path.c_str()));
+        continue;
+      }
       LkvKey key;
-      Result<LkvInfo> info = read_lkv_info(path, &cfg_.identity, &key);
+      Result<LkvInfo> info = read_lkv_info_at(nsfd.get(), name, path, &cfg_.identity, &key, /*follow=*/false);
       Status bad = info.is_ok() ? Status::ok() : info.status();
       if (bad.is_ok()) {
         // The name must be the content address of (ns, tokens): a renamed or misplaced file
         // could otherwise shadow another key.
         if (name != entry_id(info->ns, info->tokens) + ".lkv" ||
-            nsit->path().filename().string() != ns_dir_name(info->ns)) {
+            ns_name != ns_dir_name(info->ns)) {
           bad = corrupt(strfmt("[ssd-cache] %s: name does not match its content", path.c_str()));
         } else if (!cfg_.expected_signature.empty() &&
                    info->header.value("signature", "") != cfg_.expected_signature) {
           bad = incompatible(strfmt("[ssd-cache] %s: storage signature differs from the model's", path.c_str()));
         }
       }
+      // Removed only when provably the tier's (valid LKV1 prefix), or a FIFO / socket under an
+      // entry's name (it holds no data, and it would fail every later scan); anything else stays.
+      std::string why;
+      if (!bad.is_ok() && fk == EntryKind::kFile && !is_own_file(nsfd.get(), name, &why)) {
+        log_warn_once("ssd-scan-foreign", strfmt("[ssd-cache] %s: %s; left alone", path.c_str(), why.c_str()));
+        continue;
+      }
+      if (!bad.is_ok() && fk != EntryKind::kFile && !(fk == EntryKind::kOther && is_temp_name(name + ".tmp"))) {
+        log_warn_once("ssd-scan-foreign", strfmt("[ssd-cache] %s: not a regular file; left alone", path.c_str()));
+        continue;
+      }
       if (!bad.is_ok()) {
         log_warn_once("ssd-scan-" + std::string(status_code_name(bad.code())),
                       strfmt("[ssd-cache] removing unusable file at startup: %s", bad.message().c_str()));
         LARDER_LOG_DEBUG("[ssd-cache] scan removed %s: %s", path.c_str(), bad.message().c_str());
-        io_->unlink(path.c_str());
+        ::unlinkat(nsfd.get(), name.c_str(), 0);
         ++removed;
         if (!key.tokens.empty()) removed_keys.push_back({key.ns, name, std::move(key.tokens)});
         // Counted with the restore failures of the same class, so /stats shows them.
