@@ -259,16 +259,33 @@ MappedFile::PageCacheCheck MappedFile::regroup_page_cache() {
   return PageCacheCheck::kEvicted;
 }
 
-Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!file_exists(path)) return not_found(strfmt("[io] %s: file not found", path.c_str()));
+Result<std::string> read_text_file(const std::string& path, uint64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return not_found(strfmt("[io] %s: file not found", path.c_str()));
     return io_error(strfmt("[io] %s: cannot open: %s", path.c_str(), std::strerror(errno)));
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return io_error(strfmt("[io] %s: read failed", path.c_str()));
-  return ss.str();
+  std::string out;
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    const uint64_t room = max_bytes + 1 - out.size();  // one byte past the cap tells "longer"
+    const ssize_t r = ::read(fd, buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), room)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int e = errno;
+      ::close(fd);
+      return io_error(strfmt("[io] %s: read failed: %s", path.c_str(), std::strerror(e)));
+    }
+    if (r == 0) break;
+    out.append(buf.data(), static_cast<size_t>(r));
+    if (out.size() > max_bytes) {
+      ::close(fd);
+      return invalid_argument(strfmt("[io] %s: longer than %llu bytes, not read further (not a text file larder reads?)",
+                                     path.c_str(), static_cast<unsigned long long>(max_bytes)));
+    }
+  }
+  ::close(fd);
+  return out;
 }
 
 bool file_exists(const std::string& path) {

@@ -83,8 +83,11 @@ class MappedFile {
   int fd_ = -1;  // kMap: kept open for regroup_page_cache's posix_fadvise (the same inode)
 };
 
-// Reads a whole (small) file, e.g. config.json. Errors name the path.
-Result<std::string> read_text_file(const std::string& path);
+// Reads a whole (small) file, e.g. config.json. Errors name the path. A file (or a device or FIFO
+// a path leads to) longer than max_bytes is an error, and no more than max_bytes + 1 bytes are
+// read: the largest real text files are tokenizer.json files of tens of MB.
+inline constexpr uint64_t kMaxTextFileBytes = uint64_t{512} << 20;
+Result<std::string> read_text_file(const std::string& path, uint64_t max_bytes = kMaxTextFileBytes);
 bool file_exists(const std::string& path);
 bool is_directory(const std::string& path);
 
