@@ -60,6 +60,7 @@ struct ServeFlags {
   bool no_webui = false;
   std::optional<float> temp, top_p, min_p, repeat_penalty;
   std::optional<int> top_k;
+  int64_t seed = -1;  // -1: every request without a seed gets a random one
   int64_t max_tokens = runtime::kDefaultMaxTokens;
   runtime::ChatTemplateFlags chat_template;
 };
@@ -251,6 +252,7 @@ int run_serve(ServeFlags f) {
     sm.defaults.top_k = static_cast<int>(*k);
   }
   if (f.max_tokens > 0) sm.defaults.max_tokens = f.max_tokens;  // -1: until the context is full
+  if (f.seed >= 0) sm.defaults.seed = static_cast<uint64_t>(f.seed);
 
   memory::KvStoreConfig kc;
   kc.ram_cap_bytes = static_cast<size_t>(f.prompt_cache_gb * (1ull << 30));
@@ -377,6 +379,10 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--top-k", f->top_k, "default top_k")->check(at_least(0));
   cmd->add_option("--min-p", f->min_p, "default min_p")->check(in_range(0.0, 1.0));
   cmd->add_option("--repeat-penalty", f->repeat_penalty, "default repetition penalty")->check(in_range(0.0, 100.0));
+  cmd->add_option("-s,--seed", f->seed,
+                  "seed of every request that sets none, so such requests repeat (llama-server's -s); "
+                  "-1 = random per request (default)")
+      ->check(at_least(-1));
   cmd->add_option("-n,--n-predict,--max-tokens", f->max_tokens, runtime::kMaxTokensHelp)->check(max_tokens_check());
   cmd->add_option("--http-threads", f->http_threads, "generation worker threads (default parallel + queue-max + 8)")
       ->check(positive());

@@ -217,6 +217,49 @@ int32_t Sampler::pick(const float* logits, int64_t vocab, uint64_t step) const {
   return cand.back();  // u·z rounding past the last cumulative sum
 }
 
+TokenLogprobs Sampler::post_sampling_probs(const float* logits, int64_t vocab, int32_t id, int k) const {
+  TokenLogprobs r;
+  r.id = id;
+  r.linear = true;
+  k = static_cast<int>(std::min<int64_t>(std::max(k, 0), vocab));
+  const int32_t top = static_cast<int32_t>(kernels::argmax(logits, vocab));
+  const float mxf = logits[top];
+  if (!(p_.temperature > 0.0f) || !std::isfinite(mxf)) {
+    // pick() takes the argmax: one candidate, certain.
+    r.logprob = id == top ? 1.0f : 0.0f;
+    if (k > 0) r.top.emplace_back(top, 1.0f);
+    return r;
+  }
+  // The weights pick() draws with: exp((logit − max) / temperature) over the candidates.
+  const double mx = mxf, t = p_.temperature;
+  auto weight = [&](int32_t i) {
+    const double l = std::isnan(logits[i]) ? -INFINITY : static_cast<double>(logits[i]);
+    return std::exp((l - mx) / t);
+  };
+  const bool filtered = (p_.top_k > 0 && p_.top_k < vocab) || (p_.top_p > 0.0f && p_.top_p < 1.0f) || p_.min_p > 0.0f;
+  if (!filtered) {  // every token is a candidate: rank only the k reported
+    const double z = kernels::sum_exp(logits, vocab, mxf, 1.0f / p_.temperature);
+    r.logprob = id >= 0 && id < vocab ? static_cast<float>(weight(id) / z) : 0.0f;
+    Ranking ranking(logits, vocab, mxf);
+    for (int32_t i; r.top.size() < static_cast<size_t>(k) && (i = ranking.next()) >= 0;) {
+      const double p = weight(i) / z;
+      if (!(p > 0)) break;  // masked or underflowed: no more candidates with mass
+      r.top.emplace_back(i, static_cast<float>(p));
+    }
+    return r;
+  }
+  const std::vector<int32_t> cand = candidates(logits, vocab);
+  std::vector<double> w(cand.size());
+  double z = 0;
+  for (size_t i = 0; i < cand.size(); ++i) z += (w[i] = weight(cand[i]));
+  r.logprob = 0;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    if (cand[i] == id) r.logprob = static_cast<float>(w[i] / z);
+    if (r.top.size() < static_cast<size_t>(k) && w[i] > 0) r.top.emplace_back(cand[i], static_cast<float>(w[i] / z));
+  }
+  return r;
+}
+
 TokenLogprobs token_logprobs(const float* x, int64_t vocab, int32_t id, int k) {
   // log p_i = x_i - (max + log Σ exp(x_j - max)).
   const float mxf = x[kernels::argmax(x, vocab)];

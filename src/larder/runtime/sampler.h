@@ -49,6 +49,14 @@ struct SamplingParams {
 // The uniform double in [0, 1) for (seed, step): splitmix64 finalizers over the pair.
 double counter_uniform(uint64_t seed, uint64_t step);
 
+// One generated token's reported distribution (logprobs, llama-server's n_probs).
+struct TokenLogprobs {
+  int32_t id = 0;
+  float logprob = 0;                               // of `id`
+  std::vector<std::pair<int32_t, float>> top;      // the k most likely, descending (ties: lower id)
+  bool linear = false;  // the values are probabilities, not logs (Sampler::post_sampling_probs)
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams p) : p_(std::move(p)) {}
@@ -71,6 +79,11 @@ class Sampler {
   void process(float* logits, int64_t vocab, const std::vector<int32_t>& history) const;
   // Step 5's candidate set for processed logits: token ids, most probable first.
   std::vector<int32_t> candidates(const float* logits, int64_t vocab) const;
+  // The distribution pick() draws from (after the filters and temperature) for processed logits:
+  // the probability of `id` and the k most probable candidates, zero-probability ones left out —
+  // llama-server's `post_sampling_probs`. Greedy (temperature 0) is the argmax with probability 1.
+  // The values are probabilities (TokenLogprobs::linear is set).
+  TokenLogprobs post_sampling_probs(const float* processed, int64_t vocab, int32_t id, int k) const;
 
  private:
   SamplingParams p_;
@@ -79,11 +92,6 @@ class Sampler {
 
 // Log-probabilities of the processed distribution (full-vocabulary log-softmax after the logits
 // processors, before filters and temperature — mlx_lm.server's semantics, server-api.md §4.4).
-struct TokenLogprobs {
-  int32_t id = 0;
-  float logprob = 0;                               // of `id`
-  std::vector<std::pair<int32_t, float>> top;      // the k most likely, descending (ties: lower id)
-};
 TokenLogprobs token_logprobs(const float* processed, int64_t vocab, int32_t id, int k);
 
 }  // namespace larder::runtime

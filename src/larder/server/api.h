@@ -41,6 +41,9 @@ struct ApiDefaults {
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int> top_k;
   std::optional<int64_t> max_tokens;  // --max-tokens (default runtime::kDefaultMaxTokens); none = context end
+  // --seed: the seed of every request that gives none (llama-server's -s), so those repeat;
+  // none = a random seed per request.
+  std::optional<uint64_t> seed;
 };
 
 struct ServedModel {
@@ -77,7 +80,8 @@ struct ParsedRequest {
 
 // Throws ApiError on invalid input.
 ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& body);
-ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& body);
+// llama_server: llama-server's /completion (api_native.h), whose logit_bias also takes text keys.
+ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& body, bool llama_server = false);
 ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& body);
 
 // The longest decoded token of the model (for ServedModel::max_token_bytes).

@@ -1,5 +1,8 @@
 // api_completions.cpp — OpenAI text completions request parser (a prompt string, token ids,
-// or a list of prompts; n; n_predict). Also the request side of llama-server POST /completion.
+// ids mixed with text, or a list of prompts; n; n_predict). Also the request side of
+// llama-server's POST /completion (api_native.cpp adds its own fields).
+#include <algorithm>
+
 #include "larder/server/api_constraints.h"
 #include "larder/server/api_fields.h"
 #include "larder/server/response_writer.h"
@@ -8,54 +11,68 @@ namespace larder::server {
 
 using namespace fields;
 
-ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b) {
+namespace {
+
+// One prompt, in the forms llama-server takes (its tokenize_input_prompts): a string; token ids;
+// a mix ([12, " text", 34]: each string tokenized where it stands, with the tokenizer's BOS only
+// when a string comes first); or {"prompt_string": …}.
+std::vector<int32_t> one_prompt(const ServedModel& sm, const ordered_json& p) {
+  const int64_t V = sm.m->model->info().vocab;
+  if (p.is_string()) {
+    check_prompt_bytes(sm, p.get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
+    return sm.m->tokenizer->encode(p.get<std::string>(), /*add_special=*/true);
+  }
+  if (p.is_object()) {
+    if (get(p, "multimodal_data")) bad("this model does not accept images (text-only model)", "prompt");
+    const ordered_json* text = get(p, "prompt_string");
+    if (!text || text->is_object()) bad("a prompt object needs a prompt_string (a string or token ids)", "prompt");
+    return one_prompt(sm, *text);
+  }
+  if (!p.is_array()) bad("prompt must be a string, an array of token ids, or a list of those", "prompt");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const ordered_json& e = p[i];
+    if (e.is_string()) {
+      check_prompt_bytes(sm, e.get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
+      const auto t = sm.m->tokenizer->encode(e.get<std::string>(), /*add_special=*/i == 0);
+      ids.insert(ids.end(), t.begin(), t.end());
+    } else if (e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < V) {
+      ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    } else if (e.is_number_integer()) {
+      bad(strfmt("prompt token id %lld is outside the vocabulary [0, %lld)", (long long)e.get<int64_t>(), (long long)V), "prompt");
+    } else {
+      bad(strfmt("prompt token ids must be integers in [0, %lld)", (long long)V), "prompt");
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b, bool llama_server) {
   ParsedRequest pr = start(b, "cmpl-", "/v1/completions");
   refuse_unsupported(b);
   const ordered_json* prompt = get(b, "prompt");
   if (!prompt) bad("prompt is required", "prompt");
-  const int64_t V = sm.m->model->info().vocab;
-  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
-  // A list of prompts: strings, or lists of token ids. The first becomes pr.gen.
-  std::vector<std::vector<int32_t>> more;
-  if (prompt->is_array() && prompt->size() > 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+  // An array holding a number is one prompt (token ids, or ids mixed with text); any other array
+  // is a list of prompts, one choice (one llama-server result) each. The first becomes pr.gen.
+  const bool list = prompt->is_array() && std::none_of(prompt->begin(), prompt->end(), [](const ordered_json& e) {
+                      return e.is_number();
+                    });
+  std::vector<std::vector<int32_t>> prompts;
+  if (list) {
+    if (prompt->empty()) bad("prompt must not be an empty list", "prompt");
     if (prompt->size() > 64) bad("at most 64 prompts per request", "prompt");
-    std::vector<std::vector<int32_t>> all;
-    for (const auto& p : *prompt) {
-      std::vector<int32_t> ids;
-      if (p.is_string()) {
-        check_prompt_bytes(sm, p.get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
-        ids = sm.m->tokenizer->encode(p.get<std::string>(), /*add_special=*/true);
-      } else if (p.is_array()) {
-        for (const auto& t : p) {
-          if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
-            bad(strfmt("prompt token ids must be integers in [0, %lld)", (long long)V), "prompt");
-          ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
-        }
-      } else {
-        bad("a list of prompts must hold strings or arrays of token ids", "prompt");
-      }
-      all.push_back(std::move(ids));
-    }
-    pr.gen.prompt = all[0];
-    more.assign(all.begin() + 1, all.end());
-  } else if (prompt->is_string()) {
-    check_prompt_bytes(sm, prompt->get_ref<const std::string&>().size(), Surface::kCompletions, "prompt");
-    pr.gen.prompt = sm.m->tokenizer->encode(prompt->get<std::string>(), /*add_special=*/true);
-  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) {
-    for (const auto& t : *prompt) {
-      if (!t.is_number_integer()) bad("prompt token ids must be integers", "prompt");
-      const int64_t id = t.get<int64_t>();
-      if (id < 0 || id >= V) bad(strfmt("prompt token id %lld is outside the vocabulary [0, %lld)", (long long)id, (long long)V), "prompt");
-      pr.gen.prompt.push_back(static_cast<int32_t>(id));
-    }
-  } else if (prompt->is_array()) {
-    bad("prompt must be a string, an array of token ids, or a list of those", "prompt");
+    for (const auto& p : *prompt) prompts.push_back(one_prompt(sm, p));
   } else {
-    bad("prompt must be a string or an array of token ids", "prompt");
+    prompts.push_back(one_prompt(sm, *prompt));
   }
+  pr.gen.prompt = std::move(prompts[0]);
+  const std::vector<std::vector<int32_t>> more(std::make_move_iterator(prompts.begin() + 1),
+                                               std::make_move_iterator(prompts.end()));
   constraints::apply_response_format(sm, b, pr);  // the prompt is the client's: no instruction added
   constraints::apply_native_fields(sm, b, pr);
-  pr.gen.sampling = sampling(sm, b, true);
+  pr.gen.sampling = sampling(sm, b, true, llama_server);
   pr.gen.stops = stops(b, "stop");
   if (auto lp = integer(b, "logprobs", 0, 20)) {
     pr.logprobs = true;

@@ -123,25 +123,44 @@ inline std::vector<std::string> stops(const ordered_json& b, const char* name) {
 
 // logit_bias in the forms OpenAI and llama-server accept:
 //   {"15043": 2.5}                 OpenAI: token id (as a string) → bias in [-100, 100]
+//   {" the": -100, "15044": false} llama-server's /completion (text_keys): a key that is not an
+//                                  integer stands for every token of its encoding; false bans.
+//                                  The OpenAI routes keep OpenAI's rule (integer keys, 400).
 //   [[15043, 2.5], [15044, false]] llama-server: [id, bias] pairs; false bans the token
 //   [["Hello", -0.5]]              llama-server: every token of the string's encoding
 // An id outside the vocabulary is an error (llama-server skips it silently; a typo should not
-// pass unnoticed). Pair biases may exceed ±100 (llama-server clamps nothing); false is −∞.
-inline void logit_bias(const ServedModel& sm, const ordered_json& lb, runtime::SamplingParams& p) {
+// pass unnoticed), as is a string with no tokens. Pair biases may exceed ±100 (llama-server
+// clamps nothing); false is −∞.
+inline void logit_bias(const ServedModel& sm, const ordered_json& lb, runtime::SamplingParams& p, bool text_keys) {
   const int64_t V = sm.m->model->info().vocab;
   auto set = [&](long long id, float x) {
     if (id < 0 || id >= V) bad(strfmt("logit_bias token id %lld is outside the vocabulary [0, %lld)", id, (long long)V), "logit_bias");
     p.logit_bias[static_cast<int32_t>(id)] = x;
+  };
+  auto set_text = [&](const std::string& text, float x) {
+    const std::vector<int32_t> ids = sm.m->tokenizer->encode(text, /*add_special=*/false);
+    if (ids.empty()) bad(strfmt("logit_bias string \"%s\" has no tokens", text.c_str()), "logit_bias");
+    for (int32_t id : ids) set(id, x);
   };
   if (lb.is_object()) {
     for (const auto& [k, v] : lb.items()) {
       char* end = nullptr;
       errno = 0;
       const long long id = std::strtoll(k.c_str(), &end, 10);
-      if (k.empty() || *end != '\0' || errno != 0 || !v.is_number()) bad("logit_bias must be a dict of int to float", "logit_bias");
-      const double x = v.get<double>();
-      if (!std::isfinite(x) || x < -100 || x > 100) bad("logit_bias values must be between -100 and 100", "logit_bias");
-      set(id, static_cast<float>(x));
+      const bool is_id = !k.empty() && *end == '\0' && errno == 0;
+      if (!text_keys && (!is_id || !v.is_number())) bad("logit_bias must be a dict of int to float", "logit_bias");
+      float x = 0;
+      if (v.is_boolean() && !v.get<bool>()) {
+        x = -std::numeric_limits<float>::infinity();
+      } else if (v.is_number()) {
+        const double d = v.get<double>();
+        if (!std::isfinite(d) || d < -100 || d > 100) bad("logit_bias values must be between -100 and 100", "logit_bias");
+        x = static_cast<float>(d);
+      } else {
+        bad("logit_bias must be a dict of token id (or text) to a bias or false", "logit_bias");
+      }
+      if (is_id) set(id, x);
+      else set_text(k, x);
     }
     return;
   }
@@ -161,7 +180,7 @@ inline void logit_bias(const ServedModel& sm, const ordered_json& lb, runtime::S
     if (pair[0].is_number_integer()) {
       set(pair[0].get<long long>(), x);
     } else if (pair[0].is_string()) {
-      for (int32_t id : sm.m->tokenizer->encode(pair[0].get<std::string>(), /*add_special=*/false)) set(id, x);
+      set_text(pair[0].get<std::string>(), x);
     } else {
       bad(form, "logit_bias");
     }
@@ -169,8 +188,10 @@ inline void logit_bias(const ServedModel& sm, const ordered_json& lb, runtime::S
 }
 
 // Sampling parameters: request field → server defaults (flags over generation_config.json) →
-// built-ins (server-api.md §3).
-inline runtime::SamplingParams sampling(const ServedModel& sm, const ordered_json& b, bool with_penalties) {
+// built-ins (server-api.md §3). llama_server: the request is llama-server's /completion (its
+// logit_bias forms).
+inline runtime::SamplingParams sampling(const ServedModel& sm, const ordered_json& b, bool with_penalties,
+                                        bool llama_server = false) {
   runtime::SamplingParams p;
   const ApiDefaults& d = sm.defaults;
   p.temperature = static_cast<float>(number(b, "temperature", 0, 5).value_or(d.temperature.value_or(0.7f)));
@@ -178,13 +199,14 @@ inline runtime::SamplingParams sampling(const ServedModel& sm, const ordered_jso
   if (p.top_p == 0.0f) p.top_p = 1.0f;  // 0 = off (mlx_lm.server)
   p.top_k = static_cast<int>(integer(b, "top_k", 0, 1'000'000).value_or(d.top_k.value_or(0)));
   p.min_p = static_cast<float>(number(b, "min_p", 0, 1).value_or(d.min_p.value_or(0.0f)));
-  // seed: any u64; -1 means "random" (llama-server's convention); absent: not reproducible.
-  p.seed = random_seed();
+  // seed: any u64; -1 means "random" (llama-server's convention); absent: the server's --seed
+  // (every such request samples with it, as llama-server does), else random.
+  p.seed = d.seed ? *d.seed : random_seed();
   if (const ordered_json* sv = get(b, "seed")) {
     if (sv->is_number_unsigned()) {
       p.seed = sv->get<uint64_t>();
     } else if (sv->is_number_integer() && sv->get<int64_t>() == -1) {
-      // random
+      p.seed = random_seed();
     } else if (sv->is_number_integer()) {
       bad("seed must be at least 0 (or -1 for a random seed)", "seed");
     } else {
@@ -198,7 +220,7 @@ inline runtime::SamplingParams sampling(const ServedModel& sm, const ordered_jso
   if (auto n = integer(b, "repetition_context_size", 0, 1 << 20)) p.repetition_context_size = static_cast<int>(*n);
   if (auto n = integer(b, "presence_context_size", 0, 1 << 20)) p.presence_context_size = static_cast<int>(*n);
   if (auto n = integer(b, "frequency_context_size", 0, 1 << 20)) p.frequency_context_size = static_cast<int>(*n);
-  if (const ordered_json* lb = get(b, "logit_bias")) logit_bias(sm, *lb, p);
+  if (const ordered_json* lb = get(b, "logit_bias")) logit_bias(sm, *lb, p, llama_server);
   return p;
 }
 

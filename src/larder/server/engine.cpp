@@ -387,6 +387,8 @@ void Engine::step() {
         }
         // Sample the next token from this row's logits.
         float* lg = s.logits.data();
+        std::vector<float> model_logits;  // llama-server's n_probs: the model's distribution
+        if (s.req.top_logprobs >= 0 && s.req.probs == GenRequest::Probs::kModel) model_logits.assign(lg, lg + V);
         s.sampler.process(lg, V, s.seq.history());
         if (s.matcher) s.matcher->mask(lg, V);  // after the processors: a bias never revives a masked token
         const int32_t tok = s.sampler.pick(lg, V, static_cast<uint64_t>(s.generated));
@@ -408,7 +410,11 @@ void Engine::step() {
         }
         TokenInfo ti;
         ti.id = tok;
-        if (s.req.top_logprobs >= 0) ti.lp = runtime::token_logprobs(lg, V, tok, s.req.top_logprobs);
+        if (s.req.top_logprobs >= 0) {
+          ti.lp = s.req.probs == GenRequest::Probs::kPostSampling
+                      ? s.sampler.post_sampling_probs(lg, V, tok, s.req.top_logprobs)
+                      : runtime::token_logprobs(model_logits.empty() ? lg : model_logits.data(), V, tok, s.req.top_logprobs);
+        }
         s.seq.decode_accept(tok);
         ++s.generated;
         s.pending.push_back(std::move(ti));

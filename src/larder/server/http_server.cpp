@@ -251,9 +251,10 @@ struct HttpServer::Impl {
   // Several choices (n > 1, or a list of prompts): every choice is its own engine request, all
   // submitted at once so they share batches. Non-stream, the body merges their choices; a stream
   // interleaves each choice's chunks (their own index) as they come, then one usage chunk
-  // (include_usage) and one [DONE].
+  // (include_usage) and one [DONE]. llama-server's /completion (native): a JSON array of the
+  // results, or their interleaved events with nothing after them.
   void generate_many(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface,
-                     std::shared_ptr<ParsedRequest> pr, const std::string& route, Clock::time_point t0) {
+                     std::shared_ptr<ParsedRequest> pr, const std::string& route, Clock::time_point t0, bool native) {
     const ServedModel* m = sm.load();
     Engine* eng = engine.load();
     std::vector<GenRequest> gens = {pr->gen};
@@ -275,7 +276,7 @@ struct HttpServer::Impl {
     auto writers = std::make_shared<std::vector<std::unique_ptr<ResponseWriter>>>();
     const bool stream = pr->stream;
     for (size_t i = 0; i < gens.size(); ++i) {
-      writers->push_back(make_response_writer(*m, *pr, surface));
+      writers->push_back(native ? make_native_writer(*m, *pr) : make_response_writer(*m, *pr, surface));
       writers->back()->set_index(static_cast<int>(i));
       if (stream) writers->back()->set_part_of_many();
     }
@@ -288,7 +289,7 @@ struct HttpServer::Impl {
     res.status = 200;
     res.content_type = stream ? "text/event-stream" : "application/json";
     auto log = lg.shared_from_this();
-    res.provider = [this, chans, writers, pr, route, t0, log, stream](BodySink& sink) {
+    res.provider = [this, chans, writers, pr, route, t0, log, stream, native](BodySink& sink) {
       std::vector<bool> done(chans->size(), false);
       size_t left = chans->size();
       auto last_write = Clock::now();
@@ -333,14 +334,18 @@ struct HttpServer::Impl {
           last_write = Clock::now();
         }
       }
-      ordered_json b = (*writers)[0]->body();
+      ordered_json b = native && !stream ? ordered_json::array({(*writers)[0]->body()}) : (*writers)[0]->body();
       Outcome total = (*writers)[0]->outcome();
       std::string error;
       for (size_t i = 0; i < writers->size(); ++i) {
         const Outcome& o = (*writers)[i]->outcome();
         if (o.finish == Finish::kError || o.finish == Finish::kCancelled) error = o.error.empty() ? "generation failed" : o.error;
         if (i == 0) continue;
-        b["choices"].push_back((*writers)[i]->body()["choices"][0]);
+        if (native) {
+          if (!stream) b.push_back((*writers)[i]->body());  // each result carries its own error
+        } else {
+          b["choices"].push_back((*writers)[i]->body()["choices"][0]);
+        }
         total.prompt_tokens += o.prompt_tokens;
         total.cached_tokens += o.cached_tokens;
         total.completion_tokens += o.completion_tokens;
@@ -348,7 +353,9 @@ struct HttpServer::Impl {
       // Each streamed choice already sent its finish chunk (or its error event): what is left is
       // the summed usage and the one [DONE]. Non-stream: the merged body, or the error.
       std::string text;
-      if (stream) {
+      if (native) {
+        if (!stream) text = b.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+      } else if (stream) {
         text = pr->include_usage && error.empty() ? (*writers)[0]->usage_frame(total) : std::string();
         text += "data: [DONE]\n\n";
       } else {
@@ -362,7 +369,7 @@ struct HttpServer::Impl {
         }
         text = b.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
       }
-      if (!sink.write(text.data(), text.size())) {
+      if (!text.empty() && !sink.write(text.data(), text.size())) {
         cancel_all();
         return false;
       }
@@ -381,8 +388,9 @@ struct HttpServer::Impl {
     };
   }
 
-  // kNative: llama-server's POST /completion (request parsed as /v1/completions, answered in
-  // its own shape, api_native.h); kOllama*: Ollama's /api/chat and /api/generate (api_ollama.h).
+  // kNative: llama-server's POST /completion and /completions (request parsed as
+  // /v1/completions plus its own fields, answered in its own shape, api_native.h); kOllama*:
+  // Ollama's /api/chat and /api/generate (api_ollama.h).
   enum class Shape { kApi, kNative, kOllamaChat, kOllamaGenerate };
   void generate(const HttpRequest& req, HttpResponse& res, LogEntry& lg, Surface surface, Shape shape = Shape::kApi) {
     const auto t0 = Clock::now();
@@ -414,21 +422,22 @@ struct HttpServer::Impl {
         *pr = okind == OllamaKind::kChat ? parse_ollama_chat(*m, body) : parse_ollama_generate(*m, body);
       } else {
         *pr = surface == Surface::kChat ? parse_chat(*m, body)
-              : surface == Surface::kCompletions ? parse_completion(*m, body) : parse_messages(*m, body);
+              : surface == Surface::kCompletions ? (native ? parse_native_completion(*m, body) : parse_completion(*m, body))
+                                                 : parse_messages(*m, body);
       }
     } catch (const ApiError& e) {
       return fail(e);
     } catch (const std::exception& e) {  // e.g. a JSON type error deep in a template value
       return fail({400, std::string("invalid request: ") + e.what()});
     }
-    if (!pr->more.empty()) return generate_many(req, res, lg, surface, pr, route, t0);
+    if (!pr->more.empty()) return generate_many(req, res, lg, surface, pr, route, t0, native);
     auto submitted = eng->submit(pr->gen);
     if (!submitted.is_ok()) {
       const int status = submitted.status().code() == StatusCode::kResourceExhausted ? 429 : 503;
       return fail({status, submitted.status().message()});
     }
     std::shared_ptr<Channel> ch = *submitted;
-    std::shared_ptr<ResponseWriter> writer = make_response_writer(*m, *pr, surface);
+    std::shared_ptr<ResponseWriter> writer = native ? make_native_writer(*m, *pr) : make_response_writer(*m, *pr, surface);
     auto owriter = ollama ? std::make_shared<OllamaWriter>(*m, *pr, okind) : nullptr;
     // Wait briefly for admission so the KV store's verdict can travel as a header
     // (x-larder-cache, kv-store.md §11.6). A request that has to queue longer gets its headers
@@ -484,11 +493,6 @@ struct HttpServer::Impl {
             if (ollama) {
               if (stream) frames += owriter->stream_frames(e);
               else owriter->add(e);
-            } else if (stream && native) {
-              frames += native_stream_frame(e);
-              writer->add(e);
-              if (e.done)
-                frames += "data: " + native_completion_body(*m, *pr, e.outcome, "").dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n\n";
             } else if (stream) {
               frames += writer->stream_frames(e);
             } else {
@@ -546,7 +550,7 @@ struct HttpServer::Impl {
             if (!stream) {
               ordered_json b;
               if (native) {
-                b = native_completion_body(*m, *pr, o, writer->text());
+                b = writer->body();  // an error travels inside llama-server's object
               } else if (ollama) {
                 b = owriter->body();
               } else if (o.finish == Finish::kError || o.finish == Finish::kCancelled) {
@@ -803,7 +807,8 @@ struct HttpServer::Impl {
                                  {"temperature", m.defaults.temperature.value_or(0.7f)},
                                  {"top_p", m.defaults.top_p.value_or(1.0f)},
                                  {"top_k", m.defaults.top_k.value_or(0)},
-                                 {"min_p", m.defaults.min_p.value_or(0.0f)}};
+                                 {"min_p", m.defaults.min_p.value_or(0.0f)},
+                                 {"seed", m.defaults.seed ? ordered_json(*m.defaults.seed) : ordered_json(-1)}};
         const auto bos = m.m->tokenizer->bos_id();
         const auto eos_ids = m.m->tokenizer->eos_ids();
         return send_json(res, 200,

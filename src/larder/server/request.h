@@ -30,7 +30,12 @@ struct GenRequest {
   runtime::SamplingParams sampling;
   int64_t max_tokens = 0;         // already clamped to what fits the context
   std::vector<std::string> stops;
-  int top_logprobs = -1;          // -1: no logprobs; else 0..20 alternatives per token
+  int top_logprobs = -1;          // -1: no logprobs; else that many alternatives per token
+  // Which distribution they describe: the processed one (OpenAI routes, server-api.md), or, for
+  // llama-server's /completion n_probs, the model's own logits (before biases, penalties and
+  // grammar) or the sampler's after its filters and temperature (post_sampling_probs).
+  enum class Probs { kProcessed, kModel, kPostSampling };
+  Probs probs = Probs::kProcessed;
   std::string ns;                 // KV store namespace (model identity + cache_salt)
   // Constrained decoding (runtime/grammar.h): compiled by the HTTP worker, matched per sequence
   // on the engine thread. Null: unconstrained.

@@ -6,11 +6,13 @@ const std::vector<Route>& route_table() {
   static const std::vector<Route> r = {
       {RouteId::kChat, "POST", "/v1/chat/completions", {"/chat/completions"}, false, false,
        "OpenAI chat completions (stream, tools, logprobs, n)"},
-      {RouteId::kCompletions, "POST", "/v1/completions", {"/completions"}, false, false,
+      {RouteId::kCompletions, "POST", "/v1/completions", {}, false, false,
        "OpenAI text completions (prompt string, token ids, or a list of prompts)"},
       {RouteId::kMessages, "POST", "/v1/messages", {}, false, false, "Anthropic messages (stream, tools, thinking)"},
       {RouteId::kCountTokens, "POST", "/v1/messages/count_tokens", {}, true, false, "Anthropic token count of a messages request"},
-      {RouteId::kNativeCompletion, "POST", "/completion", {}, false, false, "llama-server native completion (n_predict, stream)"},
+      // /completions without /v1 is llama-server's native handler, as llama-server routes it.
+      {RouteId::kNativeCompletion, "POST", "/completion", {"/completions"}, false, false,
+       "llama-server native completion (n_predict, n_probs, prompt lists, stream)"},
       {RouteId::kApplyTemplate, "POST", "/apply-template", {}, true, false, "llama-server: render messages with the chat template"},
       {RouteId::kProps, "GET", "/props", {}, true, false, "llama-server: model, context, chat template, defaults"},
       {RouteId::kTokenize, "POST", "/tokenize", {}, true, false, "text to token ids (with_pieces: {id, piece})"},

@@ -415,6 +415,71 @@ TEST(Sampler, LogprobAlternativesEqualTheFullSort) {
   }
 }
 
+// post_sampling_probs (llama-server's post_sampling_probs): the distribution pick() draws from —
+// the full sort's candidates, softmax at the temperature over them — its first k with nonzero
+// mass, the sampled token's probability, and for greedy the argmax alone with probability 1.
+// The probabilities are those pick() realises: their empirical frequencies match.
+TEST(Sampler, PostSamplingProbsAreTheDrawDistribution) {
+  std::mt19937_64 rng(17);
+  for (int64_t V : {10, 3000, 49152}) {
+    std::normal_distribution<float> d(0.0f, 2.0f);
+    std::vector<float> l(static_cast<size_t>(V));
+    for (float& x : l) x = d(rng);
+    for (size_t i = 0; i < l.size(); i += 7) l[i] = -INFINITY;  // masked by a grammar
+    for (int k : {0, 1, 3, 20}) {
+      for (int f = 0; f < 4; ++f) {
+        SamplingParams p;
+        p.temperature = f == 3 ? 0.0f : 0.7f;
+        p.top_k = f == 1 ? 5 : 0;
+        p.top_p = f == 2 ? 0.8f : 1.0f;
+        const Sampler s(p);
+        std::vector<int32_t> cand = f == 0 || f == 3 ? std::vector<int32_t>{} : candidates_by_full_sort(l, p);
+        if (f == 0) {  // unfiltered: every unmasked token, ranked
+          for (size_t i = 0; i < l.size(); ++i)
+            if (l[i] > -INFINITY) cand.push_back(static_cast<int32_t>(i));
+          std::sort(cand.begin(), cand.end(), [&](int32_t a, int32_t b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
+        }
+        if (f == 3) {
+          const int32_t top = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+          const TokenLogprobs r = s.post_sampling_probs(l.data(), V, top, k);
+          EXPECT_TRUE(r.linear);
+          EXPECT_EQ(r.logprob, 1.0f);
+          ASSERT_EQ(r.top.size(), k > 0 ? 1u : 0u);
+          if (k > 0) EXPECT_EQ(r.top[0], std::make_pair(top, 1.0f));
+          continue;
+        }
+        double mx = l[cand[0]], z = 0;
+        for (int32_t c : cand) z += std::exp((l[c] - mx) / 0.7);
+        const int32_t sampled = cand[cand.size() / 2];
+        const TokenLogprobs r = s.post_sampling_probs(l.data(), V, sampled, k);
+        EXPECT_TRUE(r.linear);
+        EXPECT_NEAR(r.logprob, std::exp((l[sampled] - mx) / 0.7) / z, 1e-6) << "V " << V << " f " << f;
+        ASSERT_EQ(r.top.size(), std::min<size_t>(static_cast<size_t>(k), cand.size())) << "V " << V << " k " << k;
+        for (size_t i = 0; i < r.top.size(); ++i) {
+          EXPECT_EQ(r.top[i].first, cand[i]) << "V " << V << " k " << k << " f " << f << " i " << i;
+          EXPECT_NEAR(r.top[i].second, std::exp((l[cand[i]] - mx) / 0.7) / z, 1e-6);
+        }
+        const TokenLogprobs none = s.post_sampling_probs(l.data(), V, 0, 0);  // id 0 is masked
+        EXPECT_EQ(none.logprob, 0.0f);
+      }
+    }
+  }
+  // Frequencies: pick() over 40000 draws lands on each candidate as often as reported.
+  std::vector<float> l = {2.0f, 1.5f, 1.0f, 0.2f, -1.0f, -INFINITY};
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_k = 4;
+  p.seed = 11;
+  const Sampler s(p);
+  const TokenLogprobs r = s.post_sampling_probs(l.data(), 6, 0, 6);
+  ASSERT_EQ(r.top.size(), 4u);
+  std::vector<int> hits(6, 0);
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) ++hits[static_cast<size_t>(s.pick(l.data(), 6, static_cast<uint64_t>(i)))];
+  for (const auto& [id, prob] : r.top) EXPECT_NEAR(hits[static_cast<size_t>(id)] / double(n), prob, 0.01) << id;
+  EXPECT_EQ(hits[4] + hits[5], 0);
+}
+
 // Unfiltered temperature sampling sums the weights in blocks (vectorised) and walks one block: the
 // same draw as walking the whole row in id order with double weights, except where u·z falls
 // within rounding (~1e-7 relative) of a boundary between two tokens; and a masked token is
