@@ -161,7 +161,8 @@ class ParseAndBoundsTest(ServerTestCase):
                 r, took = self.timed_post(path, body)
                 report(f"oversized request on {path}{' (100k tools)' if 'tools' in body else ''}", took)
                 self.assertEqual(r.status, 400, r)
-                self.assertLess(took, 3.0, f"{path}: refused before rendering or tokenizing")
+                # 13 MB of tools still parse and validate (linear); rendering them took 25-50 s.
+                self.assertLess(took, 6.0 if "tools" in body else 3.0, f"{path}: refused before rendering or tokenizing")
         self.assertHealthy()
         r = self.server.post("/v1/messages/count_tokens", {"messages": user("Hello there")})
         self.assertEqual(r.status, 200, r)
