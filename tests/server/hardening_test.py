@@ -100,6 +100,18 @@ class ParseAndBoundsTest(ServerTestCase):
         report("80k keys in a message, /apply-template", took)
         self.assertEqual(r.status, 200, r)
         self.assertLess(took, 3.0)
+        # Ollama options: unknown ones are ignored with a Warning header each, a few at most.
+        body = ('{"model": "' + self.server.model_id() + '", "stream": false, "messages": [{"role": "user", '
+                '"content": "hi"}], "options": {"num_predict": 1, ' + filler + "}}").encode()
+        t0 = time.monotonic()
+        resp = post_raw(self.server.port, "/api/chat", body, timeout=120)
+        took = time.monotonic() - t0
+        report("80k options, /api/chat", took)
+        self.assertEqual(status_of(resp), 200, resp[:300])
+        warnings = [v for k, v in headers_of(resp) if k.lower() == b"warning"]
+        self.assertLessEqual(len(warnings), 9, f"{len(warnings)} Warning headers")
+        self.assertIn(b"more unknown options ignored", warnings[-1])
+        self.assertLess(took, 3.0)
         # Template variables have a natural bound: 80k of them are refused, fast.
         body = ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "chat_template_kwargs": {'
                 + filler + "}}").encode()
