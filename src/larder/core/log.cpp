@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,55 @@ std::atomic<int>& level_ref() {
 LogLevel log_level() { return static_cast<LogLevel>(level_ref().load(std::memory_order_relaxed)); }
 void set_log_level(LogLevel level) { level_ref().store(static_cast<int>(level)); }
 
+std::string log_escape(std::string_view s, std::string_view also) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  auto hex = [&](unsigned char c) {
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  };
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c == '\n') out += "\\n";
+      else if (c == '\r') out += "\\r";
+      else if (c == '\t') out += "\\t";
+      else if (c == '\\') out += "\\\\";
+      else if (c < 0x20 || c == 0x7f || also.find(static_cast<char>(c)) != std::string_view::npos) hex(c);
+      else out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: kept when well formed (no overlong forms, surrogates or values past
+    // U+10FFFF), except the C1 controls U+0080..U+009F (CSI, U+009B, starts a terminal escape).
+    const int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    uint32_t cp = n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
+    for (int k = 1; ok && k < n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      ok = (d & 0xc0) == 0x80;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    ok = ok && !(n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) && !(n == 4 && (cp < 0x10000 || cp > 0x10ffff));
+    if (!ok) {
+      hex(c);
+      ++i;
+      continue;
+    }
+    if (cp <= 0x9f) {
+      out += "\\u00";
+      out += kHex[cp >> 4];
+      out += kHex[cp & 15];
+    } else {
+      out.append(s.data() + i, static_cast<size_t>(n));
+    }
+    i += static_cast<size_t>(n);
+  }
+  return out;
+}
+
 void log_message(LogLevel level, const char* fmt, ...) {
   if (level > log_level()) return;
   static const char* kNames[] = {"error", "warn", "info", "debug"};
@@ -38,7 +88,7 @@ void log_message(LogLevel level, const char* fmt, ...) {
   va_start(ap, fmt);
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "larder %s: %s\n", kNames[static_cast<int>(level)], buf);
+  std::fprintf(stderr, "larder %s: %s\n", kNames[static_cast<int>(level)], log_escape(buf).c_str());
 }
 
 void log_warn_once(const std::string& key, const std::string& message) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace larder {
 
@@ -10,6 +11,11 @@ enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 LogLevel log_level();
 void set_log_level(LogLevel level);
 void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+// `s` made safe for one line of a log or a terminal: control bytes (CR, LF, ESC, NUL, DEL, the
+// C1 range), backslashes, bytes that are not UTF-8, and any of `also` are written as escapes
+// (\n, \r, \t, \\, \xHH, \u0085), so text from a client can neither forge a log line nor
+// drive a terminal. Valid UTF-8 stays readable. log_message applies it to every message.
+std::string log_escape(std::string_view s, std::string_view also = {});
 // Reports a failure class once per process (best-effort subsystems: SSD tier, metrics, ...).
 void log_warn_once(const std::string& key, const std::string& message);
 

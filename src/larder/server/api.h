@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,18 @@ namespace larder::server {
 
 using ordered_json = nlohmann::ordered_json;
 
+// The JSON nesting limit of request bodies (400 beyond, before parsing).
+constexpr int kMaxJsonDepth = 128;
+
+// Parses JSON from a client (a request body, a tool call's arguments string) in time linear in
+// its size. nlohmann's ordered_json keeps an object's keys in a vector and its parser finds each
+// key by scanning it, which is quadratic in the keys: one body of 80k keys (1 MB) took 12 s.
+// This parser indexes the keys of large objects in a hash map while it builds them. Key order is
+// kept (tool schemas reach the chat template's tojson, which must match jinja2), and so are
+// nlohmann's duplicate-key semantics: the last value wins, at the first occurrence's position.
+// Nesting deeper than max_depth stops the parse. Returns the error message, or nullopt.
+std::optional<std::string> parse_json_linear(std::string_view text, int max_depth, ordered_json* out);
+
 enum class Surface { kChat, kCompletions, kMessages };
 
 // A client mistake (4xx) or a server condition, in the surface's error shape.
@@ -31,6 +44,10 @@ struct ApiError {
   std::string code;   // e.g. "context_length_exceeded" ("" = null)
 };
 
+// An error message as a client may see it: library exceptions (xgrammar's) carry the build
+// machine's source paths and lines ("[12:00:00] /…/json_schema_converter.cc:3562: "), which are
+// cut here, where every error body is made.
+std::string public_error_message(std::string message);
 ordered_json openai_error_body(const ApiError& e);
 ordered_json anthropic_error_body(const ApiError& e);
 const char* openai_error_type(int status);
@@ -82,7 +99,9 @@ struct ParsedRequest {
 ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& body);
 // llama_server: llama-server's /completion (api_native.h), whose logit_bias also takes text keys.
 ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& body, bool llama_server = false);
-ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& body);
+// count_only (/v1/messages/count_tokens): a prompt longer than the context is counted, not
+// refused — but one the byte bound refuses is never tokenized.
+ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& body, bool count_only = false);
 
 // The longest decoded token of the model (for ServedModel::max_token_bytes).
 int64_t longest_token_bytes(const runtime::LoadedModel& m);

@@ -41,8 +41,9 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
         if (c.contains("function") && c["function"].is_object() && c["function"].contains("arguments") &&
             c["function"]["arguments"].is_string()) {
           // Templates expect the arguments as an object (they tojson it themselves).
-          auto parsed = ordered_json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
-          if (!parsed.is_discarded()) call["function"]["arguments"] = parsed;
+          ordered_json parsed;
+          if (!parse_json_linear(c["function"]["arguments"].get_ref<const std::string&>(), kMaxJsonDepth, &parsed))
+            call["function"]["arguments"] = std::move(parsed);
         }
         calls.push_back(call);
       }
@@ -73,18 +74,10 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
     if (!agp && !continue_final)
       bad("add_generation_prompt: false is not supported on this route (use /apply-template)", "add_generation_prompt");
   }
-  ordered_json tools;
-  if (const ordered_json* t = get(b, "tools")) {
-    if (!t->is_array()) bad("tools must be an array", "tools");
-    tools = *t;
-  }
+  ordered_json tools = function_tools(b);
   const constraints::ToolChoice choice = constraints::openai_tool_choice(b, tools);
   if (choice.mode == constraints::ToolChoice::Mode::kNone) tools = ordered_json();
-  ordered_json extra = ordered_json::object();
-  if (const ordered_json* k = get(b, "chat_template_kwargs")) {
-    if (!k->is_object()) bad("chat_template_kwargs must be an object", "chat_template_kwargs");
-    extra = *k;
-  }
+  ordered_json extra = template_kwargs(b);
   if (auto effort = string_field(b, "reasoning_effort"); effort && !extra.contains("enable_thinking"))
     extra["enable_thinking"] = *effort != "none";
   // response_format is enforced by constrained decoding; the model is also told the schema in a
@@ -119,7 +112,7 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   if (!max) max = max_tokens_field(b, "max_tokens");
   if (!max) max = sm.defaults.max_tokens;
   pr.gen.ns = namespace_for(sm, b);
-  check_prompt_bytes(sm, json_string_bytes(out), Surface::kChat, "messages");
+  check_chat_bytes(sm, out, tools, Surface::kChat);
   encode_with_template(sm, out, tools, extra, pr, continue_final);
   fit_context(sm, pr, max, Surface::kChat, "messages");
   add_choices(pr, {}, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
@@ -129,16 +122,10 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
 std::string render_chat_prompt(const ServedModel& sm, const ordered_json& b) {
   if (!sm.m->chat_template) bad("this model has no chat template", "messages");
   runtime::ChatEncodeOptions o;
-  if (const ordered_json* t = get(b, "tools")) {
-    if (!t->is_array()) bad("tools must be an array", "tools");
-    o.tools = *t;
-  }
-  o.extra = ordered_json::object();
-  if (const ordered_json* k = get(b, "chat_template_kwargs")) {
-    if (!k->is_object()) bad("chat_template_kwargs must be an object", "chat_template_kwargs");
-    o.extra = *k;
-  }
+  o.tools = function_tools(b);
+  o.extra = template_kwargs(b);
   if (auto agp = boolean(b, "add_generation_prompt")) o.add_generation_prompt = *agp;
+  check_chat_bytes(sm, b["messages"], o.tools, Surface::kChat);
   std::string rendered;
   auto ids = runtime::encode_chat_json(*sm.m, b["messages"], o, &rendered);
   if (!ids.is_ok()) bad(ids.status().message(), "messages");

@@ -4,8 +4,10 @@
 // the surface parsers are api_chat.cpp, api_completions.cpp, api_messages.cpp.
 #pragma once
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -81,6 +83,73 @@ inline std::string str_in(const ordered_json& o, const char* key, const std::str
   return it->get<std::string>();
 }
 
+// tools in the OpenAI shape (chat completions, /apply-template, Ollama /api/chat): an array of
+// {"type": "function", "function": {"name", "description"?, "parameters"?}}. Null when absent.
+// A malformed entry is a 400 naming it: `tools: [5]` reached the template and was answered 200.
+inline ordered_json function_tools(const ordered_json& b) {
+  const ordered_json* t = get(b, "tools");
+  if (!t) return ordered_json();
+  if (!t->is_array()) bad("tools must be an array", "tools");
+  for (size_t i = 0; i < t->size(); ++i) {
+    const ordered_json& tool = (*t)[i];
+    const std::string where = strfmt("tools[%zu]", i);
+    if (!tool.is_object()) bad(where + " must be an object", "tools");
+    if (str_in(tool, "type", where, "tools", "function") != "function")
+      bad(where + ".type must be \"function\"", "tools");
+    const ordered_json* f = get(tool, "function");
+    if (!f || !f->is_object()) bad(where + ".function must be an object", "tools");
+    if (str_in(*f, "name", where + ".function", "tools").empty())
+      bad(where + ".function.name must be a non-empty string", "tools");
+    str_in(*f, "description", where + ".function", "tools");
+    if (const ordered_json* p = get(*f, "parameters"); p && !p->is_object())
+      bad(where + ".function.parameters must be an object (a JSON schema)", "tools");
+  }
+  return *t;
+}
+
+// chat_template_kwargs: an object of template variables. Each becomes a variable of the
+// template, found by a scan of the variables: more than a few hundred only make rendering slow
+// (quadratic), so more than kMaxTemplateKwargs is a 400.
+constexpr size_t kMaxTemplateKwargs = 256;
+inline ordered_json template_kwargs(const ordered_json& b) {
+  const ordered_json* k = get(b, "chat_template_kwargs");
+  if (!k) return ordered_json::object();
+  if (!k->is_object()) bad("chat_template_kwargs must be an object", "chat_template_kwargs");
+  if (k->size() > kMaxTemplateKwargs)
+    bad(strfmt("chat_template_kwargs may hold at most %zu keys (it has %zu)", kMaxTemplateKwargs, k->size()),
+        "chat_template_kwargs");
+  return *k;
+}
+
+// A Go duration as Ollama's keep_alive takes it ("5m", "1h30m", "-1s", "0", "2.5s"; units ns, us,
+// µs, ms, s, m, h): time.ParseDuration's grammar.
+inline bool is_go_duration(const std::string& s) {
+  size_t i = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  if (s.substr(i) == "0") return true;
+  if (i == s.size()) return false;
+  static const char* kUnits[] = {"ns", "us", "\xc2\xb5s", "\xce\xbcs", "ms", "s", "m", "h"};
+  while (i < s.size()) {
+    const size_t start = i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    bool digits = i > start;
+    if (i < s.size() && s[i] == '.') {
+      const size_t frac = ++i;
+      while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+      digits = digits || i > frac;
+    }
+    if (!digits) return false;
+    size_t best = 0;
+    for (const char* u : kUnits) {
+      const size_t n = std::strlen(u);
+      if (n > best && s.compare(i, n, u) == 0) best = n;
+    }
+    if (best == 0) return false;
+    i += best;
+  }
+  return true;
+}
+
 inline uint64_t random_seed() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -142,6 +211,10 @@ inline void logit_bias(const ServedModel& sm, const ordered_json& lb, runtime::S
     if (ids.empty()) bad(strfmt("logit_bias string \"%s\" has no tokens", text.c_str()), "logit_bias");
     for (int32_t id : ids) set(id, x);
   };
+  // More entries than the vocabulary has tokens cannot all be distinct ids: refused before any
+  // is looked at (a 1M-entry logit_bias was a minute of work).
+  if ((lb.is_object() || lb.is_array()) && lb.size() > static_cast<size_t>(V))
+    bad(strfmt("logit_bias has %zu entries, more than the vocabulary's %lld tokens", lb.size(), (long long)V), "logit_bias");
   if (lb.is_object()) {
     for (const auto& [k, v] : lb.items()) {
       char* end = nullptr;
@@ -287,6 +360,24 @@ inline size_t json_string_bytes(const ordered_json& j) {
   if (j.is_array() || j.is_object())
     for (const auto& v : j) n += json_string_bytes(v);
   return n;
+}
+
+// The prompt byte bound for a chat: the messages' text and, when the template renders tools at
+// all, the tools' (their strings reach the prompt through tojson or field by field): 100k tools
+// rendered and tokenized only to be refused took 7-10 s and 400 MB.
+inline void check_chat_bytes(const ServedModel& sm, const ordered_json& msgs, const ordered_json& tools, Surface surface) {
+  size_t bytes = json_string_bytes(msgs);
+  if (tools.is_array() && !tools.empty() && sm.m && sm.m->template_choice.source.find("tools") != std::string::npos)
+    bytes += json_string_bytes(tools);
+  check_prompt_bytes(sm, bytes, surface, "messages");
+}
+
+// A list of token ids longer than the context holds no text this server could have produced or
+// would accept (/detokenize: its text, up to the longest token's bytes per id, is never built).
+inline void check_token_count(const ServedModel& sm, size_t n, const char* param) {
+  if (sm.ctx <= 0 || sm.ctx == INT64_MAX || n <= static_cast<uint64_t>(sm.ctx)) return;
+  bad(strfmt("%s holds %zu token ids, more than the context of %lld tokens", param, n, (long long)sm.ctx), param,
+      "context_length_exceeded");
 }
 
 inline std::string text_of_content(const ordered_json& content, const char* where, bool allow_null) {

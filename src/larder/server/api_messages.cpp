@@ -10,7 +10,7 @@ namespace larder::server {
 
 using namespace fields;
 
-ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
+ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b, bool count_only) {
   ParsedRequest pr = start(b, "msg_", "/v1/messages");
   ordered_json out = ordered_json::array();
   if (const ordered_json* sys = get(b, "system")) {
@@ -88,8 +88,10 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
   if (const ordered_json* t = get(b, "tools")) {
     if (!t->is_array()) bad("tools must be an array", "tools");
     tools = ordered_json::array();
-    for (const auto& tool : *t) {
-      if (!tool.is_object() || !tool.contains("name")) continue;  // server tools (web search, ...) dropped
+    for (size_t i = 0; i < t->size(); ++i) {
+      const ordered_json& tool = (*t)[i];
+      if (!tool.is_object()) bad(strfmt("tools.%zu must be an object", i), "tools");
+      if (!tool.contains("name")) continue;  // server tools (web search, ...) dropped
       if (!tool["name"].is_string()) bad("tools[].name must be a string", "tools");
       const ordered_json schema = tool.contains("input_schema") && !tool["input_schema"].is_null() ? tool["input_schema"]
                                                                                                 : ordered_json::object();
@@ -128,9 +130,9 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b) {
       bad("final assistant content cannot end with trailing whitespace", "messages");
     if (pr.thinking_requested) bad("a final assistant message (prefill) cannot be combined with thinking", "messages");
   }
-  check_prompt_bytes(sm, json_string_bytes(out), Surface::kMessages, "messages");
+  check_chat_bytes(sm, out, tools, Surface::kMessages);
   encode_with_template(sm, out, tools, extra, pr, prefill);
-  fit_context(sm, pr, max, Surface::kMessages, "messages");
+  if (!count_only) fit_context(sm, pr, max, Surface::kMessages, "messages");
   return pr;
 }
 

@@ -80,8 +80,9 @@ void check_model(const ServedModel& sm, const ordered_json& b) {
 }
 
 void refuse_common(const ordered_json& b) {
-  if (const ordered_json* k = get(b, "keep_alive"); k && !k->is_string() && !k->is_number())
-    bad("keep_alive must be a duration string (\"5m\") or a number of seconds", "keep_alive");
+  if (const ordered_json* k = get(b, "keep_alive");
+      k && !(k->is_number() || (k->is_string() && is_go_duration(k->get_ref<const std::string&>()))))
+    bad("keep_alive must be a duration string (\"5m\", \"1h30m\", \"0\") or a number of seconds", "keep_alive");
 }
 
 void refuse_images(const ordered_json& o, const std::string& where) {
@@ -108,6 +109,8 @@ Options apply_options(const ServedModel& sm, const ordered_json& b, ParsedReques
   static const char* kIgnored[] = {"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
                                    "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep",
                                    "penalize_newline"};
+  constexpr size_t kMaxWarned = 8;
+  size_t unknown = 0;
   try {
     if (o) {
       for (const auto& [k, v] : o->items()) {
@@ -143,10 +146,12 @@ Options apply_options(const ServedModel& sm, const ordered_json& b, ParsedReques
         } else if (k == "typical_p" || k == "tfs_z") {
           if (auto x = number(*o, k.c_str(), 0, 1e9); x && *x != 1.0)
             bad(k + " sampling is not supported; use 1.0 (off)", k);
-        } else {
+        } else if (++unknown <= kMaxWarned) {
           pr.warnings.push_back("unknown option '" + k + "' ignored");
         }
       }
+      // One header per unknown option, a few at most: 80k of them were 80k Warning headers.
+      if (unknown > kMaxWarned) pr.warnings.push_back(strfmt("%zu more unknown options ignored", unknown - kMaxWarned));
       if (auto n = integer(*o, "repeat_last_n", -1, 1 << 20); n && *n == 0) t["repetition_penalty"] = 1.0;
     }
     pr.gen.sampling = sampling(sm, t, true);
@@ -233,8 +238,9 @@ ParsedRequest parse_ollama_chat(const ServedModel& sm, const ordered_json& b) {
         ordered_json fn = {{"name", str_in(c["function"], "name", where + ".tool_calls[].function", "messages")},
                            {"arguments", c["function"].value("arguments", ordered_json::object())}};
         if (fn["arguments"].is_string()) {  // templates tojson the arguments themselves: give them the object
-          auto parsed = ordered_json::parse(fn["arguments"].get<std::string>(), nullptr, false);
-          if (!parsed.is_discarded()) fn["arguments"] = parsed;
+          ordered_json parsed;
+          if (!parse_json_linear(fn["arguments"].get_ref<const std::string&>(), kMaxJsonDepth, &parsed))
+            fn["arguments"] = std::move(parsed);
         }
         ordered_json call = {{"type", "function"}, {"function", fn}};
         if (c.contains("id") && c["id"].is_string()) call["id"] = c["id"];
@@ -247,15 +253,11 @@ ParsedRequest parse_ollama_chat(const ServedModel& sm, const ordered_json& b) {
     out.push_back(std::move(msg));
   }
   if (out.empty()) bad("messages must not be empty", "messages");
-  ordered_json tools;
-  if (const ordered_json* t = get(b, "tools")) {
-    if (!t->is_array()) bad("tools must be an array", "tools");
-    tools = *t;
-  }
+  const ordered_json tools = function_tools(b);
   const Options opt = apply_options(sm, b, pr);
   apply_logprobs(b, pr);
   pr.tool_style = tool_style_for(sm, tools);
-  check_prompt_bytes(sm, json_string_bytes(out), Surface::kChat, "messages");
+  check_chat_bytes(sm, out, tools, Surface::kChat);
   encode_with_template(sm, out, tools, think_kwargs(b), pr);
   fit(sm, pr, opt, "messages");
   return pr;
@@ -297,6 +299,10 @@ ParsedRequest parse_ollama_generate(const ServedModel& sm, const ordered_json& b
 std::optional<ordered_json> ollama_load_only(const ServedModel& sm, const ordered_json& b, OllamaKind kind) {
   if (!b.is_object()) return std::nullopt;
   const ordered_json* v = get(b, kind == OllamaKind::kGenerate ? "prompt" : "messages");  // absent or null
+  // Only an absent, empty prompt string or empty messages array means "load": `messages: ""`
+  // passed for one and was answered 200.
+  if (kind == OllamaKind::kChat && v && !v->is_array()) bad("messages must be an array", "messages");
+  if (kind == OllamaKind::kGenerate && v && !v->is_string()) bad("prompt must be a string", "prompt");
   const bool empty = !v || (v->is_string() && v->get_ref<const std::string&>().empty()) || (v->is_array() && v->empty());
   if (!empty) return std::nullopt;
   check_model(sm, b);

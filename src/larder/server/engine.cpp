@@ -122,6 +122,7 @@ Result<std::shared_ptr<Channel>> Engine::submit(GenRequest req) {
   }
   std::lock_guard<std::mutex> l(mu_);
   if (stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
+  drop_cancelled();
   // Capacity is parallel running + queue_max waiting. queue_max 0 means no queue: a request is
   // admitted when a slot is free and refused otherwise. Requests being admitted right now count
   // as running (they left queue_ but are not in active_count_ yet).
@@ -139,9 +140,20 @@ Result<std::shared_ptr<Channel>> Engine::submit(GenRequest req) {
   return ch;
 }
 
+void Engine::drop_cancelled() {
+  // A queued request whose client has left gives its place back now, not when the engine would
+  // have reached it: with --queue-max 4, four abandoned requests made new ones 429 for 18 s.
+  const size_t before = queue_.size();
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(), [](const auto& q) { return q.second->cancelled(); }),
+               queue_.end());
+  for (size_t i = queue_.size(); i < before; ++i) metrics_.cancelled("client_disconnect");
+}
+
 size_t Engine::queue_depth() const {
   std::lock_guard<std::mutex> l(mu_);
-  return queue_.size();
+  size_t n = 0;
+  for (const auto& q : queue_) n += !q.second->cancelled();
+  return n;
 }
 
 nlohmann::json Engine::with_store(const std::function<nlohmann::json(memory::KvStore&)>& fn) {

@@ -96,6 +96,7 @@ class Engine {
   void finish(Seq& s, Finish why, std::string error = {});
   void run_tasks();
   uint64_t kv_need(const GenRequest& r) const;
+  void drop_cancelled();  // with mu_ held: queued requests whose client left leave the queue
   // Called with mu_ held: a refusal for the request first in line that has waited too long.
   Event memory_refusal(const GenRequest& r, uint64_t need, uint64_t reserving) const;
 

@@ -1,15 +1,18 @@
 #include "larder/server/http_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <initializer_list>
 #include <optional>
 #include <mutex>
 
 #include "larder/core/cpuid.h"
 #include "larder/core/log.h"
 #include "larder/server/response_writer.h"
+#include "larder/server/api_fields.h"
 #include "larder/server/api_native.h"
 #include "larder/server/api_ollama.h"
 #include "larder/server/routes.h"
@@ -102,6 +105,25 @@ bool pattern_matches(const std::string& pat, const Origin& o) {
   return phost == o.host;
 }
 
+// x-request-id is echoed only when it is a short run of visible ASCII (no space, no control or
+// non-ASCII bytes); anything else gets the generated id instead.
+std::string response_request_id(const HttpRequest& req, const std::string& generated) {
+  if (!req.has_header("x-request-id")) return generated;
+  const std::string v = req.header("x-request-id");
+  if (v.empty() || v.size() > 128) return generated;
+  for (unsigned char c : v)
+    if (c <= 0x20 || c >= 0x7f) return generated;
+  return v;
+}
+
+// A header list a browser preflight asks for (Access-Control-Request-Headers): tokens separated
+// by commas and blanks, echoed back only in that form.
+bool is_header_list(const std::string& v) {
+  for (unsigned char c : v)
+    if (!(std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == ',' || c == ' ' || c == '\t')) return false;
+  return true;
+}
+
 bool anthropic_route(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
 bool ollama_route(const std::string& path) { return path.rfind("/api/", 0) == 0; }
 
@@ -113,7 +135,7 @@ void send_json(HttpResponse& res, int status, const ordered_json& j) {
 void send_error(const HttpRequest& req, HttpResponse& res, const ApiError& e) {
   if ((e.status == 429 || e.status == 503) && !res.has_header("Retry-After")) res.set_header("Retry-After", "1");
   send_json(res, e.status, anthropic_route(req.path) ? anthropic_error_body(e)
-                           : ollama_route(req.path)  ? ordered_json{{"error", e.message}}  // Ollama's shape
+                           : ollama_route(req.path)  ? ordered_json{{"error", public_error_message(e.message)}}  // Ollama's shape
                                                      : openai_error_body(e));
 }
 
@@ -219,19 +241,24 @@ struct HttpServer::Impl {
         j["finish"] = finish_name(o.finish);
       }
       if (!e.error.empty()) j["error"] = e.error;
-      line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      // ASCII only: C1 controls (a terminal's CSI) and invalid bytes become \u escapes too.
+      line = j.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
     } else {
-      line = strfmt("%s %s %s %d %.0fms", utc_timestamp().c_str(), e.method.c_str(), e.path.c_str(), e.status, ms);
-      if (!e.request_id.empty()) line += " id=" + e.request_id;
+      // Every field that may hold client bytes is escaped (core/log.h), so a path with %0d%0a or
+      // an ESC cannot forge a line or drive a terminal; the space-separated fields escape spaces
+      // and the quoted error its quotes, so none can pose as another field.
+      line = strfmt("%s %s %s %d %.0fms", utc_timestamp().c_str(), log_escape(e.method, " ").c_str(),
+                    log_escape(e.path, " ").c_str(), e.status, ms);
+      if (!e.request_id.empty()) line += " id=" + log_escape(e.request_id, " ");
       if (e.has_outcome) {
         const Outcome& o = e.outcome;
         line += strfmt(" prompt=%lld cached=%lld completion=%lld queue=%.0fms ttft=%.0fms decode=%.1ftok/s cache=%s(%s) finish=%s",
                        (long long)o.prompt_tokens, (long long)o.cached_tokens, (long long)o.completion_tokens, o.queue_ms,
                        o.ttft_ms,
                        o.decode_ms > 0 && o.completion_tokens > 1 ? (o.completion_tokens - 1) / (o.decode_ms / 1e3) : 0.0,
-                       o.cache_tier.c_str(), o.cache_reason.c_str(), finish_name(o.finish));
+                       log_escape(o.cache_tier).c_str(), log_escape(o.cache_reason).c_str(), finish_name(o.finish));
       }
-      if (!e.error.empty()) line += " error=\"" + e.error + "\"";
+      if (!e.error.empty()) line += " error=\"" + log_escape(e.error, "\"") + "\"";
       line = "larder: " + line;
     }
     line += "\n";
@@ -243,8 +270,7 @@ struct HttpServer::Impl {
     const int depth = json_nesting_depth(req.body, kMaxJsonDepth);
     if (depth > kMaxJsonDepth)
       return ApiError{400, strfmt("the JSON body nests deeper than %d levels", kMaxJsonDepth)};
-    out = ordered_json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (out.is_discarded()) return ApiError{400, "invalid JSON body"};
+    if (parse_json_linear(req.body, kMaxJsonDepth, &out)) return ApiError{400, "invalid JSON body"};
     return std::nullopt;
   }
 
@@ -281,7 +307,7 @@ struct HttpServer::Impl {
       if (stream) writers->back()->set_part_of_many();
     }
     lg.request_id = pr->response_id;
-    res.set_header("x-request-id", req.has_header("x-request-id") ? req.header("x-request-id") : pr->response_id);
+    res.set_header("x-request-id", response_request_id(req, pr->response_id));
     if (stream) {
       res.set_header("Cache-Control", "no-cache");
       res.set_header("X-Accel-Buffering", "no");
@@ -457,9 +483,8 @@ struct HttpServer::Impl {
       res.set_header("x-larder-cache", strfmt("tier=%s; reused=%lld; reason=%s", o.cache_tier.c_str(),
                                               (long long)o.cached_tokens, o.cache_reason.c_str()));
     }
-    const std::string rid = req.has_header("x-request-id") ? req.header("x-request-id") : pr->response_id;
     lg.request_id = pr->response_id;
-    res.set_header("x-request-id", rid);
+    res.set_header("x-request-id", response_request_id(req, pr->response_id));
     // Which template rendered the chat, so a client can tell a ChatML guess from the model's own.
     if (surface != Surface::kCompletions) res.set_header("X-Larder-Chat-Template", m->m->template_choice.header_value());
     for (const std::string& w : pr->warnings) res.set_header("Warning", "299 larder \"" + w + "\"");
@@ -633,7 +658,8 @@ struct HttpServer::Impl {
         res.set_header("Vary", "Origin");
         res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
         std::string hdrs = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, x-request-id";
-        if (req.has_header("access-control-request-headers")) hdrs += ", " + req.header("access-control-request-headers");
+        if (req.has_header("access-control-request-headers") && is_header_list(req.header("access-control-request-headers")))
+          hdrs += ", " + req.header("access-control-request-headers");
         res.set_header("Access-Control-Allow-Headers", hdrs);
         res.set_header("Access-Control-Expose-Headers", "x-request-id, x-larder-cache, Warning, Retry-After");
         res.set_header("Access-Control-Max-Age", "600");
@@ -726,6 +752,25 @@ struct HttpServer::Impl {
     };
   }
 
+  // Query parameters a route takes: any other, or one given twice, is a 400 naming it.
+  static std::optional<ApiError> check_query(const HttpRequest& req, std::initializer_list<const char*> known) {
+    std::vector<std::string> seen;
+    for (const auto& [name, value] : req.params()) {
+      bool ok = false;
+      for (const char* k : known) ok = ok || name == k;
+      if (!ok) {
+        std::string list;
+        for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+        return ApiError{400, "unknown query parameter '" + name + "' on " + req.path +
+                                 (list.empty() ? " (it takes none)" : " (it takes " + list + ")"), name};
+      }
+      if (std::find(seen.begin(), seen.end(), name) != seen.end())
+        return ApiError{400, "query parameter '" + name + "' is given more than once", name};
+      seen.push_back(name);
+    }
+    return std::nullopt;
+  }
+
   bool gate(const HttpRequest& req, HttpResponse& res) {
     if (state.load() == kLoading || !sm.load()) {
       send_error(req, res, {503, "the model is loading"});
@@ -774,10 +819,8 @@ struct HttpServer::Impl {
         if (!gate(req, res)) return;
         ordered_json body;
         if (auto e = parse_body(req, body)) return send_error(req, res, *e);
-        ServedModel unlimited = *sm.load();
-        unlimited.ctx = INT64_MAX;
         try {
-          ParsedRequest pr = parse_messages(unlimited, body);
+          ParsedRequest pr = parse_messages(*sm.load(), body, /*count_only=*/true);
           return send_json(res, 200, {{"input_tokens", pr.gen.prompt.size()}});
         } catch (const ApiError& e) {
           return send_error(req, res, e);
@@ -835,8 +878,11 @@ struct HttpServer::Impl {
         }
         const std::string& text = b["content"].get_ref<const std::string&>();
         const ServedModel& m = *sm.load();
-        if (text.size() > static_cast<size_t>(m.ctx) * 64 + 4096)
-          return send_error(req, res, {400, strfmt("content is too long to tokenize here (%zu bytes)", text.size()), "content"});
+        try {
+          fields::check_prompt_bytes(m, text.size(), Surface::kCompletions, "content");
+        } catch (const ApiError& e) {
+          return send_error(req, res, e);
+        }
         const auto ids = m.m->tokenizer->encode(text, add_special);
         if (!with_pieces) return send_json(res, 200, {{"tokens", ids}});
         ordered_json toks = ordered_json::array();
@@ -858,6 +904,11 @@ struct HttpServer::Impl {
         if (!b.is_object()) return send_error(req, res, {400, "the request body must be a JSON object"});
         if (!b.contains("tokens") || !b["tokens"].is_array()) return send_error(req, res, {400, "tokens must be an array of ints", "tokens"});
         const int64_t V = sm.load()->m->model->info().vocab;
+        try {
+          fields::check_token_count(*sm.load(), b["tokens"].size(), "tokens");
+        } catch (const ApiError& e) {
+          return send_error(req, res, e);
+        }
         std::vector<int32_t> ids;
         for (const auto& t : b["tokens"]) {
           if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
@@ -931,6 +982,7 @@ struct HttpServer::Impl {
                           {"routes", routes}});
       }
       case RouteId::kAdminFlush: {
+        if (auto e = check_query(req, {})) return send_error(req, res, *e);
         if (!gate(req, res)) return;
         const nlohmann::json r = engine.load()->with_store([](memory::KvStore& s) {
           const memory::FlushReport f = s.flush();
@@ -942,8 +994,14 @@ struct HttpServer::Impl {
         return res.set_content(r.dump(), "application/json");
       }
       case RouteId::kAdminClear: {
+        // A typo must not pass for the default: ?tier=SSD cleared only RAM and said so with 200.
+        if (auto e = check_query(req, {"tier"})) return send_error(req, res, *e);
+        std::string tier = "ram";
+        for (const auto& [name, value] : req.params()) tier = value;  // "tier" (check_query)
+        if (tier != "ram" && tier != "ssd")
+          return send_error(req, res, {400, "tier must be ram (the default) or ssd, not '" + tier + "'", "tier"});
         if (!gate(req, res)) return;
-        const bool ssd = req.param("tier") == "ssd";
+        const bool ssd = tier == "ssd";
         engine.load()->with_store([ssd](memory::KvStore& s) {
           s.clear(ssd);
           return nlohmann::json();

@@ -42,9 +42,6 @@ struct HttpConfig {
   int stream_flush_ms = 25;
 };
 
-// The JSON nesting limit of request bodies (400 beyond, before parsing).
-constexpr int kMaxJsonDepth = 128;
-
 // Validates --cors entries; a clear error for patterns that would match more than meant.
 Status check_cors_patterns(const std::vector<std::string>& patterns);
 

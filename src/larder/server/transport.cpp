@@ -45,8 +45,10 @@ std::string trim(const std::string& s) {
   return s.substr(a, b - a);
 }
 
+// RFC 9110 tchar. (strchr finds the terminating NUL too: c == 0 must be ruled out first.)
 bool is_tchar(unsigned char c) {
-  return std::isalnum(c) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c != 0 && std::strchr("!#$%&'*+-.^_`|~", c) != nullptr);
 }
 
 std::string percent_decode(const std::string& s, bool plus_is_space) {
@@ -204,6 +206,23 @@ size_t HttpRequest::header_count(const std::string& n) const {
   return c;
 }
 
+std::vector<std::pair<std::string, std::string>> HttpRequest::params() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t i = 0;
+  while (i < query.size()) {
+    size_t amp = query.find('&', i);
+    if (amp == std::string::npos) amp = query.size();
+    const std::string part = query.substr(i, amp - i);
+    if (!part.empty()) {
+      const size_t eq = part.find('=');
+      out.emplace_back(percent_decode(part.substr(0, eq), true),
+                       eq == std::string::npos ? std::string() : percent_decode(part.substr(eq + 1), true));
+    }
+    i = amp + 1;
+  }
+  return out;
+}
+
 std::string HttpRequest::param(const std::string& name) const {
   size_t i = 0;
   while (i <= query.size()) {
@@ -219,10 +238,11 @@ std::string HttpRequest::param(const std::string& name) const {
 }
 
 void HttpResponse::set_header(const std::string& name, const std::string& value) {
-  // Header values never carry CR/LF (response splitting): they are replaced by spaces.
+  // Header values never carry CR/LF (response splitting) or other control bytes (NUL, VT, ESC):
+  // they are replaced by spaces.
   std::string v = value;
   for (char& c : v)
-    if (c == '\r' || c == '\n') c = ' ';
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) c = ' ';
   headers.emplace_back(name, std::move(v));
 }
 
@@ -378,11 +398,10 @@ struct Transport::Impl {
       r.method = rl.substr(0, a);
       r.target = rl.substr(a + 1, b - a - 1);
       r.version = rl.substr(b + 1);
-      for (unsigned char ch : r.method)
-        if (!is_tchar(ch)) {
-          err = {400, "malformed request method"};
-          return Parse::kError;
-        }
+      if (r.method.empty() || !std::all_of(r.method.begin(), r.method.end(), [](char ch) { return is_tchar(static_cast<unsigned char>(ch)); })) {
+        err = {400, "malformed request method"};
+        return Parse::kError;
+      }
       if (r.version != "HTTP/1.1" && r.version != "HTTP/1.0") {
         if (r.version.rfind("HTTP/", 0) == 0) {
           err = {505, "HTTP version " + r.version.substr(5) + " is not supported (use HTTP/1.1)"};
@@ -391,7 +410,10 @@ struct Transport::Impl {
         }
         return Parse::kError;
       }
-      if (r.target.empty() || r.target.find(' ') != std::string::npos) {
+      // No whitespace or control bytes in the target (RFC 3986: they arrive percent-encoded).
+      if (r.target.empty() || !std::all_of(r.target.begin(), r.target.end(), [](char ch) {
+            return static_cast<unsigned char>(ch) > 0x20 && static_cast<unsigned char>(ch) != 0x7f;
+          })) {
         err = {400, "malformed request target"};
         return Parse::kError;
       }
@@ -421,6 +443,11 @@ struct Transport::Impl {
           err = {400, "malformed header name (no whitespace before the colon)"};
           return Parse::kError;
         }
+      // RFC 9110 §5.5: a value holding NUL (or a bare CR) is invalid and dangerous; refuse it.
+      if (l.find('\0', colon) != std::string::npos || l.find('\r', colon) != std::string::npos) {
+        err = {400, "malformed header value (NUL or CR)"};
+        return Parse::kError;
+      }
       r.headers.emplace_back(lower(l.substr(0, colon)), trim(l.substr(colon + 1)));
     }
     // Framing. Two Content-Lengths that differ, a non-digit length, or Content-Length together

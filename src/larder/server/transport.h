@@ -35,6 +35,7 @@ struct HttpRequest {
   std::string header(const std::string& lower_name) const;  // first value, "" if absent
   size_t header_count(const std::string& lower_name) const;
   std::string param(const std::string& name) const;          // query parameter, "" if absent
+  std::vector<std::pair<std::string, std::string>> params() const;  // every query parameter, decoded, in order
 };
 
 // The writer a streaming response gets. write() fails once the client is gone.

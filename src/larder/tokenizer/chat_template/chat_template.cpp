@@ -131,9 +131,11 @@ Result<std::string> render_chat(const Template& t, const nlohmann::ordered_json&
   for (const auto& m : messages) {
     if (!m.is_object()) return invalid_argument("[chat_template] Chat messages should be dicts, got " + m.dump());
     // transformers drops keys whose value is None (OpenAI's content=None, tool_calls=None).
+    // (Appended, not assigned: m's keys are distinct, and assigning scans the keys each time,
+    // quadratic in a message of many keys.)
     J clean = J::object();
     for (auto it = m.begin(); it != m.end(); ++it)
-      if (!it.value().is_null()) clean[it.key()] = it.value();
+      if (!it.value().is_null()) clean.get_ref<J::object_t&>().emplace_back(it.key(), it.value());
     // ... and copies a message's reasoning under "thinking" (first) and "reasoning_content".
     const J* reasoning = nullptr;
     for (const char* k : kReasoning) {
@@ -143,12 +145,18 @@ Result<std::string> render_chat(const Template& t, const nlohmann::ordered_json&
       }
     }
     if (reasoning) {
+      // "thinking" first, the other keys in order, "reasoning_content" in its place or last.
       J r = *reasoning;
       J aliased = J::object();
-      aliased["thinking"] = r;
-      for (auto it = clean.begin(); it != clean.end(); ++it) aliased[it.key()] = it.value();
-      aliased["thinking"] = clean.contains("thinking") ? clean["thinking"] : r;
-      aliased["reasoning_content"] = r;
+      auto& a = aliased.get_ref<J::object_t&>();
+      a.emplace_back("thinking", clean.contains("thinking") ? clean["thinking"] : r);
+      bool has_rc = false;
+      for (auto it = clean.begin(); it != clean.end(); ++it) {
+        if (it.key() == "thinking") continue;
+        has_rc = has_rc || it.key() == "reasoning_content";
+        a.emplace_back(it.key(), it.key() == "reasoning_content" ? r : it.value());
+      }
+      if (!has_rc) a.emplace_back("reasoning_content", r);
       clean = std::move(aliased);
     }
     msgs.push_back(std::move(clean));
