@@ -15,6 +15,17 @@ Cases (the window is 8-16, far below 64 tokens, so every sliding layer drops key
   gemma3_q8_0       GGUF Q8_0 written like llama.cpp's converter (norm gains stored as w + 1, no
                     layer-pattern key: pattern 6); oracle: mlx-lm on an f32 HF checkpoint of
                     exactly the dequantized values
+  gemma3_head       gemma3_text's weights plus a distinct lm_head.weight and a config without
+                    tie_word_embeddings (issue 47 item 14): mlx-lm's gemma3_text unties whenever
+                    the checkpoint carries the head, so its logits come from that head
+  gemma3_head_tiedcfg  the same with tie_word_embeddings: true; mlx-lm ignores the key and
+                    transformers 5 keeps a head that differs from the embedding: the same logits
+  gemma3_realtok    (issue 47 item 13) vocab_size 262144 beside the real Gemma 3 tokenizer
+                    (<shared>/tokenizers/hf/gemma3: 262,145 entries, id 262144 is the special
+                    <image_soft_token>); config.json is transformers' Gemma3TextConfig.to_dict()
+                    with every key written, plus the keys mlx-lm reads (sliding_window_pattern,
+                    rope_theta, rope_local_base_freq); the tokens are the `tokenizers` library's
+                    encoding of REALTOK_TEXT (BOS included), 2 layers, hidden 32
 Sets: f32 (f32 checkpoints) and, for gemma3_text_bf16, f32math (bf16 weights, mlx upcast).
 """
 import argparse
@@ -164,6 +175,55 @@ def mlx_logits_mm(d, tokens):
     return np.array(out[0].astype(mx.float32))
 
 
+REALTOK_TEXT = "The quick brown fox jumps over the lazy dog, and Gemma's tokenizer has 262,145 entries."
+
+
+def write_head_cases(root, c, w, rng):
+    """gemma3_head and gemma3_head_tiedcfg: c's weights with an lm_head unlike the embedding."""
+    h = c["hidden_size"]
+    wh = dict(w)
+    wh["lm_head.weight"] = (2.0 * rng.standard_normal((c["vocab_size"], h)) / np.sqrt(h)).astype(np.float32)
+    no_key = {k: v for k, v in c.items() if k != "tie_word_embeddings"}
+    d = os.path.join(root, "gemma3_head")
+    write_hf(d, no_key, wh, "f32")
+    logits = mlx_logits(d, TOKENS_OF[id(c)])
+    save_case(d, TOKENS_OF[id(c)], c["vocab_size"], {"f32": logits})
+    d = os.path.join(root, "gemma3_head_tiedcfg")
+    write_hf(d, dict(c, tie_word_embeddings=True), wh, "f32")
+    save_case(d, TOKENS_OF[id(c)], c["vocab_size"], {"f32": mlx_logits(d, TOKENS_OF[id(c)])})
+
+
+def write_realtok(root, shared):
+    import shutil
+    from tokenizers import Tokenizer
+    from transformers import Gemma3TextConfig
+    tokdir = os.path.join(shared, "tokenizers/hf/gemma3")
+    tok = Tokenizer.from_file(os.path.join(tokdir, "tokenizer.json"))
+    assert tok.get_vocab_size(with_added_tokens=True) == 262145, "the real Gemma 3 tokenizer has 262,145 entries"
+    assert tok.id_to_token(262144) == "<image_soft_token>"
+    layer_types = ["sliding_attention", "full_attention"]
+    cfg = Gemma3TextConfig(vocab_size=262144, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+                           sliding_window=8, max_position_embeddings=512, layer_types=layer_types,
+                           tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0).to_dict()
+    # Keys mlx-lm's gemma3_text reads (it knows neither layer_types nor rope_parameters), with
+    # the values transformers' config implies.
+    cfg.update(sliding_window_pattern=2, rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None)
+    c = dict(cfg)
+    rng = np.random.default_rng(4100)
+    w = random_weights(c, rng)
+    d = os.path.join(root, "gemma3_realtok")
+    write_hf(d, cfg, w, "f32")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(tokdir, f), os.path.join(d, f))
+    tokens = tok.encode(REALTOK_TEXT, add_special_tokens=True).ids
+    save_case(d, tokens, c["vocab_size"], {"f32": mlx_logits(d, tokens)},
+              extra={"text": REALTOK_TEXT, "tokenizer_size": tok.get_vocab_size(with_added_tokens=True)})
+
+
+TOKENS_OF = {}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -179,6 +239,8 @@ def main():
         write_hf(d, c, w, "f32")
         save_case(d, tokens, c["vocab_size"], {"f32": mlx_logits(d, tokens)})
         if name == "gemma3_text":
+            TOKENS_OF[id(c)] = tokens
+            write_head_cases(root, c, w, np.random.default_rng(4200))
             wb = {k: bf16_bits_to_f32(to_bf16_bits(v)) for k, v in w.items()}
             d = os.path.join(root, name + "_bf16")
             write_hf(d, c, wb, "bf16")
@@ -196,6 +258,9 @@ def main():
             write_hf(hf, c6, deq, "f32")
             save_case(d, tokens, c["vocab_size"], {"deq": mlx_logits(hf, tokens)})
         print(f"gemma3_reference: {name}", flush=True)
+    if a.shared and os.path.exists(os.path.join(a.shared, "tokenizers/hf/gemma3/tokenizer.json")):
+        write_realtok(root, a.shared)
+        print("gemma3_reference: gemma3_realtok", flush=True)
     return 0
 
 

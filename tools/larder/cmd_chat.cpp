@@ -161,6 +161,11 @@ int run_chat(const ChatFlags& f) {
       std::fprintf(stderr, "larder: %s\n", ids.status().message().c_str());
       continue;
     }
+    if (Status st = runtime::check_prompt(m, *ids); !st.is_ok()) {
+      history.pop_back();
+      std::fprintf(stderr, "larder: %s\n", st.message().c_str());
+      continue;
+    }
     const std::vector<int32_t>& prompt = *ids;
     if (static_cast<int64_t>(prompt.size()) >= ctx) {
       history.pop_back();

@@ -119,6 +119,7 @@ int run_generate(const GenerateFlags& f) {
   if (prompt.empty()) {
     return report(invalid_argument("[generate] the prompt is empty and the tokenizer adds no BOS token"));
   }
+  if (Status st = runtime::check_prompt(m, prompt); !st.is_ok()) return report(st);
 
   if (static_cast<int64_t>(prompt.size()) >= ctx) {
     return report(invalid_argument(strfmt("[generate] the prompt is %zu tokens but the context is %lld tokens "

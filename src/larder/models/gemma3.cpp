@@ -5,6 +5,7 @@
 //   per layer: x += post_attention_norm(attn(input_norm(x)))
 //              x += post_feedforward_norm(mlp(pre_feedforward_norm(x)))     mlp = GeGLU (tanh GELU)
 //   logits = embed(final_norm(x))                                             tied embeddings
+//            (a checkpoint's own lm_head.weight is used when it has one: Transformer::bind_head)
 // Layers are sliding-window (a ring of the window, RoPE base rope_local_base_freq, never scaled)
 // or global (plain KV, rope_theta with rope_scaling), by `layer_types` or else
 // `sliding_window_pattern` (layer i global iff (i+1) % pattern == 0). q and k are RMS-normed per
@@ -213,8 +214,7 @@ Status Gemma3Model::bind(const formats::ModelFiles& files) {
     }
   }
   WeightBinder b(files, names);
-  const bool tied = c.tied_embeddings.value_or(true);
-  LARDER_RETURN_IF_ERROR(bind_head(b, tied));
+  LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, /*family_default=*/true));
   unit_offset(final_norm_.weight, gguf);
   embed_scale_ = gguf ? std::sqrt(static_cast<float>(c.hidden))
                       : bf16_to_f32(f32_to_bf16(static_cast<float>(std::sqrt(static_cast<double>(c.hidden)))));

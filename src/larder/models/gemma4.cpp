@@ -407,8 +407,7 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
     names.hf_add = "model.language_model.";
   }
   WeightBinder b(files, names);
-  const bool tied = c.tied_embeddings.value_or(true);
-  LARDER_RETURN_IF_ERROR(bind_head(b, tied));
+  LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, /*family_default=*/true));
   // mlx-lm rounds √hidden to the embedding's dtype; llama.cpp uses f32 sqrtf.
   embed_scale_ = gguf ? std::sqrt(static_cast<float>(c.hidden))
                       : round_to(embed_.dtype, static_cast<float>(std::sqrt(static_cast<double>(c.hidden))));

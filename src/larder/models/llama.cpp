@@ -66,8 +66,7 @@ Status LlamaModel::bind(const formats::ModelFiles& files) {
   WeightBinder b(files, llama_names());
   const ModelConfig& c = cfg_;
   const float eps = static_cast<float>(c.rms_eps);
-  const bool tied = c.tied_embeddings.value_or(variant_.default_tied);
-  LARDER_RETURN_IF_ERROR(bind_head(b, tied));
+  LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, variant_.default_tied));
   attn_opt_.qkv_bias = variant_.qkv_bias;
   attn_opt_.pairing = c.from_gguf ? variant_.gguf_pairing : variant_.hf_pairing;
   LayerSpec spec;

@@ -16,7 +16,7 @@ namespace larder::models {
 struct LlamaVariant {
   bool qkv_bias = false;       // q/k/v projections carry a bias (qwen2)
   bool qk_norm = false;        // per-head RMSNorm of q and k before RoPE (qwen3)
-  bool default_tied = false;   // tie_word_embeddings when config.json does not say
+  bool default_tied = false;   // tie_word_embeddings when config.json does not say (and no lm_head)
   // RoPE pairing for each source. HF checkpoints pair (i, i + d/2) ("rotate_half"). llama.cpp's
   // converter permutes the Q/K rows of `llama` models so the GGUF pairs adjacent dims
   // (interleaved), while it leaves qwen2/qwen3 unpermuted (NeoX pairing).

@@ -33,18 +33,33 @@ Status check_unbound(const WeightBinder& b, const formats::ModelFiles& files, bo
   return Status::ok();
 }
 
-Status Transformer::bind_head(WeightBinder& b, bool tied) {
+Result<bool> Transformer::bind_head(WeightBinder& b, bool family_default) {
   const ModelConfig& c = cfg_;
   LARDER_ASSIGN_OR_RETURN(embed_, b.matrix("model.embed_tokens.weight", c.vocab, c.hidden, "vocab_size x hidden_size"));
+  // A head the checkpoint carries is the one it was trained with: mlx-lm's gemma3_text unties
+  // whenever the file has lm_head.weight, whatever the config says, and transformers (5.x,
+  // tie_weights) keeps a head that differs from the embedding even under tie_word_embeddings:
+  // true. Only without a head does the config (or, when it is silent, the family's default)
+  // decide — and then it must say tied.
+  const bool has_head = b.has("lm_head.weight");
+  if (has_head && c.tied_embeddings.value_or(false)) {
+    LARDER_LOG_WARN("[model] %s sets tie_word_embeddings: true, but the checkpoint carries its own '%s': larder uses "
+                    "it, as transformers does (set tie_word_embeddings: false to silence this)",
+                    c.source.c_str(), b.file_name("lm_head.weight").c_str());
+  }
+  const bool tied = !has_head && c.tied_embeddings.value_or(family_default);
   if (tied) {
     lm_head_ = embed_;
   } else {
-    LARDER_ASSIGN_OR_RETURN(lm_head_, b.matrix("lm_head.weight", c.vocab, c.hidden, "vocab_size x hidden_size; "
-                                                                                     "tie_word_embeddings is false"));
+    const char* why = has_head ? "vocab_size x hidden_size"
+                      : c.tied_embeddings ? "vocab_size x hidden_size; tie_word_embeddings is false"
+                                          : "vocab_size x hidden_size; config.json does not set tie_word_embeddings "
+                                            "and this architecture's default is untied";
+    LARDER_ASSIGN_OR_RETURN(lm_head_, b.matrix("lm_head.weight", c.vocab, c.hidden, why));
   }
   LARDER_ASSIGN_OR_RETURN(final_norm_.weight, b.vector("model.norm.weight", c.hidden, "hidden_size"));
   final_norm_.eps = static_cast<float>(c.rms_eps);
-  return Status::ok();
+  return tied;
 }
 
 Status Transformer::finish_bind(const formats::ModelFiles& files, const WeightBinder& b, bool tied) {

@@ -57,8 +57,11 @@ class Transformer : public Model {
   virtual void begin_batch(const LayerBatch&) {}
 
   // Binds the token embedding, the lm_head (the embedding when tied) and the final norm by
-  // canonical names, "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight".
-  Status bind_head(WeightBinder& b, bool tied);
+  // canonical names, "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", and
+  // returns whether the embeddings are tied: never when the checkpoint carries a head (it is
+  // used, as mlx-lm and transformers do); otherwise as tie_word_embeddings says, or
+  // `family_default` when the config does not say (GGUF: output.weight decides, config.cpp).
+  Result<bool> bind_head(WeightBinder& b, bool family_default);
   // After the architecture bound everything: derives the state schema from specs_, rejects
   // leftover per-layer tensors (see check_unbound) and fills info_.
   Status finish_bind(const formats::ModelFiles& files, const WeightBinder& b, bool tied);

@@ -54,7 +54,65 @@ GenerationDefaults make_defaults(const LoadedModel& m) {
   return d;
 }
 
+// A tokenizer may hold more ids than the model embeds: Gemma 3 / 4 text checkpoints say
+// vocab_size 262144 beside a tokenizer whose id 262144 is <image_soft_token> (mlx-lm and
+// transformers load them). Such ids are harmless when they are added tokens: only their own
+// text encodes to them, and check_prompt refuses a prompt that holds one; sampling never yields
+// one (the logits row has the model's ids only). An ordinary vocabulary entry past the embedding
+// is another matter — plain text could encode to it — so that pairing stays refused. So is a
+// tokenizer whose own BOS/EOS wrapping (add_special) is past it: every prompt would be refused.
+Status check_tokenizer_fits(const LoadedModel& m) {
+  const tokenizer::Tokenizer& tok = *m.tokenizer;
+  const int64_t vocab = m.model->info().vocab;
+  const int32_t n = tok.vocab_size();
+  if (n <= vocab) return Status::ok();
+  int32_t first_extra = -1;
+  for (int32_t id = static_cast<int32_t>(vocab); id < n; ++id) {
+    if (tok.is_added(id)) {
+      if (first_extra < 0) first_extra = id;
+      continue;
+    }
+    const std::string piece = tok.id_to_token(id);
+    if (piece.empty()) continue;  // an unused id between added tokens: nothing encodes to it
+    return incompatible(strfmt("[model] %s: the tokenizer has %d tokens but the model's vocabulary is %lld, and id %d "
+                               "('%s') past it is an ordinary vocabulary entry, not an added special token, so text "
+                               "could encode to an id the model cannot embed (tokenizer and weights from different "
+                               "models?)",
+                               m.files.path.c_str(), n, static_cast<long long>(vocab), id, piece.c_str()));
+  }
+  for (int32_t id : tok.encode("", /*add_special=*/true)) {
+    if (id >= vocab)
+      return incompatible(strfmt("[model] %s: the tokenizer adds token %d ('%s') to every prompt, but the model's "
+                                 "vocabulary is %lld",
+                                 m.files.path.c_str(), id, tok.id_to_token(id).c_str(), static_cast<long long>(vocab)));
+  }
+  if (first_extra >= 0) {
+    LARDER_LOG_INFO("[model] %s: tokenizer ids %lld..%d (e.g. '%s') are added tokens past the model's vocabulary of "
+                    "%lld: a prompt that contains one is refused",
+                    m.files.path.c_str(), static_cast<long long>(vocab), n - 1, tok.id_to_token(first_extra).c_str(),
+                    static_cast<long long>(vocab));
+  }
+  return Status::ok();
+}
+
 }  // namespace
+
+Status check_prompt(const LoadedModel& m, std::span<const int32_t> prompt) {
+  const int64_t vocab = m.model ? m.model->info().vocab : m.tokenizer->vocab_size();
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const int32_t id = prompt[i];
+    if (id >= 0 && id < vocab) continue;
+    const std::string piece = m.tokenizer->id_to_token(id);
+    return invalid_argument(strfmt("[prompt] token %d%s at position %zu is not in the model's vocabulary of %lld ids%s",
+                                   id, piece.empty() ? "" : (" ('" + piece + "')").c_str(), i,
+                                   static_cast<long long>(vocab),
+                                   piece.empty() ? ""
+                                                 : ": the tokenizer has it, but this model cannot embed it (e.g. an "
+                                                   "image placeholder of a multimodal tokenizer); remove it from the "
+                                                   "prompt"));
+  }
+  return Status::ok();
+}
 
 Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
@@ -82,11 +140,7 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
     LARDER_ASSIGN_OR_RETURN(lm->model, models::Model::load(f));
     if (Status st = lm->model->set_kv_dtype(opts.kv_dtype); !st.is_ok())
       return Status(st.code(), strfmt("%s (%s)", st.message().c_str(), f.path.c_str()));
-    const int64_t vocab = lm->model->info().vocab;
-    if (lm->tokenizer->vocab_size() > vocab) {
-      return incompatible(strfmt("[model] %s: tokenizer has %d tokens but the model's vocabulary is %lld",
-                                 f.path.c_str(), lm->tokenizer->vocab_size(), static_cast<long long>(vocab)));
-    }
+    LARDER_RETURN_IF_ERROR(check_tokenizer_fits(*lm));
   }
   lm->defaults = make_defaults(*lm);
   // Constrained decoding: cheap here (the vocabulary is exported on the first constrained request).

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,12 @@ struct LoadedModel {
 };
 
 Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const LoadOptions& opts = {});
+
+// The one check that a prompt's ids can be embedded (every route and verb calls it after its
+// prompt became ids): a tokenizer may hold added tokens past the model's vocabulary (Gemma's
+// <image_soft_token>), and text or raw ids can name them. The error names the id, its token and
+// its position. Without weights loaded the tokenizer's size bounds the ids.
+Status check_prompt(const LoadedModel& m, std::span<const int32_t> prompt);
 
 // Logs the chat template when it is not the model's own: a warning for the ChatML fallback
 // (serve at startup, generate --chat), an info line for a chosen one.

@@ -303,6 +303,8 @@ inline void fit_context(const ServedModel& sm, GenRequest& gen, std::optional<in
                  const char* param) {
   const int64_t P = static_cast<int64_t>(gen.prompt.size());
   if (P == 0) bad("the prompt is empty", param);
+  // Every surface's prompt passes here once it is ids: the runtime's one embeddability check.
+  if (Status st = runtime::check_prompt(*sm.m, gen.prompt); !st.is_ok()) bad(st.message(), param);
   if (P >= sm.ctx) {
     if (surface == Surface::kMessages) {
       bad(strfmt("prompt is too long: %lld tokens > %lld maximum", (long long)P, (long long)(sm.ctx - 1)), param,

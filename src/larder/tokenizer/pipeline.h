@@ -173,6 +173,7 @@ struct Impl {
   StrIdMap added_vocab;
   std::vector<AddedToken> added;        // in declaration order
   std::vector<uint8_t> special_flags;   // by id
+  std::vector<uint8_t> added_flags;     // by id: an added token (matched whole, never made by the model)
   TokenMatcher raw_matcher;             // added tokens matched on the raw text
   TokenMatcher normalized_matcher;      // added tokens matched after normalization
 

@@ -227,6 +227,10 @@ bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->special_flags.size() && impl_->special_flags[id];
 }
 
+bool Tokenizer::is_added(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->added_flags.size() && impl_->added_flags[id];
+}
+
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
 std::vector<int32_t> Tokenizer::eos_ids() const { return impl_->eos; }
 std::string Tokenizer::bos_token() const { return impl_->bos_str; }
@@ -273,11 +277,13 @@ void finish_vocab(Impl& t) {
   for (const auto& a : t.added) max_id = std::max(max_id, a.id);
   t.id_to_str.assign(static_cast<size_t>(max_id + 1), std::string());
   t.special_flags.assign(static_cast<size_t>(max_id + 1), 0);
+  t.added_flags.assign(static_cast<size_t>(max_id + 1), 0);
   for (const auto& [s, id] : t.model_vocab) t.id_to_str[id] = s;
   for (const auto& a : t.added) {
     t.id_to_str[a.id] = a.content;
     t.added_vocab[a.content] = a.id;
     if (a.special) t.special_flags[a.id] = 1;
+    t.added_flags[a.id] = 1;
   }
   // Declaration order: for two tokens with the same text the first one wins, as in HF.
   for (size_t i = 0; i < t.added.size(); ++i) {

@@ -74,6 +74,9 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::string id_to_token(int32_t id) const;  // the vocab string ("" if out of range)
   bool is_special(int32_t id) const;          // added special / control token
+  // An added token (tokenizer.json added_tokens; GGUF control, user-defined and unknown types):
+  // only its own text, matched whole, encodes to it — the model's merges never produce it.
+  bool is_added(int32_t id) const;
   std::optional<int32_t> bos_id() const;      // per tokenizer_config / gguf metadata
   std::vector<int32_t> eos_ids() const;       // all EOS-like ids the tokenizer names
   std::string bos_token() const;              // "" if none

@@ -265,6 +265,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gemma3_ltypes_f32", "", "gemma3_text", true, "F32"},
                       Case{"gemma3_mm", "", "gemma3", true, "F32"},
                       Case{"gemma3_q8_0", "model.gguf", "gemma3", true, "Q8_0"},
+                      // A checkpoint's own lm_head is used (issue 47 item 14): without
+                      // tie_word_embeddings (Gemma 3's default is tied), and against a
+                      // tie_word_embeddings: true that the head contradicts (transformers 5).
+                      Case{"gemma3_head", "", "gemma3_text", false, "F32"},
+                      Case{"gemma3_head_tiedcfg", "", "gemma3_text", false, "F32"},
                       // Gemma 4 (tests/ref/gemma4_reference.py): per-kind head dims, KV sharing,
                       // per-layer embeddings, k_eq_v, proportional RoPE, soft-capped logits.
                       Case{"gemma4_text_f32", "", "gemma4_text", true, "F32"},

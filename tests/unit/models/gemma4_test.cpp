@@ -126,5 +126,47 @@ TEST(Gemma4, RefusesMixtureOfExpertsAndUnknownRope) {
   }
 }
 
+// Issue 47 item 14: gemma4_keqv_f32 carries its own lm_head (config: tie_word_embeddings false).
+// With the key removed (Gemma 4's default is tied) or set to true, the head is still the one
+// used — transformers 5 keeps a checkpoint's head that differs from the embedding — so the
+// logits stay mlx-lm's for the untied checkpoint.
+TEST(Gemma4, CheckpointHeadIsUsedWhateverTheTieDefault) {
+  namespace fs = std::filesystem;
+  const std::string src = kRoot + "gemma4_keqv_f32";
+  std::ifstream cf(src + "/config.json"), rf(src + "/ref.json");
+  ASSERT_TRUE(cf.good() && rf.good()) << "fixture gemma4_ref did not run";
+  const nlohmann::json base = nlohmann::json::parse(cf), ref = nlohmann::json::parse(rf);
+  ASSERT_EQ(base.value("tie_word_embeddings", true), false);
+  const std::vector<int32_t> toks = ref["tokens"].get<std::vector<int32_t>>();
+  const int64_t V = ref["vocab"].get<int64_t>();
+  std::vector<float> want(toks.size() * static_cast<size_t>(V));
+  std::ifstream lf(src + "/" + ref["logits"]["f32"].get<std::string>(), std::ios::binary);
+  lf.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(want.size() * sizeof(float)));
+  ASSERT_TRUE(lf.good());
+  for (const char* variant : {"absent", "true"}) {
+    const fs::path d = fs::path(::testing::TempDir()) / (std::string("gemma4_head_") + variant);
+    fs::create_directories(d);
+    nlohmann::json cfg = base;
+    if (std::string(variant) == "absent") cfg.erase("tie_word_embeddings");
+    else cfg["tie_word_embeddings"] = true;
+    std::ofstream(d / "config.json") << cfg.dump();
+    fs::remove(d / "model.safetensors");
+    fs::create_symlink(fs::path(src) / "model.safetensors", d / "model.safetensors");
+    test::LoadedModel l = test::load_model(d.string());
+    ASSERT_NE(l.model, nullptr) << variant;
+    EXPECT_FALSE(l.model->info().tied_embeddings) << variant;
+    memory::SequenceState st = l.model->new_state(l.model->info().max_context);
+    std::vector<float> got(want.size());
+    ASSERT_TRUE(l.model->forward(toks.data(), static_cast<int64_t>(toks.size()), st, got.data(), true).is_ok());
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::abs(got[i] - want[i]));
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    EXPECT_LE(worst, 1e-4f * scale) << variant;
+    fs::remove_all(d);
+  }
+}
+
 }  // namespace
 }  // namespace larder::models
