@@ -614,7 +614,7 @@ std::string where(const std::string& at) { return at.empty() ? std::string("/") 
 // What a grammar asks of the compiler, counted while walking it.
 struct Tally {
   const GrammarLimits& lim;
-  size_t literal = 0, enums = 0, nodes = 0;
+  size_t literal = 0, enums = 0, nodes = 0, properties = 0, formats = 0;
   double parts_cost = 0;  // the sum of q² over regexes / GBNF rules with q optional or repeated parts
   // One regex or GBNF rule with q optional or repeated parts. Its compile time grows about as
   // q^2.7 ([a-z]? 32 times: 0.55 s as a pattern, 1.1 s as a GBNF rule, 151k vocabulary), and
@@ -723,9 +723,14 @@ Status tally_schema(const nlohmann::ordered_json& s, const std::string& at, int 
     if (k == "default" || k == "examples" || k == "example") continue;  // annotations: never compiled
     if (k == "properties" && v.is_object()) {
       if (v.size() > t.lim.properties) return over("'properties' at " + where(at), v.size(), t.lim.properties, " properties");
+      t.properties += v.size();
+      if (t.properties > t.lim.total_properties)
+        return over("the properties of all the schema's objects together", t.properties, t.lim.total_properties, "");
       for (const auto& [name, sub] : v.items())
         if (Status st = t.add_literal(name.size() + 2); !st.is_ok()) return st;
     }
+    if (k == "format" && v.is_string() && ++t.formats > t.lim.formats)
+      return over("the schema's 'format' keywords together", t.formats, t.lim.formats, "");
     if (k == "pattern" && v.is_string()) {
       if (Status st = check_regex(v.get<std::string>(), "'pattern' at " + where(at), t); !st.is_ok()) return st;
       continue;

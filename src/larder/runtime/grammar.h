@@ -58,8 +58,10 @@ struct GrammarLimits {
   size_t literal_bytes = 32u << 10;    // strings spelled out: GBNF literals, const/enum values,
                                        // property names, structural-tag begin/end (all together)
   size_t enum_values = 2048;           // enum values (all enums together)
-  size_t schema_nodes = 4096;          // objects and arrays in a schema
-  size_t properties = 256;             // properties of one object schema
+  size_t schema_nodes = 1024;          // objects and arrays in a schema
+  size_t properties = 256;             // properties of one object schema ...
+  size_t total_properties = 512;       // ... and of all of them together
+  size_t formats = 32;                 // `format` keywords (email, uri: a large regex each)
   int schema_depth = 128;              // JSON nesting of a schema (two levels per nested property)
   size_t pattern_bytes = 1024;         // one regex (pattern, patternProperties key)
   size_t regex_quantifiers = 32;       // optional/repeated parts (?, *, +, {m,n}) of one regex or
