@@ -285,6 +285,19 @@ TEST(Grammar, CompileLimits) {
   EXPECT_NE(msg(K::kJsonSchema, R"({"properties": {"x": {"type": "string", "pattern": ")" + rep + "\"}}}")
                 .find("'pattern' at /properties/x has too many optional or repeated parts"),
             std::string::npos);
+  // Properties add up over objects; so do formats.
+  std::string objs = R"({"type": "object", "properties": {)";
+  for (int o = 0; o < 3; ++o) {
+    objs += (o ? ",\"o" : "\"o") + std::to_string(o) + R"(": {"type": "object", "properties": {)";
+    for (int i = 0; i < 200; ++i) objs += (i ? ",\"p" : "\"p") + std::to_string(i) + R"(": {"type": "integer"})";
+    objs += "}}";
+  }
+  EXPECT_NE(msg(K::kJsonSchema, objs + "}}").find("properties of all the schema's objects together: 603, over the limit of 512"),
+            std::string::npos)
+      << msg(K::kJsonSchema, objs + "}}");
+  std::string fmts = R"({"type": "object", "properties": {)";
+  for (int i = 0; i < 40; ++i) fmts += (i ? ",\"e" : "\"e") + std::to_string(i) + R"(": {"type": "string", "format": "email"})";
+  EXPECT_NE(msg(K::kJsonSchema, fmts + "}}").find("'format' keywords together: 33, over the limit of 32"), std::string::npos);
   // A repeated group counts its parts once per repetition.
   EXPECT_NE(msg(K::kJsonSchema, R"({"type": "string", "pattern": "([a-z]{2,5}\\.){1,40}"})").find("'pattern' at /"),
             std::string::npos);
