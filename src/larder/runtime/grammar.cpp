@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <condition_variable>
+#include <deque>
 #include <iostream>
 #include <limits>
 #include <set>
 #include <sstream>
+#include <streambuf>
+#include <thread>
 #include <unordered_map>
 
 #include <xgrammar/xgrammar.h>
@@ -19,6 +25,63 @@ struct ConstraintImpl {
   xgrammar::CompiledGrammar compiled;
 };
 
+namespace {
+
+// The compile threads. A compile cannot be interrupted, so it never runs on the thread of the
+// request that asked for it: that thread waits and may walk away (client gone, deadline), while
+// the compile runs to its end here and its result is dropped. A few threads, so independent
+// compiles run side by side (a trivial schema never waits behind a heavy one) but a flood of
+// them cannot take every core; a bounded queue behind them.
+class CompileThreads {
+ public:
+  CompileThreads(int threads, size_t queued) : queued_(queued) {
+    for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { run(); });
+  }
+  // Joins: every compile is bounded by GrammarLimits, so this waits about a second at most.
+  ~CompileThreads() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+      q_.clear();
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // false: `queued` tasks already wait.
+  bool post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_ || q_.size() >= queued_) return false;
+      q_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+    return true;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || !q_.empty(); });
+        if (stop_) return;
+        fn = std::move(q_.front());
+        q_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  size_t queued_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
 struct GrammarEngineImpl {
   // xgrammar caches what it compiled, warnings or not, so a refused spec would compile silently
   // the second time: refusals are remembered here (spec key → message), bounded.
@@ -27,6 +90,7 @@ struct GrammarEngineImpl {
   std::vector<std::string> vocab;
   std::optional<xgrammar::TokenizerInfo> info;
   std::optional<xgrammar::GrammarCompiler> compiler;
+  std::unique_ptr<CompileThreads> threads;  // last member: joined before the compiler goes
 };
 
 struct MatcherImpl {
@@ -38,12 +102,17 @@ Constraint::Constraint(std::unique_ptr<ConstraintImpl> impl) : impl_(std::move(i
 Constraint::~Constraint() = default;
 
 GrammarEngine::GrammarEngine(const tokenizer::Tokenizer& tok, int64_t model_vocab, std::vector<int32_t> eos_ids,
-                             int64_t cache_bytes)
-    : tok_(tok), vocab_(model_vocab), eos_(std::move(eos_ids)), cache_bytes_(cache_bytes) {}
+                             int64_t cache_bytes, GrammarLimits limits)
+    : tok_(tok), vocab_(model_vocab), eos_(std::move(eos_ids)), cache_bytes_(cache_bytes), limits_(limits) {}
 GrammarEngine::~GrammarEngine() = default;
+
+namespace {
+void install_cerr_router();
+}  // namespace
 
 void GrammarEngine::init() {
   std::call_once(once_, [this] {
+    install_cerr_router();
     auto impl = std::make_unique<GrammarEngineImpl>();
     const int64_t n = std::min<int64_t>(vocab_, tok_.vocab_size());
     impl->vocab.resize(static_cast<size_t>(n));
@@ -56,8 +125,10 @@ void GrammarEngine::init() {
     for (int32_t e : eos_)
       if (e >= 0 && e < vocab_) stops.push_back(e);
     impl->info.emplace(impl->vocab, xgrammar::VocabType::RAW, static_cast<int>(vocab_), stops, false);
-    // Two threads: the host has few cores, and compiles run beside decoding.
-    impl->compiler.emplace(*impl->info, 2, true, cache_bytes_);
+    // One thread per compile: compiles already run side by side (limits.threads of them), and
+    // the host has few cores that decoding needs too.
+    impl->compiler.emplace(*impl->info, 1, true, cache_bytes_);
+    impl->threads = std::make_unique<CompileThreads>(limits_.threads, static_cast<size_t>(std::max(0, limits_.queued)));
     impl_ = std::move(impl);
   });
 }
@@ -70,23 +141,58 @@ const std::vector<std::string>& GrammarEngine::vocabulary() {
 namespace {
 
 // xgrammar reports a schema keyword it ignores (uniqueItems, allOf with several schemas, oneOf it
-// cannot prove disjoint, minLength beside a pattern, ...) only as a warning on std::cerr. Those
-// warnings are exactly the "silently ignored" cases, so a conversion runs with std::cerr captured
-// and any warning turns into a refusal. std::cerr is process-wide: one capture at a time (larder
-// itself logs through stdio, not std::cerr).
-std::mutex g_cerr_mu;
+// cannot prove disjoint, minLength beside a pattern, ...) only as a warning on std::cerr, written
+// by the thread that converts the schema. Those warnings are exactly the "silently ignored" cases,
+// so a conversion runs with that thread's std::cerr output captured and any warning turns into a
+// refusal. std::cerr is process-wide and compiles run concurrently: its buffer is replaced once
+// by a router that sends a capturing thread's writes to that thread's buffer and everything else
+// to the original stream (larder itself logs through stdio, not std::cerr).
+class CerrRouter : public std::streambuf {
+ public:
+  explicit CerrRouter(std::streambuf* orig) : orig_(orig) {}
+  static thread_local std::string* capture;
+
+ protected:
+  int overflow(int c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    const char ch = static_cast<char>(c);
+    return xsputn(&ch, 1) == 1 ? c : traits_type::eof();
+  }
+  std::streamsize xsputn(const char* p, std::streamsize n) override {
+    if (capture) {
+      capture->append(p, static_cast<size_t>(n));
+      return n;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    return orig_->sputn(p, n);
+  }
+  int sync() override {
+    if (capture) return 0;
+    std::lock_guard<std::mutex> l(mu_);
+    return orig_->pubsync();
+  }
+
+ private:
+  std::streambuf* orig_;
+  std::mutex mu_;
+};
+thread_local std::string* CerrRouter::capture = nullptr;
+
+void install_cerr_router() {
+  static std::once_flag once;
+  // Never uninstalled (nor freed): std::cerr outlives every engine.
+  std::call_once(once, [] { std::cerr.rdbuf(new CerrRouter(std::cerr.rdbuf())); });
+}
 
 template <typename F>
 auto with_captured_cerr(std::string* captured, F&& f) {
-  std::lock_guard<std::mutex> l(g_cerr_mu);
-  std::ostringstream buf;
-  std::streambuf* old = std::cerr.rdbuf(buf.rdbuf());
+  std::string buf;
+  CerrRouter::capture = &buf;
   struct Restore {
-    std::streambuf* old;
-    ~Restore() { std::cerr.rdbuf(old); }
-  } restore{old};
+    ~Restore() { CerrRouter::capture = nullptr; }
+  } restore;
   auto r = f();
-  *captured = buf.str();
+  *captured = std::move(buf);
   return r;
 }
 
@@ -139,52 +245,131 @@ std::string name_regex_keyword(const std::string& schema_text, const std::string
 
 }  // namespace
 
-Result<std::shared_ptr<const Constraint>> GrammarEngine::compile(const ConstraintSpec& spec) {
-  init();
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string key = strfmt("%d/%d/", static_cast<int>(spec.kind), spec.strict ? 1 : 0) + spec.text;
-  {
-    std::lock_guard<std::mutex> l(impl_->refused_mu);
-    auto it = impl_->refused.find(key);
-    if (it != impl_->refused.end()) return Status(StatusCode::kInvalidArgument, it->second);
+namespace {
+
+// An xgrammar error without its "[hh:mm:ss] /path/file.cc:123: " prefix and trailing newline: the
+// client gets the problem, not where in xgrammar's sources it was noticed.
+std::string xgrammar_message(std::string what) {
+  if (!what.empty() && what[0] == '[') {
+    const size_t close = what.find("] ");
+    const size_t colon = close == std::string::npos ? close : what.find(": ", close + 2);
+    if (colon != std::string::npos) what = what.substr(colon + 2);
   }
+  if (what.rfind("Warning: ", 0) == 0) what = what.substr(9);
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  return what;
+}
+
+// The compile itself, on a compile thread.
+Result<std::shared_ptr<Constraint>> compile_now(GrammarEngineImpl& impl, const ConstraintSpec& spec,
+                                                const std::string& key) {
   try {
     std::string warn;
     xgrammar::CompiledGrammar cg = [&]() -> xgrammar::CompiledGrammar {
       switch (spec.kind) {
         case ConstraintSpec::Kind::kJsonValue:
-          return impl_->compiler->CompileBuiltinJSONGrammar();
+          return impl.compiler->CompileBuiltinJSONGrammar();
         case ConstraintSpec::Kind::kGbnf: {
           xgrammar::Grammar g = with_captured_cerr(&warn, [&] { return xgrammar::Grammar::FromEBNF(spec.text); });
-          return impl_->compiler->CompileGrammar(g);
+          return impl.compiler->CompileGrammar(g);
         }
         case ConstraintSpec::Kind::kStructuralTag:
-          return with_captured_cerr(&warn, [&] { return impl_->compiler->CompileStructuralTag(spec.text); });
+          return with_captured_cerr(&warn, [&] { return impl.compiler->CompileStructuralTag(spec.text); });
         case ConstraintSpec::Kind::kJsonSchema:
         default:
           // Compact JSON (", " and ": ", no free whitespace): a small model given free
           // whitespace can spend its whole budget on newlines.
           return with_captured_cerr(&warn, [&] {
-            return impl_->compiler->CompileJSONSchema(spec.text, false, std::nullopt, std::nullopt, spec.strict);
+            return impl.compiler->CompileJSONSchema(spec.text, false, std::nullopt, std::nullopt, spec.strict);
           });
       }
     }();
     if (!warn.empty()) {
       std::string msg = "[grammar] cannot be enforced exactly: " + first_warning(warn);
       if (spec.kind == ConstraintSpec::Kind::kJsonSchema) msg = name_regex_keyword(spec.text, msg);
-      std::lock_guard<std::mutex> l(impl_->refused_mu);
-      if (impl_->refused.size() >= 4096) impl_->refused.clear();
-      impl_->refused.emplace(key, msg);
+      std::lock_guard<std::mutex> l(impl.refused_mu);
+      if (impl.refused.size() >= 4096) impl.refused.clear();
+      impl.refused.emplace(key, msg);
       return Status(StatusCode::kInvalidArgument, msg);
     }
-    auto c = std::make_shared<Constraint>(std::make_unique<ConstraintImpl>(ConstraintImpl{std::move(cg)}));
-    c->set_compile_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    return std::shared_ptr<const Constraint>(std::move(c));
+    return std::make_shared<Constraint>(std::make_unique<ConstraintImpl>(ConstraintImpl{std::move(cg)}));
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kInvalidArgument, "[grammar] the grammar is too large to compile (out of memory)");
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
-    return Status(StatusCode::kInvalidArgument, "[grammar] " + what);
+    return Status(StatusCode::kInvalidArgument, "[grammar] " + xgrammar_message(e.what()));
   }
+}
+
+// One compile handed to the compile threads; shared by the waiting caller and the thread, so a
+// caller that walks away leaves the thread a place to drop its result.
+struct CompileJob {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false, done = false;
+  bool abandoned = false;  // nobody waits: not started yet → skipped
+  std::optional<Result<std::shared_ptr<Constraint>>> result;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const Constraint>> GrammarEngine::compile(const ConstraintSpec& spec, const CompileWait& wait) {
+  using Clock = std::chrono::steady_clock;
+  init();
+  const auto t0 = Clock::now();
+  const std::string key = strfmt("%d/%d/", static_cast<int>(spec.kind), spec.strict ? 1 : 0) + spec.text;
+  {
+    std::lock_guard<std::mutex> l(impl_->refused_mu);
+    auto it = impl_->refused.find(key);
+    if (it != impl_->refused.end()) return Status(StatusCode::kInvalidArgument, it->second);
+  }
+  if (Status st = check_grammar_limits(spec, limits_); !st.is_ok()) return st;
+  auto job = std::make_shared<CompileJob>();
+  GrammarEngineImpl* impl = impl_.get();  // outlives the threads (GrammarEngineImpl::threads)
+  const bool posted = impl_->threads->post([impl, job, spec, key] {
+    {
+      std::lock_guard<std::mutex> l(job->mu);
+      if (job->abandoned) return;
+      job->started = true;
+    }
+    auto r = compile_now(*impl, spec, key);
+    std::lock_guard<std::mutex> l(job->mu);
+    job->result.emplace(std::move(r));
+    job->done = true;
+    job->cv.notify_all();
+  });
+  if (!posted)
+    return Status(StatusCode::kResourceExhausted,
+                  strfmt("[grammar] %d grammar compiles are already waiting (the limit); retry shortly", limits_.queued));
+  const auto deadline = t0 + std::chrono::milliseconds(limits_.compile_ms);
+  std::unique_lock<std::mutex> l(job->mu);
+  while (!job->done) {
+    if (wait.abandon) {
+      l.unlock();
+      const bool gone = wait.abandon();
+      l.lock();
+      if (job->done) break;
+      if (gone) {
+        job->abandoned = true;
+        return Status(StatusCode::kCancelled, "[grammar] the compile was abandoned (the client left or the server is stopping)");
+      }
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      job->abandoned = true;
+      if (!job->started)
+        return Status(StatusCode::kResourceExhausted,
+                      strfmt("[grammar] the grammar compilers are busy (no compile started within %d ms); retry shortly",
+                             limits_.compile_ms));
+      return Status(StatusCode::kInvalidArgument,
+                    strfmt("[grammar] the grammar did not compile within %d ms (the compile time limit); make it smaller",
+                           limits_.compile_ms));
+    }
+    job->cv.wait_for(l, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
+  }
+  auto r = std::move(*job->result);
+  if (!r.is_ok()) return r.status();
+  (*r)->set_compile_ms(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  return std::shared_ptr<const Constraint>(std::move(*r));
 }
 
 ConstraintMatcher::ConstraintMatcher(std::shared_ptr<const Constraint> c) {
@@ -413,5 +598,228 @@ Status walk(const nlohmann::ordered_json& s, const std::string& at) {
 }  // namespace
 
 Status check_json_schema(const nlohmann::ordered_json& schema) { return walk(schema, ""); }
+
+// ------------------------------------------------------------------ compile limits (issue 47)
+
+namespace {
+
+Status over(const std::string& what, size_t found, size_t limit, const char* unit) {
+  return Status(StatusCode::kInvalidArgument,
+                strfmt("[grammar] %s: %zu%s, over the limit of %zu%s (larger grammars take too long to compile)",
+                       what.c_str(), found, unit, limit, unit));
+}
+
+std::string where(const std::string& at) { return at.empty() ? std::string("/") : at; }
+
+// What a grammar asks of the compiler, counted while walking it.
+struct Tally {
+  const GrammarLimits& lim;
+  size_t literal = 0, enums = 0, nodes = 0, properties = 0, formats = 0;
+  double parts_cost = 0;  // the sum of q² over regexes / GBNF rules with q optional or repeated parts
+  // One regex or GBNF rule with q optional or repeated parts. Its compile time grows about as
+  // q^2.7 ([a-z]? 32 times: 0.55 s as a pattern, 1.1 s as a GBNF rule, 151k vocabulary), and
+  // adds up over regexes and rules.
+  Status add_parts(double q, const std::string& what) {
+    if (q > static_cast<double>(lim.regex_quantifiers))
+      return over(what + " has too many optional or repeated parts (?, *, +, {m,n})",
+                  static_cast<size_t>(q), lim.regex_quantifiers, "");
+    parts_cost += q * q;
+    if (parts_cost > static_cast<double>(lim.quantifier_cost))
+      return over("the optional or repeated parts of all regexes / rules (q² summed over each with q of them)",
+                  static_cast<size_t>(parts_cost), lim.quantifier_cost, "");
+    return Status::ok();
+  }
+  Status add_literal(size_t n) {
+    literal += n;
+    if (literal > lim.literal_bytes)
+      return over("the literal strings (const and enum values, property names, GBNF strings) together", literal,
+                  lim.literal_bytes, " bytes");
+    return Status::ok();
+  }
+};
+
+// A regex's cost to xgrammar is its optional and repeated parts, each repetition of a group
+// counted again ("([a-z]{2,5}\.){1,100}" is 100 of them; "(([a-z]{1,3}){1,100}){1,100}" ran for
+// minutes). Classes and escapes are skipped; a counted repetition of one character or class is one.
+Status check_regex(const std::string& re, const std::string& what, Tally& t) {
+  const GrammarLimits& lim = t.lim;
+  if (re.size() > lim.pattern_bytes) return over(what, re.size(), lim.pattern_bytes, " bytes");
+  // Per open group: the quantifiers counted inside it so far.
+  std::vector<double> groups{0};
+  double last_group = -1;  // the count of the group that just closed (-1: the last atom was no group)
+  for (size_t i = 0; i < re.size(); ++i) {
+    const char c = re[i];
+    double atom = -1;
+    if (c == '\\') {
+      ++i;
+    } else if (c == '[') {
+      for (++i; i < re.size() && re[i] != ']'; ++i)
+        if (re[i] == '\\') ++i;
+    } else if (c == '(') {
+      groups.push_back(0);
+      continue;
+    } else if (c == ')' && groups.size() > 1) {
+      atom = groups.back();
+      groups.pop_back();
+      groups.back() += atom;
+    } else if (c == '?' || c == '*' || c == '+') {
+      if (i > 0 && re[i - 1] == '(') continue;  // (?: (?= ...
+      groups.back() += 1;
+    } else if (c == '{') {
+      const size_t close = re.find('}', i);
+      unsigned long hi = 0;
+      bool counted = close != std::string::npos;
+      for (size_t j = i + 1; counted && j < close; ++j) {
+        if (std::isdigit(static_cast<unsigned char>(re[j]))) continue;
+        if (re[j] != ',') counted = false;
+      }
+      if (counted) {
+        const std::string body = re.substr(i + 1, close - i - 1);
+        const size_t comma = body.find(',');
+        const std::string a = body.substr(0, comma), b = comma == std::string::npos ? a : body.substr(comma + 1);
+        hi = std::strtoul((b.empty() ? a : b).c_str(), nullptr, 10);
+        // The repeated group's quantifiers count once per repetition, plus this one.
+        groups.back() += 1 + (last_group > 0 ? last_group * static_cast<double>(std::max(1ul, hi) - 1) : 0);
+        i = close;
+      }
+    }
+    last_group = atom;
+    double total = 0;
+    for (double g : groups) total += g;
+    if (total > static_cast<double>(lim.regex_quantifiers)) return t.add_parts(total, what);  // early: never overflows
+  }
+  double total = 0;
+  for (double g : groups) total += g;
+  return t.add_parts(total, what);
+}
+
+Status tally_schema(const nlohmann::ordered_json& s, const std::string& at, int depth, Tally& t) {
+  if (!s.is_object() && !s.is_array()) return Status::ok();
+  if (++t.nodes > t.lim.schema_nodes) return over("the schema's objects and arrays", t.nodes, t.lim.schema_nodes, "");
+  if (depth > t.lim.schema_depth)
+    return over("the schema's nesting at " + where(at), static_cast<size_t>(depth), static_cast<size_t>(t.lim.schema_depth), " levels");
+  if (s.is_array()) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      Status st = tally_schema(s[i], strfmt("%s/%zu", at.c_str(), i), depth + 1, t);
+      if (!st.is_ok()) return st;
+    }
+    return Status::ok();
+  }
+  for (const auto& [k, v] : s.items()) {
+    const std::string here = at + "/" + k;
+    if (k == "const") {
+      if (Status st = t.add_literal(v.dump().size()); !st.is_ok()) return st;
+      continue;  // a value, not a schema
+    }
+    if (k == "enum") {
+      if (v.is_array()) {
+        t.enums += v.size();
+        if (t.enums > t.lim.enum_values) return over("the schema's enum values together", t.enums, t.lim.enum_values, "");
+        for (const auto& e : v)
+          if (Status st = t.add_literal(e.dump().size()); !st.is_ok()) return st;
+      }
+      continue;
+    }
+    if (k == "default" || k == "examples" || k == "example") continue;  // annotations: never compiled
+    if (k == "properties" && v.is_object()) {
+      if (v.size() > t.lim.properties) return over("'properties' at " + where(at), v.size(), t.lim.properties, " properties");
+      t.properties += v.size();
+      if (t.properties > t.lim.total_properties)
+        return over("the properties of all the schema's objects together", t.properties, t.lim.total_properties, "");
+      for (const auto& [name, sub] : v.items())
+        if (Status st = t.add_literal(name.size() + 2); !st.is_ok()) return st;
+    }
+    if (k == "format" && v.is_string() && ++t.formats > t.lim.formats)
+      return over("the schema's 'format' keywords together", t.formats, t.lim.formats, "");
+    if (k == "pattern" && v.is_string()) {
+      if (Status st = check_regex(v.get<std::string>(), "'pattern' at " + where(at), t); !st.is_ok()) return st;
+      continue;
+    }
+    if (k == "patternProperties" && v.is_object())
+      for (const auto& [re, sub] : v.items())
+        if (Status st = check_regex(re, "'patternProperties' at " + where(at), t); !st.is_ok()) return st;
+    if (Status st = tally_schema(v, here, depth + 1, t); !st.is_ok()) return st;
+  }
+  return Status::ok();
+}
+
+// A structural tag: its fixed strings are literals, its json_schema contents schemas.
+Status tally_tag(const nlohmann::ordered_json& v, int depth, Tally& t) {
+  if (depth > t.lim.schema_depth)
+    return over("the structural tag's nesting", static_cast<size_t>(depth), static_cast<size_t>(t.lim.schema_depth), " levels");
+  if (v.is_array()) {
+    for (const auto& e : v)
+      if (Status st = tally_tag(e, depth + 1, t); !st.is_ok()) return st;
+  }
+  if (!v.is_object()) return Status::ok();
+  for (const auto& [k, c] : v.items()) {
+    if (k == "json_schema") {
+      if (Status st = tally_schema(c, "", 1, t); !st.is_ok()) return st;
+    } else if (c.is_string()) {
+      if (k == "pattern" || k == "regex") {
+        if (Status st = check_regex(c.get<std::string>(), "the structural tag's " + k, t); !st.is_ok()) return st;
+      } else if (k != "type") {
+        if (Status st = t.add_literal(c.get<std::string>().size()); !st.is_ok()) return st;
+      }
+    } else if (Status st = tally_tag(c, depth + 1, t); !st.is_ok()) {
+      return st;
+    }
+  }
+  return Status::ok();
+}
+
+// A GBNF grammar: the bytes of its quoted strings and the optional/repeated parts of each rule
+// (character classes and comments skipped).
+Status tally_gbnf(const std::string& g, Tally& t) {
+  size_t lit = 0;
+  double parts = 0;
+  std::string rule = "the grammar";
+  auto end_rule = [&]() { return t.add_parts(parts, rule); };
+  for (size_t i = 0; i < g.size(); ++i) {
+    const char c = g[i];
+    if (c == '#') {
+      while (i < g.size() && g[i] != '\n') ++i;
+    } else if (c == '[') {
+      for (++i; i < g.size() && g[i] != ']'; ++i)
+        if (g[i] == '\\') ++i;
+    } else if (c == '"') {
+      for (++i; i < g.size() && g[i] != '"'; ++i) {
+        if (g[i] == '\\') ++i;
+        ++lit;
+      }
+    } else if (c == '?' || c == '*' || c == '+' || c == '{') {
+      parts += 1;
+      if (c == '{')
+        while (i < g.size() && g[i] != '}') ++i;
+    } else if (g.compare(i, 3, "::=") == 0) {
+      if (Status st = end_rule(); !st.is_ok()) return st;
+      parts = 0;
+      // The rule's name: the word before "::=".
+      size_t e = i;
+      while (e > 0 && g[e - 1] == ' ') --e;
+      size_t b = e;
+      while (b > 0 && !std::isspace(static_cast<unsigned char>(g[b - 1]))) --b;
+      rule = "the grammar's rule '" + g.substr(b, std::min<size_t>(e - b, 64)) + "'";
+      i += 2;
+    }
+  }
+  if (Status st = end_rule(); !st.is_ok()) return st;
+  return t.add_literal(lit);
+}
+
+}  // namespace
+
+Status check_grammar_limits(const ConstraintSpec& spec, const GrammarLimits& lim) {
+  static const char* kText[] = {"the JSON schema", "", "the grammar", "the structural tag"};
+  if (spec.kind == ConstraintSpec::Kind::kJsonValue) return Status::ok();
+  const char* what = kText[static_cast<int>(spec.kind)];
+  if (spec.text.size() > lim.text_bytes) return over(what, spec.text.size(), lim.text_bytes, " bytes");
+  Tally t{lim};
+  if (spec.kind == ConstraintSpec::Kind::kGbnf) return tally_gbnf(spec.text, t);
+  // Invalid JSON is left to the compiler, which says where it is.
+  const auto j = nlohmann::ordered_json::parse(spec.text, nullptr, false);
+  if (j.is_discarded()) return Status::ok();
+  return spec.kind == ConstraintSpec::Kind::kJsonSchema ? tally_schema(j, "", 1, t) : tally_tag(j, 1, t);
+}
 
 }  // namespace larder::runtime

@@ -6,10 +6,10 @@
 // scripts/build_xgrammar.sh). This file is the only place that includes it, so the rest of
 // larder sees three types:
 //   GrammarEngine      one per loaded model: the vocabulary exported to xgrammar (built lazily, on
-//                      the first constrained request) and the compiler with its cache of compiled
-//                      grammars (bytes-capped). compile() runs on the HTTP worker that parses the
-//                      request, never on the engine thread, so one client's huge schema never
-//                      stalls other streams.
+//                      the first constrained request), the compiler with its cache of compiled
+//                      grammars (bytes-capped) and a few compile threads of its own. compile() is
+//                      called by the HTTP worker that parses the request, never the engine thread,
+//                      so one client's huge schema never stalls other streams.
 //   Constraint         a compiled grammar, immutable and shared by every sequence that uses it.
 //   ConstraintMatcher  one per sequence: mask() before sampling, accept() after.
 //
@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,6 +48,37 @@ struct ConstraintSpec {
   bool strict = true;
 };
 
+// Bounds on one compile (issue 47). xgrammar's compile cannot be interrupted, and its time and
+// memory grow with the grammar (a 300 KB literal took 9-29 s, a 10 MB one 2 GB; an object with
+// 4000 optional properties minutes): every input is measured before it is compiled, so whatever
+// is accepted compiles in about a second on one core. The values come from the measurements in
+// docs/server-api.md §4.5; SchemaStore's schemas (tests/server/schema_corpus.py) stay well inside.
+struct GrammarLimits {
+  size_t text_bytes = 128u << 10;      // the grammar / schema / structural-tag text
+  size_t literal_bytes = 32u << 10;    // strings spelled out: GBNF literals, const/enum values,
+                                       // property names, structural-tag begin/end (all together)
+  size_t enum_values = 2048;           // enum values (all enums together)
+  size_t schema_nodes = 1024;          // objects and arrays in a schema
+  size_t properties = 256;             // properties of one object schema ...
+  size_t total_properties = 512;       // ... and of all of them together
+  size_t formats = 32;                 // `format` keywords (email, uri: a large regex each)
+  int schema_depth = 128;              // JSON nesting of a schema (two levels per nested property)
+  size_t pattern_bytes = 1024;         // one regex (pattern, patternProperties key)
+  size_t regex_quantifiers = 32;       // optional/repeated parts (?, *, +, {m,n}) of one regex or
+                                       // GBNF rule, a regex group's counted repetitions each again
+  size_t quantifier_cost = 1024;       // the sum of q² over every regex / rule with q such parts
+  int compile_ms = 10000;              // a request stops waiting for its compile after this (400)
+  int threads = 2;                     // compiles run at once; more wait in a queue ...
+  int queued = 32;                     // ... of this length (beyond: kResourceExhausted)
+};
+
+// How a caller waits for its compile.
+struct CompileWait {
+  // Polled while waiting; true: stop waiting (the client left, the server drains). The compile
+  // already started runs to its end on a compile thread and its result is dropped.
+  std::function<bool()> abandon;
+};
+
 struct ConstraintImpl;
 class Constraint {
  public:
@@ -67,14 +99,19 @@ class GrammarEngine {
   // `model_vocab`: the logits row length (may exceed the tokenizer's vocabulary: padding rows are
   // never allowed). `eos_ids`: the tokens that end generation.
   GrammarEngine(const tokenizer::Tokenizer& tok, int64_t model_vocab, std::vector<int32_t> eos_ids,
-                int64_t cache_bytes = 256ll << 20);
+                int64_t cache_bytes = 256ll << 20, GrammarLimits limits = {});
   ~GrammarEngine();
   GrammarEngine(const GrammarEngine&) = delete;
   GrammarEngine& operator=(const GrammarEngine&) = delete;
 
-  // Thread-safe. Errors: invalid_argument with the grammar's problem (a GBNF syntax error, a
-  // schema xgrammar cannot represent, a schema keyword it would ignore).
-  Result<std::shared_ptr<const Constraint>> compile(const ConstraintSpec& spec);
+  // Thread-safe; independent compiles run concurrently (up to limits.threads), on the engine's
+  // compile threads, while the caller waits. Errors: invalid_argument with the grammar's problem
+  // (a GBNF syntax error, a schema xgrammar cannot represent, a schema keyword it would ignore,
+  // a limit exceeded — named with its value, a compile longer than limits.compile_ms);
+  // resource_exhausted when limits.queued compiles already wait; cancelled when wait.abandon said so.
+  Result<std::shared_ptr<const Constraint>> compile(const ConstraintSpec& spec, const CompileWait& wait = {});
+
+  const GrammarLimits& limits() const { return limits_; }
 
   // The raw bytes xgrammar sees for each token id (tests).
   const std::vector<std::string>& vocabulary();
@@ -85,6 +122,7 @@ class GrammarEngine {
   int64_t vocab_;
   std::vector<int32_t> eos_;
   int64_t cache_bytes_;
+  GrammarLimits limits_;
   std::once_flag once_;
   std::unique_ptr<GrammarEngineImpl> impl_;
 };
@@ -118,5 +156,9 @@ class ConstraintMatcher {
 // names the keyword and where it is (e.g. "uniqueItems at /properties/tags"). Annotations
 // (title, description, examples, ...) and `x-` extensions are accepted and have no effect.
 Status check_json_schema(const nlohmann::ordered_json& schema);
+
+// The size checks compile() makes before compiling (GrammarLimits): invalid_argument naming the
+// limit and the value found.
+Status check_grammar_limits(const ConstraintSpec& spec, const GrammarLimits& limits);
 
 }  // namespace larder::runtime

@@ -8,7 +8,10 @@ using namespace fields;
 
 namespace {
 
-// Compiles on this (HTTP worker) thread; a grammar error is the client's: 400 naming the field.
+thread_local const CompileAbandon* t_abandon = nullptr;
+
+// The compile runs on the grammar engine's compile threads while this (HTTP worker) thread
+// waits; a grammar error or a limit is the client's: 400 naming the field.
 void set_constraint(const ServedModel& sm, ParsedRequest& pr, const runtime::ConstraintSpec& spec, const char* param,
                     const char* what) {
   if (pr.gen.constraint)
@@ -16,8 +19,20 @@ void set_constraint(const ServedModel& sm, ParsedRequest& pr, const runtime::Con
                pr.constraint_source.c_str()),
         param);
   if (!sm.m || !sm.m->grammar) bad("constrained decoding is not available for this model", param, {}, 500);
-  auto c = sm.m->grammar->compile(spec);
-  if (!c.is_ok()) bad(strfmt("%s: %s", param, c.status().message().c_str()), param);
+  runtime::CompileWait wait;
+  const CompileAbandon* a = t_abandon;
+  auto gone = [a] { return a && a->client_gone && a->client_gone(); };
+  if (a) wait.abandon = [a, gone] { return gone() || (a->draining && a->draining()); };
+  auto c = sm.m->grammar->compile(spec, wait);
+  if (!c.is_ok()) {
+    const Status& st = c.status();
+    if (st.code() == StatusCode::kCancelled) {
+      if (gone()) bad("the client disconnected while its grammar compiled", param, {}, 499);
+      bad("the server is shutting down", param, {}, 503);
+    }
+    bad(strfmt("%s: %s", param, st.message().c_str()), param, {},
+        st.code() == StatusCode::kResourceExhausted ? 503 : 400);
+  }
   pr.gen.constraint = std::move(*c);
   pr.constraint_source = what;
 }
@@ -36,6 +51,9 @@ const ordered_json* find_tool(const ordered_json& tools, const std::string& name
 }
 
 }  // namespace
+
+AbandonScope::AbandonScope(CompileAbandon a) : a_(std::move(a)), prev_(t_abandon) { t_abandon = &a_; }
+AbandonScope::~AbandonScope() { t_abandon = prev_; }
 
 ToolChoice openai_tool_choice(const ordered_json& b, const ordered_json& tools) {
   ToolChoice c;
@@ -155,7 +173,16 @@ std::string apply_response_format(const ServedModel& sm, const ordered_json& b, 
   if (type == "text") return {};
   runtime::ConstraintSpec spec;
   std::string instruction;
-  if (type == "json_object") {
+  const ordered_json* object_schema = type == "json_object" ? get(*rf, "schema") : nullptr;
+  if (object_schema && !object_schema->is_null()) {
+    // llama-server's json_object with a schema: the schema is enforced, as with json_schema.
+    if (!object_schema->is_object() && !object_schema->is_boolean())
+      bad("response_format.schema must be an object (a JSON schema)", "response_format");
+    check_schema(*object_schema, "response_format.schema", "response_format");
+    spec = {runtime::ConstraintSpec::Kind::kJsonSchema, object_schema->dump(), true};
+    instruction =
+        "Respond with a single valid JSON value that conforms to this JSON schema, and nothing else:\n" + object_schema->dump();
+  } else if (type == "json_object") {
     // Any JSON object (not strict: a strict empty-object schema would only allow {}).
     spec = {runtime::ConstraintSpec::Kind::kJsonSchema, R"({"type": "object"})", false};
     instruction = "Respond with a single valid JSON object and nothing else.";

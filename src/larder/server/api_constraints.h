@@ -7,12 +7,36 @@
 // Internal to server/ (used by api_chat.cpp, api_completions.cpp, api_messages.cpp).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
 #include "larder/server/api.h"
 
 namespace larder::server::constraints {
+
+// When a request's grammar compile stops being waited for (issue 47): the compile cannot be
+// interrupted, but the request can walk away from it — 499 when the client left, 503 when the
+// server drains — and never reaches the engine.
+struct CompileAbandon {
+  std::function<bool()> client_gone;
+  std::function<bool()> draining;
+};
+
+// Compiles started on this thread while the scope lives poll `a` as they wait. http_server sets
+// one around parsing a request (the parse functions see the body, not the connection, and a
+// compile is the only long wait in them); a thread-local keeps their signatures as they are.
+class AbandonScope {
+ public:
+  explicit AbandonScope(CompileAbandon a);
+  ~AbandonScope();
+  AbandonScope(const AbandonScope&) = delete;
+  AbandonScope& operator=(const AbandonScope&) = delete;
+
+ private:
+  CompileAbandon a_;
+  const CompileAbandon* prev_;
+};
 
 // How a request wants tool calls.
 struct ToolChoice {
@@ -37,6 +61,7 @@ void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const T
                        const char* param);
 
 // OpenAI response_format: {type: text | json_object | json_schema}; sets pr.gen.constraint.
+// json_object may carry a `schema` (llama-server's extension), enforced like json_schema's.
 // Returns the instruction to give the model ("" for text).
 std::string apply_response_format(const ServedModel& sm, const ordered_json& body, ParsedRequest& pr);
 

@@ -12,6 +12,7 @@
 #include "larder/core/cpuid.h"
 #include "larder/core/log.h"
 #include "larder/server/response_writer.h"
+#include "larder/server/api_constraints.h"
 #include "larder/server/api_fields.h"
 #include "larder/server/api_native.h"
 #include "larder/server/api_ollama.h"
@@ -443,6 +444,9 @@ struct HttpServer::Impl {
     if (auto e = parse_body(req, body)) return fail(*e);
     auto pr = std::make_shared<ParsedRequest>();
     try {
+      // A grammar compile during the parse stops being waited for when the client leaves or the
+      // server drains (api_constraints.h).
+      constraints::AbandonScope abandon({req.client_gone, [this] { return state.load() == kDraining; }});
       if (ollama) {
         if (auto loaded = ollama_load_only(*m, body, okind)) return send_json(res, 200, *loaded);
         *pr = okind == OllamaKind::kChat ? parse_ollama_chat(*m, body) : parse_ollama_generate(*m, body);

@@ -340,6 +340,14 @@ struct Transport::Impl {
     return (pf.revents & (POLLERR | POLLHUP | POLLNVAL)) == 0;
   }
 
+  // The peer closed (FIN or RST) before its answer began. A client that only half-closes after
+  // its request counts as gone too: HTTP clients do not, and one that did could not be told apart.
+  static bool peer_closed(int fd) {
+    pollfd pf{fd, POLLIN | POLLRDHUP, 0};
+    if (::poll(&pf, 1, 0) <= 0) return false;
+    return (pf.revents & (POLLRDHUP | POLLERR | POLLHUP | POLLNVAL)) != 0;
+  }
+
   void close_conn(std::unique_ptr<Conn> c) {
     if (!c || c->fd < 0) return;
     ::close(c->fd);
@@ -584,6 +592,7 @@ struct Transport::Impl {
   bool respond(Conn& c) {
     HttpRequest& req = c.req;
     HttpResponse res;
+    req.client_gone = [fd = c.fd] { return peer_closed(fd); };
     handler(req, res);
     const bool http10 = req.version == "HTTP/1.0";
     const std::string conn_hdr = lower(req.header("connection"));

@@ -30,6 +30,9 @@ struct HttpRequest {
   std::string body;
   std::string remote_ip;
   std::vector<std::string> matches;  // route pattern captures (set by the router)
+  // Set by the transport while the request runs: true once the client has closed the connection
+  // (a handler that waits before answering — a grammar compile — stops waiting).
+  std::function<bool()> client_gone;
 
   bool has_header(const std::string& lower_name) const;
   std::string header(const std::string& lower_name) const;  // first value, "" if absent

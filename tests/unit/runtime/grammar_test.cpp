@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <random>
 #include <set>
 
@@ -261,6 +264,85 @@ TEST(Grammar, RegexWarningsNameTheKeyword) {
                               R"({"type": "object", "patternProperties": {"^(?!@@)[a-z]+$": {"type": "integer"}}})"});
   ASSERT_FALSE(q.is_ok());
   EXPECT_NE(q.status().message().find("'patternProperties' at /"), std::string::npos) << q.status().message();
+}
+
+
+// Compile limits (issue 47): each is named with the value found, real shapes pass.
+TEST(Grammar, CompileLimits) {
+  GrammarLimits lim;
+  auto msg = [&](ConstraintSpec::Kind k, const std::string& text) { return check_grammar_limits({k, text}, lim).message(); };
+  using K = ConstraintSpec::Kind;
+  const std::string big(200000, 'a');
+  EXPECT_NE(msg(K::kGbnf, "root ::= \"" + big + "\"").find("the grammar: 200011 bytes, over the limit of 131072"),
+            std::string::npos);
+  EXPECT_NE(msg(K::kJsonSchema, R"({"const": ")" + std::string(40000, 'a') + "\"}").find("literal strings"),
+            std::string::npos);
+  std::string e = R"({"enum": [)";
+  for (int i = 0; i < 3000; ++i) e += (i ? ",\"" : "\"") + std::to_string(i) + "\"";
+  EXPECT_NE(msg(K::kJsonSchema, e + "]}").find("enum values together: 3000, over the limit of 2048"), std::string::npos);
+  std::string rep;
+  for (int i = 0; i < 40; ++i) rep += "[a-z]?";
+  EXPECT_NE(msg(K::kJsonSchema, R"({"properties": {"x": {"type": "string", "pattern": ")" + rep + "\"}}}")
+                .find("'pattern' at /properties/x has too many optional or repeated parts"),
+            std::string::npos);
+  // Properties add up over objects; so do formats.
+  std::string objs = R"({"type": "object", "properties": {)";
+  for (int o = 0; o < 3; ++o) {
+    objs += (o ? ",\"o" : "\"o") + std::to_string(o) + R"(": {"type": "object", "properties": {)";
+    for (int i = 0; i < 200; ++i) objs += (i ? ",\"p" : "\"p") + std::to_string(i) + R"(": {"type": "integer"})";
+    objs += "}}";
+  }
+  EXPECT_NE(msg(K::kJsonSchema, objs + "}}").find("properties of all the schema's objects together: 603, over the limit of 512"),
+            std::string::npos)
+      << msg(K::kJsonSchema, objs + "}}");
+  std::string fmts = R"({"type": "object", "properties": {)";
+  for (int i = 0; i < 40; ++i) fmts += (i ? ",\"e" : "\"e") + std::to_string(i) + R"(": {"type": "string", "format": "email"})";
+  EXPECT_NE(msg(K::kJsonSchema, fmts + "}}").find("'format' keywords together: 33, over the limit of 32"), std::string::npos);
+  // A repeated group counts its parts once per repetition.
+  EXPECT_NE(msg(K::kJsonSchema, R"({"type": "string", "pattern": "([a-z]{2,5}\\.){1,40}"})").find("'pattern' at /"),
+            std::string::npos);
+  EXPECT_TRUE(check_grammar_limits({K::kJsonSchema, R"({"type": "string", "pattern": "([a-z]{2,5}\\.){1,10}"})"}, lim).is_ok());
+  std::string opt;
+  for (int i = 0; i < 40; ++i) opt += "[a-z]? ";
+  EXPECT_NE(msg(K::kGbnf, "root ::= a\na ::= " + opt).find("rule 'a' has too many"), std::string::npos);
+  // Optional parts, escaped or in classes, are not parts; a long regular pattern passes.
+  EXPECT_TRUE(check_grammar_limits({K::kGbnf, R"(root ::= "a?b*c+" [?*+]{0,3} "\"?")"}, lim).is_ok());
+  const char* semver =
+      R"({"type": "string", "pattern": "^(0|[1-9]\\d*)\\.(0|[1-9]\\d*)\\.(0|[1-9]\\d*)(?:-((?:0|[1-9]\\d*|\\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\\.(?:0|[1-9]\\d*|\\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\\+([0-9a-zA-Z-]+(?:\\.[0-9a-zA-Z-]+)*))?$"})";
+  EXPECT_TRUE(check_grammar_limits({K::kJsonSchema, semver}, lim).is_ok()) << msg(K::kJsonSchema, semver);
+  // A structural tag's schemas count like any schema.
+  EXPECT_NE(msg(K::kStructuralTag, R"({"type": "structural_tag", "format": {"type": "tag", "begin": "<a>", "end": "</a>",
+      "content": {"type": "json_schema", "json_schema": {"type": "string", "pattern": ")" + rep + "\"}}}}")
+                .find("'pattern' at /"),
+            std::string::npos);
+}
+
+// Compiles run concurrently on the engine's threads: an abandoned wait returns at once, a
+// warning of one compile never turns up in another's result.
+TEST(Grammar, CompilesAreConcurrentAndAbandonable) {
+  Vocab v = load(kStories);
+  std::atomic<bool> stop{false};
+  std::thread warner([&] {
+    // Refused schemas (xgrammar warns): their warnings must stay theirs.
+    for (int i = 0; !stop.load(); ++i) {
+      auto r = v.engine->compile({ConstraintSpec::Kind::kJsonSchema,
+                                  R"({"type": "string", "pattern": "^a)" + std::to_string(i) + R"($|^b$"})"});
+      EXPECT_FALSE(r.is_ok());
+    }
+  });
+  for (int i = 0; i < 50; ++i) {
+    auto c = v.engine->compile({ConstraintSpec::Kind::kJsonSchema,
+                                R"({"type": "object", "properties": {"k)" + std::to_string(i) + R"(": {"type": "integer"}}})"});
+    EXPECT_TRUE(c.is_ok()) << c.status().message();
+  }
+  stop = true;
+  warner.join();
+  // An abandoned wait ends with kCancelled at once.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a = v.engine->compile({ConstraintSpec::Kind::kGbnf, R"(root ::= "abandoned" [a-z]*)"}, {[] { return true; }});
+  ASSERT_FALSE(a.is_ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kCancelled);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
 }
 
 }  // namespace
