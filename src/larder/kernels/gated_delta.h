@@ -88,10 +88,12 @@ struct GatedDeltaInputs {
 };
 
 // The recurrence token by token: y [n, H_v, d_v]; state [H_v, d_v, d_k] f32, updated in place
-// (zeros for a fresh sequence). Decode (n = 1) and prefill alike. Bit-identical however the tokens
-// are split into calls (the state is f32 between tokens in every tier, and each (row, token) step is
-// the same arithmetic); thread-count independent. The reference accumulates its dot products in
-// double; fast tiers in f32 (tolerance: tests/unit/kernels_fast/gated_delta_fast_test.cpp).
+// (zeros for a fresh sequence). Decode (n = 1) and prefill alike: the form to use for both on CPU.
+// Bit-identical however the tokens are split into calls (the state is f32 between tokens in every
+// tier, and each (row, token) step is the same arithmetic); thread-count independent. The
+// reference accumulates its dot products in double; fast tiers in f32 (within 1e-6 relative:
+// tests/unit/kernels_fast/gated_delta_fast_test.cpp). AVX2, one thread, H_v = 32, d_k = d_v = 128
+// (a Qwen3.5-9B layer): ~55–60 µs CPU per token at n = 1, 64 or 512 (~35 GFLOP/s), the reference ~950 µs.
 void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 
 // The same recurrence in chunks of kGatedDeltaChunk tokens on a grid of absolute positions
@@ -102,7 +104,11 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
 // Equal to gated_delta_recurrent within a rounding tolerance (it reorders sums;
 // tests/unit/kernels/gated_delta_ref_test.cpp). Bit-identical across call splits that fall on the
 // chunk grid (pos0 and the split a multiple of kGatedDeltaChunk); a split inside a chunk changes
-// the rounding of the tokens after it in that chunk and of the state, not the math.
+// the rounding of the tokens after it in that chunk and of the state, not the math — so a prefix
+// cache could resume it bit-exactly only at grid positions. Reference only so far (no fast tier: on
+// CPU the recurrent form already runs near FMA throughput, and the WY form does more work per
+// token, ~C·(2·d_k + 2·d_v) on top of the same 3·d_k·d_v); it defines and tests the chunked math for
+// a future tier.
 constexpr int64_t kGatedDeltaChunk = 64;
 void gated_delta_chunked(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 

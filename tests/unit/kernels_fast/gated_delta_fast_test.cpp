@@ -1,7 +1,8 @@
 // The Gated DeltaNet fast paths (kernels/cpu/avx2/gated_delta_avx2.cpp) against the scalar
 // reference over random shapes — decode n = 1, odd channel counts and head dims (vector tails),
 // GQA ratios 1..3, state rows not a multiple of the row group, the conv state carried across calls —
-// at 1–3 pool threads, and their call-splitting property (bit-identical outputs and state).
+// at 1–3 pool threads, and their call-splitting property (bit-identical outputs and state, also
+// across thread counts).
 //
 // Bounds (relative to 1 + |reference|, the reference being double-accumulated):
 // - conv: the reference's order (bias, taps ascending), f32 fma instead of double, and an f32 exp
@@ -189,6 +190,15 @@ TEST_P(GatedDeltaFast, RecurrentMatchesReference) {
     run_split(p, fast().gated_delta_recurrent, {}, s, y);
     EXPECT_LE(max_err(y, y_ref), 1e-6);
     EXPECT_LE(max_err(s, s_ref), 1e-6);
+    // One thread: the same bits (jobs split rows, never a row's arithmetic).
+    {
+      default_pool().set_threads(1);
+      std::vector<float> s1, y1;
+      run_split(p, fast().gated_delta_recurrent, {}, s1, y1);
+      default_pool().set_threads(GetParam());
+      EXPECT_TRUE(same_bits(y1, y));
+      EXPECT_TRUE(same_bits(s1, s));
+    }
     // Split calls (decode steps after a prefill; 1+1+...; 7 + rest): the same bits.
     std::vector<int64_t> singles;
     for (int64_t t = 1; t < p.n; ++t) singles.push_back(t);

@@ -3,16 +3,21 @@
 // RMSNorm. The gates (n·H_v scalars) and the chunked form stay on the reference.
 //
 // The recurrent delta rule: each state row S[h][i] evolves on its own (it reads k, q, v[i], g, β),
-// so a job owns a group of rows of one head and runs them through all n tokens while they stay in
-// L1: per token, one pass decays the rows and forms kv = S·k, the next adds δ⊗k and forms y = S·q
-// (k and q loaded once for the group). Every row takes the same arithmetic whatever its group,
-// thread or call split, so results are bit-identical across call splits and thread counts. Dot
-// products accumulate in 8 f32 lanes (the reference: double): a few ulps of Σ|s·k| per token.
+// so a job owns a head's rows (or a slice of them) and runs groups of 4 rows through blocks of 16
+// tokens: the block's q/k stay in L1, the job's rows in L2. Per token, one pass decays the rows and
+// forms kv = S·k, the next adds δ⊗k and forms y = S·q (k and q loaded once per group). Every row
+// takes the same arithmetic whatever its group, job, thread or call split, so results are
+// bit-identical across call splits and thread counts. Dot products accumulate in 8 f32 lanes (the
+// reference: double): a few ulps of Σ|s·k| per token.
+//
+// The conv: jobs over ranges of 8-channel blocks, tokens outer so x rows stream contiguously; the
+// taps are transposed per job to one vector per (block, tap) and summed in the reference's order.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
@@ -54,30 +59,48 @@ constexpr int kMaxConvKernel = 16;
 void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float* state, float* out) {
   const int K = p.kernel, keep = K - 1;
   const int64_t C = p.channels;
+  if (n <= 0) return;
   if (K > kMaxConvKernel) return ref::causal_conv1d(x, n, p, state, out);
   const int64_t blocks = (C + 7) / 8;
-  split(blocks, 4, n * K * 8, [&](int64_t b0, int64_t b1) {
+  // Jobs: ranges of 8-channel blocks; within one, tokens outer so each x row is read contiguously.
+  split(blocks, 8, n * K * 8, [&](int64_t b0, int64_t b1) {
+    // The range's taps, transposed to one 8-channel vector per (block, tap).
+    std::vector<float> w(static_cast<size_t>((b1 - b0) * K * 8)), bias(static_cast<size_t>((b1 - b0) * 8));
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t c0 = b * 8;
       const int lanes = static_cast<int>(std::min<int64_t>(8, C - c0));
-      const __m256i m = simd::first_lanes(lanes);
-      // The 8 channels' taps, transposed to one vector per tap.
       alignas(32) float wt[kMaxConvKernel][8] = {};
       for (int l = 0; l < lanes; ++l)
         for (int j = 0; j < K; ++j) wt[j][l] = p.weight[(c0 + l) * K + j];
-      __m256 w[kMaxConvKernel];
-      for (int j = 0; j < K; ++j) w[j] = _mm256_load_ps(wt[j]);
-      const __m256 bias = p.bias ? load_tail(p.bias + c0, m) : _mm256_setzero_ps();
-      auto in = [&](int64_t r) { return load_tail(r < keep ? state + r * C + c0 : x + (r - keep) * C + c0, m); };
-      for (int64_t t = 0; t < n; ++t) {
-        // The reference's order: bias, then taps 0..K−1 (one rounding each: fma).
-        __m256 acc = bias;
-        for (int j = 0; j < K; ++j) acc = _mm256_fmadd_ps(w[j], in(t + j), acc);
-        _mm256_maskstore_ps(out + t * C + c0, m, p.silu ? silu8(acc) : acc);
+      for (int j = 0; j < K; ++j) std::memcpy(&w[static_cast<size_t>(((b - b0) * K + j) * 8)], wt[j], sizeof wt[j]);
+      for (int l = 0; l < lanes && p.bias; ++l) bias[static_cast<size_t>((b - b0) * 8 + l)] = p.bias[c0 + l];
+    }
+    auto row = [&](int64_t r) { return r < keep ? state + r * C : x + (r - keep) * C; };
+    for (int64_t t = 0; t < n; ++t) {
+      const float* in[kMaxConvKernel];
+      for (int j = 0; j < K; ++j) in[j] = row(t + j);
+      float* o = out + t * C;
+      // The reference's order: bias, then taps 0..K−1 (one rounding each: fma). Masked loads and
+      // stores only for a ragged last block (vmaskmovps stores are slow on some cores).
+      auto conv8 = [&](int64_t b, auto load) {
+        const float* wb = &w[static_cast<size_t>((b - b0) * K * 8)];
+        __m256 acc = _mm256_loadu_ps(&bias[static_cast<size_t>((b - b0) * 8)]);
+        for (int j = 0; j < K; ++j) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wb + j * 8), load(in[j] + b * 8), acc);
+        return p.silu ? silu8(acc) : acc;
+      };
+      const int64_t full_end = std::min(b1, C / 8);
+      for (int64_t b = b0; b < full_end; ++b) _mm256_storeu_ps(o + b * 8, conv8(b, [](const float* q) { return _mm256_loadu_ps(q); }));
+      if (full_end < b1) {
+        const __m256i m = simd::first_lanes(static_cast<int>(C - full_end * 8));
+        _mm256_maskstore_ps(o + full_end * 8, m, conv8(full_end, [&](const float* q) { return load_tail(q, m); }));
       }
-      // The new state: rows n .. n+K−2 of state ++ x. Ascending r reads row n + r > r, never a row
-      // written before it.
-      for (int r = 0; r < keep; ++r) _mm256_maskstore_ps(state + r * C + c0, m, in(n + r));
+    }
+    // The new state: rows n .. n+K−2 of state ++ x. Ascending r reads row n + r > r, never a row
+    // written before it.
+    for (int r = 0; r < keep; ++r) {
+      const float* src = row(n + r);
+      const int64_t c0 = b0 * 8, c1 = std::min(C, b1 * 8);
+      std::memcpy(state + r * C + c0, src + c0, static_cast<size_t>(c1 - c0) * sizeof(float));
     }
   });
 }
@@ -162,6 +185,7 @@ void delta_rows(float* const* rows, int dk, int64_t n, const float* q, const flo
 }
 
 constexpr int kRowGroup = 4;
+constexpr int64_t kTokenBlock = 16;
 
 }  // namespace
 
@@ -170,26 +194,39 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
   const int group = hv / s.n_k_heads;
   const int64_t qks = in.qkv_stride ? in.qkv_stride : static_cast<int64_t>(s.n_k_heads) * dk;
   const int64_t vs = in.qkv_stride ? in.qkv_stride : static_cast<int64_t>(hv) * dv;
+  const int64_t ys = static_cast<int64_t>(hv) * dv;
+  // Jobs: a head's rows, split further (in whole row groups) when there are fewer heads than
+  // threads want. Within a job, tokens go in blocks whose q/k stay in L1 while every row group of
+  // the job passes over them; the job's rows (d_v·d_k floats) stay in L2.
   const int64_t groups_per_head = (dv + kRowGroup - 1) / kRowGroup;
-  split(hv * groups_per_head, 1, in.n * dk * 4 * kRowGroup, [&](int64_t j0, int64_t j1) {
+  const int64_t want = 4 * default_pool().n_threads();
+  const int64_t parts = std::min<int64_t>(groups_per_head, std::max<int64_t>(1, (want + hv - 1) / hv));
+  split(hv * parts, 1, in.n * dk * 4 * dv / parts, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
-      const int h = static_cast<int>(j / groups_per_head);
-      const int i0 = static_cast<int>(j % groups_per_head) * kRowGroup;
-      const int rn = std::min(kRowGroup, dv - i0);
+      const int h = static_cast<int>(j / parts);
+      const int64_t part = j % parts;
+      const int g0 = static_cast<int>(groups_per_head * part / parts), g1 = static_cast<int>(groups_per_head * (part + 1) / parts);
       const int64_t hk = h / group;
-      float* rows[kRowGroup];
-      for (int r = 0; r < rn; ++r) rows[r] = state + (static_cast<int64_t>(h) * dv + i0 + r) * dk;
-      const float* q = in.q + hk * dk;
-      const float* k = in.k + hk * dk;
-      const float* v = in.v + static_cast<int64_t>(h) * dv + i0;
-      float* yh = y + static_cast<int64_t>(h) * dv + i0;
-      const int64_t ys = static_cast<int64_t>(hv) * dv;
-      // Rows of a short last group run one at a time: the same per-row arithmetic.
-      if (rn == kRowGroup) {
-        delta_rows<kRowGroup>(rows, dk, in.n, q, k, qks, v, vs, in.log_g + h, in.beta + h, hv, yh, ys);
-      } else {
-        for (int r = 0; r < rn; ++r)
-          delta_rows<1>(rows + r, dk, in.n, q, k, qks, v + r, vs, in.log_g + h, in.beta + h, hv, yh + r, ys);
+      for (int64_t t0 = 0; t0 < in.n; t0 += kTokenBlock) {
+        const int64_t tn = std::min(kTokenBlock, in.n - t0);
+        const float* q = in.q + t0 * qks + hk * dk;
+        const float* k = in.k + t0 * qks + hk * dk;
+        const float* lg = in.log_g + t0 * hv + h;
+        const float* be = in.beta + t0 * hv + h;
+        for (int gi = g0; gi < g1; ++gi) {
+          const int i0 = gi * kRowGroup;
+          const int rn = std::min(kRowGroup, dv - i0);
+          float* rows[kRowGroup];
+          for (int r = 0; r < rn; ++r) rows[r] = state + (static_cast<int64_t>(h) * dv + i0 + r) * dk;
+          const float* v = in.v + t0 * vs + static_cast<int64_t>(h) * dv + i0;
+          float* yh = y + t0 * ys + static_cast<int64_t>(h) * dv + i0;
+          // Rows of a short last group run one at a time: the same per-row arithmetic.
+          if (rn == kRowGroup) {
+            delta_rows<kRowGroup>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+          } else {
+            for (int r = 0; r < rn; ++r) delta_rows<1>(rows + r, dk, tn, q, k, qks, v + r, vs, lg, be, hv, yh + r, ys);
+          }
+        }
       }
     }
   });
