@@ -179,7 +179,8 @@ Problem make_problem(int64_t n, int hk, int hv, int dk, int dv, uint64_t seed) {
   p.q = randn(static_cast<size_t>(n * hk * dk), rng);
   p.k = randn(p.q.size(), rng);
   p.v = randn(static_cast<size_t>(n * hv * dv), rng);
-  ref::l2norm_heads(p.q.data(), n, {hk, dk, static_cast<int64_t>(hk) * dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk))});
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  ref::l2norm_heads(p.q.data(), n, {hk, dk, static_cast<int64_t>(hk) * dk, 1e-6f, q_scale});
   ref::l2norm_heads(p.k.data(), n, {hk, dk, static_cast<int64_t>(hk) * dk, 1e-6f, 1.0f});
   std::vector<float> a = randn(static_cast<size_t>(n * hv), rng), b = randn(a.size(), rng);
   std::vector<float> a_log = randn(static_cast<size_t>(hv), rng), dt = randn(static_cast<size_t>(hv), rng);
@@ -270,8 +271,9 @@ TEST(GatedDeltaRef, ConvIsBitIdenticalAcrossCallSplits) {
   const int64_t n = 11, C = 13;
   for (int K : {1, 2, 4}) {
     SCOPED_TRACE(K);
-    const std::vector<float> x = randn(static_cast<size_t>(n * C), rng), w = randn(static_cast<size_t>(C * K), rng),
-                             bias = randn(static_cast<size_t>(C), rng), st0 = randn(static_cast<size_t>((K - 1) * C), rng);
+    const std::vector<float> x = randn(static_cast<size_t>(n * C), rng), w = randn(static_cast<size_t>(C * K), rng);
+    const std::vector<float> bias = randn(static_cast<size_t>(C), rng);
+    const std::vector<float> st0 = randn(static_cast<size_t>((K - 1) * C), rng);
     CausalConv1dParams cp{C, K, w.data(), bias.data(), true};
     std::vector<float> st_one = st0, out_one(x.size());
     ref::causal_conv1d(x.data(), n, cp, st_one.data(), out_one.data());

@@ -89,7 +89,8 @@ void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float
         return p.silu ? silu8(acc) : acc;
       };
       const int64_t full_end = std::min(b1, C / 8);
-      for (int64_t b = b0; b < full_end; ++b) _mm256_storeu_ps(o + b * 8, conv8(b, [](const float* q) { return _mm256_loadu_ps(q); }));
+      const auto plain = [](const float* q) { return _mm256_loadu_ps(q); };
+      for (int64_t b = b0; b < full_end; ++b) _mm256_storeu_ps(o + b * 8, conv8(b, plain));
       if (full_end < b1) {
         const __m256i m = simd::first_lanes(static_cast<int>(C - full_end * 8));
         _mm256_maskstore_ps(o + full_end * 8, m, conv8(full_end, [&](const float* q) { return load_tail(q, m); }));
@@ -205,7 +206,8 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
     for (int64_t j = j0; j < j1; ++j) {
       const int h = static_cast<int>(j / parts);
       const int64_t part = j % parts;
-      const int g0 = static_cast<int>(groups_per_head * part / parts), g1 = static_cast<int>(groups_per_head * (part + 1) / parts);
+      const int g0 = static_cast<int>(groups_per_head * part / parts);
+      const int g1 = static_cast<int>(groups_per_head * (part + 1) / parts);
       const int64_t hk = h / group;
       for (int64_t t0 = 0; t0 < in.n; t0 += kTokenBlock) {
         const int64_t tn = std::min(kTokenBlock, in.n - t0);
@@ -248,11 +250,14 @@ void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t 
         ss = _mm256_fmadd_ps(t, t, ss);
       }
       const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(simd::hsum(ss) / static_cast<float>(dim) + eps));
-      auto one = [&](__m256 xv, __m256 wv, __m256 zv) { return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(xv, inv), wv), silu8(zv)); };
+      auto one = [&](__m256 xv, __m256 wv, __m256 zv) {
+        return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(xv, inv), wv), silu8(zv));
+      };
       for (int64_t i = 0; i < full; i += 8)
         _mm256_storeu_ps(o + i, one(_mm256_loadu_ps(xr + i), _mm256_loadu_ps(weight + i), _mm256_loadu_ps(zr + i)));
       if (full < dim)
-        _mm256_maskstore_ps(o + full, m, one(load_tail(xr + full, m), load_tail(weight + full, m), load_tail(zr + full, m)));
+        _mm256_maskstore_ps(o + full, m,
+                            one(load_tail(xr + full, m), load_tail(weight + full, m), load_tail(zr + full, m)));
     }
   });
 }
