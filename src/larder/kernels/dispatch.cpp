@@ -44,6 +44,12 @@ KernelTable make_ref_table() {
   t.argmax = ref::argmax;
   t.sum_exp = ref::sum_exp;
   t.select_at_least = ref::select_at_least;
+  t.causal_conv1d = ref::causal_conv1d;
+  t.l2norm_heads = ref::l2norm_heads;
+  t.gated_delta_gates = ref::gated_delta_gates;
+  t.gated_delta_recurrent = ref::gated_delta_recurrent;
+  t.gated_delta_chunked = ref::gated_delta_chunked;
+  t.rmsnorm_gated = ref::rmsnorm_gated;
   return t;
 }
 

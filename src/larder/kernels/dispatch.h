@@ -11,6 +11,7 @@
 
 #include <array>
 
+#include "larder/kernels/gated_delta.h"
 #include "larder/kernels/ops.h"
 
 namespace larder::kernels {
@@ -31,6 +32,15 @@ using SumExpFn = double (*)(const float* x, int64_t n, float shift, float scale)
 using SelectFn = int64_t (*)(const float* x, int64_t n, float t, int32_t* out);
 using AttentionFn = void (*)(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                              const AttentionParams& p, float* out);
+
+// Gated DeltaNet (gated_delta.h).
+using CausalConv1dFn = void (*)(const float* x, int64_t n, const CausalConv1dParams& p, float* state, float* out);
+using L2NormHeadsFn = void (*)(float* x, int64_t n, const L2NormParams& p);
+using GatedDeltaGatesFn = void (*)(const float* a, const float* b, int64_t n, const GatedDeltaGateParams& p,
+                                   float* log_g, float* beta);
+using GatedDeltaFn = void (*)(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
+using RmsNormGatedFn = void (*)(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim,
+                                float eps, float* out);
 
 constexpr int kNumDTypes = static_cast<int>(DType::kUnknown) + 1;
 constexpr int kMaxAffineBits = 8;
@@ -56,6 +66,12 @@ struct KernelTable {
   ArgmaxFn argmax = nullptr;
   SumExpFn sum_exp = nullptr;
   SelectFn select_at_least = nullptr;
+  CausalConv1dFn causal_conv1d = nullptr;
+  L2NormHeadsFn l2norm_heads = nullptr;
+  GatedDeltaGatesFn gated_delta_gates = nullptr;
+  GatedDeltaFn gated_delta_recurrent = nullptr;
+  GatedDeltaFn gated_delta_chunked = nullptr;
+  RmsNormGatedFn rmsnorm_gated = nullptr;
 };
 
 // The scalar reference table (every entry the ref set implements).

@@ -195,6 +195,42 @@ void hash_elementwise(Hasher& h, const KernelTable& t) {
   }
 }
 
+// Gated DeltaNet (gated_delta.h): conv1d+SiLU with a carried state, the q/k norm, the gates, both
+// forms of the delta rule from a non-zero state, the gated norm. Head dims with a vector tail.
+void hash_gated_delta(Hasher& h, const KernelTable& t) {
+  if (!t.causal_conv1d || !t.l2norm_heads || !t.gated_delta_gates || !t.gated_delta_recurrent ||
+      !t.gated_delta_chunked || !t.rmsnorm_gated)
+    return;
+  const int hk = 1, hv = 2, dk = 20, dv = 12, K = 4;
+  const int64_t n = 3, C = 2 * hk * dk + hv * dv;
+  const std::vector<float> x = probe_acts(n, C, 3.0f), w = probe_acts(C, K, -1.0f);
+  std::vector<float> conv_state = probe_acts(K - 1, C, 2.0f), qkv(x.size());
+  t.causal_conv1d(x.data(), n, {C, K, w.data(), nullptr, true}, conv_state.data(), qkv.data());
+  h.add(qkv);
+  h.add(conv_state);
+  t.l2norm_heads(qkv.data(), n, {hk, dk, C, 1e-6f, 0.25f});
+  t.l2norm_heads(qkv.data() + hk * dk, n, {hk, dk, C, 1e-6f, 1.0f});
+  h.add(qkv);
+  const std::vector<float> ab = probe_acts(2, n * hv, 1.5f), params = probe_acts(2, hv, 0.5f);
+  std::vector<float> log_g(static_cast<size_t>(n * hv)), beta(log_g.size());
+  t.gated_delta_gates(ab.data(), ab.data() + n * hv, n, {hv, params.data(), params.data() + hv}, log_g.data(),
+                      beta.data());
+  h.add(log_g);
+  h.add(beta);
+  const GatedDeltaInputs in{qkv.data(), qkv.data() + hk * dk, qkv.data() + 2 * hk * dk, C, log_g.data(), beta.data(), n, 0};
+  for (GatedDeltaFn fn : {t.gated_delta_recurrent, t.gated_delta_chunked}) {
+    std::vector<float> state = probe_acts(hv * dv, dk, 0.5f), y(static_cast<size_t>(n * hv * dv));
+    for (float& s : state) s *= 0.05f;
+    fn(in, {hk, hv, dk, dv}, state.data(), y.data());
+    h.add(y);
+    h.add(state);
+  }
+  std::vector<float> out(static_cast<size_t>(n * hv * dv));
+  const std::vector<float> z = probe_acts(n * hv, dv, -2.0f), nw = probe_acts(1, dv, 1.0f);
+  t.rmsnorm_gated(qkv.data(), z.data(), nw.data(), n * hv, dv, 1e-6f, out.data());
+  h.add(out);
+}
+
 }  // namespace
 
 std::string numerics_fingerprint(const KernelTable& t) {
@@ -204,6 +240,7 @@ std::string numerics_fingerprint(const KernelTable& t) {
   hash_formats(h, t);
   hash_attention(h, t);
   hash_elementwise(h, t);
+  hash_gated_delta(h, t);
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h.digest()));
   return std::string("cpu:") + t.name + ":" + hex;

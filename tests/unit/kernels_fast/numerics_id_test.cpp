@@ -27,6 +27,10 @@ void rmsnorm_one_ulp(const float* x, const float* weight, int64_t n, int64_t dim
   g_base.rmsnorm(x, weight, n, dim, eps, out);
   out[dim + 1] = std::nextafter(out[dim + 1], INFINITY);
 }
+void delta_state_one_ulp(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y) {
+  g_base.gated_delta_recurrent(in, s, state, y);
+  state[5] = std::nextafter(state[5], INFINITY);  // the carried state only, not the outputs
+}
 
 TEST(NumericsId, StableAndNamesTheTier) {
   const std::string a = numerics_fingerprint(active_table());
@@ -52,6 +56,7 @@ TEST(NumericsId, OneUlpInOneKernelChangesIt) {
       {"Q4_0 GEMM", [](KernelTable& t) { t.matmul[static_cast<int>(DType::kQ4_0)] = q4_0_one_ulp; }},
       {"windowed decode attention", [](KernelTable& t) { t.attention = attention_one_ulp; }},
       {"rmsnorm", [](KernelTable& t) { t.rmsnorm = rmsnorm_one_ulp; }},
+      {"gated delta state", [](KernelTable& t) { t.gated_delta_recurrent = delta_state_one_ulp; }},
   };
   for (const Case& c : cases) {
     KernelTable t = g_base;

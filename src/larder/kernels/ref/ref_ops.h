@@ -86,5 +86,15 @@ double sum_exp(const float* x, int64_t n, float shift, float scale);  // std::ex
 int64_t select_at_least(const float* x, int64_t n, float t, int32_t* out);
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,
                const AttentionParams& p, float* out);
+// Gated DeltaNet (ref/gated_delta.cpp; contracts in gated_delta.h). Dot products in double; the
+// recurrent state is rounded to f32 after every token (the chunked form: after every chunk).
+void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float* state, float* out);
+void l2norm_heads(float* x, int64_t n, const L2NormParams& p);
+void gated_delta_gates(const float* a, const float* b, int64_t n, const GatedDeltaGateParams& p, float* log_g,
+                       float* beta);
+void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
+void gated_delta_chunked(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
+void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim, float eps,
+                   float* out);
 
 }  // namespace larder::kernels::ref

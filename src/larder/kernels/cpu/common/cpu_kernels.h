@@ -107,6 +107,14 @@ void to_f16(const float* x, int64_t n, uint16_t* out);
 int64_t argmax(const float* x, int64_t n);
 double sum_exp(const float* x, int64_t n, float shift, float scale);
 int64_t select_at_least(const float* x, int64_t n, float t, int32_t* out);
+// Gated DeltaNet (gated_delta_avx2.cpp), same contracts as kernels::causal_conv1d, l2norm_heads,
+// gated_delta_recurrent and rmsnorm_gated; f32 accumulation (tolerances:
+// tests/unit/kernels_fast/gated_delta_fast_test.cpp).
+void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float* state, float* out);
+void l2norm_heads(float* x, int64_t n, const L2NormParams& p);
+void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
+void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim, float eps,
+                   float* out);
 }  // namespace avx2
 
 namespace avx512 {

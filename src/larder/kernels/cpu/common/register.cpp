@@ -307,6 +307,10 @@ void register_fast_kernels(KernelTable& t) {
   t.argmax = avx2::argmax;
   t.sum_exp = avx2::sum_exp;
   t.select_at_least = avx2::select_at_least;
+  t.causal_conv1d = avx2::causal_conv1d;  // (tests/unit/kernels_fast/gated_delta_fast_test.cpp)
+  t.l2norm_heads = avx2::l2norm_heads;
+  t.gated_delta_recurrent = avx2::gated_delta_recurrent;
+  t.rmsnorm_gated = avx2::rmsnorm_gated;
   t.name = "avx2";
   // Which tier decodes what (issue 14's machine matrix; bench/RESULTS.md "Decode vs llama.cpp on
   // Zen 4"). The choice is per format, not per CPU model: a format takes the AVX-512 kernel only
