@@ -116,7 +116,7 @@ Result<TextRead> read_text_input(const std::string& path, const TextLimit& limit
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       const int e = errno;
-      if (e == ENOENT) return not_found(strfmt("[%s] %s: file not found", tag, path.c_str()));
+      if (e == ENOENT) return not_found(strfmt("[%s] %s: cannot open: no such file", tag, path.c_str()));
       return io_error(strfmt("[%s] %s: cannot open: %s", tag, path.c_str(), std::strerror(e)));
     }
   }
