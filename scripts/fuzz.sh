@@ -21,6 +21,7 @@ artifacts=${LARDER_FUZZ_ARTIFACTS:-$dir/fuzz-artifacts}
 mkdir -p "$artifacts"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/fuzz/lsan.supp}
 failed=()
 for t in "${targets[@]}"; do
   work=$(mktemp -d "${TMPDIR:-/tmp}/larder-fuzz-$t-XXXXXX")  # new inputs go here, not into the repo
@@ -29,9 +30,9 @@ for t in "${targets[@]}"; do
       -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$work" "tests/fuzz/corpus/$t" \
       > "$artifacts/$t.log" 2>&1; then
     failed+=("$t")
-    tail -n 60 "$artifacts/$t.log"
+    grep -a -v "^larder: " "$artifacts/$t.log" | tail -n 60
   else
-    grep -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)|cov: .*ft:" "$artifacts/$t.log" | tail -n 4
+    grep -a -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)|DONE " "$artifacts/$t.log" | tail -n 4
   fi
   rm -rf "$work"
 done

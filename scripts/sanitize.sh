@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/fuzz/lsan.supp}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/fuzz/tsan.supp}
 
 # GoogleTest binaries run under ASan+UBSan (tests/unit/<layer>/), and the reference fixtures they need.

@@ -42,8 +42,15 @@ Setup load() {
 
 }  // namespace
 
+Setup s;
+
+// Loading runs before libFuzzer's per-input timer starts.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  s = load();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Setup s = load();
   if (size < 1) return 0;
   runtime::ConstraintSpec spec;
   switch (data[0] % 4) {

@@ -93,8 +93,15 @@ Server* start() {
 
 }  // namespace
 
+Server* s = nullptr;
+
+// Loading and starting the server run before libFuzzer's per-input timer starts.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  s = start();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Server* s = start();
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) std::abort();
   sockaddr_in a{};
