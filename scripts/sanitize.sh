@@ -24,7 +24,7 @@ ASAN_UNIT=(core/core_tests formats/formats_tests chat_template/chat_template_tes
 ASAN_FIXTURES='^fixture_(chat_template|tokenizer)_golden$'
 # Server tests (Python, a live server on loopback) against the ASan binary: CTest gives them the
 # tree's own larder (LARDER_BIN).
-ASAN_SERVER='^(server_robustness|chat_template_flag_tests)$'
+ASAN_SERVER='^(server_tests|server_robustness|chat_template_flag_tests)$'
 # Concurrency tests against the TSan binary (unittest names in tests/server).
 TSAN_SERVER=(server_test.QueueFullTest server_test.QueueAndDisconnectTest server_test.ShutdownTest
              robustness_test.TransportTest ops_test.QueueMaxZeroTest)
