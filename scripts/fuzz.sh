@@ -25,9 +25,11 @@ export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/fuzz/lsan.supp}
 failed=()
 for t in "${targets[@]}"; do
   work=$(mktemp -d "${TMPDIR:-/tmp}/larder-fuzz-$t-XXXXXX")  # new inputs go here, not into the repo
+  mkdir "$work/new" "$work/tmp"
   echo "== fuzz_$t: ${secs}s over tests/fuzz/corpus/$t ($(ls tests/fuzz/corpus/$t | wc -l) seeds)"
-  if ! "$dir/fuzz/fuzz_$t" -max_total_time="$secs" -max_len="${max_len[$t]}" -rss_limit_mb=2560 -timeout=30 \
-      -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$work" "tests/fuzz/corpus/$t" \
+  # TMPDIR: the scratch files the targets write (fuzz_util.h) go away with the work folder.
+  if ! TMPDIR="$work/tmp" "$dir/fuzz/fuzz_$t" -max_total_time="$secs" -max_len="${max_len[$t]}" -rss_limit_mb=2560 -timeout=30 \
+      -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$work/new" "tests/fuzz/corpus/$t" \
       > "$artifacts/$t.log" 2>&1; then
     failed+=("$t")
     grep -a -v "^larder: " "$artifacts/$t.log" | tail -n 60
