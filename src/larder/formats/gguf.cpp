@@ -231,6 +231,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path, MapMod
                             t.name.c_str(), n_dims, kMaxDims));
     }
     std::vector<int64_t> ne(n_dims);
+    uint64_t elements = 1;
     for (auto& d : ne) {
       uint64_t v = 0;
       LARDER_RETURN_IF_ERROR(r.read(&v, t.name.c_str()));
@@ -238,6 +239,13 @@ Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path, MapMod
         return corrupt(strfmt("[gguf] %s: tensor '%s' has dimension %llu", path.c_str(), t.name.c_str(),
                               static_cast<unsigned long long>(v)));
       }
+      // Bounded before multiplying on: a product that overflowed could wrap to a small element
+      // count whose few bytes fit in the file, and the shape would then promise far more.
+      if (elements > kMaxTensorElements / v) {
+        return corrupt(strfmt("[gguf] %s: tensor '%s' has more than %llu elements", path.c_str(), t.name.c_str(),
+                              static_cast<unsigned long long>(kMaxTensorElements)));
+      }
+      elements *= v;
       d = static_cast<int64_t>(v);
     }
     t.shape.assign(ne.rbegin(), ne.rend());  // ggml ne[] is innermost-first

@@ -80,7 +80,8 @@ Status read_safetensors(const std::string& path, TensorSet* out, std::map<std::s
     for (const auto& d : shape) {
       if (!d.is_number_unsigned()) return bad("shape has a non-integer or negative dimension");
       uint64_t v = d.get<uint64_t>();
-      if (v > (1ull << 40) || (v && numel > (1ull << 62) / v)) return bad("shape is implausibly large");
+      // kMaxTensorElements keeps numel × element size from wrapping (2^62 elements of F32 made 0 bytes).
+      if (v > (1ull << 40) || (v && numel > kMaxTensorElements / v)) return bad("shape is implausibly large");
       numel *= v;
       info.shape.push_back(static_cast<int64_t>(v));
     }

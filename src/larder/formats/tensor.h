@@ -18,6 +18,10 @@
 
 namespace larder::formats {
 
+// No tensor a reader accepts has more elements than this: every product of its dimensions then
+// fits in int64 and its bytes (at most 8 per element) in 63 bits. Far above any real tensor.
+inline constexpr uint64_t kMaxTensorElements = 1ull << 59;
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::kUnknown;

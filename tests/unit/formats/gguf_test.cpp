@@ -101,5 +101,31 @@ TEST(GgufTest, CorruptHeadersAreRejected) {
   SUCCEED();
 }
 
+// Found by tests/fuzz (fuzz_gguf: UBSan, signed overflow in the element count). Dimensions each
+// within the per-dimension cap whose product is 2^64 + 32: the element count wrapped to 32, so
+// 128 bytes of F32 "fit" and a [105305443, 175173699936] tensor was accepted over them.
+TEST(GgufTest, ShapeWhoseElementCountOverflowsIsRejected) {
+  std::string b = "GGUF";
+  auto put = [&](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(uint32_t{3});       // version
+  put(uint64_t{1});       // tensors
+  put(uint64_t{0});       // metadata keys
+  put(uint64_t{1});       // name length
+  b += "w";
+  put(uint32_t{2});       // dimensions, ggml order (innermost first)
+  put(uint64_t{175173699936});
+  put(uint64_t{105305443});
+  put(uint32_t{0});       // F32
+  put(uint64_t{0});       // offset
+  b.resize((b.size() + 31) / 32 * 32 + 128, '\0');
+  larder::testing::TempDir dir;
+  const std::string path = dir.file("overflow.gguf");
+  larder::testing::write_file(path, b);
+  auto g = GgufFile::open(path);
+  ASSERT_FALSE(g.is_ok()) << "accepted " << (*g)->tensors().tensors()[0].shape_str() << " over "
+                          << (*g)->tensors().tensors()[0].nbytes << " bytes";
+  EXPECT_NE(g.status().message().find("more than"), std::string::npos) << g.status().message();
+}
+
 }  // namespace
 }  // namespace larder::formats

@@ -77,6 +77,10 @@ TEST(SafetensorsTest, LyingHeadersAreClearErrors) {
       {"missing_fields", make_file(R"({"a":{"dtype":"F32"}})", d24), "data_offsets"},
       {"overlap", make_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
                             R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", d24), "overlap"},
+      // Found by tests/fuzz (fuzz_safetensors' size invariant): 2^62 F32 elements are 2^64 bytes,
+      // which wrapped to 0, so an empty range "held" a [2^31, 2^31] tensor.
+      {"bytes_overflow", make_file(R"({"a":{"dtype":"F32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})", ""),
+       "implausibly large"},
   };
   for (const auto& c : cases) {
     TempDir dir;

@@ -120,7 +120,7 @@ constexpr bool pf_long(int pf) { return (pf & kPfLong) != 0; }
 template <int kPf>
 __attribute__((always_inline)) inline void prefetch_rows(const uint8_t* tile, int R, uint64_t row_bytes, uint64_t done,
                                                          uint64_t step) {
-  constexpr _mm_hint kHint = (kPf & kPfL1) ? _MM_HINT_T0 : _MM_HINT_T1;
+  constexpr auto kHint = (kPf & kPfL1) ? _MM_HINT_T0 : _MM_HINT_T1;
   const uint64_t tile_bytes = static_cast<uint64_t>(R) * row_bytes;
   if constexpr (!pf_long(kPf)) {
     const uint8_t* p = tile + 4 * tile_bytes + done * R;
