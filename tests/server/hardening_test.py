@@ -12,32 +12,9 @@ import threading
 import time
 import unittest
 
-from server_harness import Server, ServerTestCase, chat_model, metric_sum, tmp_root
+from server_harness import Server, ServerTestCase, chat_model, metric_sum, raw, tmp_root, user
 import tiny_model
 
-
-def user(text):
-    return [{"role": "user", "content": text}]
-
-
-def raw(port, data, timeout=5.0):
-    """Sends bytes on a fresh connection; returns what arrives until the server closes it."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    try:
-        s.sendall(data)
-        out = b""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                chunk = s.recv(65536)
-            except socket.timeout:
-                break
-            if not chunk:
-                break
-            out += chunk
-        return out
-    finally:
-        s.close()
 
 
 def status_of(resp):

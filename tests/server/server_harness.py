@@ -77,6 +77,33 @@ def generate(model, prompt, n, chat=False, system=None, ctx=None):
     return out[:-1]
 
 
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def raw(port, data, timeout=5.0, read_until_close=True):
+    """Sends bytes on a fresh connection and returns everything received until the server closes
+    the connection (or the timeout)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(data)
+        out = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            out += chunk
+            if not read_until_close and b"\r\n\r\n" in out:
+                break
+        return out
+    finally:
+        s.close()
+
+
 class Response:
     def __init__(self, status, headers, body):
         self.status = status

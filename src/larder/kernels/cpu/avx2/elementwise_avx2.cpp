@@ -4,7 +4,7 @@
 // layer. The single-threaded scalar references (double-precision exp; rope then took a sin/cos per head) were ~0.4 s
 // of a 1B model's 512-token prefill and did not speed up with threads, which is what held back the
 // 2-thread prefill scaling (Amdahl). Here each op splits its rows/elements over the pool when the
-// job is big enough to pay for a fork (≥ kMinParallel floats), and vectorises the arithmetic:
+// job is big enough to pay for a fork (≥ kMinParallelWork floats, common/parallel_split.h), and vectorises the arithmetic:
 //   silu·mul  g / (1 + e^-g) · u with an 8-lane exp (simd::exp_ps, ≤ ~1 ulp) — vs the double reference
 //             the relative error is a few f32 ulps;
 //   rmsnorm   sum of squares in 4 f32 accumulators of 8 lanes (the reference sums in double; for the
@@ -22,6 +22,7 @@
 
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/parallel_split.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
 #include "larder/kernels/cpu/common/simd_exp_avx2.h"
 #include "larder/kernels/ref/ref_ops.h"
@@ -29,21 +30,6 @@
 namespace larder::kernels::cpu::avx2 {
 
 namespace {
-
-constexpr int64_t kMinParallel = 32 * 1024;  // floats; below this a fork/join costs more than it saves
-
-// Splits [0, n) into chunks of at least `grain` items and runs fn(begin, end) over the pool.
-template <class F>
-void split(int64_t n, int64_t grain, int64_t work_per_item, F&& fn) {
-  ThreadPool& pool = default_pool();
-  if (n <= 0) return;
-  if (n * work_per_item < kMinParallel || pool.n_threads() <= 1) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  const int64_t chunks = std::min<int64_t>(4 * pool.n_threads(), std::max<int64_t>(1, n / grain));
-  pool.parallel_for(chunks, [&](int64_t c, int) { fn(n * c / chunks, n * (c + 1) / chunks); });
-}
 
 void silu_mul_range(const float* g, const float* u, float* out, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
@@ -100,15 +86,15 @@ void rmsnorm_row(const float* x, const float* w, int64_t dim, float eps, float* 
 }  // namespace
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  split(n, 4096, 1, [&](int64_t b, int64_t e) { silu_mul_range(gate + b, up + b, out + b, e - b); });
+  parallel_split(n, 4096, 1, [&](int64_t b, int64_t e) { silu_mul_range(gate + b, up + b, out + b, e - b); });
 }
 
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
-  split(n, 4096, 1, [&](int64_t b, int64_t e) { gelu_tanh_mul_range(gate + b, up + b, out + b, e - b); });
+  parallel_split(n, 4096, 1, [&](int64_t b, int64_t e) { gelu_tanh_mul_range(gate + b, up + b, out + b, e - b); });
 }
 
 void add(const float* a, const float* b, float* out, int64_t n) {
-  split(n, 8192, 1, [&](int64_t s, int64_t e) {
+  parallel_split(n, 8192, 1, [&](int64_t s, int64_t e) {
     int64_t i = s;
     for (; i + 8 <= e; i += 8) _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
     for (; i < e; ++i) out[i] = a[i] + b[i];
@@ -125,7 +111,7 @@ void to_f16(const float* x, int64_t n, uint16_t* out) {
 }
 
 void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* out) {
-  split(n, 1, dim, [&](int64_t b, int64_t e) {
+  parallel_split(n, 1, dim, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) rmsnorm_row(x + t * dim, weight, dim, eps, out + t * dim);
   });
 }
@@ -155,7 +141,7 @@ const double* rope_angles_cached(const int64_t* positions, int64_t n, const floa
                                  std::vector<double>& big) {
   // A sin/cos pair costs ~20 ns: count it as 16 floats of elementwise work.
   auto fill = [&](double* cs) {
-    split(n, 1, 16 * half, [&](int64_t b, int64_t e) { ref::rope_angles(positions + b, e - b, inv_freq, half, cs + b * 2 * half); });
+    parallel_split(n, 1, 16 * half, [&](int64_t b, int64_t e) { ref::rope_angles(positions + b, e - b, inv_freq, half, cs + b * 2 * half); });
   };
   if (static_cast<size_t>(n * 2 * half) * sizeof(double) > kMaxCachedBytes) {
     big.resize(static_cast<size_t>(n * 2 * half));
@@ -192,7 +178,7 @@ void rope(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, const int
   std::vector<double> big;
   const double* cs = rope_angles_cached(positions, n, inv_freq, half, big);
   const int64_t stride = static_cast<int64_t>(n_heads) * head_dim;
-  split(n, 1, stride, [&](int64_t b, int64_t e) {
+  parallel_split(n, 1, stride, [&](int64_t b, int64_t e) {
     ref::rope_rotate(x + b * stride, e - b, n_heads, head_dim, rot_dim, cs + b * 2 * half, pairing);
   });
 }

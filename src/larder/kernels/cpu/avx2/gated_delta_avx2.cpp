@@ -21,6 +21,7 @@
 
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
+#include "larder/kernels/cpu/common/parallel_split.h"
 #include "larder/kernels/cpu/common/simd_avx2.h"
 #include "larder/kernels/cpu/common/simd_exp_avx2.h"
 #include "larder/kernels/ref/ref_ops.h"
@@ -28,21 +29,6 @@
 namespace larder::kernels::cpu::avx2 {
 
 namespace {
-
-constexpr int64_t kMinParallel = 32 * 1024;  // multiply-adds; below this a fork/join costs more than it saves
-
-// Splits [0, n) into chunks of at least `grain` items and runs fn(begin, end) over the pool.
-template <class F>
-void split(int64_t n, int64_t grain, int64_t work_per_item, F&& fn) {
-  ThreadPool& pool = default_pool();
-  if (n <= 0) return;
-  if (n * work_per_item < kMinParallel || pool.n_threads() <= 1) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  const int64_t chunks = std::min<int64_t>(4 * pool.n_threads(), std::max<int64_t>(1, n / grain));
-  pool.parallel_for(chunks, [&](int64_t c, int) { fn(n * c / chunks, n * (c + 1) / chunks); });
-}
 
 // Lanes [0, k) of a tail (k in 1..8); loads of the other lanes read 0 and stores skip them.
 inline __m256 load_tail(const float* p, __m256i m) { return _mm256_maskload_ps(p, m); }
@@ -63,7 +49,7 @@ void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float
   if (K > kMaxConvKernel) return ref::causal_conv1d(x, n, p, state, out);
   const int64_t blocks = (C + 7) / 8;
   // Jobs: ranges of 8-channel blocks; within one, tokens outer so each x row is read contiguously.
-  split(blocks, 8, n * K * 8, [&](int64_t b0, int64_t b1) {
+  parallel_split(blocks, 8, n * K * 8, [&](int64_t b0, int64_t b1) {
     // The range's taps, transposed to one 8-channel vector per (block, tap).
     std::vector<float> w(static_cast<size_t>((b1 - b0) * K * 8)), bias(static_cast<size_t>((b1 - b0) * 8));
     for (int64_t b = b0; b < b1; ++b) {
@@ -110,7 +96,7 @@ void l2norm_heads(float* x, int64_t n, const L2NormParams& p) {
   const int dim = p.dim;
   const int full = dim / 8 * 8;
   const __m256i m = simd::first_lanes(dim - full);
-  split(n * p.heads, 16, dim, [&](int64_t r0, int64_t r1) {
+  parallel_split(n * p.heads, 16, dim, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* v = x + (r / p.heads) * p.stride + (r % p.heads) * dim;
       __m256 ss = _mm256_setzero_ps();
@@ -202,7 +188,7 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
   const int64_t groups_per_head = (dv + kRowGroup - 1) / kRowGroup;
   const int64_t want = 4 * default_pool().n_threads();
   const int64_t parts = std::min<int64_t>(groups_per_head, std::max<int64_t>(1, (want + hv - 1) / hv));
-  split(hv * parts, 1, in.n * dk * 4 * dv / parts, [&](int64_t j0, int64_t j1) {
+  parallel_split(hv * parts, 1, in.n * dk * 4 * dv / parts, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       const int h = static_cast<int>(j / parts);
       const int64_t part = j % parts;
@@ -238,7 +224,7 @@ void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t 
                    float* out) {
   const int64_t full = dim / 8 * 8;
   const __m256i m = simd::first_lanes(static_cast<int>(dim - full));
-  split(rows, 16, dim * 4, [&](int64_t r0, int64_t r1) {
+  parallel_split(rows, 16, dim * 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * dim;
       const float* zr = z + r * dim;
