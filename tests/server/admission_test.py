@@ -6,12 +6,14 @@ a burst beyond the queue gets 429; the server stays up. On the real SmolLM2 Q4_1
 absent: scripts/fetch_models.sh), so a long answer takes seconds, with EOS banned (logit_bias) so
 every answer is exactly max_tokens long."""
 import concurrent.futures as cf
+import json
 import os
+import socket
 import threading
 import time
 import unittest
 
-from server_harness import HERE, Server
+from server_harness import HERE, Server, metric_sum
 
 MODELS = os.environ.get("LARDER_MODELS_DIR") or os.path.join(HERE, "../../.cache/models")
 SMOL = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -126,6 +128,38 @@ class AdmissionTest(unittest.TestCase):
         queue_ms = r.json()["usage"]["larder"]["timings"]["queue_ms"]
         self.assertGreater(queue_ms, 500)
         self.assertGreater(secs, out["secs"] * 0.5)
+
+    def test_held_client_that_leaves_gives_its_place_back_at_once(self):
+        """Two requests held for memory behind a long one; their clients leave. Their queue places
+        must be free at once (issue 47 item 5), not when the long request's memory frees."""
+        s, cap = self.start(admit_wait=120)
+        long_tokens, big = self.plan(s, cap, seconds=8)
+        t, out = self.start_long(s, long_tokens)
+        body = json.dumps({"prompt": big, "max_tokens": 4, "temperature": 0, "logit_bias": NO_EOS}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{s.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        socks = []
+        for _ in range(2):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            c.sendall(head + body)
+            socks.append(c)
+        deadline = time.monotonic() + 10
+        while metric_sum(s.metrics(), "larder_queue_depth") < 2:
+            self.assertLess(time.monotonic(), deadline, "the big requests were never queued")
+            time.sleep(0.02)
+        for c in socks:
+            c.close()
+        t0 = time.monotonic()
+        while metric_sum(s.metrics(), "larder_queue_depth") > 0:
+            self.assertLess(time.monotonic() - t0, 2.0, "held requests whose clients left still wait")
+            time.sleep(0.02)
+        self.assertEqual(s.request("GET", "/stats").json()["server"]["active"], 1, "the long request still runs")
+        t.join(300)
+        self.assertEqual(out["r"].status, 200)
+        # Both were dropped as disconnected, neither admitted for nobody.
+        cancelled = [v for labels, v in s.metrics().get("larder_cancelled_total", [])
+                     if 'reason="client_disconnect"' in (labels or "")]
+        self.assertEqual(sum(cancelled), 2)
 
 
 if __name__ == "__main__":

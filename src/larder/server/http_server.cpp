@@ -476,8 +476,20 @@ struct HttpServer::Impl {
     auto first = std::make_shared<std::optional<Event>>(ch->pop(std::chrono::milliseconds(250)));
     // Held for memory (engine.h, memory admission): wait for admission or the refusal before any
     // header goes out, so a refusal is a real 503 with Retry-After. The engine bounds the wait
-    // (--admit-wait); a client that leaves meanwhile is noticed once the answer starts.
-    while (*first && (*first)->held) *first = ch->pop(eng->config().admit_wait + std::chrono::seconds(5));
+    // (--admit-wait). A client that leaves meanwhile gives its queue place back at once: the
+    // connection is watched while the request is held, and a cancelled request leaves the queue
+    // (Engine::drop_cancelled; the engine never runs it) instead of being admitted for nobody.
+    while (*first && (*first)->held) {
+      const auto until = Clock::now() + eng->config().admit_wait + std::chrono::seconds(5);
+      std::optional<Event> next;
+      while (!(next = ch->pop(std::chrono::milliseconds(100))) && Clock::now() < until) {
+        if (req.client_gone && req.client_gone()) {
+          ch->cancel();
+          return fail({499, "the client disconnected while its request waited for memory"});
+        }
+      }
+      *first = std::move(next);
+    }
     if (*first && (*first)->done && (*first)->refuse_status) {
       res.set_header("Retry-After", std::to_string((*first)->retry_after_s));
       return fail({(*first)->refuse_status, (*first)->outcome.error});
