@@ -9,7 +9,6 @@
 # Which tests run, and why only these: tests/fuzz/README.md. The kernel, model, quantization and
 # runtime tests are left out: numerics over large buffers and Python reference fixtures that take
 # minutes even uninstrumented; the server tests and fuzz_http still run the forward pass.
-# TSan is not in .ci/run yet (never run; tests/fuzz/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
