@@ -96,28 +96,9 @@ void hash_formats(Hasher& h, const KernelTable& t) {
   for (int bits = 1; bits <= kMaxAffineBits; ++bits) {
     const MatmulFn fn = t.matmul_affine[bits];
     if (!fn) continue;
-    const int64_t rows = 37, cols = 384, gs = 64, ng = cols / gs;
-    std::vector<uint8_t> codes(static_cast<size_t>(rows * cols * bits / 8));
-    uint32_t s = 99u + static_cast<uint32_t>(bits);
-    for (auto& c : codes) c = static_cast<uint8_t>((s = s * 1664525u + 1013904223u) >> 24);
-    std::vector<uint16_t> sc(static_cast<size_t>(rows * ng)), bi(sc.size());
-    for (size_t i = 0; i < sc.size(); ++i) {
-      const float scale = 0.005f + 0.001f * static_cast<float>(i % 11);
-      sc[i] = f32_to_bf16(scale);
-      bi[i] = f32_to_bf16(-scale * static_cast<float>(1 << (bits - 1)));
-    }
-    WeightView v;
-    v.dtype = DType::kU32;
-    v.rows = rows;
-    v.cols = cols;
-    v.bits = bits;
-    v.group_size = static_cast<int>(gs);
-    v.scale_dtype = DType::kBF16;
-    v.data = codes.data();
-    v.scales = reinterpret_cast<const uint8_t*>(sc.data());
-    v.biases = reinterpret_cast<const uint8_t*>(bi.data());
+    const cpu::AffineProbe w = cpu::affine_probe_weights(bits, 37, 384, 64, DType::kBF16);
     h.add(&bits, sizeof bits);
-    hash_matmul(h, fn, t.matmul_multi_affine[bits], v);
+    hash_matmul(h, fn, t.matmul_multi_affine[bits], w.view());
   }
 }
 

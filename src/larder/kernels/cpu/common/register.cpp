@@ -70,6 +70,53 @@ std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols,
   return w;
 }
 
+AffineProbe affine_probe_weights(int bits, int64_t rows, int64_t cols, int64_t gs, DType sdt) {
+  AffineProbe w;
+  w.rows = rows;
+  w.cols = cols;
+  w.bits = bits;
+  w.group_size = static_cast<int>(gs);
+  w.scale_dtype = sdt;
+  w.codes.resize(static_cast<size_t>(rows * cols * bits / 8));
+  uint32_t state = 777u + static_cast<uint32_t>(bits) + static_cast<uint32_t>(gs);
+  for (auto& c : w.codes) {
+    state = state * 1664525u + 1013904223u;
+    c = static_cast<uint8_t>(state >> 24);
+  }
+  const int64_t ng = cols / gs;
+  const size_t esz = sdt == DType::kF32 ? 4 : 2;
+  w.scales.resize(static_cast<size_t>(rows * ng) * esz);
+  w.biases.resize(w.scales.size());
+  auto put = [&](uint8_t* p, float f) {
+    if (sdt == DType::kF32) {
+      std::memcpy(p, &f, 4);
+    } else {
+      const uint16_t h = sdt == DType::kF16 ? f32_to_f16(f) : f32_to_bf16(f);
+      std::memcpy(p, &h, 2);
+    }
+  };
+  for (size_t i = 0; i < static_cast<size_t>(rows * ng); ++i) {
+    const float s = 0.005f + 0.001f * static_cast<float>(i % 11);
+    put(&w.scales[i * esz], s);
+    put(&w.biases[i * esz], -s * static_cast<float>(1 << (bits - 1)) + 0.002f * static_cast<float>(i % 5));
+  }
+  return w;
+}
+
+WeightView AffineProbe::view() const {
+  WeightView v;
+  v.dtype = DType::kU32;
+  v.rows = rows;
+  v.cols = cols;
+  v.bits = bits;
+  v.group_size = group_size;
+  v.scale_dtype = scale_dtype;
+  v.data = codes.data();
+  v.scales = scales.data();
+  v.biases = biases.data();
+  return v;
+}
+
 namespace {
 // The AVX-512 tier cannot be exercised by CI on machines without it, so before the tier serves
 // anything, each of its matmuls must agree with the (tested) AVX2 kernel on a small problem with
@@ -120,42 +167,10 @@ bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
   return agree_on(v, fast, trusted);
 }
 
-// MLX affine: random codes, scales ~0.01 and biases ~−2^(bits−1)·scale (mlx's quantizer centres
-// the codes), in each scale dtype and group size the kernels branch on.
+// MLX affine, in each scale dtype and group size the kernels branch on.
 bool affine_agrees_one(int bits, int64_t gs, DType sdt, MatmulFn fast, MatmulFn trusted) {
-  const int64_t rows = 37, cols = 384, ng = cols / gs;
-  WeightView v;
-  v.dtype = DType::kU32;
-  v.rows = rows;
-  v.cols = cols;
-  v.bits = bits;
-  v.group_size = static_cast<int>(gs);
-  v.scale_dtype = sdt;
-  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols * bits / 8));
-  uint32_t state = 777u + static_cast<uint32_t>(bits) + static_cast<uint32_t>(gs);
-  for (auto& c : codes) {
-    state = state * 1664525u + 1013904223u;
-    c = static_cast<uint8_t>(state >> 24);
-  }
-  const size_t esz = sdt == DType::kF32 ? 4 : 2;
-  std::vector<uint8_t> sc(static_cast<size_t>(rows * ng) * esz), bi(sc.size());
-  auto put = [&](uint8_t* p, float f) {
-    if (sdt == DType::kF32) {
-      std::memcpy(p, &f, 4);
-    } else {
-      const uint16_t h = sdt == DType::kF16 ? f32_to_f16(f) : f32_to_bf16(f);
-      std::memcpy(p, &h, 2);
-    }
-  };
-  for (size_t i = 0; i < static_cast<size_t>(rows * ng); ++i) {
-    const float s = 0.005f + 0.001f * static_cast<float>(i % 11);
-    put(&sc[i * esz], s);
-    put(&bi[i * esz], -s * static_cast<float>(1 << (bits - 1)) + 0.002f * static_cast<float>(i % 5));
-  }
-  v.data = codes.data();
-  v.scales = sc.data();
-  v.biases = bi.data();
-  return agree_on(v, fast, trusted);
+  const AffineProbe w = affine_probe_weights(bits, 37, 384, gs, sdt);
+  return agree_on(w.view(), fast, trusted);
 }
 
 bool affine_agrees_impl(int bits, MatmulFn fast, MatmulFn trusted) {
