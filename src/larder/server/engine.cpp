@@ -36,6 +36,9 @@ struct Engine::Seq {
   // token. Stop strings need no rollback here: text held back is only ever released or cut,
   // never re-sampled, so the matcher's state always equals the tokens sampled.
   std::optional<runtime::ConstraintMatcher> matcher;
+  // llama-server's n_probs reports the model's distribution (before the sampler's processors):
+  // the row is copied here per token, into one buffer kept for the sequence's life.
+  std::vector<float> model_logits;
   int64_t generated = 0;
   bool decoding = false;             // prompt done; `next` is the token to forward
   int32_t next = 0;
@@ -399,8 +402,8 @@ void Engine::step() {
         }
         // Sample the next token from this row's logits.
         float* lg = s.logits.data();
-        std::vector<float> model_logits;  // llama-server's n_probs: the model's distribution
-        if (s.req.top_logprobs >= 0 && s.req.probs == GenRequest::Probs::kModel) model_logits.assign(lg, lg + V);
+        const bool model_probs = s.req.top_logprobs >= 0 && s.req.probs == GenRequest::Probs::kModel;
+        if (model_probs) s.model_logits.assign(lg, lg + V);
         s.sampler.process(lg, V, s.seq.history());
         if (s.matcher) s.matcher->mask(lg, V);  // after the processors: a bias never revives a masked token
         const int32_t tok = s.sampler.pick(lg, V, static_cast<uint64_t>(s.generated));
@@ -425,7 +428,7 @@ void Engine::step() {
         if (s.req.top_logprobs >= 0) {
           ti.lp = s.req.probs == GenRequest::Probs::kPostSampling
                       ? s.sampler.post_sampling_probs(lg, V, tok, s.req.top_logprobs)
-                      : runtime::token_logprobs(model_logits.empty() ? lg : model_logits.data(), V, tok, s.req.top_logprobs);
+                      : runtime::token_logprobs(model_probs ? s.model_logits.data() : lg, V, tok, s.req.top_logprobs);
         }
         s.seq.decode_accept(tok);
         ++s.generated;
