@@ -323,6 +323,10 @@ Result<std::shared_ptr<const Constraint>> GrammarEngine::compile(const Constrain
     if (it != impl_->refused.end()) return Status(StatusCode::kInvalidArgument, it->second);
   }
   if (Status st = check_grammar_limits(spec, limits_); !st.is_ok()) return st;
+  const Status abandoned(StatusCode::kCancelled,
+                         "[grammar] the compile was abandoned (the client left or the server is stopping)");
+  // A caller already gone never takes a compile thread.
+  if (wait.abandon && wait.abandon()) return abandoned;
   auto job = std::make_shared<CompileJob>();
   GrammarEngineImpl* impl = impl_.get();  // outlives the threads (GrammarEngineImpl::threads)
   const bool posted = impl_->threads->post([impl, job, spec, key] {
@@ -347,11 +351,11 @@ Result<std::shared_ptr<const Constraint>> GrammarEngine::compile(const Constrain
       l.unlock();
       const bool gone = wait.abandon();
       l.lock();
-      if (job->done) break;
-      if (gone) {
+      if (gone) {  // even if the result arrived meanwhile: nobody is there to use it
         job->abandoned = true;
-        return Status(StatusCode::kCancelled, "[grammar] the compile was abandoned (the client left or the server is stopping)");
+        return abandoned;
       }
+      if (job->done) break;
     }
     const auto now = Clock::now();
     if (now >= deadline) {
