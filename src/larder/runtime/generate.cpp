@@ -5,15 +5,6 @@
 
 namespace larder::runtime {
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kEos: return "eos";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCallback: return "callback";
-  }
-  return "?";
-}
-
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -47,26 +38,33 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
   st.prefill_seconds = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
-  Sampler sampler(opts.sampling);
   st.finish_reason = FinishReason::kLength;
-  for (int64_t i = 0; i < opts.max_new_tokens; ++i) {
-    const int32_t tok = sampler.sample_at(logits.data(), V, seq.history(), static_cast<uint64_t>(i));
-    if (std::find(opts.eos_ids.begin(), opts.eos_ids.end(), tok) != opts.eos_ids.end()) {
-      st.finish_reason = FinishReason::kEos;
-      break;
-    }
-    seq.decode_accept(tok);
-    st.tokens.push_back(tok);
-    ++st.generated_tokens;
-    const bool go_on = on_token ? on_token(tok) : true;
-    if (!go_on) {
-      st.finish_reason = FinishReason::kCallback;
-      break;
-    }
-    // Forward the token only if another one may follow: the budget and the context allow it.
-    if (i + 1 == opts.max_new_tokens || cache.length() + 1 > limit) break;
-    LARDER_RETURN_IF_ERROR(model.forward(&tok, 1, cache, logits.data(), false));
+  if (opts.max_new_tokens <= 0) {
+    st.decode_seconds = seconds_since(t1);
+    return st;
   }
+  DecodeStep step(opts, opts.tokenizer);
+  auto show = [&](const std::string& text) {
+    if (!text.empty() && opts.on_text) opts.on_text(text);
+  };
+  for (;;) {
+    Accepted a = step.step(logits.data(), V, seq);
+    if (a.finish == FinishReason::kError) return internal_error("[generate] " + a.error);
+    show(a.text);
+    FinishReason why = a.finish;
+    if (a.kept) {
+      st.tokens.push_back(a.id);
+      ++st.generated_tokens;
+      if (on_token && !on_token(a.id) && why == FinishReason::kNone) why = FinishReason::kCancelled;
+    }
+    if (why != FinishReason::kNone) {
+      st.finish_reason = why;
+      break;
+    }
+    LARDER_RETURN_IF_ERROR(model.forward(&a.id, 1, cache, logits.data(), false));
+  }
+  show(step.flush(&st.finish_reason));
+  st.matched_stop = step.matched_stop();
   st.decode_seconds = seconds_since(t1);
   return st;
 }

@@ -1,29 +1,26 @@
 // generate.h — the synchronous driver of one Sequence (sequence.h) for the CLI and eval: chunked
-// prefill with model.forward, then decode until EOS, the token budget, the context limit, or the
-// caller says stop. The server drives the same Sequence from its batching engine instead.
+// prefill with model.forward, then decode until EOS, a stop string, the grammar's end, the token
+// budget, the context limit, or the caller says stop. Each decode step is the DecodeStep the
+// server's engine runs per row too (decode_step.h), so the CLI and the server pick, accept and
+// finish alike; the server drives the same Sequence from its batching engine instead.
 //
-// Text is not this layer's business: the callback receives token ids (detokenizing and stop
-// strings belong to the caller, see stop.h), so this loop does not depend on the tokenizer.
+// Text is optional: with GenerateOptions::tokenizer the released text (UTF-8-safe, stop strings
+// held back) goes to on_text; without one only token ids are produced (eval).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "larder/core/status.h"
 #include "larder/memory/sequence_state.h"
 #include "larder/models/model.h"
+#include "larder/runtime/decode_step.h"
 #include "larder/runtime/sampler.h"
 #include "larder/runtime/sequence.h"
 
 namespace larder::runtime {
-
-enum class FinishReason {
-  kEos,       // an EOS id was sampled (it is not passed to the callback)
-  kLength,    // max_new_tokens generated, or the context (model or cache) is full
-  kCallback,  // the callback returned false (stop string, cancellation, client gone)
-};
-const char* finish_reason_name(FinishReason r);  // "eos", "length", "callback"
 
 // The one default length policy (README "Generation length"): a generation stops at EOS, a stop
 // string, the context end, or after this many tokens when the request or command line names no
@@ -35,11 +32,14 @@ inline constexpr int64_t kDefaultMaxTokens = 2048;
 inline constexpr const char* kMaxTokensHelp =
     "tokens to generate at most when a request names no limit; -1 = until the context is full";
 
-struct GenerateOptions {
-  SamplingParams sampling;
-  int64_t max_new_tokens = 256;
-  std::vector<int32_t> eos_ids;  // empty: never stop on EOS
-  int64_t prefill_chunk = 512;   // tokens per prefill forward (CPU default, system.md §5)
+// DecodeOptions (sampling, max_new_tokens, eos_ids, stops, constraint, logprobs) plus what only
+// the synchronous driver needs.
+struct GenerateOptions : DecodeOptions {
+  int64_t prefill_chunk = 512;  // tokens per prefill forward (CPU default, system.md §5)
+  // Detokenize and match DecodeOptions::stops (null: ids only). Must outlive the call.
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  // Each piece of released text as it becomes safe to show, the held-back tail last.
+  std::function<void(const std::string&)> on_text;
 };
 
 struct GenerateStats {
@@ -49,16 +49,17 @@ struct GenerateStats {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   FinishReason finish_reason = FinishReason::kLength;
+  std::string matched_stop;      // kStop: the stop string
   std::vector<int32_t> tokens;   // the generated tokens (as passed to the callback)
 };
 
-// Returns false to stop after this token.
+// Called for every kept token (after on_text got its text); false stops after it (kCancelled).
 using TokenCallback = std::function<bool(int32_t token)>;
 
 // Runs `seq` from wherever it stands (a store hit, a checkpoint split) to the end of decoding.
 // It does not finish the sequence: the caller calls seq.finish() to put the KV into the store
 // (after its own bookkeeping, e.g. interrupted output). Errors: prompt that leaves no room in the
-// context, or a forward failure (then seq.finish(true) disposes the state).
+// context, a forward failure, or a grammar dead end (then seq.finish(true) disposes the state).
 Result<GenerateStats> generate(models::Model& model, Sequence& seq, const GenerateOptions& opts,
                                const TokenCallback& on_token);
 

@@ -9,10 +9,12 @@
 // and none captured a checkpoint, so on a sliding-window model (a wrapped ring cannot be trimmed
 // back) the next turn of a chat whose reply re-tokenized differently reused nothing.
 //
-// What a Sequence does not do: sample, detokenize, match stops, time. Those differ per caller
-// (per-row logprobs and events on the server, a callback in the CLI) and do not touch the store.
+// What a Sequence does not do: sample, detokenize, match stops, time. Sampling through the
+// finish reason is one DecodeStep per sequence (decode_step.h), shared by both drivers; events,
+// callbacks and timing differ per caller and do not touch the store.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -73,8 +75,9 @@ class Sequence {
   // A sampled (non-EOS) token the caller keeps: it enters the history and will be forwarded
   // (the state absorbs it at the next forward, if there is one).
   void decode_accept(int32_t token) { history_.push_back(token); }
-  // Another token fits the context after the ones already forwarded.
-  bool has_room() const { return state_.length() + 1 <= ctx_; }
+  // Another token fits the context after the ones already forwarded (the sequence's limit and
+  // the state's, which a caller's adopted state may set lower).
+  bool has_room() const { return state_.length() + 1 <= std::min(ctx_, state_.max_tokens()); }
 
   // --- end ---
   // Puts what was actually forwarded (history[0, state.length())) into the store: after EOS,

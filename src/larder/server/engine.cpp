@@ -7,7 +7,7 @@
 #include "larder/core/log.h"
 #include "larder/runtime/fit.h"
 #include "larder/runtime/sequence.h"
-#include "larder/runtime/text_stream.h"
+#include "larder/runtime/decode_step.h"
 
 namespace larder::server {
 
@@ -20,26 +20,29 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 // A running request: its generation lifecycle (runtime::Sequence: store take, prefill slices with
-// the boundary checkpoint, put at the end) plus what only the server needs (channel, sampling of
-// this row, released text, timings).
+// the boundary checkpoint, put at the end), its decode step (runtime::DecodeStep: pick, grammar,
+// EOS, stop strings, length, logprobs — the same step `larder generate` runs) plus what only the
+// server needs (channel, tokens whose text is held back, timings).
 struct Engine::Seq {
-  Seq(GenRequest r, std::shared_ptr<Channel> c, runtime::Sequence sq, const tokenizer::Tokenizer& tok)
-      : req(std::move(r)), ch(std::move(c)), seq(std::move(sq)), sampler(req.sampling), text(tok, req.stops) {
-    if (req.constraint) matcher.emplace(req.constraint);
+  Seq(GenRequest r, std::shared_ptr<Channel> c, runtime::Sequence sq, const runtime::LoadedModel& m)
+      : req(std::move(r)), ch(std::move(c)), seq(std::move(sq)), decode(decode_options(req, m), m.tokenizer.get()) {}
+  static runtime::DecodeOptions decode_options(const GenRequest& r, const runtime::LoadedModel& m) {
+    runtime::DecodeOptions o;
+    o.sampling = r.sampling;
+    o.max_new_tokens = r.max_tokens;
+    o.eos_ids = m.defaults.eos_ids;
+    o.stops = r.stops;
+    // Stop strings need no grammar rollback: text held back is only ever released or cut, never
+    // re-sampled, so the matcher's state always equals the tokens kept.
+    o.constraint = r.constraint;
+    o.top_logprobs = r.top_logprobs;
+    o.logprobs_of = r.probs;
+    return o;
   }
   GenRequest req;
   std::shared_ptr<Channel> ch;
   runtime::Sequence seq;
-  runtime::Sampler sampler;
-  runtime::TextStream text;
-  // Constrained decoding: masks the logits before each pick and advances over each sampled
-  // token. Stop strings need no rollback here: text held back is only ever released or cut,
-  // never re-sampled, so the matcher's state always equals the tokens sampled.
-  std::optional<runtime::ConstraintMatcher> matcher;
-  // llama-server's n_probs reports the model's distribution (before the sampler's processors):
-  // the row is copied here per token, into one buffer kept for the sequence's life.
-  std::vector<float> model_logits;
-  int64_t generated = 0;
+  runtime::DecodeStep decode;
   bool decoding = false;             // prompt done; `next` is the token to forward
   int32_t next = 0;
   bool done = false;
@@ -69,7 +72,7 @@ Event Engine::memory_refusal(const GenRequest& r, uint64_t need, uint64_t reserv
     if (s->done) continue;
     // Prefill slices while others decode: a quarter of the step budget (step()).
     const int64_t left = (s->seq.prompt_size() - s->seq.prefilled()) / std::max<int64_t>(cfg_.step_tokens / 4, 32) +
-                         (s->req.max_tokens - s->generated);
+                         (s->req.max_tokens - s->decode.generated());
     ends.emplace_back(std::max<int64_t>(left, 1), s->kv_reserved);
   }
   std::sort(ends.begin(), ends.end());
@@ -326,7 +329,7 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
     if (store_) store_->set_engine_busy(true);
     runtime::SequenceOptions so{store_.get(), req.ns, cfg_.ctx};
     runtime::Sequence sq = runtime::Sequence::start(*m_.model, req.prompt, std::move(so));
-    auto s = std::make_unique<Seq>(std::move(req), ch, std::move(sq), *m_.tokenizer);
+    auto s = std::make_unique<Seq>(std::move(req), ch, std::move(sq), m_);
     if (cfg_.kv_budget > 0) {
       s->kv_reserved = kv_need(s->req);
       kv_reserved_ += s->kv_reserved;
@@ -400,13 +403,8 @@ void Engine::step() {
           s.seq.prefill_done(items[i].n);  // may capture the boundary checkpoint
           if (!completes_prompt[i]) continue;
         }
-        // Sample the next token from this row's logits.
-        float* lg = s.logits.data();
-        const bool model_probs = s.req.top_logprobs >= 0 && s.req.probs == GenRequest::Probs::kModel;
-        if (model_probs) s.model_logits.assign(lg, lg + V);
-        s.sampler.process(lg, V, s.seq.history());
-        if (s.matcher) s.matcher->mask(lg, V);  // after the processors: a bias never revives a masked token
-        const int32_t tok = s.sampler.pick(lg, V, static_cast<uint64_t>(s.generated));
+        // The decode step of this row (runtime/decode_step.h): pick, then what the token does.
+        runtime::Accepted a = s.decode.step(s.logits.data(), V, s.seq);
         const Clock::time_point now = Clock::now();
         if (!s.has_first) {
           s.has_first = true;
@@ -414,48 +412,20 @@ void Engine::step() {
           s.out.prefill_ms = ms_between(s.admitted, now);
           s.out.ttft_ms = ms_between(s.req.arrived, now);
         }
-        if (std::find(m_.defaults.eos_ids.begin(), m_.defaults.eos_ids.end(), tok) != m_.defaults.eos_ids.end()) {
-          finish(s, Finish::kEos);
-          continue;
-        }
-        if (s.matcher && !s.matcher->accept(tok)) {
-          // Only when every token was masked (a grammar with no continuation): never expected.
-          finish(s, Finish::kError, strfmt("constrained decoding reached a dead end at token %d", tok));
-          continue;
-        }
-        TokenInfo ti;
-        ti.id = tok;
-        if (s.req.top_logprobs >= 0) {
-          ti.lp = s.req.probs == GenRequest::Probs::kPostSampling
-                      ? s.sampler.post_sampling_probs(lg, V, tok, s.req.top_logprobs)
-                      : runtime::token_logprobs(model_probs ? s.model_logits.data() : lg, V, tok, s.req.top_logprobs);
-        }
-        s.seq.decode_accept(tok);
-        ++s.generated;
-        s.pending.push_back(std::move(ti));
-        std::string text = s.text.push(tok);
-        if (s.text.stopped()) {
-          // Tokens whose text the stop string swallowed are not reported (server-api.md §4.4).
-          s.pending.clear();
-          if (!text.empty()) {
-            Event e;
-            e.text = std::move(text);
-            s.ch->push(std::move(e));
-          }
-          finish(s, Finish::kStop);
-          continue;
-        }
-        if (!text.empty()) {
+        if (a.kept) s.pending.push_back({a.id, std::move(a.logprobs)});
+        // Tokens whose text the stop string swallowed are not reported (server-api.md §4.4).
+        if (a.finish == runtime::FinishReason::kStop) s.pending.clear();
+        if (!a.text.empty()) {
           Event e;
-          e.text = std::move(text);
+          e.text = std::move(a.text);
           e.tokens.swap(s.pending);
           s.ch->push(std::move(e));
         }
-        if (s.generated >= s.req.max_tokens || !s.seq.has_room()) {
-          finish(s, Finish::kLength);
+        if (a.finish != runtime::FinishReason::kNone) {
+          finish(s, a.finish, std::move(a.error));
           continue;
         }
-        s.next = tok;
+        s.next = a.id;
         s.decoding = true;
       }
     }
@@ -472,20 +442,20 @@ void Engine::finish(Seq& s, Finish why, std::string error) {
   s.kv_reserved = 0;
   const Clock::time_point now = Clock::now();
   Event e;
-  if (why != Finish::kStop && why != Finish::kCancelled && why != Finish::kError) {
-    e.text = s.text.finish();
-    if (s.text.stopped()) why = Finish::kStop;  // the held-back tail completed a stop string
-  }
+  // The held-back tail, unless a stop string, an error or the client ended it (a tail that
+  // completes a stop string turns the reason into kStop).
+  if (why != Finish::kStop && why != Finish::kCancelled && why != Finish::kError) e.text = s.decode.flush(&why);
   e.tokens.swap(s.pending);
   e.done = true;
   s.out.finish = why;
   s.out.error = std::move(error);
-  s.out.matched_stop = s.text.matched_stop();
-  s.out.completion_tokens = s.generated;
+  s.out.matched_stop = s.decode.matched_stop();
+  s.out.completion_tokens = s.decode.generated();
   if (s.has_first) s.out.decode_ms = ms_between(s.first_token, now);
   const double prefill_tps = s.out.prefill_ms > 0 ? (s.out.prompt_tokens - s.out.cached_tokens) / (s.out.prefill_ms / 1e3) : 0;
-  const double decode_tps = s.out.decode_ms > 0 && s.generated > 1 ? (s.generated - 1) / (s.out.decode_ms / 1e3) : 0;
-  metrics_.generation_done(s.out.prompt_tokens, s.out.cached_tokens, s.generated,
+  const int64_t generated = s.decode.generated();
+  const double decode_tps = s.out.decode_ms > 0 && generated > 1 ? (generated - 1) / (s.out.decode_ms / 1e3) : 0;
+  metrics_.generation_done(s.out.prompt_tokens, s.out.cached_tokens, generated,
                            s.has_first ? s.out.ttft_ms / 1e3 : -1, prefill_tps, decode_tps);
   // Keep what was computed (also for a cancelled request: the next identical one hits).
   if (Status put = s.seq.finish(why == Finish::kError); !put.is_ok())

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "larder/runtime/decode_step.h"
 #include "larder/runtime/grammar.h"
 #include "larder/runtime/sampler.h"
 
@@ -34,7 +35,7 @@ struct GenRequest {
   // Which distribution they describe: the processed one (OpenAI routes, server-api.md), or, for
   // llama-server's /completion n_probs, the model's own logits (before biases, penalties and
   // grammar) or the sampler's after its filters and temperature (post_sampling_probs).
-  enum class Probs { kProcessed, kModel, kPostSampling };
+  using Probs = runtime::LogprobsOf;
   Probs probs = Probs::kProcessed;
   std::string ns;                 // KV store namespace (model identity + cache_salt)
   // Constrained decoding (runtime/grammar.h): compiled by the HTTP worker, matched per sequence
@@ -44,7 +45,8 @@ struct GenRequest {
   bool memory_held = false;       // engine: the `held` event was sent (memory admission)
 };
 
-enum class Finish { kNone, kStop, kLength, kEos, kCancelled, kError };
+// The runtime's finish reasons (runtime/decode_step.h): the engine's decode step decides them.
+using Finish = runtime::FinishReason;
 
 struct TokenInfo {  // one generated token, with logprobs when requested
   int32_t id = 0;

@@ -118,9 +118,9 @@ TEST_F(Generate, CallbackStops) {
   int n = 0;
   auto r = generate(*model_, c, {1}, o, [&](int32_t) { return ++n < 5; });
   ASSERT_TRUE(r.is_ok());
-  EXPECT_EQ(r->finish_reason, FinishReason::kCallback);
+  EXPECT_EQ(r->finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(r->generated_tokens, 5);
-  EXPECT_STREQ(finish_reason_name(r->finish_reason), "callback");
+  EXPECT_STREQ(finish_reason_name(r->finish_reason), "cancelled");
 }
 
 TEST_F(Generate, ResumesFromCachedPrefix) {
