@@ -120,7 +120,12 @@ class FlagsTest(unittest.TestCase):
                  (["generate", STORIES, "--reverse-prompt", "User:"], "--stop"),
                  (["serve", "--slot-save-path", "/tmp/x"], "--ssd-cache"),
                  (["serve", "-hff", "x.gguf"], "-hf ORG/NAME:"),
-                 (["serve", "--list-devices"], "CPU")]
+                 (["serve", "--list-devices"], "CPU"),
+                 # generate and chat have them; serve takes them per request
+                 (["serve", "--grammar", "root ::= \"a\""], "`grammar` and `json_schema` fields"),
+                 (["serve", "-jf", "s.json"], "`json_schema`"),
+                 (["serve", "--repeat-last-n", "64"], "repetition_context_size"),
+                 (["serve", "--logit-bias", "15+1"], "logit_bias per request")]
         for args, needle in cases:
             code, out, err = run(*args, timeout=30)
             self.assertEqual(code, 2, f"{args}: {err}")
@@ -145,6 +150,15 @@ class FlagsTest(unittest.TestCase):
         code, out, err = run("generate", STORIES, "-p", "x", "-n", "2", "--kv-dtype", "q8_0")
         self.assertNotEqual(code, 0)
         self.assertIn("multiple of 32", err, "stories260K's head_dim 8 cannot hold q8_0 blocks")
+
+    def test_structured_output_and_sampling_flags_of_llamacpp_are_taken(self):
+        # They were refused ("grammars are not supported yet") before generate and serve shared
+        # one decode step (issue 41 item 3).
+        code, out, err = run("generate", STORIES, "-p", "Once", "-n", "8", "--temp", "0", "--grammar", 'root ::= "Lily"')
+        self.assertEqual((code, out), (0, "Lily\n"), err)
+        code, out, err = run("generate", STORIES, "-p", "Once", "-n", "4", "--repeat-last-n", "-1", "-l", "2-inf",
+                             "--repeat-penalty", "1.2")
+        self.assertEqual(code, 0, err)
 
     def test_llamacpp_single_dash_flags_that_larder_has(self):
         # -np is --parallel, -sys is --system: accepted, not read as clusters of short flags.

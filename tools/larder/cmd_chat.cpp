@@ -20,7 +20,6 @@
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/page_in.h"
 #include "larder/runtime/sequence.h"
-#include "larder/runtime/text_stream.h"
 #include "model_arg.h"
 #include "verbs.h"
 
@@ -92,9 +91,15 @@ std::string trim(const std::string& s) {
 int run_chat(const ChatFlags& f) {
   install_interrupt_handler();
   runtime::LocatedModel located;
+  auto spec = constraint_spec(f.gen);  // a bad schema or a missing file before the model loads
+  if (!spec.is_ok()) return report(spec.status());
   auto loaded = load_for_generation(f.model, f.gen, f.chat_template, &located);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
+  // Sampling, stops and the grammar (compiled once) of every answer.
+  auto options = generate_options(f.gen, m, *spec);
+  if (!options.is_ok()) return report(options.status());
+  const runtime::GenerateOptions base = std::move(*options);
   // A model without a template chats through the ChatML fallback (as serve and generate --chat
   // do); the warning says so before the first prompt.
   runtime::announce_chat_template(m);
@@ -173,22 +178,17 @@ int run_chat(const ChatFlags& f) {
                    "starts over\n", prompt.size(), static_cast<long long>(ctx));
       continue;
     }
-    runtime::GenerateOptions go = generate_options(f.gen, m);
+    runtime::GenerateOptions go = base;
     go.max_new_tokens = budget_for(f.gen, static_cast<int64_t>(prompt.size()), ctx);
 
     // The one generation lifecycle (runtime/sequence.h): take, prefill, decode, put.
     runtime::Sequence seq = runtime::Sequence::start(*m.model, prompt, {&store, ns, ctx});
-    runtime::TextStream text(*m.tokenizer, f.gen.stop);
     std::string answer;
-    auto result = runtime::generate(*m.model, seq, go, [&](int32_t token) {
-      const std::string piece = text.push(token);
+    go.on_text = [&](const std::string& piece) {
       answer += piece;
       out(piece);
-      return !text.stopped() && !interrupted();
-    });
-    const std::string tail = text.finish();
-    answer += tail;
-    out(tail);
+    };
+    auto result = runtime::generate(*m.model, seq, go, [&](int32_t) { return !interrupted(); });
     const bool stopped = interrupted();
     clear_interrupt();
     out("\n");
@@ -205,7 +205,7 @@ int run_chat(const ChatFlags& f) {
       std::fprintf(stderr, "larder: kv store: not kept: %s\n", put.message().c_str());
     }
     if (f.verbose) {
-      const char* why = text.stopped() ? "stop string"
+      const char* why = result->finish_reason == runtime::FinishReason::kStop ? "stop string"
                         : stopped      ? "interrupted (Ctrl-C)"
                                        : runtime::finish_reason_name(result->finish_reason);
       std::fprintf(stderr, "larder: reused %lld of %zu prompt tokens (%s) | %s\n",

@@ -1,5 +1,5 @@
 // larder generate MODEL [-p TEXT | -f FILE | < stdin] [-n N] [--temp T] [--top-p P] [--top-k K]
-//                 [--seed S] [--chat] [--system TEXT] ...
+//                 [--seed S] [--grammar GBNF | --json-schema SCHEMA] [--chat] [--system TEXT] ...
 // The continuation only goes to stdout, streamed as produced (whole UTF-8 characters, nothing
 // of a stop string); load/prefill/decode statistics go to stderr — also after Ctrl-C, which stops
 // the generation (exit 130).
@@ -22,7 +22,6 @@
 #include "larder/runtime/page_in.h"
 #include "larder/runtime/sequence.h"
 #include "larder/runtime/loaded_model.h"
-#include "larder/runtime/text_stream.h"
 #include "larder/tokenizer/tokenizer.h"
 #include "model_arg.h"
 #include "validators.h"
@@ -91,6 +90,8 @@ int run_generate(const GenerateFlags& f) {
     return report(invalid_argument("[generate] --chat needs a message: --prompt TEXT, -f FILE, or text on standard "
                                    "input (for a conversation: larder chat MODEL)"));
   }
+  auto spec = constraint_spec(f.gen);  // a bad schema or a missing file before the model loads
+  if (!spec.is_ok()) return report(spec.status());
   auto loaded = load_for_generation(f.model, f.gen, f.chat_template);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
@@ -141,7 +142,9 @@ int run_generate(const GenerateFlags& f) {
   }
   runtime::page_in_weights(m.files.tensors());  // a bar while a cold model file is read
 
-  runtime::GenerateOptions go = generate_options(f.gen, m);
+  auto options = generate_options(f.gen, m, *spec);
+  if (!options.is_ok()) return report(options.status());
+  runtime::GenerateOptions& go = *options;
   go.max_new_tokens = n;
 
   std::unique_ptr<memory::KvStore> store;
@@ -157,19 +160,14 @@ int run_generate(const GenerateFlags& f) {
                  static_cast<long long>(seq.cached_tokens()), prompt.size(), seq.cache_tier(),
                  seq.cache_reason().c_str());
   }
-  runtime::TextStream text(*m.tokenizer, f.gen.stop);
   auto emit = [](const std::string& s) {
     if (s.empty()) return;
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
   };
   if (f.show_prompt) emit(m.tokenizer->decode(prompt, /*skip_special=*/true));
-  auto result = runtime::generate(*m.model, seq, go, [&](int32_t token) {
-    emit(text.push(token));
-    return !text.stopped() && !interrupted();
-  });
-  emit(text.finish());
-  const bool stopped_by_string = text.stopped();
+  go.on_text = emit;
+  auto result = runtime::generate(*m.model, seq, go, [&](int32_t) { return !interrupted(); });
   const bool stopped_by_user = interrupted();
   emit("\n");
   if (!result.is_ok()) return report(result.status());
@@ -183,9 +181,9 @@ int run_generate(const GenerateFlags& f) {
     }
   }
   const runtime::GenerateStats& s = *result;
-  const char* stop = stopped_by_string ? "stop string"
-                     : stopped_by_user ? "interrupted (Ctrl-C)"
-                                       : runtime::finish_reason_name(s.finish_reason);
+  const char* stop = s.finish_reason == runtime::FinishReason::kStop ? "stop string"
+                     : stopped_by_user                              ? "interrupted (Ctrl-C)"
+                                                                    : runtime::finish_reason_name(s.finish_reason);
   std::fprintf(stderr, "larder: %s, %lld threads (%s)\nlarder: load %.1f ms | %s\n", info.architecture.c_str(),
                static_cast<long long>(default_pool().n_threads()), cpu_features().describe().c_str(),
                m.load_seconds * 1e3, stats_text(s, stop).c_str());

@@ -26,6 +26,7 @@ const std::map<std::string, std::string>& single_dash_table() {
       {"-st", "--single-turn"},        {"-sp", "--special"},         {"-mli", "--multiline-input"},
       {"-dt", "--defrag-thold"},       {"-ins", "--instruct"},       {"-cml", "--chatml"},
       {"-hft", "--hf-token"},          {"-kvu", "--kv-unified"},     {"-fit", "--fit"},
+      {"-jf", "--json-schema-file"},
   };
   return t;
 }
@@ -36,7 +37,12 @@ const std::map<std::string, std::string>& hint_table() {
   static const std::string chat = "for a conversation in the terminal use `larder chat MODEL`";
   static const std::string sampler =
       "this sampler is not implemented; larder samples with --temp, --top-k, --top-p, --min-p, --repeat-penalty, "
-      "--presence-penalty, --frequency-penalty, --seed";
+      "--presence-penalty, --frequency-penalty, --repeat-last-n, --logit-bias, --seed";
+  // Flags `generate` and `chat` have and `serve` takes per request instead.
+  static const std::string per_request_grammar =
+      "`larder serve` takes the output constraint per request (the `grammar` and `json_schema` fields, "
+      "response_format); --grammar, --grammar-file, --json-schema and --json-schema-file are flags of "
+      "`larder generate` and `larder chat`";
   static const std::string rope = "larder reads the RoPE settings from the model's own config: drop it";
   static const std::string log = "set LARDER_LOG=debug (or warn, error) in the environment instead";
   static const std::string batch = "prefill is chunked by `larder serve --step-tokens N`";
@@ -74,9 +80,12 @@ const std::map<std::string, std::string>& hint_table() {
       {"--reverse-prompt", "use --stop STRING"},
       {"--in-prefix", chat},
       {"--in-suffix", chat},
-      {"--grammar", "grammars are not supported yet"},
-      {"--grammar-file", "grammars are not supported yet"},
-      {"--json-schema", "JSON-schema constrained output is not supported yet"},
+      {"--grammar", per_request_grammar},
+      {"--grammar-file", per_request_grammar},
+      {"--json-schema", per_request_grammar},
+      {"--json-schema-file", per_request_grammar},
+      {"--logit-bias", "`larder serve` takes logit_bias per request; -l/--logit-bias is a flag of `larder generate` "
+                       "and `larder chat`"},
       {"--lora", "LoRA adapters are not supported"},
       {"--lora-scaled", "LoRA adapters are not supported"},
       {"--control-vector", "control vectors are not supported"},
@@ -104,7 +113,9 @@ const std::map<std::string, std::string>& hint_table() {
       {"--dynatemp-range", sampler},
       {"--xtc-probability", sampler},
       {"--dry-multiplier", sampler},
-      {"--repeat-last-n", "the repetition penalty applies to the whole context in larder; no window to set"},
+      {"--repeat-last-n", "`larder serve` takes the penalties' windows per request (repetition_context_size, "
+                          "presence_context_size, frequency_context_size; 20 by default); --repeat-last-n is a flag "
+                          "of `larder generate` and `larder chat`"},
       {"--numa", "larder needs no NUMA setting: drop it"},
       {"--no-warmup", "larder does not warm up: drop it"},
       {"--warmup", "larder does not warm up: drop it"},

@@ -5,8 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "interrupt.h"
 #include "larder/core/threadpool.h"
@@ -24,10 +29,24 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_option("--top-p", f.top_p, "nucleus sampling mass")->check(in_range(0.0, 1.0));
   cmd->add_option("--top-k", f.top_k, "keep the k most likely tokens (0 = off)")->check(at_least(0));
   cmd->add_option("--min-p", f.min_p, "drop tokens below min_p x p(max)")->check(in_range(0.0, 1.0));
-  cmd->add_option("--repeat-penalty", f.repeat_penalty, "repetition penalty (1 = off)")->check(in_range(0.0, 100.0));
+  // The ranges are the server's request fields' (server/api_fields.h); a penalty of 0 would divide by 0.
+  cmd->add_option("--repeat-penalty", f.repeat_penalty, "repetition penalty (1 = off)")
+      ->check(positive())
+      ->check(in_range(0.0, 100.0));
   cmd->add_option("--presence-penalty", f.presence_penalty, "presence penalty")->check(in_range(-2.0, 2.0));
   cmd->add_option("--frequency-penalty", f.frequency_penalty, "frequency penalty")->check(in_range(-2.0, 2.0));
+  cmd->add_option("--repeat-last-n", f.repeat_last_n,
+                  "last N tokens the repeat, presence and frequency penalties look at (-1 = all, 0 = penalties "
+                  "off; default 20)")
+      ->check(in_range(-1, 1 << 20));
+  cmd->add_option("-l,--logit-bias", f.logit_bias,
+                  "add BIAS to token ID's logit, as ID+BIAS or ID-BIAS (ID-inf bans it); repeatable");
   cmd->add_option("-s,--seed", f.seed, "sampling seed (same seed, same tokens)");
+  cmd->add_option("--grammar", f.grammar, "constrain the output to a GBNF grammar (root rule `root`)");
+  cmd->add_option("--grammar-file", f.grammar_file, "read the GBNF grammar from FILE");
+  cmd->add_option("-j,--json-schema", f.json_schema,
+                  "constrain the output to JSON valid against this schema (JSON text, or @FILE)");
+  cmd->add_option("--json-schema-file", f.json_schema_file, "read the JSON schema from FILE");
   cmd->add_option("--stop", f.stop, "stop string (repeatable); never printed");
   cmd->add_option("-t,--threads", f.threads, "compute threads (0 = physical cores)")->check(at_least(0));
   cmd->add_option("-c,--ctx,--ctx-size", f.ctx, "context length (0 = the model's)")->check(at_least(0));
@@ -38,7 +57,88 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   add_kv_dtype_flags(cmd, f.kv);
 }
 
-runtime::GenerateOptions generate_options(const GenerationFlags& f, const runtime::LoadedModel& m) {
+namespace {
+
+// The grammar and schema files are small texts: bounded like every text larder reads.
+Result<std::string> read_small_file(const std::string& path, const char* flag) {
+  TextLimit limit;
+  limit.max_bytes = runtime::GrammarLimits{}.text_bytes;
+  limit.why = "larder compiles grammars and schemas of at most that size";
+  auto r = read_text_input(path, limit, flag);
+  if (!r.is_ok()) return r.status();
+  return std::move(r->text);
+}
+
+// llama.cpp's -l/--logit-bias: TOKEN_ID followed by a signed bias ("15043+1", "15043-0.5",
+// "15043-inf").
+Status parse_logit_bias(const std::string& s, int64_t vocab, std::map<int32_t, float>* out) {
+  const auto bad = [&](const char* why) {
+    return invalid_argument(strfmt("[generate] --logit-bias '%s': %s (expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. "
+                                   "15043+1 or 15043-inf)", s.c_str(), why));
+  };
+  size_t i = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == 0) return bad("no token id");
+  if (i == s.size() || (s[i] != '+' && s[i] != '-')) return bad("no signed bias after the token id");
+  const long long id = std::strtoll(s.substr(0, i).c_str(), nullptr, 10);
+  if (id >= vocab) return bad(strfmt("token id %lld is outside the vocabulary [0, %lld)", id, (long long)vocab).c_str());
+  const std::string num = s.substr(i);
+  char* end = nullptr;
+  const double b = std::strtod(num.c_str(), &end);
+  if (num.size() < 2 || !end || *end != '\0' || std::isnan(b) || b == INFINITY) return bad("the bias is not a number");
+  (*out)[static_cast<int32_t>(id)] = static_cast<float>(b);
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::optional<runtime::ConstraintSpec>> constraint_spec(const GenerationFlags& f) {
+  const int given = f.grammar.has_value() + f.grammar_file.has_value() + f.json_schema.has_value() +
+                    f.json_schema_file.has_value();
+  if (given > 1)
+    return invalid_argument("[generate] give one output constraint: --grammar, --grammar-file, --json-schema or "
+                            "--json-schema-file");
+  if (given == 0) return std::optional<runtime::ConstraintSpec>();
+  runtime::ConstraintSpec spec;
+  if (f.grammar || f.grammar_file) {
+    spec.kind = runtime::ConstraintSpec::Kind::kGbnf;
+    if (f.grammar) {
+      spec.text = *f.grammar;
+    } else {
+      LARDER_ASSIGN_OR_RETURN(spec.text, read_small_file(*f.grammar_file, "--grammar-file"));
+    }
+    if (spec.text.find_first_not_of(" \t\r\n") == std::string::npos)
+      return invalid_argument("[generate] the grammar is empty");
+    return std::optional<runtime::ConstraintSpec>(std::move(spec));
+  }
+  std::string text;
+  std::string where = "--json-schema";
+  if (f.json_schema && !f.json_schema->starts_with("@")) {
+    text = *f.json_schema;
+  } else {
+    const std::string path = f.json_schema ? f.json_schema->substr(1) : *f.json_schema_file;
+    where = "'" + path + "'";
+    LARDER_ASSIGN_OR_RETURN(text, read_small_file(path, f.json_schema ? "--json-schema" : "--json-schema-file"));
+  }
+  nlohmann::ordered_json schema;
+  try {
+    schema = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument(strfmt("[generate] %s is not JSON: %s", where.c_str(), e.what()));
+  }
+  if (!schema.is_object() && !schema.is_boolean())
+    return invalid_argument(strfmt("[generate] %s must be a JSON schema (an object)", where.c_str()));
+  if (Status st = runtime::check_json_schema(schema); !st.is_ok())
+    return invalid_argument(strfmt("[generate] %s: %s", where.c_str(), st.message().c_str()));
+  // As the server's json_schema field: strict (no properties beyond those the schema names).
+  spec.kind = runtime::ConstraintSpec::Kind::kJsonSchema;
+  spec.text = schema.dump();
+  spec.strict = true;
+  return std::optional<runtime::ConstraintSpec>(std::move(spec));
+}
+
+Result<runtime::GenerateOptions> generate_options(const GenerationFlags& f, const runtime::LoadedModel& m,
+                                                  const std::optional<runtime::ConstraintSpec>& spec) {
   runtime::GenerateOptions go;
   go.sampling = m.defaults.sampling;
   if (f.temp) go.sampling.temperature = *f.temp;
@@ -48,8 +148,31 @@ runtime::GenerateOptions generate_options(const GenerationFlags& f, const runtim
   if (f.repeat_penalty) go.sampling.repetition_penalty = *f.repeat_penalty;
   if (f.presence_penalty) go.sampling.presence_penalty = *f.presence_penalty;
   if (f.frequency_penalty) go.sampling.frequency_penalty = *f.frequency_penalty;
+  if (f.repeat_last_n) {
+    if (*f.repeat_last_n == 0) {  // llama.cpp: 0 turns the penalties off
+      go.sampling.repetition_penalty = 1.0f;
+      go.sampling.presence_penalty = go.sampling.frequency_penalty = 0.0f;
+    } else {
+      const int window = *f.repeat_last_n < 0 ? 0 : *f.repeat_last_n;  // the sampler's 0: the whole history
+      go.sampling.repetition_context_size = go.sampling.presence_context_size = go.sampling.frequency_context_size =
+          window;
+    }
+  }
+  for (const std::string& b : f.logit_bias)
+    LARDER_RETURN_IF_ERROR(parse_logit_bias(b, m.model->info().vocab, &go.sampling.logit_bias));
   go.sampling.seed = f.seed;
   if (!f.ignore_eos) go.eos_ids = m.defaults.eos_ids;
+  go.stops = f.stop;
+  go.tokenizer = m.tokenizer.get();
+  if (spec) {
+    if (!m.grammar) return unsupported("[generate] constrained decoding is not available for this model");
+    auto c = m.grammar->compile(*spec);
+    if (!c.is_ok()) {
+      const char* flag = spec->kind == runtime::ConstraintSpec::Kind::kGbnf ? "--grammar" : "--json-schema";
+      return invalid_argument(strfmt("[generate] %s: %s", flag, c.status().message().c_str()));
+    }
+    go.constraint = std::move(*c);
+  }
   return go;
 }
 

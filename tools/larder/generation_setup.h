@@ -1,6 +1,7 @@
-// generation_setup.h — what `larder generate` and `larder chat` share: the sampling and length
-// flags (llama.cpp's spellings as aliases), the options they make for runtime::generate, the
-// Layer-0 KV store of a CLI run, and the statistics line.
+// generation_setup.h — what `larder generate` and `larder chat` share: the sampling, length and
+// structured-output flags (llama.cpp's spellings as aliases; the options a server request has),
+// the options they make for runtime::generate, the Layer-0 KV store of a CLI run, and the
+// statistics line.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -21,7 +22,13 @@ namespace larder::cli {
 struct GenerationFlags {
   std::optional<float> temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
   std::optional<int> top_k;
+  // llama.cpp's --repeat-last-n: the history window of all three penalties (-1: the whole
+  // history, 0: penalties off); unset: the sampler's window (runtime::SamplingParams).
+  std::optional<int> repeat_last_n;
+  std::vector<std::string> logit_bias;  // "ID+BIAS" / "ID-BIAS" / "ID-inf", llama.cpp's -l
   uint64_t seed = 0;
+  // Structured output (at most one): GBNF text or file, a JSON schema inline or @FILE or file.
+  std::optional<std::string> grammar, grammar_file, json_schema, json_schema_file;
   int64_t n = runtime::kDefaultMaxTokens;  // -1: until the context is full
   int64_t ctx = 0;                         // 0: the model's
   int threads = 0;
@@ -42,8 +49,17 @@ Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg
                                                                   const runtime::ChatTemplateFlags& chat_template,
                                                                   runtime::LocatedModel* located = nullptr);
 
-// Sampling from the model's generation_config, overridden by the flags; EOS ids unless --ignore-eos.
-runtime::GenerateOptions generate_options(const GenerationFlags& f, const runtime::LoadedModel& m);
+// The structured-output flags as a grammar to compile, read and checked before the model loads
+// (a missing file or a bad schema is reported first): nullopt without one. Errors: two of them
+// given, an unreadable file, a JSON schema that does not parse or that check_json_schema refuses.
+Result<std::optional<runtime::ConstraintSpec>> constraint_spec(const GenerationFlags& f);
+
+// Sampling from the model's generation_config, overridden by the flags; EOS ids unless
+// --ignore-eos; stop strings and the text of the model's tokenizer; the grammar of `spec`,
+// compiled by the model's grammar engine (the server's). Errors: a logit bias that does not
+// parse or names an id outside the vocabulary, a grammar that does not compile.
+Result<runtime::GenerateOptions> generate_options(const GenerationFlags& f, const runtime::LoadedModel& m,
+                                                  const std::optional<runtime::ConstraintSpec>& spec);
 
 // The context a run uses: --ctx capped at the model's.
 int64_t context_of(const GenerationFlags& f, const runtime::LoadedModel& m);
