@@ -43,7 +43,11 @@ class FlagsTest(unittest.TestCase):
                              (["serve", "--parallel", "0"], "--parallel"),
                              (["serve", "--prompt-cache", "-1"], "--prompt-cache"),
                              (["generate", STORIES, "-n", "0"], "-n"),
-                             (["bench", STORIES, "-p", "0", "-n", "0"], "no test left")):
+                             (["bench", STORIES, "-p", "0", "-n", "0"], "no test left"),
+                             # a repetition penalty of 0 divided every seen token's logit by 0
+                             (["generate", STORIES, "-p", "x", "--repeat-penalty", "0"], "greater than 0"),
+                             (["serve", STORIES, "--repeat-penalty", "0"], "greater than 0"),
+                             (["generate", STORIES, "-p", "x", "--repeat-last-n", "-2"], "--repeat-last-n")):
             code, out, err = run(*args, timeout=30)
             self.assertEqual(code, 2, f"{args}: {err}")
             self.assertIn(needle, err)

@@ -378,7 +378,9 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--top-p", f->top_p, "default top_p")->check(in_range(0.0, 1.0));
   cmd->add_option("--top-k", f->top_k, "default top_k")->check(at_least(0));
   cmd->add_option("--min-p", f->min_p, "default min_p")->check(in_range(0.0, 1.0));
-  cmd->add_option("--repeat-penalty", f->repeat_penalty, "default repetition penalty")->check(in_range(0.0, 100.0));
+  cmd->add_option("--repeat-penalty", f->repeat_penalty, "default repetition penalty")
+      ->check(positive())  // 0 would divide by zero (requests: repetition_penalty > 0 too)
+      ->check(in_range(0.0, 100.0));
   cmd->add_option("-s,--seed", f->seed,
                   "seed of every request that sets none, so such requests repeat (llama-server's -s); "
                   "-1 = random per request (default)")
