@@ -163,6 +163,11 @@ class FlagsTest(unittest.TestCase):
         code, out, err = run("generate", STORIES, "-p", "Once", "-n", "4", "--repeat-last-n", "-1", "-l", "2-inf",
                              "--repeat-penalty", "1.2")
         self.assertEqual(code, 0, err)
+        # Repeatable flags take one value each: MODEL after them is MODEL, not another value.
+        code, out, err = run("generate", "-l", "2-inf", "-l", "13+1", "--stop", "xyz", "--stop", " ", STORIES,
+                             "-p", "Once", "-n", "30", "--temp", "0")
+        self.assertEqual(code, 0, err)
+        self.assertIn("stop: stop string", err)
 
     def test_llamacpp_single_dash_flags_that_larder_has(self):
         # -np is --parallel, -sys is --system: accepted, not read as clusters of short flags.

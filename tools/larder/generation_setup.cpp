@@ -40,14 +40,17 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
                   "off; default 20)")
       ->check(in_range(-1, 1 << 20));
   cmd->add_option("-l,--logit-bias", f.logit_bias,
-                  "add BIAS to token ID's logit, as ID+BIAS or ID-BIAS (ID-inf bans it); repeatable");
+                  "add BIAS to token ID's logit, as ID+BIAS or ID-BIAS (ID-inf bans it); repeatable")
+      ->allow_extra_args(false);
   cmd->add_option("-s,--seed", f.seed, "sampling seed (same seed, same tokens)");
   cmd->add_option("--grammar", f.grammar, "constrain the output to a GBNF grammar (root rule `root`)");
   cmd->add_option("--grammar-file", f.grammar_file, "read the GBNF grammar from FILE");
   cmd->add_option("-j,--json-schema", f.json_schema,
                   "constrain the output to JSON valid against this schema (JSON text, or @FILE)");
   cmd->add_option("--json-schema-file", f.json_schema_file, "read the JSON schema from FILE");
-  cmd->add_option("--stop", f.stop, "stop string (repeatable); never printed");
+  // One value per occurrence (repeat the flag): a greedy list would swallow MODEL after it.
+  cmd->add_option("--stop", f.stop, "stop string (repeatable); never printed")
+      ->allow_extra_args(false);
   cmd->add_option("-t,--threads", f.threads, "compute threads (0 = physical cores)")->check(at_least(0));
   cmd->add_option("-c,--ctx,--ctx-size", f.ctx, "context length (0 = the model's)")->check(at_least(0));
   cmd->add_flag("--ignore-eos", f.ignore_eos, "keep generating past EOS tokens");
