@@ -124,6 +124,7 @@ class StructuredOutputTest(unittest.TestCase):
             (["-j", '{"type": "object", "uniqueItems": true}'], "uniqueItems"),
             (["-j", "@" + os.path.join(self.tmp, "missing.json")], "missing.json"),
             (["--grammar-file", os.path.join(self.tmp, "missing.gbnf")], "missing.gbnf"),
+            (["-j", "@"], "--json-schema needs a file name"),
             (["-l", "15043"], "--logit-bias '15043'"),
             (["-l", "99999999+1"], "outside the vocabulary"),
             (["--repeat-penalty", "0"], "greater than 0"),

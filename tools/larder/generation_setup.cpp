@@ -64,6 +64,7 @@ namespace {
 
 // The grammar and schema files are small texts: bounded like every text larder reads.
 Result<std::string> read_small_file(const std::string& path, const char* flag) {
+  if (path.empty()) return invalid_argument(strfmt("[generate] %s needs a file name", flag));  // "" would be stdin
   TextLimit limit;
   limit.max_bytes = runtime::GrammarLimits{}.text_bytes;
   limit.why = "larder compiles grammars and schemas of at most that size";
