@@ -5,9 +5,9 @@
 #include <future>
 
 #include "larder/core/log.h"
+#include "larder/runtime/decode_step.h"
 #include "larder/runtime/fit.h"
 #include "larder/runtime/sequence.h"
-#include "larder/runtime/decode_step.h"
 
 namespace larder::server {
 

@@ -9,8 +9,10 @@
 //      quarter of it while any sequence decodes) — so a long prompt is prefilled in slices
 //      between decode steps instead of stalling them;
 //   3. one Model::forward_batch for the whole batch;
-//   4. sample, detokenize, match stops, push events; finished or cancelled sequences put their KV
-//      into the store and free their slot.
+//   4. each row that needs a token runs its decode step (runtime/decode_step.h — the one
+//      `larder generate` runs: pick, grammar, EOS, text and stop strings, length, logprobs) and
+//      pushes events; finished or cancelled sequences put their KV into the store and free their
+//      slot.
 // A sequence's tokens depend only on its own prompt, sampling params and seed (counter-based
 // RNG): batching changes floating-point summation order in the matmuls, nothing else.
 #pragma once
