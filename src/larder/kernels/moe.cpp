@@ -1,0 +1,165 @@
+// moe.cpp — moe.h entry points: routing through the dispatch table, and the grouped expert
+// matmul, a driver over the active tier's per-format matmul kernels.
+#include "larder/kernels/moe.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "larder/core/profile.h"
+#include "larder/core/status.h"
+#include "larder/core/threadpool.h"
+#include "larder/kernels/dispatch.h"
+
+namespace larder::kernels {
+
+namespace {
+
+// Rows [r0, r0 + len) of w as a matrix of their own: every format stores whole rows (GGUF
+// blocks run along cols; MLX scales/biases are per row), so a row slice is pointer arithmetic.
+WeightView row_slice(const WeightView& w, int64_t r0, int64_t len) {
+  WeightView v = w;
+  v.rows = len;
+  v.data = w.data + static_cast<uint64_t>(r0) * w.row_bytes();
+  if (w.is_affine()) {
+    const uint64_t sb = dtype_bytes(w.scale_dtype, static_cast<uint64_t>(w.cols / w.group_size));
+    v.scales = w.scales + static_cast<uint64_t>(r0) * sb;
+    v.biases = w.biases + static_cast<uint64_t>(r0) * sb;
+  }
+  return v;
+}
+
+MatmulFn matmul_fn(const KernelTable& t, const WeightView& w) {
+  if (w.is_affine()) return w.bits <= kMaxAffineBits ? t.matmul_affine[w.bits] : nullptr;
+  return t.matmul[static_cast<int>(w.dtype)];
+}
+
+// The (token, slot) pairs of one expert: pairs[begin, begin + m) of the grouped order.
+struct Group {
+  int32_t expert = 0;
+  int64_t begin = 0, m = 0;
+  const float* x = nullptr;  // [m, cols]: the pairs' input rows (gathered unless m == 1)
+};
+
+// One piece of the decode job: rows [r0, r0 + len) of a group's expert over the group's rows.
+struct Piece {
+  int32_t group = 0;
+  int64_t r0 = 0, len = 0;
+  float* out = nullptr;  // [m, len]; for m == 1 it is y's row of the pair itself
+};
+
+// Largest group that runs as pieces of one job: the matmul driver's decode regime (n <= 8),
+// where each weight byte is read once for all of the group's rows.
+constexpr int64_t kMaxDecodeGroup = 8;
+
+}  // namespace
+
+void route_topk(const float* logits, int64_t n, const RouteParams& p, int32_t* ids, float* weights) {
+  profile::Scope scope(profile::enabled() ? "route_topk" : "");
+  if (n > 0) active_table().route_topk(logits, n, p, ids, weights);
+}
+
+void matmul_experts(const ExpertsView& w, const float* x, bool x_per_slot, int64_t n, const int32_t* ids, int k,
+                    float* y) {
+  if (n <= 0 || k <= 0) return;
+  LARDER_CHECK(w.n_experts > 0 && w.experts != nullptr, "[kernels] matmul_experts without experts");
+  const WeightView& w0 = w.experts[0];
+  const int64_t rows = w0.rows, cols = w0.cols, pairs = n * k;
+  MatmulFn mm = matmul_fn(active_table(), w0);
+  LARDER_CHECK(mm != nullptr, "[kernels] no matmul for %s (affine bits %d)", dtype_name(w0.dtype), w0.bits);
+
+  // Counting sort of the pairs by expert (stable: a group's rows stay in token order).
+  std::vector<int64_t> start(static_cast<size_t>(w.n_experts) + 1, 0);
+  for (int64_t p = 0; p < pairs; ++p) {
+    LARDER_CHECK(ids[p] >= 0 && ids[p] < w.n_experts, "[kernels] expert id %d of %d", ids[p], w.n_experts);
+    ++start[static_cast<size_t>(ids[p]) + 1];
+  }
+  for (int e = 0; e < w.n_experts; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> order(static_cast<size_t>(pairs));
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t p = 0; p < pairs; ++p) order[static_cast<size_t>(fill[static_cast<size_t>(ids[p])]++)] = p;
+  }
+  std::vector<Group> groups;
+  for (int e = 0; e < w.n_experts; ++e)
+    if (start[e + 1] > start[e]) groups.push_back({e, start[e], start[e + 1] - start[e], nullptr});
+
+  // The groups' input rows, gathered (a single row is read in place).
+  auto x_row = [&](int64_t p) { return x + (x_per_slot ? p : p / k) * cols; };
+  // Grow-only per-thread buffers: a decode step calls this three times per MoE layer.
+  thread_local std::vector<float> xg, yg;
+  if (xg.size() < static_cast<size_t>(pairs * cols)) xg.resize(static_cast<size_t>(pairs * cols));
+  for (Group& g : groups) {
+    if (g.m == 1) {
+      g.x = x_row(order[static_cast<size_t>(g.begin)]);
+      continue;
+    }
+    float* dst = xg.data() + g.begin * cols;
+    for (int64_t i = 0; i < g.m; ++i)
+      std::memcpy(dst + i * cols, x_row(order[static_cast<size_t>(g.begin + i)]), static_cast<size_t>(cols) * 4);
+    g.x = dst;
+  }
+  // Results of multi-row groups land here ([m, rows] per group, or [m, len] per piece) and are
+  // scattered to y's pairs afterwards.
+  if (yg.size() < static_cast<size_t>(pairs * rows)) yg.resize(static_cast<size_t>(pairs * rows));
+  auto scatter = [&](const Group& g, const float* src, int64_t r0, int64_t len) {
+    for (int64_t i = 0; i < g.m; ++i)
+      std::memcpy(y + order[static_cast<size_t>(g.begin + i)] * rows + r0, src + i * len, static_cast<size_t>(len) * 4);
+  };
+
+  char name[96] = "";
+  if (profile::enabled()) {
+    const double experts = static_cast<double>(groups.size());
+    std::snprintf(name, sizeof name, "matmul_experts %s %lldx%lld %d of %d experts%s", dtype_name(w0.dtype),
+                  (long long)rows, (long long)cols, static_cast<int>(experts), w.n_experts,
+                  n == 1 ? "" : " n>1");
+  }
+  double bytes = 0;
+  if (profile::enabled())
+    for (const Group& g : groups) bytes += static_cast<double>(rows) * static_cast<double>(w.experts[g.expert].row_bytes());
+  profile::Scope scope(name, bytes);
+
+  // Prefill-sized groups: one GEMM per expert, each its own pool job (the tier's prefill path).
+  int64_t decode_rows = 0;
+  for (const Group& g : groups) {
+    if (g.m <= kMaxDecodeGroup) {
+      decode_rows += rows;
+      continue;
+    }
+    float* out = yg.data() + g.begin * rows;
+    mm(w.experts[g.expert], g.x, g.m, out);
+    scatter(g, out, 0, rows);
+  }
+  if (decode_rows == 0) return;
+
+  // Decode-sized groups: every (expert, row range) piece in one pool job. Pieces are whole
+  // multiples of 8 rows (every decode tile height divides them), about 4 per thread so a slowed
+  // core takes fewer, and at least 32 rows so each piece's activation quantization stays small
+  // next to its weight stream. Inside the job each piece's matmul runs on its own thread (the
+  // pool runs nested parallel_for serially).
+  const int threads = default_pool().n_threads();
+  int64_t piece_rows = (decode_rows + 4 * threads - 1) / (4 * static_cast<int64_t>(threads));
+  piece_rows = std::max<int64_t>(32, (piece_rows + 7) / 8 * 8);
+  std::vector<Piece> pieces;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const Group& g = groups[gi];
+    if (g.m > kMaxDecodeGroup) continue;
+    for (int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
+      const int64_t len = std::min(piece_rows, rows - r0);
+      float* out = g.m == 1 ? y + order[static_cast<size_t>(g.begin)] * rows + r0 : yg.data() + g.begin * rows + g.m * r0;
+      pieces.push_back({static_cast<int32_t>(gi), r0, len, out});
+    }
+  }
+  default_pool().parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i, int) {
+    const Piece& pc = pieces[static_cast<size_t>(i)];
+    const Group& g = groups[static_cast<size_t>(pc.group)];
+    mm(row_slice(w.experts[g.expert], pc.r0, pc.len), g.x, g.m, pc.out);
+  });
+  for (const Piece& pc : pieces) {
+    const Group& g = groups[static_cast<size_t>(pc.group)];
+    if (g.m > 1) scatter(g, pc.out, pc.r0, pc.len);
+  }
+}
+
+}  // namespace larder::kernels
