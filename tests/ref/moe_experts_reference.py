@@ -12,6 +12,9 @@ weights dequantized by those tools.
   hf/                 model.layers.0.mlp.experts.{i}.{gate,up,down}_proj.weight, one BF16 tensor per
                       expert
 
+  gemma4/             model.layers.0.experts.gate_up_proj [E, 2·I, H] (gate and up fused along rows, split by
+                      mx.split as mlx-lm's sanitize does) and experts.down_proj, BF16
+
 (safetensors' numpy writer has no BF16: write_safetensors below writes the format by hand.)
 
 For each bound matrix <dir>/<name>.f32 holds the oracle's dequantization [E, rows, cols], and
@@ -125,6 +128,22 @@ def main():
     write_safetensors(os.path.join(d, "model.safetensors"), tensors, bf16=bf)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump({"model_type": "qwen3_moe"}, f)
+
+    # Gemma 4 (HF): experts.gate_up_proj [E, 2·I, H], gate the first I rows of each expert (mlx-lm's
+    # sanitize splits it so), experts.down_proj [E, H, I].
+    d = os.path.join(root, "gemma4")
+    os.makedirs(d, exist_ok=True)
+    gu = mx.array(rand(E, 2 * I, H)).astype(mx.bfloat16)
+    dn = mx.array(rand(E, H, I)).astype(mx.bfloat16)
+    gate, up = mx.split(gu, 2, axis=-2)
+    tensors = {"model.layers.0.experts.gate_up_proj": np.array(gu.view(mx.uint16)).view(np.uint16),
+               "model.layers.0.experts.down_proj": np.array(dn.view(mx.uint16)).view(np.uint16)}
+    write_safetensors(os.path.join(d, "model.safetensors"), tensors, bf16=set(tensors))
+    for proj, a in (("gate_proj", gate), ("up_proj", up), ("down_proj", dn)):
+        np.array(a.astype(mx.float32)).tofile(os.path.join(d, f"{proj}.f32"))
+        index["cases"].append({"layout": "gemma4", "name": proj, "shape": list(a.shape)})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"model_type": "gemma4_text"}, f)
 
     with open(os.path.join(root, "index.json"), "w") as f:
         json.dump(index, f)

@@ -37,17 +37,25 @@ class WeightBinder {
   // plain, GGUF block, or MLX affine (then `<module>.scales`/`.biases` are bound with it).
   Result<kernels::WeightView> matrix(const std::string& hf_name, int64_t rows, int64_t cols, const char* why);
   // A layer's routed experts: n_experts matrices [rows, cols] of one format, one WeightView each
-  // (kernels::ExpertsView over the result), bound in place from whichever layout the file holds:
-  // - `stacked` (a canonical HF name, e.g. "model.layers.3.mlp.switch_mlp.gate_proj.weight"): one
-  //   tensor [n_experts, rows, cols] — MLX `switch_mlp.*` (quantized: U32 codes [E, rows, packed]
-  //   and `.scales`/`.biases` [E, rows, cols/group_size]), or, through the TensorNames table, a GGUF's
-  //   `blk.N.ffn_*_exps.weight` (ggml ne [cols, rows, E], any block format); expert e is the e-th
-  //   [rows, cols] slab;
-  // - otherwise `per_expert`, with "{i}" where the expert's index goes (HF checkpoints:
-  //   "model.layers.3.mlp.experts.{i}.gate_proj.weight"): n_experts matrices, each bound as matrix().
-  //   Leave it empty where the format has no such layout.
-  Result<std::vector<kernels::WeightView>> experts(const std::string& stacked, const std::string& per_expert,
-                                                   int n_experts, int64_t rows, int64_t cols, const char* why);
+  // (kernels::ExpertsView over the result), bound in place from whichever layout the file holds.
+  struct ExpertsSpec {
+    // A canonical HF name of one tensor [n_experts, parts·rows, cols]: MLX `switch_mlp.*.weight`
+    // (quantized: U32 codes [E, rows, packed] and `.scales`/`.biases` [E, rows, cols/group_size]);
+    // through the TensorNames table a GGUF's `blk.N.ffn_*_exps.weight` (ggml ne [cols, rows, E], any
+    // block format); Gemma 4's HF `experts.gate_up_proj` (parts 2). Expert e is the e-th slab.
+    std::string stacked;
+    // Used where the file has no `stacked` tensor: the name of each expert's own matrix, "{i}" where
+    // the index goes (HF: "model.layers.3.mlp.experts.{i}.gate_proj.weight"), each bound as matrix().
+    // Empty where the format has no such layout.
+    std::string per_expert;
+    int n_experts = 0;
+    int64_t rows = 0, cols = 0;
+    // Matrices fused along rows: the tensor holds `parts` matrices per expert, [parts·rows, cols],
+    // and this binds rows [part·rows, (part+1)·rows) of each (Gemma 4's gate_up_proj: gate = part
+    // 0, up = part 1).
+    int part = 0, parts = 1;
+  };
+  Result<std::vector<kernels::WeightView>> experts(const ExpertsSpec& spec, const char* why);
   // A [len] vector in F32/F16/BF16, converted to f32.
   Result<std::vector<float>> vector(const std::string& hf_name, int64_t len, const char* why);
 

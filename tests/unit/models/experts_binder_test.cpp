@@ -46,6 +46,17 @@ TensorNames moe_names() {
 std::string stacked(const std::string& proj) { return "model.layers.0.mlp.switch_mlp." + proj + ".weight"; }
 std::string per_expert(const std::string& proj) { return "model.layers.0.mlp.experts.{i}." + proj + ".weight"; }
 
+WeightBinder::ExpertsSpec spec(const std::string& stacked, const std::string& per_expert, int n, int64_t rows,
+                               int64_t cols) {
+  WeightBinder::ExpertsSpec s;
+  s.stacked = stacked;
+  s.per_expert = per_expert;
+  s.n_experts = n;
+  s.rows = rows;
+  s.cols = cols;
+  return s;
+}
+
 // Every row of every expert, dequantized through the bound view, equals the oracle's [E, rows, cols].
 void expect_experts(const std::vector<kernels::WeightView>& ws, const std::string& oracle, int64_t rows, int64_t cols,
                     double tol) {
@@ -87,7 +98,7 @@ TEST(ExpertsBinder, GgufStackedExps) {
   for (const auto& [proj, file, rows, cols] : {std::tuple{"gate_proj", "ffn_gate_exps", I, H},
                                                std::tuple{"up_proj", "ffn_up_exps", I, H},
                                                std::tuple{"down_proj", "ffn_down_exps", H, I}}) {
-    auto ws = b.experts(stacked(proj), "", E, rows, cols, "test");
+    auto ws = b.experts(spec(stacked(proj), "", E, rows, cols), "test");
     ASSERT_TRUE(ws.is_ok()) << ws.status().to_string();
     expect_experts(ws.value(), kDir + "gguf/" + file + ".f32", rows, cols, 0.0);
   }
@@ -102,15 +113,15 @@ TEST(ExpertsBinder, MlxStackedSwitchMlp) {
   WeightBinder b(o->files, o->names);
   for (const auto& [proj, rows, cols] : {std::tuple{"gate_proj", I, H}, std::tuple{"up_proj", I, H},
                                          std::tuple{"down_proj", H, I}}) {
-    auto ws = b.experts(stacked(proj), per_expert(proj), E, rows, cols, "test");
+    auto ws = b.experts(spec(stacked(proj), per_expert(proj), E, rows, cols), "test");
     ASSERT_TRUE(ws.is_ok()) << ws.status().to_string();
     expect_experts(ws.value(), kDir + "mlx/" + proj + ".f32", rows, cols, 2e-7);
   }
-  auto gate = b.experts(stacked("gate_proj"), "", E, I, H, "test");
+  auto gate = b.experts(spec(stacked("gate_proj"), "", E, I, H), "test");
   ASSERT_TRUE(gate.is_ok());
   EXPECT_EQ(gate.value()[0].bits, 4);
   EXPECT_EQ(gate.value()[0].group_size, 64);
-  auto up = b.experts(stacked("up_proj"), "", E, I, H, "test");
+  auto up = b.experts(spec(stacked("up_proj"), "", E, I, H), "test");
   ASSERT_TRUE(up.is_ok());
   EXPECT_EQ(up.value()[0].bits, 8);  // the per-module entry of config.json
   EXPECT_EQ(up.value()[0].group_size, 32);
@@ -123,7 +134,7 @@ TEST(ExpertsBinder, HfPerExpertTensors) {
   WeightBinder b(o->files, o->names);
   for (const auto& [proj, rows, cols] : {std::tuple{"gate_proj", I, H}, std::tuple{"up_proj", I, H},
                                          std::tuple{"down_proj", H, I}}) {
-    auto ws = b.experts(stacked(proj), per_expert(proj), E, rows, cols, "test");
+    auto ws = b.experts(spec(stacked(proj), per_expert(proj), E, rows, cols), "test");
     ASSERT_TRUE(ws.is_ok()) << ws.status().to_string();
     expect_experts(ws.value(), kDir + "hf/" + proj + ".f32", rows, cols, 0.0);
     const formats::TensorInfo* t = o->files.tensors().find("model.layers.0.mlp.experts.2." + std::string(proj) + ".weight");
@@ -133,20 +144,49 @@ TEST(ExpertsBinder, HfPerExpertTensors) {
   EXPECT_TRUE(b.unbound().empty());
 }
 
+// Gemma 4's HF experts: gate and up fused along rows in one [E, 2·I, H] tensor, bound as two
+// parts in place (mlx-lm splits it with mx.split: gate = the first I rows of each expert).
+TEST(ExpertsBinder, Gemma4FusedGateUp) {
+  auto o = open(kDir + "gemma4");
+  WeightBinder b(o->files, o->names);
+  const std::string gu = "model.layers.0.experts.gate_up_proj";
+  const formats::TensorInfo* t = o->files.tensors().find(gu);
+  ASSERT_NE(t, nullptr);
+  for (int part : {0, 1}) {
+    auto s = spec(gu, "", E, I, H);
+    s.part = part;
+    s.parts = 2;
+    auto ws = b.experts(s, "test");
+    ASSERT_TRUE(ws.is_ok()) << ws.status().to_string();
+    expect_experts(ws.value(), kDir + "gemma4/" + (part ? "up_proj" : "gate_proj") + ".f32", I, H, 0.0);
+    EXPECT_EQ(ws.value()[1].data, t->data + (2 * I + part * I) * H * 2);  // in place
+  }
+  auto dn = b.experts(spec("model.layers.0.experts.down_proj", "", E, H, I), "test");
+  ASSERT_TRUE(dn.is_ok()) << dn.status().to_string();
+  expect_experts(dn.value(), kDir + "gemma4/down_proj.f32", H, I, 0.0);
+  EXPECT_TRUE(b.unbound().empty());
+  EXPECT_EQ(b.n_params(), 3 * E * H * I);
+  auto bad = spec(gu, "", E, I, H);
+  bad.parts = 3;  // the tensor holds two
+  auto r = b.experts(bad, "test");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("expected [4, 192, 256]"), std::string::npos) << r.status().message();
+}
+
 #define EXPECT_HAS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
 
 TEST(ExpertsBinder, ShapeErrorsNameTensorAndShapes) {
   {
     auto o = open(kDir + "gguf/experts.gguf");
     WeightBinder b(o->files, o->names);
-    auto r = b.experts(stacked("gate_proj"), "", 8, I, H, "num_experts 8");
+    auto r = b.experts(spec(stacked("gate_proj"), "", 8, I, H), "num_experts 8");
     ASSERT_FALSE(r.is_ok());
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_HAS(r.status().message(), "blk.0.ffn_gate_exps.weight");
     EXPECT_HAS(r.status().message(), "[4, 64, 256]");
     EXPECT_HAS(r.status().message(), "expected [8, 64, 256]");
     EXPECT_HAS(r.status().message(), "num_experts 8");
-    auto m = b.experts("model.layers.1.mlp.switch_mlp.gate_proj.weight", "", E, I, H, "test");
+    auto m = b.experts(spec("model.layers.1.mlp.switch_mlp.gate_proj.weight", "", E, I, H), "test");
     ASSERT_FALSE(m.is_ok());
     EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
     EXPECT_HAS(m.status().message(), "blk.1.ffn_gate_exps.weight");
@@ -154,22 +194,22 @@ TEST(ExpertsBinder, ShapeErrorsNameTensorAndShapes) {
   {
     auto o = open(kDir + "mlx");
     WeightBinder b(o->files, o->names);
-    auto r = b.experts(stacked("gate_proj"), "", E, I + 8, H, "moe_intermediate_size 72");
+    auto r = b.experts(spec(stacked("gate_proj"), "", E, I + 8, H), "moe_intermediate_size 72");
     ASSERT_FALSE(r.is_ok());
     EXPECT_HAS(r.status().message(), "model.layers.0.mlp.switch_mlp.gate_proj.weight");
     EXPECT_HAS(r.status().message(), "has shape [4, 64, 32], expected [4, 72, 32]");
-    auto d = b.experts(stacked("down_proj"), "", E, H, I * 2, "test");
+    auto d = b.experts(spec(stacked("down_proj"), "", E, H, I * 2), "test");
     ASSERT_FALSE(d.is_ok());
     EXPECT_HAS(d.status().message(), "has shape [4, 256, 64], expected [4, 256, 128]");
   }
   {
     auto o = open(kDir + "hf");
     WeightBinder b(o->files, o->names);
-    auto r = b.experts(stacked("gate_proj"), per_expert("gate_proj"), E + 1, I, H, "num_experts 5");
+    auto r = b.experts(spec(stacked("gate_proj"), per_expert("gate_proj"), E + 1, I, H), "num_experts 5");
     ASSERT_FALSE(r.is_ok());
     EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
     EXPECT_HAS(r.status().message(), "model.layers.0.mlp.experts.4.gate_proj.weight");
-    auto s = b.experts(stacked("gate_proj"), per_expert("gate_proj"), E, I, H * 2, "hidden_size 512");
+    auto s = b.experts(spec(stacked("gate_proj"), per_expert("gate_proj"), E, I, H * 2), "hidden_size 512");
     ASSERT_FALSE(s.is_ok());
     EXPECT_HAS(s.status().message(), "model.layers.0.mlp.experts.0.gate_proj.weight");
     EXPECT_HAS(s.status().message(), "expected [64, 512]");
