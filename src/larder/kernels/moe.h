@@ -70,4 +70,11 @@ struct ExpertsView {
 void matmul_experts(const ExpertsView& w, const float* x, bool x_per_slot, int64_t n, const int32_t* ids, int k,
                     float* y);
 
+// Several expert matrices over the same inputs and routes (gate and up): ys[i] as
+// matmul_experts(ws[i], ..., ys[i]) for i < count (<= kMaxMultiMatmul; every ws[i] with the same
+// n_experts and cols, formats and rows may differ), bit for bit, with the decode pieces of all of
+// them in one pool job: a MoE layer forks and joins once for gate/up and once for down.
+void matmul_experts_multi(const ExpertsView* ws, float* const* ys, int count, const float* x, bool x_per_slot,
+                          int64_t n, const int32_t* ids, int k);
+
 }  // namespace larder::kernels

@@ -304,6 +304,42 @@ TEST_P(MatmulExperts, ReadsOnlySelectedExperts) {
 INSTANTIATE_TEST_SUITE_P(Formats, MatmulExperts, testing::ValuesIn(all_formats()),
                          [](const testing::TestParamInfo<Format>& p) { return p.param.name(); });
 
+// gate and up in one call: each output is the single matmul_experts' bits, for matrices of one
+// format and of two (a Q4_K_M file mixes Q4_K and Q6_K; MLX mixed-precision checkpoints widths),
+// with different row counts, over decode, prefill and mixed batches.
+TEST(MatmulExpertsMulti, EqualsOneCallPerMatrix) {
+  std::mt19937 rng(2024);
+  const int E = 8;
+  const int64_t cols = 512;
+  const std::pair<Format, Format> pairs[] = {
+      {Format{DType::kQ4_K}, Format{DType::kQ6_K}},
+      {Format{DType::kQ4_0}, Format{DType::kQ4_0}},
+      {Format{DType::kBF16}, Format{DType::kF32}},
+      {Format{DType::kU32, 4, 64, DType::kBF16}, Format{DType::kU32, 8, 64, DType::kBF16}},
+  };
+  for (const auto& [fa, fb] : pairs) {
+    Experts a(fa, E, 96, cols, rng), b(fb, E, 40, cols, rng);
+    const ExpertsView views[2] = {a.view(), b.view()};
+    for (int threads : {1, 2, 3}) {
+      default_pool().set_threads(threads);
+      for (int64_t n : {1, 3, 8, 30}) {
+        const int k = 2;
+        const std::vector<int32_t> ids = random_ids(n, k, E, rng);
+        const std::vector<float> x = randn(static_cast<size_t>(n * cols), rng);
+        std::vector<float> ya(static_cast<size_t>(n * k * 96), -7.0f), yb(static_cast<size_t>(n * k * 40), -7.0f);
+        std::vector<float> wa(ya.size()), wb(yb.size());
+        float* ys[2] = {ya.data(), yb.data()};
+        matmul_experts_multi(views, ys, 2, x.data(), false, n, ids.data(), k);
+        matmul_experts(views[0], x.data(), false, n, ids.data(), k, wa.data());
+        matmul_experts(views[1], x.data(), false, n, ids.data(), k, wb.data());
+        EXPECT_TRUE(same_bits(ya, wa)) << fa.name() << " + " << fb.name() << " n " << n << " threads " << threads;
+        EXPECT_TRUE(same_bits(yb, wb)) << fa.name() << " + " << fb.name() << " n " << n << " threads " << threads;
+      }
+    }
+  }
+  default_pool().set_threads(0);
+}
+
 // The guard of ReadsOnlySelectedExperts is real: a read of a protected expert's byte kills the
 // process.
 TEST(MatmulExpertsDeathTest, ProtectedExpertFaults) {
