@@ -527,6 +527,56 @@ void bench_moe(const std::string& fmt_name, const Format& fmt, const MoeShape& m
       std::fflush(stdout);
     }
   }
+  // gate and up of a layer (two rotated layers' matrices stand in for them): matmul_experts_multi
+  // (one pool job) against two matmul_experts calls.
+  if (layers >= 2) {
+    std::printf("\n| gate+up, n | threads | matmul_experts_multi µs [min..max] | GB/s | two matmul_experts µs | speedup |\n"
+                "|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      default_pool().set_threads(threads[ti]);
+      for (int64_t n : decode_ns) {
+        std::vector<float> x(static_cast<size_t>(n * ms.cols)), ya(static_cast<size_t>(n * ms.k * ms.rows)), yb(ya.size());
+        fill_acts(x);
+        std::vector<double> tm, t2, gb;
+        for (int i = -2; i < reps * 4; ++i) {
+          std::vector<int32_t> id;
+          for (int64_t t = 0; t < n; ++t) {
+            std::vector<int32_t> all(static_cast<size_t>(ms.experts));
+            for (int e = 0; e < ms.experts; ++e) all[static_cast<size_t>(e)] = e;
+            for (int j = 0; j < ms.k; ++j) std::swap(all[static_cast<size_t>(j)], all[j + next() % (ms.experts - j)]);
+            id.insert(id.end(), all.begin(), all.begin() + ms.k);
+          }
+          int distinct = 0;
+          {
+            std::vector<bool> seen(static_cast<size_t>(ms.experts));
+            for (int32_t e : id) distinct += !seen[static_cast<size_t>(e)], seen[static_cast<size_t>(e)] = true;
+          }
+          const int l = (i + 2) % layers;
+          const ExpertsView gu[2] = {{views[static_cast<size_t>(l)].data(), ms.experts},
+                                     {views[static_cast<size_t>((l + 1) % layers)].data(), ms.experts}};
+          float* ys[2] = {ya.data(), yb.data()};
+          auto t0 = Clock::now();
+          matmul_experts_multi(gu, ys, 2, x.data(), false, n, id.data(), ms.k);
+          const double m = seconds_since(t0);
+          const int l2 = (i + 4) % layers;  // other matrices for the comparison (no cache reuse)
+          const ExpertsView gu2[2] = {{views[static_cast<size_t>(l2)].data(), ms.experts},
+                                      {views[static_cast<size_t>((l2 + 1) % layers)].data(), ms.experts}};
+          t0 = Clock::now();
+          matmul_experts(gu2[0], x.data(), false, n, id.data(), ms.k, ya.data());
+          matmul_experts(gu2[1], x.data(), false, n, id.data(), ms.k, yb.data());
+          const double two = seconds_since(t0);
+          if (i < 0) continue;
+          tm.push_back(m);
+          t2.push_back(two);
+          gb.push_back(2.0 * distinct * ebytes / m / 1e9);
+        }
+        const Stats s = stats(tm), s2 = stats(t2), sb = stats(gb);
+        std::printf("| %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.1f | %.2fx |\n", (long long)n, threads[ti], s.median * 1e6,
+                    s.min * 1e6, s.max * 1e6, sb.median, s2.median * 1e6, s2.median / s.median);
+        std::fflush(stdout);
+      }
+    }
+  }
   for (void* b : bufs) std::free(b);
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "larder/core/profile.h"
@@ -102,10 +103,24 @@ void matmul_experts_multi(const ExpertsView* ws, float* const* ys, int count, co
   for (int e = 0; e < E; ++e)
     if (start[e + 1] > start[e]) groups.push_back({e, start[e], start[e + 1] - start[e], nullptr});
 
-  // The groups' input rows, gathered (a single row is read in place). Grow-only per-thread
-  // buffers: a decode step calls this for every MoE layer.
-  thread_local std::vector<float> xg, yg;
-  if (xg.size() < static_cast<size_t>(pairs * cols)) xg.resize(static_cast<size_t>(pairs * cols));
+  // The groups' input rows, gathered (a single row is read in place). Decode-sized calls (one per
+  // MoE matrix per step) reuse grow-only per-thread buffers; a prefill chunk's (pairs · hidden
+  // floats, up to hundreds of MB) is freed with the call rather than kept for the thread's life.
+  // Both are written before they are read, so neither is zero-filled.
+  struct Buf {
+    std::unique_ptr<float[]> p;
+    size_t size = 0;
+    float* data() { return p.get(); }
+    void reserve(size_t n) {
+      if (size < n) p.reset(new float[n]), size = n;
+    }
+  };
+  thread_local Buf xg_kept, yg_kept;
+  Buf xg_call, yg_call;
+  const bool keep = pairs <= 256;
+  Buf& xg = keep ? xg_kept : xg_call;
+  Buf& yg = keep ? yg_kept : yg_call;
+  xg.reserve(static_cast<size_t>(pairs * cols));
   auto x_row = [&](int64_t p) { return x + (x_per_slot ? p : p / k) * cols; };
   for (Group& g : groups) {
     if (g.m == 1) {
@@ -119,7 +134,7 @@ void matmul_experts_multi(const ExpertsView* ws, float* const* ys, int count, co
   }
   // Results of multi-row groups land here (matrix i: [m, rows] per group, or [m, len] per piece,
   // from base[i]) and are scattered to the pairs' rows afterwards.
-  if (yg.size() < static_cast<size_t>(base[count])) yg.resize(static_cast<size_t>(base[count]));
+  yg.reserve(static_cast<size_t>(base[count]));
   auto scatter = [&](const Group& g, int i, const float* src, int64_t r0, int64_t len) {
     for (int64_t j = 0; j < g.m; ++j)
       std::memcpy(ys[i] + order[static_cast<size_t>(g.begin + j)] * rows[i] + r0, src + j * len,
