@@ -45,7 +45,8 @@ struct RouteParams {
   const float* expert_scale = nullptr;    // [E] or null: weight *= expert_scale[id] (last)
 };
 
-// ids[n, k], weights[n, k] from logits[n, E] (f32). NaN logits: unspecified ids (as in mlx).
+// ids[n, k], weights[n, k] from logits[n, E] (f32). A NaN logit ranks as −∞ (mlx leaves it
+// unspecified); the ids stay k distinct experts whatever the logits hold.
 // Weights: softmax and renormalisation in double, rounded once, then the f32 scale (mlx: f32
 // throughout, its own exp), so they match mlx-lm within a few f32 ulps, and ids exactly.
 void route_topk(const float* logits, int64_t n, const RouteParams& p, int32_t* ids, float* weights);

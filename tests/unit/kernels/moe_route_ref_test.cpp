@@ -121,8 +121,44 @@ TEST(MoeRoute, TopKProperties) {
             sum += w[static_cast<size_t>(t * k + j)];
           }
           for (int e = 0; e < E; ++e)
-            if (!chosen[static_cast<size_t>(e)]) EXPECT_LE(v[e], min_chosen) << "unselected " << e << " larger";
+            if (!chosen[static_cast<size_t>(e)]) {
+              EXPECT_LE(v[e], min_chosen) << "unselected " << e << " larger";
+            }
           EXPECT_NEAR(sum, 1.0, 1e-6);
+        }
+      }
+  }
+}
+
+// NaN and infinite logits (a diverged model) still give k distinct, in-range experts; a NaN
+// ranks below every number, so finite logits are chosen first.
+TEST(MoeRoute, NanAndInfLogits) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int E = 4 + static_cast<int>(rng() % 60), k = 1 + static_cast<int>(rng() % std::min(E, 8));
+    std::vector<float> logits = testing::randn(static_cast<size_t>(E), rng);
+    int finite = E;
+    for (float& v : logits) {
+      const int r = static_cast<int>(rng() % 4);
+      if (r == 0) v = NAN, --finite;
+      else if (r == 1 && trial % 2) v = (rng() & 1) ? INFINITY : -INFINITY;
+    }
+    for (RouteOrder order : {RouteOrder::kSoftmaxThenTopK, RouteOrder::kTopKThenSoftmax})
+      for (RouteSelect sel : {RouteSelect::kLastK, RouteSelect::kFirstKOfNegated}) {
+        RouteParams p{E, k, order, sel, false, nullptr};
+        std::vector<int32_t> ids(static_cast<size_t>(k), -1);
+        std::vector<float> w(static_cast<size_t>(k));
+        route_topk(logits.data(), 1, p, ids.data(), w.data());
+        std::vector<bool> seen(static_cast<size_t>(E), false);
+        int nan_ids = 0;
+        for (int32_t id : ids) {
+          ASSERT_TRUE(id >= 0 && id < E) << id;
+          ASSERT_FALSE(seen[static_cast<size_t>(id)]);
+          seen[static_cast<size_t>(id)] = true;
+          nan_ids += std::isnan(logits[static_cast<size_t>(id)]);
+        }
+        if (order == RouteOrder::kTopKThenSoftmax) {  // softmax-first turns every weight NaN once one is
+          EXPECT_EQ(nan_ids, std::max(0, k - finite)) << "E " << E << " k " << k;
         }
       }
   }

@@ -22,17 +22,24 @@ void softmax_double(const float* v, int64_t n, double* out) {
 
 // The k ids mlx's argpartition hands out (moe.h RouteSelect), in its order: libstdc++'s
 // nth_element over 0..E-1 ordered by (value, index) — the comparator of mlx's CPU argpartition.
+// NaN ranks as −∞: a NaN in the comparison would break nth_element's strict weak order (undefined
+// behaviour, out-of-range reads in practice), and a NaN logit must not crash a request.
 void select_topk(const float* v, int E, int k, RouteSelect sel, std::vector<int32_t>& idx, int32_t* ids) {
   idx.resize(static_cast<size_t>(E));
   std::iota(idx.begin(), idx.end(), 0);
+  auto key = [v](int32_t i) { return std::isnan(v[i]) ? -INFINITY : v[i]; };
   if (sel == RouteSelect::kLastK) {
-    std::nth_element(idx.begin(), idx.begin() + (E - k), idx.end(),
-                     [v](int32_t a, int32_t b) { return v[a] < v[b] || (v[a] == v[b] && a < b); });
+    std::nth_element(idx.begin(), idx.begin() + (E - k), idx.end(), [&](int32_t a, int32_t b) {
+      const float x = key(a), y = key(b);
+      return x < y || (x == y && a < b);
+    });
     std::copy(idx.end() - k, idx.end(), ids);
   } else {
     // argpartition(-v, k-1): the same order over the negated values (−0 == 0, as mlx compares).
-    std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(),
-                     [v](int32_t a, int32_t b) { return -v[a] < -v[b] || (-v[a] == -v[b] && a < b); });
+    std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), [&](int32_t a, int32_t b) {
+      const float x = -key(a), y = -key(b);
+      return x < y || (x == y && a < b);
+    });
     std::copy(idx.begin(), idx.begin() + k, ids);
   }
 }
