@@ -19,6 +19,7 @@
 //                     [--no-attention | --attention-only] [--attn-contexts 512,4096,16384] [--kv-dtype f16|f32|q8_0]
 //                     [--attn-shape 32/8/64] [--attn-evict-mb N]
 //                     [--step]  (only the decode step's matmul sequence: bench_step)
+//                     [--moe] [--moe-shape E/k/rows/cols]  (only the grouped expert matmul: bench_moe)
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -40,6 +41,7 @@
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/kernels/gguf_blocks.h"
+#include "larder/kernels/moe.h"
 
 using namespace larder;
 using namespace larder::kernels;
@@ -431,6 +433,153 @@ void bench_step(const std::string& tier, const std::string& fmt_name, const Form
   for (void* b : bufs) std::free(b);
 }
 
+// --moe: kernels::matmul_experts (one routed-expert matrix of a MoE layer; default Qwen3-30B-A3B's
+// gate/up: 128 experts of 768 x 2048, 8 per token) on the active table, against the way without
+// it: one kernels::matmul per selected expert (a fork/join each). Each call draws new routes, and
+// the layers rotate over >= 512 MiB of experts, so the selected experts come from DRAM as in a
+// real step. GB/s counts the bytes of the distinct experts the call selected — what decode must
+// read — so it is comparable with the read bandwidth; prefill reports GOP/s.
+struct MoeShape {
+  int experts = 128, k = 8;
+  int64_t rows = 768, cols = 2048;
+};
+
+void bench_moe(const std::string& fmt_name, const Format& fmt, const MoeShape& ms, const std::vector<int>& threads,
+               const std::vector<double>& bw, const std::vector<int64_t>& decode_ns, int64_t prefill_n, bool do_prefill,
+               int reps) {
+  const uint64_t ebytes = fmt.bytes(ms.rows, ms.cols);
+  const uint64_t layer_bytes = ebytes * static_cast<uint64_t>(ms.experts);
+  const int layers = static_cast<int>(std::max<uint64_t>(1, (uint64_t{512} << 20) / layer_bytes + 1));
+  std::vector<std::vector<WeightView>> views(static_cast<size_t>(layers));
+  std::vector<void*> bufs;
+  for (auto& lv : views) {
+    auto* buf = static_cast<uint8_t*>(big_alloc(layer_bytes));
+    bufs.push_back(buf);
+    for (int e = 0; e < ms.experts; ++e) {
+      fill_format(buf + e * ebytes, fmt, ms.rows, ms.cols);
+      lv.push_back(make_view(fmt, buf + e * ebytes, ms.rows, ms.cols));
+    }
+  }
+  std::printf("\n## %s %s: matmul_experts, %d experts of %lldx%lld, k = %d (%.2f MB per expert, %d layers rotated)\n",
+              active_table().name, fmt_name.c_str(), ms.experts, (long long)ms.rows, (long long)ms.cols, ms.k,
+              ebytes / 1e6, layers);
+  std::printf("| n | threads | grouped µs [min..max] | GB/s (selected experts) | %% of read BW | GOP/s | "
+              "per-expert matmuls µs | speedup |\n|---|---|---|---|---|---|---|---|\n");
+  uint64_t rng = 0x2545f4914f6cdd1dull;
+  auto next = [&] {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+  };
+  std::vector<int64_t> ns = decode_ns;
+  if (do_prefill) ns.push_back(prefill_n);
+  for (size_t ti = 0; ti < threads.size(); ++ti) {
+    default_pool().set_threads(threads[ti]);
+    for (int64_t n : ns) {
+      const int r = n > 8 ? std::max(3, reps / 2) : reps * 4;
+      const int routes = 64;  // route sets drawn before timing
+      std::vector<std::vector<int32_t>> ids(routes);
+      for (auto& v : ids) {
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<int32_t> all(static_cast<size_t>(ms.experts));
+          for (int e = 0; e < ms.experts; ++e) all[static_cast<size_t>(e)] = e;
+          for (int j = 0; j < ms.k; ++j) std::swap(all[static_cast<size_t>(j)], all[j + next() % (ms.experts - j)]);
+          v.insert(v.end(), all.begin(), all.begin() + ms.k);
+        }
+      }
+      std::vector<float> x(static_cast<size_t>(n * ms.cols)), y(static_cast<size_t>(n * ms.k * ms.rows));
+      std::vector<float> xg(x.size() * ms.k), yg(y.size());
+      fill_acts(x);
+      std::vector<double> tg, tp, gb;
+      for (int i = -2; i < r; ++i) {  // two warm-up calls
+        const auto& id = ids[static_cast<size_t>((i + 2) % routes)];
+        const auto& lv = views[static_cast<size_t>((i + 2) % layers)];
+        const ExpertsView ev{lv.data(), ms.experts};
+        auto t0 = Clock::now();
+        matmul_experts(ev, x.data(), false, n, id.data(), ms.k, y.data());
+        const double g = seconds_since(t0);
+        // The way without it: each selected expert's rows gathered and run as one matmul.
+        std::vector<std::vector<int64_t>> by(static_cast<size_t>(ms.experts));
+        for (size_t p = 0; p < id.size(); ++p) by[static_cast<size_t>(id[p])].push_back(static_cast<int64_t>(p));
+        const auto& lv2 = views[static_cast<size_t>((i + 3) % layers)];
+        t0 = Clock::now();
+        for (int e = 0; e < ms.experts; ++e) {
+          const auto& ps = by[static_cast<size_t>(e)];
+          if (ps.empty()) continue;
+          for (size_t q = 0; q < ps.size(); ++q)
+            std::memcpy(&xg[q * ms.cols], &x[static_cast<size_t>(ps[q] / ms.k * ms.cols)], ms.cols * 4);
+          matmul(lv2[static_cast<size_t>(e)], xg.data(), static_cast<int64_t>(ps.size()), yg.data());
+        }
+        const double p = seconds_since(t0);
+        if (i < 0) continue;
+        int distinct = 0;
+        for (const auto& ps : by) distinct += !ps.empty();
+        tg.push_back(g);
+        tp.push_back(p);
+        gb.push_back(static_cast<double>(distinct) * ebytes / g / 1e9);
+      }
+      const Stats s = stats(tg), sp = stats(tp), sb = stats(gb);
+      const double gops = 2.0 * n * ms.k * ms.rows * ms.cols / s.median / 1e9;
+      std::printf("| %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.0f%% | %.1f | %.1f | %.2fx |\n", (long long)n, threads[ti],
+                  s.median * 1e6, s.min * 1e6, s.max * 1e6, sb.median, 100.0 * sb.median / bw[ti], gops,
+                  sp.median * 1e6, sp.median / s.median);
+      std::fflush(stdout);
+    }
+  }
+  // gate and up of a layer (two rotated layers' matrices stand in for them): matmul_experts_multi
+  // (one pool job) against two matmul_experts calls.
+  if (layers >= 2) {
+    std::printf("\n| gate+up, n | threads | matmul_experts_multi µs [min..max] | GB/s | two matmul_experts µs | speedup |\n"
+                "|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      default_pool().set_threads(threads[ti]);
+      for (int64_t n : decode_ns) {
+        std::vector<float> x(static_cast<size_t>(n * ms.cols)), ya(static_cast<size_t>(n * ms.k * ms.rows)), yb(ya.size());
+        fill_acts(x);
+        std::vector<double> tm, t2, gb;
+        for (int i = -2; i < reps * 4; ++i) {
+          std::vector<int32_t> id;
+          for (int64_t t = 0; t < n; ++t) {
+            std::vector<int32_t> all(static_cast<size_t>(ms.experts));
+            for (int e = 0; e < ms.experts; ++e) all[static_cast<size_t>(e)] = e;
+            for (int j = 0; j < ms.k; ++j) std::swap(all[static_cast<size_t>(j)], all[j + next() % (ms.experts - j)]);
+            id.insert(id.end(), all.begin(), all.begin() + ms.k);
+          }
+          int distinct = 0;
+          {
+            std::vector<bool> seen(static_cast<size_t>(ms.experts));
+            for (int32_t e : id) distinct += !seen[static_cast<size_t>(e)], seen[static_cast<size_t>(e)] = true;
+          }
+          const int l = (i + 2) % layers;
+          const ExpertsView gu[2] = {{views[static_cast<size_t>(l)].data(), ms.experts},
+                                     {views[static_cast<size_t>((l + 1) % layers)].data(), ms.experts}};
+          float* ys[2] = {ya.data(), yb.data()};
+          auto t0 = Clock::now();
+          matmul_experts_multi(gu, ys, 2, x.data(), false, n, id.data(), ms.k);
+          const double m = seconds_since(t0);
+          const int l2 = (i + 4) % layers;  // other matrices for the comparison (no cache reuse)
+          const ExpertsView gu2[2] = {{views[static_cast<size_t>(l2)].data(), ms.experts},
+                                      {views[static_cast<size_t>((l2 + 1) % layers)].data(), ms.experts}};
+          t0 = Clock::now();
+          matmul_experts(gu2[0], x.data(), false, n, id.data(), ms.k, ya.data());
+          matmul_experts(gu2[1], x.data(), false, n, id.data(), ms.k, yb.data());
+          const double two = seconds_since(t0);
+          if (i < 0) continue;
+          tm.push_back(m);
+          t2.push_back(two);
+          gb.push_back(2.0 * distinct * ebytes / m / 1e9);
+        }
+        const Stats s = stats(tm), s2 = stats(t2), sb = stats(gb);
+        std::printf("| %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.1f | %.2fx |\n", (long long)n, threads[ti], s.median * 1e6,
+                    s.min * 1e6, s.max * 1e6, sb.median, s2.median * 1e6, s2.median / s.median);
+        std::fflush(stdout);
+      }
+    }
+  }
+  for (void* b : bufs) std::free(b);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -441,6 +590,8 @@ int main(int argc, char** argv) {
   bool do_prefill = true, do_decode = true, hot = false, skip_bw = false;
   bool do_attention = true, only_attention = false;
   bool step_only = false;  // --step: only the decode step's matmul sequence (bench_step)
+  bool moe_only = false;   // --moe: only the grouped expert matmul (bench_moe)
+  MoeShape moe_shape;
   std::vector<int64_t> attn_contexts = {512, 4096, 16384};
   std::vector<Shape> shapes(std::begin(kDefaultShapes), std::end(kDefaultShapes));
   std::vector<std::string> shape_names;
@@ -480,6 +631,16 @@ int main(int argc, char** argv) {
       else { std::fprintf(stderr, "kernel_bench: --kv-dtype takes f32, f16 or q8_0, not '%s'\n", v.c_str()); return 2; }
     }
     else if (a == "--step") step_only = true;
+    else if (a == "--moe") moe_only = true;
+    else if (a == "--moe-shape") {  // E/k/rows/cols
+      const auto f = split(val(), '/');
+      if (f.size() != 4) { std::fprintf(stderr, "kernel_bench: --moe-shape takes experts/k/rows/cols, e.g. 128/8/768/2048\n"); return 2; }
+      moe_shape = {std::atoi(f[0].c_str()), std::atoi(f[1].c_str()), std::atoll(f[2].c_str()), std::atoll(f[3].c_str())};
+      if (moe_shape.k <= 0 || moe_shape.k > moe_shape.experts || moe_shape.rows <= 0 || moe_shape.cols <= 0) {
+        std::fprintf(stderr, "kernel_bench: --moe-shape needs 0 < k <= experts and positive rows, cols\n");
+        return 2;
+      }
+    }
     else if (a == "--no-attention") do_attention = false;
     else if (a == "--attention-only") only_attention = true;
     else if (a == "--attn-contexts") { attn_contexts.clear(); for (auto& s : split(val())) attn_contexts.push_back(std::atoll(s.c_str())); }
@@ -519,6 +680,14 @@ int main(int argc, char** argv) {
     bool decode_full = true, prefill_full = true;
   };
 
+  if (moe_only) {
+    for (const std::string& fs : formats) {
+      const Format fmt = parse_format(fs);
+      if (fmt.bits && moe_shape.cols % fmt.group_size != 0) continue;
+      bench_moe(fs, fmt, moe_shape, threads, bw_before, decode_ns, prefill_n, do_prefill, reps);
+    }
+    return 0;
+  }
   if (step_only) {
     for (const std::string& tier : tiers)
       for (const std::string& fs : formats) {

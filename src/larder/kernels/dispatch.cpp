@@ -50,6 +50,7 @@ KernelTable make_ref_table() {
   t.gated_delta_recurrent = ref::gated_delta_recurrent;
   t.gated_delta_chunked = ref::gated_delta_chunked;
   t.rmsnorm_gated = ref::rmsnorm_gated;
+  t.route_topk = ref::route_topk;
   return t;
 }
 

@@ -12,6 +12,7 @@
 #include <array>
 
 #include "larder/kernels/gated_delta.h"
+#include "larder/kernels/moe.h"
 #include "larder/kernels/ops.h"
 
 namespace larder::kernels {
@@ -39,6 +40,8 @@ using L2NormHeadsFn = void (*)(float* x, int64_t n, const L2NormParams& p);
 using GatedDeltaGatesFn = void (*)(const float* a, const float* b, int64_t n, const GatedDeltaGateParams& p,
                                    float* log_g, float* beta);
 using GatedDeltaFn = void (*)(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
+// Mixture-of-experts routing (moe.h).
+using RouteTopKFn = void (*)(const float* logits, int64_t n, const RouteParams& p, int32_t* ids, float* weights);
 using RmsNormGatedFn = void (*)(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim,
                                 float eps, float* out);
 
@@ -72,6 +75,7 @@ struct KernelTable {
   GatedDeltaFn gated_delta_recurrent = nullptr;
   GatedDeltaFn gated_delta_chunked = nullptr;
   RmsNormGatedFn rmsnorm_gated = nullptr;
+  RouteTopKFn route_topk = nullptr;
 };
 
 // The scalar reference table (every entry the ref set implements).

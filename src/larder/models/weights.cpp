@@ -57,9 +57,11 @@ Result<std::optional<AffineParams>> WeightBinder::affine_params(const std::strin
   AffineParams p = q.global;
   const formats::TensorInfo* wt = files_.tensors().find(module + ".weight");
   const formats::TensorInfo* sc = files_.tensors().find(module + ".scales");
-  if (wt && sc && wt->rank() == 2 && sc->rank() == 2 && sc->dim(1) > 0 && cols > 0 && cols % sc->dim(1) == 0 &&
-      (wt->dim(1) * 32) % cols == 0) {
-    const int64_t g = cols / sc->dim(1), bits = wt->dim(1) * 32 / cols;
+  // Stacked experts ([E, rows, ·]) are packed along their last axis like a matrix.
+  const int r = wt ? wt->rank() : 0;
+  if (wt && sc && (r == 2 || r == 3) && sc->rank() == r && sc->dim(r - 1) > 0 && cols > 0 &&
+      cols % sc->dim(r - 1) == 0 && (wt->dim(r - 1) * 32) % cols == 0) {
+    const int64_t g = cols / sc->dim(r - 1), bits = wt->dim(r - 1) * 32 / cols;
     const bool ok_bits = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
     if (ok_bits && (g == 32 || g == 64 || g == 128)) {
       p.bits = static_cast<int>(bits);
@@ -178,6 +180,137 @@ Result<kernels::WeightView> WeightBinder::matrix(const std::string& hf_name, int
   dtypes_.insert(dtype_name(t->dtype));
   n_params_ += rows * cols;
   return w;
+}
+
+namespace {
+// Rows [r0, r0 + rows) of a bound matrix (every format stores whole rows; MLX scales/biases per row).
+kernels::WeightView row_part(kernels::WeightView w, int64_t r0, int64_t rows) {
+  w.data += static_cast<uint64_t>(r0) * w.row_bytes();
+  if (w.is_affine()) {
+    const uint64_t sb = dtype_bytes(w.scale_dtype, static_cast<uint64_t>(w.cols / w.group_size));
+    w.scales += static_cast<uint64_t>(r0) * sb;
+    w.biases += static_cast<uint64_t>(r0) * sb;
+  }
+  w.rows = rows;
+  return w;
+}
+}  // namespace
+
+Result<std::vector<kernels::WeightView>> WeightBinder::experts(const ExpertsSpec& spec, const char* why) {
+  const int64_t E = spec.n_experts, rows = spec.rows, cols = spec.cols, P = spec.parts;
+  if (E <= 0 || rows <= 0 || cols <= 0 || P <= 0 || spec.part < 0 || spec.part >= P)
+    return invalid_argument(strfmt("[model] %s: '%s': %lld experts of [%lld, %lld], part %d of %d (%s)",
+                                   files_.path.c_str(), spec.stacked.c_str(), (long long)E, (long long)rows,
+                                   (long long)cols, spec.part, spec.parts, why));
+  const int64_t all_rows = P * rows, r0 = spec.part * rows;  // of one expert's slab
+  std::vector<kernels::WeightView> out;
+  if (!has(spec.stacked) && !spec.per_expert.empty()) {
+    // One tensor per expert: each a matrix of its own, wherever the file put it (no copy).
+    const size_t at = spec.per_expert.find("{i}");
+    if (at == std::string::npos)
+      return invalid_argument(strfmt("[model] per-expert name '%s' has no {i}", spec.per_expert.c_str()));
+    for (int64_t e = 0; e < E; ++e) {
+      std::string name = spec.per_expert;
+      name.replace(at, 3, std::to_string(e));
+      LARDER_ASSIGN_OR_RETURN(kernels::WeightView w, matrix(name, all_rows, cols, why));
+      if (e > 0 && (w.dtype != out[0].dtype || w.bits != out[0].bits || w.group_size != out[0].group_size ||
+                    w.scale_dtype != out[0].scale_dtype))
+        return invalid_argument(strfmt("[model] %s: tensor '%s' is stored as %s, expert 0 as %s: the experts of one "
+                                       "matrix must share a format (%s)",
+                                       files_.path.c_str(), file_name(name).c_str(), dtype_name(w.dtype),
+                                       dtype_name(out[0].dtype), why));
+      out.push_back(row_part(w, r0, rows));
+    }
+    if (P > 1) n_params_ -= E * (P - 1) * rows * cols;  // matrix() counted every part; this binds one
+    return out;
+  }
+  LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* t, find(spec.stacked));
+  const std::string file = file_of(*t);
+  const char* f = file.c_str();
+  const std::string fname = file_name(spec.stacked);
+  const std::string suffix = ".weight";
+  const bool has_suffix = fname.size() > suffix.size() &&
+                          fname.compare(fname.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string module = has_suffix ? fname.substr(0, fname.size() - suffix.size()) : fname;
+  LARDER_ASSIGN_OR_RETURN(std::optional<AffineParams> q, affine_params(module, cols));
+  const std::string parts = P > 1 ? strfmt(", %lld parts", (long long)P) : std::string();
+  kernels::WeightView w;  // expert 0's whole slab [P·rows, cols]
+  w.rows = all_rows;
+  w.cols = cols;
+  if (q) {
+    if (cols % q->group_size != 0)
+      return invalid_argument(strfmt("[model] %s: module '%s' has %lld input features, not a multiple of its "
+                                     "group_size %d (%s)",
+                                     f, module.c_str(), (long long)cols, q->group_size, why));
+    if (t->dtype != DType::kU32)
+      return invalid_argument(strfmt("[model] %s: tensor '%s' has dtype %s, expected U32 packed codes (module "
+                                     "quantized with bits %d, group_size %d per config.json)",
+                                     f, t->name.c_str(), dtype_name(t->dtype), q->bits, q->group_size));
+    const int64_t packed = cols * q->bits / 32, ng = cols / q->group_size;
+    if (t->rank() != 3 || t->dim(0) != E || t->dim(1) != all_rows || t->dim(2) != packed)
+      return invalid_argument(strfmt("[model] %s: tensor '%s' has shape %s, expected [%lld, %lld, %lld] (%s: %lld "
+                                     "experts%s, %lld columns packed at bits %d)",
+                                     f, t->name.c_str(), t->shape_str().c_str(), (long long)E, (long long)all_rows,
+                                     (long long)packed, why, (long long)E, parts.c_str(), (long long)cols, q->bits));
+    const formats::TensorInfo* sb[2] = {nullptr, nullptr};
+    const char* kinds[2] = {"scales", "biases"};
+    for (int i = 0; i < 2; ++i) {
+      const std::string name = module + "." + kinds[i];
+      const formats::TensorInfo* a = files_.tensors().find(name);
+      if (!a)
+        return not_found(strfmt("[model] %s: missing tensor '%s' (module '%s' is quantized per config.json)",
+                                files_.path.c_str(), name.c_str(), module.c_str()));
+      bound_.insert(a->name);
+      if (a->dtype != DType::kF32 && a->dtype != DType::kF16 && a->dtype != DType::kBF16)
+        return unsupported(strfmt("[model] %s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
+                                  file_of(*a).c_str(), name.c_str(), dtype_name(a->dtype)));
+      if (a->rank() != 3 || a->dim(0) != E || a->dim(1) != all_rows || a->dim(2) != ng ||
+          a->nbytes != dtype_bytes(a->dtype, static_cast<uint64_t>(E * all_rows * ng)))
+        return invalid_argument(strfmt("[model] %s: tensor '%s' has shape %s (%llu bytes), expected [%lld, %lld, "
+                                       "%lld] (%lld columns / group_size %d)",
+                                       file_of(*a).c_str(), name.c_str(), a->shape_str().c_str(),
+                                       (unsigned long long)a->nbytes, (long long)E, (long long)all_rows,
+                                       (long long)ng, (long long)cols, q->group_size));
+      sb[i] = a;
+    }
+    if (sb[0]->dtype != sb[1]->dtype)
+      return invalid_argument(strfmt("[model] %s: tensors '%s' (%s) and '%s' (%s) must have the same dtype",
+                                     files_.path.c_str(), sb[0]->name.c_str(), dtype_name(sb[0]->dtype),
+                                     sb[1]->name.c_str(), dtype_name(sb[1]->dtype)));
+    w.dtype = DType::kU32;
+    w.bits = q->bits;
+    w.group_size = q->group_size;
+    w.scale_dtype = sb[0]->dtype;
+    w.scales = sb[0]->data;
+    w.biases = sb[1]->data;
+  } else {
+    if (t->dtype == DType::kU32 && !files_.gguf)
+      return invalid_argument(strfmt("[model] %s: tensor '%s' is U32 (packed affine codes?) but config.json's "
+                                     "quantization block leaves module '%s' unquantized",
+                                     f, t->name.c_str(), module.c_str()));
+    if (t->rank() != 3 || t->dim(0) != E || t->dim(1) != all_rows || t->dim(2) != cols)
+      return invalid_argument(strfmt("[model] %s: tensor '%s' has shape %s, expected [%lld, %lld, %lld] (%s: %lld "
+                                     "experts%s of [%lld, %lld])",
+                                     f, t->name.c_str(), t->shape_str().c_str(), (long long)E, (long long)all_rows,
+                                     (long long)cols, why, (long long)E, parts.c_str(), (long long)rows,
+                                     (long long)cols));
+    w.dtype = t->dtype;
+  }
+  w.data = t->data;
+  if (!kernels::weight_supported(w))
+    return unsupported(strfmt("[model] %s: tensor '%s' (%s) has no matmul kernel in the active table", f,
+                              t->name.c_str(), q ? strfmt("affine, bits %d, group_size %d", q->bits, q->group_size).c_str()
+                                                 : dtype_name(t->dtype)));
+  if (t->nbytes != static_cast<uint64_t>(E * all_rows) * w.row_bytes())
+    return corrupt(strfmt("[model] %s: tensor '%s' holds %llu bytes, expected %llu for %lld experts of [%lld, %lld]",
+                          f, t->name.c_str(), (unsigned long long)t->nbytes,
+                          (unsigned long long)(static_cast<uint64_t>(E * all_rows) * w.row_bytes()), (long long)E,
+                          (long long)all_rows, (long long)cols));
+  // Expert e's slab starts e·P·rows rows in, its part r0 rows further (codes, scales and biases alike).
+  for (int64_t e = 0; e < E; ++e) out.push_back(row_part(w, e * all_rows + r0, rows));
+  dtypes_.insert(q ? strfmt("affine-q%d-g%d", q->bits, q->group_size) : std::string(dtype_name(t->dtype)));
+  n_params_ += E * rows * cols;
+  return out;
 }
 
 Result<std::vector<float>> WeightBinder::vector(const std::string& hf_name, int64_t len, const char* why) {

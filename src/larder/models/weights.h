@@ -36,6 +36,26 @@ class WeightBinder {
   // A [rows, cols] matrix (logical shape) in any format the active kernel table can execute:
   // plain, GGUF block, or MLX affine (then `<module>.scales`/`.biases` are bound with it).
   Result<kernels::WeightView> matrix(const std::string& hf_name, int64_t rows, int64_t cols, const char* why);
+  // A layer's routed experts: n_experts matrices [rows, cols] of one format, one WeightView each
+  // (kernels::ExpertsView over the result), bound in place from whichever layout the file holds.
+  struct ExpertsSpec {
+    // A canonical HF name of one tensor [n_experts, parts·rows, cols]: MLX `switch_mlp.*.weight`
+    // (quantized: U32 codes [E, rows, packed] and `.scales`/`.biases` [E, rows, cols/group_size]);
+    // through the TensorNames table a GGUF's `blk.N.ffn_*_exps.weight` (ggml ne [cols, rows, E], any
+    // block format); Gemma 4's HF `experts.gate_up_proj` (parts 2). Expert e is the e-th slab.
+    std::string stacked;
+    // Used where the file has no `stacked` tensor: the name of each expert's own matrix, "{i}" where
+    // the index goes (HF: "model.layers.3.mlp.experts.{i}.gate_proj.weight"), each bound as matrix().
+    // Empty where the format has no such layout.
+    std::string per_expert;
+    int n_experts = 0;
+    int64_t rows = 0, cols = 0;
+    // Matrices fused along rows: the tensor holds `parts` matrices per expert, [parts·rows, cols],
+    // and this binds rows [part·rows, (part+1)·rows) of each (Gemma 4's gate_up_proj: gate = part
+    // 0, up = part 1).
+    int part = 0, parts = 1;
+  };
+  Result<std::vector<kernels::WeightView>> experts(const ExpertsSpec& spec, const char* why);
   // A [len] vector in F32/F16/BF16, converted to f32.
   Result<std::vector<float>> vector(const std::string& hf_name, int64_t len, const char* why);
 

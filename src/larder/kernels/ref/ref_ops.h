@@ -8,6 +8,7 @@
 #pragma once
 
 #include "larder/kernels/dispatch.h"
+#include "larder/kernels/moe.h"
 #include "larder/kernels/ops.h"
 
 namespace larder::kernels::ref {
@@ -96,5 +97,13 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
 void gated_delta_chunked(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim, float eps,
                    float* out);
+
+// Mixture-of-experts routing and the per-pair expert matmul (ref/moe.cpp; contracts in moe.h).
+// route_topk is also the active table's (one pass over E logits per token; no fast tier).
+void route_topk(const float* logits, int64_t n, const RouteParams& p, int32_t* ids, float* weights);
+// The oracle of kernels::matmul_experts: one matmul (`mm`, e.g. ref::matmul or the active tier's)
+// per (token, slot) pair, of that pair's expert over its one row.
+void matmul_experts(const ExpertsView& w, const float* x, bool x_per_slot, int64_t n, const int32_t* ids, int k,
+                    float* y, MatmulFn mm);
 
 }  // namespace larder::kernels::ref
