@@ -48,18 +48,25 @@ void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float
   if (n <= 0) return;
   if (K > kMaxConvKernel) return ref::causal_conv1d(x, n, p, state, out);
   const int64_t blocks = (C + 7) / 8;
+  // The family's kernel 4 at decode: each full block's taps transposed in registers (8 channels ×
+  // 4 taps are 8 quarter vectors) instead of into a buffer per call, which cost more than the conv.
+  const bool in_regs = K == 4 && n < 16;
   // Jobs: ranges of 8-channel blocks; within one, tokens outer so each x row is read contiguously.
   parallel_split(blocks, 8, n * K * 8, [&](int64_t b0, int64_t b1) {
-    // The range's taps, transposed to one 8-channel vector per (block, tap).
-    std::vector<float> w(static_cast<size_t>((b1 - b0) * K * 8)), bias(static_cast<size_t>((b1 - b0) * 8));
-    for (int64_t b = b0; b < b1; ++b) {
+    // The range's taps, transposed to one 8-channel vector per (block, tap) (in_regs: only a
+    // ragged last block's).
+    const int64_t first = in_regs ? std::max(b0, C / 8) : b0;  // the first block kept in the buffer
+    thread_local std::vector<float> w, bias;
+    w.assign(static_cast<size_t>(std::max<int64_t>(0, b1 - first) * K * 8), 0.0f);
+    bias.assign(static_cast<size_t>(std::max<int64_t>(0, b1 - first) * 8), 0.0f);
+    for (int64_t b = first; b < b1; ++b) {
       const int64_t c0 = b * 8;
       const int lanes = static_cast<int>(std::min<int64_t>(8, C - c0));
       alignas(32) float wt[kMaxConvKernel][8] = {};
       for (int l = 0; l < lanes; ++l)
         for (int j = 0; j < K; ++j) wt[j][l] = p.weight[(c0 + l) * K + j];
-      for (int j = 0; j < K; ++j) std::memcpy(&w[static_cast<size_t>(((b - b0) * K + j) * 8)], wt[j], sizeof wt[j]);
-      for (int l = 0; l < lanes && p.bias; ++l) bias[static_cast<size_t>((b - b0) * 8 + l)] = p.bias[c0 + l];
+      for (int j = 0; j < K; ++j) std::memcpy(&w[static_cast<size_t>(((b - first) * K + j) * 8)], wt[j], sizeof wt[j]);
+      for (int l = 0; l < lanes && p.bias; ++l) bias[static_cast<size_t>((b - first) * 8 + l)] = p.bias[c0 + l];
     }
     auto row = [&](int64_t r) { return r < keep ? state + r * C : x + (r - keep) * C; };
     for (int64_t t = 0; t < n; ++t) {
@@ -69,9 +76,24 @@ void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float
       // The reference's order: bias, then taps 0..K−1 (one rounding each: fma). Masked loads and
       // stores only for a ragged last block (vmaskmovps stores are slow on some cores).
       auto conv8 = [&](int64_t b, auto load) {
-        const float* wb = &w[static_cast<size_t>((b - b0) * K * 8)];
-        __m256 acc = _mm256_loadu_ps(&bias[static_cast<size_t>((b - b0) * 8)]);
-        for (int j = 0; j < K; ++j) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wb + j * 8), load(in[j] + b * 8), acc);
+        __m256 acc;
+        if (in_regs && (b + 1) * 8 <= C) {
+          // Channels c0..c0+7 × taps 0..3 as two 4×4 transposes.
+          const float* wp = p.weight + b * 32;
+          __m128 r0 = _mm_loadu_ps(wp), r1 = _mm_loadu_ps(wp + 4), r2 = _mm_loadu_ps(wp + 8), r3 = _mm_loadu_ps(wp + 12);
+          __m128 r4 = _mm_loadu_ps(wp + 16), r5 = _mm_loadu_ps(wp + 20), r6 = _mm_loadu_ps(wp + 24),
+                 r7 = _mm_loadu_ps(wp + 28);
+          _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+          _MM_TRANSPOSE4_PS(r4, r5, r6, r7);
+          const __m256 wj[4] = {_mm256_set_m128(r4, r0), _mm256_set_m128(r5, r1), _mm256_set_m128(r6, r2),
+                                _mm256_set_m128(r7, r3)};
+          acc = p.bias ? _mm256_loadu_ps(p.bias + b * 8) : _mm256_setzero_ps();
+          for (int j = 0; j < 4; ++j) acc = _mm256_fmadd_ps(wj[j], load(in[j] + b * 8), acc);
+        } else {
+          const float* wb = &w[static_cast<size_t>((b - first) * K * 8)];
+          acc = _mm256_loadu_ps(&bias[static_cast<size_t>((b - first) * 8)]);
+          for (int j = 0; j < K; ++j) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wb + j * 8), load(in[j] + b * 8), acc);
+        }
         return p.silu ? silu8(acc) : acc;
       };
       const int64_t full_end = std::min(b1, C / 8);
