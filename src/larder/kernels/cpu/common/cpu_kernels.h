@@ -215,6 +215,8 @@ void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, cons
 // Compute ceilings of the tier's prefill instructions on all pool threads (peak_avx512.cpp):
 // zmm vpdpbusd, GOP/s (1 MAC = 2 OP), and zmm vdpbf16ps, GFLOP/s.
 double int8_dot_peak(ThreadPool& pool);
+// zmm f32 FMA (the AVX-512 Gated DeltaNet kernels' ceiling; core/roofline.h's probe is ymm).
+double f32_fma_peak(ThreadPool& pool);
 double bf16_dot_peak(ThreadPool& pool);
 // AMX TDPBUSD on all pool threads, GOP/s (gemm16's block sums where gemm_uses_amx()).
 double amx_int8_peak(ThreadPool& pool);
