@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "larder/core/threadpool.h"
@@ -105,40 +106,48 @@ void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float
     // Tap j of channels 0..7 of a pair of [channel][4] vectors: elements j, j + 4, ..., j + 28.
     const __m512i lane4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     auto row = [&](int64_t r) { return r < keep ? state + r * C : x + (r - keep) * C; };
-    for (int64_t t = 0; t < n; ++t) {
-      const float* in[kMaxConvKernel];
-      for (int j = 0; j < K; ++j) in[j] = row(t + j);
-      float* o = out + t * C;
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t c0 = b * 16;
-        const __mmask16 m = first16(C - c0);
-        __m512 acc, wj[kMaxConvKernel];
-        if (in_regs) {
-          const float* wp = p.weight + c0 * 4;
-          const int64_t avail = (C - c0) * 4;  // weight floats left from this block on
-          __m512 wv[4];
-          for (int i = 0; i < 4; ++i) wv[i] = _mm512_maskz_loadu_ps(first16(avail - 16 * i), wp + 16 * i);
-          for (int j = 0; j < 4; ++j) {
-            const __m512i idx = _mm512_add_epi32(lane4, _mm512_set1_epi32(j));
-            wj[j] = _mm512_shuffle_f32x4(_mm512_permutex2var_ps(wv[0], idx, wv[1]),
-                                         _mm512_permutex2var_ps(wv[2], idx, wv[3]), 0x44);
+    // Kt: the tap count as a constant (the family's 4), or 0 for p.kernel.
+    auto run = [&](auto kt) {
+      constexpr int Kt = decltype(kt)::value;
+      const int KK = Kt ? Kt : K;
+      for (int64_t t = 0; t < n; ++t) {
+        const float* in[kMaxConvKernel];
+        for (int j = 0; j < KK; ++j) in[j] = row(t + j);
+        float* o = out + t * C;
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t c0 = b * 16;
+          const __mmask16 m = first16(C - c0);
+          __m512 acc, wj[kMaxConvKernel];
+          if (in_regs) {
+            const float* wp = p.weight + c0 * 4;
+            const int64_t avail = (C - c0) * 4;  // weight floats left from this block on
+            __m512 wv[4];
+            for (int i = 0; i < 4; ++i) wv[i] = _mm512_maskz_loadu_ps(first16(avail - 16 * i), wp + 16 * i);
+            for (int j = 0; j < 4; ++j) {
+              const __m512i idx = _mm512_add_epi32(lane4, _mm512_set1_epi32(j));
+              wj[j] = _mm512_shuffle_f32x4(_mm512_permutex2var_ps(wv[0], idx, wv[1]),
+                                           _mm512_permutex2var_ps(wv[2], idx, wv[3]), 0x44);
+            }
+            acc = p.bias ? _mm512_maskz_loadu_ps(m, p.bias + c0) : _mm512_setzero_ps();
+          } else {
+            const float* wb = &w[static_cast<size_t>((b - b0) * KK * 16)];
+            for (int j = 0; j < KK; ++j) wj[j] = _mm512_loadu_ps(wb + j * 16);
+            acc = _mm512_loadu_ps(&bias[static_cast<size_t>((b - b0) * 16)]);
           }
-          acc = p.bias ? _mm512_maskz_loadu_ps(m, p.bias + c0) : _mm512_setzero_ps();
-        } else {
-          const float* wb = &w[static_cast<size_t>((b - b0) * K * 16)];
-          for (int j = 0; j < K; ++j) wj[j] = _mm512_loadu_ps(wb + j * 16);
-          acc = _mm512_loadu_ps(&bias[static_cast<size_t>((b - b0) * 16)]);
+          // The reference's order: bias, then taps 0..K−1 (one rounding each: fma). Unmasked
+          // loads and stores but for a ragged last block (masked ones measured slower here).
+          if (m == 0xFFFF) {
+            for (int j = 0; j < KK; ++j) acc = _mm512_fmadd_ps(wj[j], _mm512_loadu_ps(in[j] + c0), acc);
+            _mm512_storeu_ps(o + c0, p.silu ? silu16(acc) : acc);
+          } else {
+            for (int j = 0; j < KK; ++j) acc = _mm512_fmadd_ps(wj[j], _mm512_maskz_loadu_ps(m, in[j] + c0), acc);
+            _mm512_mask_storeu_ps(o + c0, m, p.silu ? silu16(acc) : acc);
+          }
         }
-        // The reference's order: bias, then taps 0..K−1 (one rounding each: fma).
-        if (m == 0xFFFF) {
-          for (int j = 0; j < K; ++j) acc = _mm512_fmadd_ps(wj[j], _mm512_loadu_ps(in[j] + c0), acc);
-        } else {
-          for (int j = 0; j < K; ++j) acc = _mm512_fmadd_ps(wj[j], _mm512_maskz_loadu_ps(m, in[j] + c0), acc);
-        }
-        if (m == 0xFFFF) _mm512_storeu_ps(o + c0, p.silu ? silu16(acc) : acc);
-        else _mm512_mask_storeu_ps(o + c0, m, p.silu ? silu16(acc) : acc);
       }
-    }
+    };
+    if (K == 4) run(std::integral_constant<int, 4>{});
+    else run(std::integral_constant<int, 0>{});
     // The new state: rows n .. n+K−2 of state ++ x. Ascending r reads row n + r > r, never a row
     // written before it.
     for (int r = 0; r < keep; ++r) {
