@@ -158,21 +158,45 @@ void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float
   });
 }
 
+namespace {
+
+// Masked loads of a ragged tail only: whole vectors load and store unmasked (masked zmm stores
+// measured ~2× slower on these streams on Zen 5).
+template <class F>
+inline void over_vectors(int64_t dim, F&& f) {
+  const int64_t full = dim / 16 * 16;
+  for (int64_t i = 0; i < full; i += 16) f(i, __mmask16(0xFFFF), std::true_type{});
+  if (full < dim) f(full, first16(dim - full), std::false_type{});
+}
+
+template <bool Full>
+inline __m512 load16(const float* p, __mmask16 m) {
+  if constexpr (Full) return _mm512_loadu_ps(p);
+  else return _mm512_maskz_loadu_ps(m, p);
+}
+template <bool Full>
+inline void store16(float* p, __mmask16 m, __m512 v) {
+  if constexpr (Full) _mm512_storeu_ps(p, v);
+  else _mm512_mask_storeu_ps(p, m, v);
+}
+
+}  // namespace
+
 void l2norm_heads(float* x, int64_t n, const L2NormParams& p) {
   const int dim = p.dim;
   parallel_split(n * p.heads, 16, dim, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* v = x + (r / p.heads) * p.stride + (r % p.heads) * dim;
       __m512 ss = _mm512_setzero_ps();
-      for (int i = 0; i < dim; i += 16) {
-        const __m512 t = _mm512_maskz_loadu_ps(first16(dim - i), v + i);
+      over_vectors(dim, [&](int64_t i, __mmask16 m, auto full) {
+        const __m512 t = load16<decltype(full)::value>(v + i, m);
         ss = _mm512_fmadd_ps(t, t, ss);
-      }
+      });
       const __m512 f = _mm512_set1_ps(p.scale / std::sqrt(hsum16(ss) + p.eps));
-      for (int i = 0; i < dim; i += 16) {
-        const __mmask16 m = first16(dim - i);
-        _mm512_mask_storeu_ps(v + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + i), f));
-      }
+      over_vectors(dim, [&](int64_t i, __mmask16 m, auto full) {
+        constexpr bool F = decltype(full)::value;
+        store16<F>(v + i, m, _mm512_mul_ps(load16<F>(v + i, m), f));
+      });
     }
   });
 }
@@ -185,17 +209,16 @@ void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t 
       const float* zr = z + r * dim;
       float* o = out + r * dim;
       __m512 ss = _mm512_setzero_ps();
-      for (int64_t i = 0; i < dim; i += 16) {
-        const __m512 t = _mm512_maskz_loadu_ps(first16(dim - i), xr + i);
+      over_vectors(dim, [&](int64_t i, __mmask16 m, auto full) {
+        const __m512 t = load16<decltype(full)::value>(xr + i, m);
         ss = _mm512_fmadd_ps(t, t, ss);
-      }
+      });
       const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(hsum16(ss) / static_cast<float>(dim) + eps));
-      for (int64_t i = 0; i < dim; i += 16) {
-        const __mmask16 m = first16(dim - i);
-        const __m512 xv = _mm512_maskz_loadu_ps(m, xr + i), wv = _mm512_maskz_loadu_ps(m, weight + i),
-                     zv = _mm512_maskz_loadu_ps(m, zr + i);
-        _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(xv, inv), wv), silu16(zv)));
-      }
+      over_vectors(dim, [&](int64_t i, __mmask16 m, auto full) {
+        constexpr bool F = decltype(full)::value;
+        const __m512 xv = load16<F>(xr + i, m), wv = load16<F>(weight + i, m), zv = load16<F>(zr + i, m);
+        store16<F>(o + i, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(xv, inv), wv), silu16(zv)));
+      });
     }
   });
 }
