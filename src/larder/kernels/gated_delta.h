@@ -94,7 +94,7 @@ struct GatedDeltaInputs {
 // reference accumulates its dot products in double; fast tiers in f32 (within 1e-6 relative:
 // tests/unit/kernels_fast/gated_delta_fast_test.cpp). One thread on Zen 5, H_v = 32,
 // d_k = d_v = 128 (a Qwen3.5-9B layer; bench/RESULTS.md session 36): prefill 512 tokens in ~14 ms CPU
-// (AVX-512, ~28 µs per token, ~55 % of the FMA pipes) or ~25 ms (AVX2); decode ~140 µs per token
+// (AVX-512, ~28 µs per token, ~55 % of the FMA pipes) or ~26 ms (AVX2); decode ~120–150 µs per token
 // with the state cold in DRAM (a 2 MiB state read and written: ~85 % of one core's read bandwidth).
 //
 // Prefill uses this form too, not gated_delta_chunked: "one prompt, one answer" — the same output
@@ -104,9 +104,9 @@ struct GatedDeltaInputs {
 // reproduce its bits). Measured, the chunked form has nothing to win on CPU that would pay for
 // that: per token it issues 3·d_k·d_v + C·(d_k + d_v) FMAs (C = 64: 65 536 at d = 128) — as many
 // vector operations as the recurrence's 3 FMAs + 1 multiply per state element — so its only gain
-// is a GEMM's pipe utilisation over the recurrence's ~55 %: at most ~1.6× on an op that is a few
-// per cent of a Qwen3.5-2B prefill (18 layers × 7.6 ms CPU per 512 tokens = 0.14 s, against the
-// several CPU-seconds of its matmuls).
+// is a GEMM's pipe utilisation over the recurrence's ~55 %: at most ~1.6× on an op that is ~5 % of
+// a Qwen3.5-2B prefill (18 layers × ~8 ms CPU per 512 tokens = 0.14 s, against ~3 CPU-seconds of
+// the rest), so ~2 % of the prefill.
 void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 
 // The same recurrence in chunks of kGatedDeltaChunk tokens on a grid of absolute positions
