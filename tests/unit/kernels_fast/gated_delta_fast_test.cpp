@@ -20,6 +20,8 @@
 //   12x that, while a lane, tail, head or row mix-up is off by 1e-2 or more.
 // (Measured for conv, l2norm and the gated norm: <= 3e-7.)
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -131,6 +133,32 @@ TEST_P(GatedDeltaFast, ConvMatchesReferenceAndCarriesState) {
       }
     }
   }
+}
+
+// A ragged last block reads no weight past the tensor's end: the weights end right at a page
+// that cannot be read (the decode path loads a block's 16 × 4 taps as four vectors, masked).
+TEST_P(GatedDeltaFast, ConvReadsNoWeightPastTheEnd) {
+  const long page = sysconf(_SC_PAGESIZE);
+  auto* base = static_cast<uint8_t*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(base, MAP_FAILED);
+  ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);
+  std::mt19937 rng(15);
+  for (int64_t C : {1, 3, 13, 17, 35}) {
+    const int K = 4;
+    SCOPED_TRACE(::testing::Message() << "C " << C);
+    const auto w0 = randv(rng, C * K, 0.5f);
+    float* w = reinterpret_cast<float*>(base + page) - C * K;  // the last C·K floats of the page
+    std::copy(w0.begin(), w0.end(), w);
+    for (int64_t n : {1, 2, 20}) {
+      const auto x = randv(rng, n * C, 1.0f);
+      std::vector<float> st_ref((K - 1) * C, 0.25f), st = st_ref, want(x.size()), got(x.size());
+      const CausalConv1dParams p{C, K, w, nullptr, true};
+      ref::causal_conv1d(x.data(), n, p, st_ref.data(), want.data());
+      fast().causal_conv1d(x.data(), n, p, st.data(), got.data());
+      EXPECT_LE(max_err(got, want), 1e-6) << "n " << n;
+    }
+  }
+  munmap(base, 2 * page);
 }
 
 TEST_P(GatedDeltaFast, L2NormMatchesReference) {

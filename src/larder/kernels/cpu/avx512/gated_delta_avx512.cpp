@@ -36,8 +36,10 @@ namespace larder::kernels::cpu::avx512 {
 
 namespace {
 
-// Lanes [0, k) of a tail (k in 1..16); all 16 for k >= 16.
-inline __mmask16 first16(int64_t k) { return k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << k) - 1); }
+// Lanes [0, k): none for k <= 0, all 16 for k >= 16.
+inline __mmask16 first16(int64_t k) {
+  return k >= 16 ? __mmask16(0xFFFF) : k <= 0 ? __mmask16(0) : __mmask16((1u << k) - 1);
+}
 
 inline __m512 silu16(__m512 x) {
   const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
