@@ -406,7 +406,7 @@ std::vector<GdnShape> parse_gdn_shapes(const std::string& s) {
   std::vector<GdnShape> out;
   for (const std::string& f : split(s)) {
     GdnShape g{nullptr, 0, 0, 0, 0};
-    if (std::sscanf(f.c_str(), "%d/%d/%d/%d", &g.hk, &g.hv, &g.dk, &g.dv) != 4 || g.hk <= 0 || g.dk <= 0 ||
+    if (std::sscanf(f.c_str(), "%d/%d/%d/%d", &g.hk, &g.hv, &g.dk, &g.dv) != 4 || g.hk <= 0 || g.hv <= 0 || g.dk <= 0 ||
         g.dv <= 0 || g.hv % g.hk != 0) {
       std::fprintf(stderr, "kernel_bench: --gdn-shapes takes Hk/Hv/dk/dv,... with Hv a multiple of Hk, e.g. 16/32/128/128\n");
       std::exit(2);
@@ -463,6 +463,7 @@ void bench_gated_delta(const std::string& tier, const std::vector<int>& threads,
     std::vector<int64_t> ns;
     if (do_decode) ns = decode_ns;
     if (do_prefill) ns.push_back(prefill_n);
+    if (ns.empty()) return;
     const int64_t max_n = *std::max_element(ns.begin(), ns.end());
     FVec x(max_n * C), qkv(max_n * C), ab(2 * max_n * sh.hv), lg(max_n * sh.hv), beta(max_n * sh.hv),
         y(max_n * val_dim), z(max_n * val_dim), out(max_n * val_dim), w(C * K), conv_state((K - 1) * C, 0.0f),
