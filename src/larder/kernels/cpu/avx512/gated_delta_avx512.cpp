@@ -315,43 +315,53 @@ inline void token_pass(float* const* rows, int dk, const float* q, const float* 
   }
 }
 
-// R state rows (rows[r] = &S[h][i0 + r][0], d_k floats each) of value head h through tokens [0, n).
-// q, k, v, log_g, beta, y already point at this head's first token; qk_step, v_step, gb_step, y_step
-// are the per-token strides.
+// One token of R rows: δ from u = S·k_t, the pass, then y_t and (Next) u = S·k_{t+1}.
 template <int R>
+__attribute__((always_inline)) inline void token_step(float* const* rows, float* u, int dk, bool next,
+                                                      const float* q, const float* k, int64_t qk_step,
+                                                      const float* v, float gs, float b, float* y) {
+  const __m512 g = _mm512_set1_ps(gs);
+  __m512 d[R], ay[R], au[R];
+  for (int r = 0; r < R; ++r) {
+    d[r] = _mm512_set1_ps((v[r] - gs * u[r]) * b);
+    ay[r] = _mm512_setzero_ps();
+    au[r] = _mm512_setzero_ps();
+  }
+  if (next) token_pass<R, true>(rows, dk, q, k, k + qk_step, g, d, ay, au);
+  else token_pass<R, false>(rows, dk, q, k, nullptr, g, d, ay, au);
+  if constexpr (R % 4 == 0) {
+    for (int r0 = 0; r0 < R; r0 += 4) {
+      const __m512 acc[8] = {ay[r0], ay[r0 + 1], ay[r0 + 2], ay[r0 + 3], au[r0], au[r0 + 1], au[r0 + 2], au[r0 + 3]};
+      float sums[8];
+      hsum16x8(acc, sums);
+      for (int r = 0; r < 4; ++r) {
+        y[r0 + r] = sums[r];
+        u[r0 + r] = sums[4 + r];
+      }
+    }
+  } else {
+    for (int r = 0; r < R; ++r) {
+      y[r] = hsum16(ay[r]);
+      u[r] = hsum16(au[r]);
+    }
+  }
+}
+
+// G groups of R state rows (rows[i] = &S[h][i0 + i][0], d_k floats each) of value head h through
+// tokens [0, n), the groups taking turns per token: one group's reduction and δ (a latency chain
+// the next pass waits on) overlap the other group's pass. q, k, v, log_g, beta, y already point
+// at this head's first token and row; qk_step, v_step, gb_step, y_step are the per-token strides.
+template <int R, int G>
 void delta_rows(float* const* rows, int dk, int64_t n, const float* q, const float* k, int64_t qk_step,
                 const float* v, int64_t v_step, const float* log_g, const float* beta, int64_t gb_step, float* y,
                 int64_t y_step) {
-  float u[R];  // S_r·k_t for the token about to run
-  dot_rows<R>(rows, dk, k, u);
+  float u[R * G];  // S_r·k_t for the token about to run
+  for (int gi = 0; gi < G; ++gi) dot_rows<R>(rows + gi * R, dk, k, u + gi * R);
   for (int64_t t = 0; t < n; ++t, q += qk_step, k += qk_step, v += v_step, y += y_step) {
     const float gs = std::exp(log_g[t * gb_step]);
     const float b = beta[t * gb_step];
-    const __m512 g = _mm512_set1_ps(gs);
-    __m512 d[R], ay[R], au[R];
-    for (int r = 0; r < R; ++r) {
-      d[r] = _mm512_set1_ps((v[r] - gs * u[r]) * b);
-      ay[r] = _mm512_setzero_ps();
-      au[r] = _mm512_setzero_ps();
-    }
-    if (t + 1 < n) token_pass<R, true>(rows, dk, q, k, k + qk_step, g, d, ay, au);
-    else token_pass<R, false>(rows, dk, q, k, nullptr, g, d, ay, au);
-    if constexpr (R % 4 == 0) {
-      for (int r0 = 0; r0 < R; r0 += 4) {
-        const __m512 acc[8] = {ay[r0], ay[r0 + 1], ay[r0 + 2], ay[r0 + 3], au[r0], au[r0 + 1], au[r0 + 2], au[r0 + 3]};
-        float sums[8];
-        hsum16x8(acc, sums);
-        for (int r = 0; r < 4; ++r) {
-          y[r0 + r] = sums[r];
-          u[r0 + r] = sums[4 + r];
-        }
-      }
-    } else {
-      for (int r = 0; r < R; ++r) {
-        y[r] = hsum16(ay[r]);
-        u[r] = hsum16(au[r]);
-      }
-    }
+    for (int gi = 0; gi < G; ++gi)
+      token_step<R>(rows + gi * R, u + gi * R, dk, t + 1 < n, q, k, qk_step, v + gi * R, gs, b, y + gi * R);
   }
 }
 
@@ -384,18 +394,25 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
         const float* k = in.k + t0 * qks + hk * dk;
         const float* lg = in.log_g + t0 * hv + h;
         const float* be = in.beta + t0 * hv + h;
-        for (int gi = g0; gi < g1; ++gi) {
+        for (int gi = g0; gi < g1;) {
           const int i0 = gi * kRowGroup;
-          const int rn = std::min(kRowGroup, dv - i0);
-          float* rows[kRowGroup];
-          for (int r = 0; r < rn; ++r) rows[r] = state + (static_cast<int64_t>(h) * dv + i0 + r) * dk;
+          const int rn = std::min(2 * kRowGroup, dv - i0);
+          const bool pair = gi + 1 < g1 && rn == 2 * kRowGroup;
+          float* rows[2 * kRowGroup];
+          for (int r = 0; r < std::min(rn, pair ? 2 * kRowGroup : kRowGroup); ++r)
+            rows[r] = state + (static_cast<int64_t>(h) * dv + i0 + r) * dk;
           const float* v = in.v + t0 * vs + static_cast<int64_t>(h) * dv + i0;
           float* yh = y + t0 * ys + static_cast<int64_t>(h) * dv + i0;
-          // Rows of a short last group run one at a time: the same per-row arithmetic.
-          if (rn == kRowGroup) {
-            delta_rows<kRowGroup>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+          if (pair) {
+            delta_rows<kRowGroup, 2>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+            gi += 2;
+          } else if (rn >= kRowGroup) {
+            delta_rows<kRowGroup, 1>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+            ++gi;
           } else {
-            for (int r = 0; r < rn; ++r) delta_rows<1>(rows + r, dk, tn, q, k, qks, v + r, vs, lg, be, hv, yh + r, ys);
+            for (int r = 0; r < rn; ++r)
+              delta_rows<1, 1>(rows + r, dk, tn, q, k, qks, v + r, vs, lg, be, hv, yh + r, ys);
+            ++gi;
           }
         }
       }
