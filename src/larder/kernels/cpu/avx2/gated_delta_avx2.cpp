@@ -139,15 +139,13 @@ namespace {
 // R state rows (rows[r] = &S[h][i0 + r][0], d_k floats each) of value head h through tokens [0, n).
 // q, k, v, log_g, beta, y already point at this head's first token; qk_step, v_step, gb_step, y_step
 // are the per-token strides.
+// One token of R rows.
 template <int R>
-void delta_rows(float* const* rows, int dk, int64_t n, const float* q, const float* k, int64_t qk_step,
-                const float* v, int64_t v_step, const float* log_g, const float* beta, int64_t gb_step, float* y,
-                int64_t y_step) {
+__attribute__((always_inline)) inline void token_step(float* const* rows, int dk, const float* q, const float* k,
+                                                      const float* v, __m256 g, float b, float* y) {
   const int full = dk / 8 * 8;
   const __m256i m = simd::first_lanes(dk - full);
-  for (int64_t t = 0; t < n; ++t, q += qk_step, k += qk_step, v += v_step, y += y_step) {
-    const __m256 g = _mm256_set1_ps(std::exp(log_g[t * gb_step]));
-    const float b = beta[t * gb_step];
+  {
     // S ← g·S; kv = S·k.
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -193,6 +191,18 @@ void delta_rows(float* const* rows, int dk, int64_t n, const float* q, const flo
   }
 }
 
+// G groups of R rows taking turns per token (one group's lane sums and δ overlap the other's pass).
+template <int R, int G>
+void delta_rows(float* const* rows, int dk, int64_t n, const float* q, const float* k, int64_t qk_step,
+                const float* v, int64_t v_step, const float* log_g, const float* beta, int64_t gb_step, float* y,
+                int64_t y_step) {
+  for (int64_t t = 0; t < n; ++t, q += qk_step, k += qk_step, v += v_step, y += y_step) {
+    const __m256 g = _mm256_set1_ps(std::exp(log_g[t * gb_step]));
+    const float b = beta[t * gb_step];
+    for (int gi = 0; gi < G; ++gi) token_step<R>(rows + gi * R, dk, q, k, v + gi * R, g, b, y + gi * R);
+  }
+}
+
 constexpr int kRowGroup = 4;
 constexpr int64_t kTokenBlock = 16;
 
@@ -223,18 +233,27 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
         const float* k = in.k + t0 * qks + hk * dk;
         const float* lg = in.log_g + t0 * hv + h;
         const float* be = in.beta + t0 * hv + h;
-        for (int gi = g0; gi < g1; ++gi) {
+        for (int gi = g0; gi < g1;) {
           const int i0 = gi * kRowGroup;
-          const int rn = std::min(kRowGroup, dv - i0);
-          float* rows[kRowGroup];
-          for (int r = 0; r < rn; ++r) rows[r] = state + (static_cast<int64_t>(h) * dv + i0 + r) * dk;
+          const int rn = std::min(2 * kRowGroup, dv - i0);
+          const bool pair = gi + 1 < g1 && rn == 2 * kRowGroup;
+          float* rows[2 * kRowGroup];
+          for (int r = 0; r < std::min(rn, pair ? 2 * kRowGroup : kRowGroup); ++r)
+            rows[r] = state + (static_cast<int64_t>(h) * dv + i0 + r) * dk;
           const float* v = in.v + t0 * vs + static_cast<int64_t>(h) * dv + i0;
           float* yh = y + t0 * ys + static_cast<int64_t>(h) * dv + i0;
-          // Rows of a short last group run one at a time: the same per-row arithmetic.
-          if (rn == kRowGroup) {
-            delta_rows<kRowGroup>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+          // Two full groups in turns, else one; rows of a short last group one at a time: the same
+          // per-row arithmetic either way.
+          if (pair) {
+            delta_rows<kRowGroup, 2>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+            gi += 2;
+          } else if (rn >= kRowGroup) {
+            delta_rows<kRowGroup, 1>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+            ++gi;
           } else {
-            for (int r = 0; r < rn; ++r) delta_rows<1>(rows + r, dk, tn, q, k, qks, v + r, vs, lg, be, hv, yh + r, ys);
+            for (int r = 0; r < rn; ++r)
+              delta_rows<1, 1>(rows + r, dk, tn, q, k, qks, v + r, vs, lg, be, hv, yh + r, ys);
+            ++gi;
           }
         }
       }
