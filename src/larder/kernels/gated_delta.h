@@ -93,9 +93,10 @@ struct GatedDeltaInputs {
 // tier, and each (row, token) step is the same arithmetic); thread-count independent. The
 // reference accumulates its dot products in double; fast tiers in f32 (within 1e-6 relative:
 // tests/unit/kernels_fast/gated_delta_fast_test.cpp). One thread on Zen 5, H_v = 32,
-// d_k = d_v = 128 (a Qwen3.5-9B layer; bench/RESULTS.md session 36): prefill 512 tokens in ~14 ms CPU
-// (AVX-512, ~28 µs per token, ~55 % of the FMA pipes) or ~26 ms (AVX2); decode ~120–150 µs per token
-// with the state cold in DRAM (a 2 MiB state read and written: ~85 % of one core's read bandwidth).
+// d_k = d_v = 128 (a Qwen3.5-9B layer; bench/RESULTS.md session 36): prefill 512 tokens in 13–14.5 ms
+// CPU (AVX-512, ~27 µs per token, 53–59 % of the FMA pipes) or 23–26 ms (AVX2); decode ~105 µs
+// (AVX-512) or 140–175 µs (AVX2) per token with the state cold (a 2 MiB state read and written, at
+// one core's read bandwidth).
 //
 // Prefill uses this form too, not gated_delta_chunked: "one prompt, one answer" — the same output
 // whether a prompt is prefilled in one call, many, or decoded token by token — needs the state
@@ -104,7 +105,7 @@ struct GatedDeltaInputs {
 // reproduce its bits). Measured, the chunked form has nothing to win on CPU that would pay for
 // that: per token it issues 3·d_k·d_v + C·(d_k + d_v) FMAs (C = 64: 65 536 at d = 128) — as many
 // vector operations as the recurrence's 3 FMAs + 1 multiply per state element — so its only gain
-// is a GEMM's pipe utilisation over the recurrence's ~55 %: at most ~1.6× on an op that is ~5 % of
+// is a GEMM's pipe utilisation over the recurrence's 53–59 %: at most ~1.6× on an op that is ~5 % of
 // a Qwen3.5-2B prefill (18 layers × ~8 ms CPU per 512 tokens = 0.14 s, against ~3 CPU-seconds of
 // the rest), so ~2 % of the prefill.
 void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);

@@ -3,8 +3,8 @@
 // RMSNorm. The gates (n·H_v scalars) and the chunked form stay on the reference.
 //
 // The recurrent delta rule: each state row S[h][i] evolves on its own (it reads k, q, v[i], g, β),
-// so a job owns a head's rows (or a slice of them) and runs groups of 4 rows through blocks of 16
-// tokens: the block's q/k stay in L1, the job's rows in L2. Per token, one pass decays the rows and
+// so a job owns a head's rows (or a slice of them) and runs pairs of 4-row groups, taking turns per
+// token, through blocks of 16 tokens: the block's q/k stay in L1, the job's rows in L2. Per token, one pass decays the rows and
 // forms kv = S·k, the next adds δ⊗k and forms y = S·q (k and q loaded once per group). Every row
 // takes the same arithmetic whatever its group, job, thread or call split, so results are
 // bit-identical across call splits and thread counts. Dot products accumulate in 8 f32 lanes (the

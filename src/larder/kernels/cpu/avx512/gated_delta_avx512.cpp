@@ -4,8 +4,9 @@
 // reference (gated_delta.h says why).
 //
 // The recurrent delta rule: each state row S[h][i] evolves on its own, so a job owns a head's rows
-// (or a slice of them) and runs groups of R rows through blocks of 16 tokens (the block's q/k in
-// L1, the group's rows too). Unlike the AVX2 tier's two passes per token (decay + S·k, then δ⊗k +
+// (or a slice of them) and runs pairs of 8-row groups through blocks of 16 tokens (the block's q/k
+// in L1, the groups' rows too), the two groups taking turns per token so that one's lane sums and δ
+// overlap the other's pass. Unlike the AVX2 tier's two passes per token (decay + S·k, then δ⊗k +
 // S·q), one pass does all of it, using kv_t = (g_t·S)·k_t = g_t·(S·k_t): the pass that writes the
 // state after token t also forms S·k_{t+1}, so per token each state vector is loaded and stored once:
 //   s ← fma(k_t, δ_t, g_t·s);  y_t += s·q_t;  u_{t+1} += s·k_{t+1};  δ_{t+1} = (v − g_{t+1}·u_{t+1})·β.
