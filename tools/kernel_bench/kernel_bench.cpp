@@ -20,6 +20,8 @@
 //                     [--attn-shape 32/8/64] [--attn-evict-mb N]
 //                     [--step]  (only the decode step's matmul sequence: bench_step)
 //                     [--moe] [--moe-shape E/k/rows/cols]  (only the grouped expert matmul: bench_moe)
+//                     [--no-gated-delta | --gated-delta-only] [--gdn-shapes 16/16/128/128,16/32/128/128]
+//                     (Hk/Hv/dk/dv: Gated DeltaNet layers, bench_gated_delta)
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -31,6 +33,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -222,7 +225,8 @@ void fill_format(uint8_t* p, const Format& f, int64_t rows, int64_t cols) {
 }
 
 // Deterministic activations in [-1, 1).
-void fill_acts(std::vector<float>& x) {
+template <class Vec>
+void fill_acts(Vec& x) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
 }
 
@@ -369,6 +373,187 @@ void bench_attention(const std::string& tier, const std::vector<int>& threads, c
       std::fflush(stdout);
     }
     std::free(kv);
+  }
+}
+
+// Gated DeltaNet ops (kernels/gated_delta.h) per linear-attention layer of Qwen3.5 shapes (H_k key
+// heads, H_v value heads, d_k = d_v = 128, conv kernel 4; --gdn-shapes): decode (n rows, one call
+// per token) and a prefill chunk. The delta rule is arithmetic (GFLOP/s against the FMA peak:
+// 3 FMA + 1 multiply per state element and token = 7 FLOP) and, at decode, a stream of its f32
+// state (read and written once per call: GB/s against the read bandwidth); its states rotate over
+// >= 512 MiB like the decode weights (between two visits of a layer, a decode step streams every
+// other layer's weights and states through the caches), unless --hot. The other ops stream their
+// activations (GB/s of bytes read + written; cache-resident at decode, as in a model).
+// Activations as a model holds them: 64-byte aligned rows (a zmm load never splits a cache line;
+// std::vector's 16-byte alignment made every AVX-512 access of the conv split one).
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const Aligned64<U>&) const { return true; }
+};
+using FVec = std::vector<float, Aligned64<float>>;
+
+struct GdnShape {
+  const char* name;
+  int hk, hv, dk, dv;
+};
+
+std::vector<GdnShape> parse_gdn_shapes(const std::string& s) {
+  std::vector<GdnShape> out;
+  for (const std::string& f : split(s)) {
+    GdnShape g{nullptr, 0, 0, 0, 0};
+    if (std::sscanf(f.c_str(), "%d/%d/%d/%d", &g.hk, &g.hv, &g.dk, &g.dv) != 4 || g.hk <= 0 || g.hv <= 0 || g.dk <= 0 ||
+        g.dv <= 0 || g.hv % g.hk != 0) {
+      std::fprintf(stderr, "kernel_bench: --gdn-shapes takes Hk/Hv/dk/dv,... with Hv a multiple of Hk, e.g. 16/32/128/128\n");
+      std::exit(2);
+    }
+    g.name = strdup(f.c_str());
+    out.push_back(g);
+  }
+  return out;
+}
+
+void bench_gated_delta(const std::string& tier, const std::vector<int>& threads, const std::vector<double>& bw,
+                       const std::vector<GdnShape>& shapes, const std::vector<int64_t>& decode_ns, int64_t prefill_n,
+                       bool do_decode, bool do_prefill, int reps, bool hot) {
+  const bool has512 = cpu_features().has_avx512_tier();
+  struct Fns {
+    CausalConv1dFn conv;
+    L2NormHeadsFn l2norm;
+    GatedDeltaGatesFn gates;
+    GatedDeltaFn recurrent, chunked;
+    RmsNormGatedFn norm;
+  } f{};
+  const KernelTable& r = ref_table();
+  if (tier == "ref") {
+    f = {r.causal_conv1d, r.l2norm_heads, r.gated_delta_gates, r.gated_delta_recurrent, r.gated_delta_chunked,
+         r.rmsnorm_gated};
+  } else if (tier == "avx2") {
+    f = {cpu::avx2::causal_conv1d, cpu::avx2::l2norm_heads, r.gated_delta_gates, cpu::avx2::gated_delta_recurrent,
+         nullptr, cpu::avx2::rmsnorm_gated};
+  } else if (tier == "avx512" && has512) {
+    f = {cpu::avx512::causal_conv1d, cpu::avx512::l2norm_heads, cpu::avx512::gated_delta_gates,
+         cpu::avx512::gated_delta_recurrent, nullptr, cpu::avx512::rmsnorm_gated};
+  } else {
+    std::printf("\n%s: no gated-delta kernels\n", tier.c_str());
+    return;
+  }
+  std::vector<double> fma(threads.size());
+  for (size_t ti = 0; ti < threads.size(); ++ti) {
+    default_pool().set_threads(threads[ti]);
+    // The tier's own FMA width: the ymm probe would read a zmm kernel as up to 200 %.
+    fma[ti] = tier == "avx512" ? cpu::avx512::f32_fma_peak(default_pool()) : measure_f32_fma_peak(default_pool());
+  }
+  std::printf("\n## %s gated delta (per layer; states %s)\n", tier.c_str(), hot ? "hot (one copy)" : "rotated over >= 512 MiB");
+  for (size_t ti = 0; ti < threads.size(); ++ti)
+    std::printf("f32 FMA peak (%s), %d thread(s): %.1f GFLOP/s\n", tier == "avx512" ? "zmm" : "ymm", threads[ti], fma[ti]);
+  std::printf("| Hk/Hv/dk/dv | op | n | threads | median µs [min..max] | GB/s | %% of read BW | GFLOP/s | %% of FMA peak | 1-thread CPU µs |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const GdnShape& sh : shapes) {
+    const int K = 4;
+    const int64_t key_dim = static_cast<int64_t>(sh.hk) * sh.dk, val_dim = static_cast<int64_t>(sh.hv) * sh.dv;
+    const int64_t C = 2 * key_dim + val_dim;  // the conv's channels: q | k | v
+    const int64_t state_floats = val_dim * sh.dk;
+    const uint64_t state_bytes = static_cast<uint64_t>(state_floats) * 4;
+    const int copies = hot ? 1 : static_cast<int>(std::max<uint64_t>(1, (uint64_t{512} << 20) / state_bytes + 1));
+    std::vector<int64_t> ns;
+    if (do_decode) ns = decode_ns;
+    if (do_prefill) ns.push_back(prefill_n);
+    if (ns.empty()) return;
+    const int64_t max_n = *std::max_element(ns.begin(), ns.end());
+    FVec x(max_n * C), qkv(max_n * C), ab(2 * max_n * sh.hv), lg(max_n * sh.hv), beta(max_n * sh.hv),
+        y(max_n * val_dim), z(max_n * val_dim), out(max_n * val_dim), w(C * K), conv_state((K - 1) * C, 0.0f),
+        a_log(sh.hv, -0.5f), dt(sh.hv, 0.1f), nw(sh.dv, 1.0f);
+    fill_acts(x);
+    fill_acts(ab);
+    fill_acts(z);
+    fill_acts(w);
+    // Real inputs for the delta rule: the conv, q/k normalised, gates in range.
+    ref_table().causal_conv1d(x.data(), max_n, {C, K, w.data(), nullptr, true}, conv_state.data(), qkv.data());
+    ref_table().l2norm_heads(qkv.data(), max_n, {sh.hk, sh.dk, C, 1e-6f, 1.0f / std::sqrt(static_cast<float>(sh.dk))});
+    ref_table().l2norm_heads(qkv.data() + key_dim, max_n, {sh.hk, sh.dk, C, 1e-6f, 1.0f});
+    ref_table().gated_delta_gates(ab.data(), ab.data() + max_n * sh.hv, max_n, {sh.hv, a_log.data(), dt.data()},
+                                  lg.data(), beta.data());
+    auto* states = static_cast<float*>(big_alloc(state_bytes * copies));
+    for (int64_t i = 0; i < state_floats * copies; ++i) states[i] = 0.01f * static_cast<float>(i % 97) - 0.48f;
+    const GatedDeltaShape gs{sh.hk, sh.hv, sh.dk, sh.dv};
+    for (int64_t n : ns) {
+      GatedDeltaInputs in;
+      in.q = qkv.data();
+      in.k = qkv.data() + key_dim;
+      in.v = qkv.data() + 2 * key_dim;
+      in.qkv_stride = C;
+      in.log_g = lg.data();
+      in.beta = beta.data();
+      in.n = n;
+      const double rec_flops = 7.0 * static_cast<double>(state_floats) * n;
+      struct Op {
+        const char* name;
+        double bytes, flops;
+        std::function<void(int)> run;  // (copy)
+      };
+      FVec cst((K - 1) * C, 0.0f), xn(n * C), lg2(n * sh.hv), beta2(n * sh.hv);
+      std::vector<Op> ops;
+      if (f.conv)
+        ops.push_back({"conv1d+silu", 8.0 * n * C + 4.0 * K * C, 2.0 * K * C * n, [&](int) {
+                         std::copy(conv_state.begin(), conv_state.end(), cst.begin());
+                         f.conv(x.data(), n, {C, K, w.data(), nullptr, true}, cst.data(), xn.data());
+                       }});
+      if (f.l2norm)
+        ops.push_back({"l2norm q,k", 16.0 * n * key_dim, 0, [&](int) {
+                         f.l2norm(xn.data(), n, {sh.hk, sh.dk, C, 1e-6f, 0.088f});
+                         f.l2norm(xn.data() + key_dim, n, {sh.hk, sh.dk, C, 1e-6f, 1.0f});
+                       }});
+      if (f.gates)
+        ops.push_back({"gates", 16.0 * n * sh.hv, 0, [&](int) {
+                         f.gates(ab.data(), ab.data() + n * sh.hv, n, {sh.hv, a_log.data(), dt.data()}, lg2.data(), beta2.data());
+                       }});
+      if (f.recurrent)
+        ops.push_back({"delta recurrent", 2.0 * state_bytes + 4.0 * n * (2 * key_dim + 2 * val_dim), rec_flops,
+                       [&](int c) { f.recurrent(in, gs, states + c * state_floats, y.data()); }});
+      if (f.chunked)
+        ops.push_back({"delta chunked", 2.0 * state_bytes + 4.0 * n * (2 * key_dim + 2 * val_dim), rec_flops,
+                       [&](int c) { f.chunked(in, gs, states + c * state_floats, y.data()); }});
+      if (f.norm)
+        ops.push_back({"rmsnorm_gated", 12.0 * n * val_dim, 0, [&](int) {
+                         f.norm(y.data(), z.data(), nw.data(), n * sh.hv, sh.dv, 1e-6f, out.data());
+                       }});
+      for (const Op& op : ops) {
+        // The double-precision oracle runs ~1 GFLOP/s: skip its long calls.
+        if (tier == "ref" && op.flops > 2e9) continue;
+        for (size_t ti = 0; ti < threads.size(); ++ti) {
+          default_pool().set_threads(threads[ti]);
+          const bool state_op = op.flops == rec_flops;
+          const int rot = state_op ? copies : 1;
+          const int warm = std::min(rot, 64);
+          for (int i = 0; i < warm; ++i) op.run(i % rot);
+          const int calls = (n > 64 ? std::max(3, reps / 2) : reps) * (state_op && n <= 64 ? std::max(1, rot / 8) : 1);
+          std::vector<double> ts, cpu;
+          for (int i = 0, c = 0; i < calls; ++i, c = (c + 1) % rot) {
+            const double c0 = thread_cpu_seconds();
+            const auto t0 = Clock::now();
+            op.run(c);
+            ts.push_back(seconds_since(t0));
+            cpu.push_back(thread_cpu_seconds() - c0);
+          }
+          const Stats st = stats(ts), sc = stats(cpu);
+          const double gbs = op.bytes / st.median / 1e9, gf = op.flops / st.median / 1e9;
+          std::printf("| %s | %s | %lld | %d | %.1f [%.1f..%.1f] | %.1f | %.0f%% | %s | %s | %s |\n", sh.name, op.name,
+                      static_cast<long long>(n), threads[ti], st.median * 1e6, st.min * 1e6, st.max * 1e6, gbs,
+                      100.0 * gbs / bw[ti], op.flops ? std::to_string(gf).substr(0, 5).c_str() : "-",
+                      op.flops ? (std::to_string(static_cast<int>(100.0 * gf / fma[ti])) + "%").c_str() : "-",
+                      threads[ti] == 1 ? std::to_string(sc.median * 1e6).substr(0, 7).c_str() : "-");
+          std::fflush(stdout);
+        }
+      }
+    }
+    std::free(states);
   }
 }
 
@@ -600,6 +785,8 @@ int main(int argc, char** argv) {
   DType kv_dtype = DType::kF16;  // the KV cache's default (--kv-dtype)
   AttnShape attn_shape;
   int attn_evict_mb = 0;
+  bool do_gdn = true, only_gdn = false;  // --no-gated-delta, --gated-delta-only
+  std::vector<GdnShape> gdn_shapes = parse_gdn_shapes("16/16/128/128,16/32/128/128");  // Qwen3.5 2B, 9B
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -641,6 +828,9 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    else if (a == "--no-gated-delta") do_gdn = false;
+    else if (a == "--gated-delta-only") only_gdn = true;
+    else if (a == "--gdn-shapes") gdn_shapes = parse_gdn_shapes(val());
     else if (a == "--no-attention") do_attention = false;
     else if (a == "--attention-only") only_attention = true;
     else if (a == "--attn-contexts") { attn_contexts.clear(); for (auto& s : split(val())) attn_contexts.push_back(std::atoll(s.c_str())); }
@@ -697,7 +887,8 @@ int main(int argc, char** argv) {
       }
     return 0;
   }
-  if (only_attention) formats.clear();
+  if (only_attention || only_gdn) formats.clear();
+  if (only_gdn) do_attention = false;
   for (const std::string& tier : tiers) {
     for (const std::string& fs : formats) {
       const Format fmt = parse_format(fs);
@@ -805,6 +996,10 @@ int main(int argc, char** argv) {
       }
     }
   }
+
+  if ((do_gdn && !only_attention) || only_gdn)
+    for (const std::string& tier : tiers)
+      bench_gated_delta(tier, threads, bw_before, gdn_shapes, decode_ns, prefill_n, do_decode, do_prefill, reps, hot);
 
   if (do_attention || only_attention)
     for (const std::string& tier : tiers)

@@ -92,8 +92,22 @@ struct GatedDeltaInputs {
 // Bit-identical however the tokens are split into calls (the state is f32 between tokens in every
 // tier, and each (row, token) step is the same arithmetic); thread-count independent. The
 // reference accumulates its dot products in double; fast tiers in f32 (within 1e-6 relative:
-// tests/unit/kernels_fast/gated_delta_fast_test.cpp). AVX2, one thread, H_v = 32, d_k = d_v = 128
-// (a Qwen3.5-9B layer): ~55–60 µs CPU per token at n = 1, 64 or 512 (~35 GFLOP/s), the reference ~950 µs.
+// tests/unit/kernels_fast/gated_delta_fast_test.cpp). One thread on Zen 5, H_v = 32,
+// d_k = d_v = 128 (a Qwen3.5-9B layer; bench/RESULTS.md session 36): prefill 512 tokens in 13–14.5 ms
+// CPU (AVX-512, ~27 µs per token, 53–59 % of the FMA pipes) or 23–26 ms (AVX2); decode ~105 µs
+// (AVX-512) or 140–175 µs (AVX2) per token with the state cold (a 2 MiB state read and written, at
+// one core's read bandwidth).
+//
+// Prefill uses this form too, not gated_delta_chunked: "one prompt, one answer" — the same output
+// whether a prompt is prefilled in one call, many, or decoded token by token — needs the state
+// rounded to f32 after every token, which the chunked form does not do (it rounds once per chunk,
+// so it can equal the recurrence only within a tolerance, and a decode step after it cannot
+// reproduce its bits). Measured, the chunked form has nothing to win on CPU that would pay for
+// that: per token it issues 3·d_k·d_v + C·(d_k + d_v) FMAs (C = 64: 65 536 at d = 128) — as many
+// vector operations as the recurrence's 3 FMAs + 1 multiply per state element — so its only gain
+// is a GEMM's pipe utilisation over the recurrence's 53–59 %: at most ~1.6× on an op that is ~5 % of
+// a Qwen3.5-2B prefill (18 layers × ~8 ms CPU per 512 tokens = 0.14 s, against ~3 CPU-seconds of
+// the rest), so ~2 % of the prefill.
 void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 
 // The same recurrence in chunks of kGatedDeltaChunk tokens on a grid of absolute positions
@@ -105,10 +119,11 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
 // tests/unit/kernels/gated_delta_ref_test.cpp). Bit-identical across call splits that fall on the
 // chunk grid (pos0 and the split a multiple of kGatedDeltaChunk); a split inside a chunk changes
 // the rounding of the tokens after it in that chunk and of the state, not the math — so a prefix
-// cache could resume it bit-exactly only at grid positions. Reference only so far (no fast tier: on
-// CPU the recurrent form already runs near FMA throughput, and the WY form does more work per
-// token, ~C·(2·d_k + 2·d_v) on top of the same 3·d_k·d_v); it defines and tests the chunked math for
-// a future tier.
+// cache could resume it bit-exactly only at grid positions. Reference only (no fast tier, and no
+// caller: prefill runs gated_delta_recurrent, see there why); it defines and tests the chunked math
+// for a backend where a chunk's matmuls are what is fast (a GPU), which would then also have to
+// decode in chunk form — keeping the chunk's start state and its pending k, δ — to keep one
+// prompt's answer independent of how it was split.
 constexpr int64_t kGatedDeltaChunk = 64;
 void gated_delta_chunked(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 

@@ -3,8 +3,8 @@
 // RMSNorm. The gates (n·H_v scalars) and the chunked form stay on the reference.
 //
 // The recurrent delta rule: each state row S[h][i] evolves on its own (it reads k, q, v[i], g, β),
-// so a job owns a head's rows (or a slice of them) and runs groups of 4 rows through blocks of 16
-// tokens: the block's q/k stay in L1, the job's rows in L2. Per token, one pass decays the rows and
+// so a job owns a head's rows (or a slice of them) and runs pairs of 4-row groups, taking turns per
+// token, through blocks of 16 tokens: the block's q/k stay in L1, the job's rows in L2. Per token, one pass decays the rows and
 // forms kv = S·k, the next adds δ⊗k and forms y = S·q (k and q loaded once per group). Every row
 // takes the same arithmetic whatever its group, job, thread or call split, so results are
 // bit-identical across call splits and thread counts. Dot products accumulate in 8 f32 lanes (the
@@ -48,18 +48,25 @@ void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float
   if (n <= 0) return;
   if (K > kMaxConvKernel) return ref::causal_conv1d(x, n, p, state, out);
   const int64_t blocks = (C + 7) / 8;
+  // The family's kernel 4 at decode: each full block's taps transposed in registers (8 channels ×
+  // 4 taps are 8 quarter vectors) instead of into a buffer per call, which cost more than the conv.
+  const bool in_regs = K == 4 && n < 16;
   // Jobs: ranges of 8-channel blocks; within one, tokens outer so each x row is read contiguously.
   parallel_split(blocks, 8, n * K * 8, [&](int64_t b0, int64_t b1) {
-    // The range's taps, transposed to one 8-channel vector per (block, tap).
-    std::vector<float> w(static_cast<size_t>((b1 - b0) * K * 8)), bias(static_cast<size_t>((b1 - b0) * 8));
-    for (int64_t b = b0; b < b1; ++b) {
+    // The range's taps, transposed to one 8-channel vector per (block, tap) (in_regs: only a
+    // ragged last block's).
+    const int64_t first = in_regs ? std::max(b0, C / 8) : b0;  // the first block kept in the buffer
+    thread_local std::vector<float> w, bias;
+    w.assign(static_cast<size_t>(std::max<int64_t>(0, b1 - first) * K * 8), 0.0f);
+    bias.assign(static_cast<size_t>(std::max<int64_t>(0, b1 - first) * 8), 0.0f);
+    for (int64_t b = first; b < b1; ++b) {
       const int64_t c0 = b * 8;
       const int lanes = static_cast<int>(std::min<int64_t>(8, C - c0));
       alignas(32) float wt[kMaxConvKernel][8] = {};
       for (int l = 0; l < lanes; ++l)
         for (int j = 0; j < K; ++j) wt[j][l] = p.weight[(c0 + l) * K + j];
-      for (int j = 0; j < K; ++j) std::memcpy(&w[static_cast<size_t>(((b - b0) * K + j) * 8)], wt[j], sizeof wt[j]);
-      for (int l = 0; l < lanes && p.bias; ++l) bias[static_cast<size_t>((b - b0) * 8 + l)] = p.bias[c0 + l];
+      for (int j = 0; j < K; ++j) std::memcpy(&w[static_cast<size_t>(((b - first) * K + j) * 8)], wt[j], sizeof wt[j]);
+      for (int l = 0; l < lanes && p.bias; ++l) bias[static_cast<size_t>((b - first) * 8 + l)] = p.bias[c0 + l];
     }
     auto row = [&](int64_t r) { return r < keep ? state + r * C : x + (r - keep) * C; };
     for (int64_t t = 0; t < n; ++t) {
@@ -69,9 +76,24 @@ void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float
       // The reference's order: bias, then taps 0..K−1 (one rounding each: fma). Masked loads and
       // stores only for a ragged last block (vmaskmovps stores are slow on some cores).
       auto conv8 = [&](int64_t b, auto load) {
-        const float* wb = &w[static_cast<size_t>((b - b0) * K * 8)];
-        __m256 acc = _mm256_loadu_ps(&bias[static_cast<size_t>((b - b0) * 8)]);
-        for (int j = 0; j < K; ++j) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wb + j * 8), load(in[j] + b * 8), acc);
+        __m256 acc;
+        if (in_regs && (b + 1) * 8 <= C) {
+          // Channels c0..c0+7 × taps 0..3 as two 4×4 transposes.
+          const float* wp = p.weight + b * 32;
+          __m128 r0 = _mm_loadu_ps(wp), r1 = _mm_loadu_ps(wp + 4), r2 = _mm_loadu_ps(wp + 8), r3 = _mm_loadu_ps(wp + 12);
+          __m128 r4 = _mm_loadu_ps(wp + 16), r5 = _mm_loadu_ps(wp + 20), r6 = _mm_loadu_ps(wp + 24),
+                 r7 = _mm_loadu_ps(wp + 28);
+          _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+          _MM_TRANSPOSE4_PS(r4, r5, r6, r7);
+          const __m256 wj[4] = {_mm256_set_m128(r4, r0), _mm256_set_m128(r5, r1), _mm256_set_m128(r6, r2),
+                                _mm256_set_m128(r7, r3)};
+          acc = p.bias ? _mm256_loadu_ps(p.bias + b * 8) : _mm256_setzero_ps();
+          for (int j = 0; j < 4; ++j) acc = _mm256_fmadd_ps(wj[j], load(in[j] + b * 8), acc);
+        } else {
+          const float* wb = &w[static_cast<size_t>((b - first) * K * 8)];
+          acc = _mm256_loadu_ps(&bias[static_cast<size_t>((b - first) * 8)]);
+          for (int j = 0; j < K; ++j) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wb + j * 8), load(in[j] + b * 8), acc);
+        }
         return p.silu ? silu8(acc) : acc;
       };
       const int64_t full_end = std::min(b1, C / 8);
@@ -117,15 +139,13 @@ namespace {
 // R state rows (rows[r] = &S[h][i0 + r][0], d_k floats each) of value head h through tokens [0, n).
 // q, k, v, log_g, beta, y already point at this head's first token; qk_step, v_step, gb_step, y_step
 // are the per-token strides.
+// One token of R rows.
 template <int R>
-void delta_rows(float* const* rows, int dk, int64_t n, const float* q, const float* k, int64_t qk_step,
-                const float* v, int64_t v_step, const float* log_g, const float* beta, int64_t gb_step, float* y,
-                int64_t y_step) {
+__attribute__((always_inline)) inline void token_step(float* const* rows, int dk, const float* q, const float* k,
+                                                      const float* v, __m256 g, float b, float* y) {
   const int full = dk / 8 * 8;
   const __m256i m = simd::first_lanes(dk - full);
-  for (int64_t t = 0; t < n; ++t, q += qk_step, k += qk_step, v += v_step, y += y_step) {
-    const __m256 g = _mm256_set1_ps(std::exp(log_g[t * gb_step]));
-    const float b = beta[t * gb_step];
+  {
     // S ← g·S; kv = S·k.
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -171,6 +191,18 @@ void delta_rows(float* const* rows, int dk, int64_t n, const float* q, const flo
   }
 }
 
+// G groups of R rows taking turns per token (one group's lane sums and δ overlap the other's pass).
+template <int R, int G>
+void delta_rows(float* const* rows, int dk, int64_t n, const float* q, const float* k, int64_t qk_step,
+                const float* v, int64_t v_step, const float* log_g, const float* beta, int64_t gb_step, float* y,
+                int64_t y_step) {
+  for (int64_t t = 0; t < n; ++t, q += qk_step, k += qk_step, v += v_step, y += y_step) {
+    const __m256 g = _mm256_set1_ps(std::exp(log_g[t * gb_step]));
+    const float b = beta[t * gb_step];
+    for (int gi = 0; gi < G; ++gi) token_step<R>(rows + gi * R, dk, q, k, v + gi * R, g, b, y + gi * R);
+  }
+}
+
 constexpr int kRowGroup = 4;
 constexpr int64_t kTokenBlock = 16;
 
@@ -201,18 +233,27 @@ void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s,
         const float* k = in.k + t0 * qks + hk * dk;
         const float* lg = in.log_g + t0 * hv + h;
         const float* be = in.beta + t0 * hv + h;
-        for (int gi = g0; gi < g1; ++gi) {
+        for (int gi = g0; gi < g1;) {
           const int i0 = gi * kRowGroup;
-          const int rn = std::min(kRowGroup, dv - i0);
-          float* rows[kRowGroup];
-          for (int r = 0; r < rn; ++r) rows[r] = state + (static_cast<int64_t>(h) * dv + i0 + r) * dk;
+          const int rn = std::min(2 * kRowGroup, dv - i0);
+          const bool pair = gi + 1 < g1 && rn == 2 * kRowGroup;
+          float* rows[2 * kRowGroup];
+          for (int r = 0; r < std::min(rn, pair ? 2 * kRowGroup : kRowGroup); ++r)
+            rows[r] = state + (static_cast<int64_t>(h) * dv + i0 + r) * dk;
           const float* v = in.v + t0 * vs + static_cast<int64_t>(h) * dv + i0;
           float* yh = y + t0 * ys + static_cast<int64_t>(h) * dv + i0;
-          // Rows of a short last group run one at a time: the same per-row arithmetic.
-          if (rn == kRowGroup) {
-            delta_rows<kRowGroup>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+          // Two full groups in turns, else one; rows of a short last group one at a time: the same
+          // per-row arithmetic either way.
+          if (pair) {
+            delta_rows<kRowGroup, 2>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+            gi += 2;
+          } else if (rn >= kRowGroup) {
+            delta_rows<kRowGroup, 1>(rows, dk, tn, q, k, qks, v, vs, lg, be, hv, yh, ys);
+            ++gi;
           } else {
-            for (int r = 0; r < rn; ++r) delta_rows<1>(rows + r, dk, tn, q, k, qks, v + r, vs, lg, be, hv, yh + r, ys);
+            for (int r = 0; r < rn; ++r)
+              delta_rows<1, 1>(rows + r, dk, tn, q, k, qks, v + r, vs, lg, be, hv, yh + r, ys);
+            ++gi;
           }
         }
       }

@@ -54,6 +54,22 @@ double int8_dot_peak(ThreadPool& pool) {
   });
 }
 
+// zmm f32 FMA (the Gated DeltaNet kernels' ceiling): 2 FLOP per lane per vfmadd.
+double f32_fma_peak(ThreadPool& pool) {
+  return best_of_three(pool, static_cast<double>(kIters) * kChains * 16 * 2, [] {
+    __m512 acc[kChains];
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1.0f + 1e-7f * static_cast<float>(i));
+    __m512 m = _mm512_set1_ps(0.9999999f), k = _mm512_set1_ps(1e-7f);
+    for (int64_t it = 0; it < kIters; ++it) {
+      __asm__ volatile("" : "+v"(m), "+v"(k));
+      for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, k);
+    }
+    __m512 t = acc[0];
+    for (int i = 1; i < kChains; ++i) t = _mm512_add_ps(t, acc[i]);
+    return _mm512_cvtss_f32(t);
+  });
+}
+
 // In the shape gemm16 issues it (A 16 × 32 B, B 8 × 64 B: 8192 MACs), on its two C tiles.
 double amx_int8_peak(ThreadPool& pool) {
   constexpr int64_t kAmxIters = kIters / 16;

@@ -127,6 +127,16 @@ int64_t argmax(const float* x, int64_t n);
 double sum_exp(const float* x, int64_t n, float shift, float scale);
 // Same contract as avx2::gelu_tanh_mul, 16 lanes (elementwise_avx512.cpp).
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
+// Gated DeltaNet (gated_delta_avx512.cpp), same contracts as the avx2 ones above plus
+// kernels::gated_delta_gates; 16 lanes, the recurrent form in one pass per token (tolerances:
+// tests/unit/kernels_fast/gated_delta_fast_test.cpp).
+void causal_conv1d(const float* x, int64_t n, const CausalConv1dParams& p, float* state, float* out);
+void l2norm_heads(float* x, int64_t n, const L2NormParams& p);
+void gated_delta_gates(const float* a, const float* b, int64_t n, const GatedDeltaGateParams& p, float* log_g,
+                       float* beta);
+void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
+void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim, float eps,
+                   float* out);
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y);
 // kernels::matmul_multi for weights all in one format (decode: one quantization, one pool job).
@@ -205,6 +215,8 @@ void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, cons
 // Compute ceilings of the tier's prefill instructions on all pool threads (peak_avx512.cpp):
 // zmm vpdpbusd, GOP/s (1 MAC = 2 OP), and zmm vdpbf16ps, GFLOP/s.
 double int8_dot_peak(ThreadPool& pool);
+// zmm f32 FMA (the AVX-512 Gated DeltaNet kernels' ceiling; core/roofline.h's probe is ymm).
+double f32_fma_peak(ThreadPool& pool);
 double bf16_dot_peak(ThreadPool& pool);
 // AMX TDPBUSD on all pool threads, GOP/s (gemm16's block sums where gemm_uses_amx()).
 double amx_int8_peak(ThreadPool& pool);

@@ -385,6 +385,11 @@ void register_fast_kernels(KernelTable& t) {
     t.argmax = avx512::argmax;                // (tests/unit/kernels_fast/logits_fast_test.cpp)
     t.sum_exp = avx512::sum_exp;
     t.attention = avx512::attention;  // (tests/unit/kernels_fast/attention_fast_test.cpp)
+    t.causal_conv1d = avx512::causal_conv1d;  // (tests/unit/kernels_fast/gated_delta_fast_test.cpp)
+    t.l2norm_heads = avx512::l2norm_heads;
+    t.gated_delta_gates = avx512::gated_delta_gates;
+    t.gated_delta_recurrent = avx512::gated_delta_recurrent;
+    t.rmsnorm_gated = avx512::rmsnorm_gated;
     t.name = "avx512";
   }
 }
