@@ -139,6 +139,12 @@ RingState* SequenceState::ring(int i) const {
   return static_cast<RingState*>(layers[static_cast<size_t>(s.index)].get());
 }
 
+RecurrentState* SequenceState::recurrent(int i) const {
+  const LayerSlot& s = slots[static_cast<size_t>(i)];
+  if (s.kind != StateKind::kRecurrent) return nullptr;
+  return static_cast<RecurrentState*>(layers[static_cast<size_t>(s.index)].get());
+}
+
 size_t SequenceState::resident_bytes() const {
   size_t n = kv.owned_bytes();
   for (const auto& l : layers) n += l->resident_bytes();

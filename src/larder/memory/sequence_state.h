@@ -38,7 +38,7 @@ struct LayerStateSpec {
   StateKind kind = StateKind::kPlainKv;
   int n_kv_heads = 0, head_dim = 0;  // plain, ring
   int64_t window = 0;                // ring: tokens kept (a key at distance < window is visible)
-  int conv_k = 0, conv_dim = 0, n_heads = 0, dk = 0, dv = 0;  // recurrent
+  int conv_k = 0, conv_dim = 0, n_heads = 0, dk = 0, dv = 0;  // recurrent: RecurrentState's shapes
   bool operator==(const LayerStateSpec&) const = default;
 };
 
@@ -85,8 +85,10 @@ struct SequenceState {
   // Forget tokens past n (n <= length()) in every layer. unsupported when a layer cannot (a
   // wrapped ring, a recurrent state): then nothing changed. n = 0 always works (a reset).
   Status trim(int64_t n);
-  // The state of model layer i.
+  // The state of model layer i: its ring, or its recurrent state (nullptr when the slot is of
+  // another kind).
   RingState* ring(int i) const;
+  RecurrentState* recurrent(int i) const;
   // Bytes of memory this state holds (its own rows + every layer state; not a shared prefix).
   size_t resident_bytes() const;
 };

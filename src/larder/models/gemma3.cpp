@@ -26,6 +26,7 @@
 #include "larder/core/dtype.h"
 #include "larder/models/blocks/rope.h"
 #include "larder/models/blocks/sandwich.h"
+#include "larder/models/hf_conventions.h"
 #include "larder/models/registry.h"
 #include "larder/models/transformer.h"
 
@@ -70,15 +71,9 @@ ordered_json gemma3_defaults() {
           {"hidden_activation", "gelu_pytorch_tanh"}};
 }
 
-// The text model's config object: text_config of a multimodal config (vocab_size from the top
-// level when only it has one), else the config itself; over the defaults.
+// The text model's config object (hf_conventions.h: text_config nesting) over the defaults.
 ordered_json text_config(const formats::ModelFiles& files) {
-  ordered_json j = gemma3_defaults();
-  const ordered_json& top = files.config;
-  const bool multimodal = top.contains("text_config") && top["text_config"].is_object();
-  const ordered_json& src = multimodal ? top["text_config"] : top;
-  for (auto it = src.begin(); it != src.end(); ++it)
-    if (!it.value().is_null()) j[it.key()] = it.value();
+  ordered_json j = hf_text_config(files, gemma3_defaults());
   // transformers >= 5 keeps RoPE per layer type: the global layers' entry is the model's
   // rope_theta / rope_scaling (the sliding entry is read by hf_params).
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
@@ -87,12 +82,6 @@ ordered_json text_config(const formats::ModelFiles& files) {
     if (full.contains("rope_theta")) j["rope_theta"] = full["rope_theta"];
     j["rope_scaling"] = full;
     j.erase("rope_parameters");
-  }
-  if (multimodal) {
-    if (top.contains("vocab_size") && top["vocab_size"].is_number_integer() && !src.contains("vocab_size"))
-      j["vocab_size"] = top["vocab_size"];
-    for (const char* k : {"eos_token_id", "bos_token_id"})
-      if (top.contains(k) && !src.contains(k)) j[k] = top[k];
   }
   return j;
 }
@@ -187,12 +176,6 @@ class Gemma3Model final : public Transformer {
   std::vector<Layer> layers_;
 };
 
-// HF stores (gain − 1); GGUF the gain.
-void unit_offset(std::vector<float>& w, bool from_gguf) {
-  if (from_gguf) return;
-  for (float& x : w) x += 1.0f;
-}
-
 Status Gemma3Model::bind(const formats::ModelFiles& files) {
   const ModelConfig& c = cfg_;
   const bool gguf = c.from_gguf;
@@ -203,19 +186,12 @@ Status Gemma3Model::bind(const formats::ModelFiles& files) {
     LARDER_ASSIGN_OR_RETURN(gp, hf_params(files, c));
   }
   TensorNames names = gemma3_names();
-  if (!gguf) {
-    // Multimodal checkpoints keep the text tower under a prefix (transformers 4.x / mlx-lm:
-    // "language_model.model.*"; transformers 5: "model.language_model.*").
-    if (files.tensors().find("language_model.model.embed_tokens.weight")) {
-      names.hf_add = "language_model.";
-    } else if (files.tensors().find("model.language_model.embed_tokens.weight")) {
-      names.hf_strip = "model.";
-      names.hf_add = "model.language_model.";
-    }
-  }
+  use_text_tower_prefix(files, &names);  // multimodal checkpoints keep the text tower under a prefix
+  // HF stores (gain − 1); llama.cpp's converter writes the gain.
+  const NormGain gain = gguf ? NormGain::kAsStored : NormGain::kOnePlus;
   WeightBinder b(files, names);
   LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, /*family_default=*/true));
-  unit_offset(final_norm_.weight, gguf);
+  apply_gain(final_norm_.weight, gain);
   embed_scale_ = gguf ? std::sqrt(static_cast<float>(c.hidden))
                       : bf16_to_f32(f32_to_bf16(static_cast<float>(std::sqrt(static_cast<double>(c.hidden)))));
   attn_opt_.pairing = kernels::RopePairing::kHalf;
@@ -241,14 +217,15 @@ Status Gemma3Model::bind(const formats::ModelFiles& files) {
     spec.rope = sliding ? 1 : 0;
     spec.attn_scale = static_cast<float>(gp.attn_scale);
     spec.norms = {.qk = true, .post_attn = true, .post_ffn = true};
+    declare_state(spec);
     specs_.push_back(spec);
 
     const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
     Layer& L = layers_[static_cast<size_t>(l)];
-    LARDER_RETURN_IF_ERROR(L.norms.bind(b, p, c.hidden, eps, /*gain_plus_one=*/!gguf));
+    LARDER_RETURN_IF_ERROR(L.norms.bind(b, p, c.hidden, eps, gain));
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &L.attn));
-    unit_offset(L.attn.q_norm.weight, gguf);
-    unit_offset(L.attn.k_norm.weight, gguf);
+    apply_gain(L.attn.q_norm.weight, gain);
+    apply_gain(L.attn.k_norm.weight, gain);
     LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, Activation::kGeluTanh, &L.mlp));
   }
   return finish_bind(files, b, tied);
@@ -260,8 +237,16 @@ void Gemma3Model::layer_forward(int l, const LayerBatch& b) {
   L.norms.forward(
       b.x, b.rows, cfg_.hidden, b.h, b.o,
       [&](const float* in, float* out) {
-        attention_block(spec, attn_opt_, rope_tables_[static_cast<size_t>(spec.rope)].data(), L.attn, in, b.rows,
-                        b.positions, l, b.seqs, attn_s_, out);
+        attention_block({.spec = &spec,
+                         .opt = &attn_opt_,
+                         .inv_freq = rope_tables_[static_cast<size_t>(spec.rope)].data(),
+                         .w = &L.attn,
+                         .layer = l,
+                         .h = in,
+                         .rows = b.rows,
+                         .positions = b.positions,
+                         .seqs = b.seqs},
+                        attn_s_, out);
       },
       [&](const float* in, float* out) { mlp_block(L.mlp, in, b.rows, mlp_s_, out); });
 }

@@ -48,6 +48,7 @@
 #include "larder/formats/gguf.h"
 #include "larder/models/blocks/rope.h"
 #include "larder/models/blocks/sandwich.h"
+#include "larder/models/hf_conventions.h"
 #include "larder/models/registry.h"
 #include "larder/models/transformer.h"
 
@@ -119,22 +120,11 @@ ordered_json gemma4_defaults() {
              {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1000000.0}}}}}};
 }
 
-// The text model's config: text_config of a multimodal config, else the config, over defaults.
+// The text model's config (hf_conventions.h: text_config nesting) over the defaults; a null
+// final_logit_softcapping turns capping off and a null num_global_key_value_heads means "as
+// num_key_value_heads", so those nulls are values.
 ordered_json text_config(const formats::ModelFiles& files) {
-  ordered_json j = gemma4_defaults();
-  const ordered_json& top = files.config;
-  const bool multimodal = top.contains("text_config") && top["text_config"].is_object();
-  const ordered_json& src = multimodal ? top["text_config"] : top;
-  for (auto it = src.begin(); it != src.end(); ++it)
-    if (!it.value().is_null() || it.key() == "final_logit_softcapping" || it.key() == "num_global_key_value_heads")
-      j[it.key()] = it.value();
-  if (multimodal) {
-    if (top.contains("vocab_size") && top["vocab_size"].is_number_integer() && !src.contains("vocab_size"))
-      j["vocab_size"] = top["vocab_size"];
-    for (const char* k : {"eos_token_id", "bos_token_id"})
-      if (top.contains(k) && !src.contains(k)) j[k] = top[k];
-  }
-  return j;
+  return hf_text_config(files, gemma4_defaults(), {"final_logit_softcapping", "num_global_key_value_heads"});
 }
 
 struct RopeKind {
@@ -399,13 +389,8 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
   } else {
     LARDER_ASSIGN_OR_RETURN(gp_, hf_params(text_config(files), c));
   }
-  TensorNames names = gemma4_names();  // multimodal HF text towers keep their prefix (see gemma3.cpp)
-  if (!gguf && files.tensors().find("language_model.model.embed_tokens.weight")) {
-    names.hf_add = "language_model.";
-  } else if (!gguf && files.tensors().find("model.language_model.embed_tokens.weight")) {
-    names.hf_strip = "model.";
-    names.hf_add = "model.language_model.";
-  }
+  TensorNames names = gemma4_names();
+  use_text_tower_prefix(files, &names);  // multimodal HF text towers keep their prefix
   WeightBinder b(files, names);
   LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, /*family_default=*/true));
   // mlx-lm rounds √hidden to the embedding's dtype; llama.cpp uses f32 sqrtf.
@@ -471,11 +456,12 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
         }
       has_readers_[static_cast<size_t>(spec.kv_source)] = sliding;  // plain sources are read in place
     }
+    declare_state(spec);
     specs_.push_back(spec);
 
     const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
     Layer& Ly = layers_[static_cast<size_t>(l)];
-    LARDER_RETURN_IF_ERROR(Ly.norms.bind(b, p, c.hidden, eps, /*gain_plus_one=*/false));
+    LARDER_RETURN_IF_ERROR(Ly.norms.bind(b, p, c.hidden, eps, NormGain::kAsStored));
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &Ly.attn));
     if (spec.kv_source >= 0) {
       // Some checkpoints still carry the K/V tensors of shared layers; the reference drops them.
@@ -535,8 +521,17 @@ void Gemma4Model::layer_forward(int l, const LayerBatch& b) {
   Ly.norms.forward(
       b.x, b.rows, d, b.h, b.o,
       [&](const float* in, float* out) {
-        attention_block(spec, attn_opt_, rope_tables_[static_cast<size_t>(spec.rope)].data(), Ly.attn, in, b.rows,
-                        b.positions, l, b.seqs, attn_s_, out, keep);
+        attention_block({.spec = &spec,
+                         .opt = &attn_opt_,
+                         .inv_freq = rope_tables_[static_cast<size_t>(spec.rope)].data(),
+                         .w = &Ly.attn,
+                         .layer = l,
+                         .h = in,
+                         .rows = b.rows,
+                         .positions = b.positions,
+                         .seqs = b.seqs,
+                         .keep = keep},
+                        attn_s_, out);
       },
       [&](const float* in, float* out) { mlp_block(Ly.mlp, in, b.rows, mlp_s_, out); });
   const int64_t P = gp_.ple_dim;

@@ -78,6 +78,7 @@ Status LlamaModel::bind(const formats::ModelFiles& files) {
   spec.rope = 0;
   spec.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   spec.norms.qk = variant_.qk_norm;
+  declare_state(spec);
   specs_.assign(static_cast<size_t>(c.n_layers), spec);
   layers_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -111,8 +112,16 @@ void LlamaModel::layer_forward(int l, const LayerBatch& b) {
   const LayerSpec& spec = specs_[static_cast<size_t>(l)];
   const int64_t n = b.rows * cfg_.hidden;
   L.attn_norm.apply(b.x, b.rows, b.h);
-  attention_block(spec, attn_opt_, rope_tables_[static_cast<size_t>(spec.rope)].data(), L.attn, b.h, b.rows,
-                  b.positions, l, b.seqs, attn_s_, b.o);
+  attention_block({.spec = &spec,
+                   .opt = &attn_opt_,
+                   .inv_freq = rope_tables_[static_cast<size_t>(spec.rope)].data(),
+                   .w = &L.attn,
+                   .layer = l,
+                   .h = b.h,
+                   .rows = b.rows,
+                   .positions = b.positions,
+                   .seqs = b.seqs},
+                  attn_s_, b.o);
   kernels::add(b.x, b.o, b.x, n);
   L.ffn_norm.apply(b.x, b.rows, b.h);
   mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);

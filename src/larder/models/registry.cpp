@@ -13,6 +13,9 @@ constexpr ArchEntry kArchitectures[] = {
     {"gemma3", load_gemma3, gemma3_config},  // multimodal HF config (text tower) and GGUF `gemma3`
     {"gemma4_text", load_gemma4, gemma4_config},
     {"gemma4", load_gemma4, gemma4_config},  // multimodal HF config (text tower) and GGUF `gemma4`
+    {"qwen3_5_text", load_qwen3_5, qwen3_5_config},
+    {"qwen3_5", load_qwen3_5, qwen3_5_config},  // multimodal HF config (text tower)
+    {"qwen35", load_qwen3_5, qwen3_5_config},   // GGUF (llama.cpp's name)
 };
 }  // namespace
 

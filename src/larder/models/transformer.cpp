@@ -122,6 +122,16 @@ Status Transformer::check_state(const memory::SequenceState& s) const {
         return invalid_argument(strfmt("[model] sequence state slot %zu is %s, layer %zu needs window %lld", i,
                                        r->signature().c_str(), i, (long long)want.window));
     }
+    if (slot.kind == memory::StateKind::kRecurrent) {
+      const auto* r = static_cast<const memory::RecurrentState*>(s.layers[static_cast<size_t>(slot.index)].get());
+      const memory::LayerStateSpec& want = schema_.layers[i];
+      if (r->conv_k() != want.conv_k || r->conv_dim() != want.conv_dim || r->n_heads() != want.n_heads ||
+          r->dk() != want.dk || r->dv() != want.dv)
+        return invalid_argument(strfmt("[model] sequence state slot %zu is %s, layer %zu needs conv %d x %d and "
+                                       "%d heads of %d x %d",
+                                       i, r->signature().c_str(), i, want.conv_k, want.conv_dim, want.n_heads,
+                                       want.dv, want.dk));
+    }
   }
   return s.consistent();
 }

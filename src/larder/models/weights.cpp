@@ -313,12 +313,37 @@ Result<std::vector<kernels::WeightView>> WeightBinder::experts(const ExpertsSpec
   return out;
 }
 
+Result<std::vector<float>> WeightBinder::small_f32(const std::string& hf_name, std::vector<int64_t> shape,
+                                                   const char* why) {
+  LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* t, find(hf_name));
+  std::vector<int64_t> have, want;
+  for (int i = 0; i < t->rank(); ++i)
+    if (t->dim(i) != 1) have.push_back(t->dim(i));
+  int64_t len = 1;
+  std::string want_str;
+  for (int64_t d : shape) {
+    len *= d;
+    want_str += (want_str.empty() ? "" : ", ") + std::to_string(d);
+    if (d != 1) want.push_back(d);
+  }
+  if (have != want) {
+    return invalid_argument(strfmt("[model] %s: tensor '%s' has shape %s, expected [%s] (%s)", file_of(*t).c_str(),
+                                   t->name.c_str(), t->shape_str().c_str(), want_str.c_str(), why));
+  }
+  return to_f32(*t, len);
+}
+
 Result<std::vector<float>> WeightBinder::vector(const std::string& hf_name, int64_t len, const char* why) {
   LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* t, find(hf_name));
   if (t->rank() != 1 || t->dim(0) != len) {
     return invalid_argument(strfmt("[model] %s: tensor '%s' has shape %s, expected [%lld] (%s)", file_of(*t).c_str(),
                                    t->name.c_str(), t->shape_str().c_str(), (long long)len, why));
   }
+  return to_f32(*t, len);
+}
+
+Result<std::vector<float>> WeightBinder::to_f32(const formats::TensorInfo& tensor, int64_t len) {
+  const formats::TensorInfo* t = &tensor;
   std::vector<float> out(static_cast<size_t>(len));
   for (int64_t i = 0; i < len; ++i) {
     uint16_t h = 0;

@@ -58,6 +58,10 @@ class WeightBinder {
   Result<std::vector<kernels::WeightView>> experts(const ExpertsSpec& spec, const char* why);
   // A [len] vector in F32/F16/BF16, converted to f32.
   Result<std::vector<float>> vector(const std::string& hf_name, int64_t len, const char* why);
+  // A small tensor of logical shape `shape` in F32/F16/BF16, converted to f32 (row-major). The
+  // file's shape may differ by dimensions of size 1 (a depthwise conv weight is [C, 1, K] in HF,
+  // [C, K, 1] in mlx-lm's saves, [C, K] in a GGUF: the same bytes).
+  Result<std::vector<float>> small_f32(const std::string& hf_name, std::vector<int64_t> shape, const char* why);
 
   // Tensors of the file that nothing bound (file names, in file order).
   std::vector<std::string> unbound() const;
@@ -71,6 +75,7 @@ class WeightBinder {
 
  private:
   Result<const formats::TensorInfo*> find(const std::string& hf_name);
+  Result<std::vector<float>> to_f32(const formats::TensorInfo& t, int64_t len);
   std::string file_of(const formats::TensorInfo& t) const;
   // The affine parameters of module `module` (hf_name without ".weight", `cols` input features),
   // or nullopt: plain (quantization.md §3.2, with mlx-lm's shape inference for modules without

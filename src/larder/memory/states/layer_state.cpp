@@ -232,7 +232,7 @@ nlohmann::json RecurrentState::params() const {
 
 std::vector<StateTensor> RecurrentState::tensors() const {
   return {tensor_view("conv", {conv_k_ - 1, conv_dim_}, conv_),
-          tensor_view("state", {n_heads_, dk_, dv_}, mat_)};
+          tensor_view("state", {n_heads_, dv_, dk_}, mat_)};
 }
 
 // ---- restore ------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ Result<std::unique_ptr<LayerState>> restore_layer_state(StateKind kind, const nl
         return corrupt("[kv] recurrent parameters are inconsistent");
       }
       LARDER_ASSIGN_OR_RETURN(auto c, expect_f32(ts, 0, "conv", {ck - 1, cd}));
-      LARDER_ASSIGN_OR_RETURN(auto m, expect_f32(ts, 1, "state", {h, dk, dv}));
+      LARDER_ASSIGN_OR_RETURN(auto m, expect_f32(ts, 1, "state", {h, dv, dk}));
       auto r = std::make_unique<RecurrentState>(ck, cd, h, dk, dv);
       r->conv_ = CowBuffer(std::move(c));
       r->mat_ = CowBuffer(std::move(m));

@@ -149,18 +149,35 @@ class RingState final : public LayerState {
 };
 
 // Recurrent state (kind kRecurrent; SSM / gated DeltaNet shape): conv state [conv_k-1, conv_dim]
-// and a recurrent matrix [n_heads, dk, dv], both f32, constant size. Never trimmable: the state
-// after t tokens cannot be recovered from the state after t+n (entries match only whole).
+// (the last conv_k-1 conv inputs, oldest first) and a recurrent matrix [n_heads, dv, dk] (one
+// [dv, dk] matrix per value head: kernels/gated_delta.h's orientation), both f32, constant size.
+// Never trimmable: the state after t tokens cannot be recovered from the state after t+n
+// (entries match only whole).
+//
+// A model layer writes it in place like a ring absorbs rows: its kernels update conv_mut() and
+// matrix_mut() (each a private copy first if a store entry or view still shares the bytes), then
+// advance(n) counts the tokens they absorbed.
 class RecurrentState final : public LayerState {
  public:
   RecurrentState(int conv_k, int conv_dim, int n_heads, int dk, int dv);
   // Synthetic update with one token's input (conv_dim floats): shifts the conv window and folds
-  // the input into the matrix. Real models write their own kernels against the same buffers.
+  // the input into the matrix (the store's tests; models write through conv_mut/matrix_mut).
   void absorb(const float* x);
   const float* conv() const { return conv_.data(); }
+  const float* matrix() const { return mat_.data(); }
+  // Writable views for the layer's kernels (copy-on-write: the first write after a view() or a
+  // store put copies, so what the store holds never changes under a running sequence).
+  float* conv_mut() { return conv_.mutable_data(); }
+  float* matrix_mut() { return mat_.mutable_data(); }
+  // The layer's kernels absorbed n more tokens into conv and matrix.
+  void advance(int64_t n) { offset_ += n; }
   // Back to the initial (zero) state.
   void reset();
-  const float* matrix() const { return mat_.data(); }
+  int conv_k() const { return conv_k_; }
+  int conv_dim() const { return conv_dim_; }
+  int n_heads() const { return n_heads_; }
+  int dk() const { return dk_; }
+  int dv() const { return dv_; }
 
   StateKind kind() const override { return StateKind::kRecurrent; }
   std::string signature() const override;

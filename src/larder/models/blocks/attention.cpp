@@ -1,6 +1,7 @@
 #include "larder/models/blocks/attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "larder/core/threadpool.h"
@@ -12,7 +13,10 @@ Status bind_attention(WeightBinder& b, const std::string& p, const LayerSpec& sp
                       const AttentionOptions& opt, AttentionWeights* w) {
   const int64_t q_dim = int64_t{spec.n_heads} * spec.head_dim, kv_dim = int64_t{spec.n_kv_heads} * spec.head_dim;
   const bool own_kv = spec.kv_source < 0;
-  LARDER_ASSIGN_OR_RETURN(w->q, b.matrix(p + "q_proj.weight", q_dim, c.hidden, "num_attention_heads*head_dim x hidden_size"));
+  const int64_t q_rows = spec.attn_gate ? 2 * q_dim : q_dim;  // [query | gate] per head
+  LARDER_ASSIGN_OR_RETURN(w->q, b.matrix(p + "q_proj.weight", q_rows, c.hidden,
+                                         spec.attn_gate ? "2*num_attention_heads*head_dim x hidden_size (query and gate)"
+                                                        : "num_attention_heads*head_dim x hidden_size"));
   if (own_kv) {
     LARDER_ASSIGN_OR_RETURN(w->k, b.matrix(p + "k_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
     if (!spec.k_eq_v) {
@@ -21,7 +25,7 @@ Status bind_attention(WeightBinder& b, const std::string& p, const LayerSpec& sp
   }
   LARDER_ASSIGN_OR_RETURN(w->o, b.matrix(p + "o_proj.weight", c.hidden, q_dim, "hidden_size x num_attention_heads*head_dim"));
   if (opt.qkv_bias || c.attention_bias) {
-    LARDER_ASSIGN_OR_RETURN(w->q_b, b.vector(p + "q_proj.bias", q_dim, "num_attention_heads*head_dim"));
+    LARDER_ASSIGN_OR_RETURN(w->q_b, b.vector(p + "q_proj.bias", q_rows, "q_proj rows"));
     LARDER_ASSIGN_OR_RETURN(w->k_b, b.vector(p + "k_proj.bias", kv_dim, "num_key_value_heads*head_dim"));
     LARDER_ASSIGN_OR_RETURN(w->v_b, b.vector(p + "v_proj.bias", kv_dim, "num_key_value_heads*head_dim"));
   }
@@ -68,9 +72,17 @@ bool across_sequences(std::span<const AttentionSeq> seqs, const int64_t* positio
 }
 }  // namespace
 
-void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const float* inv_freq,
-                     const AttentionWeights& w, const float* h, int64_t rows, const int64_t* positions, int layer,
-                     std::span<const AttentionSeq> seqs, AttentionScratch& s, float* out, std::vector<KvKeep>* keep) {
+void attention_block(const AttentionCall& call, AttentionScratch& s, float* out) {
+  const LayerSpec& spec = *call.spec;
+  const AttentionOptions& opt = *call.opt;
+  const AttentionWeights& w = *call.w;
+  const float* h = call.h;
+  const float* inv_freq = call.inv_freq;
+  const int64_t rows = call.rows;
+  const int64_t* positions = call.positions;
+  const int layer = call.layer;
+  const std::span<const AttentionSeq> seqs = call.seqs;
+  std::vector<KvKeep>* keep = call.keep;
   const int nh = spec.n_heads, nkv = spec.n_kv_heads, hd = spec.head_dim;
   const int64_t q_dim = int64_t{nh} * hd, kv_dim = int64_t{nkv} * hd;
   const bool own_kv = spec.kv_source < 0;
@@ -80,8 +92,9 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
   // q, k and v read the same activations: one matmul_multi (one quantization of h, one pool job
   // in decode) instead of three matmuls.
   {
+    if (spec.attn_gate) s.qg.resize(static_cast<size_t>(rows * 2 * q_dim));
     kernels::WeightView ws[3] = {w.q};
-    float* ys[3] = {s.q.data()};
+    float* ys[3] = {spec.attn_gate ? s.qg.data() : s.q.data()};
     int count = 1;
     if (own_kv) {
       s.k.resize(static_cast<size_t>(rows * kv_dim));
@@ -95,7 +108,20 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
     }
     kernels::matmul_multi(ws, ys, count, h, rows);
   }
-  add_bias(s.q.data(), rows, w.q_b);
+  if (spec.attn_gate) {
+    // Per head, q_proj emits head_dim query values then head_dim gate values (mlx-lm
+    // Qwen3NextAttention: reshape [.., heads, 2·head_dim], split in halves). The bias, when there
+    // is one, covers both halves.
+    add_bias(s.qg.data(), rows, w.q_b);
+    s.gate.resize(static_cast<size_t>(rows * q_dim));
+    for (int64_t r = 0; r < rows * nh; ++r) {
+      const float* src = s.qg.data() + r * 2 * hd;
+      std::memcpy(s.q.data() + r * hd, src, static_cast<size_t>(hd) * sizeof(float));
+      std::memcpy(s.gate.data() + r * hd, src + hd, static_cast<size_t>(hd) * sizeof(float));
+    }
+  } else {
+    add_bias(s.q.data(), rows, w.q_b);
+  }
   if (own_kv) {
     add_bias(s.k.data(), rows, w.k_b);
     if (spec.k_eq_v) {
@@ -186,6 +212,11 @@ void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const f
     });
   } else {
     for (size_t si = 0; si < seqs.size(); ++si) one(si, s.spans, s.views);
+  }
+  if (spec.attn_gate) {
+    float* a = s.att.data();
+    const float* g = s.gate.data();
+    for (int64_t i = 0; i < rows * q_dim; ++i) a[i] *= 1.0f / (1.0f + std::exp(-g[i]));
   }
   kernels::matmul(w.o, s.att.data(), rows, out);
   add_bias(out, rows, w.o_b);

@@ -42,6 +42,7 @@ struct KvKeep {
 
 struct AttentionScratch {
   std::vector<float> q, k, v, att;
+  std::vector<float> qg, gate;  // spec.attn_gate: q_proj's [query | gate] rows, and the gate
   std::vector<memory::KvSpan> spans;
   std::vector<kernels::KvSpanView> views;
   // Per sequence, when the sequences of a batch are attended in parallel (attention.cpp).
@@ -62,6 +63,22 @@ struct AttentionSeq {
   memory::SequenceState* state = nullptr;
 };
 
+// One attention call: the layer, its weights, the batch's rows and where they go. Families build
+// it with designated initializers, so a new need is a new field, not a longer argument list.
+struct AttentionCall {
+  const LayerSpec* spec = nullptr;
+  const AttentionOptions* opt = nullptr;
+  const float* inv_freq = nullptr;  // the RoPE table spec->rope names
+  const AttentionWeights* w = nullptr;
+  int layer = 0;                    // the model layer (its state slot, unless spec->kv_source >= 0)
+  const float* h = nullptr;         // [rows, hidden] normed input
+  int64_t rows = 0;
+  const int64_t* positions = nullptr;  // row r's position in its own sequence
+  std::span<const AttentionSeq> seqs;
+  // KV sharing: a source layer's call fills it (ring slots only), a sharing layer's call reads it.
+  std::vector<KvKeep>* keep = nullptr;
+};
+
 // out[rows, hidden] = attention(h[rows, hidden]) where the rows are the concatenation of the
 // sequences' new tokens (positions[r] is row r's position in its own sequence). Projections run
 // once over all rows; RoPE, the K/V write into slot `layer` of each state and causal attention
@@ -71,9 +88,8 @@ struct AttentionSeq {
 // KV sharing: a spec with kv_source >= 0 projects only q and attends over slot kv_source (a plain
 // slot in place; a ring slot through `keep`, which the source layer's call filled). A source
 // layer's call fills `keep` when given one (ring slots only).
-void attention_block(const LayerSpec& spec, const AttentionOptions& opt, const float* inv_freq,
-                     const AttentionWeights& w, const float* h, int64_t rows, const int64_t* positions, int layer,
-                     std::span<const AttentionSeq> seqs, AttentionScratch& s, float* out,
-                     std::vector<KvKeep>* keep = nullptr);
+// Output gate (spec.attn_gate): q_proj's rows per head are [query | gate]; the attention output
+// is multiplied by σ(gate) before o_proj.
+void attention_block(const AttentionCall& call, AttentionScratch& s, float* out);
 
 }  // namespace larder::models

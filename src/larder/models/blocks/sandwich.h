@@ -3,7 +3,7 @@
 // (x += post(attn(pre(x))); x += post(mlp(pre(x)))). Llama norms only the inputs, so this is the
 // Gemma 3 / Gemma 4 composition, written once: the four norms' names and binding, and the two
 // residual steps. What differs per family stays in its file: Gemma 3's HF gains are stored as
-// w and applied as (1 + w) (`gain_plus_one`), Gemma 4's are applied as stored; Gemma 4 adds
+// w and applied as (1 + w) (`NormGain::kOnePlus`), Gemma 4's are applied as stored; Gemma 4 adds
 // per-layer embeddings and a layer scalar after the block.
 #pragma once
 
@@ -12,6 +12,7 @@
 #include "larder/core/status.h"
 #include "larder/kernels/ops.h"
 #include "larder/models/blocks/norm.h"
+#include "larder/models/hf_conventions.h"
 #include "larder/models/weights.h"
 
 namespace larder::models {
@@ -20,17 +21,15 @@ struct SandwichNorms {
   RmsNorm input, post_attn, pre_ffn, post_ffn;  // input_layernorm, post_attention_layernorm, …
 
   // Binds `<prefix>{input,post_attention,pre_feedforward,post_feedforward}_layernorm.weight`
-  // ([hidden] each). gain_plus_one: add 1 to every gain (a Gemma 3 HF checkpoint; its GGUF
-  // conversion has already added it).
-  Status bind(WeightBinder& b, const std::string& prefix, int64_t hidden, float eps, bool gain_plus_one) {
+  // ([hidden] each), stored as `gain` says (a Gemma 3 HF checkpoint: γ − 1; its GGUF: γ).
+  Status bind(WeightBinder& b, const std::string& prefix, int64_t hidden, float eps, NormGain gain) {
     struct { RmsNorm* norm; const char* name; } norms[] = {{&input, "input_layernorm.weight"},
                                                            {&post_attn, "post_attention_layernorm.weight"},
                                                            {&pre_ffn, "pre_feedforward_layernorm.weight"},
                                                            {&post_ffn, "post_feedforward_layernorm.weight"}};
     for (auto& n : norms) {
       LARDER_ASSIGN_OR_RETURN(n.norm->weight, b.vector(prefix + n.name, hidden, "hidden_size"));
-      if (gain_plus_one)
-        for (float& w : n.norm->weight) w += 1.0f;
+      apply_gain(n.norm->weight, gain);
       n.norm->eps = eps;
     }
     return Status::ok();

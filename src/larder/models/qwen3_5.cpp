@@ -1,0 +1,306 @@
+// qwen3_5.cpp — the Qwen3.5 model file (dense): HF `qwen3_5_text`, the text tower of multimodal
+// `qwen3_5` checkpoints, MLX-quantized checkpoints and llama.cpp's GGUF `qwen35`
+// (model-families.md §4; oracle: mlx-lm `qwen3_5.py`).
+//
+//   per layer: x += mixer(input_norm(x));  x += mlp(post_attention_norm(x))   mlp = SwiGLU
+//   mixer = gated DeltaNet (blocks/gated_delta.h; state: conv window + f32 matrix) on most layers,
+//           gated full attention on layer i iff (i+1) % full_attention_interval == 0 (or as
+//           `layer_types` says): q_proj emits [query | gate] per head, q/k RMSNorm per head,
+//           partial RoPE (partial_rotary_factor of head_dim, NeoX pairing), o_proj(attn ⊙ σ(gate)).
+//
+// Source-specific details:
+// - Norm gains (input, post-attention, final, q/k norms) are stored as γ − 1 in HF checkpoints;
+//   mlx-lm's own saves (and MLX-quantized checkpoints) store γ. mlx-lm tells them apart by the
+//   depthwise conv weight — [C, 1, K] as HF stores it, [C, K, 1] once mlx-lm has sanitized — and
+//   so does this file. The gated norm of the DeltaNet output is stored as γ in both.
+// - Multimodal checkpoints keep the text tower under `model.language_model.` (HF) or
+//   `language_model.model.` (mlx-lm), lm_head beside it; vision and MTP tensors are ignored.
+// - mrope: text-only positions are equal along its three sections, so it is plain RoPE here.
+// - GGUF (llama.cpp's converter): gains stored as γ (it adds the 1, except to the gated norm),
+//   A stored as −exp(A_log) (`ssm_a`), conv1d as [C, K], and every per-value-head tensor
+//   reordered from grouped-by-key-head to tiled order (GatedDeltaDims::tiled_v_heads).
+// - The MoE variant is not supported yet.
+#include <cmath>
+
+#include "larder/formats/gguf.h"
+#include "larder/models/blocks/gated_delta.h"
+#include "larder/models/blocks/rope.h"
+#include "larder/models/hf_conventions.h"
+#include "larder/models/registry.h"
+#include "larder/models/transformer.h"
+
+namespace larder::models {
+
+namespace {
+
+using nlohmann::ordered_json;
+
+// mlx-lm's TextModelArgs defaults: configs may omit keys equal to them.
+ordered_json qwen3_5_defaults() {
+  return {{"hidden_size", 4096},
+          {"intermediate_size", 14336},
+          {"num_hidden_layers", 32},
+          {"num_attention_heads", 32},
+          {"rms_norm_eps", 1e-6},
+          {"vocab_size", 151936},
+          {"num_key_value_heads", 8},
+          {"max_position_embeddings", 131072},
+          {"linear_num_value_heads", 64},
+          {"linear_num_key_heads", 16},
+          {"linear_key_head_dim", 192},
+          {"linear_value_head_dim", 128},
+          {"linear_conv_kernel_dim", 4},
+          {"tie_word_embeddings", false},
+          {"attention_bias", false},
+          {"full_attention_interval", 4},
+          {"rope_parameters",
+           {{"type", "default"}, {"mrope_section", {11, 11, 10}}, {"rope_theta", 100000}, {"partial_rotary_factor", 0.25}}}};
+}
+
+// The text config with RoPE's partial factor lifted out of rope_parameters (where Qwen3.5 keeps
+// it) for the shared parser; the mrope keys are dropped (plain RoPE for text, see above).
+ordered_json text_config(const formats::ModelFiles& files) {
+  ordered_json j = hf_text_config(files, qwen3_5_defaults());
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    ordered_json& rp = j["rope_parameters"];
+    if (!j.contains("partial_rotary_factor"))
+      j["partial_rotary_factor"] = rp.contains("partial_rotary_factor") ? rp["partial_rotary_factor"] : ordered_json(0.25);
+    for (const char* k : {"mrope_section", "mrope_interleaved", "partial_rotary_factor"}) rp.erase(k);
+  }
+  return j;
+}
+
+TensorNames qwen3_5_names() {
+  return TensorNames{{{"model.embed_tokens.weight", "token_embd.weight"},
+                      {"model.norm.weight", "output_norm.weight"},
+                      {"lm_head.weight", "output.weight"}},
+                     {{"self_attn.q_proj.", "attn_q."},
+                      {"self_attn.k_proj.", "attn_k."},
+                      {"self_attn.v_proj.", "attn_v."},
+                      {"self_attn.o_proj.", "attn_output."},
+                      {"self_attn.q_norm.", "attn_q_norm."},
+                      {"self_attn.k_norm.", "attn_k_norm."},
+                      {"linear_attn.in_proj_qkv.", "attn_qkv."},
+                      {"linear_attn.in_proj_z.", "attn_gate."},
+                      {"linear_attn.in_proj_b.", "ssm_beta."},
+                      {"linear_attn.in_proj_a.", "ssm_alpha."},
+                      {"linear_attn.conv1d.", "ssm_conv1d."},
+                      {"linear_attn.dt_bias", "ssm_dt.bias"},
+                      {"linear_attn.A_log", "ssm_a"},
+                      {"linear_attn.norm.", "ssm_norm."},
+                      {"linear_attn.out_proj.", "ssm_out."},
+                      {"input_layernorm.", "attn_norm."},
+                      {"post_attention_layernorm.", "post_attention_norm."},
+                      {"mlp.gate_proj.", "ffn_gate."},
+                      {"mlp.up_proj.", "ffn_up."},
+                      {"mlp.down_proj.", "ffn_down."}},
+                     "",
+                     ""};
+}
+
+struct Qwen35Params {
+  std::vector<bool> full;  // per layer: full attention (else gated DeltaNet)
+  GatedDeltaDims delta;
+};
+
+Result<Qwen35Params> hf_params(const ordered_json& j, const ModelConfig& c) {
+  const char* src = c.source.c_str();
+  Qwen35Params p;
+  auto get_int = [&](const char* k, int* out) -> Status {
+    if (!j.contains(k) || !j[k].is_number_integer() || j[k].get<int64_t>() <= 0)
+      return invalid_argument(strfmt("[config] %s: '%s' must be a positive integer", src, k));
+    *out = j[k].get<int>();
+    return Status::ok();
+  };
+  LARDER_RETURN_IF_ERROR(get_int("linear_num_key_heads", &p.delta.n_k_heads));
+  LARDER_RETURN_IF_ERROR(get_int("linear_num_value_heads", &p.delta.n_v_heads));
+  LARDER_RETURN_IF_ERROR(get_int("linear_key_head_dim", &p.delta.d_k));
+  LARDER_RETURN_IF_ERROR(get_int("linear_value_head_dim", &p.delta.d_v));
+  LARDER_RETURN_IF_ERROR(get_int("linear_conv_kernel_dim", &p.delta.conv_kernel));
+  if (p.delta.n_v_heads % p.delta.n_k_heads != 0)
+    return invalid_argument(strfmt("[config] %s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
+                                   src, p.delta.n_v_heads, p.delta.n_k_heads));
+  if (j.contains("num_experts") && j["num_experts"].is_number_integer() && j["num_experts"].get<int64_t>() > 0)
+    return unsupported(strfmt("[config] %s: num_experts %lld: the Qwen3.5 mixture-of-experts variant is not supported "
+                              "yet (dense checkpoints only)",
+                              src, (long long)j["num_experts"].get<int64_t>()));
+  if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    const ordered_json& lt = j["layer_types"];
+    if (static_cast<int64_t>(lt.size()) != c.n_layers)
+      return invalid_argument(strfmt("[config] %s: layer_types has %zu entries for %lld layers", src, lt.size(),
+                                     (long long)c.n_layers));
+    for (const auto& t : lt) {
+      if (t == "full_attention") p.full.push_back(true);
+      else if (t == "linear_attention") p.full.push_back(false);
+      else return unsupported(strfmt("[config] %s: layer type %s is not supported", src, t.dump().c_str()));
+    }
+  } else {
+    int interval = 4;
+    LARDER_RETURN_IF_ERROR(get_int("full_attention_interval", &interval));
+    for (int64_t i = 0; i < c.n_layers; ++i) p.full.push_back((i + 1) % interval == 0);
+  }
+  return p;
+}
+
+// llama.cpp's `qwen35` metadata (convert_hf_to_gguf: Qwen3_5TextModel): the DeltaNet shapes as
+// its ssm.* keys, the layer pattern as full_attention_interval.
+Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& c) {
+  const std::string a = c.architecture + ".";
+  const char* src = c.source.c_str();
+  Qwen35Params p;
+  auto need = [&](const char* key, int* out) -> Status {
+    const auto v = g.get_int(a + key);
+    if (!v || *v <= 0 || *v > (int64_t{1} << 30))
+      return invalid_argument(strfmt("[config] %s: GGUF metadata '%s%s' is missing or not a positive integer", src,
+                                     a.c_str(), key));
+    *out = static_cast<int>(*v);
+    return Status::ok();
+  };
+  int inner = 0;
+  LARDER_RETURN_IF_ERROR(need("ssm.conv_kernel", &p.delta.conv_kernel));
+  LARDER_RETURN_IF_ERROR(need("ssm.state_size", &p.delta.d_k));
+  LARDER_RETURN_IF_ERROR(need("ssm.group_count", &p.delta.n_k_heads));
+  LARDER_RETURN_IF_ERROR(need("ssm.time_step_rank", &p.delta.n_v_heads));
+  LARDER_RETURN_IF_ERROR(need("ssm.inner_size", &inner));
+  if (p.delta.n_v_heads % p.delta.n_k_heads != 0 || inner % p.delta.n_v_heads != 0)
+    return invalid_argument(strfmt("[config] %s: GGUF ssm.time_step_rank %d must be a multiple of ssm.group_count %d "
+                                   "and divide ssm.inner_size %d",
+                                   src, p.delta.n_v_heads, p.delta.n_k_heads, inner));
+  p.delta.d_v = inner / p.delta.n_v_heads;
+  p.delta.tiled_v_heads = true;  // the converter's grouped → tiled value-head reorder
+  const int64_t interval = g.get_int(a + "full_attention_interval").value_or(4);
+  if (interval < 1) return invalid_argument(strfmt("[config] %s: GGUF full_attention_interval must be >= 1", src));
+  for (int64_t i = 0; i < c.n_layers; ++i) p.full.push_back((i + 1) % interval == 0);
+  return p;
+}
+
+struct Layer {
+  RmsNorm input_norm, post_attn_norm;
+  AttentionWeights attn;     // full-attention layers
+  GatedDeltaWeights delta;   // gated-DeltaNet layers
+  MlpWeights mlp;
+};
+
+class Qwen35Model final : public Transformer {
+ public:
+  explicit Qwen35Model(ModelConfig c) : Transformer(std::move(c)) {}
+  Status bind(const formats::ModelFiles& files);
+
+ private:
+  void layer_forward(int l, const LayerBatch& b) override;
+  AttentionOptions attn_opt_;
+  std::vector<Layer> layers_;
+  GatedDeltaScratch delta_s_;
+};
+
+// mlx-lm's test (qwen3_5.py sanitize): a depthwise conv weight whose last dimension is not 1 is
+// in HF layout, whose norm gains are γ − 1.
+NormGain gain_convention(const formats::ModelFiles& files) {
+  for (const auto& t : files.tensors().tensors()) {
+    const std::string& n = t.name;
+    if (n.find("conv1d.weight") != std::string::npos && t.rank() == 3 && t.dim(2) != 1) return NormGain::kOnePlus;
+  }
+  return NormGain::kAsStored;
+}
+
+Status Qwen35Model::bind(const formats::ModelFiles& files) {
+  const ModelConfig& c = cfg_;
+  const bool gguf = c.from_gguf;
+  Qwen35Params qp;
+  if (gguf) {
+    LARDER_ASSIGN_OR_RETURN(qp, gguf_params(*files.gguf, c));
+  } else {
+    LARDER_ASSIGN_OR_RETURN(qp, hf_params(text_config(files), c));
+  }
+  TensorNames names = qwen3_5_names();
+  use_text_tower_prefix(files, &names);
+  // llama.cpp's converter adds 1 to every norm but the DeltaNet's gated one, like mlx-lm's sanitize.
+  const NormGain gain = gguf ? NormGain::kAsStored : gain_convention(files);
+  WeightBinder b(files, names);
+  LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, /*family_default=*/false));
+  apply_gain(final_norm_.weight, gain);
+  attn_opt_.pairing = kernels::RopePairing::kHalf;
+  rope_tables_ = {rope_inv_freq(c)};
+  const float eps = static_cast<float>(c.rms_eps);
+
+  layers_.resize(static_cast<size_t>(c.n_layers));
+  specs_.clear();
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const bool full = qp.full[static_cast<size_t>(l)];
+    LayerSpec spec;
+    spec.kind = full ? LayerKind::kFull : LayerKind::kGatedDelta;
+    if (full) {
+      spec.n_heads = static_cast<int>(c.n_heads);
+      spec.n_kv_heads = static_cast<int>(c.n_kv_heads);
+      spec.head_dim = static_cast<int>(c.head_dim);
+      spec.rope_dim = static_cast<int>(c.rope_dim);
+      spec.rope = 0;
+      spec.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+      spec.norms.qk = true;
+      spec.attn_gate = true;
+    } else {
+      spec.delta = qp.delta;
+    }
+    declare_state(spec);
+    specs_.push_back(spec);
+
+    const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
+    Layer& L = layers_[static_cast<size_t>(l)];
+    LARDER_ASSIGN_OR_RETURN(L.input_norm.weight, b.vector(p + "input_layernorm.weight", c.hidden, "hidden_size"));
+    LARDER_ASSIGN_OR_RETURN(L.post_attn_norm.weight,
+                            b.vector(p + "post_attention_layernorm.weight", c.hidden, "hidden_size"));
+    apply_gain(L.input_norm.weight, gain);
+    apply_gain(L.post_attn_norm.weight, gain);
+    L.input_norm.eps = L.post_attn_norm.eps = eps;
+    if (full) {
+      LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &L.attn));
+      apply_gain(L.attn.q_norm.weight, gain);
+      apply_gain(L.attn.k_norm.weight, gain);
+    } else {
+      LARDER_RETURN_IF_ERROR(bind_gated_delta(b, p + "linear_attn.", spec, c.hidden, eps, /*a_log_is_a=*/gguf, &L.delta));
+    }
+    LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, Activation::kSilu, &L.mlp));
+  }
+  return finish_bind(files, b, tied);
+}
+
+void Qwen35Model::layer_forward(int l, const LayerBatch& b) {
+  const Layer& L = layers_[static_cast<size_t>(l)];
+  const LayerSpec& spec = specs_[static_cast<size_t>(l)];
+  const int64_t n = b.rows * cfg_.hidden;
+  L.input_norm.apply(b.x, b.rows, b.h);
+  if (spec.kind == LayerKind::kGatedDelta) {
+    gated_delta_block({.spec = &spec, .w = &L.delta, .layer = l, .h = b.h, .rows = b.rows, .seqs = b.seqs}, delta_s_,
+                      b.o);
+  } else {
+    attention_block({.spec = &spec,
+                     .opt = &attn_opt_,
+                     .inv_freq = rope_tables_[0].data(),
+                     .w = &L.attn,
+                     .layer = l,
+                     .h = b.h,
+                     .rows = b.rows,
+                     .positions = b.positions,
+                     .seqs = b.seqs},
+                    attn_s_, b.o);
+  }
+  kernels::add(b.x, b.o, b.x, n);
+  L.post_attn_norm.apply(b.x, b.rows, b.h);
+  mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
+  kernels::add(b.x, b.o, b.x, n);
+}
+
+}  // namespace
+
+Result<ModelConfig> qwen3_5_config(const formats::ModelFiles& files) {
+  if (files.gguf) return config_from_gguf(*files.gguf);
+  return config_from_hf_json(files, text_config(files));
+}
+
+Result<std::unique_ptr<Model>> load_qwen3_5(const formats::ModelFiles& files, ModelConfig config) {
+  auto m = std::make_unique<Qwen35Model>(std::move(config));
+  LARDER_RETURN_IF_ERROR(m->bind(files));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace larder::models
