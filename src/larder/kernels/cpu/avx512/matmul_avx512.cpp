@@ -88,6 +88,11 @@ template <class F>
 void matmul_gemm(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   gemm16(ws, ys, count, x, n, [](const WeightView& w) { return F{w.data, w.row_bytes(), w.cols / 32}; });
 }
+// Decode in the GEMM's arithmetic (batch_invariant_decode()).
+template <class F>
+void matmul_gemv(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return F{w.data, w.row_bytes(), w.cols / 32}; });
+}
 
 
 
@@ -1058,6 +1063,7 @@ bool q4_0_pair_decode() {
 }  // namespace
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (gemv_invariant(n, kGemm16MinTokensQ8_0)) return matmul_gemv<Q8_0Rows>(&w, &y, 1, x, n);
   if (n >= kGemm16MinTokensQ8_0) {
     matmul_gemm<Q8_0Rows>(&w, &y, 1, x, n);
   } else {
@@ -1067,6 +1073,7 @@ void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
   }
 }
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (gemv_invariant(n)) return matmul_gemv<Q4_0Rows>(&w, &y, 1, x, n);
   if (n >= kGemm16MinTokens) {
     matmul_gemm<Q4_0Rows>(&w, &y, 1, x, n);
   } else {
@@ -1085,6 +1092,7 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
 // Fused decode (kernels::matmul_multi): one activation quantization, one MultiKernel job.
 void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return matmul_gemm<Q4_0Rows>(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return matmul_gemv<Q4_0Rows>(ws, ys, count, x, n);
   if (q4_0_pair_decode()) {
     for (int i = 0; i < count; ++i) matmul_q4_0(ws[i], x, n, ys[i]);
     return;
@@ -1122,19 +1130,23 @@ void decode_q5_1(const WeightView& w, const float* x, int64_t n, float* y) { dec
 // Fused decode; prefill shares the activation quantization (matmul_gguf_avx512.cpp's GEMM).
 void matmul_multi_q5_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_low_bit<kQ5_0Layout>(ws, ys, count, x, n);
 }
 void matmul_multi_q4_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_low_bit<kQ4_1Layout>(ws, ys, count, x, n);
 }
 void matmul_multi_q5_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_low_bit<kQ5_1Layout>(ws, ys, count, x, n);
 }
 
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokensQ8_0) return matmul_gemm<Q8_0Rows>(ws, ys, count, x, n);
+  if (gemv_invariant(n, kGemm16MinTokensQ8_0)) return matmul_gemv<Q8_0Rows>(ws, ys, count, x, n);
   const int64_t cols = ws[0].cols;
   run_multi_decode(prepare_q8_0(ws[0], x, n, ys[0]), ws, ys, count, n, cols + 4 * (cols / 32));
 }
