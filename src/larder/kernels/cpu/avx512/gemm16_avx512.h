@@ -1001,6 +1001,41 @@ inline bool gemv_invariant(int64_t n, int64_t min_gemm = kGemm16MinTokens) {
   return n > 0 && n < min_gemm && batch_invariant_decode();
 }
 
+// The GEMM's activation codes in token-major order (slot 2): 32 bytes per (token, block).
+inline const int8_t* token_major_codes(const Acts16& a) {
+  auto* q = static_cast<int8_t*>(thread_scratch(static_cast<size_t>(a.n * a.nb * 32), 2));
+  for (int64_t t = 0; t < a.n; ++t)
+    for (int64_t b = 0; b < a.nb; ++b)
+      for (int k4 = 0; k4 < 8; ++k4)
+        std::memcpy(q + (t * a.nb + b) * 32 + 4 * k4, a.block(t / 16, b) + 64 * k4 + 4 * (t % 16), 4);
+  return q;
+}
+
+// Runs fn(r0, nr) over 16-row tiles of rows [0, rows) (nr < 16 only for the last): each thread
+// streams one contiguous region of tiles (as run_decode_regions: one linear weight stream per
+// core), then takes what is left of the others'.
+template <class Fn>
+void gemv_regions(int64_t rows, Fn&& fn) {
+  constexpr int kMaxRegions = 256;
+  const int64_t tiles = (rows + 15) / 16;
+  const int regions = static_cast<int>(std::min<int64_t>({default_pool().n_threads(), tiles, kMaxRegions}));
+  if (regions <= 0) return;
+  const int64_t per = (tiles + regions - 1) / regions;  // tiles per region
+  std::atomic<int64_t> next[kMaxRegions];
+  for (int r = 0; r < regions; ++r) next[r].store(0, std::memory_order_relaxed);
+  default_pool().parallel_for(regions, [&](int64_t home, int) {
+    for (int j = 0; j < regions; ++j) {
+      const int64_t reg = (home + j) % regions;
+      const int64_t t_begin = reg * per, len = std::min(tiles, t_begin + per) - t_begin;
+      for (int64_t h = next[reg].fetch_add(1, std::memory_order_relaxed); h < len;
+           h = next[reg].fetch_add(1, std::memory_order_relaxed)) {
+        const int64_t r0 = (t_begin + h) * 16;
+        fn(r0, static_cast<int>(std::min<int64_t>(16, rows - r0)));
+      }
+    }
+  });
+}
+
 // Decode (n < kGemm16MinTokens) of count weights of one format in the GEMM's arithmetic (Gemv16),
 // one activation quantization for all. Each thread streams one contiguous region of rows in
 // 16-row tiles (as run_decode_regions: a linear weight stream per core), then helps the others.
@@ -1011,11 +1046,7 @@ void gemv16(const WeightView* ws, float* const* ys, int count, const float* x, i
   const Acts16 a = kSuperBlockFormat<F> ? quantize_acts16_super(x, n, ws[0].cols)
                                         : quantize_acts16(x, n, ws[0].cols, /*half_sums=*/F::kZero < 0);
   const int64_t nb = a.nb;
-  // Token-major codes (slot 2): 32 bytes per (token, block), as Gemv16::dots reads them.
-  auto* q = static_cast<int8_t*>(thread_scratch(static_cast<size_t>(n * nb * 32), 2));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t b = 0; b < nb; ++b)
-      for (int k4 = 0; k4 < 8; ++k4) std::memcpy(q + (t * nb + b) * 32 + 4 * k4, a.block(t / 16, b) + 64 * k4 + 4 * (t % 16), 4);
+  const int8_t* q = token_major_codes(a);
   for (int i = 0; i < count; ++i) {
     const F f = make(ws[i]);
     const int64_t rows = ws[i].rows, ng = f.groups(), bpg = f.blocks_per_group();
@@ -1035,26 +1066,10 @@ void gemv16(const WeightView* ws, float* const* ys, int count, const float* x, i
     const Gemm16<F> k{f, a, gsum, rows, ys[i]};
     const Gemv16<F> v{k, q, n};
     const int64_t unit = Gemm16<F>::unit_words(ng);
-    const int64_t tiles = (rows + 15) / 16;
-    const int regions = static_cast<int>(std::min<int64_t>(default_pool().n_threads(), tiles));
-    const int64_t per = (tiles + regions - 1) / regions;  // tiles per region
-    constexpr int kMaxRegions = 256;
-    std::atomic<int64_t> next[kMaxRegions];
-    for (int r = 0; r < regions && r < kMaxRegions; ++r) next[r].store(0, std::memory_order_relaxed);
-    default_pool().parallel_for(std::min(regions, kMaxRegions), [&](int64_t home, int) {
+    gemv_regions(rows, [&](int64_t r0, int nr) {
       auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * 16 * 32), 4));
       auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>((17 * unit) + 2 * ng + 64) * sizeof(float), 5));
-      float* tmp = sc + 16 * unit;
-      const int nreg = std::min(regions, kMaxRegions);
-      for (int j = 0; j < nreg; ++j) {
-        const int64_t reg = (home + j) % nreg;
-        const int64_t t_begin = reg * per, len = std::min(tiles, t_begin + per) - t_begin;
-        for (int64_t h = next[reg].fetch_add(1, std::memory_order_relaxed); h < len;
-             h = next[reg].fetch_add(1, std::memory_order_relaxed)) {
-          const int64_t r0 = (t_begin + h) * 16;
-          v.tile(r0, static_cast<int>(std::min<int64_t>(16, rows - r0)), codes, sc, tmp);
-        }
-      }
+      v.tile(r0, nr, codes, sc, sc + 16 * unit);
     });
   }
 }
