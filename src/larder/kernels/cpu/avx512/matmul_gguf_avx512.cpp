@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "larder/core/dtype.h"
 #include "larder/core/status.h"
@@ -114,6 +115,7 @@ void gemm_gguf(const WeightView* ws, float* const* ys, int count, const float* x
 // Decode in the GEMM's arithmetic (batch_invariant_decode()): the adapter gemm_gguf would take.
 template <class U>
 void gemv_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if constexpr (std::is_same_v<U, UnpackQ4_1>) return gemv_q4_1(ws, ys, count, x, n);  // matmul_avx512.cpp
   if constexpr (requires { U::kSuperCodeOffset; }) {
     if (gemm_super_blocks(ws[0].dtype, kGemm16MinTokens))
       return gemv16(ws, ys, count, x, n, [](const WeightView& w) { return GgufSuperRows<U>{w.data, w.row_bytes(), w.cols / 256}; });
@@ -176,6 +178,10 @@ void gemm_multi_super(const WeightView* ws, float* const* ys, int count, const f
     case DType::kIQ4_XS: return gemm_gguf_super<UnpackIQ4_XS>(ws, ys, count, x, n);
     default: LARDER_CHECK(false, "[kernels] avx512 gemm_multi_super: %s", dtype_name(ws[0].dtype));
   }
+}
+
+void gemv_q4_1_rows(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return GgufRows<UnpackQ4_1>{w.data, w.row_bytes(), w.cols / 32}; });
 }
 
 void gemv_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {

@@ -205,6 +205,10 @@ void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const fl
 // IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS and Q4_K on its super-block path: the prefill GEMM's format
 // adapter and arithmetic for n below its threshold.
 void gemv_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+// Q4_1 on its own kernel (matmul_avx512.cpp ZeroPointGemv), and on Gemv16 (gemv_q4_1_rows: what
+// gemv_multi_gguf runs for the others).
+void gemv_q4_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void gemv_q4_1_rows(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // The same for Q4_K on either GEMM path (matmul_kquant_avx512.cpp).
 void gemv_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Q5_0 / Q4_1 / Q5_1 decode (n <= 8; their matmul entry points call them): four blocks per step,
