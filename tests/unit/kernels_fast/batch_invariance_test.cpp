@@ -11,6 +11,7 @@
 // their test checks nothing but documents the gap (and fails if the gap closes, so the list stays true).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -358,6 +359,57 @@ std::vector<AffineCase> all_affine() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, BatchInvariantAffine, testing::ValuesIn(all_affine()), affine_name);
+
+// The per-token elementwise ops of a forward (the active table's: this CPU's best tier): a row's
+// result must not depend on how many rows the call has either. Widths of stories260K (64, 172)
+// and of real models (2048, 8192 + a ragged 2050).
+TEST(BatchInvariantOps, RowEqualsRowAlone) {
+  const KernelTable& t = active_table();
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (int threads : {1, 2}) {
+    default_pool().set_threads(threads);
+    for (int64_t dim : {64, 172, 2048, 2050}) {
+      const int64_t n = 17;
+      std::vector<float> x(static_cast<size_t>(n * dim)), g(x.size()), wt(static_cast<size_t>(dim));
+      for (auto& v : x) v = nd(rng);
+      for (auto& v : g) v = nd(rng);
+      for (auto& v : wt) v = 1.0f + 0.1f * nd(rng);
+      std::vector<float> all(x.size()), one(static_cast<size_t>(dim));
+      auto each_row = [&](const char* what, auto&& call_rows) {
+        call_rows(0, n, all.data());
+        for (int64_t r = 0; r < n; ++r) {
+          call_rows(r, 1, one.data());
+          EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * dim, static_cast<size_t>(dim) * 4))
+              << what << " dim " << dim << " row " << r << " threads " << threads;
+        }
+      };
+      each_row("rmsnorm", [&](int64_t r0, int64_t rows, float* out) {
+        t.rmsnorm(x.data() + r0 * dim, wt.data(), rows, dim, 1e-5f, out);
+      });
+      each_row("silu_mul", [&](int64_t r0, int64_t rows, float* out) {
+        t.silu_mul(g.data() + r0 * dim, x.data() + r0 * dim, out, rows * dim);
+      });
+      each_row("gelu_tanh_mul", [&](int64_t r0, int64_t rows, float* out) {
+        t.gelu_tanh_mul(g.data() + r0 * dim, x.data() + r0 * dim, out, rows * dim);
+      });
+      each_row("add", [&](int64_t r0, int64_t rows, float* out) {
+        t.add(g.data() + r0 * dim, x.data() + r0 * dim, out, rows * dim);
+      });
+      if (dim % 64 == 0) {  // rope: heads of 64, positions 100 + row
+        std::vector<int64_t> pos(static_cast<size_t>(n));
+        for (int64_t r = 0; r < n; ++r) pos[r] = 100 + r;
+        std::vector<float> inv(32);
+        for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / 32.0f);
+        each_row("rope", [&](int64_t r0, int64_t rows, float* out) {
+          std::memcpy(out, x.data() + r0 * dim, static_cast<size_t>(rows * dim) * 4);
+          t.rope(out, rows, static_cast<int>(dim / 64), 64, 64, pos.data() + r0, inv.data(), RopePairing::kHalf);
+        });
+      }
+    }
+  }
+  default_pool().set_threads(0);
+}
 
 }  // namespace
 }  // namespace larder::kernels
