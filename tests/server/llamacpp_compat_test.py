@@ -84,23 +84,23 @@ class NativeRoutesTest(ServerTestCase):
         self.assertEqual("".join(toks), c["text"])
         self.assertEqual(offs, [len("".join(toks[:i])) for i in range(len(toks))])
 
-    def test_cached_logprobs_within_the_documented_bound(self):
-        # docs/server-api.md: a prefix served from the KV store gives the same tokens, and log-
-        # probabilities within 1e-4 of a cold run (the suffix is prefilled in a smaller batch,
-        # whose kernels sum in another order; the KV bytes themselves are the stored ones).
-        prompt = "Lily and Ben went to the park. They saw a big dog and a small cat. The dog"
-        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 5}
-        cold = self.server.post("/v1/completions", body).json()  # a new prompt: a miss
-        self.assertEqual(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0, cold["usage"])
-        warm = self.server.post("/v1/completions", body).json()
-        self.assertGreater(warm["usage"]["prompt_tokens_details"]["cached_tokens"], 0, warm["usage"])
-        a, b = cold["choices"][0]["logprobs"], warm["choices"][0]["logprobs"]
-        self.assertEqual(a["tokens"], b["tokens"])
-        worst = max(abs(x - y) for x, y in zip(a["token_logprobs"], b["token_logprobs"]))
-        self.assertLessEqual(worst, 1e-4, f"cached vs cold logprob difference {worst:.3g}")
-        for ta, tb in zip(a["top_logprobs"], b["top_logprobs"]):
-            for k in set(ta) & set(tb):
-                self.assertLessEqual(abs(ta[k] - tb[k]), 1e-4)
+    def test_cached_logprobs_equal_cold(self):
+        # docs/server-api.md: a prefix served from the KV store gives the same tokens and the same
+        # log-probabilities, bit for bit, as a cold run: the suffix is prefilled in a smaller batch,
+        # and stories260K's F32 matmul computes a row the same way in any batch (issue 41; its
+        # column tail summed in whichever order -ffp-contract left a tile shape once moved these by
+        # up to 4e-7, hence a 1e-4 bound before). The KV bytes themselves are the stored ones.
+        for prompt in ("Lily and Ben went to the park. They saw a big dog and a small cat. The dog",
+                       "Once upon a time there was a little girl named Sue. She liked to play with her ball"):
+            body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 5}
+            cold = self.server.post("/v1/completions", body).json()  # a new prompt: a miss (but for BOS)
+            self.assertLessEqual(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 1, cold["usage"])
+            warm = self.server.post("/v1/completions", body).json()
+            self.assertGreater(warm["usage"]["prompt_tokens_details"]["cached_tokens"], 1, warm["usage"])
+            a, b = cold["choices"][0]["logprobs"], warm["choices"][0]["logprobs"]
+            self.assertEqual(a["tokens"], b["tokens"])
+            self.assertEqual(a["token_logprobs"], b["token_logprobs"], "cached vs cold log-probabilities")
+            self.assertEqual(a["top_logprobs"], b["top_logprobs"])
 
     def test_n_and_prompt_lists(self):
         one = self.server.post("/v1/completions", {"prompt": STORIES_PROMPT, "max_tokens": 8, "temperature": 0}).json()

@@ -30,7 +30,9 @@ inline bool super_block_acts(const char* tier, DType dt, int64_t n) {
   // From here on the prefill GEMMs run, which quantize 32-element blocks (the AVX-512 decode
   // kernels take up to 8 tokens: gemm16_avx512.h kGemm16MinTokens) — but for the AVX-512 GEMM's
   // super-block path; and the AVX2 Q4_K, Q5_K and IQ4_XS GEMMs (avx2/gemm_super_avx2.h).
-  if (n >= (avx512 ? 9 : 8))
+  // Batch-invariant decode (cpu::batch_invariant_decode()) runs the AVX-512 GEMM's arithmetic at
+  // every n, so its quantizer too.
+  if (n >= (avx512 ? 9 : 8) || (avx512 && kernels::cpu::batch_invariant_decode()))
     return avx512 ? kernels::cpu::avx512::gemm_super_blocks(dt, n)
                   : dt == DType::kQ4_K || dt == DType::kQ5_K || dt == DType::kIQ4_XS;
   switch (dt) {

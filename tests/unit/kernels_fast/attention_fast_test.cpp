@@ -405,6 +405,42 @@ TEST_P(AttentionTier, SpanSplitIsBitIdenticalToContiguous) {
   EXPECT_EQ(compared, 3 * 6 * 3 * 4);
 }
 
+// How a sequence really decodes what a cold prefill computed in one chunk: row t of the prefill
+// sees the cache up to its own position only (its span ends at pos0 + t + 1), and must give the
+// bits the chunk gave it (issue 41: a token's softmax the same whether prefilled or decoded).
+// Small heads too (stories260K: 8 heads of 8, 4 KV heads).
+TEST_P(AttentionTier, DecodeRowEqualsPrefillRow) {
+  std::mt19937 rng(777);
+  const int saved = default_pool().n_threads();
+  for (DType dt : {DType::kF32, DType::kF16, DType::kQ8_0}) {
+    std::vector<Case> cases = {Case{32, 8, 64, 0, 40, 0, 1, 2.0f, dt}, Case{8, 2, 64, 300, 24, 0, 1, 2.0f, dt},
+                               Case{4, 1, 256, 0, 20, 0, 1, 2.0f, dt}};
+    // Heads of 8 (stories260K: 8 heads, 4 KV heads) where the K/V storage allows it (Q8_0 rows are
+    // whole 32-blocks).
+    if (dt != DType::kQ8_0) cases.push_back(Case{8, 4, 8, 0, 64, 0, 1, 2.0f, dt});
+    for (const Case& c : cases) {
+      const Problem pr = make_problem(c, rng);
+      const int64_t q_row = static_cast<int64_t>(c.n_heads) * c.head_dim;
+      for (int threads : {1, 2}) {
+        default_pool().set_threads(threads);
+        std::vector<float> want(pr.q.size()), got(pr.q.size(), NAN);
+        const std::vector<KvSpanView> all = pr.cut_at({});
+        tier_attention(pr.q.data(), c.n, c.pos0, all.data(), 1, pr.p, want.data());
+        for (int64_t t = 0; t < c.n; ++t) {
+          KvSpanView sp = all[0];
+          sp.len = c.pos0 + t + 1;  // the cache as the decode step of row t sees it
+          tier_attention(pr.q.data() + t * q_row, 1, c.pos0 + t, &sp, 1, pr.p, got.data() + t * q_row);
+        }
+        for (int64_t t = 0; t < c.n; ++t)
+          EXPECT_EQ(0, std::memcmp(got.data() + t * q_row, want.data() + t * q_row, q_row * 4))
+              << dtype_name(dt) << " heads " << c.n_heads << "/" << c.n_kv_heads << "x" << c.head_dim << " pos0 "
+              << c.pos0 << " row " << t << " threads " << threads;
+      }
+    }
+  }
+  default_pool().set_threads(saved);
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, AttentionTier, ::testing::ValuesIn(kTiers),
                          [](const ::testing::TestParamInfo<Tier>& i) { return std::string(i.param.name); });
 

@@ -31,15 +31,25 @@ namespace larder::kernels::cpu::avx2 {
 
 namespace {
 
+// Lanes [0, m) of 8 (m < 8): the tails of the ranges below run the vector formula under this mask,
+// so an element's result does not depend on whether a call's range ends near it (a scalar tail
+// with std::exp gave other bits than exp_ps: a token's FFN then depended on its batch, issue 41).
+inline __m256i tail_mask(int64_t m) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(m)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 void silu_mul_range(const float* g, const float* u, float* out, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + i);
+  auto step = [&](__m256 gv, __m256 uv) {
     const __m256 e = simd::exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, step(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  if (i < n) {
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(out + i, m, step(_mm256_maskload_ps(g + i, m), _mm256_maskload_ps(u + i, m)));
   }
-  for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
 // gelu_tanh(g)·u = g·u·½(1 + tanh z) = g·u / (1 + e^(−2z)), z = √(2/π)(g + 0.044715 g³): one exp,
@@ -48,16 +58,16 @@ void gelu_tanh_mul_range(const float* g, const float* u, float* out, int64_t n) 
   constexpr float kC = 0.7978845608028654f;  // √(2/π)
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 c1 = _mm256_set1_ps(-2.0f * kC), c3 = _mm256_set1_ps(-2.0f * kC * 0.044715f);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + i);
+  auto step = [&](__m256 gv, __m256 uv) {
     const __m256 t = _mm256_mul_ps(gv, _mm256_fmadd_ps(_mm256_mul_ps(gv, gv), c3, c1));  // −2z
     const __m256 e = simd::exp_ps(t);
-    _mm256_storeu_ps(out + i, _mm256_div_ps(_mm256_mul_ps(gv, _mm256_loadu_ps(u + i)), _mm256_add_ps(one, e)));
-  }
-  for (; i < n; ++i) {
-    const float t = g[i] * ((g[i] * g[i]) * (-2.0f * kC * 0.044715f) + (-2.0f * kC));
-    out[i] = g[i] * u[i] / (1.0f + std::exp(std::min(t, 88.3f)));
+    return _mm256_div_ps(_mm256_mul_ps(gv, uv), _mm256_add_ps(one, e));
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, step(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  if (i < n) {  // the same formula under a mask (silu_mul_range's reason)
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(out + i, m, step(_mm256_maskload_ps(g + i, m), _mm256_maskload_ps(u + i, m)));
   }
 }
 

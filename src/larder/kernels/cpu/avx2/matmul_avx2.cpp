@@ -26,6 +26,8 @@
 // feeds 4 FMAs. Hot BF16 384×2048, n=128, 1 thread CPU time: 2×4 ≈ 34 GOP/s, 3×4 ≈ 40–49.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "larder/core/dtype.h"
 #include "larder/kernels/cpu/avx2/token_lane_avx2.h"
 #include "larder/kernels/cpu/common/act_quant.h"
@@ -470,7 +472,9 @@ struct FloatKernel {
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         float s = hsum(acc[r][t]);
-        for (int64_t c = c8; c < cols; ++c) s += WF::scalar(wr[r] + c * WF::kElemBytes) * xt[t][c];
+        // The column tail in explicit FMAs: left to -ffp-contract, GCC fused some of the tile shapes'
+        // multiply-adds and not others, so a row's bits depended on the tile it ran in (R, T).
+        for (int64_t c = c8; c < cols; ++c) s = std::fma(WF::scalar(wr[r] + c * WF::kElemBytes), xt[t][c], s);
         y[(t0 + t) * rows + r0 + r] = s;
       }
     }

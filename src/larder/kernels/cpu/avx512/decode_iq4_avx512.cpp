@@ -254,10 +254,12 @@ void decode_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { d
 
 void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_multi(prepare_iq4_xs, ws, ys, count, x, n);
 }
 void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_multi(prepare_iq4_nl, ws, ys, count, x, n);
 }
 

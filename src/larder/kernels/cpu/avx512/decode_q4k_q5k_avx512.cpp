@@ -173,10 +173,12 @@ void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y) { dec
 
 void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_q4_k(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_q4_k(ws, ys, count, x, n);
   decode_multi_q45k<false>(ws, ys, count, x, n);
 }
 void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_multi_q45k<true>(ws, ys, count, x, n);
 }
 

@@ -34,6 +34,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -337,10 +338,15 @@ struct Gemm16 {
   // formats d, dmin, 8 sc_j and 4 packed min pairs per super-block.
   static constexpr int64_t unit_words(int64_t ng) { return kSuperBlockFormat<F> ? 14 * ng : 2 * ng; }
 
-  // tmp: 2·ng floats of scratch for one row's scales and biases.
+  // tmp: 2·ng floats of scratch for one row's scales and biases. valid < R (Gemv16's last tile
+  // of a row range): rows from `valid` on are zero codes, scales and biases (they add nothing).
   template <int R>
-  Unpacked unpack(int64_t r0, uint8_t* codes, float* sc, float* tmp) const {
+  Unpacked unpack(int64_t r0, uint8_t* codes, float* sc, float* tmp, int valid = R) const {
     const int64_t ng = f.groups();
+    if (valid < R) {
+      std::memset(codes, 0, static_cast<size_t>(a.nb * R * 32));
+      std::memset(sc, 0, static_cast<size_t>(unit_words(ng) * R) * sizeof(float));
+    }
     if constexpr (kSuperBlockFormat<F>) {
       const int64_t nb = 8 * ng;
       float* d = sc;
@@ -350,7 +356,7 @@ struct Gemm16 {
       auto* sc16 = reinterpret_cast<int16_t*>(tmp);
       int16_t* mn16 = sc16 + nb;
       float* td = tmp + nb;  // after 2·nb int16
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < valid; ++r) {
         f.unpack_super(r0 + r, codes + r * 32, R * 32, sc16, mn16, td, td + ng);
         for (int64_t s = 0; s < ng; ++s) {
           d[s * R + r] = td[s];
@@ -363,7 +369,7 @@ struct Gemm16 {
     } else {
       float* scale = sc;
       float* bias = sc + R * ng;
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < valid; ++r) {
         f.unpack(r0 + r, codes + r * 32, R * 32, tmp, tmp + ng);
         for (int64_t gi = 0; gi < ng; ++gi) {
           scale[gi * R + r] = tmp[gi];
@@ -845,6 +851,227 @@ void gemm16(const WeightView* ws, float* const* ys, int count, const float* x, i
   const Acts16 a = kSuperBlockFormat<F> ? quantize_acts16_super(x, n, ws[0].cols)
                                         : quantize_acts16(x, n, ws[0].cols, /*half_sums=*/F::kZero < 0);
   for (int i = 0; i < count; ++i) run_gemm16(make(ws[i]), a, ws[i].rows, ys[i]);
+}
+
+// Batch-invariant decode (issue 41; batch_invariant_decode()): the GEMM's arithmetic for each
+// token, with rows in the lanes instead of tokens. In Gemm16 a token is one lane, and its output is
+// a chain over the blocks in order — per block the exact int32 sum S = Σ u·q, then the same f32
+// steps (for Q4_0: acc = fma(fmsub(S, d_x, kZero·bs), s, acc)). A token's result therefore does
+// not depend on which tokens share its group, so the GEMM is batch-invariant by construction, and
+// a decode call (n < kGemm16MinTokens) that computes the same chain gives the same bits for the
+// token as a prefill call would. Here a tile is 16 weight rows unpacked exactly as the GEMM unpacks
+// them (Gemm16::unpack<16>: codes [nb][16][32], scales [ng][16]); per token and block, one
+// vpdpbusd per two rows against the token's 32 activation bytes (broadcast to both halves) leaves
+// 8 partial sums per row, and a tree of even/odd permutes and adds (exact, integers) turns the 8
+// vectors into one vector of the 16 rows' S; the f32 steps are then Gemm16's with the per-token
+// values broadcast and the per-row values loaded — lane for lane the same operations on the
+// same operands, so the same bits. Activations come from the GEMM's own quantizer
+// (quantize_acts16 / quantize_acts16_super), their codes copied to token-major order.
+//
+// Cost against the dedicated decode kernels: the codes pass through an L1/L2 buffer (the unpack)
+// and every block pays the integer reduction; see bench/RESULTS.md (issue 41) for what it costs.
+template <class F>
+struct Gemv16 {
+  const Gemm16<F>& k;
+  const int8_t* q;  // [n][nb][32] token-major activation codes
+  int64_t n;
+
+  // Pair sums of two vectors' adjacent lanes: [A0+A1, A2+A3, .., A14+A15, B0+B1, .., B14+B15].
+  static LARDER_GEMM_INLINE __m512i pair_sums(__m512i A, __m512i B) {
+    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(A, ev, B), _mm512_permutex2var_epi32(A, od, B));
+  }
+
+  // Block b of the tile's 16 rows against one token's codes xb: the 16 rows' sums over k4 0..3
+  // (lo) and 4..7 (hi) as two vectors (halves), or their total.
+  static LARDER_GEMM_INLINE void dots(const uint8_t* cb, const int8_t* xb, __m512i* lo, __m512i* hi, __m512i* all) {
+    const __m512i xa = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb)));
+    __m512i v[8];
+    LARDER_UNROLL
+    for (int j = 0; j < 8; ++j)
+      v[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_load_si512(cb + 64 * j), xa);
+    // v[j]: row 2j's 8 partials (k4 0..7), then row 2j+1's.
+    const __m512i w0 = pair_sums(v[0], v[1]), w1 = pair_sums(v[2], v[3]);
+    const __m512i w2 = pair_sums(v[4], v[5]), w3 = pair_sums(v[6], v[7]);
+    const __m512i x0 = pair_sums(w0, w1), x1 = pair_sums(w2, w3);  // rows 0–7, 8–15: (lo, hi) each
+    if (all) {
+      *all = pair_sums(x0, x1);
+      return;
+    }
+    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    *lo = _mm512_permutex2var_epi32(x0, ev, x1);
+    *hi = _mm512_permutex2var_epi32(x0, od, x1);
+  }
+
+  // Token t (lane-of-GEMM values at index b·n_pad + t) over the tile u: the 16 rows' outputs.
+  __m512 token(const typename Gemm16<F>::Unpacked& u, int64_t t) const {
+    const Acts16& a = k.a;
+    const int64_t nb = a.nb, np = a.n_pad;
+    constexpr int R = 16;
+    const int8_t* xt = q + t * nb * 32;
+    const uint8_t* cr = u.codes;
+    __m512 acc = _mm512_setzero_ps();
+    if constexpr (kSuperBlockFormat<F>) {
+      for (int64_t sb = 0; sb < nb / 8; ++sb) {
+        __m512i sacc = _mm512_setzero_si512();
+        for (int64_t b = 8 * sb; b < 8 * sb + 8; ++b) {
+          __m512i s;
+          dots(cr + b * R * 32, xt + 32 * b, nullptr, nullptr, &s);
+          sacc = _mm512_add_epi32(sacc, _mm512_mullo_epi32(s, _mm512_load_si512(u.isc + b * R)));
+        }
+        const int32_t* qp = a.qp + sb * 4 * np + t;
+        const int32_t* mn = u.imn + 4 * sb * R;
+        __m512i m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(qp[0]), _mm512_load_si512(mn));
+        m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32(qp[np]), _mm512_load_si512(mn + R));
+        m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32(qp[2 * np]), _mm512_load_si512(mn + 2 * R));
+        m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32(qp[3 * np]), _mm512_load_si512(mn + 3 * R));
+        __m512 tt = _mm512_mul_ps(_mm512_cvtepi32_ps(sacc), _mm512_load_ps(u.scale + sb * R));
+        tt = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_load_ps(u.bias + sb * R), tt);
+        acc = _mm512_fmadd_ps(tt, _mm512_set1_ps(a.dk[sb * np + t]), acc);
+      }
+      return acc;
+    } else if constexpr (F::kZero < 0) {
+      for (int64_t b = 0; b < nb; ++b) {
+        __m512i lo, hi;
+        dots(cr + b * R * 32, xt + 32 * b, &lo, &hi, nullptr);
+        const __m512 dx = _mm512_set1_ps(a.d[b * np + t]);
+        const float* sc = u.scale + 2 * b * R;
+        if constexpr (requires { F::kHalfZero; }) {
+          const __m512i zq0 = _mm512_set1_epi32(a.qs16[2 * b * np + t] * F::kHalfZero);
+          const __m512i zq1 = _mm512_set1_epi32(a.qs16[(2 * b + 1) * np + t] * F::kHalfZero);
+          __m512 tt = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, zq0)), _mm512_load_ps(sc));
+          tt = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, zq1)), _mm512_load_ps(sc + R), tt);
+          acc = _mm512_fmadd_ps(tt, dx, acc);
+        } else {
+          const float* bi = u.bias + 2 * b * R;
+          __m512 tt = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_load_ps(sc));
+          tt = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_load_ps(sc + R), tt);
+          acc = _mm512_fmadd_ps(tt, dx, acc);
+          acc = _mm512_fmadd_ps(_mm512_load_ps(bi), _mm512_set1_ps(a.bs16[2 * b * np + t]), acc);
+          acc = _mm512_fmadd_ps(_mm512_load_ps(bi + R), _mm512_set1_ps(a.bs16[(2 * b + 1) * np + t]), acc);
+        }
+      }
+      return acc;
+    } else {
+      const int64_t bpg = k.f.blocks_per_group();
+      for (int64_t gi = 0; gi < nb / bpg; ++gi) {
+        if constexpr (F::kZero > 0) {
+          for (int64_t b = gi * bpg; b < (gi + 1) * bpg; ++b) {
+            __m512i s;
+            dots(cr + b * R * 32, xt + 32 * b, nullptr, nullptr, &s);
+            const __m512 dx = _mm512_set1_ps(a.d[b * np + t]);
+            const __m512 zb = _mm512_mul_ps(_mm512_set1_ps(a.bs[b * np + t]), _mm512_set1_ps(static_cast<float>(F::kZero)));
+            const __m512 tt = _mm512_fmsub_ps(_mm512_cvtepi32_ps(s), dx, zb);
+            acc = _mm512_fmadd_ps(tt, _mm512_load_ps(u.scale + gi * R), acc);
+          }
+        } else {
+          __m512 accg;
+          if (bpg == 1) {  // Gemm16::group1
+            __m512i s;
+            dots(cr + gi * R * 32, xt + 32 * gi, nullptr, nullptr, &s);
+            accg = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a.d[gi * np + t]));
+          } else {
+            accg = _mm512_setzero_ps();
+            for (int64_t b = gi * bpg; b < (gi + 1) * bpg; ++b) {
+              __m512i s;
+              dots(cr + b * R * 32, xt + 32 * b, nullptr, nullptr, &s);
+              accg = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a.d[b * np + t]), accg);
+            }
+          }
+          acc = _mm512_fmadd_ps(accg, _mm512_load_ps(u.scale + gi * R), acc);
+          acc = _mm512_fmadd_ps(_mm512_load_ps(u.bias + gi * R), _mm512_set1_ps(k.gsum[gi * np + t]), acc);
+        }
+      }
+      return acc;
+    }
+  }
+
+  // Rows [r0, r0 + nr), nr <= 16, every token; codes/sc: this thread's unpack buffers.
+  void tile(int64_t r0, int nr, uint8_t* codes, float* sc, float* tmp) const {
+    const typename Gemm16<F>::Unpacked u = k.template unpack<16>(r0, codes, sc, tmp, nr);
+    const __mmask16 m = static_cast<__mmask16>((1u << nr) - 1);
+    for (int64_t t = 0; t < n; ++t) _mm512_mask_storeu_ps(k.y + t * k.rows + r0, m, token(u, t));
+  }
+};
+
+// Whether a call of n tokens below the GEMM's threshold min_gemm takes gemv16 (batch_invariant_decode()).
+inline bool gemv_invariant(int64_t n, int64_t min_gemm = kGemm16MinTokens) {
+  return n > 0 && n < min_gemm && batch_invariant_decode();
+}
+
+// The GEMM's activation codes in token-major order (slot 2): 32 bytes per (token, block).
+inline const int8_t* token_major_codes(const Acts16& a) {
+  auto* q = static_cast<int8_t*>(thread_scratch(static_cast<size_t>(a.n * a.nb * 32), 2));
+  for (int64_t t = 0; t < a.n; ++t)
+    for (int64_t b = 0; b < a.nb; ++b)
+      for (int k4 = 0; k4 < 8; ++k4)
+        std::memcpy(q + (t * a.nb + b) * 32 + 4 * k4, a.block(t / 16, b) + 64 * k4 + 4 * (t % 16), 4);
+  return q;
+}
+
+// Runs fn(r0, nr) over 16-row tiles of rows [0, rows) (nr < 16 only for the last): each thread
+// streams one contiguous region of tiles (as run_decode_regions: one linear weight stream per
+// core), then takes what is left of the others'.
+template <class Fn>
+void gemv_regions(int64_t rows, Fn&& fn) {
+  constexpr int kMaxRegions = 256;
+  const int64_t tiles = (rows + 15) / 16;
+  const int regions = static_cast<int>(std::min<int64_t>({default_pool().n_threads(), tiles, kMaxRegions}));
+  if (regions <= 0) return;
+  const int64_t per = (tiles + regions - 1) / regions;  // tiles per region
+  std::atomic<int64_t> next[kMaxRegions];
+  for (int r = 0; r < regions; ++r) next[r].store(0, std::memory_order_relaxed);
+  default_pool().parallel_for(regions, [&](int64_t home, int) {
+    for (int j = 0; j < regions; ++j) {
+      const int64_t reg = (home + j) % regions;
+      const int64_t t_begin = reg * per, len = std::min(tiles, t_begin + per) - t_begin;
+      for (int64_t h = next[reg].fetch_add(1, std::memory_order_relaxed); h < len;
+           h = next[reg].fetch_add(1, std::memory_order_relaxed)) {
+        const int64_t r0 = (t_begin + h) * 16;
+        fn(r0, static_cast<int>(std::min<int64_t>(16, rows - r0)));
+      }
+    }
+  });
+}
+
+// Decode (n < kGemm16MinTokens) of count weights of one format in the GEMM's arithmetic (Gemv16),
+// one activation quantization for all. Each thread streams one contiguous region of rows in
+// 16-row tiles (as run_decode_regions: a linear weight stream per core), then helps the others.
+template <class Make>
+void gemv16(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n, Make make) {
+  using F = decltype(make(ws[0]));
+  if (n <= 0) return;
+  const Acts16 a = kSuperBlockFormat<F> ? quantize_acts16_super(x, n, ws[0].cols)
+                                        : quantize_acts16(x, n, ws[0].cols, /*half_sums=*/F::kZero < 0);
+  const int64_t nb = a.nb;
+  const int8_t* q = token_major_codes(a);
+  for (int i = 0; i < count; ++i) {
+    const F f = make(ws[i]);
+    const int64_t rows = ws[i].rows, ng = f.groups(), bpg = f.blocks_per_group();
+    if (rows <= 0) continue;
+    float* gsum = nullptr;
+    if constexpr (F::kZero == 0 && !kSuperBlockFormat<F>) {  // run_gemm16's, the same sums
+      gsum = static_cast<float*>(thread_scratch(static_cast<size_t>(ng * a.n_pad) * sizeof(float) + 64, 1));
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        float* dst = gsum + gi * a.n_pad;
+        for (int64_t t = 0; t < a.n_pad; t += 16) {
+          __m512 s = _mm512_setzero_ps();
+          for (int64_t b = gi * bpg; b < (gi + 1) * bpg; ++b) s = _mm512_add_ps(s, _mm512_loadu_ps(a.bs + b * a.n_pad + t));
+          _mm512_storeu_ps(dst + t, s);
+        }
+      }
+    }
+    const Gemm16<F> k{f, a, gsum, rows, ys[i]};
+    const Gemv16<F> v{k, q, n};
+    const int64_t unit = Gemm16<F>::unit_words(ng);
+    gemv_regions(rows, [&](int64_t r0, int nr) {
+      auto* codes = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(nb * 16 * 32), 4));
+      auto* sc = static_cast<float*>(thread_scratch(static_cast<size_t>((17 * unit) + 2 * ng + 64) * sizeof(float), 5));
+      v.tile(r0, nr, codes, sc, sc + 16 * unit);
+    });
+  }
 }
 
 }  // namespace

@@ -382,6 +382,27 @@ void gemm_affine(const WeightView* ws, float* const* ys, int count, const float*
   });
 }
 
+template <int B>
+void gemv_affine(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) {
+    return AffineRows<B>{w.data, w.row_bytes(), w.scales, w.biases, w.scale_dtype, w.cols / w.group_size,
+                         w.group_size / 32};
+  });
+}
+
+// Decode in the GEMM's arithmetic (batch_invariant_decode()), any width.
+void gemv_affine_bits(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  switch (ws[0].bits) {
+    case 2: gemv_affine<2>(ws, ys, count, x, n); break;
+    case 3: gemv_affine<3>(ws, ys, count, x, n); break;
+    case 4: gemv_affine<4>(ws, ys, count, x, n); break;
+    case 5: gemv_affine<5>(ws, ys, count, x, n); break;
+    case 6: gemv_affine<6>(ws, ys, count, x, n); break;
+    case 8: gemv_affine<8>(ws, ys, count, x, n); break;
+    default: LARDER_CHECK(false, "[kernels] avx512 matmul_affine: bits %d", ws[0].bits);
+  }
+}
+
 // The GEMM for weights of one width (prefill; matmul_multi_affine's weights share it).
 void gemm_affine_bits(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   switch (ws[0].bits) {
@@ -405,6 +426,7 @@ constexpr int64_t kAvx2DecodeMaxTokens = 7;
 
 void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   // The caller groups equal bits, group size and scale dtype, so ws[0] speaks for all.
+  if (gemv_invariant(n)) return gemv_affine_bits(ws, ys, count, x, n);
   const bool fused = n > 0 && n < kGemm16MinTokens &&
                      ((ws[0].bits == 4 && decode_fits<4>(ws[0])) || (ws[0].bits == 8 && decode_fits<8>(ws[0])));
   if (!fused) {
@@ -419,6 +441,7 @@ void matmul_multi_affine(const WeightView* ws, float* const* ys, int count, cons
 
 void matmul_affine(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
+  if (gemv_invariant(n)) return gemv_affine_bits(&w, &y, 1, x, n);
   if (n < kGemm16MinTokens) {
     if (w.bits == 4 && decode_fits<4>(w)) return decode_affine<4>(w, x, n, y);
     if (w.bits == 8 && decode_fits<8>(w)) return decode_affine<8>(w, x, n, y);

@@ -14,6 +14,9 @@
 // The extra error is the activation rounding, ≤ 2^-9 relative per element.
 #include <immintrin.h>
 
+#include <type_traits>
+#include <vector>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -88,8 +91,215 @@ template <class F>
 void matmul_gemm(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   gemm16(ws, ys, count, x, n, [](const WeightView& w) { return F{w.data, w.row_bytes(), w.cols / 32}; });
 }
+// Batch-invariant decode of Q4_0 / Q8_0 (batch_invariant_decode()): Gemv16's arithmetic — the
+// GEMM's per-token chain acc = fma(fmsub(S, d_x, kZero·bs), d_w, acc) over the blocks in order,
+// 16 rows in the lanes — without its unpack to memory: the codes of two rows of a block are
+// loaded straight into zmm (Q8_0: [row 2j | row 2j+1] flipped to u = q + 128; Q4_0: the code
+// bytes of rows 4j..4j+3, nibbles split by masks) against the token's activations arranged to match,
+// and the 16 rows' f16 scales of a block come in one gather. S is the same integer whatever the
+// lane arrangement, the f32 steps are the GEMM's, so the bits are the GEMM's (tests:
+// batch_invariance_test.cpp).
+// Q4_1 (kKind 2: SmolLM2) the same way in the GEMM's group mode (matmul_gguf_avx512.cpp GgufRows:
+// u = q + 128, scale d, bias m − 128·d; acc = fma(S·d_x, d, acc), then fma(bias, Σ bs, acc)), its
+// S = Σ q·x + 128·Σ x from the nibbles' sum and the activation block's integer sum.
+template <int kKind>  // 0: Q8_0, 1: Q4_0, 2: Q4_1
+struct ZeroPointGemv {
+  static constexpr bool kQ4 = kKind != 0, kMin = kKind == 2;
+  static constexpr int kZero = kKind == 1 ? 8 : 128;
+  static constexpr int64_t kBlockBytes = kKind == 0 ? 34 : kKind == 1 ? 18 : 20;
+  static constexpr int64_t kCodeOffset = kMin ? 4 : 2;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nb, n_pad;
+  const uint8_t* xa;  // [n][nb][64 (Q8_0) or 128 (Q4_x)]: the token's codes as the code vectors need them
+  const float* d;     // Acts16 d and bs: [nb][n_pad]
+  const float* bs;
+  const int32_t* qsum;  // Q4_1: [n][nb] Σ q of the activation block
+  float* y;
 
+  static LARDER_GEMM_INLINE __m512i pair_sums(__m512i A, __m512i B) {
+    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(A, ev, B), _mm512_permutex2var_epi32(A, od, B));
+  }
+  // Code vectors per block: Q8_0 two rows each ([row 2j | row 2j+1], 8 partial sums per row),
+  // Q4_0 four ([4j | 4j+1 | 4j+2 | 4j+3], each row's 16 code bytes, 4 partial sums per row).
+  static constexpr int kVecs = kQ4 ? 4 : 8;
+  // The 16 rows' block sums from the code vectors' products (exact integer adds in any order).
+  static LARDER_GEMM_INLINE __m512i row_sums(const __m512i (&v)[kVecs]) {
+    if constexpr (!kQ4) {
+      const __m512i x0 = pair_sums(pair_sums(v[0], v[1]), pair_sums(v[2], v[3]));
+      const __m512i x1 = pair_sums(pair_sums(v[4], v[5]), pair_sums(v[6], v[7]));
+      return pair_sums(x0, x1);  // x0: rows 0–7 × (k4 0–3, 4–7); x1: rows 8–15
+    } else {
+      return pair_sums(pair_sums(v[0], v[1]), pair_sums(v[2], v[3]));
+    }
+  }
 
+  template <int T>
+  void tile(int64_t r0, int64_t t0) const {
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    const __m512i ridx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), mh = _mm512_set1_epi8(static_cast<char>(0xf0));
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512 zero_pt = _mm512_set1_ps(static_cast<float>(kZero));
+    __m512 acc[T];
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    // The next tile's 16 rows (one contiguous range) prefetched into L1 a share per block: the
+    // tile reads 16 rows side by side, which the hardware prefetchers do not follow as one stream.
+    const char* pf = reinterpret_cast<const char*>(base + 16 * row_bytes);
+    const char* pf_end = reinterpret_cast<const char*>(w + static_cast<uint64_t>(rows) * row_bytes);
+    const int64_t pf_step = (static_cast<int64_t>(16 * row_bytes) / 64 + nb - 1) / nb * 64;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* pb = base + b * kBlockBytes;
+      for (int64_t o = 0; o < pf_step && pf + o < pf_end; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+      pf += pf_step;
+      // Q4_0: lo = codes & 0x0F (elements 0–15), hi = codes & 0xF0 = 16·(elements 16–31); per
+      // token dpbusd(16·dpbusd(0, lo, x 0–15), hi, x 16–31) = 16·S (Q4_0Quad's chaining).
+      __m512i c[kVecs], h[kQ4 ? kVecs : 1];
+      LARDER_UNROLL
+      for (int j = 0; j < kVecs; ++j) {
+        if constexpr (kQ4) {
+          const uint8_t* p0 = pb + 4 * j * row_bytes + kCodeOffset;
+          __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0)));
+          v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + row_bytes)), 1);
+          v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + 2 * row_bytes)), 2);
+          v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + 3 * row_bytes)), 3);
+          c[j] = _mm512_and_si512(v, m4);
+          h[j] = _mm512_and_si512(v, mh);
+        } else {
+          const uint8_t* p0 = pb + 2 * j * row_bytes + 2;
+          const __m512i v = _mm512_inserti64x4(
+              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0))),
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + row_bytes)), 1);
+          c[j] = _mm512_xor_si512(v, flip);
+        }
+      }
+      const __m512i g = _mm512_i32gather_epi32(ridx, pb, 1);
+      const __m512 sc = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));  // exact, as f16_table
+      __m512 bias = _mm512_setzero_ps();
+      if constexpr (kMin) {  // m − 128·d, as GgufRows::unpack
+        const __m512 mn = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+        bias = _mm512_sub_ps(mn, _mm512_mul_ps(_mm512_set1_ps(128.0f), sc));
+      }
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) {
+        __m512i v[kVecs];
+        __m512i s;
+        if constexpr (kQ4) {
+          const __m512i xl = _mm512_load_si512(xa + ((t0 + t) * nb + b) * 128);
+          const __m512i xh = _mm512_load_si512(xa + ((t0 + t) * nb + b) * 128 + 64);
+          LARDER_UNROLL
+          for (int j = 0; j < kVecs; ++j)
+            v[j] = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c[j], xl), 4), h[j], xh);
+          s = _mm512_srai_epi32(row_sums(v), 4);  // exact: the sums are 16·S
+        } else {
+          const __m512i xv = _mm512_load_si512(xa + ((t0 + t) * nb + b) * 64);
+          LARDER_UNROLL
+          for (int j = 0; j < kVecs; ++j) v[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[j], xv);
+          s = row_sums(v);
+        }
+        const __m512 dx = _mm512_set1_ps(d[b * n_pad + t0 + t]);
+        if constexpr (kMin) {  // Gemm16::group1
+          s = _mm512_add_epi32(s, _mm512_set1_epi32(128 * qsum[(t0 + t) * nb + b]));
+          const __m512 accg = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dx);
+          acc[t] = _mm512_fmadd_ps(accg, sc, acc[t]);
+          acc[t] = _mm512_fmadd_ps(bias, _mm512_set1_ps(0.0f + bs[b * n_pad + t0 + t]), acc[t]);
+        } else {
+          const __m512 zb = _mm512_mul_ps(_mm512_set1_ps(bs[b * n_pad + t0 + t]), zero_pt);
+          acc[t] = _mm512_fmadd_ps(_mm512_fmsub_ps(_mm512_cvtepi32_ps(s), dx, zb), sc, acc[t]);
+        }
+      }
+    }
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + (t0 + t) * rows + r0, acc[t]);
+  }
+};
+
+using GemvFn = void (*)(const WeightView*, float* const*, int, const float*, int64_t);
+
+// Decode in the GEMM's arithmetic (batch_invariant_decode()) on ZeroPointGemv<kKind>; the last
+// rows of each weight (fewer than 16) on `rest` (Gemv16 with the format's GEMM adapter: the same
+// arithmetic).
+template <int kKind>
+void zero_point_gemv(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n, GemvFn rest) {
+  constexpr bool kQ4 = kKind != 0;
+  if (n <= 0) return;
+  const int64_t cols = ws[0].cols, nb = cols / 32;
+  const Acts16 a = quantize_acts16(x, n, cols);
+  const int8_t* q = token_major_codes(a);
+  // Per token and block the activation bytes the code vectors meet, then Σ q per block (slot 3).
+  constexpr int64_t kActBytes = kQ4 ? 128 : 64;
+  const size_t xa_bytes = round_up64(static_cast<size_t>(n * nb) * kActBytes);
+  auto* xa = static_cast<uint8_t*>(thread_scratch(xa_bytes + static_cast<size_t>(n * nb) * 4, 3));
+  auto* qsum = reinterpret_cast<int32_t*>(xa + xa_bytes);
+  for (int64_t i = 0; i < n * nb; ++i) {
+    const int8_t* src = q + 32 * i;
+    uint8_t* dst = xa + kActBytes * i;
+    if constexpr (kQ4) {  // [x 0–15 ×4 | x 16–31 ×4]
+      for (int k = 0; k < 4; ++k) {
+        std::memcpy(dst + 16 * k, src, 16);
+        std::memcpy(dst + 64 + 16 * k, src + 16, 16);
+      }
+    } else {  // [x | x]
+      std::memcpy(dst, src, 32);
+      std::memcpy(dst + 32, src, 32);
+    }
+    int sum = 0;
+    for (int e = 0; e < 32; ++e) sum += src[e];
+    qsum[i] = sum;
+  }
+  for (int i = 0; i < count; ++i) {
+    const WeightView& w = ws[i];
+    const ZeroPointGemv<kKind> k{w.data, w.row_bytes(), w.rows, nb, a.n_pad, xa, a.d, a.bs, qsum, ys[i]};
+    gemv_regions(w.rows / 16 * 16, [&](int64_t r0, int) {
+      for (int64_t t = 0; t < n; t += 4) {  // groups of up to 4 tokens: 4 accumulators beside the codes
+        switch (std::min<int64_t>(4, n - t)) {
+          case 1: k.template tile<1>(r0, t); break;
+          case 2: k.template tile<2>(r0, t); break;
+          case 3: k.template tile<3>(r0, t); break;
+          default: k.template tile<4>(r0, t); break;
+        }
+      }
+    });
+  }
+  // After every full tile: `rest` quantizes x again into the scratch slots read above.
+  for (int i = 0; i < count; ++i) {
+    const WeightView& w = ws[i];
+    const int64_t full = w.rows / 16 * 16;
+    if (full == w.rows) continue;
+    WeightView tail = w;
+    tail.data = w.data + static_cast<uint64_t>(full) * w.row_bytes();
+    tail.rows = w.rows - full;
+    // rest writes y[t·tail.rows + r]; a separate buffer keeps the row stride right.
+    std::vector<float> tmp(static_cast<size_t>(n * tail.rows));
+    float* tp = tmp.data();
+    rest(&tail, &tp, 1, x, n);
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(ys[i] + t * w.rows + full, tp + t * tail.rows, static_cast<size_t>(tail.rows) * sizeof(float));
+  }
+}
+
+template <class F>
+void gemv16_rows(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return F{w.data, w.row_bytes(), w.cols / 32}; });
+}
+
+template <class F>
+void matmul_gemv(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if constexpr (std::is_same_v<F, Q4_0Rows>) zero_point_gemv<1>(ws, ys, count, x, n, gemv16_rows<F>);
+  else zero_point_gemv<0>(ws, ys, count, x, n, gemv16_rows<F>);
+}
+
+}  // namespace
+
+void gemv_q4_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  zero_point_gemv<2>(ws, ys, count, x, n, gemv_q4_1_rows);
+}
+
+namespace {
 
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 
@@ -1058,6 +1268,7 @@ bool q4_0_pair_decode() {
 }  // namespace
 
 void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (gemv_invariant(n, kGemm16MinTokensQ8_0)) return matmul_gemv<Q8_0Rows>(&w, &y, 1, x, n);
   if (n >= kGemm16MinTokensQ8_0) {
     matmul_gemm<Q8_0Rows>(&w, &y, 1, x, n);
   } else {
@@ -1067,6 +1278,7 @@ void matmul_q8_0(const WeightView& w, const float* x, int64_t n, float* y) {
   }
 }
 void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (gemv_invariant(n)) return matmul_gemv<Q4_0Rows>(&w, &y, 1, x, n);
   if (n >= kGemm16MinTokens) {
     matmul_gemm<Q4_0Rows>(&w, &y, 1, x, n);
   } else {
@@ -1085,6 +1297,7 @@ void matmul_q4_0(const WeightView& w, const float* x, int64_t n, float* y) {
 // Fused decode (kernels::matmul_multi): one activation quantization, one MultiKernel job.
 void matmul_multi_q4_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return matmul_gemm<Q4_0Rows>(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return matmul_gemv<Q4_0Rows>(ws, ys, count, x, n);
   if (q4_0_pair_decode()) {
     for (int i = 0; i < count; ++i) matmul_q4_0(ws[i], x, n, ys[i]);
     return;
@@ -1122,19 +1335,23 @@ void decode_q5_1(const WeightView& w, const float* x, int64_t n, float* y) { dec
 // Fused decode; prefill shares the activation quantization (matmul_gguf_avx512.cpp's GEMM).
 void matmul_multi_q5_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_low_bit<kQ5_0Layout>(ws, ys, count, x, n);
 }
 void matmul_multi_q4_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_low_bit<kQ4_1Layout>(ws, ys, count, x, n);
 }
 void matmul_multi_q5_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_low_bit<kQ5_1Layout>(ws, ys, count, x, n);
 }
 
 void matmul_multi_q8_0(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokensQ8_0) return matmul_gemm<Q8_0Rows>(ws, ys, count, x, n);
+  if (gemv_invariant(n, kGemm16MinTokensQ8_0)) return matmul_gemv<Q8_0Rows>(ws, ys, count, x, n);
   const int64_t cols = ws[0].cols;
   run_multi_decode(prepare_q8_0(ws[0], x, n, ys[0]), ws, ys, count, n, cols + 4 * (cols / 32));
 }

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "larder/core/dtype.h"
 #include "larder/core/status.h"
@@ -111,9 +112,21 @@ void gemm_gguf(const WeightView* ws, float* const* ys, int count, const float* x
   gemm16(ws, ys, count, x, n, [](const WeightView& w) { return GgufRows<U>{w.data, w.row_bytes(), w.cols / U::kElems}; });
 }
 
+// Decode in the GEMM's arithmetic (batch_invariant_decode()): the adapter gemm_gguf would take.
+template <class U>
+void gemv_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if constexpr (std::is_same_v<U, UnpackQ4_1>) return gemv_q4_1(ws, ys, count, x, n);  // matmul_avx512.cpp
+  if constexpr (requires { U::kSuperCodeOffset; }) {
+    if (gemm_super_blocks(ws[0].dtype, kGemm16MinTokens))
+      return gemv16(ws, ys, count, x, n, [](const WeightView& w) { return GgufSuperRows<U>{w.data, w.row_bytes(), w.cols / 256}; });
+  }
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return GgufRows<U>{w.data, w.row_bytes(), w.cols / U::kElems}; });
+}
+
 template <class U>
 void matmul_gguf(const WeightView& w, const float* x, int64_t n, float* y, MatmulFn decode) {
   if (n <= 0 || w.rows <= 0) return;
+  if (gemv_invariant(n)) return gemv_gguf<U>(&w, &y, 1, x, n);
   if (n < kGemm16MinTokens) {
     decode(w, x, n, y);
     return;
@@ -140,6 +153,7 @@ void matmul_q2_k(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 void matmul_multi_q2_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_gguf<UnpackQ2_K>(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_gguf<UnpackQ2_K>(ws, ys, count, x, n);
   decode_multi_q2_k(ws, ys, count, x, n);
 }
 void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) {
@@ -147,6 +161,7 @@ void matmul_q3_k(const WeightView& w, const float* x, int64_t n, float* y) {
 }
 void matmul_multi_q3_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_gguf<UnpackQ3_K>(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_gguf<UnpackQ3_K>(ws, ys, count, x, n);
   decode_multi_q3_k(ws, ys, count, x, n);
 }
 void matmul_q5_k(const WeightView& w, const float* x, int64_t n, float* y) {
@@ -162,6 +177,27 @@ void gemm_multi_super(const WeightView* ws, float* const* ys, int count, const f
     case DType::kQ5_K: return gemm_gguf_super<UnpackQ5_K>(ws, ys, count, x, n);
     case DType::kIQ4_XS: return gemm_gguf_super<UnpackIQ4_XS>(ws, ys, count, x, n);
     default: LARDER_CHECK(false, "[kernels] avx512 gemm_multi_super: %s", dtype_name(ws[0].dtype));
+  }
+}
+
+void gemv_q4_1_rows(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return GgufRows<UnpackQ4_1>{w.data, w.row_bytes(), w.cols / 32}; });
+}
+
+void gemv_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  switch (ws[0].dtype) {
+    case DType::kQ4_1: return gemv_gguf<UnpackQ4_1>(ws, ys, count, x, n);
+    case DType::kQ5_0: return gemv_gguf<UnpackQ5_0>(ws, ys, count, x, n);
+    case DType::kQ5_1: return gemv_gguf<UnpackQ5_1>(ws, ys, count, x, n);
+    case DType::kQ2_K: return gemv_gguf<UnpackQ2_K>(ws, ys, count, x, n);
+    case DType::kQ3_K: return gemv_gguf<UnpackQ3_K>(ws, ys, count, x, n);
+    case DType::kQ4_K:  // its super-block path only (matmul_kquant_avx512.cpp decides)
+      return gemv16(ws, ys, count, x, n,
+                    [](const WeightView& w) { return GgufSuperRows<UnpackQ4_K>{w.data, w.row_bytes(), w.cols / 256}; });
+    case DType::kQ5_K: return gemv_gguf<UnpackQ5_K>(ws, ys, count, x, n);
+    case DType::kIQ4_XS: return gemv_gguf<UnpackIQ4_XS>(ws, ys, count, x, n);
+    case DType::kIQ4_NL: return gemv_gguf<UnpackIQ4_NL>(ws, ys, count, x, n);
+    default: LARDER_CHECK(false, "[kernels] avx512 gemv_multi_gguf: %s", dtype_name(ws[0].dtype));
   }
 }
 

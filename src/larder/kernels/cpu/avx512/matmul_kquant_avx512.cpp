@@ -229,11 +229,16 @@ void decode_multi(K (*prepare)(const WeightView&, const float*, int64_t, float*)
 void gemm_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   gemm16(ws, ys, count, x, n, [](const WeightView& w) { return Q6_KRows{w.data, w.row_bytes(), w.cols / 256}; });
 }
+// Decode in the GEMM's arithmetic (batch_invariant_decode()).
+void gemv_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return Q6_KRows{w.data, w.row_bytes(), w.cols / 256}; });
+}
 
 }  // namespace
 
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
+  if (gemv_invariant(n)) return gemv_q6_k(&w, &y, 1, x, n);
   if (n < kGemm16MinTokens) {
     decode_q6_k(w, x, n, y);
     return;
@@ -243,11 +248,13 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_q6_k(ws, ys, count, x, n);
+  if (gemv_invariant(n)) return gemv_q6_k(ws, ys, count, x, n);
   decode_multi(prepare_q6_k, ws, ys, count, x, n);
 }
 
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
+  if (gemv_invariant(n)) return gemv_q4_k(&w, &y, 1, x, n);
   if (n < kGemm16MinTokens) {
     decode_q4_k(w, x, n, y);  // decode_q4k_q5k_avx512.cpp
     return;
@@ -257,6 +264,9 @@ void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
 
 bool gemm_super_blocks(DType dtype, int64_t n) {
   const bool super = dtype == DType::kQ4_K || dtype == DType::kQ5_K || dtype == DType::kIQ4_XS;
+  // Batch-invariant: one path for every n (the AMX one where AMX is used), so a token's
+  // activations are quantized the same way whatever the call's size.
+  if (batch_invariant_decode()) return super && !gemm_uses_amx();
   return super && n >= kGemm16MinTokens && !(gemm_uses_amx() && (n + 15) / 16 >= kAmxMinGroups);
 }
 
@@ -267,6 +277,11 @@ bool gemm_super_blocks(DType dtype, int64_t n) {
 void gemm_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (gemm_super_blocks(DType::kQ4_K, n)) return gemm_multi_super(ws, ys, count, x, n);
   gemm16(ws, ys, count, x, n, [](const WeightView& w) { return Q4_KRows{w.data, w.row_bytes(), w.cols / 256}; });
+}
+
+void gemv_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+  if (gemm_super_blocks(DType::kQ4_K, kGemm16MinTokens)) return gemv_multi_gguf(ws, ys, count, x, n);
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return Q4_KRows{w.data, w.row_bytes(), w.cols / 256}; });
 }
 
 }  // namespace larder::kernels::cpu::avx512

@@ -31,6 +31,16 @@ namespace larder::kernels::cpu {
 // register.cpp.
 void register_fast_kernels(KernelTable& t);
 
+// Batch-invariant decode (issue 41 item 1): whether the AVX-512 tier's integer formats (the GGUF
+// quantizations and MLX affine) decode (n below the prefill GEMM's threshold) on Gemv16
+// (avx512/gemm16_avx512.h), which computes each token's output in the prefill GEMM's arithmetic,
+// so a row's bits do not depend on how many tokens share the call. Off by default: it is slower
+// than the per-format decode kernels (bench/RESULTS.md, issue 41). LARDER_BATCH_INVARIANT=1 turns
+// it on; set_batch_invariant_decode is for tests and benchmarks (call before kernels run on other
+// threads). The numerics fingerprint (kernels/numerics.cpp) follows it.
+bool batch_invariant_decode();
+void set_batch_invariant_decode(bool on);
+
 // Startup self-check of an untested-here tier: `fast` must agree with `trusted` on a small
 // ragged problem in `dtype` (within 2^-6 of the output scale). register_fast_kernels applies it
 // to every AVX-512 matmul before installing it.
@@ -201,6 +211,16 @@ bool gemm_super_blocks(DType dtype, int64_t n);
 // That path for any of the three (matmul_gguf_avx512.cpp), where gemm_super_blocks says so.
 void gemm_multi_super(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+// Batch-invariant decode (batch_invariant_decode(), gemm16_avx512.h Gemv16) of Q4_1, Q5_0, Q5_1,
+// IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS and Q4_K on its super-block path: the prefill GEMM's format
+// adapter and arithmetic for n below its threshold.
+void gemv_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+// Q4_1 on its own kernel (matmul_avx512.cpp ZeroPointGemv), and on Gemv16 (gemv_q4_1_rows: what
+// gemv_multi_gguf runs for the others).
+void gemv_q4_1(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+void gemv_q4_1_rows(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
+// The same for Q4_K on either GEMM path (matmul_kquant_avx512.cpp).
+void gemv_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Q5_0 / Q4_1 / Q5_1 decode (n <= 8; their matmul entry points call them): four blocks per step,
 // vpdpbusd (matmul_avx512.cpp LowBitQuad).
 void decode_q5_0(const WeightView& w, const float* x, int64_t n, float* y);

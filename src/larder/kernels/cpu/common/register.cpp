@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -189,6 +190,22 @@ bool fast_matmul_agrees(DType dtype, MatmulFn fast, MatmulFn trusted) { return a
 bool fast_matmul_affine_agrees(int bits, MatmulFn fast, MatmulFn trusted) {
   return affine_agrees_impl(bits, fast, trusted);
 }
+
+namespace {
+std::atomic<int> g_batch_invariant{-1};  // -1: not read from the environment yet
+}  // namespace
+
+bool batch_invariant_decode() {
+  int v = g_batch_invariant.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("LARDER_BATCH_INVARIANT");
+    v = e && std::strcmp(e, "1") == 0 ? 1 : 0;
+    g_batch_invariant.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_batch_invariant_decode(bool on) { g_batch_invariant.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 MatmulFn fast_matmul(const char* tier, DType dtype) {
   if (std::strcmp(tier, "avx2") == 0) {
