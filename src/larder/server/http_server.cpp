@@ -258,6 +258,7 @@ struct HttpServer::Impl {
                        o.ttft_ms,
                        o.decode_ms > 0 && o.completion_tokens > 1 ? (o.completion_tokens - 1) / (o.decode_ms / 1e3) : 0.0,
                        log_escape(o.cache_tier).c_str(), log_escape(o.cache_reason).c_str(), finish_name(o.finish));
+        if (o.speculative) line += strfmt(" spec=%lld/%lld", (long long)o.accepted_tokens, (long long)o.drafted_tokens);
       }
       if (!e.error.empty()) line += " error=\"" + log_escape(e.error, "\"") + "\"";
       line = "larder: " + line;
