@@ -9,6 +9,7 @@ On the real SmolLM2-135M-Instruct BF16 checkpoint (skips when absent: scripts/fe
 whose rows are batch-invariant today (bench/RESULTS.md, issue 44): exactness on GGUF integer formats
 waits for batch-invariant kernels (tests/cli/spec_test.py)."""
 import concurrent.futures
+import json
 import os
 import unittest
 
@@ -68,7 +69,7 @@ class ServeSpecTest(unittest.TestCase):
         m = self.spec.metrics()
         self.assertGreaterEqual(metric_sum(m, "larder_spec_drafted_tokens_total"), drafted)
         self.assertGreaterEqual(metric_sum(m, "larder_spec_accepted_tokens_total"), accepted)
-        self.assertIn(" spec=", self.spec.log())
+        self.assertRegex(self.spec.log(), r" spec=\d+/\d+")
 
     def test_structured_output(self):
         extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}
@@ -82,6 +83,19 @@ class ServeSpecTest(unittest.TestCase):
         t = r.json()["timings"]
         self.assertIn("draft_n", t)
         self.assertLessEqual(t["draft_n_accepted"], t["draft_n"])
+
+
+    def test_json_log_fields(self):
+        srv = Server(BF16, "--parallel", "1", "--ctx", "1024", "--spec", "ngram", "--log-format", "json").start()
+        try:
+            _, _, usage = self.chat(srv, PROMPTS[0], n=48)
+            t = usage["larder"]["timings"]
+        finally:
+            srv.stop()
+        lines = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
+        gen = [j for j in lines if j.get("path") == "/v1/chat/completions"]
+        self.assertEqual(len(gen), 1, lines)
+        self.assertEqual((gen[0]["drafted_tokens"], gen[0]["accepted_tokens"]), (t["drafted_tokens"], t["accepted_tokens"]))
 
 
 if __name__ == "__main__":

@@ -240,6 +240,10 @@ struct HttpServer::Impl {
         j["cache"] = o.cache_tier;
         j["cache_reason"] = o.cache_reason;
         j["finish"] = finish_name(o.finish);
+        if (o.speculative) {
+          j["drafted_tokens"] = o.drafted_tokens;
+          j["accepted_tokens"] = o.accepted_tokens;
+        }
       }
       if (!e.error.empty()) j["error"] = e.error;
       // ASCII only: C1 controls (a terminal's CSI) and invalid bytes become \u escapes too.
