@@ -160,6 +160,10 @@ int run_generate(const GenerateFlags& f) {
                  static_cast<long long>(seq.cached_tokens()), prompt.size(), seq.cache_tier(),
                  seq.cache_reason().c_str());
   }
+  if (go.spec.draft_max > 0 && !runtime::speculation_possible(seq.state())) {
+    std::fprintf(stderr, "larder: --spec: off for this model (its sliding-window or recurrent layers cannot take a "
+                         "rejected draft back)\n");
+  }
   auto emit = [](const std::string& s) {
     if (s.empty()) return;
     std::fwrite(s.data(), 1, s.size(), stdout);

@@ -47,6 +47,8 @@ struct ServeFlags {
   int port = 8080, threads = 0, parallel = 4, http_threads = 0;
   int64_t ctx = 4096, step_tokens = 256;
   size_t queue_max = 64;
+  std::string spec = "none";  // --spec: none | ngram (runtime/speculative.h)
+  int draft_max = 6;          // as generate's (generation_setup.h says why 6)
   std::string kv_budget;     // memory admission: empty = off
   std::string min_free_memory;  // KV store pressure relief: empty = off
   double admit_wait_s = 30;
@@ -270,6 +272,7 @@ int run_serve(ServeFlags f) {
   ec.queue_max = f.queue_max;
   ec.ctx = sm.ctx;
   ec.step_tokens = f.step_tokens;
+  if (f.spec == "ngram") ec.spec.draft_max = f.draft_max;
   ec.kv_budget = kv_budget;
   if (!f.min_free_memory.empty()) {
     ec.min_free_memory = runtime::parse_bytes(f.min_free_memory);
@@ -338,6 +341,12 @@ VerbMain add_serve(CLI::App& app) {
                   "parallel fit)");
   cmd->add_option("--admit-wait", f->admit_wait_s, "seconds a request may wait for KV memory before 503 (default 30)")
       ->check(at_least(0));
+  cmd->add_option("--spec,--spec-type", f->spec,
+                  "speculative decoding: ngram = each sequence drafts from its prompt and output (prompt lookup) and "
+                  "verifies the draft in the step's batch; none = off (default)")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  cmd->add_option("--draft-max,--draft,--draft-n", f->draft_max, "tokens drafted at most per step with --spec (default 6)")
+      ->check(in_range(1, 64));
   cmd->add_option("--step-tokens,--batch-tokens", f->step_tokens, "prefill tokens per engine step (chunked prefill)")
       ->check(in_range(1, 65536));
   cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(at_least(0));

@@ -58,6 +58,14 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_option("--ssd-cache-max", f.ssd_cache_max_gb, "SSD cache cap in GiB")->check(positive());
   cmd->add_option("--prompt-cache", f.prompt_cache_gb, "RAM KV cache cap in GiB")->check(at_least(0));
   add_kv_dtype_flags(cmd, f.kv);
+  // Off by default until every kernel is batch-invariant: only then is a k+1-row verify bit-for-bit
+  // the one-row decode it replaces (runtime/speculative.h).
+  cmd->add_option("--spec,--spec-type", f.spec,
+                  "speculative decoding: ngram = draft from the prompt and the output so far (prompt lookup), "
+                  "none = off (default)")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  cmd->add_option("--draft-max,--draft,--draft-n", f.draft_max, "tokens drafted at most per step with --spec (default 6)")
+      ->check(in_range(1, 64));
 }
 
 namespace {
@@ -167,6 +175,7 @@ Result<runtime::GenerateOptions> generate_options(const GenerationFlags& f, cons
   go.sampling.seed = f.seed;
   if (!f.ignore_eos) go.eos_ids = m.defaults.eos_ids;
   go.stops = f.stop;
+  if (f.spec == "ngram") go.spec.draft_max = f.draft_max;
   go.tokenizer = m.tokenizer.get();
   if (spec) {
     if (!m.grammar) return unsupported("[generate] constrained decoding is not available for this model");
@@ -206,7 +215,13 @@ std::string stats_text(const runtime::GenerateStats& s, const char* stop) {
                 static_cast<long long>(s.prompt_tokens), s.prefill_seconds,
                 s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0.0,
                 static_cast<long long>(s.generated_tokens), s.decode_seconds,
-                s.decode_seconds > 0 ? s.generated_tokens / s.decode_seconds : 0.0, stop);
+                s.decode_seconds > 0 ? s.generated_tokens / s.decode_seconds : 0.0, stop) +
+         (s.drafted_tokens > 0 ? strfmt(" | spec: drafted %lld, accepted %lld (%.1f%%), %lld decode forwards",
+                                        static_cast<long long>(s.drafted_tokens),
+                                        static_cast<long long>(s.accepted_tokens),
+                                        100.0 * s.accepted_tokens / s.drafted_tokens,
+                                        static_cast<long long>(s.decode_forwards))
+                               : std::string());
 }
 
 Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg& model, const GenerationFlags& f,

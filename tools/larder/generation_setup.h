@@ -38,6 +38,11 @@ struct GenerationFlags {
   double ssd_cache_max_gb = 32;
   double prompt_cache_gb = 4;
   KvDtypeFlags kv;  // --kv-dtype, -ctk/-ctv
+  // Speculative decoding (runtime/speculative.h): "none" or "ngram" (prompt lookup).
+  std::string spec = "none";
+  // 6: k + 1 = 7 rows per verify, the most whose logits equal one-row decode on GGUF integer formats
+  // today (the multi-row GEMM path starts at 8 rows; bench/RESULTS.md, issue 44).
+  int draft_max = 6;
 };
 
 void add_generation_flags(CLI::App* cmd, GenerationFlags& f);

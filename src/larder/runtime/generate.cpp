@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 namespace larder::runtime {
 
@@ -47,9 +48,8 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
   auto show = [&](const std::string& text) {
     if (!text.empty() && opts.on_text) opts.on_text(text);
   };
-  for (;;) {
-    Accepted a = step.step(logits.data(), V, seq);
-    if (a.finish == FinishReason::kError) return internal_error("[generate] " + a.error);
+  // One picked token's effect on the caller: its text, the callback; why decoding ends (kNone: go on).
+  auto deliver = [&](const Accepted& a) {
     show(a.text);
     FinishReason why = a.finish;
     if (a.kept) {
@@ -57,11 +57,63 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
       ++st.generated_tokens;
       if (on_token && !on_token(a.id) && why == FinishReason::kNone) why = FinishReason::kCancelled;
     }
-    if (why != FinishReason::kNone) {
-      st.finish_reason = why;
-      break;
+    return why;
+  };
+  std::optional<NgramDrafter> drafter;
+  if (opts.spec.draft_max > 0 && speculation_possible(cache)) drafter.emplace(opts.spec);
+  std::vector<float> rows;  // the verify forward's logits, [k + 1, V]
+  std::vector<int32_t> batch;
+
+  Accepted a = step.step(logits.data(), V, seq);
+  if (a.finish == FinishReason::kError) return internal_error("[generate] " + a.error);
+  FinishReason why = deliver(a);
+  while (why == FinishReason::kNone) {
+    // a.id is kept and not yet forwarded: the state holds history minus it.
+    std::vector<int32_t> draft;
+    if (drafter) {
+      // The verify rows must fit the context with room for one more token after them, so every
+      // row's accept sees the length check plain decoding would; and drafting past the token
+      // budget is wasted.
+      const int64_t room = std::min(limit - cache.length() - 2, opts.max_new_tokens - step.generated() - 1);
+      draft = drafter->draft(seq.history(), room);
     }
-    LARDER_RETURN_IF_ERROR(model.forward(&a.id, 1, cache, logits.data(), false));
+    if (draft.empty()) {
+      ++st.decode_forwards;
+      LARDER_RETURN_IF_ERROR(model.forward(&a.id, 1, cache, logits.data(), false));
+      a = step.step(logits.data(), V, seq);
+      if (a.finish == FinishReason::kError) return internal_error("[generate] " + a.error);
+      why = deliver(a);
+      continue;
+    }
+    const int d = static_cast<int>(draft.size());
+    batch.assign(1, a.id);
+    batch.insert(batch.end(), draft.begin(), draft.end());
+    rows.resize(static_cast<size_t>(d + 1) * static_cast<size_t>(V));
+    const int64_t L = cache.length();
+    ++st.decode_forwards;
+    LARDER_RETURN_IF_ERROR(model.forward(batch.data(), d + 1, cache, rows.data(), true));
+    // Row i predicts the token after batch[i]; keep the draft while the step picks it.
+    int matched = 0, forwarded = 0;
+    for (int i = 0; i <= d; ++i) {
+      a = step.step(rows.data() + static_cast<size_t>(i) * static_cast<size_t>(V), V, seq);
+      if (a.finish == FinishReason::kError) {
+        (void)cache.trim(L + 1 + forwarded);
+        return internal_error("[generate] " + a.error);
+      }
+      const bool hit = i < d && a.kept && a.id == draft[static_cast<size_t>(i)];
+      matched += hit;
+      why = deliver(a);
+      if (!hit || why != FinishReason::kNone) break;
+      ++forwarded;  // draft[i] is kept and its row is in the state: the next row is valid
+    }
+    // What plain decoding would hold: every kept token but the last one.
+    LARDER_RETURN_IF_ERROR(cache.trim(L + 1 + forwarded));
+    drafter->feedback(d, matched);
+  }
+  st.finish_reason = why;
+  if (drafter) {
+    st.drafted_tokens = drafter->drafted();
+    st.accepted_tokens = drafter->accepted();
   }
   show(step.flush(&st.finish_reason));
   st.matched_stop = step.matched_stop();

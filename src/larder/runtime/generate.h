@@ -19,6 +19,7 @@
 #include "larder/runtime/decode_step.h"
 #include "larder/runtime/sampler.h"
 #include "larder/runtime/sequence.h"
+#include "larder/runtime/speculative.h"
 
 namespace larder::runtime {
 
@@ -40,6 +41,9 @@ struct GenerateOptions : DecodeOptions {
   const tokenizer::Tokenizer* tokenizer = nullptr;
   // Each piece of released text as it becomes safe to show, the held-back tail last.
   std::function<void(const std::string&)> on_text;
+  // Prompt-lookup speculation (speculative.h): off at draft_max 0, and for states that cannot be
+  // trimmed back (rings, recurrent layers) whatever it says.
+  SpecOptions spec;
 };
 
 struct GenerateStats {
@@ -51,6 +55,9 @@ struct GenerateStats {
   FinishReason finish_reason = FinishReason::kLength;
   std::string matched_stop;      // kStop: the stop string
   std::vector<int32_t> tokens;   // the generated tokens (as passed to the callback)
+  // Speculation: tokens drafted and verified, and how many of them were picked.
+  int64_t drafted_tokens = 0, accepted_tokens = 0;
+  int64_t decode_forwards = 0;   // forward calls while decoding
 };
 
 // Called for every kept token (after on_text got its text); false stops after it (kCancelled).

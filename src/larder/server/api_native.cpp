@@ -120,6 +120,10 @@ class NativeWriter final : public ResponseWriter {
           {"predicted_ms", o.decode_ms},
           {"predicted_per_second",
            o.decode_ms > 0 && o.completion_tokens > 1 ? (o.completion_tokens - 1) / (o.decode_ms / 1e3) : 0.0}}}};
+    if (o.speculative) {  // llama-server's names for the same counts
+      j["timings"]["draft_n"] = o.drafted_tokens;
+      j["timings"]["draft_n_accepted"] = o.accepted_tokens;
+    }
     if (toks && pr_.logprobs) j["completion_probabilities"] = probabilities(*toks);
     if (o.finish == Finish::kError || o.finish == Finish::kCancelled)
       j["error"] = {{"code", 500}, {"message", o.error.empty() ? "generation failed" : o.error}, {"type", "server_error"}};

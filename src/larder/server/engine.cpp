@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <future>
+#include <optional>
 
 #include "larder/core/log.h"
 #include "larder/runtime/decode_step.h"
@@ -48,6 +49,11 @@ struct Engine::Seq {
   bool done = false;
   std::vector<TokenInfo> pending;    // tokens whose text is still held back
   std::vector<float> logits;         // [vocab]
+  // Speculation: the drafter (none when off or the state cannot be trimmed back), this step's
+  // draft, the verify forward's tokens (next + draft) and its logits [k + 1, vocab].
+  std::optional<runtime::NgramDrafter> drafter;
+  std::vector<int32_t> draft, verify_tokens;
+  std::vector<float> rows;
   Outcome out;
   Clock::time_point admitted, first_token;
   bool has_first = false;
@@ -335,6 +341,7 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
       kv_reserved_ += s->kv_reserved;
     }
     s->logits.resize(static_cast<size_t>(m_.model->info().vocab));
+    if (cfg_.spec.draft_max > 0 && runtime::speculation_possible(s->seq.state())) s->drafter.emplace(cfg_.spec);
     s->admitted = now;
     s->out.prompt_tokens = s->seq.prompt_size();
     s->out.cached_tokens = s->seq.cached_tokens();
@@ -365,12 +372,30 @@ void Engine::step() {
   std::vector<Seq*> who;
   std::vector<bool> completes_prompt;
   int64_t decode_rows = 0;
+  const int64_t model_ctx = m_.model->info().max_context;
   for (auto& s : seqs_) {
     if (s->done || !s->decoding) continue;
-    items.push_back({&s->next, 1, &s->seq.state(), s->logits.data(), false});
+    s->draft.clear();
+    if (s->drafter) {
+      // As runtime::generate: the rows fit with room for one more token (every row's accept sees
+      // plain decoding's length check), and no drafting past the token budget.
+      const memory::SequenceState& st = s->seq.state();
+      const int64_t limit = std::min({s->seq.ctx(), st.max_tokens(), model_ctx});
+      const int64_t room = std::min(limit - st.length() - 2, s->req.max_tokens - s->decode.generated() - 1);
+      s->draft = s->drafter->draft(s->seq.history(), room);
+    }
+    if (s->draft.empty()) {
+      items.push_back({&s->next, 1, &s->seq.state(), s->logits.data(), false});
+    } else {
+      s->verify_tokens.assign(1, s->next);
+      s->verify_tokens.insert(s->verify_tokens.end(), s->draft.begin(), s->draft.end());
+      s->rows.resize(s->verify_tokens.size() * static_cast<size_t>(V));
+      items.push_back({s->verify_tokens.data(), static_cast<int64_t>(s->verify_tokens.size()), &s->seq.state(),
+                       s->rows.data(), true});
+    }
     who.push_back(s.get());
     completes_prompt.push_back(false);
-    ++decode_rows;
+    decode_rows += items.back().n;
   }
   // Prefill slices share what the decode rows left of the step budget (at least a minimum slice,
   // so prompts progress even when many sequences decode). While any sequence decodes, the slices
@@ -403,25 +428,13 @@ void Engine::step() {
           s.seq.prefill_done(items[i].n);  // may capture the boundary checkpoint
           if (!completes_prompt[i]) continue;
         }
+        if (s.decoding && !s.draft.empty()) {
+          verify(s, V);
+          continue;
+        }
         // The decode step of this row (runtime/decode_step.h): pick, then what the token does.
         runtime::Accepted a = s.decode.step(s.logits.data(), V, s.seq);
-        const Clock::time_point now = Clock::now();
-        if (!s.has_first) {
-          s.has_first = true;
-          s.first_token = now;
-          s.out.prefill_ms = ms_between(s.admitted, now);
-          s.out.ttft_ms = ms_between(s.req.arrived, now);
-        }
-        if (a.kept) s.pending.push_back({a.id, std::move(a.logprobs)});
-        // Tokens whose text the stop string swallowed are not reported (server-api.md §4.4).
-        if (a.finish == runtime::FinishReason::kStop) s.pending.clear();
-        if (!a.text.empty()) {
-          Event e;
-          e.text = std::move(a.text);
-          e.tokens.swap(s.pending);
-          s.ch->push(std::move(e));
-        }
-        if (a.finish != runtime::FinishReason::kNone) {
+        if (deliver(s, a)) {
           finish(s, a.finish, std::move(a.error));
           continue;
         }
@@ -433,6 +446,56 @@ void Engine::step() {
   seqs_.erase(std::remove_if(seqs_.begin(), seqs_.end(), [](const std::unique_ptr<Seq>& s) { return s->done; }),
               seqs_.end());
   active_count_ = seqs_.size();
+}
+
+bool Engine::deliver(Seq& s, runtime::Accepted& a) {
+  const Clock::time_point now = Clock::now();
+  if (!s.has_first) {
+    s.has_first = true;
+    s.first_token = now;
+    s.out.prefill_ms = ms_between(s.admitted, now);
+    s.out.ttft_ms = ms_between(s.req.arrived, now);
+  }
+  if (a.kept) s.pending.push_back({a.id, std::move(a.logprobs)});
+  // Tokens whose text the stop string swallowed are not reported (server-api.md §4.4).
+  if (a.finish == runtime::FinishReason::kStop) s.pending.clear();
+  if (!a.text.empty()) {
+    Event e;
+    e.text = std::move(a.text);
+    e.tokens.swap(s.pending);
+    s.ch->push(std::move(e));
+  }
+  return a.finish != runtime::FinishReason::kNone;
+}
+
+// The verify rows of a drafted sequence (runtime/speculative.h): each row is the ordinary decode
+// step; the draft is kept while the step picks it, the first other pick is the next token, and
+// the KV is trimmed back to what plain decoding would hold — before finish() puts it in the store.
+void Engine::verify(Seq& s, int64_t V) {
+  const int d = static_cast<int>(s.draft.size());
+  memory::SequenceState& st = s.seq.state();
+  const int64_t base = st.length() - (d + 1);  // the state before the verify forward
+  int matched = 0, forwarded = 0;
+  runtime::Accepted a;
+  bool ended = false;
+  for (int i = 0; i <= d; ++i) {
+    a = s.decode.step(s.rows.data() + static_cast<size_t>(i) * static_cast<size_t>(V), V, s.seq);
+    const bool hit = i < d && a.kept && a.id == s.draft[static_cast<size_t>(i)];
+    matched += hit;
+    ended = deliver(s, a);
+    if (!hit || ended) break;
+    ++forwarded;
+  }
+  s.drafter->feedback(d, matched);
+  if (Status t = st.trim(base + 1 + forwarded); !t.is_ok()) {  // plain KV only: never expected
+    finish(s, Finish::kError, t.message());
+    return;
+  }
+  if (ended) {
+    finish(s, a.finish, std::move(a.error));
+    return;
+  }
+  s.next = a.id;
 }
 
 void Engine::finish(Seq& s, Finish why, std::string error) {
@@ -451,6 +514,12 @@ void Engine::finish(Seq& s, Finish why, std::string error) {
   s.out.error = std::move(error);
   s.out.matched_stop = s.decode.matched_stop();
   s.out.completion_tokens = s.decode.generated();
+  if (s.drafter) {
+    s.out.speculative = true;
+    s.out.drafted_tokens = s.drafter->drafted();
+    s.out.accepted_tokens = s.drafter->accepted();
+    metrics_.speculation(s.out.drafted_tokens, s.out.accepted_tokens);
+  }
   if (s.has_first) s.out.decode_ms = ms_between(s.first_token, now);
   const double prefill_tps = s.out.prefill_ms > 0 ? (s.out.prompt_tokens - s.out.cached_tokens) / (s.out.prefill_ms / 1e3) : 0;
   const int64_t generated = s.decode.generated();

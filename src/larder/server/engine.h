@@ -30,6 +30,8 @@
 
 #include "larder/memory/store/kv_store.h"
 #include "larder/runtime/loaded_model.h"
+#include "larder/runtime/speculative.h"
+#include "larder/runtime/decode_step.h"
 #include "larder/server/metrics.h"
 #include "larder/server/request.h"
 
@@ -61,6 +63,10 @@ struct EngineConfig {
   uint64_t kv_bytes_per_token = 0;
   uint64_t kv_fixed_bytes = 0;  // per sequence whatever its length: sliding-window rings, recurrent state
   std::chrono::milliseconds admit_wait{30000};
+  // --spec ngram: prompt-lookup speculation per sequence (runtime/speculative.h): a drafted
+  // sequence contributes its last token + the draft as k + 1 rows of the step's forward_batch.
+  // draft_max 0: off. Sequences whose state has rings or recurrent layers decode plainly.
+  runtime::SpecOptions spec;
 };
 
 class Engine {
@@ -96,6 +102,11 @@ class Engine {
   void admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& incoming);
   void step();
   void finish(Seq& s, Finish why, std::string error = {});
+  // One picked token's effect on its request (first-token timing, held-back tokens, text event);
+  // true when it ends the generation (the caller finishes it).
+  bool deliver(Seq& s, runtime::Accepted& a);
+  // The k + 1 rows of a drafted sequence's verify forward (runtime/speculative.h).
+  void verify(Seq& s, int64_t V);
   void run_tasks();
   uint64_t kv_need(const GenRequest& r) const;
   void drop_cancelled();  // with mu_ held: queued requests whose client left leave the queue

@@ -240,6 +240,10 @@ struct HttpServer::Impl {
         j["cache"] = o.cache_tier;
         j["cache_reason"] = o.cache_reason;
         j["finish"] = finish_name(o.finish);
+        if (o.speculative) {
+          j["drafted_tokens"] = o.drafted_tokens;
+          j["accepted_tokens"] = o.accepted_tokens;
+        }
       }
       if (!e.error.empty()) j["error"] = e.error;
       // ASCII only: C1 controls (a terminal's CSI) and invalid bytes become \u escapes too.
@@ -258,6 +262,7 @@ struct HttpServer::Impl {
                        o.ttft_ms,
                        o.decode_ms > 0 && o.completion_tokens > 1 ? (o.completion_tokens - 1) / (o.decode_ms / 1e3) : 0.0,
                        log_escape(o.cache_tier).c_str(), log_escape(o.cache_reason).c_str(), finish_name(o.finish));
+        if (o.speculative) line += strfmt(" spec=%lld/%lld", (long long)o.accepted_tokens, (long long)o.drafted_tokens);
       }
       if (!e.error.empty()) line += " error=\"" + log_escape(e.error, "\"") + "\"";
       line = "larder: " + line;

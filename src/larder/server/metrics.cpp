@@ -91,6 +91,12 @@ void Metrics::generation_done(int64_t prompt_tokens, int64_t cached_tokens, int6
   if (decode_tps > 0) decode_tps_.observe(decode_tps);
 }
 
+void Metrics::speculation(int64_t drafted, int64_t accepted) {
+  std::lock_guard<std::mutex> l(mu_);
+  drafted_tokens_ += static_cast<uint64_t>(drafted);
+  accepted_tokens_ += static_cast<uint64_t>(accepted);
+}
+
 void Metrics::cancelled(const std::string& reason) {
   std::lock_guard<std::mutex> l(mu_);
   ++cancelled_[reason];
@@ -126,6 +132,12 @@ std::string Metrics::prometheus(size_t queue_depth, size_t active) const {
        std::to_string(cached_tokens_) + "\n";
   o += "# TYPE larder_generated_tokens_total counter\nlarder_generated_tokens_total " +
        std::to_string(generated_tokens_) + "\n";
+  o += "# HELP larder_spec_drafted_tokens_total Draft tokens verified (--spec).\n"
+       "# TYPE larder_spec_drafted_tokens_total counter\nlarder_spec_drafted_tokens_total " +
+       std::to_string(drafted_tokens_) + "\n";
+  o += "# HELP larder_spec_accepted_tokens_total Draft tokens the decode step picked (--spec).\n"
+       "# TYPE larder_spec_accepted_tokens_total counter\nlarder_spec_accepted_tokens_total " +
+       std::to_string(accepted_tokens_) + "\n";
   o += "# TYPE larder_queue_depth gauge\nlarder_queue_depth " + std::to_string(queue_depth) + "\n";
   o += "# TYPE larder_active_requests gauge\nlarder_active_requests " + std::to_string(active) + "\n";
   o += "# HELP larder_cancelled_total Requests cancelled before finishing, by reason.\n"
@@ -148,6 +160,8 @@ nlohmann::json Metrics::json() const {
   j["prompt_tokens_total"] = prompt_tokens_;
   j["cached_prompt_tokens_total"] = cached_tokens_;
   j["generated_tokens_total"] = generated_tokens_;
+  j["spec_drafted_tokens_total"] = drafted_tokens_;
+  j["spec_accepted_tokens_total"] = accepted_tokens_;
   j["ttft_seconds"] = {{"p50", ttft_.quantile(0.5)}, {"p99", ttft_.quantile(0.99)}, {"count", ttft_.count()}};
   j["cancelled"] = cancelled_;
   return j;

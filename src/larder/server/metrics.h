@@ -37,6 +37,8 @@ class Metrics {
   void generation_done(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens, double ttft_s,
                        double prefill_tps, double decode_tps);
   void cancelled(const std::string& reason);
+  // Speculation (--spec): draft tokens one request verified, and how many were picked.
+  void speculation(int64_t drafted, int64_t accepted);
   void set_model_info(std::string model, std::string quant, std::string isa);
 
   // Everything but the KV store block and the live gauges, which the caller appends.
@@ -49,6 +51,7 @@ class Metrics {
   std::map<std::string, Histogram> duration_;
   Histogram ttft_, prefill_tps_, decode_tps_;
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0;
+  uint64_t drafted_tokens_ = 0, accepted_tokens_ = 0;
   std::map<std::string, uint64_t> cancelled_;
   std::string model_, quant_, isa_;
 };

@@ -62,6 +62,10 @@ struct Outcome {
   int64_t completion_tokens = 0;  // tokens sampled (EOS excluded)
   std::string cache_tier = "none", cache_reason;
   double queue_ms = 0, prefill_ms = 0, ttft_ms = 0, decode_ms = 0;
+  // Speculation (--spec): on for this request (the model's state can take a draft back), tokens
+  // drafted and verified, and how many of them were picked.
+  bool speculative = false;
+  int64_t drafted_tokens = 0, accepted_tokens = 0;
 };
 
 // What the engine sends: released text (possibly empty when only logprobs are new), the tokens

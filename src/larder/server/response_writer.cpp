@@ -140,6 +140,11 @@ ordered_json OpenAiWriter::usage_json() const {
                         {"prefill_tps", o.prefill_ms > 0 ? (o.prompt_tokens - o.cached_tokens) / (o.prefill_ms / 1e3) : 0.0},
                         {"decode_tps", o.decode_ms > 0 && o.completion_tokens > 1
                                            ? (o.completion_tokens - 1) / (o.decode_ms / 1e3) : 0.0}}}};
+  if (o.speculative) {
+    ext["timings"]["drafted_tokens"] = o.drafted_tokens;
+    ext["timings"]["accepted_tokens"] = o.accepted_tokens;
+    ext["timings"]["acceptance_rate"] = o.drafted_tokens > 0 ? double(o.accepted_tokens) / o.drafted_tokens : 0.0;
+  }
   return {{"prompt_tokens", o.prompt_tokens},
           {"completion_tokens", o.completion_tokens},
           {"total_tokens", o.prompt_tokens + o.completion_tokens},

@@ -266,5 +266,128 @@ TEST_F(Generate, SeededSamplingIsReproducible) {
   EXPECT_NE(a->tokens, std::vector<int32_t>(bos_ref_->begin() + 1, bos_ref_->begin() + 61));  // not greedy
 }
 
+// Prompt-lookup speculation (speculative.h) on stories260K: every picked token is plain decoding's —
+// greedy, sampled, and at each way a generation ends — with drafts verified in fewer forwards.
+// Bit-exact logits need batch-invariant kernels; stories260K's F32 verify rows differ from one-row
+// decode by up to 4e-6 today (measured, AVX-512 host), which flips no pick in these runs — and a
+// missing KV trim or a wrong row fails them (checked by removing the trim).
+GenerateOptions with_spec(GenerateOptions o, int k = 8) {
+  o.spec.draft_max = k;
+  return o;
+}
+
+TEST_F(Generate, SpeculationKeepsTheGreedyTokens) {
+  GenerateOptions o;
+  o.max_new_tokens = 200;
+  auto c = cache();
+  std::vector<int32_t> seen;
+  auto r = generate(*model_, c, {1}, with_spec(o), [&](int32_t t) {
+    seen.push_back(t);
+    return true;
+  });
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->tokens, tail(*bos_ref_, 1));
+  EXPECT_EQ(seen, r->tokens);
+  EXPECT_EQ(r->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(c.length(), 1 + 200 - 1);  // as without: the last token is never forwarded
+  EXPECT_GT(r->drafted_tokens, 0);  // a story repeats little: drafts are tried, few are taken
+  EXPECT_LE(r->accepted_tokens, r->drafted_tokens);
+  EXPECT_EQ(r->decode_forwards, 200 - 1 - r->accepted_tokens);  // each taken draft token saves a forward
+}
+
+// A prompt that says a passage twice over: some drafts are taken (SmolLM2 copies much better:
+// tests/cli/spec_test.py).
+TEST_F(Generate, SpeculationTakesDraftsOfRepeatedText) {
+  std::vector<int32_t> p(bos_ref_->begin(), bos_ref_->begin() + 80);
+  p.insert(p.end(), bos_ref_->begin() + 1, bos_ref_->begin() + 80);
+  p.insert(p.end(), bos_ref_->begin() + 1, bos_ref_->begin() + 20);
+  GenerateOptions o;
+  o.max_new_tokens = 100;
+  auto c1 = cache(), c2 = cache();
+  auto plain = generate(*model_, c1, p, o, nullptr);
+  auto spec = generate(*model_, c2, p, with_spec(o), nullptr);
+  ASSERT_TRUE(plain.is_ok() && spec.is_ok());
+  EXPECT_EQ(spec->tokens, plain->tokens);
+  EXPECT_EQ(c2.length(), c1.length());
+  EXPECT_GT(spec->accepted_tokens, 0) << "drafted " << spec->drafted_tokens;  // 260K parameters copy poorly
+  EXPECT_EQ(spec->decode_forwards, 100 - 1 - spec->accepted_tokens);
+  EXPECT_EQ(plain->drafted_tokens, 0);
+  EXPECT_EQ(plain->decode_forwards, 100 - 1);
+}
+
+TEST_F(Generate, SpeculationKeepsSampledTokens) {
+  GenerateOptions o;
+  o.max_new_tokens = 120;
+  o.sampling.temperature = 0.7f;
+  o.sampling.top_p = 0.9f;
+  o.sampling.seed = 11;
+  auto c1 = cache(), c2 = cache();
+  auto a = generate(*model_, c1, {1}, o, nullptr);
+  auto b = generate(*model_, c2, {1}, with_spec(o, 4), nullptr);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_GT(b->drafted_tokens, 0);
+  EXPECT_EQ(c1.length(), c2.length());
+}
+
+TEST_F(Generate, SpeculationEndsWhereAndHowPlainDecodingDoes) {
+  {  // the context
+    GenerateOptions o;
+    o.max_new_tokens = 1000;
+    auto c1 = cache(40), c2 = cache(40);
+    const std::vector<int32_t> p = {1, 403, 407, 261, 378};
+    auto a = generate(*model_, c1, p, o, nullptr);
+    auto b = generate(*model_, c2, p, with_spec(o), nullptr);
+    ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().to_string();
+    EXPECT_EQ(b->finish_reason, FinishReason::kLength);
+    EXPECT_EQ(a->tokens, b->tokens);
+    EXPECT_EQ(c2.length(), 40);
+  }
+  {  // EOS in the middle of what a draft could cover
+    const std::vector<int32_t> want = tail(*bos_ref_, 1);
+    GenerateOptions o;
+    o.max_new_tokens = 200;
+    o.eos_ids = {want[150]};
+    const size_t first = static_cast<size_t>(std::find(want.begin(), want.end(), want[150]) - want.begin());
+    auto c = cache();
+    auto r = generate(*model_, c, {1}, with_spec(o), nullptr);
+    ASSERT_TRUE(r.is_ok());
+    EXPECT_EQ(r->finish_reason, FinishReason::kEos);
+    EXPECT_EQ(r->tokens, std::vector<int32_t>(want.begin(), want.begin() + static_cast<long>(first)));
+    EXPECT_EQ(c.length(), static_cast<int64_t>(first) + 1);  // prompt + every kept token
+  }
+  {  // the callback, and the token budget
+    for (int stop_at : {5, 77, 123}) {
+      GenerateOptions o;
+      o.max_new_tokens = 150;
+      auto c = cache();
+      int n = 0;
+      auto r = generate(*model_, c, {1}, with_spec(o), [&](int32_t) { return ++n < stop_at; });
+      ASSERT_TRUE(r.is_ok());
+      EXPECT_EQ(r->finish_reason, FinishReason::kCancelled);
+      EXPECT_EQ(r->tokens, std::vector<int32_t>(bos_ref_->begin() + 1, bos_ref_->begin() + 1 + stop_at));
+      EXPECT_EQ(c.length(), stop_at);  // prompt + kept − the last one
+    }
+    GenerateOptions o;
+    o.max_new_tokens = 97;
+    auto c = cache();
+    auto r = generate(*model_, c, {1}, with_spec(o), nullptr);
+    ASSERT_TRUE(r.is_ok());
+    EXPECT_EQ(r->tokens, std::vector<int32_t>(bos_ref_->begin() + 1, bos_ref_->begin() + 98));
+    EXPECT_EQ(c.length(), 97);
+  }
+}
+
+// A ring or a recurrent state cannot take a rejected draft back: no speculation there.
+TEST(Speculation, OnlyForStatesThatTrimExactly) {
+  memory::StateSchema plain;
+  plain.layers.assign(2, memory::LayerStateSpec{memory::StateKind::kPlainKv, 2, 8});
+  EXPECT_TRUE(speculation_possible(memory::SequenceState(plain, 64)));
+  memory::StateSchema ring = plain;
+  ring.layers[1].kind = memory::StateKind::kRing;
+  ring.layers[1].window = 16;
+  EXPECT_FALSE(speculation_possible(memory::SequenceState(ring, 64)));
+}
+
 }  // namespace
 }  // namespace larder::runtime
