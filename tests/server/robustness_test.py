@@ -322,6 +322,12 @@ class SsdFifoTest(unittest.TestCase):
 
         s = Server(STORIES, "--ssd-cache", cache).start()
         try:
+            # The scan runs beside startup; a FIFO must not stall it (it did: ssd_scanning forever).
+            # Wait for it as /stats reports it, bounded, rather than race it on a loaded host.
+            deadline = time.monotonic() + 15
+            while not s.request("GET", "/stats").json()["kv_store"]["ssd"]["ready"]:
+                self.assertLess(time.monotonic(), deadline, "the SSD scan never finished: a FIFO stalled it")
+                time.sleep(0.05)
             t0 = time.monotonic()
             r = s.post("/v1/completions", {"prompt": "Once upon a time there was", "max_tokens": 4, "temperature": 0},
                        timeout=20)
