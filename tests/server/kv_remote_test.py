@@ -24,6 +24,8 @@ import tiny_model
 from server_harness import SHARED
 
 REDIS = shutil.which("redis-server")
+MODELS = os.environ.get("LARDER_MODELS_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../.cache/models")
+GEMMA = os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf")
 REDIS_CLI = shutil.which("redis-cli")
 CHUNK = 16
 HDR = re.compile(r"tier=(\w+); *reused=(\d+); *reason=(\S+)")
@@ -281,6 +283,42 @@ class RemoteTierTest(unittest.TestCase):
         self.assertEqual(remote_metric(b, "larder_kv_remote_errors_total", 'kind="error"'), 0)
         self.assertEqual(remote_metric(b, "larder_kv_remote_errors_total", 'kind="corrupt"'), 0)
         self.assertTrue(b.alive())
+
+    @unittest.skipUnless(os.path.exists(GEMMA), f"{GEMMA} is absent: run scripts/fetch_models.sh (or set LARDER_MODELS_DIR)")
+    def test_sliding_window_model_shares_exact_boundary_checkpoints(self):
+        # gemma-3-270m keeps a 512-token ring on most layers: its entries are exact-boundary
+        # checkpoints, stored whole; replica B reuses A's prompt checkpoint (len - 1).
+        redis = self.start_redis()
+        flags = ("--ctx", "2048", "--parallel", "1")
+        a = Server(GEMMA, "--kv-remote", redis.url, "--kv-remote-timeout-ms", 500, *flags, startup_timeout=180)
+        self.servers.append(a)
+        a.start()
+        # Past the window, so the ring has wrapped: the full entry is untrimmable and the prompt
+        # checkpoint (len - 1) is kept beside it and written too. (Before the ring wraps, the
+        # trimmable full entry supersedes the checkpoint in RAM and only it reaches Redis: it then
+        # serves prompts that extend it whole, e.g. the next turn.)
+        msgs = [{"role": "system", "content": TEXT * 20}, {"role": "user", "content": "Summarise the ledger in a line."}]
+
+        def turn(srv):
+            r = srv.openai(timeout=600).chat.completions.create(model="gemma", messages=msgs, max_tokens=12,
+                                                               temperature=0)
+            u = r.usage.model_dump()
+            return {"content": r.choices[0].message.content, "prompt": u["prompt_tokens"],
+                    "cached": u["prompt_tokens_details"]["cached_tokens"], "tier": u["larder"]["cache"]["tier"],
+                    "reason": u["larder"]["cache"]["reason"]}
+
+        cold = turn(a)
+        self.assertGreater(cold["prompt"], 560, "the prompt passes the 512-token window")
+        wait_for(lambda: remote_metric(a, "larder_kv_remote_writes_total", 'outcome="ok"') >= 2, timeout=60,
+                 what=f"A's checkpoints written:\n{a.log()}")
+        self.assertEqual(remote_metric(a, "larder_kv_remote_writes_total", 'outcome="unsupported"'), 0)
+        b = Server(GEMMA, "--kv-remote", redis.url, "--kv-remote-timeout-ms", 500, *flags, startup_timeout=180)
+        self.servers.append(b)
+        b.start()
+        got = turn(b)
+        self.assertEqual(got["cached"], got["prompt"] - 1, f"B reuses A's prompt checkpoint: {got}\n{b.log()}")
+        self.assertEqual(got["tier"], "remote", got)
+        self.assertEqual(got["content"], cold["content"], "a remote checkpoint hit must not change greedy output")
 
 
 if __name__ == "__main__":

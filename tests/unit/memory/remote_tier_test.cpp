@@ -282,8 +282,8 @@ TEST(RemoteTier, DeadServerIsAFastMissThenBackoff) {
   EXPECT_GE(s.errors, 1u);
   EXPECT_GE(s.down, 1u);
   EXPECT_EQ(s.write_failures, 1u);
-  // Nothing to gain → no round trip, no failure: shorter than a chunk, or RAM serves as much.
-  EXPECT_FALSE(t->find(seq(1, 15), "base").has_value());
+  // Nothing to gain → no round trip, no failure: a one-token prompt, or RAM serves len - 1.
+  EXPECT_FALSE(t->find(seq(1, 1), "base").has_value());
   EXPECT_EQ(t->last_find_failure(), "");
   EXPECT_FALSE(t->find(p, "base", 63).has_value());
   EXPECT_EQ(t->last_find_failure(), "");
@@ -363,6 +363,52 @@ TEST(RemoteTier, RoundTripThroughRealRedisSharesAcrossInstancesNeverAcrossModels
   auto c = tier_for(url, 500, 16, ident("weights-b"));
   EXPECT_FALSE(c->find(prompt, "base").has_value());
   EXPECT_EQ(c->stats().misses, 1u);
+}
+
+// Ring / recurrent / attachment entries are exact-boundary checkpoints: stored whole, found
+// through the boundary index beside the chunk chain, served only at their own length.
+TEST(RemoteTier, ExactBoundaryCheckpointsOfRingAndRecurrentState) {
+  RedisServer r;
+  if (!r.start()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server; scripts/setup.sh does)";
+  const std::string url = "redis+unix://" + r.sock;
+  for (testing::Kinds k : {testing::Kinds{.recurrent = true}, testing::Kinds{.ring = true, .window = 8},
+                           testing::Kinds{.attachment = true}}) {
+    auto a = tier_for(url, 500);
+    const auto toks = seq(k.recurrent ? 100 : k.ring ? 300 : 500, 37);  // 2 chunks + 5: not chunk-aligned
+    auto e = make_entry(toks, prefilled(toks, k), "base", "checkpoint:prompt_end").value();
+    ASSERT_TRUE(a->store(*e));
+    EXPECT_EQ(a->stats().chunks_written, 1u);  // one whole value, no plain chunks
+    EXPECT_EQ(a->stats().unsupported, 0u);
+    ASSERT_TRUE(a->store(*e));  // present: not rewritten
+    EXPECT_EQ(a->stats().chunks_written, 1u);
+
+    auto b = tier_for(url, 500);
+    const auto prompt = cat(toks, seq(9000, 4));
+    auto f = b->find(prompt, "base");
+    ASSERT_TRUE(f.has_value()) << b->last_find_failure();
+    EXPECT_EQ(f->prefix_len, 37);
+    std::string reason;
+    auto got = b->restore(*f, &reason);
+    ASSERT_TRUE(got) << reason;
+    EXPECT_EQ(got->tokens, toks);
+    EXPECT_EQ(got->signature, e->signature);
+    EXPECT_EQ(got->layers.size(), e->layers.size());
+    for (size_t l = 0; l < e->layers.size(); ++l) {
+      const auto want = e->layers[l]->tensors(), have = got->layers[l]->tensors();
+      ASSERT_EQ(want.size(), have.size());
+      for (size_t t = 0; t < want.size(); ++t) {
+        ASSERT_EQ(want[t].bytes, have[t].bytes);
+        EXPECT_EQ(std::memcmp(want[t].data, have[t].data, want[t].bytes), 0) << "layer " << l << " tensor " << t;
+      }
+    }
+    EXPECT_EQ(got->attachments.size(), e->attachments.size());
+    EXPECT_TRUE(prefix_matches(*got->kv, toks, 37));
+    // Not at a shorter prompt (untrimmable state exists only at its own length), never another ns.
+    EXPECT_FALSE(b->find(std::vector<int32_t>(toks.begin(), toks.begin() + 30), "base").has_value());
+    EXPECT_FALSE(b->find(prompt, "0123456789abcdef0123456789abcdef").has_value());
+    // The exact prompt reuses len - 1 at most: the checkpoint (len 37) does not serve a 37-token prompt.
+    EXPECT_FALSE(b->find(toks, "base").has_value());
+  }
 }
 
 KvStoreConfig store_cfg(const std::string& url, const std::string& ssd_dir = {}) {

@@ -317,7 +317,7 @@ nlohmann::json stats_json(const StoreStats& s) {
                  {"skipped", r.skipped}, {"chunks_read", r.chunks_read}, {"chunks_written", r.chunks_written},
                  {"chunks_present", r.chunks_present}, {"bytes_read", r.bytes_read},
                  {"bytes_written", r.bytes_written}, {"writes", r.writes}, {"write_failures", r.write_failures},
-                 {"unsupported", r.unsupported}, {"timeouts", r.timeouts}, {"errors", r.errors}, {"down", r.down},
+                 {"timeouts", r.timeouts}, {"errors", r.errors}, {"down", r.down},
                  {"corrupt", r.corrupt}, {"incompatible", r.incompatible}, {"connects", r.connects},
                  {"reconnects", r.reconnects}};
   j["lookups"] = {{"hit_ram", s.lookups_hit_ram}, {"hit_ssd", s.lookups_hit_ssd},
@@ -373,7 +373,6 @@ std::string stats_prometheus(const StoreStats& s) {
     line("larder_kv_remote_bytes_total", "op=\"written\"", r.bytes_written);
     line("larder_kv_remote_writes_total", "outcome=\"ok\"", r.writes);
     line("larder_kv_remote_writes_total", "outcome=\"failed\"", r.write_failures);
-    line("larder_kv_remote_writes_total", "outcome=\"unsupported\"", r.unsupported);
     line("larder_kv_remote_errors_total", "kind=\"timeout\"", r.timeouts);
     line("larder_kv_remote_errors_total", "kind=\"error\"", r.errors);
     line("larder_kv_remote_errors_total", "kind=\"down\"", r.down);

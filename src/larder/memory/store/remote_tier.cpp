@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include <xxhash.h>
 
@@ -33,6 +35,24 @@ bool is_timeout(int err, int saved_errno, const char* errstr) {
 }
 
 redisReply* as_reply(const std::shared_ptr<void>& p) { return static_cast<redisReply*>(p.get()); }
+
+constexpr char kBoundaryPrefix[] = "larder:kv:1:b:";
+constexpr char kIndexPrefix[] = "larder:kv:1:i:";
+constexpr size_t kMaxBoundaryCandidates = 4;  // values fetched per lookup (each a whole entry)
+
+// An exact-boundary checkpoint (an entry with ring / recurrent state or attachments, servable
+// only at its own length) is one value: the whole entry. Its key hashes identity, ns and every
+// token; its length is listed in an index set beside the chunk chain, under the key of the last
+// full chunk below it (or a per-(identity, ns) root), so a lookup finds candidate lengths in
+// the same round trip as the chunks.
+std::string boundary_key(const std::string& identity_id, const std::string& ns, std::span<const TokenId> tokens) {
+  return kBoundaryPrefix + entry_id(identity_id + "/" + ns, tokens);
+}
+std::string index_key(const std::string& identity_id, const std::string& ns, const std::vector<std::string>& chunk_keys,
+                      size_t full_chunks) {
+  if (full_chunks == 0) return kIndexPrefix + entry_id(identity_id + "/" + ns, {});
+  return kIndexPrefix + chunk_keys[full_chunks - 1].substr(std::strlen("larder:kv:1:"));
+}
 
 // One warning per failure class per process: a dead Redis must not flood the log.
 void warn_once(const std::string& cls, const std::string& msg) {
@@ -263,37 +283,93 @@ std::optional<ColdFind> RemoteTier::find(std::span<const TokenId> prompt, const 
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t C = cfg_.chunk_tokens;
   const int64_t max_chunks = n / C;
-  // Nothing to gain (no full chunk, or RAM / SSD already serve as much): no round trip.
-  if (max_chunks == 0 || std::min(max_chunks * C, n - 1) <= longer_than) {
+  // Nothing to gain (RAM / SSD already serve len - 1, the most any hit may reuse): no round trip.
+  if (n < 2 || n - 1 <= longer_than) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++st_.skipped;
     return std::nullopt;
   }
-  std::vector<std::string> keys = remote_chunk_keys(identity_id_, ns, C, prompt, static_cast<size_t>(max_chunks));
-  std::vector<std::string_view> cmd = {"MGET"};
-  for (const std::string& k : keys) cmd.push_back(k);
+  // One round trip: the prompt's chunks (MGET) and the boundary index sets along its chain.
+  const int64_t max_index = (n - 1) / C;  // a boundary L <= n - 1 sits under chunk floor(L / C)
+  std::vector<std::string> keys =
+      remote_chunk_keys(identity_id_, ns, C, prompt, static_cast<size_t>(std::max(max_chunks, max_index)));
+  std::vector<std::vector<std::string_view>> cmds;
+  std::vector<std::string> index_keys;
+  for (int64_t j = 0; j <= max_index; ++j) index_keys.push_back(index_key(identity_id_, ns, keys, static_cast<size_t>(j)));
+  cmds.push_back({"MGET"});
+  for (int64_t j = 0; j < max_chunks; ++j) cmds[0].push_back(keys[static_cast<size_t>(j)]);
+  if (max_chunks == 0) cmds[0] = {"ECHO", ""};  // keeps reply 0 in place
+  for (const std::string& ik : index_keys) cmds.push_back({"SMEMBERS", ik});
   std::vector<std::shared_ptr<void>> replies;
-  const std::string failure = roundtrip(*read_, {cmd}, &replies, false);
+  std::string failure = roundtrip(*read_, cmds, &replies, false);
   if (!failure.empty()) {
     find_failure_ = failure;
     return std::nullopt;
   }
   redisReply* r = as_reply(replies[0]);
   size_t k = 0;
-  if (r->type == REDIS_REPLY_ARRAY) {
-    while (k < r->elements && k < keys.size() && r->element[k]->type == REDIS_REPLY_STRING) ++k;
-  } else {
-    find_failure_ = "remote_error";
-    count_failure(find_failure_);
-    return std::nullopt;
+  if (max_chunks > 0) {
+    if (r->type != REDIS_REPLY_ARRAY) {
+      find_failure_ = "remote_error";
+      count_failure(find_failure_);
+      return std::nullopt;
+    }
+    while (k < r->elements && k < static_cast<size_t>(max_chunks) && r->element[k]->type == REDIS_REPLY_STRING) ++k;
   }
-  const int64_t p = std::min(static_cast<int64_t>(k) * C, n - 1);
+  const int64_t chunk_p = std::min(static_cast<int64_t>(k) * C, n - 1);
+  // Boundary candidates longer than what the chunks (and RAM / SSD) give, longest first.
+  std::vector<int64_t> cands;
+  for (size_t j = 0; j < index_keys.size(); ++j) {
+    const redisReply* ir = as_reply(replies[j + 1]);
+    if (ir->type != REDIS_REPLY_ARRAY) continue;
+    for (size_t e = 0; e < ir->elements; ++e) {
+      if (ir->element[e]->type != REDIS_REPLY_STRING) continue;
+      const std::string v(ir->element[e]->str, ir->element[e]->len);
+      char* end = nullptr;
+      const long long L = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || L < 1 || L > n - 1 || L / C != static_cast<long long>(j)) continue;
+      if (L > std::max<int64_t>(chunk_p, longer_than)) cands.push_back(L);
+    }
+  }
+  std::sort(cands.begin(), cands.end(), std::greater<>());
+  cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
+  if (cands.size() > kMaxBoundaryCandidates) cands.resize(kMaxBoundaryCandidates);
+  if (!cands.empty()) {
+    std::vector<std::string> bkeys;
+    std::vector<std::string_view> mget = {"MGET"};
+    for (int64_t L : cands) bkeys.push_back(boundary_key(identity_id_, ns, prompt.first(static_cast<size_t>(L))));
+    for (const std::string& b : bkeys) mget.push_back(b);
+    std::vector<std::shared_ptr<void>> breplies;
+    failure = roundtrip(*read_, {mget}, &breplies, false);
+    if (failure.empty() && as_reply(breplies[0])->type == REDIS_REPLY_ARRAY) {
+      const redisReply* br = as_reply(breplies[0]);
+      for (size_t c = 0; c < cands.size() && c < br->elements; ++c) {
+        if (br->element[c]->type != REDIS_REPLY_STRING) continue;
+        {
+          std::lock_guard<std::mutex> lock(stats_mu_);
+          ++st_.lookups;
+        }
+        stash_reply_ = breplies[0];
+        stash_keys_.push_back(bkeys[c]);
+        stash_values_.emplace_back(br->element[c]->str, br->element[c]->len);
+        stash_ns_ = ns;
+        stash_tokens_.assign(prompt.begin(), prompt.begin() + cands[c]);
+        ColdFind f;
+        f.prefix_len = cands[c];
+        f.handle = "remote-boundary";
+        f.tier = Tier::kRemote;
+        return f;
+      }
+    } else if (!failure.empty()) {
+      find_failure_ = failure;  // the chunks below may still serve
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++st_.lookups;
     if (k == 0) ++st_.misses;
   }
-  if (k == 0 || p <= longer_than) return std::nullopt;
+  if (k == 0 || chunk_p <= longer_than) return std::nullopt;
   stash_reply_ = replies[0];
   for (size_t j = 0; j < k; ++j) {
     stash_keys_.push_back(keys[j]);
@@ -302,7 +378,7 @@ std::optional<ColdFind> RemoteTier::find(std::span<const TokenId> prompt, const 
   stash_ns_ = ns;
   stash_tokens_.assign(prompt.begin(), prompt.begin() + static_cast<int64_t>(k) * C);
   ColdFind f;
-  f.prefix_len = p;
+  f.prefix_len = chunk_p;
   f.handle = "remote:" + std::to_string(k);
   f.tier = Tier::kRemote;
   return f;
@@ -324,6 +400,30 @@ std::shared_ptr<const Entry> RemoteTier::restore(const ColdFind& found, std::str
     stash_values_.clear();
     return nullptr;
   };
+  if (found.handle == "remote-boundary" && k == 1) {
+    Result<std::shared_ptr<const Entry>> d =
+        decode_lkv(stash_values_[0], &cfg_.identity, cfg_.verify, "remote checkpoint " + stash_keys_[0]);
+    if (!d.is_ok()) {
+      return fail(d.status().code() == StatusCode::kIncompatible ? "remote_incompatible" : "remote_corrupt", 0,
+                  d.status().message());
+    }
+    std::shared_ptr<const Entry> e = std::move(d).value();
+    if (e->tokens != stash_tokens_ || e->ns != stash_ns_ ||
+        static_cast<int64_t>(e->tokens.size()) != found.prefix_len) {
+      return fail("remote_corrupt", 0, "its metadata does not describe this checkpoint");
+    }
+    if (!cfg_.expected_signature.empty() && e->signature != cfg_.expected_signature) {
+      return fail("remote_incompatible", 0, "storage signature '" + e->signature + "'");
+    }
+    const uint64_t bytes = stash_values_[0].size();
+    stash_reply_.reset();
+    stash_values_.clear();
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++st_.hits;
+    ++st_.chunks_read;
+    st_.bytes_read += bytes;
+    return e;
+  }
   if (k == 0 || found.tier != Tier::kRemote || found.prefix_len > static_cast<int64_t>(k) * C) {
     if (reason) *reason = "remote_error";
     return nullptr;
@@ -382,12 +482,55 @@ std::shared_ptr<const Entry> RemoteTier::restore(const ColdFind& found, std::str
 }
 
 bool RemoteTier::store(const Entry& entry) {
-  if (!entry.kv || !entry.layers.empty() || !entry.attachments.empty()) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++st_.unsupported;
-    return false;
-  }
   const int64_t C = cfg_.chunk_tokens;
+  if (!entry.layers.empty() || !entry.attachments.empty() || !entry.kv) {
+    // Sliding-window rings, recurrent state, attachments: the entry is stored whole, as an
+    // exact-boundary checkpoint (a chunk of plain KV alone could not seed such a model).
+    if (entry.tokens.empty()) return true;
+    const std::vector<std::string> keys = remote_chunk_keys(identity_id_, entry.ns, C, entry.tokens);
+    const std::string bkey = boundary_key(identity_id_, entry.ns, entry.tokens);
+    const std::string ikey = index_key(identity_id_, entry.ns, keys, keys.size());
+    std::vector<std::shared_ptr<void>> replies;
+    auto failed = [&] {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++st_.write_failures;
+      return false;
+    };
+    if (!roundtrip(*write_, {{"EXISTS", bkey}}, &replies, true).empty()) return failed();
+    const std::string len = std::to_string(entry.tokens.size());
+    if (as_reply(replies[0])->type == REDIS_REPLY_INTEGER && as_reply(replies[0])->integer > 0) {
+      // Present: refresh the index entry (it may have been evicted on its own).
+      if (!roundtrip(*write_, {{"SADD", ikey, len}}, &replies, true).empty()) return failed();
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++st_.chunks_present;
+      ++st_.writes;
+      return true;
+    }
+    Entry whole = entry;
+    whole.created_ms = 1;  // content-only bytes, as for chunks
+    Result<std::string> v = encode_lkv(whole, cfg_.identity);
+    if (!v.is_ok()) {
+      warn_once("encode", "[kv-remote] cannot encode a checkpoint: " + v.status().to_string());
+      return failed();
+    }
+    // Value first, then its index entry: a reader never finds a length whose value was not sent.
+    if (!roundtrip(*write_, {{"SET", bkey, *v, "NX"}, {"SADD", ikey, len}}, &replies, true).empty()) return failed();
+    const redisReply* sr = as_reply(replies[0]);
+    if (sr->type == REDIS_REPLY_ERROR) {
+      warn_once("set_refused", strfmt("[kv-remote] SET refused: %.*s", static_cast<int>(sr->len), sr->str));
+      count_failure("remote_error");
+      return failed();
+    }
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (sr->type == REDIS_REPLY_STATUS) {
+      ++st_.chunks_written;
+      st_.bytes_written += v->size();
+    } else {
+      ++st_.chunks_present;
+    }
+    ++st_.writes;
+    return true;
+  }
   std::vector<std::string> keys = remote_chunk_keys(identity_id_, entry.ns, C, entry.tokens);
   if (keys.empty()) return true;  // shorter than one chunk: nothing a replica could reuse
   // Which chunks exist already (one small round trip), so present ones are not even encoded.

@@ -27,9 +27,12 @@
 // so a lookup never waits behind a multi-megabyte write. The stash between find and restore is
 // engine-thread only. Stats are guarded by their own mutex.
 //
-// Entries with non-plain state (sliding-window rings, recurrent layers, attachments) are not
-// stored remotely yet (`unsupported` counts them): their exact-boundary checkpoints stay in the
-// RAM and SSD tiers.
+// Entries with non-plain state (sliding-window rings, recurrent layers, attachments) are
+// exact-boundary checkpoints: each is one value holding the whole entry (key: identity, ns and
+// every token), and its length is added to an index set keyed by the last full chunk below it
+// (or a per-(identity, ns) root), so `find` learns candidate lengths in the same round trip as
+// the chunks and fetches the longest one that the prompt matches whole (up to len − 1); such a
+// hit serves exactly that length (kv-store.md §11.3).
 #pragma once
 
 #include <array>
@@ -73,9 +76,9 @@ struct RemoteLatency {
 struct RemoteStats {
   bool connected = false;
   uint64_t lookups = 0, hits = 0, misses = 0, skipped = 0;  // find: some chunk / none / not needed
-  uint64_t chunks_read = 0, chunks_written = 0, chunks_present = 0;  // present: SET NX found it
+  uint64_t chunks_read = 0, chunks_written = 0, chunks_present = 0;  // values (chunks, checkpoints); present: already there
   uint64_t bytes_read = 0, bytes_written = 0;
-  uint64_t writes = 0, write_failures = 0, unsupported = 0;  // entries
+  uint64_t writes = 0, write_failures = 0, unsupported = 0;  // entries (unsupported: none today)
   uint64_t timeouts = 0, errors = 0, down = 0;  // down: refused at once during the backoff
   uint64_t corrupt = 0, incompatible = 0;
   uint64_t connects = 0, reconnects = 0;
