@@ -21,6 +21,8 @@ APT_PACKAGES=(
   libxxhash-dev        # XXH3: model fingerprints and KV-file checksums
   libcurl4-openssl-dev # HTTP(S) client for larder pull
   libssl-dev           # libcrypto: sha256/sha1 to verify downloads
+  libhiredis-dev       # Redis client: the remote KV tier (larder serve --kv-remote)
+  redis-server         # a real Redis for the remote-tier tests (tests/server/kv_remote_test.py)
   libgtest-dev libgmock-dev libbenchmark-dev
   chromium chromium-driver  # headless browser for the chat page's tests (tests/server/webui_test.py)
   time                 # GNU time: peak RSS of a child in tests/fit (wait4 from a big parent over-reports)

@@ -29,7 +29,7 @@ from server_harness import (BIN, CHAT_MODEL_NAME, STORIES, STORIES_PROMPT, STORI
 
 ID_RE = {"chat": re.compile(r"^chatcmpl-[A-Za-z0-9]{24}$"), "cmpl": re.compile(r"^cmpl-[A-Za-z0-9]{24}$"),
          "msg": re.compile(r"^msg_[A-Za-z0-9]{24}$")}
-CACHE_HDR = re.compile(r"tier=(ram|ssd|none); *reused=\d+; *reason=\S+")
+CACHE_HDR = re.compile(r"tier=(ram|ssd|remote|none); *reused=\d+; *reason=\S+")
 LONG_TEXT = ("The committee met on a grey morning to review the harvest ledger, the state of the "
              "northern road, and the price of salt in the lower market. ")
 

@@ -54,6 +54,9 @@ struct ServeFlags {
   double admit_wait_s = 30;
   double prompt_cache_gb = 4, ssd_cache_max_gb = 32, body_limit_mb = 32;
   std::optional<double> ssd_demote_idle_s;
+  std::string kv_remote;            // --kv-remote URL (empty = off)
+  int kv_remote_timeout_ms = 100;
+  int64_t kv_remote_chunk_tokens = 0;  // 0 = derived from the model (~4 MiB values)
   std::vector<std::string> cors, allowed_hosts;
   int max_connections = 1024, max_connections_per_ip = 256;
   int stream_flush_ms = 25;
@@ -147,6 +150,12 @@ int run_serve(ServeFlags f) {
   if (f.threads > 0) default_pool().set_threads(f.threads);
   if (f.api_key.empty()) {
     if (const char* k = std::getenv("LARDER_API_KEY")) f.api_key = k;
+  }
+  const char* remote_pw = std::getenv("LARDER_KV_REMOTE_PASSWORD");
+  if (!f.kv_remote.empty()) {  // a bad URL fails before the model is loaded (the message masks the password)
+    auto u = memory::parse_remote_url(f.kv_remote, remote_pw ? remote_pw : "");
+    if (!u.is_ok()) return report(u.status());
+    std::fprintf(stderr, "larder: remote KV tier %s (timeout %d ms)\n", u->redacted().c_str(), f.kv_remote_timeout_ms);
   }
   auto located = resolve_model(f.model, /*allow_default=*/true);
   if (!located.is_ok()) return report(located.status());
@@ -260,6 +269,16 @@ int run_serve(ServeFlags f) {
   kc.ram_cap_bytes = static_cast<size_t>(f.prompt_cache_gb * (1ull << 30));
   kc.ssd_dir = f.ssd_cache;
   kc.ssd_cap_bytes = static_cast<uint64_t>(f.ssd_cache_max_gb * (1ull << 30));
+  kc.remote_url = f.kv_remote;
+  kc.remote_password_env = remote_pw ? remote_pw : "";
+  kc.remote_timeout_ms = f.kv_remote_timeout_ms;
+  // Values of about 4 MiB (LMCache measured that size as the sweet spot), a multiple of 16
+  // tokens; every replica of a model derives the same size, so their keys agree.
+  kc.remote_chunk_tokens =
+      f.kv_remote_chunk_tokens > 0
+          ? f.kv_remote_chunk_tokens
+          : std::clamp<int64_t>(static_cast<int64_t>((4ull << 20) / std::max<uint64_t>(kv_bytes_per_token, 1)) / 16 * 16,
+                                16, 65536);
   auto id = runtime::kv_store_identity(m);
   if (!id.is_ok()) return fail(id.status());
   kc.identity = *id;
@@ -353,6 +372,15 @@ VerbMain add_serve(CLI::App& app) {
   add_kv_dtype_flags(cmd, f->kv);
   cmd->add_option("--ssd-cache", f->ssd_cache, "directory of the persistent KV cache (survives restarts)");
   cmd->add_option("--ssd-cache-max", f->ssd_cache_max_gb, "SSD KV cache cap in GiB")->check(positive());
+  cmd->add_option("--kv-remote", f->kv_remote,
+                  "remote KV tier on Redis below RAM and SSD, shared by replicas: redis://[:PASSWORD@]HOST[:PORT][/DB] "
+                  "or redis+unix:///PATH[?db=N]; the password may come from env LARDER_KV_REMOTE_PASSWORD instead");
+  cmd->add_option("--kv-remote-timeout-ms", f->kv_remote_timeout_ms,
+                  "timeout of every remote KV command and connect (default 100); past it the request prefills locally")
+      ->check(in_range(1, 60000));
+  cmd->add_option("--kv-remote-chunk-tokens", f->kv_remote_chunk_tokens,
+                  "tokens per remote KV value (0, the default: ~4 MiB values for this model); replicas must agree")
+      ->check(in_range(0, 65536));
   cmd->add_option("--min-free-memory", f->min_free_memory,
                   "when available memory falls below this size, demote least recently used KV store entries from RAM "
                   "(to --ssd-cache, else dropped) until it is above again (e.g. 1G; default off)");

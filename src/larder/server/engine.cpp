@@ -248,7 +248,10 @@ void Engine::loop() {
                      [&] { return stop_ || !queue_.empty() || !tasks_.empty(); });
         if (queue_.empty() && tasks_.empty()) continue;
       }
-      idle_ = false;
+      // Only generation work ends an idle period: a /stats or /metrics poll (a task) must not
+      // restart the write-behind debounce, or a scraper polling faster than it would keep new
+      // entries from ever reaching the SSD / remote tier.
+      if (!queue_.empty() || !seqs_.empty()) idle_ = false;
       if (store_ && cfg_.min_free_memory > 0) {  // busy: once a second between steps
         l.unlock();
         relieve_memory_pressure();

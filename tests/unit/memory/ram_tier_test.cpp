@@ -368,7 +368,7 @@ struct StubCold final : ColdTier {
   bool restore_fails = false;
   bool store_ok = true;
   int stores = 0, restores = 0;
-  std::optional<ColdFind> find(std::span<const TokenId>, const std::string&) override {
+  std::optional<ColdFind> find(std::span<const TokenId>, const std::string&, int64_t) override {
     if (find_len <= 0) return std::nullopt;
     return ColdFind{find_len, "h"};
   }

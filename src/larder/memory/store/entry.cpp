@@ -30,6 +30,7 @@ const char* tier_name(Tier t) {
     case Tier::kNone: return "none";
     case Tier::kRam: return "ram";
     case Tier::kSsd: return "ssd";
+    case Tier::kRemote: return "remote";
   }
   return "none";
 }

@@ -47,7 +47,7 @@ struct Entry {
 std::string state_signature(const KvLayout& layout, const std::vector<const LayerState*>& layers,
                             const std::vector<const Attachment*>& attachments);
 
-enum class Tier : uint8_t { kNone, kRam, kSsd };
+enum class Tier : uint8_t { kNone, kRam, kSsd, kRemote };
 const char* tier_name(Tier t);
 
 // kv-store.md §11.6: why a take reused what it reused.

@@ -6,6 +6,31 @@ namespace larder::memory {
 
 namespace {
 constexpr size_t kMaxDirty = 4096;
+
+// The cold tiers below RAM in lookup order: SSD (local, no I/O to find), then remote (a round
+// trip, only when it can beat what RAM and SSD serve). Synchronous stores (pressure relief) go
+// to the SSD tier when there is one.
+class TieredCold final : public ColdTier {
+ public:
+  TieredCold(SsdTier* ssd, RemoteTier* remote) : ssd_(ssd), remote_(remote) {}
+  std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns, int64_t longer_than) override {
+    std::optional<ColdFind> s = ssd_->find(prompt, ns, longer_than);
+    const int64_t floor = std::max(longer_than, s ? s->prefix_len : 0);
+    std::optional<ColdFind> r = remote_->find(prompt, ns, floor);
+    if (r && r->prefix_len > floor) return r;
+    return s;
+  }
+  std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override {
+    return found.tier == Tier::kRemote ? remote_->restore(found, reason) : ssd_->restore(found, reason);
+  }
+  bool store(const Entry& e) override { return ssd_->store(e); }
+  ColdProbe probe(std::span<const TokenId> prompt, const std::string& ns) override { return ssd_->probe(prompt, ns); }
+  std::string last_find_failure() const override { return remote_->last_find_failure(); }
+
+ private:
+  SsdTier* ssd_;
+  RemoteTier* remote_;
+};
 }  // namespace
 
 Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
@@ -26,11 +51,34 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
     sc.expected_signature = c.signature;
     LARDER_ASSIGN_OR_RETURN(s->ssd_, SsdTier::open(std::move(sc)));
     if (!c.background_scan) s->ssd_->scan();
-    s->queue_ = std::make_unique<SpillQueue>(s->ssd_.get(), c.spill_queue_cap_bytes, c.background_scan);
   }
-  s->ram_ = std::make_unique<RamTier>(c.ram_cap_bytes, s->ssd_.get(), s->queue_.get());
+  if (!c.remote_url.empty()) {
+    if (c.ram_cap_bytes == 0)
+      return invalid_argument("[kv-store] --kv-remote requires a RAM tier (--prompt-cache > 0)");
+    RemoteConfig rc;
+    LARDER_ASSIGN_OR_RETURN(rc.url, parse_remote_url(c.remote_url, c.remote_password_env));
+    rc.timeout_ms = c.remote_timeout_ms;
+    rc.chunk_tokens = c.remote_chunk_tokens;
+    rc.identity = c.identity;
+    rc.expected_signature = c.signature;
+    rc.verify = c.verify;
+    LARDER_ASSIGN_OR_RETURN(s->remote_, RemoteTier::open(std::move(rc)));
+  }
+  if (s->ssd_ || s->remote_) {
+    // One bounded write-behind queue feeds both tiers (§8.1).
+    s->queue_ = std::make_unique<SpillQueue>(s->ssd_.get(), c.spill_queue_cap_bytes, s->ssd_ && c.background_scan,
+                                             s->remote_.get());
+  }
+  ColdTier* cold = s->ssd_.get();
+  if (s->ssd_ && s->remote_) {
+    s->chain_ = std::make_unique<TieredCold>(s->ssd_.get(), s->remote_.get());
+    cold = s->chain_.get();
+  } else if (s->remote_) {
+    cold = s->remote_.get();
+  }
+  s->ram_ = std::make_unique<RamTier>(c.ram_cap_bytes, cold, s->queue_.get());
   s->ram_->set_signature(c.signature);
-  if (s->ssd_ && c.write_behind) {
+  if ((s->ssd_ || s->remote_) && c.write_behind) {
     KvStore* self = s.get();
     s->ram_->set_on_put([self](std::span<const TokenId> t, const std::string& ns) {
       self->dirty_.insert({ns, std::vector<TokenId>(t.begin(), t.end())});
@@ -40,9 +88,11 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
 }
 
 KvStore::~KvStore() {
-  // RAM first (its clear never spills), then the writer thread, then the tier it writes to.
+  // RAM first (its clear never spills), then the writer thread, then the tiers it writes to.
   ram_.reset();
   queue_.reset();
+  chain_.reset();
+  remote_.reset();
   ssd_.reset();
 }
 
@@ -53,6 +103,9 @@ void KvStore::count(const TakeResult& r) {
   } else if (r.hit->tier == Tier::kSsd) {
     ++hit_ssd_;
     reused_ssd_ += static_cast<uint64_t>(r.hit->tokens);
+  } else if (r.hit->tier == Tier::kRemote) {
+    ++hit_remote_;
+    reused_remote_ += static_cast<uint64_t>(r.hit->tokens);
   } else {
     ++hit_ram_;
     reused_ram_ += static_cast<uint64_t>(r.hit->tokens);
@@ -72,6 +125,9 @@ void KvStore::unusable_hit(CacheReport* report, const std::string& reason) {
     if (report->tier == Tier::kSsd) {
       if (hit_ssd_) --hit_ssd_;
       reused_ssd_ -= std::min(reused_ssd_, n);
+    } else if (report->tier == Tier::kRemote) {
+      if (hit_remote_) --hit_remote_;
+      reused_remote_ -= std::min(reused_remote_, n);
     } else if (report->tier == Tier::kRam) {
       if (hit_ram_) --hit_ram_;
       reused_ram_ -= std::min(reused_ram_, n);
@@ -125,7 +181,7 @@ size_t KvStore::write_behind() {
       // one) or a durable file does; otherwise its spill may still be queued — keep it for the
       // next pass or flush. Past kMaxDirty (persistent disk failure) it is settled as missing
       // so the set stays bounded.
-      if (ram_->covers(it->second, it->first) || ssd_->has_durable_prefix(it->second, it->first)) {
+      if (!ssd_ || ram_->covers(it->second, it->first) || ssd_->has_durable_prefix(it->second, it->first)) {
         it = dirty_.erase(it);
       } else if (dirty_.size() > kMaxDirty) {
         ++missing_total_;
@@ -145,6 +201,7 @@ size_t KvStore::write_behind() {
 FlushReport KvStore::flush() {
   FlushReport rep;
   if (!ssd_) {
+    if (queue_) queue_->drain();  // remote-only: hand Redis what is queued (bounded by its timeouts)
     for (const auto& e : ram_->entries())
       rep.not_written.push_back(strfmt("%s:%zu:no_ssd_tier", e->ns.c_str(), e->tokens.size()));
     return rep;
@@ -221,11 +278,19 @@ StoreStats KvStore::stats() const {
     s.longest_durable_prefix_tokens = ssd_->longest_durable_prefix();
   }
   if (queue_) s.queue = queue_->stats();
+  s.remote_enabled = remote_ != nullptr;
+  if (remote_) {
+    s.remote = remote_->stats();
+    s.remote_url = remote_->config().url.redacted();
+    s.remote_chunk_tokens = remote_->config().chunk_tokens;
+  }
   s.dirty_keys = dirty_.size();
   s.missing_keys = missing_total_;
   std::lock_guard<std::mutex> lock(stats_mu_);
   s.lookups_hit_ram = hit_ram_;
   s.lookups_hit_ssd = hit_ssd_;
+  s.lookups_hit_remote = hit_remote_;
+  s.reused_tokens_remote = reused_remote_;
   s.lookups_miss = miss_;
   s.reused_tokens_ram = reused_ram_;
   s.reused_tokens_ssd = reused_ssd_;
@@ -246,8 +311,18 @@ nlohmann::json stats_json(const StoreStats& s) {
               {"evictions", s.ssd.evictions}, {"superseded", s.ssd.superseded}};
   j["queue"] = {{"items", s.queue.queued_items}, {"bytes", s.queue.queued_bytes}, {"written", s.queue.written},
                 {"failed", s.queue.failed}, {"dropped", s.queue.dropped}};
-  j["lookups"] = {{"hit_ram", s.lookups_hit_ram}, {"hit_ssd", s.lookups_hit_ssd}, {"miss", s.lookups_miss}};
-  j["reused_tokens"] = {{"ram", s.reused_tokens_ram}, {"ssd", s.reused_tokens_ssd}};
+  const RemoteStats& r = s.remote;
+  j["remote"] = {{"enabled", s.remote_enabled}, {"url", s.remote_url}, {"chunk_tokens", s.remote_chunk_tokens},
+                 {"connected", r.connected}, {"lookups", r.lookups}, {"hits", r.hits}, {"misses", r.misses},
+                 {"skipped", r.skipped}, {"chunks_read", r.chunks_read}, {"chunks_written", r.chunks_written},
+                 {"chunks_present", r.chunks_present}, {"bytes_read", r.bytes_read},
+                 {"bytes_written", r.bytes_written}, {"writes", r.writes}, {"write_failures", r.write_failures},
+                 {"timeouts", r.timeouts}, {"errors", r.errors}, {"down", r.down},
+                 {"corrupt", r.corrupt}, {"incompatible", r.incompatible}, {"connects", r.connects},
+                 {"reconnects", r.reconnects}};
+  j["lookups"] = {{"hit_ram", s.lookups_hit_ram}, {"hit_ssd", s.lookups_hit_ssd},
+                  {"hit_remote", s.lookups_hit_remote}, {"miss", s.lookups_miss}};
+  j["reused_tokens"] = {{"ram", s.reused_tokens_ram}, {"ssd", s.reused_tokens_ssd}, {"remote", s.reused_tokens_remote}};
   j["miss_reasons"] = s.miss_reasons;
   j["dirty_keys"] = s.dirty_keys;
   j["longest_durable_prefix_tokens"] = s.longest_durable_prefix_tokens;
@@ -267,9 +342,11 @@ std::string stats_prometheus(const StoreStats& s) {
   line("larder_kv_entries", "tier=\"ssd\"", s.ssd.entries);
   line("larder_kv_lookups_total", "result=\"hit_ram\"", s.lookups_hit_ram);
   line("larder_kv_lookups_total", "result=\"hit_ssd\"", s.lookups_hit_ssd);
+  line("larder_kv_lookups_total", "result=\"hit_remote\"", s.lookups_hit_remote);
   line("larder_kv_lookups_total", "result=\"miss\"", s.lookups_miss);
   line("larder_kv_reused_tokens_total", "tier=\"ram\"", s.reused_tokens_ram);
   line("larder_kv_reused_tokens_total", "tier=\"ssd\"", s.reused_tokens_ssd);
+  line("larder_kv_reused_tokens_total", "tier=\"remote\"", s.reused_tokens_remote);
   for (const auto& [reason, n] : s.miss_reasons) line("larder_kv_miss_total", "reason=\"" + reason + "\"", n);
   line("larder_kv_evictions_total", "tier=\"ram\"", s.ram.evictions);
   line("larder_kv_evictions_total", "tier=\"ssd\"", s.ssd.evictions);
@@ -282,6 +359,38 @@ std::string stats_prometheus(const StoreStats& s) {
   line("larder_kv_queue_bytes", "", s.queue.queued_bytes);
   line("larder_kv_dirty_keys", "", s.dirty_keys);
   line("larder_kv_longest_durable_prefix_tokens", "", static_cast<unsigned long long>(s.longest_durable_prefix_tokens));
+  if (s.remote_enabled) {
+    // The remote tier (issue 46): per-tier hits, misses, bytes, latencies, timeouts and errors.
+    const RemoteStats& r = s.remote;
+    line("larder_kv_remote_connected", "", r.connected ? 1 : 0);
+    line("larder_kv_remote_lookups_total", "result=\"hit\"", r.hits);
+    line("larder_kv_remote_lookups_total", "result=\"miss\"", r.misses);
+    line("larder_kv_remote_lookups_total", "result=\"skipped\"", r.skipped);
+    line("larder_kv_remote_chunks_total", "op=\"read\"", r.chunks_read);
+    line("larder_kv_remote_chunks_total", "op=\"written\"", r.chunks_written);
+    line("larder_kv_remote_chunks_total", "op=\"present\"", r.chunks_present);
+    line("larder_kv_remote_bytes_total", "op=\"read\"", r.bytes_read);
+    line("larder_kv_remote_bytes_total", "op=\"written\"", r.bytes_written);
+    line("larder_kv_remote_writes_total", "outcome=\"ok\"", r.writes);
+    line("larder_kv_remote_writes_total", "outcome=\"failed\"", r.write_failures);
+    line("larder_kv_remote_errors_total", "kind=\"timeout\"", r.timeouts);
+    line("larder_kv_remote_errors_total", "kind=\"error\"", r.errors);
+    line("larder_kv_remote_errors_total", "kind=\"down\"", r.down);
+    line("larder_kv_remote_errors_total", "kind=\"corrupt\"", r.corrupt);
+    line("larder_kv_remote_errors_total", "kind=\"incompatible\"", r.incompatible);
+    line("larder_kv_remote_reconnects_total", "", r.reconnects);
+    for (const auto& [op, h] : {std::pair<const char*, const RemoteLatency*>{"read", &r.read_latency},
+                                std::pair<const char*, const RemoteLatency*>{"write", &r.write_latency}}) {
+      for (size_t i = 0; i < kRemoteLatencyBounds.size(); ++i) {
+        o += strfmt("larder_kv_remote_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n", op, kRemoteLatencyBounds[i],
+                    static_cast<unsigned long long>(h->buckets[i]));
+      }
+      o += strfmt("larder_kv_remote_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n", op,
+                  static_cast<unsigned long long>(h->count));
+      o += strfmt("larder_kv_remote_seconds_sum{op=\"%s\"} %g\n", op, h->sum);
+      o += strfmt("larder_kv_remote_seconds_count{op=\"%s\"} %llu\n", op, static_cast<unsigned long long>(h->count));
+    }
+  }
   return o;
 }
 

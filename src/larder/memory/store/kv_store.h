@@ -1,7 +1,7 @@
 // kv_store.h — the Layer-0 KV store: the API runtime/ drives (kv-store.md §3, §8, §10, §13).
 //
-//   auto store = KvStore::open(cfg);                        // RAM tier (+ SSD tier if cfg.ssd_dir)
-//   TakeResult t = store->take(prompt_ids, ns);             // longest usable prefix, RAM or SSD
+//   auto store = KvStore::open(cfg);                        // RAM tier (+ SSD, + remote tier)
+//   TakeResult t = store->take(prompt_ids, ns);             // longest usable prefix: RAM, SSD, remote
 //   SequenceState s = t.hit ? std::move(*t.hit).into_state(layout, ctx)
 //                           : SequenceState(layout, ctx);   // prefill from t.report.reused_tokens
 //   ... prefill, decode ...
@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/memory/store/ram_tier.h"
+#include "larder/memory/store/remote_tier.h"
 #include "larder/memory/store/spill_queue.h"
 #include "larder/memory/store/ssd_tier.h"
 
@@ -50,6 +51,10 @@ struct KvStoreConfig {
   std::string signature;                          // expected storage signature; empty = unchecked
   IoLayer* io = nullptr;                          // fault injection; null = posix
   bool background_scan = true;                    // scan on the writer thread (else before open returns)
+  std::string remote_url;                         // --kv-remote (empty = off); see remote_url.h
+  std::string remote_password_env;                // LARDER_KV_REMOTE_PASSWORD (used when the URL has none)
+  int remote_timeout_ms = 100;                    // --kv-remote-timeout-ms
+  int64_t remote_chunk_tokens = 256;              // tokens per remote value (serve derives ~4 MiB)
 };
 
 struct FlushReport {
@@ -67,9 +72,13 @@ struct StoreStats {
   RamStats ram;
   bool ssd_enabled = false;
   SsdStats ssd;
+  bool remote_enabled = false;
+  std::string remote_url;  // redacted
+  int64_t remote_chunk_tokens = 0;
+  RemoteStats remote;
   QueueStats queue;
-  uint64_t lookups_hit_ram = 0, lookups_hit_ssd = 0, lookups_miss = 0;
-  uint64_t reused_tokens_ram = 0, reused_tokens_ssd = 0;
+  uint64_t lookups_hit_ram = 0, lookups_hit_ssd = 0, lookups_hit_remote = 0, lookups_miss = 0;
+  uint64_t reused_tokens_ram = 0, reused_tokens_ssd = 0, reused_tokens_remote = 0;
   size_t dirty_keys = 0;
   uint64_t missing_keys = 0;  // dirty keys that left RAM with no durable copy (cumulative)
   int64_t longest_durable_prefix_tokens = 0;
@@ -121,6 +130,7 @@ class KvStore {
   StoreStats stats() const;
   RamTier& ram() { return *ram_; }
   SsdTier* ssd() { return ssd_.get(); }
+  RemoteTier* remote() { return remote_.get(); }
 
  private:
   explicit KvStore(KvStoreConfig cfg) : cfg_(std::move(cfg)) {}
@@ -128,11 +138,13 @@ class KvStore {
 
   KvStoreConfig cfg_;
   std::unique_ptr<SsdTier> ssd_;
+  std::unique_ptr<RemoteTier> remote_;
+  std::unique_ptr<ColdTier> chain_;  // SSD then remote, when both exist
   std::unique_ptr<SpillQueue> queue_;
   std::unique_ptr<RamTier> ram_;
   std::set<std::pair<std::string, std::vector<TokenId>>> dirty_;
   mutable std::mutex stats_mu_;  // guards the counters below (stats() may run on another thread)
-  uint64_t hit_ram_ = 0, hit_ssd_ = 0, miss_ = 0, reused_ram_ = 0, reused_ssd_ = 0;
+  uint64_t hit_ram_ = 0, hit_ssd_ = 0, hit_remote_ = 0, miss_ = 0, reused_ram_ = 0, reused_ssd_ = 0, reused_remote_ = 0;
   std::map<std::string, uint64_t> reasons_;
   uint64_t dropped_seen_ = 0;
   uint64_t missing_total_ = 0, missing_reported_ = 0;

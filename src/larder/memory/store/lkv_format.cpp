@@ -1,6 +1,7 @@
 #include "larder/memory/store/lkv_format.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -654,6 +655,65 @@ Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const Sto
     return corrupt(strfmt("[lkv] %s: malformed header: %s", path.c_str(), ex.what()));
   }
   return std::shared_ptr<const Entry>(std::move(e));
+}
+
+namespace {
+
+// write_lkv's I/O into one memory buffer: the file protocol (temp name, sync, rename) collapses
+// to positional writes, so the encoded value is byte-for-byte what a file would hold.
+class BufferIo final : public IoLayer {
+ public:
+  std::string buf;
+  int open(const char*, int, mode_t) override { return 3; }
+  ssize_t pwrite(int, const void* p, size_t n, off_t off) override {
+    const size_t end = static_cast<size_t>(off) + n;
+    if (buf.size() < end) buf.resize(end);
+    std::memcpy(buf.data() + off, p, n);
+    return static_cast<ssize_t>(n);
+  }
+  int ftruncate(int, off_t size) override {
+    buf.resize(static_cast<size_t>(size));
+    return 0;
+  }
+  int fdatasync(int) override { return 0; }
+  int close(int) override { return 0; }
+  int rename(const char*, const char*) override { return 0; }
+  int fsync_dir(const char*) override { return 0; }
+  int unlink(const char*) override { return 0; }
+};
+
+}  // namespace
+
+Result<std::string> encode_lkv(const Entry& e, const StoreIdentity& identity) {
+  BufferIo io;
+  LARDER_RETURN_IF_ERROR(write_lkv("remote-value", e, identity, io));
+  return std::move(io.buf);
+}
+
+Result<std::shared_ptr<const Entry>> decode_lkv(std::string_view bytes, const StoreIdentity* expected,
+                                                VerifyPolicy verify, const std::string& what) {
+  // The reader works on a file (its checks read through pread and a mapping); an anonymous
+  // memory file gives it one without touching a disk. Copy mode: the result owns its rows.
+  Fd f;
+  f.fd = ::memfd_create("larder-kv-remote", MFD_CLOEXEC);
+  if (f.fd < 0) return io_error(strfmt("[lkv] %s: memfd_create failed: %s", what.c_str(), std::strerror(errno)));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return io_error(strfmt("[lkv] %s: memfd write failed: %s", what.c_str(), std::strerror(errno)));
+    done += static_cast<size_t>(w);
+  }
+  Result<std::shared_ptr<const Entry>> r =
+      read_lkv("/proc/self/fd/" + std::to_string(f.fd), expected, verify, RestoreMode::kCopy);
+  if (!r.is_ok()) {
+    // Name the value, not the transient /proc path.
+    std::string msg = r.status().message();
+    const std::string tag = "/proc/self/fd/" + std::to_string(f.fd);
+    for (size_t p; (p = msg.find(tag)) != std::string::npos;) msg.replace(p, tag.size(), what);
+    return Status(r.status().code(), msg);
+  }
+  return r;
 }
 
 Status verify_lkv(const std::string& path) {

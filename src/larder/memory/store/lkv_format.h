@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -107,6 +108,13 @@ enum class RestoreMode { kMmap, kCopy };
 // section, every non-KV tensor and every 8th KV tensor (rotating start); kFull verifies all.
 Result<std::shared_ptr<const Entry>> read_lkv(const std::string& path, const StoreIdentity* expected,
                                               VerifyPolicy verify, RestoreMode mode);
+
+// In-memory LKV1, the values of the remote tier (memory/store/remote_tier.h): the exact bytes
+// write_lkv would publish, and a reader with every check of read_lkv (copy mode: nothing the
+// result holds aliases `bytes`). `what` names the value in error messages.
+Result<std::string> encode_lkv(const Entry& e, const StoreIdentity& identity);
+Result<std::shared_ptr<const Entry>> decode_lkv(std::string_view bytes, const StoreIdentity* expected,
+                                                VerifyPolicy verify, const std::string& what);
 
 // Verifies every checksum of a file (offline `cache verify`; identity not checked).
 Status verify_lkv(const std::string& path);

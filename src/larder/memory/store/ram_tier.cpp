@@ -117,14 +117,15 @@ TakeResult RamTier::take(std::span<const TokenId> prompt, const std::string& ns)
   ColdProbe probe;
   if (cold_) {
     probe = cold_->probe(prompt, ns);
-    std::optional<ColdFind> found = cold_->find(prompt, ns);
+    std::optional<ColdFind> found = cold_->find(prompt, ns, best);
+    if (!found || found->prefix_len <= best) cold_failure = cold_->last_find_failure();
     // Strictly longer only: ties go to RAM, a restore costs I/O (§3.1 step 3).
     if (found && found->prefix_len > best) {
       std::string reason;
       std::shared_ptr<const Entry> restored = cold_->restore(*found, &reason);
       if (!restored) {
         ++stats_.restore_failures;
-        cold_failure = reason.empty() ? "ssd_io" : reason;
+        cold_failure = reason.empty() ? (found->tier == Tier::kRemote ? "remote_error" : "ssd_io") : reason;
       } else {
         ++stats_.restores;
         // The restored entry is owned by this scope: any rejection below drops it, which
@@ -138,19 +139,19 @@ TakeResult RamTier::take(std::span<const TokenId> prompt, const std::string& ns)
           ++stats_.cold_rejects;
           cold_failure = "untrimmable_tail";
           // Loud: mlx-bun's silent ~84 s restore-then-re-prefill path (kv-store.md §14.20).
-          LARDER_LOG_WARN("[kv-store] SSD entry of %zu tokens needs a trim of %lld but is untrimmable "
+          LARDER_LOG_WARN("[kv-store] %s entry of %zu tokens needs a trim of %lld but is untrimmable "
                           "(wrapped ring, recurrent state or attachments): falling back",
-                          restored->tokens.size(), static_cast<long long>(t));
+                          tier_name(found->tier), restored->tokens.size(), static_cast<long long>(t));
         } else {
-          Result<Hit> h = serve_entry(*restored, p, Tier::kSsd);
+          Result<Hit> h = serve_entry(*restored, p, found->tier);
           if (h.is_ok()) {
             TakeResult r;
-            r.report = explain(prompt, ns, p, Tier::kSsd, restored.get(), "", probe);
+            r.report = explain(prompt, ns, p, found->tier, restored.get(), "", probe);
             r.hit = std::move(h).value();
             return r;
           }
-          cold_failure = "ssd_corrupt";
-          LARDER_LOG_WARN("[kv-store] restored SSD entry could not be served: %s",
+          cold_failure = found->tier == Tier::kRemote ? "remote_corrupt" : "ssd_corrupt";
+          LARDER_LOG_WARN("[kv-store] restored %s entry could not be served: %s", tier_name(found->tier),
                           h.status().to_string().c_str());
         }
       }

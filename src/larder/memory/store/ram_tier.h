@@ -24,6 +24,7 @@ namespace larder::memory {
 struct ColdFind {
   int64_t prefix_len = 0;
   std::string handle;  // tier-specific (the SSD tier: entry id)
+  Tier tier = Tier::kSsd;  // which tier a hit through it reports
 };
 
 // What a tier knows about a prompt without I/O, for explanations (§11.6).
@@ -40,14 +41,20 @@ struct ColdProbe {
 class ColdTier {
  public:
   virtual ~ColdTier() = default;
-  // Longest stored usable prefix (same gates as RAM, §2); index only, no I/O.
-  virtual std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns) = 0;
+  // Longest stored usable prefix (same gates as RAM, §2); index only, no I/O for the SSD tier.
+  // `longer_than`: what RAM already serves — a tier whose lookup costs a round trip (remote)
+  // skips it when it cannot do better.
+  virtual std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns,
+                                       int64_t longer_than = 0) = 0;
   // Materializes a found entry. nullptr on any failure, never an error: the failing file is
   // removed and *reason receives ssd_corrupt | ssd_incompatible | ssd_io.
   virtual std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) = 0;
   // Persists synchronously (borrows the entry, done reading when it returns). false = not stored.
   virtual bool store(const Entry& entry) = 0;
   virtual ColdProbe probe(std::span<const TokenId> prompt, const std::string& ns) { return {}; }
+  // Why the last find could not answer (e.g. remote_timeout), "" when it could: the reason a
+  // miss or a shorter hit names (§11.6).
+  virtual std::string last_find_failure() const { return {}; }
 };
 
 // Owned spill (§3.7): receives a reference to an entry leaving RAM; must not block on I/O.

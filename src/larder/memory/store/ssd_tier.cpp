@@ -213,7 +213,7 @@ int64_t SsdTier::usable(const SsdRecord& r, std::span<const TokenId> prompt) {
   return p;
 }
 
-std::optional<ColdFind> SsdTier::find(std::span<const TokenId> prompt, const std::string& ns) {
+std::optional<ColdFind> SsdTier::find(std::span<const TokenId> prompt, const std::string& ns, int64_t) {
   if (!ready()) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   int64_t best = 0;

@@ -78,7 +78,8 @@ class SsdTier final : public ColdTier {
   void wait_ready() const;
   bool wait_ready_for(std::chrono::milliseconds limit) const;  // false: still scanning
 
-  std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns) override;
+  std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns,
+                               int64_t longer_than = 0) override;
   std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override;
   bool store(const Entry& entry) override;
   ColdProbe probe(std::span<const TokenId> prompt, const std::string& ns) override;
