@@ -64,7 +64,7 @@ void gated_delta_block(const GatedDeltaCall& call, GatedDeltaScratch& s, float* 
   const float dk_scale = 1.0f / std::sqrt(static_cast<float>(d.d_k));
   kernels::l2norm_heads(s.conv.data(), rows, {.heads = d.n_k_heads, .dim = d.d_k, .stride = C, .scale = dk_scale});
   kernels::l2norm_heads(s.conv.data() + d.key_dim(), rows, {.heads = d.n_k_heads, .dim = d.d_k, .stride = C});
-  kernels::gated_delta_gates(s.a.data(), s.b.data(), rows, {Hv, w.a_log.data(), w.dt_bias.data()}, s.log_g.data(),
+  kernels::gated_delta_gates(s.a.data(), s.b.data(), rows, {static_cast<int>(Hv), w.a_log.data(), w.dt_bias.data()}, s.log_g.data(),
                              s.beta.data());
   // The kernel pairs value head h with key head h / (H_v/H_k). A tiled layout pairs it with key
   // head h % H_k: give the kernel one key head per value head instead (q and k copied per value
