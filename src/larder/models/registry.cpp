@@ -9,6 +9,8 @@ constexpr ArchEntry kArchitectures[] = {
     {"mistral", load_llama},  // same graph as llama (mlx-lm maps it to llama too)
     {"qwen2", load_qwen2},
     {"qwen3", load_qwen3},
+    {"qwen3_moe", load_qwen3_moe, qwen3_moe_config},
+    {"qwen3moe", load_qwen3_moe, qwen3_moe_config},  // GGUF (llama.cpp's name)
     {"gemma3_text", load_gemma3, gemma3_config},
     {"gemma3", load_gemma3, gemma3_config},  // multimodal HF config (text tower) and GGUF `gemma3`
     {"gemma4_text", load_gemma4, gemma4_config},

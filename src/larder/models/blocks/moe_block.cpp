@@ -1,0 +1,88 @@
+#include "larder/models/blocks/moe_block.h"
+
+namespace larder::models {
+
+namespace {
+// A matrix's bytes as stored: codes plus, for MLX affine, its scales and biases.
+uint64_t view_bytes(const kernels::WeightView& w) {
+  uint64_t b = static_cast<uint64_t>(w.rows) * w.row_bytes();
+  if (w.is_affine())
+    b += 2 * dtype_bytes(w.scale_dtype, static_cast<uint64_t>(w.rows * (w.cols / w.group_size)));
+  return b;
+}
+}  // namespace
+
+uint64_t MoeWeights::expert_bytes() const {
+  uint64_t b = 0;
+  for (const auto* set : {&gate, &up, &down})
+    for (const kernels::WeightView& w : *set) b += view_bytes(w);
+  return b;
+}
+
+uint64_t MoeWeights::active_expert_bytes() const {
+  return route.n_experts > 0 ? expert_bytes() / static_cast<uint64_t>(route.n_experts) * static_cast<uint64_t>(route.k)
+                             : 0;
+}
+
+Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int64_t hidden,
+                const kernels::RouteParams& route, Activation act, MoeWeights* w) {
+  w->act = act;
+  w->route = route;
+  w->route.n_experts = d.n_experts;
+  w->route.k = d.k;
+  LARDER_ASSIGN_OR_RETURN(w->router, b.matrix(p + "gate.weight", d.n_experts, hidden, "num_experts x hidden_size"));
+  struct Part {
+    const char* proj;
+    int64_t rows, cols;
+    const char* why;
+    std::vector<kernels::WeightView>* out;
+  };
+  const Part parts[] = {{"gate_proj", d.ffn, hidden, "experts of moe_intermediate_size x hidden_size", &w->gate},
+                        {"up_proj", d.ffn, hidden, "experts of moe_intermediate_size x hidden_size", &w->up},
+                        {"down_proj", hidden, d.ffn, "experts of hidden_size x moe_intermediate_size", &w->down}};
+  for (const Part& part : parts) {
+    WeightBinder::ExpertsSpec s;
+    s.stacked = p + "switch_mlp." + part.proj + ".weight";
+    s.per_expert = p + "experts.{i}." + part.proj + ".weight";
+    s.n_experts = d.n_experts;
+    s.rows = part.rows;
+    s.cols = part.cols;
+    LARDER_ASSIGN_OR_RETURN(*part.out, b.experts(s, part.why));
+  }
+  return Status::ok();
+}
+
+void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out) {
+  const int E = w.route.n_experts, k = w.route.k;
+  const int64_t ffn = w.gate[0].rows, hidden = w.down[0].rows;
+  const int64_t slots = n * k;
+  s.logits.resize(static_cast<size_t>(n * E));
+  s.ids.resize(static_cast<size_t>(slots));
+  s.weights.resize(static_cast<size_t>(slots));
+  s.g.resize(static_cast<size_t>(slots * ffn));
+  s.u.resize(static_cast<size_t>(slots * ffn));
+  s.y.resize(static_cast<size_t>(slots * hidden));
+  kernels::matmul(w.router, h, n, s.logits.data());
+  kernels::route_topk(s.logits.data(), n, w.route, s.ids.data(), s.weights.data());
+  const kernels::ExpertsView gu[2] = {{w.gate.data(), E}, {w.up.data(), E}};
+  float* const ys[2] = {s.g.data(), s.u.data()};
+  kernels::matmul_experts_multi(gu, ys, 2, h, /*x_per_slot=*/false, n, s.ids.data(), k);
+  switch (w.act) {
+    case Activation::kSilu: kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
+    case Activation::kGeluTanh: kernels::gelu_tanh_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
+  }
+  const kernels::ExpertsView dv{w.down.data(), E};
+  kernels::matmul_experts(dv, s.g.data(), /*x_per_slot=*/true, n, s.ids.data(), k, s.y.data());
+  // Σ_j weight · y in slot order, per row (mlx-lm: (y * scores).sum(-2)).
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out + t * hidden;
+    const float* wt = s.weights.data() + t * k;
+    for (int64_t c = 0; c < hidden; ++c) o[c] = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const float* y = s.y.data() + (t * k + j) * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] += wt[j] * y[c];
+    }
+  }
+}
+
+}  // namespace larder::models

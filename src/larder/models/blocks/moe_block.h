@@ -1,0 +1,45 @@
+// moe_block.h — the routed-experts FFN (mixture of experts) of one layer:
+//   logits = router(h) [E];  (ids, weights) = route_topk(logits)   (k of E experts per token)
+//   out = Σ_j weights[j] · down_ids[j](act(gate_ids[j](h)) ⊙ up_ids[j](h))
+// The experts run through the grouped kernels (kernels/moe.h): gate and up of every selected
+// (token, slot) in one matmul_experts_multi, down in one matmul_experts, so a decode step reads
+// only the selected experts' rows and forks the thread pool twice per layer.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "larder/kernels/moe.h"
+#include "larder/kernels/ops.h"
+#include "larder/models/blocks/mlp.h"
+#include "larder/models/layer_spec.h"
+#include "larder/models/weights.h"
+
+namespace larder::models {
+
+struct MoeWeights {
+  Activation act = Activation::kSilu;
+  kernels::RouteParams route;                       // E, k, order, renormalisation
+  kernels::WeightView router;                       // [E, hidden]
+  std::vector<kernels::WeightView> gate, up, down;  // E each: [ffn, hidden], [ffn, hidden], [hidden, ffn]
+  // Bytes of all E experts' gate/up/down, and of the k a token reads (k/E of them).
+  uint64_t expert_bytes() const;
+  uint64_t active_expert_bytes() const;
+};
+
+struct MoeScratch {
+  std::vector<float> logits, weights, g, u, y;
+  std::vector<int32_t> ids;
+};
+
+// Where a family's tensors are: `prefix` is "model.layers.N.mlp."; the router is
+// `<prefix>gate.weight`, the experts stacked `<prefix>switch_mlp.{gate,up,down}_proj.weight` (MLX,
+// and GGUF `ffn_*_exps` through the family's TensorNames) or one per expert
+// `<prefix>experts.{i}.{gate,up,down}_proj.weight` (HF).
+Status bind_moe(WeightBinder& b, const std::string& prefix, const ExpertDims& d, int64_t hidden,
+                const kernels::RouteParams& route, Activation act, MoeWeights* out);
+// out[n, hidden] = moe(h[n, hidden]). Each row's result depends on that row only (routing, the
+// grouped kernels' per-expert matmuls and the weighted sum in slot order).
+void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out);
+
+}  // namespace larder::models
