@@ -26,6 +26,18 @@ Cases:
                        Also ppl_text.txt: 512 tokens of that vocabulary for llama-perplexity.
   qwen3_moe_poisoned   qwen3_moe_f32 with every expert the last token is not routed to (per layer,
                        mlx-lm's choice) set to NaN; no logits of its own
+  qwen3_5_moe_f32      the MoE variant of Qwen3.5 (mlx-lm `qwen3_5_moe`, qwen3_next's sparse block):
+                       qwen3_5_reference.py's hybrid layers (2 gated DeltaNet, 2 gated attention, HF
+                       layout) with every FFN routed — 8 experts, 2 per token, renormalised — plus a
+                       shared expert (intermediate 64) scaled by σ(shared_expert_gate · x); experts as
+                       transformers 5 writes them: mlp.experts.gate_up_proj [E, 2·I, H] and
+                       mlp.experts.down_proj [E, H, I]
+  qwen3_5_moe_q8_0     the same weights as GGUF `qwen35moe` (qwen3_5_reference.write_gguf: Q8_0, the
+                       router and ffn_gate_inp_shexp F32, experts stacked ffn_*_exps, shared expert
+                       ffn_*_shexp, expert_count / expert_used_count / expert_feed_forward_length /
+                       expert_shared_feed_forward_length); oracle ("deq") mlx-lm on the dequantized values
+  qwen3_5_moe_mlx4     mlx-lm's 4-bit quantization of it (switch_mlp stacked; router and
+                       shared_expert_gate at 8 bits / group 64, the model's quant_predicate)
 Sets: f32, deq (the GGUF case), and for qwen3_moe_mlx4 / qwen3_moe_q8_0 int8acts: every quantized
 linear's (and expert matmul's) input rounded to int8 per block of 32 first, the activation
 quantization of larder's fast integer kernels (as qwen3_5_reference.py).
@@ -113,16 +125,24 @@ def load_mlx(d):
     return model
 
 
-def mlx_logits(d, tokens, margins=None, routes=None, prepare=None):
+def moe_class(moe_block):
+    if moe_block == "qwen3_next":
+        from mlx_lm.models import qwen3_next
+        return qwen3_next.Qwen3NextSparseMoeBlock
+    from mlx_lm.models import qwen3_moe
+    return qwen3_moe.Qwen3MoeSparseMoeBlock
+
+
+def mlx_logits(d, tokens, margins=None, routes=None, prepare=None, moe_block="qwen3_moe"):
     """mlx-lm's logits; with `margins` (a list), the smallest gap between the k-th and (k+1)-th
     router logit of each routed layer is appended; with `routes`, each routed layer's chosen expert
     ids per token ([T, k], sorted). `prepare(model)` runs after loading."""
     import mlx.core as mx
-    from mlx_lm.models import qwen3_moe
+    cls = moe_class(moe_block)
     model = load_mlx(d)
     if prepare:
         prepare(model)
-    saved = qwen3_moe.Qwen3MoeSparseMoeBlock.__call__
+    saved = cls.__call__
 
     def probe(self, x):
         g = np.array(self.gate(x).astype(mx.float32))[0]
@@ -132,22 +152,22 @@ def mlx_logits(d, tokens, margins=None, routes=None, prepare=None):
         if routes is not None:
             routes.append(np.sort(np.argsort(-g, axis=-1, kind="stable")[:, :self.top_k], axis=-1).tolist())
         return saved(self, x)
-    qwen3_moe.Qwen3MoeSparseMoeBlock.__call__ = probe
+    cls.__call__ = probe
     try:
         out = model(mx.array(tokens, dtype=mx.int32)[None])
         return np.array(out[0].astype(mx.float32))
     finally:
-        qwen3_moe.Qwen3MoeSparseMoeBlock.__call__ = saved
+        cls.__call__ = saved
 
 
-def mlx_int8acts_logits(d, tokens, margins=None, f32_router=False):
+def mlx_int8acts_logits(d, tokens, margins=None, f32_router=False, moe_block="qwen3_moe"):
     """mlx_logits with each quantized linear's and expert matmul's input quantized to int8 per
     32-block first (kernels/cpu/common/act_quant.h: d = amax/127, q = nearbyint(x · 1/d)), the
-    activations larder's fast integer kernels multiply with. f32_router: the router is an F32
-    matrix in larder (the GGUF case), whose input larder does not quantize."""
+    activations larder's fast integer kernels multiply with. f32_router: the router (and a shared
+    expert's gate) is an F32 matrix in larder (the GGUF case), whose input larder does not quantize."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.models import qwen3_moe, switch_layers
+    from mlx_lm.models import switch_layers
 
     def q8(x):
         xb = x.reshape(-1, 32)
@@ -157,8 +177,10 @@ def mlx_int8acts_logits(d, tokens, margins=None, f32_router=False):
 
     def prepare(model):
         for m in model.modules():
-            if isinstance(m, qwen3_moe.Qwen3MoeSparseMoeBlock) and f32_router:
+            if isinstance(m, moe_class(moe_block)) and f32_router:
                 m.gate.keep_f32_input = True
+                if hasattr(m, "shared_expert_gate"):
+                    m.shared_expert_gate.keep_f32_input = True
 
     classes = (nn.QuantizedLinear, nn.Linear, switch_layers.QuantizedSwitchLinear, switch_layers.SwitchLinear)
     saved = {cls: cls.__call__ for cls in classes}
@@ -166,7 +188,7 @@ def mlx_int8acts_logits(d, tokens, margins=None, f32_router=False):
         cls.__call__ = (lambda f: lambda self, x, *a, **k: f(self, x if getattr(self, "keep_f32_input", False)
                                                            else q8(x), *a, **k))(call)
     try:
-        return mlx_logits(d, tokens, margins, prepare=prepare)
+        return mlx_logits(d, tokens, margins, prepare=prepare, moe_block=moe_block)
     finally:
         for cls, call in saved.items():
             cls.__call__ = call
@@ -307,6 +329,58 @@ def write_poisoned(d, src, c, w, routes, token):
     write_hf(d, c, poisoned, "f32")
 
 
+def qwen3_5_moe_case(root, rng):
+    import qwen3_5_reference as q35
+    c = dict(q35.TEXT, model_type="qwen3_5_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+             shared_expert_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1)
+    w = q35.random_weights(c, rng)
+    h, E, I, S = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+
+    def mat(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}.mlp."
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            del w[p + n + ".weight"]
+        w[p + "gate.weight"] = 2.0 * mat(E, h)
+        w[p + "experts.gate_up_proj"] = mat(E, 2 * I, h)
+        w[p + "experts.down_proj"] = mat(E, h, I)
+        w[p + "shared_expert.gate_proj.weight"] = mat(S, h)
+        w[p + "shared_expert.up_proj.weight"] = mat(S, h)
+        w[p + "shared_expert.down_proj.weight"] = mat(h, S)
+        w[p + "shared_expert_gate.weight"] = mat(1, h)
+    d = os.path.join(root, "qwen3_5_moe_f32")
+    write_hf(d, c, w, "f32")
+    case(root, "qwen3_5_moe_f32", dict(c, mlp_only_layers=[]), rng,
+         {"f32": lambda t, m, r: mlx_logits(d, t, m, r, moe_block="qwen3_next")})
+    # GGUF qwen35moe (qwen3_5_reference.write_gguf: tiled value heads, gains + 1, ssm_a, Q8_0),
+    # experts stacked as the converter stacks them; oracle: mlx-lm on the dequantized values.
+    d4 = os.path.join(root, "qwen3_5_moe_q8_0")
+    os.makedirs(d4, exist_ok=True)
+    ws = {}
+    for k, v in w.items():
+        if k.endswith("experts.gate_up_proj"):
+            base = k[:-len("experts.gate_up_proj")]
+            ws[base + "switch_mlp.gate_proj.weight"] = np.ascontiguousarray(v[:, :I, :])
+            ws[base + "switch_mlp.up_proj.weight"] = np.ascontiguousarray(v[:, I:, :])
+        elif k.endswith("experts.down_proj"):
+            ws[k[:-len("experts.down_proj")] + "switch_mlp.down_proj.weight"] = v
+        else:
+            ws[k] = v
+    deq = q35.write_gguf(os.path.join(d4, "model.gguf"), c, ws, arch="qwen35moe")
+    hf = os.path.join(d4, "hf")
+    write_hf(hf, c, deq, "f32")
+    case(root, "qwen3_5_moe_q8_0", dict(c, mlp_only_layers=[]), rng,
+         {"deq": lambda t, m, r: mlx_logits(hf, t, m, r, moe_block="qwen3_next"),
+          "int8acts": lambda t, m, r: mlx_int8acts_logits(hf, t, m, f32_router=True, moe_block="qwen3_next")})
+
+    d2 = os.path.join(root, "qwen3_5_moe_mlx4")
+    write_affine(d2, d, c, "bf16", 4, 32, {})
+    case(root, "qwen3_5_moe_mlx4", dict(c, mlp_only_layers=[]), rng,
+         {"f32": lambda t, m, r: mlx_logits(d2, t, m, r, moe_block="qwen3_next"),
+          "int8acts": lambda t, m, r: mlx_int8acts_logits(d2, t, m, moe_block="qwen3_next")})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -339,6 +413,8 @@ def main():
     c3 = ALL_ROUTED
     rng3 = np.random.default_rng(3602)
     w3 = random_weights(c3, rng3)
+    # logits ~N(0, 3²) instead of ~N(0, 10²): a perplexity in the hundreds, not ~1e9, for llama-perplexity
+    w3["lm_head.weight"] *= np.float32(0.3)
     d4 = os.path.join(root, "qwen3_moe_q8_0")
     os.makedirs(d4, exist_ok=True)
     deq = write_gguf(os.path.join(d4, "model.gguf"), c3, w3)
@@ -350,6 +426,8 @@ def main():
     case(root, "qwen3_moe_q8_0", c3, rng3,
          {"deq": lambda t, m, r: mlx_logits(hf, t, m, r),
           "int8acts": lambda t, m, r: mlx_int8acts_logits(hf, t, m, f32_router=True)})
+
+    qwen3_5_moe_case(root, np.random.default_rng(3603))
     return 0
 
 

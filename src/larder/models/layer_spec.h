@@ -30,10 +30,12 @@ const char* layer_kind_name(LayerKind k);
 enum class FfnKind : uint8_t { kDense, kRoutedExperts };
 const char* ffn_kind_name(FfnKind k);
 
-// Shapes of a routed-experts FFN: E experts of intermediate size `ffn`, k of them per token.
+// Shapes of a routed-experts FFN: E experts of intermediate size `ffn`, k of them per token, and
+// (Qwen3-Next / Qwen3.5-MoE) a shared expert of `shared_ffn` that every token runs (0: none).
 struct ExpertDims {
   int n_experts = 0, k = 0;
   int64_t ffn = 0;
+  int64_t shared_ffn = 0;
 };
 
 // Shapes of a gated-DeltaNet mixer (kernels/gated_delta.h): H_k key heads of d_k, H_v value

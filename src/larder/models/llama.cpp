@@ -93,7 +93,6 @@ Status LlamaModel::bind(const formats::ModelFiles& files) {
   route.renormalize = c.moe.norm_topk_prob;
   specs_.clear();
   layers_.resize(static_cast<size_t>(c.n_layers));
-  info_.expert_bytes = info_.active_expert_bytes = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
     Layer& L = layers_[static_cast<size_t>(l)];
@@ -108,14 +107,11 @@ Status LlamaModel::bind(const formats::ModelFiles& files) {
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &L.attn));
     if (routed) {
       LARDER_RETURN_IF_ERROR(bind_moe(b, p + "mlp.", spec.experts, c.hidden, route, Activation::kSilu, &L.moe));
-      info_.expert_bytes += L.moe.expert_bytes();
-      info_.active_expert_bytes += L.moe.active_expert_bytes();
+      count_experts(L.moe);
     } else {
       LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, Activation::kSilu, &L.mlp));
     }
   }
-  info_.n_experts = c.moe.n_experts;
-  info_.n_experts_used = c.moe.n_experts > 0 ? c.moe.n_used : 0;
   std::vector<float> inv_freq = rope_inv_freq(c);
   // Llama 3 GGUFs carry the llama3 frequency scaling as a tensor of per-pair divisors instead of
   // metadata (llama.cpp's `rope_freqs.weight`, [rope_dim/2]).

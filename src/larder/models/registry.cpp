@@ -18,6 +18,9 @@ constexpr ArchEntry kArchitectures[] = {
     {"qwen3_5_text", load_qwen3_5, qwen3_5_config},
     {"qwen3_5", load_qwen3_5, qwen3_5_config},  // multimodal HF config (text tower)
     {"qwen35", load_qwen3_5, qwen3_5_config},   // GGUF (llama.cpp's name)
+    {"qwen3_5_moe_text", load_qwen3_5, qwen3_5_config},  // the MoE variant (routed + shared experts)
+    {"qwen3_5_moe", load_qwen3_5, qwen3_5_config},
+    {"qwen35moe", load_qwen3_5, qwen3_5_config},  // GGUF (llama.cpp's name)
 };
 }  // namespace
 

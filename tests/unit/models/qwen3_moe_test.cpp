@@ -2,7 +2,9 @@
 // tests/ref/qwen3_moe_reference.py with mlx-lm's own qwen3_moe classes — HF per-expert tensors with a
 // dense layer (mlp_only_layers), decoder_sparse_step 2 without renormalisation, MLX 4-bit with the
 // experts stacked (switch_mlp), GGUF `qwen3moe` Q8_0 with llama.cpp's names — teacher-forced over
-// 64 tokens. Beyond parity: the layers it declares, decode after prefill and any prefill cut equal
+// 64 tokens; and the MoE variant of Qwen3.5 (mlx-lm qwen3_5_moe: hybrid layers, routed experts
+// plus a sigmoid-gated shared expert) as HF (fused experts.gate_up_proj), MLX 4-bit and GGUF
+// `qwen35moe`. Beyond parity: the layers it declares, decode after prefill and any prefill cut equal
 // to all-at-once, a batch of sequences routed to different experts equal to each alone, and a
 // decode step that never touches the experts its token is not routed to.
 //
@@ -119,10 +121,11 @@ TEST(Qwen3Moe, DeclaresRoutedAndDenseLayers) {
 }
 
 TEST(Qwen3Moe, TightAgainstMlxLm) {
-  for (const char* dir_name : {"qwen3_moe_f32", "qwen3_moe_step2_f32", "qwen3_moe_mlx4", "qwen3_moe_q8_0"}) {
+  for (const char* dir_name : {"qwen3_moe_f32", "qwen3_moe_step2_f32", "qwen3_moe_mlx4", "qwen3_moe_q8_0",
+                               "qwen3_5_moe_f32", "qwen3_5_moe_mlx4", "qwen3_5_moe_q8_0"}) {
     const std::string dir = kRoot + dir_name;
-    const bool affine = std::string(dir_name) == "qwen3_moe_mlx4";
-    const bool gguf = std::string(dir_name) == "qwen3_moe_q8_0";
+    const bool affine = std::string(dir_name).find("mlx4") != std::string::npos;
+    const bool gguf = std::string(dir_name).find("q8_0") != std::string::npos;
     const Ref f32_ref = read_ref(dir, gguf ? "deq" : "f32");
     ASSERT_EQ(f32_ref.tokens.size(), 64u);
     test::LoadedModel l = test::load_model(model_path(dir_name));
@@ -258,6 +261,69 @@ TEST(Qwen3Moe, DecodeTouchesOnlyTheSelectedExperts) {
       memory::SequenceState c = poisoned.model->new_state(128);
       ASSERT_TRUE(poisoned.model->forward(ref.tokens.data(), 63, c, lg.data(), false).is_ok());
       EXPECT_TRUE(std::any_of(lg.begin(), lg.end(), [](float v) { return std::isnan(v); })) << t.name;
+    });
+  }
+}
+
+// The MoE variant of Qwen3.5: hybrid mixers (gated DeltaNet / gated attention) as the dense
+// family, every FFN routed experts plus the shared expert.
+TEST(Qwen35Moe, DeclaresHybridLayersWithRoutedAndSharedExperts) {
+  for (const char* dir : {"qwen3_5_moe_f32", "qwen3_5_moe_mlx4", "qwen3_5_moe_q8_0"}) {
+    test::LoadedModel l = test::load_model(model_path(dir));
+    ASSERT_NE(l.model, nullptr) << dir;
+    const Model& m = *l.model;
+    EXPECT_EQ(m.info().n_experts, 8) << dir;
+    EXPECT_EQ(m.info().n_experts_used, 2) << dir;
+    const auto layers = m.layers();
+    ASSERT_EQ(layers.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(layers[i].kind, (i + 1) % 2 == 0 ? LayerKind::kFull : LayerKind::kGatedDelta) << dir << " " << i;
+      EXPECT_EQ(layers[i].ffn, FfnKind::kRoutedExperts) << dir << " " << i;
+      EXPECT_EQ(layers[i].experts.n_experts, 8);
+      EXPECT_EQ(layers[i].experts.k, 2);
+      EXPECT_EQ(layers[i].experts.ffn, 32);
+      EXPECT_EQ(layers[i].experts.shared_ffn, 64);
+    }
+  }
+}
+
+// Batched == alone for the hybrid MoE too: the recurrent state, the routing and the shared expert
+// are per row.
+TEST(Qwen35Moe, BatchedEqualsAloneExactly) {
+  const std::string dir = kRoot + "qwen3_5_moe_f32";
+  const Ref ref = read_ref(dir);
+  test::LoadedModel l = test::load_model(dir);
+  ASSERT_NE(l.model, nullptr);
+  Model& m = *l.model;
+  const int64_t V = m.info().vocab;
+  const std::vector<int32_t>& toks = ref.tokens;
+  constexpr int kSeqs = 4;
+  const int64_t steps[][kSeqs] = {{1, 3, 1, 5}, {4, 1, 2, 1}, {6, 7, 7, 8}};
+  for (const kernels::KernelTable* table : {&kernels::ref_table(), &kernels::active_table()}) {
+    const kernels::KernelTable t = *table;
+    with_table(t, [&] {
+      std::vector<memory::SequenceState> batched, alone;
+      std::vector<float> scratch(static_cast<size_t>(64 * V));
+      for (int i = 0; i < kSeqs; ++i) {
+        for (auto* v : {&batched, &alone}) {
+          v->push_back(m.new_state(m.info().max_context));
+          ASSERT_TRUE(m.forward(toks.data(), 9 + 7 * i, v->back(), scratch.data(), false).is_ok());
+        }
+      }
+      for (const auto& step : steps) {
+        std::vector<std::vector<float>> got(kSeqs), want(kSeqs);
+        std::vector<BatchItem> items;
+        for (int i = 0; i < kSeqs; ++i) {
+          const size_t s = static_cast<size_t>(i);
+          const int64_t at = batched[s].length();
+          got[s].resize(static_cast<size_t>(step[i] * V));
+          want[s].resize(static_cast<size_t>(step[i] * V));
+          items.push_back({toks.data() + at, step[i], &batched[s], got[s].data(), true});
+          ASSERT_TRUE(m.forward(toks.data() + at, step[i], alone[s], want[s].data(), true).is_ok());
+        }
+        ASSERT_TRUE(m.forward_batch(items).is_ok());
+        for (int i = 0; i < kSeqs; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << t.name;
+      }
     });
   }
 }
