@@ -19,6 +19,13 @@
 namespace larder::models {
 
 struct MoeWeights {
+  // Movable, not copyable: shared_gate may point into shared_gate_f32 (a move keeps the buffer).
+  MoeWeights() = default;
+  MoeWeights(MoeWeights&&) = default;
+  MoeWeights& operator=(MoeWeights&&) = default;
+  MoeWeights(const MoeWeights&) = delete;
+  MoeWeights& operator=(const MoeWeights&) = delete;
+
   Activation act = Activation::kSilu;
   kernels::RouteParams route;                       // E, k, order, renormalisation
   kernels::WeightView router;                       // [E, hidden]
