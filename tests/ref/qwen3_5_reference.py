@@ -216,10 +216,11 @@ def from_tiled(t, axis, hk, r, hd):
     return np.moveaxis(t, 0, axis)
 
 
-def write_gguf(path, c, weights, arch="qwen35"):
+def write_gguf(path, c, weights, arch="qwen35", extra=None):
     """Returns the HF-layout weights of exactly the values the GGUF holds (the oracle's input).
     arch "qwen35moe": c has the MoE keys and `weights` the experts stacked as switch_mlp.*; the
-    router and the shared expert's gate stay F32 (the converter's rule for FFN_GATE_INP*)."""
+    router and the shared expert's gate stay F32 (the converter's rule for FFN_GATE_INP*).
+    extra(writer), if given, adds metadata (e.g. a vocabulary) before the file is written."""
     import gguf
     qt = gguf.GGMLQuantizationType.Q8_0
     hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
@@ -283,6 +284,8 @@ def write_gguf(path, c, weights, arch="qwen35"):
             q = gguf.quants.quantize(w, qt)
             wr.add_tensor(gguf_name(name), q, raw_dtype=qt)
             back[name] = undo(gguf.quants.dequantize(q, qt).reshape(w.shape).astype(np.float32))
+    if extra:
+        extra(wr)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

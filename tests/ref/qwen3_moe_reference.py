@@ -38,6 +38,8 @@ Cases:
                        expert_shared_feed_forward_length); oracle ("deq") mlx-lm on the dequantized values
   qwen3_5_moe_mlx4     mlx-lm's 4-bit quantization of it (switch_mlp stacked; router and
                        shared_expert_gate at 8 bits / group 64, the model's quant_predicate)
+  qwen3_5_moe_ppl_q8_0 for llama-perplexity only: the same shapes with linear_value_head_dim 16 (what
+                       llama.cpp's qwen35 loader accepts), the synthetic SPM vocabulary, ppl_text.txt
 Sets: f32, deq (the GGUF case), and for qwen3_moe_mlx4 / qwen3_moe_q8_0 int8acts: every quantized
 linear's (and expert matmul's) input rounded to int8 per block of 32 first, the activation
 quantization of larder's fast integer kernels (as qwen3_5_reference.py).
@@ -228,6 +230,24 @@ def text_of(ids):
     return "".join(chr(FIRST_CHAR + t - 3) for t in ids)
 
 
+def write_spm_vocab(wr, c, ids=True):
+    """The synthetic SPM vocabulary (vocab()) as GGUF tokenizer metadata (ids: with the BOS/EOS
+    ids, where the caller has not written them)."""
+    import gguf
+    toks = vocab(c["vocab_size"])
+    wr.add_tokenizer_model("llama")
+    wr.add_token_list(toks)
+    wr.add_token_scores([0.0] * len(toks))
+    wr.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] +
+                       [gguf.TokenType.NORMAL] * (len(toks) - 3))
+    wr.add_unk_token_id(0)
+    if ids:
+        wr.add_bos_token_id(c["bos_token_id"])
+        wr.add_eos_token_id(c["eos_token_id"])
+    wr.add_add_bos_token(True)
+    wr.add_add_space_prefix(False)
+
+
 def write_gguf(path, c, weights):
     """Returns the HF-layout weights of exactly the values the GGUF holds (the oracle's input)."""
     import gguf
@@ -249,17 +269,7 @@ def write_gguf(path, c, weights):
     wr.add_expert_used_count(c["num_experts_per_tok"])
     wr.add_expert_feed_forward_length(c["moe_intermediate_size"])
     wr.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    toks = vocab(c["vocab_size"])
-    wr.add_tokenizer_model("llama")
-    wr.add_token_list(toks)
-    wr.add_token_scores([0.0] * len(toks))
-    wr.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] +
-                       [gguf.TokenType.NORMAL] * (len(toks) - 3))
-    wr.add_unk_token_id(0)
-    wr.add_bos_token_id(c["bos_token_id"])
-    wr.add_eos_token_id(c["eos_token_id"])
-    wr.add_add_bos_token(True)
-    wr.add_add_space_prefix(False)
+    write_spm_vocab(wr, c)
     back = {}
 
     def quant(name, w):
@@ -329,10 +339,10 @@ def write_poisoned(d, src, c, w, routes, token):
     write_hf(d, c, poisoned, "f32")
 
 
-def qwen3_5_moe_case(root, rng):
+def qwen3_5_moe_weights(c, rng):
+    """qwen3_5_reference's hybrid weights with every MLP replaced by the MoE block, experts as
+    transformers 5 writes them (experts.gate_up_proj, experts.down_proj)."""
     import qwen3_5_reference as q35
-    c = dict(q35.TEXT, model_type="qwen3_5_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-             shared_expert_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1)
     w = q35.random_weights(c, rng)
     h, E, I, S = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
 
@@ -349,14 +359,11 @@ def qwen3_5_moe_case(root, rng):
         w[p + "shared_expert.up_proj.weight"] = mat(S, h)
         w[p + "shared_expert.down_proj.weight"] = mat(h, S)
         w[p + "shared_expert_gate.weight"] = mat(1, h)
-    d = os.path.join(root, "qwen3_5_moe_f32")
-    write_hf(d, c, w, "f32")
-    case(root, "qwen3_5_moe_f32", dict(c, mlp_only_layers=[]), rng,
-         {"f32": lambda t, m, r: mlx_logits(d, t, m, r, moe_block="qwen3_next")})
-    # GGUF qwen35moe (qwen3_5_reference.write_gguf: tiled value heads, gains + 1, ssm_a, Q8_0),
-    # experts stacked as the converter stacks them; oracle: mlx-lm on the dequantized values.
-    d4 = os.path.join(root, "qwen3_5_moe_q8_0")
-    os.makedirs(d4, exist_ok=True)
+    return w
+
+
+def stacked_experts(w, I):
+    """The fused HF experts as the GGUF converter stacks them (switch_mlp.* names, the oracle's too)."""
     ws = {}
     for k, v in w.items():
         if k.endswith("experts.gate_up_proj"):
@@ -367,7 +374,24 @@ def qwen3_5_moe_case(root, rng):
             ws[k[:-len("experts.down_proj")] + "switch_mlp.down_proj.weight"] = v
         else:
             ws[k] = v
-    deq = q35.write_gguf(os.path.join(d4, "model.gguf"), c, ws, arch="qwen35moe")
+    return ws
+
+
+def qwen3_5_moe_case(root, rng):
+    import qwen3_5_reference as q35
+    c = dict(q35.TEXT, model_type="qwen3_5_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+             shared_expert_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1)
+    I = c["moe_intermediate_size"]
+    w = qwen3_5_moe_weights(c, rng)
+    d = os.path.join(root, "qwen3_5_moe_f32")
+    write_hf(d, c, w, "f32")
+    case(root, "qwen3_5_moe_f32", dict(c, mlp_only_layers=[]), rng,
+         {"f32": lambda t, m, r: mlx_logits(d, t, m, r, moe_block="qwen3_next")})
+    # GGUF qwen35moe (qwen3_5_reference.write_gguf: tiled value heads, gains + 1, ssm_a, Q8_0),
+    # experts stacked as the converter stacks them; oracle: mlx-lm on the dequantized values.
+    d4 = os.path.join(root, "qwen3_5_moe_q8_0")
+    os.makedirs(d4, exist_ok=True)
+    deq = q35.write_gguf(os.path.join(d4, "model.gguf"), c, stacked_experts(w, I), arch="qwen35moe")
     hf = os.path.join(d4, "hf")
     write_hf(hf, c, deq, "f32")
     case(root, "qwen3_5_moe_q8_0", dict(c, mlp_only_layers=[]), rng,
@@ -379,6 +403,19 @@ def qwen3_5_moe_case(root, rng):
     case(root, "qwen3_5_moe_mlx4", dict(c, mlp_only_layers=[]), rng,
          {"f32": lambda t, m, r: mlx_logits(d2, t, m, r, moe_block="qwen3_next"),
           "int8acts": lambda t, m, r: mlx_int8acts_logits(d2, t, m, moe_block="qwen3_next")})
+
+    # For llama-perplexity only (no mlx-lm logits): linear_value_head_dim = linear_key_head_dim,
+    # since llama.cpp's qwen35 loader sizes attn_qkv's value part as value heads x key head dim and
+    # refuses the parity fixture above (d_v 8 != d_k 16); with the vocabulary and a text.
+    c16 = dict(c, linear_value_head_dim=16)
+    rng16 = np.random.default_rng(3605)
+    d5 = os.path.join(root, "qwen3_5_moe_ppl_q8_0")
+    os.makedirs(d5, exist_ok=True)
+    q35.write_gguf(os.path.join(d5, "model.gguf"), c16, stacked_experts(qwen3_5_moe_weights(c16, rng16), I),
+                   arch="qwen35moe", extra=lambda wr: write_spm_vocab(wr, c16, ids=False))
+    with open(os.path.join(d5, "ppl_text.txt"), "w", encoding="utf-8") as f:
+        f.write(text_of([int(t) for t in rng16.integers(3, c16["vocab_size"], PPL_TOKENS)]))
+    print("qwen3_moe_reference: qwen3_5_moe_ppl_q8_0", flush=True)
 
 
 def main():
