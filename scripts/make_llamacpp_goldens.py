@@ -11,6 +11,8 @@ committed, and this script is how they were made (and how to remake them).
   scripts/make_llamacpp_goldens.py chat-steps # SmolLM2 greedy chat answers, llama.cpp's top-5 per step
   scripts/make_llamacpp_goldens.py exact      # adds the exact-f32 top-5 at each step to both (after them)
   scripts/make_llamacpp_goldens.py requant    # SmolLM2 requantized by llama-quantize, each format's ppl
+  scripts/make_llamacpp_goldens.py moe-ppl    # llama-perplexity on the qwen3moe / qwen35moe GGUF test
+                                              # fixtures (tests/ref/qwen3_moe_reference.py), no download
 
 The tools come from the llama-cpp-python 0.3.36 sdist built by bench/llamacpp_compare.sh into
 ~/.cache/larder-bench/llama.cpp-0.3.36/build/bin (--bin to change). Every golden records the
@@ -428,9 +430,63 @@ def cmd_requant(args):
         "runs": runs})
 
 
+# (ctx, chunks, KV dtype) over the fixture's 512-token text: f16 KV is both tools' default; f32 on
+# a second run takes the KV rounding out of the comparison.
+MOE_PPL_RUNS = [(128, 4, "f16"), (64, 8, "f32")]
+
+
+MOE_PPL_CASES = [("qwen3_moe_q8_0", "qwen3moe"), ("qwen3_5_moe_ppl_q8_0", "qwen35moe")]
+
+
+def cmd_moe_ppl(args):
+    """The fixtures are regenerated into a temporary folder by their own script (deterministic:
+    fixed seeds, gguf-py's quantizer); the golden records each GGUF's sha256, which the test checks
+    first."""
+    import hashlib
+    import re
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="moe-ppl-") as tmp:
+        subprocess.run([sys.executable, os.path.join(ROOT, "tests", "ref", "qwen3_moe_reference.py"), "--out", tmp],
+                       check=True, capture_output=True)
+        models = []
+        for case, arch in MOE_PPL_CASES:
+            d = os.path.join(tmp, "models", case)
+            model, text = os.path.join(d, "model.gguf"), os.path.join(d, "ppl_text.txt")
+            with open(model, "rb") as f:
+                sha = hashlib.sha256(f.read()).hexdigest()
+            runs = []
+            for ctx, chunks, kv in MOE_PPL_RUNS:
+                cmd = [os.path.join(args.bin, "llama-perplexity"), "-m", model, "-f", text, "-c", str(ctx), "-b",
+                       str(ctx), "--chunks", str(chunks), "-t", str(args.threads), "-fa", "off", "-ctk", kv, "-ctv", kv]
+                # llama.cpp's asynchronous log thread sometimes loses its last lines (the final
+                # estimate) at exit, exit status 0 (seen 2 runs in 6 on this file): run again.
+                log_path = os.path.join(tmp, f"ppl-{case}-{ctx}-{kv}.log")
+                for _ in range(8):
+                    with open(log_path, "wb") as lf:
+                        p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=600)
+                    with open(log_path, encoding="utf-8", errors="replace") as lf:
+                        log = lf.read()
+                    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
+                    if p.returncode != 0 or m:
+                        break
+                if p.returncode != 0 or not m:
+                    raise RuntimeError(f"llama-perplexity failed (exit {p.returncode}): {log[-3000:]}")
+                print(f"{arch} ctx {ctx} chunks {chunks} kv {kv}: PPL {m.group(1)} +/- {m.group(2)}")
+                runs.append({"ctx": ctx, "chunks": chunks, "kv": kv, "ppl": float(m.group(1)),
+                             "ppl_err": float(m.group(2)),
+                             "command": " ".join(["llama-perplexity", "-m", f"{case}/model.gguf", "-f",
+                                                  f"{case}/ppl_text.txt"] + cmd[5:])})
+            models.append({"case": case, "architecture": arch, "gguf_sha256": sha, "runs": runs})
+    write_json("ppl_moe_llamacpp.json", {
+        "tool": f"llama-perplexity ({LLAMACPP_VERSION})",
+        "fixtures": "tests/ref/qwen3_moe_reference.py (GGUF Q8_0 experts, synthetic SPM vocabulary)",
+        "models": models})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["tokenize", "ppl", "ppl-f32", "greedy", "chat-steps", "exact", "requant"])
+    ap.add_argument("what", choices=["tokenize", "ppl", "ppl-f32", "greedy", "chat-steps", "exact", "requant",
+                                         "moe-ppl"])
     ap.add_argument("which", nargs="?", default="all", choices=["all", "gemma3", "smollm2"], help="exact: which golden")
     ap.add_argument("--shared", default=os.path.join(ROOT, "..", "shared"))
     ap.add_argument("--threads", type=int, default=2)
@@ -439,7 +495,8 @@ def main():
     args = ap.parse_args()
     os.makedirs(GOLDENS, exist_ok=True)
     {"tokenize": cmd_tokenize, "ppl": cmd_ppl, "ppl-f32": cmd_ppl_f32,
-     "greedy": cmd_greedy, "chat-steps": cmd_chat_steps, "exact": cmd_exact, "requant": cmd_requant}[args.what](args)
+     "greedy": cmd_greedy, "chat-steps": cmd_chat_steps, "exact": cmd_exact, "requant": cmd_requant,
+     "moe-ppl": cmd_moe_ppl}[args.what](args)
 
 
 if __name__ == "__main__":

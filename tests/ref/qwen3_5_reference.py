@@ -179,7 +179,12 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("linear_attn.in_proj_a.", "ssm_alpha."), ("linear_attn.conv1d.", "ssm_conv1d."),
               ("linear_attn.dt_bias", "ssm_dt.bias"), ("linear_attn.A_log", "ssm_a"),
               ("linear_attn.norm.", "ssm_norm."), ("linear_attn.out_proj.", "ssm_out."),
-              ("mlp.gate_proj.", "ffn_gate."), ("mlp.up_proj.", "ffn_up."), ("mlp.down_proj.", "ffn_down.")]
+              ("mlp.gate_proj.", "ffn_gate."), ("mlp.up_proj.", "ffn_up."), ("mlp.down_proj.", "ffn_down."),
+              # the MoE variant (qwen35moe; used by qwen3_moe_reference.py)
+              ("mlp.gate.", "ffn_gate_inp."), ("mlp.switch_mlp.gate_proj.", "ffn_gate_exps."),
+              ("mlp.switch_mlp.up_proj.", "ffn_up_exps."), ("mlp.switch_mlp.down_proj.", "ffn_down_exps."),
+              ("mlp.shared_expert.gate_proj.", "ffn_gate_shexp."), ("mlp.shared_expert.up_proj.", "ffn_up_shexp."),
+              ("mlp.shared_expert.down_proj.", "ffn_down_shexp."), ("mlp.shared_expert_gate.", "ffn_gate_inp_shexp.")]
 
 
 def gguf_name(hf):
@@ -211,14 +216,22 @@ def from_tiled(t, axis, hk, r, hd):
     return np.moveaxis(t, 0, axis)
 
 
-def write_gguf(path, c, weights):
-    """Returns the HF-layout weights of exactly the values the GGUF holds (the oracle's input)."""
+def write_gguf(path, c, weights, arch="qwen35", extra=None):
+    """Returns the HF-layout weights of exactly the values the GGUF holds (the oracle's input).
+    arch "qwen35moe": c has the MoE keys and `weights` the experts stacked as switch_mlp.*; the
+    router and the shared expert's gate stay F32 (the converter's rule for FFN_GATE_INP*).
+    extra(writer), if given, adds metadata (e.g. a vocabulary) before the file is written."""
     import gguf
     qt = gguf.GGMLQuantizationType.Q8_0
     hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
     r, kd = hv // hk, hk * dk
-    wr = gguf.GGUFWriter(path, "qwen35")
+    wr = gguf.GGUFWriter(path, arch)
+    if arch == "qwen35moe":
+        wr.add_expert_count(c["num_experts"])
+        wr.add_expert_used_count(c["num_experts_per_tok"])
+        wr.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        wr.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
     wr.add_block_count(c["num_hidden_layers"])
     wr.add_context_length(c["max_position_embeddings"])
     wr.add_embedding_length(c["hidden_size"])
@@ -263,7 +276,7 @@ def write_gguf(path, c, weights):
             wr.add_tensor(gguf_name(name), (-np.exp(w)).astype(np.float32))
             # what larder reads back: log(−A), the oracle gets the same f32 value
             back[name] = undo(np.log(np.exp(w)).astype(np.float32))
-        elif w.ndim == 1:
+        elif w.ndim == 1 or name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
             gain = name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight")
             wr.add_tensor(gguf_name(name), (w + np.float32(1.0)).astype(np.float32) if gain else w)
             back[name] = undo(w)
@@ -271,6 +284,8 @@ def write_gguf(path, c, weights):
             q = gguf.quants.quantize(w, qt)
             wr.add_tensor(gguf_name(name), q, raw_dtype=qt)
             back[name] = undo(gguf.quants.dequantize(q, qt).reshape(w.shape).astype(np.float32))
+    if extra:
+        extra(wr)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

@@ -57,6 +57,7 @@ VerbMain add_info(CLI::App& app) {
     if (ff->json) {
       const auto v = runtime::check_fit(est, fr, avail);
       nlohmann::json j = {{"ctx", fr.ctx},          {"parallel", fr.parallel},     {"weights", est.weights},
+                          {"expert_bytes", est.expert_bytes}, {"weights_per_token", est.weights_per_token},
                           {"kv", est.kv},           {"kv_per_token", est.kv_per_token}, {"kv_fixed", est.kv_fixed}, {"kv_dtype", memory::kv_dtype_tag(est.kv_dtype)}, {"scratch", est.scratch},
                           {"runtime", est.runtime}, {"total", est.total()},        {"prompt_cache", est.kv_store_cap},
                           {"available", avail.bytes}, {"available_source", avail.source},
@@ -75,6 +76,14 @@ VerbMain add_info(CLI::App& app) {
     std::printf("heads:          %lld (kv %lld, head_dim %lld)\n", static_cast<long long>(i.n_heads),
                 static_cast<long long>(i.n_kv_heads), static_cast<long long>(i.head_dim));
     std::printf("ffn:            %lld\n", static_cast<long long>(i.ffn));
+    if (i.n_experts > 0) {
+      int64_t routed = 0, expert_ffn = 0;
+      for (const auto& l : m.model->layers())
+        if (l.ffn == models::FfnKind::kRoutedExperts) ++routed, expert_ffn = l.experts.ffn;
+      std::printf("experts:        %lld per layer, %lld per token, ffn %lld (%lld of %lld layers routed)\n",
+                  static_cast<long long>(i.n_experts), static_cast<long long>(i.n_experts_used),
+                  static_cast<long long>(expert_ffn), static_cast<long long>(routed), static_cast<long long>(i.n_layers));
+    }
     std::printf("vocab:          %lld (tokenizer %d)\n", static_cast<long long>(i.vocab), m.tokenizer->vocab_size());
     std::printf("context:        %lld\n", static_cast<long long>(i.max_context));
     std::printf("rope theta:     %g\n", i.rope_theta);

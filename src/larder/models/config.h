@@ -47,6 +47,16 @@ struct QuantizationConfig {
 // (unsupported mode, bits, group size, quant_method; malformed entries) name the file and key.
 Result<QuantizationConfig> quantization_from_config(const nlohmann::ordered_json& config, const std::string& src);
 
+// A routed mixture-of-experts FFN (families read their own keys into it: Qwen3-MoE's
+// num_experts / num_experts_per_tok / moe_intermediate_size / norm_topk_prob and which layers stay
+// dense, GGUF's expert_count / expert_used_count / expert_feed_forward_length). n_experts == 0:
+// every layer dense.
+struct MoeConfig {
+  int64_t n_experts = 0, n_used = 0, ffn = 0;
+  bool norm_topk_prob = false;
+  std::vector<bool> routed;  // per layer: routed experts (else the dense MLP of ModelConfig::ffn)
+};
+
 struct ModelConfig {
   std::string architecture;
   std::string source;  // config.json path or .gguf path (for messages)
@@ -63,6 +73,7 @@ struct ModelConfig {
   std::vector<int32_t> eos_ids;
   std::optional<int32_t> bos_id;
   QuantizationConfig quantization;  // HF/MLX only; GGUF block types are tensor dtypes instead
+  MoeConfig moe;
 };
 
 // Architecture name alone (model_type or general.architecture), for the registry.

@@ -13,6 +13,14 @@ const char* layer_kind_name(LayerKind k) {
   return "unknown";
 }
 
+const char* ffn_kind_name(FfnKind k) {
+  switch (k) {
+    case FfnKind::kDense: return "dense";
+    case FfnKind::kRoutedExperts: return "routed_experts";
+  }
+  return "unknown";
+}
+
 void declare_state(LayerSpec& l) {
   memory::LayerStateSpec st;
   switch (l.kind) {

@@ -25,8 +25,18 @@ enum class LayerKind : uint8_t {
 };
 const char* layer_kind_name(LayerKind k);
 
-// The feed-forward part. Dense only so far; mixture-of-experts adds its kind here.
-enum class FfnKind : uint8_t { kDense };
+// The feed-forward part: a dense gated MLP, or routed experts (a mixture of experts: a router
+// picks k of E gated MLPs per token, blocks/moe_block.h).
+enum class FfnKind : uint8_t { kDense, kRoutedExperts };
+const char* ffn_kind_name(FfnKind k);
+
+// Shapes of a routed-experts FFN: E experts of intermediate size `ffn`, k of them per token, and
+// (Qwen3-Next / Qwen3.5-MoE) a shared expert of `shared_ffn` that every token runs (0: none).
+struct ExpertDims {
+  int n_experts = 0, k = 0;
+  int64_t ffn = 0;
+  int64_t shared_ffn = 0;
+};
 
 // Shapes of a gated-DeltaNet mixer (kernels/gated_delta.h): H_k key heads of d_k, H_v value
 // heads of d_v (a multiple of H_k), a depthwise causal conv of `conv_kernel` taps over the
@@ -52,6 +62,7 @@ struct LayerNorms {
 struct LayerSpec {
   LayerKind kind = LayerKind::kFull;  // the mixer
   FfnKind ffn = FfnKind::kDense;
+  ExpertDims experts;  // kRoutedExperts
   int64_t window = 0;  // kSliding
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int rope_dim = 0;     // rotated dims per head (<= head_dim)

@@ -13,6 +13,7 @@
 
 #include <cmath>
 
+#include "larder/models/blocks/moe_block.h"
 #include "larder/models/blocks/rope.h"
 #include "larder/models/registry.h"
 #include "larder/models/transformer.h"
@@ -38,7 +39,12 @@ const TensorNames& llama_names() {
        {"post_attention_layernorm.", "ffn_norm."},
        {"mlp.gate_proj.", "ffn_gate."},
        {"mlp.up_proj.", "ffn_up."},
-       {"mlp.down_proj.", "ffn_down."}},
+       {"mlp.down_proj.", "ffn_down."},
+       // Routed experts (qwen3moe): the router, and the experts stacked [E, rows, cols].
+       {"mlp.gate.", "ffn_gate_inp."},
+       {"mlp.switch_mlp.gate_proj.", "ffn_gate_exps."},
+       {"mlp.switch_mlp.up_proj.", "ffn_up_exps."},
+       {"mlp.switch_mlp.down_proj.", "ffn_down_exps."}},
       "",
       ""};
   return n;
@@ -47,7 +53,8 @@ const TensorNames& llama_names() {
 struct Layer {
   RmsNorm attn_norm, ffn_norm;
   AttentionWeights attn;
-  MlpWeights mlp;
+  MlpWeights mlp;  // FfnKind::kDense
+  MoeWeights moe;  // FfnKind::kRoutedExperts
 };
 
 class LlamaModel final : public Transformer {
@@ -60,6 +67,7 @@ class LlamaModel final : public Transformer {
   LlamaVariant variant_;
   AttentionOptions attn_opt_;
   std::vector<Layer> layers_;
+  MoeScratch moe_s_;
 };
 
 Status LlamaModel::bind(const formats::ModelFiles& files) {
@@ -79,16 +87,30 @@ Status LlamaModel::bind(const formats::ModelFiles& files) {
   spec.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   spec.norms.qk = variant_.qk_norm;
   declare_state(spec);
-  specs_.assign(static_cast<size_t>(c.n_layers), spec);
+  kernels::RouteParams route;
+  route.order = variant_.route_order;
+  route.select = variant_.route_select;
+  route.renormalize = c.moe.norm_topk_prob;
+  specs_.clear();
   layers_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = strfmt("model.layers.%lld.", static_cast<long long>(l));
     Layer& L = layers_[static_cast<size_t>(l)];
+    const bool routed = c.moe.n_experts > 0 && c.moe.routed[static_cast<size_t>(l)];
+    spec.ffn = routed ? FfnKind::kRoutedExperts : FfnKind::kDense;
+    spec.experts = routed ? ExpertDims{static_cast<int>(c.moe.n_experts), static_cast<int>(c.moe.n_used), c.moe.ffn}
+                          : ExpertDims{};
+    specs_.push_back(spec);
     LARDER_ASSIGN_OR_RETURN(L.attn_norm.weight, b.vector(p + "input_layernorm.weight", c.hidden, "hidden_size"));
     LARDER_ASSIGN_OR_RETURN(L.ffn_norm.weight, b.vector(p + "post_attention_layernorm.weight", c.hidden, "hidden_size"));
     L.attn_norm.eps = L.ffn_norm.eps = eps;
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &L.attn));
-    LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, Activation::kSilu, &L.mlp));
+    if (routed) {
+      LARDER_RETURN_IF_ERROR(bind_moe(b, p + "mlp.", spec.experts, c.hidden, route, Activation::kSilu, &L.moe));
+      count_experts(L.moe);
+    } else {
+      LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, Activation::kSilu, &L.mlp));
+    }
   }
   std::vector<float> inv_freq = rope_inv_freq(c);
   // Llama 3 GGUFs carry the llama3 frequency scaling as a tensor of per-pair divisors instead of
@@ -124,7 +146,8 @@ void LlamaModel::layer_forward(int l, const LayerBatch& b) {
                   attn_s_, b.o);
   kernels::add(b.x, b.o, b.x, n);
   L.ffn_norm.apply(b.x, b.rows, b.h);
-  mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
+  if (spec.ffn == FfnKind::kRoutedExperts) moe_block(L.moe, b.h, b.rows, moe_s_, b.o);
+  else mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
   kernels::add(b.x, b.o, b.x, n);
 }
 

@@ -1,5 +1,7 @@
-// llama.h — the Llama graph and the families that are variants of it (qwen2, qwen3, mistral):
-//   per layer: x += attn(rmsnorm(x)); x += mlp(rmsnorm(x))   (pre-norm, SwiGLU, full attention)
+// llama.h — the Llama graph and the families that are variants of it (qwen2, qwen3, qwen3_moe,
+// mistral):
+//   per layer: x += attn(rmsnorm(x)); x += ffn(rmsnorm(x))   (pre-norm, full attention)
+//   ffn = SwiGLU MLP, or routed SwiGLU experts where ModelConfig::moe says (blocks/moe_block.h)
 // A variant file (qwen2.cpp, qwen3.cpp) states its differences in a LlamaVariant and calls
 // make_llama_family; the graph, its layer declaration and its tensor-name table live in llama.cpp.
 #pragma once
@@ -7,6 +9,7 @@
 #include <memory>
 
 #include "larder/formats/model_files.h"
+#include "larder/kernels/moe.h"
 #include "larder/kernels/ops.h"
 #include "larder/models/config.h"
 #include "larder/models/model.h"
@@ -22,6 +25,10 @@ struct LlamaVariant {
   // (interleaved), while it leaves qwen2/qwen3 unpermuted (NeoX pairing).
   kernels::RopePairing hf_pairing = kernels::RopePairing::kHalf;
   kernels::RopePairing gguf_pairing = kernels::RopePairing::kHalf;
+  // Layers with routed experts (ModelConfig::moe.routed; qwen3_moe): how the router's logits pick
+  // the k experts (renormalisation from the config's norm_topk_prob).
+  kernels::RouteOrder route_order = kernels::RouteOrder::kSoftmaxThenTopK;
+  kernels::RouteSelect route_select = kernels::RouteSelect::kLastK;
 };
 
 Result<std::unique_ptr<Model>> make_llama_family(const formats::ModelFiles& files, ModelConfig config,

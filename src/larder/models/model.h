@@ -28,6 +28,10 @@ struct ModelInfo {
   bool tied_embeddings = false;
   std::string weight_dtypes;  // e.g. "BF16" or "Q4_0+F32" (distinct dtypes of the bound matrices)
   int64_t n_params = 0;
+  // Routed experts (0: a dense model): E and k, and the bytes of every MoE layer's experts — all
+  // of them (what the mapping holds) and the k of E a token reads (what a decode step streams).
+  int64_t n_experts = 0, n_experts_used = 0;
+  uint64_t expert_bytes = 0, active_expert_bytes = 0;
   std::vector<int32_t> eos_ids;
   std::optional<int32_t> bos_id;
 };

@@ -19,7 +19,13 @@
 // - GGUF (llama.cpp's converter): gains stored as γ (it adds the 1, except to the gated norm),
 //   A stored as −exp(A_log) (`ssm_a`), conv1d as [C, K], and every per-value-head tensor
 //   reordered from grouped-by-key-head to tiled order (GatedDeltaDims::tiled_v_heads).
-// - The MoE variant is not supported yet.
+// - The MoE variant (HF `qwen3_5_moe` / `qwen3_5_moe_text`, MLX-quantized; oracle mlx-lm
+//   `qwen3_5_moe.py` over qwen3_next's sparse block): with num_experts > 0 every layer's FFN is
+//   routed experts (softmax → top k → renormalised unless norm_topk_prob is false, mlx-lm's default
+//   true) plus a shared expert of shared_expert_intermediate_size scaled by σ(shared_expert_gate·x)
+//   (blocks/moe_block.h). Experts as HF fuses them (experts.gate_up_proj [E, 2·I, H] +
+//   experts.down_proj), per expert, or stacked switch_mlp (MLX); GGUF `qwen35moe` (ffn_*_exps,
+//   ffn_{gate,up,down}_shexp, ffn_gate_inp_shexp [hidden]).
 #include <cmath>
 
 #include "larder/formats/gguf.h"
@@ -93,7 +99,16 @@ TensorNames qwen3_5_names() {
                       {"post_attention_layernorm.", "post_attention_norm."},
                       {"mlp.gate_proj.", "ffn_gate."},
                       {"mlp.up_proj.", "ffn_up."},
-                      {"mlp.down_proj.", "ffn_down."}},
+                      {"mlp.down_proj.", "ffn_down."},
+                      // the MoE variant (qwen35moe): router, stacked experts, shared expert and its gate
+                      {"mlp.gate.", "ffn_gate_inp."},
+                      {"mlp.switch_mlp.gate_proj.", "ffn_gate_exps."},
+                      {"mlp.switch_mlp.up_proj.", "ffn_up_exps."},
+                      {"mlp.switch_mlp.down_proj.", "ffn_down_exps."},
+                      {"mlp.shared_expert.gate_proj.", "ffn_gate_shexp."},
+                      {"mlp.shared_expert.up_proj.", "ffn_up_shexp."},
+                      {"mlp.shared_expert.down_proj.", "ffn_down_shexp."},
+                      {"mlp.shared_expert_gate.", "ffn_gate_inp_shexp."}},
                      "",
                      ""};
 }
@@ -101,6 +116,8 @@ TensorNames qwen3_5_names() {
 struct Qwen35Params {
   std::vector<bool> full;  // per layer: full attention (else gated DeltaNet)
   GatedDeltaDims delta;
+  ExpertDims experts;          // n_experts > 0: every layer's FFN is routed experts + a shared expert
+  bool norm_topk_prob = true;  // mlx-lm's TextModelArgs default
 };
 
 Result<Qwen35Params> hf_params(const ordered_json& j, const ModelConfig& c) {
@@ -120,10 +137,27 @@ Result<Qwen35Params> hf_params(const ordered_json& j, const ModelConfig& c) {
   if (p.delta.n_v_heads % p.delta.n_k_heads != 0)
     return invalid_argument(strfmt("[config] %s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
                                    src, p.delta.n_v_heads, p.delta.n_k_heads));
-  if (j.contains("num_experts") && j["num_experts"].is_number_integer() && j["num_experts"].get<int64_t>() > 0)
-    return unsupported(strfmt("[config] %s: num_experts %lld: the Qwen3.5 mixture-of-experts variant is not supported "
-                              "yet (dense checkpoints only)",
-                              src, (long long)j["num_experts"].get<int64_t>()));
+  if (j.contains("num_experts") && !j["num_experts"].is_null()) {
+    if (!j["num_experts"].is_number_integer() || j["num_experts"].get<int64_t>() < 0)
+      return invalid_argument(strfmt("[config] %s: 'num_experts' must be a non-negative integer", src));
+    p.experts.n_experts = j["num_experts"].get<int>();
+  }
+  if (p.experts.n_experts > 0) {
+    int shared = 0, ffn = 0;
+    LARDER_RETURN_IF_ERROR(get_int("num_experts_per_tok", &p.experts.k));
+    LARDER_RETURN_IF_ERROR(get_int("moe_intermediate_size", &ffn));
+    LARDER_RETURN_IF_ERROR(get_int("shared_expert_intermediate_size", &shared));
+    p.experts.ffn = ffn;
+    p.experts.shared_ffn = shared;
+    if (p.experts.k > p.experts.n_experts)
+      return invalid_argument(strfmt("[config] %s: num_experts_per_tok %d must be in [1, num_experts = %d]", src,
+                                     p.experts.k, p.experts.n_experts));
+    if (j.contains("norm_topk_prob") && !j["norm_topk_prob"].is_null()) {
+      if (!j["norm_topk_prob"].is_boolean())
+        return invalid_argument(strfmt("[config] %s: 'norm_topk_prob' must be true or false", src));
+      p.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+    }
+  }
   if (j.contains("layer_types") && j["layer_types"].is_array()) {
     const ordered_json& lt = j["layer_types"];
     if (static_cast<int64_t>(lt.size()) != c.n_layers)
@@ -168,6 +202,22 @@ Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& 
                                    src, p.delta.n_v_heads, p.delta.n_k_heads, inner));
   p.delta.d_v = inner / p.delta.n_v_heads;
   p.delta.tiled_v_heads = true;  // the converter's grouped → tiled value-head reorder
+  // qwen35moe: every layer routed, renormalised (llama.cpp's graph passes norm_w = true), with the
+  // shared expert.
+  if (const auto E = g.get_int(a + "expert_count"); E && *E > 0) {
+    const auto k = g.get_int(a + "expert_used_count");
+    if (!k || *k < 1 || *k > *E || *E > (int64_t{1} << 20))
+      return invalid_argument(strfmt("[config] %s: GGUF metadata '%sexpert_used_count' must be in [1, "
+                                     "expert_count = %lld]",
+                                     src, a.c_str(), (long long)*E));
+    p.experts.n_experts = static_cast<int>(*E);
+    p.experts.k = static_cast<int>(*k);
+    p.experts.ffn = g.get_int(a + "expert_feed_forward_length").value_or(c.ffn / *k);
+    p.experts.shared_ffn = g.get_int(a + "expert_shared_feed_forward_length").value_or(c.ffn);
+    if (p.experts.ffn < 1 || p.experts.shared_ffn < 1)
+      return invalid_argument(strfmt("[config] %s: GGUF expert feed-forward lengths must be positive", src));
+    p.norm_topk_prob = true;
+  }
   const int64_t interval = g.get_int(a + "full_attention_interval").value_or(4);
   if (interval < 1) return invalid_argument(strfmt("[config] %s: GGUF full_attention_interval must be >= 1", src));
   for (int64_t i = 0; i < c.n_layers; ++i) p.full.push_back((i + 1) % interval == 0);
@@ -178,7 +228,8 @@ struct Layer {
   RmsNorm input_norm, post_attn_norm;
   AttentionWeights attn;     // full-attention layers
   GatedDeltaWeights delta;   // gated-DeltaNet layers
-  MlpWeights mlp;
+  MlpWeights mlp;            // FfnKind::kDense
+  MoeWeights moe;            // FfnKind::kRoutedExperts
 };
 
 class Qwen35Model final : public Transformer {
@@ -191,6 +242,7 @@ class Qwen35Model final : public Transformer {
   AttentionOptions attn_opt_;
   std::vector<Layer> layers_;
   GatedDeltaScratch delta_s_;
+  MoeScratch moe_s_;
 };
 
 // mlx-lm's test (qwen3_5.py sanitize): a depthwise conv weight whose last dimension is not 1 is
@@ -241,6 +293,10 @@ Status Qwen35Model::bind(const formats::ModelFiles& files) {
     } else {
       spec.delta = qp.delta;
     }
+    if (qp.experts.n_experts > 0) {
+      spec.ffn = FfnKind::kRoutedExperts;
+      spec.experts = qp.experts;
+    }
     declare_state(spec);
     specs_.push_back(spec);
 
@@ -259,7 +315,16 @@ Status Qwen35Model::bind(const formats::ModelFiles& files) {
     } else {
       LARDER_RETURN_IF_ERROR(bind_gated_delta(b, p + "linear_attn.", spec, c.hidden, eps, /*a_log_is_a=*/gguf, &L.delta));
     }
-    LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, Activation::kSilu, &L.mlp));
+    if (spec.ffn == FfnKind::kRoutedExperts) {
+      kernels::RouteParams route;  // qwen3_next's sparse block: softmax, top k, renormalised
+      route.order = kernels::RouteOrder::kSoftmaxThenTopK;
+      route.select = kernels::RouteSelect::kLastK;
+      route.renormalize = qp.norm_topk_prob;
+      LARDER_RETURN_IF_ERROR(bind_moe(b, p + "mlp.", spec.experts, c.hidden, route, Activation::kSilu, &L.moe));
+      count_experts(L.moe);
+    } else {
+      LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", c, Activation::kSilu, &L.mlp));
+    }
   }
   return finish_bind(files, b, tied);
 }
@@ -286,7 +351,8 @@ void Qwen35Model::layer_forward(int l, const LayerBatch& b) {
   }
   kernels::add(b.x, b.o, b.x, n);
   L.post_attn_norm.apply(b.x, b.rows, b.h);
-  mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
+  if (spec.ffn == FfnKind::kRoutedExperts) moe_block(L.moe, b.h, b.rows, moe_s_, b.o);
+  else mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
   kernels::add(b.x, b.o, b.x, n);
 }
 

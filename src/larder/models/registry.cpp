@@ -9,6 +9,8 @@ constexpr ArchEntry kArchitectures[] = {
     {"mistral", load_llama},  // same graph as llama (mlx-lm maps it to llama too)
     {"qwen2", load_qwen2},
     {"qwen3", load_qwen3},
+    {"qwen3_moe", load_qwen3_moe, qwen3_moe_config},
+    {"qwen3moe", load_qwen3_moe, qwen3_moe_config},  // GGUF (llama.cpp's name)
     {"gemma3_text", load_gemma3, gemma3_config},
     {"gemma3", load_gemma3, gemma3_config},  // multimodal HF config (text tower) and GGUF `gemma3`
     {"gemma4_text", load_gemma4, gemma4_config},
@@ -16,6 +18,9 @@ constexpr ArchEntry kArchitectures[] = {
     {"qwen3_5_text", load_qwen3_5, qwen3_5_config},
     {"qwen3_5", load_qwen3_5, qwen3_5_config},  // multimodal HF config (text tower)
     {"qwen35", load_qwen3_5, qwen3_5_config},   // GGUF (llama.cpp's name)
+    {"qwen3_5_moe_text", load_qwen3_5, qwen3_5_config},  // the MoE variant (routed + shared experts)
+    {"qwen3_5_moe", load_qwen3_5, qwen3_5_config},
+    {"qwen35moe", load_qwen3_5, qwen3_5_config},  // GGUF (llama.cpp's name)
 };
 }  // namespace
 

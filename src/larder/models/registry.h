@@ -28,6 +28,8 @@ struct ArchEntry {
 Result<std::unique_ptr<Model>> load_llama(const formats::ModelFiles& files, ModelConfig config);
 Result<std::unique_ptr<Model>> load_qwen2(const formats::ModelFiles& files, ModelConfig config);
 Result<std::unique_ptr<Model>> load_qwen3(const formats::ModelFiles& files, ModelConfig config);
+Result<std::unique_ptr<Model>> load_qwen3_moe(const formats::ModelFiles& files, ModelConfig config);
+Result<ModelConfig> qwen3_moe_config(const formats::ModelFiles& files);
 Result<std::unique_ptr<Model>> load_gemma3(const formats::ModelFiles& files, ModelConfig config);
 Result<ModelConfig> gemma3_config(const formats::ModelFiles& files);
 Result<std::unique_ptr<Model>> load_gemma4(const formats::ModelFiles& files, ModelConfig config);

@@ -88,6 +88,13 @@ Status Transformer::finish_bind(const formats::ModelFiles& files, const WeightBi
   return Status::ok();
 }
 
+void Transformer::count_experts(const MoeWeights& w) {
+  info_.n_experts = w.route.n_experts;
+  info_.n_experts_used = w.route.k;
+  info_.expert_bytes += w.expert_bytes();
+  info_.active_expert_bytes += w.active_expert_bytes();
+}
+
 Status Transformer::set_kv_dtype(DType dt) {
   memory::StateSchema next = schema_;
   next.kv_dtype = dt;

@@ -17,6 +17,7 @@
 #include "larder/kernels/ops.h"
 #include "larder/models/blocks/attention.h"
 #include "larder/models/blocks/mlp.h"
+#include "larder/models/blocks/moe_block.h"
 #include "larder/models/blocks/norm.h"
 #include "larder/models/config.h"
 #include "larder/models/model.h"
@@ -65,6 +66,9 @@ class Transformer : public Model {
   // After the architecture bound everything: derives the state schema from specs_, rejects
   // leftover per-layer tensors (see check_unbound) and fills info_.
   Status finish_bind(const formats::ModelFiles& files, const WeightBinder& b, bool tied);
+  // A routed-experts layer, bound: its experts' bytes (all, and the k of E a token reads) and E, k
+  // into info_ (`larder info`, the fit estimate).
+  void count_experts(const MoeWeights& w);
 
   ModelConfig cfg_;
   ModelInfo info_;

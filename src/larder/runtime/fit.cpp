@@ -29,6 +29,14 @@ uint64_t read_u64_file(const std::string& path, bool* ok) {
   return *ok ? std::strtoull(s.c_str(), nullptr, 10) : 0;
 }
 
+// The largest routed-experts intermediate size of the model's layers.
+uint64_t moe_ffn_of(const models::Model& model) {
+  int64_t f = 0;
+  for (const models::LayerSpec& l : model.layers())
+    if (l.ffn == models::FfnKind::kRoutedExperts) f = std::max(f, l.experts.ffn);
+  return static_cast<uint64_t>(f);
+}
+
 }  // namespace
 
 uint64_t parse_bytes(const std::string& s) {
@@ -52,6 +60,8 @@ FitEstimate estimate_fit(const models::Model& model, uint64_t weight_bytes, cons
   const models::ModelInfo& i = model.info();
   FitEstimate e;
   e.weights = weight_bytes;
+  e.expert_bytes = i.expert_bytes;
+  e.weights_per_token = weight_bytes - std::min(weight_bytes, i.expert_bytes - i.active_expert_bytes);
   // From the layers' own state schema: plain layers grow per token, rings stop at their window,
   // KV-sharing layers (Gemma 4) hold nothing.
   const memory::StateFootprint fp = model.state_schema().footprint();
@@ -63,7 +73,11 @@ FitEstimate estimate_fit(const models::Model& model, uint64_t weight_bytes, cons
   const uint64_t q_dim = static_cast<uint64_t>(i.n_heads * i.head_dim), kv_dim = static_cast<uint64_t>(i.n_kv_heads * i.head_dim);
   // decoder x/h/o, attention q/k/v/att, MLP gate/up, the activations quantized for the integer
   // kernels (a byte per element), and the last row's logits (twice: model buffer + caller's).
-  const uint64_t per_row = 3 * i.hidden + 2 * q_dim + 2 * kv_dim + 2 * i.ffn;
+  // MoE layers: router logits, ids and weights, gate/up per (token, slot), down's output per slot.
+  const uint64_t k = static_cast<uint64_t>(i.n_experts_used);
+  const uint64_t moe_ffn = k > 0 && i.n_experts > 0 ? moe_ffn_of(model) : 0;
+  const uint64_t per_row = 3 * i.hidden + 2 * q_dim + 2 * kv_dim + 2 * i.ffn +
+                           (k > 0 ? static_cast<uint64_t>(i.n_experts) + 2 * k + 2 * k * moe_ffn + k * i.hidden : 0);
   e.scratch = rows * per_row * sizeof(float) + rows * std::max(i.hidden, i.ffn) + 2 * i.vocab * sizeof(float);
   e.runtime = kProcessBase + kTokenizerPerEntry * static_cast<uint64_t>(i.vocab);
   e.kv_store_cap = req.kv_store_ram_cap;
@@ -164,6 +178,10 @@ std::string describe_fit(const FitEstimate& est, const FitRequest& req, const Me
   o << strfmt("memory estimate (--ctx %lld --parallel %lld):\n", static_cast<long long>(req.ctx),
               static_cast<long long>(req.parallel));
   o << strfmt("  weights        %s\n", gib(est.weights).c_str());
+  if (est.expert_bytes)
+    o << strfmt("    experts      %s of them (all mapped); a token reads %s of the weights (the experts it is routed "
+                "to)\n",
+                gib(est.expert_bytes).c_str(), gib(est.weights_per_token).c_str());
   o << strfmt("  KV cache       %s (%s per token per sequence in %s", gib(est.kv).c_str(), gib(est.kv_per_token).c_str(),
               memory::kv_dtype_tag(est.kv_dtype));
   if (est.kv_fixed) o << strfmt(", + %s per sequence for sliding-window rings and recurrent state", gib(est.kv_fixed).c_str());

@@ -3,7 +3,9 @@
 // message up front instead of the OOM killer halfway through a prompt.
 //
 // The estimate (bytes):
-//   weights    every tensor of the files (mapped; the first forward pages them in). An untied
+//   weights    every tensor of the files (mapped; the first forward pages them in): a mixture of
+//              experts counts every expert, since a run touches them all over time; what one
+//              decode token reads (the k of E experts it is routed to) is `weights_per_token`. An untied
 //              embedding table is read only at the rows of the tokens seen, so a model whose
 //              untied embedding is most of its size measures less (tests/fit: the 64-wide test
 //              model with a 128k vocabulary, +11 %); real models are within a few %.
@@ -38,6 +40,9 @@ struct FitRequest {
 
 struct FitEstimate {
   uint64_t weights = 0, kv = 0, scratch = 0, runtime = 0, kv_store_cap = 0;
+  // Mixtures of experts: the bytes of all routed experts (part of `weights`), and the weight bytes
+  // one decode token reads — `weights` less the experts it is not routed to (k of E per layer).
+  uint64_t expert_bytes = 0, weights_per_token = 0;
   uint64_t kv_per_token = 0;  // one sequence, the layers whose state grows per token
   uint64_t kv_fixed = 0;      // one sequence, the layers whose state does not (rings, recurrent)
   DType kv_dtype = DType::kF32;  // of the plain KV rows (the model's StateSchema; the CLI's default is f16)

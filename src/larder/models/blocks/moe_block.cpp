@@ -1,0 +1,128 @@
+#include "larder/models/blocks/moe_block.h"
+
+#include <cmath>
+
+namespace larder::models {
+
+namespace {
+// A matrix's bytes as stored: codes plus, for MLX affine, its scales and biases.
+uint64_t view_bytes(const kernels::WeightView& w) {
+  uint64_t b = static_cast<uint64_t>(w.rows) * w.row_bytes();
+  if (w.is_affine())
+    b += 2 * dtype_bytes(w.scale_dtype, static_cast<uint64_t>(w.rows * (w.cols / w.group_size)));
+  return b;
+}
+}  // namespace
+
+uint64_t MoeWeights::expert_bytes() const {
+  uint64_t b = 0;
+  for (const auto* set : {&gate, &up, &down})
+    for (const kernels::WeightView& w : *set) b += view_bytes(w);
+  return b;  // the shared expert is dense weight: read by every token, not counted here
+}
+
+uint64_t MoeWeights::active_expert_bytes() const {
+  return route.n_experts > 0 ? expert_bytes() / static_cast<uint64_t>(route.n_experts) * static_cast<uint64_t>(route.k)
+                             : 0;
+}
+
+Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int64_t hidden,
+                const kernels::RouteParams& route, Activation act, MoeWeights* w) {
+  w->act = act;
+  w->route = route;
+  w->route.n_experts = d.n_experts;
+  w->route.k = d.k;
+  LARDER_ASSIGN_OR_RETURN(w->router, b.matrix(p + "gate.weight", d.n_experts, hidden, "num_experts x hidden_size"));
+  struct Part {
+    const char* proj;
+    int64_t rows, cols;
+    const char* why;
+    std::vector<kernels::WeightView>* out;
+  };
+  const Part parts[] = {{"gate_proj", d.ffn, hidden, "experts of moe_intermediate_size x hidden_size", &w->gate},
+                        {"up_proj", d.ffn, hidden, "experts of moe_intermediate_size x hidden_size", &w->up},
+                        {"down_proj", hidden, d.ffn, "experts of hidden_size x moe_intermediate_size", &w->down}};
+  // transformers 5 fuses gate and up: experts.gate_up_proj [E, 2·ffn, hidden] (gate first).
+  const bool fused = !b.has(p + "switch_mlp.gate_proj.weight") && b.has(p + "experts.gate_up_proj");
+  for (const Part& part : parts) {
+    WeightBinder::ExpertsSpec s;
+    s.stacked = p + "switch_mlp." + part.proj + ".weight";
+    s.per_expert = p + "experts.{i}." + part.proj + ".weight";
+    if (fused) {
+      const bool down = part.out == &w->down;
+      s.stacked = p + (down ? "experts.down_proj" : "experts.gate_up_proj");
+      s.per_expert.clear();
+      s.parts = down ? 1 : 2;
+      s.part = part.out == &w->up ? 1 : 0;
+    }
+    s.n_experts = d.n_experts;
+    s.rows = part.rows;
+    s.cols = part.cols;
+    LARDER_ASSIGN_OR_RETURN(*part.out, b.experts(s, part.why));
+  }
+  w->has_shared = d.shared_ffn > 0;
+  if (w->has_shared) {
+    ModelConfig sc;  // bind_mlp's view: the shared expert's sizes, no biases
+    sc.hidden = hidden;
+    sc.ffn = d.shared_ffn;
+    LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "shared_expert.", sc, act, &w->shared));
+    const std::string sg = p + "shared_expert_gate.weight";
+    if (b.has(p + "shared_expert_gate.scales")) {  // MLX: quantized like the router
+      LARDER_ASSIGN_OR_RETURN(w->shared_gate, b.matrix(sg, 1, hidden, "1 x hidden_size"));
+    } else {  // one float row, [1, hidden] (HF) or [hidden] (GGUF ffn_gate_inp_shexp)
+      LARDER_ASSIGN_OR_RETURN(w->shared_gate_f32, b.small_f32(sg, {1, hidden}, "1 x hidden_size"));
+      w->shared_gate.dtype = DType::kF32;
+      w->shared_gate.rows = 1;
+      w->shared_gate.cols = hidden;
+      w->shared_gate.data = reinterpret_cast<const uint8_t*>(w->shared_gate_f32.data());
+    }
+  }
+  return Status::ok();
+}
+
+void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out) {
+  const int E = w.route.n_experts, k = w.route.k;
+  const int64_t ffn = w.gate[0].rows, hidden = w.down[0].rows;
+  const int64_t slots = n * k;
+  s.logits.resize(static_cast<size_t>(n * E));
+  s.ids.resize(static_cast<size_t>(slots));
+  s.weights.resize(static_cast<size_t>(slots));
+  s.g.resize(static_cast<size_t>(slots * ffn));
+  s.u.resize(static_cast<size_t>(slots * ffn));
+  s.y.resize(static_cast<size_t>(slots * hidden));
+  kernels::matmul(w.router, h, n, s.logits.data());
+  kernels::route_topk(s.logits.data(), n, w.route, s.ids.data(), s.weights.data());
+  const kernels::ExpertsView gu[2] = {{w.gate.data(), E}, {w.up.data(), E}};
+  float* const ys[2] = {s.g.data(), s.u.data()};
+  kernels::matmul_experts_multi(gu, ys, 2, h, /*x_per_slot=*/false, n, s.ids.data(), k);
+  switch (w.act) {
+    case Activation::kSilu: kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
+    case Activation::kGeluTanh: kernels::gelu_tanh_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
+  }
+  const kernels::ExpertsView dv{w.down.data(), E};
+  kernels::matmul_experts(dv, s.g.data(), /*x_per_slot=*/true, n, s.ids.data(), k, s.y.data());
+  // Σ_j weight · y in slot order, per row (mlx-lm: (y * scores).sum(-2)).
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out + t * hidden;
+    const float* wt = s.weights.data() + t * k;
+    for (int64_t c = 0; c < hidden; ++c) o[c] = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const float* y = s.y.data() + (t * k + j) * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] += wt[j] * y[c];
+    }
+  }
+  if (!w.has_shared) return;
+  // + σ(shared_gate · h) · shared_mlp(h), added after the routed sum (mlx-lm's order).
+  s.shared_y.resize(static_cast<size_t>(n * hidden));
+  s.shared_g.resize(static_cast<size_t>(n));
+  mlp_block(w.shared, h, n, s.shared, s.shared_y.data());
+  kernels::matmul(w.shared_gate, h, n, s.shared_g.data());
+  for (int64_t t = 0; t < n; ++t) {
+    const float g = 1.0f / (1.0f + std::exp(-s.shared_g[static_cast<size_t>(t)]));
+    float* o = out + t * hidden;
+    const float* y = s.shared_y.data() + t * hidden;
+    for (int64_t c = 0; c < hidden; ++c) o[c] += g * y[c];
+  }
+}
+
+}  // namespace larder::models

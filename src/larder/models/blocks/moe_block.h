@@ -1,0 +1,61 @@
+// moe_block.h — the routed-experts FFN (mixture of experts) of one layer:
+//   logits = router(h) [E];  (ids, weights) = route_topk(logits)   (k of E experts per token)
+//   out = Σ_j weights[j] · down_ids[j](act(gate_ids[j](h)) ⊙ up_ids[j](h))
+//         [+ σ(shared_gate · h) · shared_mlp(h)]   (a shared expert: Qwen3-Next, Qwen3.5-MoE)
+// The experts run through the grouped kernels (kernels/moe.h): gate and up of every selected
+// (token, slot) in one matmul_experts_multi, down in one matmul_experts, so a decode step reads
+// only the selected experts' rows and forks the thread pool twice per layer.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "larder/kernels/moe.h"
+#include "larder/kernels/ops.h"
+#include "larder/models/blocks/mlp.h"
+#include "larder/models/layer_spec.h"
+#include "larder/models/weights.h"
+
+namespace larder::models {
+
+struct MoeWeights {
+  // Movable, not copyable: shared_gate may point into shared_gate_f32 (a move keeps the buffer).
+  MoeWeights() = default;
+  MoeWeights(MoeWeights&&) = default;
+  MoeWeights& operator=(MoeWeights&&) = default;
+  MoeWeights(const MoeWeights&) = delete;
+  MoeWeights& operator=(const MoeWeights&) = delete;
+
+  Activation act = Activation::kSilu;
+  kernels::RouteParams route;                       // E, k, order, renormalisation
+  kernels::WeightView router;                       // [E, hidden]
+  std::vector<kernels::WeightView> gate, up, down;  // E each: [ffn, hidden], [ffn, hidden], [hidden, ffn]
+  bool has_shared = false;
+  MlpWeights shared;                 // [shared_ffn, hidden] ...
+  kernels::WeightView shared_gate;   // [1, hidden]
+  std::vector<float> shared_gate_f32;  // its storage where it is a float tensor (GGUF stores it [hidden])
+  // Bytes of all E experts' gate/up/down, and of the k a token reads (k/E of them).
+  uint64_t expert_bytes() const;
+  uint64_t active_expert_bytes() const;
+};
+
+struct MoeScratch {
+  std::vector<float> logits, weights, g, u, y, shared_y, shared_g;
+  std::vector<int32_t> ids;
+  MlpScratch shared;
+};
+
+// Where a family's tensors are: `prefix` is "model.layers.N.mlp."; the router is
+// `<prefix>gate.weight`, the experts stacked `<prefix>switch_mlp.{gate,up,down}_proj.weight` (MLX,
+// and GGUF `ffn_*_exps` through the family's TensorNames), fused `<prefix>experts.gate_up_proj`
+// [E, 2·ffn, hidden] + `<prefix>experts.down_proj` (transformers 5 / Qwen3.5-MoE HF checkpoints) or
+// one per expert `<prefix>experts.{i}.{gate,up,down}_proj.weight` (HF); with d.shared_ffn the
+// shared expert `<prefix>shared_expert.{gate,up,down}_proj.weight` and its gate
+// `<prefix>shared_expert_gate.weight` [1, hidden].
+Status bind_moe(WeightBinder& b, const std::string& prefix, const ExpertDims& d, int64_t hidden,
+                const kernels::RouteParams& route, Activation act, MoeWeights* out);
+// out[n, hidden] = moe(h[n, hidden]). Each row's result depends on that row only (routing, the
+// grouped kernels' per-expert matmuls and the weighted sum in slot order).
+void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out);
+
+}  // namespace larder::models
