@@ -120,11 +120,12 @@ void LlamaModel::layer_forward(int l, const LayerBatch& b) {
                    .h = b.h,
                    .rows = b.rows,
                    .positions = b.positions,
-                   .seqs = b.seqs},
+                   .seqs = b.seqs,
+                   .adapters = b.adapters},
                   attn_s_, b.o);
   kernels::add(b.x, b.o, b.x, n);
   L.ffn_norm.apply(b.x, b.rows, b.h);
-  mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
+  mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o, b.adapters);
   kernels::add(b.x, b.o, b.x, n);
 }
 
