@@ -156,7 +156,7 @@ std::string format_table(const std::vector<OpStat>& ops, const PoolStat& pool, d
   for (const OpStat& s : ops) total += s.self_ns;
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-64s %9s %11s %6s %8s %8s %11s %8s\n", "op (self time)",
+  std::snprintf(line, sizeof line, "%-76s %9s %11s %6s %8s %8s %11s %8s\n", "op (self time)",
                 per_step ? "calls/tok" : "calls", per_step ? "us/tok" : "us", "%", "GB/s", per_step ? "jobs/tok" : "jobs",
                 "join wait us", "alone %");
   out += line;
@@ -165,13 +165,13 @@ std::string format_table(const std::vector<OpStat>& ops, const PoolStat& pool, d
     char gbs[32] = "";
     // GB/s over the whole scope (a matmul's time includes its fork/join)
     if (s.bytes > 0 && s.total_ns > 0) std::snprintf(gbs, sizeof gbs, "%.1f", s.bytes / s.total_ns);
-    std::snprintf(line, sizeof line, "%-64.64s %9.1f %11.1f %6.1f %8s %8.1f %11.1f %8.1f\n", s.name.c_str(),
+    std::snprintf(line, sizeof line, "%-76.76s %9.1f %11.1f %6.1f %8s %8.1f %11.1f %8.1f\n", s.name.c_str(),
                   static_cast<double>(s.calls) / div, us, total > 0 ? 100.0 * s.self_ns / total : 0.0, gbs,
                   static_cast<double>(s.jobs) / div, s.join_wait_ns / 1e3 / div,
                   s.jobs ? 100.0 * static_cast<double>(s.jobs_alone) / static_cast<double>(s.jobs) : 0.0);
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-64s %9s %11.1f %6.1f\n", "total", "", total / 1e3 / div, 100.0);
+  std::snprintf(line, sizeof line, "%-76s %9s %11.1f %6.1f\n", "total", "", total / 1e3 / div, 100.0);
   out += line;
   std::snprintf(line, sizeof line,
                 "pool: %.1f jobs%s, worker joined %.0f %% of them, publish->join %.2f us avg, caller join wait %.1f us%s\n",
