@@ -13,12 +13,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "../../support/model_fixture.h"
+#include "larder/core/profile.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/models/adapter.h"
 #include "larder/models/model.h"
@@ -225,6 +227,57 @@ TEST(Projection, GroupEqualsEachAlone) {
     ps[i]->apply(x.data(), n, alone.data(), runs);
     EXPECT_EQ(0, std::memcmp(alone.data(), ys[i], alone.size() * sizeof(float))) << ps[i]->name();
   }
+}
+
+// Profiling goes through the projection: its matmul's row names it (layers aggregated), a group's
+// row names every member, the adapter delta has a row of its own, and the label ends with the call.
+TEST(Projection, ProfileRowsNameTheProjection) {
+  ProjCase s;
+  const OwnedDelta da = random_delta(ProjCase::kOut, ProjCase::kIn, 2, s.g);
+  Adapter A{{da.view(2, 1.0f)}};
+  const std::vector<AdapterRun> runs = {{0, 1, &A, 1.0f}};
+  Projection k = Projection::over("model.layers.7.self_attn.k_proj", 1, s.p.weight());
+  std::vector<float> y(ProjCase::kRows * ProjCase::kOut), y2(y.size());
+  profile::reset();
+  profile::set_enabled(true);
+  s.p.apply(s.x.data(), ProjCase::kRows, y.data(), runs);
+  const Projection* ps[2] = {&s.p, &k};
+  float* ys[2] = {y.data(), y2.data()};
+  apply_group(ps, ys, 2, s.x.data(), ProjCase::kRows);
+  kernels::matmul(s.p.weight(), s.x.data(), 1, y.data());  // outside any projection
+  profile::set_enabled(false);
+  std::vector<std::string> names;
+  for (const profile::OpStat& op : profile::snapshot()) names.push_back(op.name);
+  auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  EXPECT_TRUE(has("matmul F32 40x96 n<=8 [self_attn.q_proj]"));
+  EXPECT_TRUE(has("matmul_multi F32 2 x (80 rows)x96 n<=8 [self_attn.q_proj+k_proj]") ||
+              has("matmul F32 40x96 n<=8 [self_attn.q_proj+k_proj]"))  // a tier without a fused F32 path
+      << ::testing::PrintToString(names);
+  EXPECT_TRUE(has("lora delta"));
+  EXPECT_TRUE(has("matmul F32 40x96")) << "the label must end with the projection's call";
+}
+
+// The model's projection table: lm_head first, then each layer's in the order the family binds
+// them, under canonical HF names (what adapters are matched against).
+TEST(Projection, ModelTableNamesEveryProjection) {
+  test::LoadedModel l = test::load_model(test::kModelFixtures + "llama_untied_f32");
+  ASSERT_NE(l.model, nullptr);
+  const auto projs = l.model->projections();
+  const int64_t L = l.model->info().n_layers;
+  ASSERT_EQ(static_cast<int64_t>(projs.size()), 1 + 7 * L);
+  EXPECT_EQ(projs[0].name, "lm_head");
+  EXPECT_EQ(projs[0].out, l.model->info().vocab);
+  const char* per_layer[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                             "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(projs[1 + i].name, std::string("model.layers.0.") + per_layer[i]);
+  EXPECT_EQ(projs[4].in, l.model->info().n_heads * l.model->info().head_dim);  // o_proj
+  test::LoadedModel q = test::load_model(test::kModelFixtures + "qwen3_5_text_f32");
+  ASSERT_NE(q.model, nullptr);
+  int delta = 0;
+  for (const ProjectionInfo& p : q.model->projections())
+    delta += p.name.find("linear_attn.in_proj_qkv") != std::string::npos ||
+             p.name.find("linear_attn.out_proj") != std::string::npos;
+  EXPECT_GT(delta, 0) << "the DeltaNet in/out projections are projections";
 }
 
 // Model level, every family's layer kinds: an adapter with a random delta on every projection the
