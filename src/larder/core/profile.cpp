@@ -35,6 +35,7 @@ Registry& reg() {
 }
 
 thread_local Scope* tl_top = nullptr;
+thread_local const char* tl_label = nullptr;
 
 // LARDER_PROFILE=1 on any verb: the table goes to stderr at exit (bench --profile prints its own).
 struct AtExit {
@@ -92,6 +93,14 @@ void Scope::close() {
   s.join_wait_ns += wait_ns_;
 }
 
+void Label::open(const char* label) {
+  active_ = true;
+  prev_ = tl_label;
+  tl_label = label;
+}
+void Label::close() { tl_label = prev_; }
+const char* current_label() { return tl_label; }
+
 void note_job(double join_wait_ns, bool alone) {
   if (Scope* s = tl_top) {
     s->jobs_ += 1;
@@ -147,7 +156,7 @@ std::string format_table(const std::vector<OpStat>& ops, const PoolStat& pool, d
   for (const OpStat& s : ops) total += s.self_ns;
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-44s %9s %11s %6s %8s %8s %11s %8s\n", "op (self time)",
+  std::snprintf(line, sizeof line, "%-76s %9s %11s %6s %8s %8s %11s %8s\n", "op (self time)",
                 per_step ? "calls/tok" : "calls", per_step ? "us/tok" : "us", "%", "GB/s", per_step ? "jobs/tok" : "jobs",
                 "join wait us", "alone %");
   out += line;
@@ -156,13 +165,13 @@ std::string format_table(const std::vector<OpStat>& ops, const PoolStat& pool, d
     char gbs[32] = "";
     // GB/s over the whole scope (a matmul's time includes its fork/join)
     if (s.bytes > 0 && s.total_ns > 0) std::snprintf(gbs, sizeof gbs, "%.1f", s.bytes / s.total_ns);
-    std::snprintf(line, sizeof line, "%-44.44s %9.1f %11.1f %6.1f %8s %8.1f %11.1f %8.1f\n", s.name.c_str(),
+    std::snprintf(line, sizeof line, "%-76.76s %9.1f %11.1f %6.1f %8s %8.1f %11.1f %8.1f\n", s.name.c_str(),
                   static_cast<double>(s.calls) / div, us, total > 0 ? 100.0 * s.self_ns / total : 0.0, gbs,
                   static_cast<double>(s.jobs) / div, s.join_wait_ns / 1e3 / div,
                   s.jobs ? 100.0 * static_cast<double>(s.jobs_alone) / static_cast<double>(s.jobs) : 0.0);
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-44s %9s %11.1f %6.1f\n", "total", "", total / 1e3 / div, 100.0);
+  std::snprintf(line, sizeof line, "%-76s %9s %11.1f %6.1f\n", "total", "", total / 1e3 / div, 100.0);
   out += line;
   std::snprintf(line, sizeof line,
                 "pool: %.1f jobs%s, worker joined %.0f %% of them, publish->join %.2f us avg, caller join wait %.1f us%s\n",

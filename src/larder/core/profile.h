@@ -72,6 +72,29 @@ class Scope {
   double wait_ns_ = 0;
 };
 
+// A label for the ops the calling thread runs inside it (a model projection: "self_attn.q_proj"):
+// matmul scopes append it to their name, so the table splits one matmul shape by the projections
+// that run it. Labels do not nest (the innermost wins); `label` must outlive the Label.
+class Label {
+ public:
+  explicit Label(const char* label) {
+    if (enabled()) open(label);
+  }
+  ~Label() {
+    if (active_) close();
+  }
+  Label(const Label&) = delete;
+  Label& operator=(const Label&) = delete;
+
+ private:
+  void open(const char* label);
+  void close();
+  bool active_ = false;
+  const char* prev_ = nullptr;
+};
+// The calling thread's current label, or nullptr.
+const char* current_label();
+
 // Thread-pool hooks (called only while enabled()).
 void note_job(double join_wait_ns, bool alone);  // by the submitting thread, after the job closed
 void note_join(double latency_ns);                // by a worker, when it joins a job

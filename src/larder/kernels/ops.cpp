@@ -12,7 +12,7 @@
 // Every entry point is a core/profile.h scope (one relaxed load when profiling is off). The name is
 // formatted only when it is on.
 #define LARDER_OP_SCOPE(bytes, ...)                                              \
-  char op_name_[96];                                                            \
+  char op_name_[160];                                                           \
   op_name_[0] = 0;                                                              \
   if (profile::enabled()) std::snprintf(op_name_, sizeof op_name_, __VA_ARGS__); \
   profile::Scope op_scope_(op_name_, (bytes))
@@ -36,6 +36,13 @@ double weight_bytes(const WeightView& w) {
 std::string weight_format(const WeightView& w) {
   if (w.is_affine()) return "affine-q" + std::to_string(w.bits) + "-g" + std::to_string(w.group_size);
   return dtype_name(w.dtype);
+}
+
+// " [label]" of the calling thread's profile::Label (a model projection), or "". Called only while
+// profiling is on.
+std::string label_suffix() {
+  const char* l = profile::current_label();
+  return l && *l ? std::string(" [") + l + "]" : std::string();
 }
 
 // LARDER_FUSED=0: matmul_multi runs one matmul per weight (A/B measurements, debugging).
@@ -73,8 +80,8 @@ bool weight_supported(const WeightView& w) {
 void matmul(const WeightView& w, const float* x, int64_t n, float* y) {
   MatmulFn f = matmul_fn(active_table(), w);
   LARDER_CHECK(f != nullptr, "[kernels] no matmul for %s (affine bits %d)", dtype_name(w.dtype), w.bits);
-  LARDER_OP_SCOPE(profile::enabled() ? weight_bytes(w) : 0.0, "matmul %s %lldx%lld%s", weight_format(w).c_str(),
-                  (long long)w.rows, (long long)w.cols, n == 1 ? "" : n <= 8 ? " n<=8" : " n>8");
+  LARDER_OP_SCOPE(profile::enabled() ? weight_bytes(w) : 0.0, "matmul %s %lldx%lld%s%s", weight_format(w).c_str(),
+                  (long long)w.rows, (long long)w.cols, n == 1 ? "" : n <= 8 ? " n<=8" : " n>8", label_suffix().c_str());
   f(w, x, n, y);
 }
 
@@ -109,8 +116,8 @@ void matmul_multi(const WeightView* ws, float* const* ys, int count, const float
     int64_t rows = 0;
     if (profile::enabled())
       for (int k = 0; k < m; ++k) bytes += weight_bytes(group[k]), rows += group[k].rows;
-    LARDER_OP_SCOPE(bytes, "matmul_multi %s %d x (%lld rows)x%lld%s", weight_format(ws[i]).c_str(), m, (long long)rows,
-                    (long long)ws[i].cols, n == 1 ? "" : n <= 8 ? " n<=8" : " n>8");
+    LARDER_OP_SCOPE(bytes, "matmul_multi %s %d x (%lld rows)x%lld%s%s", weight_format(ws[i]).c_str(), m, (long long)rows,
+                    (long long)ws[i].cols, n == 1 ? "" : n <= 8 ? " n<=8" : " n>8", label_suffix().c_str());
     f(group, outs, m, x, n);
   }
 }

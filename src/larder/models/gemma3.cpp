@@ -245,10 +245,11 @@ void Gemma3Model::layer_forward(int l, const LayerBatch& b) {
                          .h = in,
                          .rows = b.rows,
                          .positions = b.positions,
-                         .seqs = b.seqs},
+                         .seqs = b.seqs,
+                         .adapters = b.adapters},
                         attn_s_, out);
       },
-      [&](const float* in, float* out) { mlp_block(L.mlp, in, b.rows, mlp_s_, out); });
+      [&](const float* in, float* out) { mlp_block(L.mlp, in, b.rows, mlp_s_, out, b.adapters); });
 }
 
 }  // namespace

@@ -347,8 +347,8 @@ struct Layer {
   AttentionWeights attn;
   MlpWeights mlp;
   // Per-layer embeddings (ple_dim > 0).
-  kernels::WeightView ple_gate, ple_proj;  // [P, hidden], [hidden, P]
-  RmsNorm ple_norm;                        // post_per_layer_input_norm
+  Projection ple_gate, ple_proj;  // [P, hidden], [hidden, P]
+  RmsNorm ple_norm;               // post_per_layer_input_norm
   float scalar = 1.0f;                     // layer_scalar
 };
 
@@ -367,8 +367,9 @@ class Gemma4Model final : public Transformer {
   std::vector<bool> has_readers_;         // a ring source layer some KV-shared layer reads
   std::vector<std::vector<KvKeep>> keep_;  // per source layer
   // Per-layer embeddings.
-  kernels::WeightView ple_embed_, ple_model_proj_;  // [Vp, L·P], [L·P, hidden]
-  RmsNorm ple_proj_norm_;                           // [P]
+  kernels::WeightView ple_embed_;  // [Vp, L·P]
+  Projection ple_model_proj_;      // [L·P, hidden]
+  RmsNorm ple_proj_norm_;          // [P]
   float ple_embed_scale_ = 1.0f;
   std::vector<float> ple_;       // [rows, L, P] this forward's per-layer inputs
   std::vector<float> ple_tmp_;   // [rows, L·P]
@@ -421,8 +422,11 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
   if (P > 0) {
     LARDER_ASSIGN_OR_RETURN(ple_embed_, b.matrix("model.embed_tokens_per_layer.weight", gp_.ple_vocab, L * P,
                                                  "vocab_size_per_layer_input x num_hidden_layers*hidden_size_per_layer_input"));
-    LARDER_ASSIGN_OR_RETURN(ple_model_proj_, b.matrix("model.per_layer_model_projection.weight", L * P, c.hidden,
-                                                      "num_hidden_layers*hidden_size_per_layer_input x hidden_size"));
+    LARDER_ASSIGN_OR_RETURN(ple_model_proj_,
+                            b.projection({.module = "model.per_layer_model_projection",
+                                          .out = L * P,
+                                          .in = c.hidden,
+                                          .why = "num_hidden_layers*hidden_size_per_layer_input x hidden_size"}));
     LARDER_ASSIGN_OR_RETURN(ple_proj_norm_.weight,
                             b.vector("model.per_layer_projection_norm.weight", P, "hidden_size_per_layer_input"));
     ple_proj_norm_.eps = eps;
@@ -475,10 +479,14 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
     if (gp_.double_wide && spec.kv_source >= 0) mc.ffn = 2 * c.ffn;
     LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", mc, Activation::kGeluTanh, &Ly.mlp));
     if (P > 0) {
-      LARDER_ASSIGN_OR_RETURN(Ly.ple_gate, b.matrix(p + "per_layer_input_gate.weight", P, c.hidden,
-                                                    "hidden_size_per_layer_input x hidden_size"));
-      LARDER_ASSIGN_OR_RETURN(Ly.ple_proj, b.matrix(p + "per_layer_projection.weight", c.hidden, P,
-                                                    "hidden_size x hidden_size_per_layer_input"));
+      LARDER_ASSIGN_OR_RETURN(Ly.ple_gate, b.projection({.module = p + "per_layer_input_gate",
+                                                         .out = P,
+                                                         .in = c.hidden,
+                                                         .why = "hidden_size_per_layer_input x hidden_size"}));
+      LARDER_ASSIGN_OR_RETURN(Ly.ple_proj, b.projection({.module = p + "per_layer_projection",
+                                                         .out = c.hidden,
+                                                         .in = P,
+                                                         .why = "hidden_size x hidden_size_per_layer_input"}));
       LARDER_ASSIGN_OR_RETURN(Ly.ple_norm.weight, b.vector(p + "post_per_layer_input_norm.weight", c.hidden, "hidden_size"));
       Ly.ple_norm.eps = eps;
     }
@@ -497,7 +505,7 @@ void Gemma4Model::begin_batch(const LayerBatch& b) {
   ple_.resize(static_cast<size_t>(rows * LP));
   ple_tmp_.resize(static_cast<size_t>(rows * LP));
   // Projection of the scaled embeddings, / √hidden, RMS-normed per layer group of P.
-  kernels::matmul(ple_model_proj_, b.x, rows, ple_.data());
+  ple_model_proj_.apply(b.x, rows, ple_.data(), b.adapters);
   const float proj_scale = 1.0f / std::sqrt(static_cast<float>(cfg_.hidden));
   for (int64_t i = 0; i < rows * LP; ++i) ple_[static_cast<size_t>(i)] *= proj_scale;
   ple_proj_norm_.apply(ple_.data(), rows * L, ple_.data());
@@ -530,20 +538,21 @@ void Gemma4Model::layer_forward(int l, const LayerBatch& b) {
                          .rows = b.rows,
                          .positions = b.positions,
                          .seqs = b.seqs,
-                         .keep = keep},
+                         .keep = keep,
+                         .adapters = b.adapters},
                         attn_s_, out);
       },
-      [&](const float* in, float* out) { mlp_block(Ly.mlp, in, b.rows, mlp_s_, out); });
+      [&](const float* in, float* out) { mlp_block(Ly.mlp, in, b.rows, mlp_s_, out, b.adapters); });
   const int64_t P = gp_.ple_dim;
   if (P > 0) {
     gate_.resize(static_cast<size_t>(b.rows * P));
     gin_.resize(static_cast<size_t>(b.rows * P));
-    kernels::matmul(Ly.ple_gate, b.x, b.rows, gate_.data());
+    Ly.ple_gate.apply(b.x, b.rows, gate_.data(), b.adapters);
     const int64_t LP = cfg_.n_layers * P;
     for (int64_t r = 0; r < b.rows; ++r)
       std::copy_n(ple_.data() + r * LP + int64_t{l} * P, P, gin_.data() + r * P);
     kernels::gelu_tanh_mul(gate_.data(), gin_.data(), gate_.data(), b.rows * P);
-    kernels::matmul(Ly.ple_proj, gate_.data(), b.rows, b.o);
+    Ly.ple_proj.apply(gate_.data(), b.rows, b.o, b.adapters);
     Ly.ple_norm.apply(b.o, b.rows, b.o);
     kernels::add(b.x, b.o, b.x, n);
   }

@@ -142,12 +142,13 @@ void LlamaModel::layer_forward(int l, const LayerBatch& b) {
                    .h = b.h,
                    .rows = b.rows,
                    .positions = b.positions,
-                   .seqs = b.seqs},
+                   .seqs = b.seqs,
+                   .adapters = b.adapters},
                   attn_s_, b.o);
   kernels::add(b.x, b.o, b.x, n);
   L.ffn_norm.apply(b.x, b.rows, b.h);
-  if (spec.ffn == FfnKind::kRoutedExperts) moe_block(L.moe, b.h, b.rows, moe_s_, b.o);
-  else mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
+  if (spec.ffn == FfnKind::kRoutedExperts) moe_block(L.moe, b.h, b.rows, moe_s_, b.o, b.adapters);
+  else mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o, b.adapters);
   kernels::add(b.x, b.o, b.x, n);
 }
 

@@ -15,6 +15,7 @@
 #include "larder/core/status.h"
 #include "larder/formats/model_files.h"
 #include "larder/memory/sequence_state.h"
+#include "larder/models/adapter.h"
 #include "larder/models/layer_spec.h"
 
 namespace larder::models {
@@ -44,6 +45,9 @@ struct BatchItem {
   memory::SequenceState* state = nullptr;
   float* logits = nullptr;  // [vocab] or, with logits_all, [n, vocab]
   bool logits_all = false;
+  // Low-rank adapters on this sequence's rows (issue 45): every projection adds their deltas
+  // (blocks/projection.h); other items of the batch are unaffected. Empty: the base model.
+  std::span<const AdapterUse> adapters = {};
 };
 
 class Model {
@@ -65,6 +69,9 @@ class Model {
   // forward (a state of another schema). unsupported when the model's head size cannot hold it
   // (q8_0 needs head_dim % 32 == 0), with the reason.
   virtual Status set_kv_dtype(DType dt) = 0;
+  // Every projection the forward runs, indexed by Projection::id (what an adapter's deltas are
+  // indexed by): its canonical HF module name and shape.
+  virtual std::span<const ProjectionInfo> projections() const = 0;
   // Lets forward run up to n positions when n is past the trained context (info().max_context
   // grows to n; no-op otherwise), as llama.cpp runs n_ctx > n_ctx_train with a warning. For speed
   // measurements (`larder bench -d`): what the model computes past its trained context is not

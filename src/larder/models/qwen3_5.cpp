@@ -335,8 +335,9 @@ void Qwen35Model::layer_forward(int l, const LayerBatch& b) {
   const int64_t n = b.rows * cfg_.hidden;
   L.input_norm.apply(b.x, b.rows, b.h);
   if (spec.kind == LayerKind::kGatedDelta) {
-    gated_delta_block({.spec = &spec, .w = &L.delta, .layer = l, .h = b.h, .rows = b.rows, .seqs = b.seqs}, delta_s_,
-                      b.o);
+    gated_delta_block(
+        {.spec = &spec, .w = &L.delta, .layer = l, .h = b.h, .rows = b.rows, .seqs = b.seqs, .adapters = b.adapters},
+        delta_s_, b.o);
   } else {
     attention_block({.spec = &spec,
                      .opt = &attn_opt_,
@@ -346,13 +347,14 @@ void Qwen35Model::layer_forward(int l, const LayerBatch& b) {
                      .h = b.h,
                      .rows = b.rows,
                      .positions = b.positions,
-                     .seqs = b.seqs},
+                     .seqs = b.seqs,
+                     .adapters = b.adapters},
                     attn_s_, b.o);
   }
   kernels::add(b.x, b.o, b.x, n);
   L.post_attn_norm.apply(b.x, b.rows, b.h);
-  if (spec.ffn == FfnKind::kRoutedExperts) moe_block(L.moe, b.h, b.rows, moe_s_, b.o);
-  else mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o);
+  if (spec.ffn == FfnKind::kRoutedExperts) moe_block(L.moe, b.h, b.rows, moe_s_, b.o, b.adapters);
+  else mlp_block(L.mlp, b.h, b.rows, mlp_s_, b.o, b.adapters);
   kernels::add(b.x, b.o, b.x, n);
 }
 

@@ -49,13 +49,13 @@ Result<bool> Transformer::bind_head(WeightBinder& b, bool family_default) {
   }
   const bool tied = !has_head && c.tied_embeddings.value_or(family_default);
   if (tied) {
-    lm_head_ = embed_;
+    lm_head_ = b.projection_over("lm_head", embed_);
   } else {
     const char* why = has_head ? "vocab_size x hidden_size"
                       : c.tied_embeddings ? "vocab_size x hidden_size; tie_word_embeddings is false"
                                           : "vocab_size x hidden_size; config.json does not set tie_word_embeddings "
                                             "and this architecture's default is untied";
-    LARDER_ASSIGN_OR_RETURN(lm_head_, b.matrix("lm_head.weight", c.vocab, c.hidden, why));
+    LARDER_ASSIGN_OR_RETURN(lm_head_, b.projection({.module = "lm_head", .out = c.vocab, .in = c.hidden, .why = why}));
   }
   LARDER_ASSIGN_OR_RETURN(final_norm_.weight, b.vector("model.norm.weight", c.hidden, "hidden_size"));
   final_norm_.eps = static_cast<float>(c.rms_eps);
@@ -85,6 +85,7 @@ Status Transformer::finish_bind(const formats::ModelFiles& files, const WeightBi
   info_.n_params = b.n_params();
   info_.eos_ids = c.eos_ids;
   info_.bos_id = c.bos_id;
+  projections_ = b.projections();
   return Status::ok();
 }
 
@@ -168,6 +169,11 @@ Status Transformer::forward_batch(std::span<const BatchItem> items) {
         return invalid_argument(strfmt("[model] token id %d at index %lld is outside the vocabulary [0, %lld)",
                                        it.tokens[t], (long long)t, (long long)c.vocab));
     }
+    for (const AdapterUse& a : it.adapters) {
+      if (a.adapter == nullptr || a.adapter->deltas.size() > projections_.size())
+        return invalid_argument(strfmt("[model] forward item %zu: an adapter %s", i,
+                                       a.adapter ? "with more deltas than the model has projections" : "that is null"));
+    }
     rows += n;
   }
   // Profiling (core/profile.h): the forward's self time is what no op scope covers — embedding
@@ -185,10 +191,18 @@ Status Transformer::forward_batch(std::span<const BatchItem> items) {
   tokens_.resize(static_cast<size_t>(rows));
   seqs_.clear();
   logit_rows_.clear();
+  adapter_runs_.clear();
+  head_runs_.clear();
   int64_t r = 0;
   for (const BatchItem& it : items) {
     const int64_t pos0 = it.state->length();
     seqs_.push_back({r, it.n, it.state});
+    // The item's adapters on its rows, and on its rows of the lm_head call (logit rows, in order).
+    const int64_t head0 = static_cast<int64_t>(logit_rows_.size()), head_n = it.logits_all ? it.n : 1;
+    for (const AdapterUse& a : it.adapters) {
+      adapter_runs_.push_back({r, it.n, a.adapter, a.scale});
+      head_runs_.push_back({head0, head_n, a.adapter, a.scale});
+    }
     for (int64_t t = 0; t < it.n; ++t, ++r) {
       float* xr = x_.data() + r * d;
       kernels::dequant_row(embed_, it.tokens[t], xr);
@@ -199,7 +213,7 @@ Status Transformer::forward_batch(std::span<const BatchItem> items) {
       if (it.logits_all || t == it.n - 1) logit_rows_.push_back(r);
     }
   }
-  const LayerBatch lb{x_.data(), h_.data(), o_.data(), rows, positions_.data(), tokens_.data(), seqs_};
+  const LayerBatch lb{x_.data(), h_.data(), o_.data(), rows, positions_.data(), tokens_.data(), seqs_, adapter_runs_};
   begin_batch(lb);
   for (int64_t l = 0; l < c.n_layers; ++l) layer_forward(static_cast<int>(l), lb);
   for (const BatchItem& it : items) it.state->kv.advance(it.n);
@@ -217,12 +231,12 @@ Status Transformer::forward_batch(std::span<const BatchItem> items) {
     for (int64_t i = 0; i < lrows * V; ++i) y[i] = logit_softcap_ * std::tanh(y[i] / logit_softcap_);
   };
   if (items.size() == 1) {  // the common single-sequence case writes straight into the caller's buffer
-    kernels::matmul(lm_head_, h_.data(), lrows, items[0].logits);
+    lm_head_.apply(h_.data(), lrows, items[0].logits, head_runs_);
     softcap(items[0].logits);
     return Status::ok();
   }
   logits_buf_.resize(static_cast<size_t>(lrows * V));
-  kernels::matmul(lm_head_, h_.data(), lrows, logits_buf_.data());
+  lm_head_.apply(h_.data(), lrows, logits_buf_.data(), head_runs_);
   softcap(logits_buf_.data());
   int64_t at = 0;
   for (const BatchItem& it : items) {

@@ -35,6 +35,7 @@ struct LayerBatch {
   const int64_t* positions;
   const int32_t* tokens;  // row r's token id
   std::span<const AttentionSeq> seqs;
+  AdapterRows adapters;  // the items' adapters as row runs: every projection of the layer takes them
 };
 
 class Transformer : public Model {
@@ -42,6 +43,7 @@ class Transformer : public Model {
   const ModelInfo& info() const override { return info_; }
   std::span<const LayerSpec> layers() const override { return specs_; }
   const memory::StateSchema& state_schema() const override { return schema_; }
+  std::span<const ProjectionInfo> projections() const override { return projections_; }
   Status set_kv_dtype(DType dt) override;
   void extend_context(int64_t n) override {
     if (n > cfg_.max_context) cfg_.max_context = info_.max_context = n;
@@ -75,7 +77,8 @@ class Transformer : public Model {
   std::vector<LayerSpec> specs_;
   memory::StateSchema schema_;
   std::vector<std::vector<float>> rope_tables_;  // LayerSpec::rope indexes this
-  kernels::WeightView embed_, lm_head_;
+  kernels::WeightView embed_;
+  Projection lm_head_;  // over embed_ when tied
   float embed_scale_ = 1.0f;  // Gemma multiplies embeddings by √hidden
   float logit_softcap_ = 0;   // > 0: logits = cap · tanh(logits / cap) (Gemma 2/4 final_logit_softcapping)
   RmsNorm final_norm_;
@@ -92,6 +95,8 @@ class Transformer : public Model {
   std::vector<AttentionSeq> seqs_;
   std::vector<float> logits_buf_;
   std::vector<int64_t> logit_rows_;  // rows whose logits are wanted, in item order
+  std::vector<ProjectionInfo> projections_;
+  std::vector<AdapterRun> adapter_runs_, head_runs_;  // per layer rows; per lm_head rows
 };
 
 // A per-layer tensor that the graph does not use means the config describes a different model

@@ -333,6 +333,20 @@ Result<std::vector<float>> WeightBinder::small_f32(const std::string& hf_name, s
   return to_f32(*t, len);
 }
 
+Result<Projection> WeightBinder::projection(const ProjectionSpec& spec) {
+  LARDER_ASSIGN_OR_RETURN(const kernels::WeightView w, matrix(spec.module + ".weight", spec.out, spec.in, spec.why));
+  Projection p = projection_over(spec.module, w);
+  if (spec.bias) {
+    LARDER_ASSIGN_OR_RETURN(p.bias_, vector(spec.module + ".bias", spec.out, spec.bias_why));
+  }
+  return p;
+}
+
+Projection WeightBinder::projection_over(const std::string& name, const kernels::WeightView& w) {
+  projections_.push_back({name, w.rows, w.cols});
+  return Projection::over(name, static_cast<int>(projections_.size()) - 1, w);
+}
+
 Result<std::vector<float>> WeightBinder::vector(const std::string& hf_name, int64_t len, const char* why) {
   LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* t, find(hf_name));
   if (t->rank() != 1 || t->dim(0) != len) {

@@ -22,6 +22,8 @@
 #include "larder/core/status.h"
 #include "larder/formats/model_files.h"
 #include "larder/kernels/ops.h"
+#include "larder/models/adapter.h"
+#include "larder/models/blocks/projection.h"
 #include "larder/models/config.h"
 #include "larder/models/tensor_names.h"
 
@@ -36,6 +38,22 @@ class WeightBinder {
   // A [rows, cols] matrix (logical shape) in any format the active kernel table can execute:
   // plain, GGUF block, or MLX affine (then `<module>.scales`/`.biases` are bound with it).
   Result<kernels::WeightView> matrix(const std::string& hf_name, int64_t rows, int64_t cols, const char* why);
+  // A dense projection (blocks/projection.h): `<module>.weight` bound as matrix(), with
+  // `<module>.bias` when `bias` is set, registered in the binder's projection table (its id is the
+  // table index; the model publishes the table as Model::projections()).
+  struct ProjectionSpec {
+    std::string module;  // canonical HF module name, "model.layers.3.self_attn.q_proj"
+    int64_t out = 0, in = 0;
+    const char* why = "";         // what the shape means, for errors ("hidden_size x intermediate_size")
+    bool bias = false;
+    const char* bias_why = "";    // what the bias length means
+  };
+  Result<Projection> projection(const ProjectionSpec& spec);
+  // A projection over a matrix bound already under another name (a tied lm_head over the token
+  // embedding), registered as `name`.
+  Projection projection_over(const std::string& name, const kernels::WeightView& w);
+  const std::vector<ProjectionInfo>& projections() const { return projections_; }
+
   // A layer's routed experts: n_experts matrices [rows, cols] of one format, one WeightView each
   // (kernels::ExpertsView over the result), bound in place from whichever layout the file holds.
   struct ExpertsSpec {
@@ -87,6 +105,7 @@ class WeightBinder {
   const formats::ModelFiles& files_;
   const TensorNames& names_;
   Result<QuantizationConfig> quant_;
+  std::vector<ProjectionInfo> projections_;
   std::set<std::string> bound_;  // file tensor names
   std::set<std::string> dtypes_;
   int64_t n_params_ = 0;

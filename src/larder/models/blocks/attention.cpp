@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "larder/core/threadpool.h"
-#include "larder/models/blocks/mlp.h"
 
 namespace larder::models {
 
@@ -14,24 +13,31 @@ Status bind_attention(WeightBinder& b, const std::string& p, const LayerSpec& sp
   const int64_t q_dim = int64_t{spec.n_heads} * spec.head_dim, kv_dim = int64_t{spec.n_kv_heads} * spec.head_dim;
   const bool own_kv = spec.kv_source < 0;
   const int64_t q_rows = spec.attn_gate ? 2 * q_dim : q_dim;  // [query | gate] per head
-  LARDER_ASSIGN_OR_RETURN(w->q, b.matrix(p + "q_proj.weight", q_rows, c.hidden,
-                                         spec.attn_gate ? "2*num_attention_heads*head_dim x hidden_size (query and gate)"
-                                                        : "num_attention_heads*head_dim x hidden_size"));
+  const bool qkv_bias = opt.qkv_bias || c.attention_bias;
+  LARDER_ASSIGN_OR_RETURN(w->q, b.projection({.module = p + "q_proj",
+                                              .out = q_rows,
+                                              .in = c.hidden,
+                                              .why = spec.attn_gate ? "2*num_attention_heads*head_dim x hidden_size (query and gate)"
+                                                                    : "num_attention_heads*head_dim x hidden_size",
+                                              .bias = qkv_bias,
+                                              .bias_why = "q_proj rows"}));
   if (own_kv) {
-    LARDER_ASSIGN_OR_RETURN(w->k, b.matrix(p + "k_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
+    const char* why = "num_key_value_heads*head_dim x hidden_size";
+    const char* bias_why = "num_key_value_heads*head_dim";
+    LARDER_ASSIGN_OR_RETURN(w->k, b.projection({.module = p + "k_proj", .out = kv_dim, .in = c.hidden, .why = why,
+                                                .bias = qkv_bias, .bias_why = bias_why}));
     if (!spec.k_eq_v) {
-      LARDER_ASSIGN_OR_RETURN(w->v, b.matrix(p + "v_proj.weight", kv_dim, c.hidden, "num_key_value_heads*head_dim x hidden_size"));
+      LARDER_ASSIGN_OR_RETURN(w->v, b.projection({.module = p + "v_proj", .out = kv_dim, .in = c.hidden, .why = why,
+                                                  .bias = qkv_bias, .bias_why = bias_why}));
     }
   }
-  LARDER_ASSIGN_OR_RETURN(w->o, b.matrix(p + "o_proj.weight", c.hidden, q_dim, "hidden_size x num_attention_heads*head_dim"));
-  if (opt.qkv_bias || c.attention_bias) {
-    LARDER_ASSIGN_OR_RETURN(w->q_b, b.vector(p + "q_proj.bias", q_rows, "q_proj rows"));
-    LARDER_ASSIGN_OR_RETURN(w->k_b, b.vector(p + "k_proj.bias", kv_dim, "num_key_value_heads*head_dim"));
-    LARDER_ASSIGN_OR_RETURN(w->v_b, b.vector(p + "v_proj.bias", kv_dim, "num_key_value_heads*head_dim"));
-  }
-  if (c.attention_bias) {  // llama-style attention_bias also covers o_proj (HF LlamaAttention)
-    LARDER_ASSIGN_OR_RETURN(w->o_b, b.vector(p + "o_proj.bias", c.hidden, "hidden_size"));
-  }
+  // llama-style attention_bias also covers o_proj (HF LlamaAttention); qwen2's q/k/v bias does not.
+  LARDER_ASSIGN_OR_RETURN(w->o, b.projection({.module = p + "o_proj",
+                                              .out = c.hidden,
+                                              .in = q_dim,
+                                              .why = "hidden_size x num_attention_heads*head_dim",
+                                              .bias = c.attention_bias,
+                                              .bias_why = "hidden_size"}));
   if (spec.norms.qk) {
     LARDER_ASSIGN_OR_RETURN(w->q_norm.weight, b.vector(p + "q_norm.weight", spec.head_dim, "head_dim"));
     if (own_kv) {
@@ -89,47 +95,37 @@ void attention_block(const AttentionCall& call, AttentionScratch& s, float* out)
   const int slot_i = own_kv ? layer : spec.kv_source;
   s.q.resize(static_cast<size_t>(rows * q_dim));
   s.att.resize(static_cast<size_t>(rows * q_dim));
-  // q, k and v read the same activations: one matmul_multi (one quantization of h, one pool job
-  // in decode) instead of three matmuls.
+  // q, k and v read the same activations: one group (one quantization of h, one pool job in
+  // decode) instead of three projections.
   {
     if (spec.attn_gate) s.qg.resize(static_cast<size_t>(rows * 2 * q_dim));
-    kernels::WeightView ws[3] = {w.q};
+    const Projection* ps[3] = {&w.q};
     float* ys[3] = {spec.attn_gate ? s.qg.data() : s.q.data()};
     int count = 1;
     if (own_kv) {
       s.k.resize(static_cast<size_t>(rows * kv_dim));
       s.v.resize(static_cast<size_t>(rows * kv_dim));
-      ws[count] = w.k;
+      ps[count] = &w.k;
       ys[count++] = s.k.data();
       if (!spec.k_eq_v) {
-        ws[count] = w.v;
+        ps[count] = &w.v;
         ys[count++] = s.v.data();
       }
     }
-    kernels::matmul_multi(ws, ys, count, h, rows);
+    apply_group(ps, ys, count, h, rows, call.adapters);
   }
   if (spec.attn_gate) {
     // Per head, q_proj emits head_dim query values then head_dim gate values (mlx-lm
     // Qwen3NextAttention: reshape [.., heads, 2·head_dim], split in halves). The bias, when there
     // is one, covers both halves.
-    add_bias(s.qg.data(), rows, w.q_b);
     s.gate.resize(static_cast<size_t>(rows * q_dim));
     for (int64_t r = 0; r < rows * nh; ++r) {
       const float* src = s.qg.data() + r * 2 * hd;
       std::memcpy(s.q.data() + r * hd, src, static_cast<size_t>(hd) * sizeof(float));
       std::memcpy(s.gate.data() + r * hd, src + hd, static_cast<size_t>(hd) * sizeof(float));
     }
-  } else {
-    add_bias(s.q.data(), rows, w.q_b);
   }
-  if (own_kv) {
-    add_bias(s.k.data(), rows, w.k_b);
-    if (spec.k_eq_v) {
-      std::memcpy(s.v.data(), s.k.data(), static_cast<size_t>(rows * kv_dim) * sizeof(float));
-    } else {
-      add_bias(s.v.data(), rows, w.v_b);
-    }
-  }
+  if (own_kv && spec.k_eq_v) std::memcpy(s.v.data(), s.k.data(), static_cast<size_t>(rows * kv_dim) * sizeof(float));
   if (spec.norms.qk) {  // per head: the rows are [rows * heads, head_dim]
     w.q_norm.apply(s.q.data(), rows * nh, s.q.data());
     if (own_kv) w.k_norm.apply(s.k.data(), rows * nkv, s.k.data());
@@ -218,8 +214,7 @@ void attention_block(const AttentionCall& call, AttentionScratch& s, float* out)
     const float* g = s.gate.data();
     for (int64_t i = 0; i < rows * q_dim; ++i) a[i] *= 1.0f / (1.0f + std::exp(-g[i]));
   }
-  kernels::matmul(w.o, s.att.data(), rows, out);
-  add_bias(out, rows, w.o_b);
+  w.o.apply(s.att.data(), rows, out, call.adapters);
 }
 
 }  // namespace larder::models

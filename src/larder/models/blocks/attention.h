@@ -12,7 +12,9 @@
 
 #include "larder/kernels/ops.h"
 #include "larder/memory/sequence_state.h"
+#include "larder/models/adapter.h"
 #include "larder/models/blocks/norm.h"
+#include "larder/models/blocks/projection.h"
 #include "larder/models/config.h"
 #include "larder/models/layer_spec.h"
 #include "larder/models/weights.h"
@@ -25,8 +27,7 @@ struct AttentionOptions {
 };
 
 struct AttentionWeights {
-  kernels::WeightView q, k, v, o;
-  std::vector<float> q_b, k_b, v_b, o_b;
+  Projection q, k, v, o;  // biases per bind_attention; k/v unbound in a KV-sharing layer, v in a k_eq_v one
   RmsNorm q_norm, k_norm;  // empty unless spec.norms.qk
   RmsNorm v_norm;          // spec.norms.v: unit gain (the reference's norm has no weight)
 };
@@ -77,6 +78,7 @@ struct AttentionCall {
   std::span<const AttentionSeq> seqs;
   // KV sharing: a source layer's call fills it (ring slots only), a sharing layer's call reads it.
   std::vector<KvKeep>* keep = nullptr;
+  AdapterRows adapters;  // the rows' adapter deltas, for every projection (LayerBatch::adapters)
 };
 
 // out[rows, hidden] = attention(h[rows, hidden]) where the rows are the concatenation of the

@@ -11,15 +11,23 @@ Status bind_gated_delta(WeightBinder& b, const std::string& p, const LayerSpec& 
                         bool a_log_is_a, GatedDeltaWeights* w) {
   const GatedDeltaDims& d = spec.delta;
   const int64_t C = d.conv_dim();
-  LARDER_ASSIGN_OR_RETURN(w->qkv, b.matrix(p + "in_proj_qkv.weight", C, hidden,
-                                           "2*linear_num_key_heads*linear_key_head_dim + "
-                                           "linear_num_value_heads*linear_value_head_dim x hidden_size"));
-  LARDER_ASSIGN_OR_RETURN(w->z, b.matrix(p + "in_proj_z.weight", d.value_dim(), hidden,
-                                         "linear_num_value_heads*linear_value_head_dim x hidden_size"));
-  LARDER_ASSIGN_OR_RETURN(w->b, b.matrix(p + "in_proj_b.weight", d.n_v_heads, hidden, "linear_num_value_heads x hidden_size"));
-  LARDER_ASSIGN_OR_RETURN(w->a, b.matrix(p + "in_proj_a.weight", d.n_v_heads, hidden, "linear_num_value_heads x hidden_size"));
-  LARDER_ASSIGN_OR_RETURN(w->out, b.matrix(p + "out_proj.weight", hidden, d.value_dim(),
-                                           "hidden_size x linear_num_value_heads*linear_value_head_dim"));
+  LARDER_ASSIGN_OR_RETURN(w->qkv, b.projection({.module = p + "in_proj_qkv",
+                                                .out = C,
+                                                .in = hidden,
+                                                .why = "2*linear_num_key_heads*linear_key_head_dim + "
+                                                       "linear_num_value_heads*linear_value_head_dim x hidden_size"}));
+  LARDER_ASSIGN_OR_RETURN(w->z, b.projection({.module = p + "in_proj_z",
+                                              .out = d.value_dim(),
+                                              .in = hidden,
+                                              .why = "linear_num_value_heads*linear_value_head_dim x hidden_size"}));
+  LARDER_ASSIGN_OR_RETURN(w->b, b.projection({.module = p + "in_proj_b", .out = d.n_v_heads, .in = hidden,
+                                              .why = "linear_num_value_heads x hidden_size"}));
+  LARDER_ASSIGN_OR_RETURN(w->a, b.projection({.module = p + "in_proj_a", .out = d.n_v_heads, .in = hidden,
+                                              .why = "linear_num_value_heads x hidden_size"}));
+  LARDER_ASSIGN_OR_RETURN(w->out, b.projection({.module = p + "out_proj",
+                                                .out = hidden,
+                                                .in = d.value_dim(),
+                                                .why = "hidden_size x linear_num_value_heads*linear_value_head_dim"}));
   LARDER_ASSIGN_OR_RETURN(w->conv, b.small_f32(p + "conv1d.weight", {C, 1, d.conv_kernel},
                                                "conv channels x 1 x linear_conv_kernel_dim"));
   LARDER_ASSIGN_OR_RETURN(w->a_log, b.vector(p + "A_log", d.n_v_heads, "linear_num_value_heads"));
@@ -45,9 +53,9 @@ void gated_delta_block(const GatedDeltaCall& call, GatedDeltaScratch& s, float* 
   s.beta.resize(static_cast<size_t>(rows * Hv));
   s.y.resize(static_cast<size_t>(rows * V));
   {  // four projections of the same activations: one job
-    kernels::WeightView ws[4] = {w.qkv, w.z, w.b, w.a};
+    const Projection* ps[4] = {&w.qkv, &w.z, &w.b, &w.a};
     float* ys[4] = {s.qkv.data(), s.z.data(), s.b.data(), s.a.data()};
-    kernels::matmul_multi(ws, ys, 4, call.h, rows);
+    apply_group(ps, ys, 4, call.h, rows, call.adapters);
   }
   kernels::CausalConv1dParams cp;
   cp.channels = C;
@@ -107,7 +115,7 @@ void gated_delta_block(const GatedDeltaCall& call, GatedDeltaScratch& s, float* 
     rs->advance(sq.n);
   }
   kernels::rmsnorm_gated(s.y.data(), s.z.data(), w.norm.data(), rows * Hv, d.d_v, w.eps, s.y.data());
-  kernels::matmul(w.out, s.y.data(), rows, out);
+  w.out.apply(s.y.data(), rows, out, call.adapters);
 }
 
 }  // namespace larder::models

@@ -14,13 +14,14 @@
 
 #include "larder/kernels/ops.h"
 #include "larder/models/blocks/attention.h"
+#include "larder/models/blocks/projection.h"
 #include "larder/models/layer_spec.h"
 #include "larder/models/weights.h"
 
 namespace larder::models {
 
 struct GatedDeltaWeights {
-  kernels::WeightView qkv, z, b, a, out;  // in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj
+  Projection qkv, z, b, a, out;  // in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj
   std::vector<float> conv;                // [conv_dim, kernel]
   std::vector<float> a_log, dt_bias;      // [H_v]
   std::vector<float> norm;                // [d_v] gated RMSNorm gain, as stored
@@ -44,6 +45,7 @@ struct GatedDeltaCall {
   const float* h = nullptr;  // [rows, hidden] normed input
   int64_t rows = 0;
   std::span<const AttentionSeq> seqs;
+  AdapterRows adapters;  // the rows' adapter deltas (LayerBatch::adapters)
 };
 
 // out[rows, hidden]; each sequence's slot absorbs its rows (conv state, matrix, advance).

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "larder/kernels/ops.h"
+#include "larder/models/adapter.h"
+#include "larder/models/blocks/projection.h"
 #include "larder/models/config.h"
 #include "larder/models/weights.h"
 
@@ -15,8 +17,7 @@ enum class Activation : uint8_t { kSilu, kGeluTanh };
 
 struct MlpWeights {
   Activation act = Activation::kSilu;
-  kernels::WeightView gate, up, down;      // [ffn, hidden], [ffn, hidden], [hidden, ffn]
-  std::vector<float> gate_b, up_b, down_b;  // only with config mlp_bias
+  Projection gate, up, down;  // [ffn, hidden], [ffn, hidden], [hidden, ffn]; biases with config mlp_bias
 };
 
 struct MlpScratch {
@@ -25,10 +26,7 @@ struct MlpScratch {
 
 // prefix: "model.layers.N.mlp."
 Status bind_mlp(WeightBinder& b, const std::string& prefix, const ModelConfig& c, Activation act, MlpWeights* out);
-// out[n, hidden] = mlp(h[n, hidden]).
-void mlp_block(const MlpWeights& w, const float* h, int64_t n, MlpScratch& s, float* out);
-
-// y[n, dim] += bias[dim] per row (no-op for an empty bias).
-void add_bias(float* y, int64_t n, const std::vector<float>& bias);
+// out[n, hidden] = mlp(h[n, hidden]); `adapters`: the rows' adapter deltas (LayerBatch::adapters).
+void mlp_block(const MlpWeights& w, const float* h, int64_t n, MlpScratch& s, float* out, AdapterRows adapters = {});
 
 }  // namespace larder::models

@@ -32,7 +32,8 @@ Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int6
   w->route = route;
   w->route.n_experts = d.n_experts;
   w->route.k = d.k;
-  LARDER_ASSIGN_OR_RETURN(w->router, b.matrix(p + "gate.weight", d.n_experts, hidden, "num_experts x hidden_size"));
+  LARDER_ASSIGN_OR_RETURN(w->router, b.projection({.module = p + "gate", .out = d.n_experts, .in = hidden,
+                                                    .why = "num_experts x hidden_size"}));
   struct Part {
     const char* proj;
     int64_t rows, cols;
@@ -66,21 +67,23 @@ Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int6
     sc.hidden = hidden;
     sc.ffn = d.shared_ffn;
     LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "shared_expert.", sc, act, &w->shared));
-    const std::string sg = p + "shared_expert_gate.weight";
-    if (b.has(p + "shared_expert_gate.scales")) {  // MLX: quantized like the router
-      LARDER_ASSIGN_OR_RETURN(w->shared_gate, b.matrix(sg, 1, hidden, "1 x hidden_size"));
+    const std::string sg = p + "shared_expert_gate";
+    if (b.has(sg + ".scales")) {  // MLX: quantized like the router
+      LARDER_ASSIGN_OR_RETURN(w->shared_gate, b.projection({.module = sg, .out = 1, .in = hidden, .why = "1 x hidden_size"}));
     } else {  // one float row, [1, hidden] (HF) or [hidden] (GGUF ffn_gate_inp_shexp)
-      LARDER_ASSIGN_OR_RETURN(w->shared_gate_f32, b.small_f32(sg, {1, hidden}, "1 x hidden_size"));
-      w->shared_gate.dtype = DType::kF32;
-      w->shared_gate.rows = 1;
-      w->shared_gate.cols = hidden;
-      w->shared_gate.data = reinterpret_cast<const uint8_t*>(w->shared_gate_f32.data());
+      LARDER_ASSIGN_OR_RETURN(w->shared_gate_f32, b.small_f32(sg + ".weight", {1, hidden}, "1 x hidden_size"));
+      kernels::WeightView v;
+      v.dtype = DType::kF32;
+      v.rows = 1;
+      v.cols = hidden;
+      v.data = reinterpret_cast<const uint8_t*>(w->shared_gate_f32.data());
+      w->shared_gate = b.projection_over(sg, v);
     }
   }
   return Status::ok();
 }
 
-void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out) {
+void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out, AdapterRows adapters) {
   const int E = w.route.n_experts, k = w.route.k;
   const int64_t ffn = w.gate[0].rows, hidden = w.down[0].rows;
   const int64_t slots = n * k;
@@ -90,7 +93,7 @@ void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, fl
   s.g.resize(static_cast<size_t>(slots * ffn));
   s.u.resize(static_cast<size_t>(slots * ffn));
   s.y.resize(static_cast<size_t>(slots * hidden));
-  kernels::matmul(w.router, h, n, s.logits.data());
+  w.router.apply(h, n, s.logits.data(), adapters);
   kernels::route_topk(s.logits.data(), n, w.route, s.ids.data(), s.weights.data());
   const kernels::ExpertsView gu[2] = {{w.gate.data(), E}, {w.up.data(), E}};
   float* const ys[2] = {s.g.data(), s.u.data()};
@@ -115,8 +118,8 @@ void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, fl
   // + σ(shared_gate · h) · shared_mlp(h), added after the routed sum (mlx-lm's order).
   s.shared_y.resize(static_cast<size_t>(n * hidden));
   s.shared_g.resize(static_cast<size_t>(n));
-  mlp_block(w.shared, h, n, s.shared, s.shared_y.data());
-  kernels::matmul(w.shared_gate, h, n, s.shared_g.data());
+  mlp_block(w.shared, h, n, s.shared, s.shared_y.data(), adapters);
+  w.shared_gate.apply(h, n, s.shared_g.data(), adapters);
   for (int64_t t = 0; t < n; ++t) {
     const float g = 1.0f / (1.0f + std::exp(-s.shared_g[static_cast<size_t>(t)]));
     float* o = out + t * hidden;

@@ -19,7 +19,7 @@
 namespace larder::models {
 
 struct MoeWeights {
-  // Movable, not copyable: shared_gate may point into shared_gate_f32 (a move keeps the buffer).
+  // Movable, not copyable: shared_gate may view shared_gate_f32 (a move keeps the buffer).
   MoeWeights() = default;
   MoeWeights(MoeWeights&&) = default;
   MoeWeights& operator=(MoeWeights&&) = default;
@@ -28,11 +28,11 @@ struct MoeWeights {
 
   Activation act = Activation::kSilu;
   kernels::RouteParams route;                       // E, k, order, renormalisation
-  kernels::WeightView router;                       // [E, hidden]
+  Projection router;                                // [E, hidden]
   std::vector<kernels::WeightView> gate, up, down;  // E each: [ffn, hidden], [ffn, hidden], [hidden, ffn]
   bool has_shared = false;
   MlpWeights shared;                 // [shared_ffn, hidden] ...
-  kernels::WeightView shared_gate;   // [1, hidden]
+  Projection shared_gate;            // [1, hidden]
   std::vector<float> shared_gate_f32;  // its storage where it is a float tensor (GGUF stores it [hidden])
   // Bytes of all E experts' gate/up/down, and of the k a token reads (k/E of them).
   uint64_t expert_bytes() const;
@@ -56,6 +56,6 @@ Status bind_moe(WeightBinder& b, const std::string& prefix, const ExpertDims& d,
                 const kernels::RouteParams& route, Activation act, MoeWeights* out);
 // out[n, hidden] = moe(h[n, hidden]). Each row's result depends on that row only (routing, the
 // grouped kernels' per-expert matmuls and the weighted sum in slot order).
-void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out);
+void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out, AdapterRows adapters = {});
 
 }  // namespace larder::models
