@@ -6,7 +6,7 @@
 # of the prompt) with consistent hashing and health checks on /health.
 #
 #   scripts/cluster.sh start [--model PATH] [--replicas N] [--port PORT] [--dir DIR] [--no-remote]
-#                            [-- EXTRA SERVE FLAGS...]
+#                            [--balance-factor F] [-- EXTRA SERVE FLAGS...]
 #   scripts/cluster.sh stop   [--dir DIR]
 #   scripts/cluster.sh status [--dir DIR]
 #
@@ -15,6 +15,8 @@
 # REDIS_URL) for scripts and tests to read. The router listens on PORT (default 8800), replica i
 # on PORT+i. `stop` ends exactly the processes it started (their pids) and removes DIR.
 # --no-remote starts the replicas without the Redis tier (the baseline of bench/cluster_bench.py).
+# --balance-factor: HAProxy's hash-balance-factor (default 150: no replica above 150 % of the
+# average connections; 0 = plain consistent hashing, placement independent of timing).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +26,7 @@ MODEL=""
 REPLICAS=3
 PORT=8800
 REMOTE=1
+BALANCE=150
 EXTRA=()
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
@@ -38,6 +41,7 @@ while (($#)); do
     --port) PORT=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --no-remote) REMOTE=0; shift ;;
+    --balance-factor) BALANCE=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) die "unknown option '$1'" ;;
   esac
@@ -74,6 +78,7 @@ case $cmd in
     [[ -n $MODEL ]] || MODEL=$ROOT/.cache/models/SmolLM2-135M-Instruct-hf
     [[ -e $MODEL ]] || die "model '$MODEL' not found (give --model PATH)"
     [[ $REPLICAS =~ ^[0-9]+$ ]] && ((REPLICAS >= 1)) || die "--replicas must be a positive integer"
+    [[ $BALANCE =~ ^[0-9]+$ ]] && ((BALANCE == 0 || BALANCE > 100)) || die "--balance-factor must be 0 (off) or above 100"
     [[ -f $DIR/pids ]] && die "a cluster is already running in $DIR (cluster.sh stop --dir $DIR)"
     # A unix socket path holds at most 107 bytes (sun_path).
     ((${#DIR} + 11 <= 107)) || die "--dir '$DIR' is too long for a unix socket path inside it (at most 96 bytes)"
@@ -143,11 +148,14 @@ frontend larder
 
 backend replicas
   # Consistent hashing: a key keeps its replica while the set is unchanged, and a replica that
-  # goes down moves only its own keys. The balance factor bounds any replica's connections at
-  # 150% of the average (consistent hashing with bounded loads), so one hot key cannot pile up.
+  # goes down moves only its own keys. hash-balance-factor (cluster.sh --balance-factor, default
+  # 150) bounds any replica's connections at that % of the average (consistent hashing with
+  # bounded loads): one hot key cannot pile up; the overflow goes to the next replica on the ring.
   balance hash var(txn.key)
   hash-type consistent
-  hash-balance-factor 150
+EOF
+      ((BALANCE > 0)) && echo "  hash-balance-factor $BALANCE"
+      cat <<EOF
   option httpchk GET /health
   http-check expect status 200
   default-server check inter 500ms fall 2 rise 2
