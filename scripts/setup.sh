@@ -23,6 +23,7 @@ APT_PACKAGES=(
   libssl-dev           # libcrypto: sha256/sha1 to verify downloads
   libhiredis-dev       # Redis client: the remote KV tier (larder serve --kv-remote)
   redis-server         # a real Redis for the remote-tier tests (tests/server/kv_remote_test.py)
+  haproxy              # the router of scripts/cluster.sh (docs/deployment.md, tests/server/cluster_test.py)
   libgtest-dev libgmock-dev libbenchmark-dev
   chromium chromium-driver  # headless browser for the chat page's tests (tests/server/webui_test.py)
   time                 # GNU time: peak RSS of a child in tests/fit (wait4 from a big parent over-reports)

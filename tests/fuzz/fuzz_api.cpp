@@ -3,7 +3,7 @@
 // the route's request parser — parse_chat (/v1/chat/completions), parse_completion
 // (/v1/completions and llama-server's /completion), parse_messages (/v1/messages),
 // parse_ollama_chat / parse_ollama_generate (/api/chat, /api/generate, after ollama_load_only),
-// render_chat_prompt (/apply-template). Those parse every field, tokenize the prompt, render the
+// render_chat_prompt (/apply-template), parse_kv_lookup (/v1/kv/lookup). Those parse every field, tokenize the prompt, render the
 // chat template, and compile response_format / tools / grammar constraints. ApiError and other
 // std::exceptions are what the server turns into 4xx answers; anything else is a finding.
 // Input byte 0 picks the route, the rest is the body. Model: stories260K (shared/models).
@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ordered_json body = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return 0;
   try {
-    switch (data[0] % 6) {
+    switch (data[0] % 7) {
       case 0: (void)server::parse_chat(s->sm, body); break;
       case 1: (void)server::parse_completion(s->sm, body); break;
       case 2: (void)server::parse_messages(s->sm, body); break;
@@ -78,6 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!server::ollama_load_only(s->sm, body, server::OllamaKind::kGenerate))
           (void)server::parse_ollama_generate(s->sm, body);
         break;
+      case 6: (void)server::parse_kv_lookup(s->sm, body); break;
       default:
         // POST /apply-template: the route checks messages itself and catches only ApiError
         // (http_server.cpp), so any other exception here would leave the handler.

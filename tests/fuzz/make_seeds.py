@@ -59,6 +59,7 @@ def http_seeds():
     put("http", req("POST", "/completion", {"prompt": "abc", "n_predict": 2}), "native")
     put("http", req("POST", "/tokenize", {"content": "hello world", "with_pieces": True}), "tokenize")
     put("http", req("POST", "/apply-template", {"messages": [{"role": "user", "content": "x"}]}), "apply_template")
+    put("http", req("POST", "/v1/kv/lookup", {"prompt": "Once upon a time"}), "kv_lookup")
     put("http", req("OPTIONS", "/v1/chat/completions", headers=["Origin: http://localhost:3000",
                     "Access-Control-Request-Method: POST", "Access-Control-Request-Headers: content-type"]), "preflight")
     put("http", req("GET", "/", headers=["Accept: text/html"]), "webui")
@@ -84,7 +85,8 @@ def http_seeds():
 
 
 def api_seeds():
-    routes = {"chat": 0, "completions": 1, "messages": 2, "ollama_chat": 3, "ollama_generate": 4, "apply_template": 5}
+    routes = {"chat": 0, "completions": 1, "messages": 2, "ollama_chat": 3, "ollama_generate": 4, "apply_template": 5,
+              "kv_lookup": 6}
     weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather",
                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
     bodies = {
@@ -146,6 +148,12 @@ def api_seeds():
         "apply_template": [
             {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], "tools": [weather],
              "chat_template_kwargs": {"enable_thinking": True}, "add_generation_prompt": True},
+        ],
+        "kv_lookup": [
+            {"model": "stories260K", "prompt": "Once upon a time"},
+            {"tokens": [1, 403, 407, 261, 378], "cache_salt": "s1"},
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+             "tools": [weather], "max_tokens": 4},
         ],
     }
     for route, items in bodies.items():

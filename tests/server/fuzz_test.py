@@ -1,5 +1,5 @@
 """Fuzzes `larder serve` with thousands of seeded random and mutated JSON bodies on the three
-generation routes: every answer must be a 2xx or a 4xx with an error body in the surface's shape
+generation routes and POST /v1/kv/lookup: every answer must be a 2xx or a 4xx with an error body in the surface's shape
 (never a 5xx, never a dropped connection), and the server must still answer correctly at the end.
 Generation is kept tiny (max_tokens mostly 2, --ctx 64) so the run stays short."""
 import copy
@@ -53,6 +53,12 @@ SEEDS = {
          "messages": [{"role": "user", "content": "call it"},
                       {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "t", "input": {}}]},
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}]}]},
+    ],
+    "/v1/kv/lookup": [
+        {"prompt": "Once upon a time", "cache_salt": "s"},
+        {"tokens": [1, 2, 3, 4]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
+         "tools": [{"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}]},
     ],
 }
 

@@ -103,6 +103,17 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& body, 
 // refused — but one the byte bound refuses is never tokenized.
 ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& body, bool count_only = false);
 
+// POST /v1/kv/lookup: the prompt a generation request would run, as token ids, and its KV
+// namespace. One of `prompt` (as /v1/completions takes it), `messages` (as /v1/chat/completions
+// renders them, with tools and chat_template_kwargs) or `tokens` (ids); `model` optional (404
+// when it names another); `cache_salt` as on the generation routes. Throws ApiError.
+struct KvLookupRequest {
+  std::vector<int32_t> prompt;
+  std::string ns;
+  std::string form;  // "prompt" | "messages" | "tokens"
+};
+KvLookupRequest parse_kv_lookup(const ServedModel& sm, const ordered_json& body);
+
 // The longest decoded token of the model (for ServedModel::max_token_bytes).
 int64_t longest_token_bytes(const runtime::LoadedModel& m);
 

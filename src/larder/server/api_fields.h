@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 
@@ -450,6 +451,49 @@ inline runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordere
 inline std::string namespace_for(const ServedModel& sm, const ordered_json& b) {
   auto salt = string_field(b, "cache_salt");
   return salt && !salt->empty() ? memory::namespace_id({}, *salt) : sm.ns_base;
+}
+
+// The one of `names` a body gives (present and not null): none or several is a 400 naming them.
+inline const char* one_of(const ordered_json& b, std::initializer_list<const char*> names) {
+  const char* given = nullptr;
+  std::string list;
+  for (const char* n : names) {
+    list += std::string(list.empty() ? "" : ", ") + n;
+    if (!get(b, n)) continue;
+    if (given) bad(strfmt("give only one of %s (this body has both %s and %s)", list.c_str(), given, n), n);
+    given = n;
+  }
+  if (!given) {
+    list.clear();
+    for (const char* n : names) list += std::string(list.empty() ? "" : ", ") + n;
+    bad(strfmt("the body needs one of %s", list.c_str()), *names.begin());
+  }
+  return given;
+}
+
+// A list of token ids: non-empty, every id an int in the vocabulary, no more than the context.
+inline std::vector<int32_t> token_ids(const ServedModel& sm, const ordered_json& v, const char* param) {
+  const int64_t V = sm.m->model->info().vocab;
+  if (!v.is_array()) bad(strfmt("%s must be an array of token ids", param), param);
+  if (v.empty()) bad(strfmt("%s must not be empty", param), param);
+  check_token_count(sm, v.size(), param);
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (const auto& t : v) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
+      bad(strfmt("%s must be ints in [0, %lld)", param, (long long)V), param);
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+// `model`, when given, names the served model: routes that answer about this server's state (its
+// KV store) must not answer a question about another model with this one's numbers.
+inline void served_model(const ServedModel& sm, const ordered_json& b) {
+  const std::optional<std::string> name = string_field(b, "model");
+  if (!name || *name == sm.id) return;
+  bad(strfmt("model \"%s\" is not served here (this server serves \"%s\")", name->c_str(), sm.id.c_str()), "model",
+      "model_not_found", 404);
 }
 
 inline ParsedRequest start(const ordered_json& b, const char* id_prefix, const char* route) {

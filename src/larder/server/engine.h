@@ -95,6 +95,9 @@ class Engine {
   size_t active() const { return active_count_.load(); }
   uint64_t kv_reserved() const { return kv_reserved_.load(); }  // bytes held by running sequences
   const EngineConfig& config() const { return cfg_; }
+  // The remote tier (null without --kv-remote). Its peek is thread-safe, so /v1/kv/lookup asks
+  // it from the HTTP worker and never holds the engine thread for a network round trip.
+  memory::RemoteTier* remote_tier() const { return store_ ? store_->remote() : nullptr; }
 
  private:
   struct Seq;

@@ -11,6 +11,7 @@
 
 #include "larder/core/cpuid.h"
 #include "larder/core/log.h"
+#include "larder/memory/store/remote_tier.h"
 #include "larder/server/response_writer.h"
 #include "larder/server/api_constraints.h"
 #include "larder/server/api_fields.h"
@@ -948,10 +949,63 @@ struct HttpServer::Impl {
         return send_json(res, 200, model_object(*sm.load()));
       }
       case RouteId::kHealth: {
+        // llama-server's shape ({"status"}, 200 / 503, slots_idle / slots_processing as its
+        // older releases reported them) plus the load a router balances on.
         const int s = state.load();
-        if (s == kReady) return send_json(res, 200, {{"status", "ok"}});
+        ordered_json j = {{"status", s == kReady ? "ok" : s == kLoading ? "loading" : "draining"}};
+        if (Engine* e = engine.load()) {
+          const int64_t parallel = e->config().parallel;
+          const int64_t running = static_cast<int64_t>(e->active());
+          const int64_t free_slots = std::max<int64_t>(0, parallel - running);
+          j["slots_idle"] = free_slots;
+          j["slots_processing"] = running;
+          j["running"] = running;
+          j["queued"] = e->queue_depth();
+          j["free_slots"] = free_slots;
+          j["parallel"] = parallel;
+        }
+        if (s == kReady) return send_json(res, 200, j);
         res.set_header("Retry-After", "1");
-        return send_json(res, 503, {{"status", s == kLoading ? "loading" : "draining"}});
+        return send_json(res, 503, j);
+      }
+      case RouteId::kKvLookup: {
+        if (!gate(req, res)) return;
+        const ServedModel& m = *sm.load();
+        Engine* e = engine.load();
+        ordered_json b;
+        if (auto err = parse_body(req, b)) return send_error(req, res, *err);
+        KvLookupRequest lr;
+        try {
+          lr = parse_kv_lookup(m, b);
+        } catch (const ApiError& err) {
+          return send_error(req, res, err);
+        } catch (const std::exception& err) {
+          return send_error(req, res, {400, std::string("invalid request: ") + err.what()});
+        }
+        const nlohmann::json local = e->with_store([&lr](memory::KvStore& s) {
+          const memory::KvStore::LocalLookup l = s.lookup_local(lr.prompt, lr.ns);
+          return nlohmann::json{{"ram", l.ram}, {"ssd", l.ssd}, {"ssd_enabled", l.ssd_enabled}, {"ssd_scanning", l.ssd_scanning}};
+        });
+        if (!local.is_object() || !local.contains("ram"))
+          return send_error(req, res, {503, "the server is shutting down"});
+        const int64_t n = static_cast<int64_t>(lr.prompt.size());
+        int64_t best = std::max(local["ram"].get<int64_t>(), local["ssd"].get<int64_t>());
+        ordered_json j = {{"object", "kv.lookup"}, {"model", m.id}, {"form", lr.form}, {"prompt_tokens", n},
+                          {"ram_tokens", local["ram"]},
+                          {"ssd_tokens", local["ssd_enabled"].get<bool>() ? ordered_json(local["ssd"]) : ordered_json()},
+                          {"ssd_scanning", local["ssd_scanning"]}};
+        if (memory::RemoteTier* rt = e->remote_tier()) {
+          std::string failure;
+          const int64_t r = rt->peek(lr.prompt, lr.ns, &failure);
+          j["remote_tokens"] = failure.empty() ? ordered_json(r) : ordered_json();
+          j["remote_error"] = failure.empty() ? ordered_json() : ordered_json(failure);
+          if (failure.empty()) best = std::max(best, r);
+        } else {
+          j["remote_tokens"] = nullptr;
+          j["remote_error"] = nullptr;
+        }
+        j["cached_tokens"] = best;
+        return send_json(res, 200, j);
       }
       case RouteId::kMetrics: {
         Engine* e = engine.load();

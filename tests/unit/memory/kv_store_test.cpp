@@ -141,6 +141,60 @@ TEST(KvStoreFacade, ByteCapHeldContinuouslyUnderGrowingConversations) {
   EXPECT_GT(s->stats().ram.evictions, 0u);
 }
 
+// POST /v1/kv/lookup asks lookup_local: it must answer what a take would reuse without being a
+// take — no hit or miss counted, and no LRU touch: after looking up the oldest entry, the next
+// put still evicts that one (a take would have made it the newest, and evicted the other).
+TEST(KvStoreFacade, LookupLocalAnswersWithoutTouchingLruOrCounters) {
+  for (const bool touch : {false, true}) {
+    KvStoreConfig c = cfg();
+    const size_t one = prefilled(seq(1, 40)).kv.owned_bytes();
+    c.ram_cap_bytes = one * 5 / 2;  // two entries fit, a third evicts the least recently used
+    auto s = KvStore::open(c).value();
+    const auto a = seq(1000, 40), b = seq(2000, 40), d = seq(3000, 40);
+    ASSERT_TRUE(s->put(a, prefilled(a), "base").is_ok());
+    ASSERT_TRUE(s->put(b, prefilled(b), "base").is_ok());
+    const auto prompt_a = cat(a, seq(9000, 4));
+    const StoreStats before = s->stats();
+    const KvStore::LocalLookup l = s->lookup_local(prompt_a, "base");
+    EXPECT_EQ(l.ram, 40);
+    EXPECT_EQ(l.ssd, 0);
+    EXPECT_FALSE(l.ssd_enabled);
+    EXPECT_EQ(s->lookup_local(prompt_a, "other").ram, 0) << "namespaces stay apart";
+    EXPECT_EQ(s->lookup_local(a, "base").ram, 39) << "never the last prompt token, as a take (§2.1)";
+    const StoreStats after = s->stats();
+    EXPECT_EQ(after.ram.hits, before.ram.hits);
+    EXPECT_EQ(after.ram.misses, before.ram.misses);
+    if (touch) {  // the control: a real take makes `a` the most recently used
+      TakeResult t = s->take(prompt_a, "base");
+      ASSERT_TRUE(t.hit);
+      ASSERT_TRUE(s->put(a, std::move(*t.hit).into_state(kLayout, testing::kCtx), "base").is_ok());
+    }
+    ASSERT_TRUE(s->put(d, prefilled(d), "base").is_ok());
+    EXPECT_EQ(s->lookup_local(prompt_a, "base").ram, touch ? 40 : 0) << "touch=" << touch;
+    EXPECT_EQ(s->lookup_local(cat(b, seq(9000, 4)), "base").ram, touch ? 0 : 40) << "touch=" << touch;
+  }
+}
+
+TEST(KvStoreFacade, LookupLocalSeesTheSsdTierIndexWithoutRestoring) {
+  TempDir dir;
+  KvStoreConfig c = cfg(dir.path);
+  c.background_scan = false;
+  const auto a = seq(500, 48);
+  {
+    auto s = KvStore::open(c).value();
+    ASSERT_TRUE(s->put(a, prefilled(a), "base").is_ok());
+    ASSERT_TRUE(s->flush().durable);
+  }
+  auto s = KvStore::open(c).value();  // a restart: empty RAM, the file indexed
+  const KvStore::LocalLookup l = s->lookup_local(cat(a, seq(7, 3)), "base");
+  EXPECT_TRUE(l.ssd_enabled);
+  EXPECT_FALSE(l.ssd_scanning);
+  EXPECT_EQ(l.ram, 0);
+  EXPECT_EQ(l.ssd, 48);
+  EXPECT_EQ(s->stats().ram.restores, 0u) << "a lookup restores nothing";
+  EXPECT_EQ(s->stats().ram.entries, 0u);
+}
+
 TEST(KvStoreFacade, ChangedLayerSignatureOnRestartIsAMiss) {
   TempDir d;
   KvStoreConfig c = cfg(d.path);

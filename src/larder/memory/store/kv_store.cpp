@@ -265,6 +265,17 @@ void KvStore::clear(bool with_ssd) {
   }
 }
 
+KvStore::LocalLookup KvStore::lookup_local(std::span<const TokenId> prompt, const std::string& ns) {
+  LocalLookup r;
+  r.ram = ram_->peek(prompt, ns);
+  if (ssd_) {
+    r.ssd_enabled = true;
+    r.ssd_scanning = !ssd_->ready();
+    if (std::optional<ColdFind> f = ssd_->find(prompt, ns)) r.ssd = f->prefix_len;  // the index only
+  }
+  return r;
+}
+
 void KvStore::wait_ssd_ready() const {
   if (ssd_) ssd_->wait_ready();
 }

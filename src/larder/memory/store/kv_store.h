@@ -102,6 +102,14 @@ class KvStore {
   // reused nothing must never be reported as a hit.
   void unusable_hit(CacheReport* report, const std::string& reason);
   int64_t peek(std::span<const TokenId> prompt, const std::string& ns) const { return ram_->peek(prompt, ns); }
+  // POST /v1/kv/lookup: what a take of `prompt` would reuse from RAM and from the SSD tier, each
+  // on its own, with no side effect (no LRU touch, no restore, no hit/miss counted). Engine
+  // thread (the RAM tier); the remote tier answers for itself off it (RemoteTier::peek).
+  struct LocalLookup {
+    int64_t ram = 0, ssd = 0;
+    bool ssd_enabled = false, ssd_scanning = false;
+  };
+  LocalLookup lookup_local(std::span<const TokenId> prompt, const std::string& ns);
   Status put(std::span<const TokenId> tokens, SequenceState&& state, const std::string& ns,
              const PutOptions& opts = {});
   // The prompt boundary (end of the rendered prompt, before generation) as a reusable point:

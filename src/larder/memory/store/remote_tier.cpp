@@ -384,6 +384,63 @@ std::optional<ColdFind> RemoteTier::find(std::span<const TokenId> prompt, const 
   return f;
 }
 
+int64_t RemoteTier::peek(std::span<const TokenId> prompt, const std::string& ns, std::string* failure) {
+  failure->clear();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const int64_t C = cfg_.chunk_tokens;
+  if (n < 2) return 0;
+  const int64_t max_chunks = n / C;
+  const int64_t max_index = (n - 1) / C;
+  std::vector<std::string> keys =
+      remote_chunk_keys(identity_id_, ns, C, prompt, static_cast<size_t>(std::max(max_chunks, max_index)));
+  std::vector<std::string> index_keys;
+  for (int64_t j = 0; j <= max_index; ++j) index_keys.push_back(index_key(identity_id_, ns, keys, static_cast<size_t>(j)));
+  // One round trip: EXISTS per chunk (its own reply each, so the leading run is known) and the
+  // boundary index sets along the chain, as find reads them.
+  std::vector<std::vector<std::string_view>> cmds;
+  for (int64_t j = 0; j < max_chunks; ++j) cmds.push_back({"EXISTS", keys[static_cast<size_t>(j)]});
+  for (const std::string& ik : index_keys) cmds.push_back({"SMEMBERS", ik});
+  std::vector<std::shared_ptr<void>> replies;
+  *failure = roundtrip(*read_, cmds, &replies, false);
+  if (!failure->empty()) return 0;
+  int64_t k = 0;
+  while (k < max_chunks) {
+    const redisReply* r = as_reply(replies[static_cast<size_t>(k)]);
+    if (r->type != REDIS_REPLY_INTEGER || r->integer != 1) break;
+    ++k;
+  }
+  const int64_t chunk_p = std::min(k * C, n - 1);
+  std::vector<int64_t> cands;
+  for (size_t j = 0; j < index_keys.size(); ++j) {
+    const redisReply* ir = as_reply(replies[static_cast<size_t>(max_chunks) + j]);
+    if (ir->type != REDIS_REPLY_ARRAY) continue;
+    for (size_t e = 0; e < ir->elements; ++e) {
+      if (ir->element[e]->type != REDIS_REPLY_STRING) continue;
+      const std::string v(ir->element[e]->str, ir->element[e]->len);
+      char* end = nullptr;
+      const long long L = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || L < 1 || L > n - 1 || L / C != static_cast<long long>(j)) continue;
+      if (L > chunk_p) cands.push_back(L);
+    }
+  }
+  std::sort(cands.begin(), cands.end(), std::greater<>());
+  cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
+  if (cands.size() > kMaxBoundaryCandidates) cands.resize(kMaxBoundaryCandidates);
+  if (cands.empty()) return chunk_p;
+  std::vector<std::string> bkeys;
+  for (int64_t L : cands) bkeys.push_back(boundary_key(identity_id_, ns, prompt.first(static_cast<size_t>(L))));
+  std::vector<std::vector<std::string_view>> exists;
+  for (const std::string& b : bkeys) exists.push_back({"EXISTS", b});
+  std::vector<std::shared_ptr<void>> breplies;
+  *failure = roundtrip(*read_, exists, &breplies, false);
+  if (!failure->empty()) return chunk_p;  // what the first round trip learnt still holds
+  for (size_t c = 0; c < cands.size() && c < breplies.size(); ++c) {
+    const redisReply* r = as_reply(breplies[c]);
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 1) return cands[c];
+  }
+  return chunk_p;
+}
+
 std::shared_ptr<const Entry> RemoteTier::restore(const ColdFind& found, std::string* reason) {
   const size_t k = stash_values_.size();
   const int64_t C = cfg_.chunk_tokens;

@@ -101,6 +101,13 @@ class RemoteTier final : public ColdTier {
   std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override;
   bool store(const Entry& entry) override;
   std::string last_find_failure() const override { return find_failure_; }
+  // POST /v1/kv/lookup: how many leading tokens of `prompt` a take would reuse from this tier
+  // (full chunks, or a longer boundary checkpoint the prompt matches whole; at most len - 1),
+  // learnt from key existence only: no value crosses the network, find's stash and counters are
+  // untouched, and EXISTS leaves Redis's LRU clock of the chunks alone. Any thread (the read
+  // connection's mutex). On failure returns 0 and *failure names it (remote_timeout |
+  // remote_error | remote_down), else *failure is "".
+  int64_t peek(std::span<const TokenId> prompt, const std::string& ns, std::string* failure);
 
   RemoteStats stats() const;
   const RemoteConfig& config() const { return cfg_; }
