@@ -444,6 +444,9 @@ inline runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordere
   if (!tools.is_array() || tools.empty()) return runtime::ToolCallStyle::kNone;
   const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
   const std::string& tpl = sm.m->template_choice.source;  // the template in use (--chat-template or the model's)
+  // Qwen3-Coder / Qwen3.5 templates teach <function=NAME><parameter=ARG> bodies inside the tags.
+  if (tpl.find("<function=") != std::string::npos && tpl.find("<parameter=") != std::string::npos)
+    return runtime::ToolCallStyle::kTaggedXml;
   if (tk.token_to_id("<tool_call>") || tpl.find("<tool_call>") != std::string::npos)
     return runtime::ToolCallStyle::kTagged;
   if (tk.token_to_id("<|python_tag|>") || tpl.find("<|python_tag|>") != std::string::npos ||
