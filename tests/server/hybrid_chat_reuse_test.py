@@ -16,7 +16,9 @@ A 10-turn chat, greedy, through the real `openai` client against a live `larder 
     message_end checkpoint (/stats, /metrics count them);
   - every turn's answer equals the same messages on a server with the store off;
   - after a restart on the same SSD cache dir (SIGTERM flushes the store), turn 11 resumes from the
-    SSD tier at the end of turn 10's last user message."""
+    SSD tier at the end of turn 10's last user message;
+  - with thinking on (the answer rendered as generated), each turn resumes after the whole
+    previous answer from the full entry."""
 import os
 import shutil
 import tempfile
@@ -53,9 +55,9 @@ class HybridChatReuse(unittest.TestCase):
     def server(self, *flags):
         return Server(self.model, "--ctx", "4096", "--parallel", "1", *flags, startup_timeout=120).start()
 
-    def turn(self, client, messages):
+    def turn(self, client, messages, extra=NO_THINK):
         r = client.chat.completions.create(model="q", messages=messages, max_tokens=MAX_TOKENS, temperature=0,
-                                           extra_body=NO_THINK)
+                                           extra_body=extra)
         u = r.usage.model_dump()
         return {"content": r.choices[0].message.content, "prompt": u["prompt_tokens"],
                 "completion": u["completion_tokens"], "cached": u["prompt_tokens_details"]["cached_tokens"],
@@ -124,6 +126,27 @@ class HybridChatReuse(unittest.TestCase):
             self.assertEqual(off_srv.stop(), 0)
         self.assertEqual(t11["content"], cold["content"], "turn 11 from SSD differs from a cold run")
 
+
+    def test_thinking_on_resumes_after_the_whole_answer(self):
+        """Thinking on, the Qwen3 template renders the answer as generated: the full entry (prompt +
+        answer as forwarded) is a prefix of the next turn and serves it whole, untrimmed."""
+        srv = self.server()
+        try:
+            client = srv.openai(timeout=300)
+            messages, out = [], []
+            for i in range(4):
+                messages.append({"role": "user", "content": user_message(TOPICS[i])})
+                out.append(self.turn(client, messages, extra={}))
+                messages.append({"role": "assistant", "content": out[-1]["content"]})
+        finally:
+            self.assertEqual(srv.stop(), 0, srv.log())
+        print(f"\nthinking on: cached_tokens {[t['cached'] for t in out]}, prompt tokens {[t['prompt'] for t in out]}",
+              flush=True)
+        for k in range(1, 4):
+            prev, cur = out[k - 1], out[k]
+            # The last sampled token is never forwarded when the length limit ends the answer.
+            self.assertGreaterEqual(cur["cached"], prev["prompt"] + prev["completion"] - 1, f"turn {k + 1}: {cur}")
+            self.assertEqual(cur["reason"], "hit", f"turn {k + 1}: {cur}")
 
 if __name__ == "__main__":
     unittest.main()
