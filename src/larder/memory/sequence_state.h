@@ -53,6 +53,13 @@ struct StateSchema {
   KvLayout plain_layout() const;
   Status validate() const;
   StateFootprint footprint() const;
+  // Some layer keeps state that cannot be cut back to any prefix (a ring, a recurrent state):
+  // the KV store serves it only at exact boundaries, so callers plan checkpoints (kv-store.md §11.3).
+  bool needs_checkpoints() const {
+    for (const LayerStateSpec& l : layers)
+      if (l.kind != StateKind::kPlainKv) return true;
+    return false;
+  }
   // All-plain schema of a KvLayout, its dtype included (what a Llama-style model declares).
   static StateSchema all_plain(const KvLayout& layout);
 };

@@ -217,4 +217,46 @@ Result<std::vector<int32_t>> encode_chat_json(const LoadedModel& m, const ordere
   return ids;
 }
 
+std::vector<int64_t> chat_message_ends(const LoadedModel& m, const ordered_json& messages,
+                                       const ChatEncodeOptions& opts, const std::string& rendered,
+                                       std::span<const int32_t> ids, size_t max_ends) {
+  std::vector<int64_t> ends;
+  if (!m.chat_template || !messages.is_array() || messages.empty() || ids.empty() || max_ends == 0) return ends;
+  // Byte offset in `rendered` at which each token of `ids` ends. The ids' bytes end with the
+  // rendered text; what comes before it (a BOS larder put in front) is skipped.
+  std::string cat;
+  std::vector<size_t> token_end(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    cat += m.tokenizer->token_bytes(ids[i]);
+    token_end[i] = cat.size();
+  }
+  if (cat.size() < rendered.size() || cat.compare(cat.size() - rendered.size(), rendered.size(), rendered) != 0)
+    return ends;  // the pieces do not spell the rendering (a normalizing tokenizer): no boundaries
+  const size_t lead = cat.size() - rendered.size();
+  chat_template::ChatRenderOptions o;
+  o.add_generation_prompt = false;
+  o.tools = opts.tools;
+  o.extra = opts.extra;
+  o.bos_token = m.tokenizer->bos_token();
+  o.eos_token = m.tokenizer->eos_token();
+  // Newest first. The last message ends before the generation prompt (the longest prefix the next
+  // turn shares when the template renders the answer differently from that prompt); with
+  // continue_final_message it is the answer's start, whose rendering as a whole message is no
+  // prefix of the prompt.
+  const size_t n = messages.size();
+  for (size_t k = n; k >= 1 && ends.size() < max_ends; --k) {
+    ordered_json head = ordered_json::array();
+    for (size_t i = 0; i < k; ++i) head.push_back(messages[i]);
+    auto text = chat_template::render_chat(*m.chat_template, head, o);
+    if (!text.is_ok() || text->empty() || text->size() >= rendered.size() ||
+        rendered.compare(0, text->size(), *text) != 0)
+      continue;
+    const size_t at = lead + text->size();
+    auto it = std::lower_bound(token_end.begin(), token_end.end(), at);
+    if (it != token_end.end() && *it == at) ends.push_back(static_cast<int64_t>(it - token_end.begin()) + 1);
+  }
+  std::reverse(ends.begin(), ends.end());
+  return ends;
+}
+
 }  // namespace larder::runtime

@@ -88,4 +88,16 @@ struct ChatEncodeOptions {
 Result<std::vector<int32_t>> encode_chat_json(const LoadedModel& m, const nlohmann::ordered_json& messages,
                                               const ChatEncodeOptions& opts, std::string* rendered = nullptr);
 
+// Where the last `max_ends` messages of a chat end in its prompt ids (the template's turn ends,
+// the last message's included: it ends where the generation prompt starts),
+// ascending, for the KV store's boundary checkpoints (runtime::SequenceOptions::message_ends).
+// `rendered` and `ids` are encode_chat_json's result for the same messages and options. A message
+// counts only where the chat cut after it renders (without the generation prompt) to a prefix of
+// `rendered` that ends on a token boundary of `ids`: a template that renders an earlier message
+// differently once more follow (Qwen3's reasoning of the latest answer) offers no boundary there.
+// Costs one render per message tried; never fails (what cannot be found is left out).
+std::vector<int64_t> chat_message_ends(const LoadedModel& m, const nlohmann::ordered_json& messages,
+                                       const ChatEncodeOptions& opts, const std::string& rendered,
+                                       std::span<const int32_t> ids, size_t max_ends = 8);
+
 }  // namespace larder::runtime

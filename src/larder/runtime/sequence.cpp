@@ -39,7 +39,7 @@ Sequence Sequence::start(const models::Model& model, std::vector<int32_t> prompt
   }
   s.cached_ = s.prefilled_ = s.state_.length();
   s.history_ = s.prompt_;
-  s.plan_checkpoint();
+  s.plan_checkpoints(opts.message_ends);
   return s;
 }
 
@@ -61,34 +61,45 @@ Result<Sequence> Sequence::adopt(std::vector<int32_t> prompt, memory::SequenceSt
 
 const char* Sequence::cache_tier() const { return cached_ > 0 ? memory::tier_name(report_.tier) : "none"; }
 
-// The checkpoint of kv-store.md §11.3, at the end of the prompt capped at len(P) − 1 (where
-// this prompt and the next turn's rendering agree for every template we ship: the next turn
-// re-renders this prompt, then the reply). At len(P) − 1 it serves both the next turn and an
-// exact repeat (a regenerated answer); the last prompt token is forwarded alone after it.
+// The checkpoints of kv-store.md §11.3. The prompt end, capped at len(P) − 1 (where this prompt
+// and the next turn's rendering agree for templates that re-render the answer as generated): at
+// len(P) − 1 it serves both the next turn and an exact repeat (a regenerated answer); the last
+// prompt token is forwarded alone after it. Then every message end past the hit: where a
+// template renders the answer differently from the generation prompt (Qwen3.5 and Qwen3 without
+// thinking open the answer with a <think> block the history drops), the end of the last user
+// message is the longest prefix the next turn shares, and without it every turn would prefill
+// the whole conversation again (llama.cpp #20225).
 //
 // Only for states with a non-plain layer (ring, recurrent) or attachments: plain KV trims to any
 // prefix, so the full entry put at the end already serves every shorter prompt. A ring that has
 // not wrapped at the boundary may still wrap while decoding, which makes the full entry
 // untrimmable, so the checkpoint is captured whether the ring has wrapped yet or not.
-void Sequence::plan_checkpoint() {
-  checkpoint_at_ = 0;
+void Sequence::plan_checkpoints(const std::vector<int64_t>& message_ends) {
+  checkpoints_.clear();
+  next_checkpoint_ = 0;
   if (!store_ || (state_.layers.empty() && state_.attachments.empty())) return;
   const int64_t at = prompt_size() - 1;
-  if (at > prefilled_) checkpoint_at_ = at;  // at == prefilled_: the hit was that very point
+  for (int64_t b : message_ends) {
+    // Past the hit (the hit may be that very point), before the prompt end, ascending.
+    if (b > prefilled_ && b < at && (checkpoints_.empty() || b > checkpoints_.back())) checkpoints_.push_back(b);
+  }
+  if (at > prefilled_) checkpoints_.push_back(at);  // at == prefilled_: the hit was that very point
 }
 
 std::span<const int32_t> Sequence::next_prefill(int64_t max_tokens) const {
-  const int64_t end = checkpoint_at_ > prefilled_ ? checkpoint_at_ : prompt_size();
+  const int64_t end = next_checkpoint_ < checkpoints_.size() ? checkpoints_[next_checkpoint_] : prompt_size();
   const int64_t n = std::max<int64_t>(0, std::min(max_tokens, end - prefilled_));
   return {prompt_.data() + prefilled_, static_cast<size_t>(n)};
 }
 
 void Sequence::prefill_done(int64_t n) {
   prefilled_ += n;
-  if (checkpoint_at_ > 0 && prefilled_ == checkpoint_at_ && store_) {
-    std::span<const int32_t> boundary(prompt_.data(), static_cast<size_t>(checkpoint_at_));
-    Status st = store_->put_prompt_boundary(boundary, state_, ns_);
-    if (!st.is_ok()) LARDER_LOG_WARN("[sequence] prompt checkpoint not kept: %s", st.message().c_str());
+  if (next_checkpoint_ < checkpoints_.size() && prefilled_ == checkpoints_[next_checkpoint_] && store_) {
+    const bool prompt_end = next_checkpoint_ + 1 == checkpoints_.size() && prefilled_ == prompt_size() - 1;
+    ++next_checkpoint_;
+    std::span<const int32_t> boundary(prompt_.data(), static_cast<size_t>(prefilled_));
+    Status st = store_->put_boundary(boundary, state_, ns_, prompt_end ? "prompt_end" : "message_end");
+    if (!st.is_ok()) LARDER_LOG_WARN("[sequence] boundary checkpoint not kept: %s", st.message().c_str());
   }
 }
 

@@ -1,6 +1,6 @@
 // sequence.h — one generation's life against the Layer-0 KV store (kv-store.md §10):
 //
-//   take from the store → chunked prefill (split at the prompt-boundary checkpoint) → decode → put
+//   take from the store → chunked prefill (split at each boundary checkpoint) → decode → put
 //
 // Written once here and driven by two schedulers: the server's engine thread (continuous
 // batching: it asks for one prefill slice per step and forwards it in a batch with other
@@ -31,6 +31,12 @@ struct SequenceOptions {
   memory::KvStore* store = nullptr;  // null: no store (every prompt is prefilled in full)
   std::string ns;                    // KV store namespace (model identity + adapters + salt)
   int64_t ctx = 0;                   // per-sequence context limit in tokens (0: the model's)
+  // Token offsets where the chat's messages end (the template's turn ends, ascending; from
+  // runtime::chat_message_ends). For state that cannot be trimmed back, each one past the store's
+  // hit becomes a checkpoint, as the prompt end does (kv-store.md §11.3): a template that renders
+  // the previous answer differently from how it was generated (Qwen3.5's <think> prefix) still
+  // shares every earlier message with the next turn.
+  std::vector<int64_t> message_ends;
 };
 
 class Sequence {
@@ -64,10 +70,10 @@ class Sequence {
   // --- prefill ---
   bool prefilling() const { return prefilled_ < prompt_size(); }
   int64_t prefilled() const { return prefilled_; }
-  // The next prompt slice to forward, at most max_tokens long. A slice never crosses the
+  // The next prompt slice to forward, at most max_tokens long. A slice never crosses a
   // checkpoint offset: the exact state at the boundary must exist to be captured (§11.3).
   std::span<const int32_t> next_prefill(int64_t max_tokens) const;
-  // The slice of n tokens went through a forward pass. At the checkpoint offset, a checkpoint
+  // The slice of n tokens went through a forward pass. At a checkpoint offset, a checkpoint
   // entry goes into the store (its failure is logged: it only costs a future hit).
   void prefill_done(int64_t n);
 
@@ -87,13 +93,15 @@ class Sequence {
   Status finish(bool failed = false);
   bool finished() const { return finished_; }
 
-  // Tokens the store's checkpoint was captured at (0: none planned) — for tests and logs.
-  int64_t checkpoint_at() const { return checkpoint_at_; }
+  // Where the prompt-end checkpoint is captured (0: none planned) — for tests and logs.
+  int64_t checkpoint_at() const { return checkpoints_.empty() ? 0 : checkpoints_.back(); }
+  // Every planned checkpoint offset, ascending: the message ends past the hit, then the prompt end.
+  const std::vector<int64_t>& checkpoints() const { return checkpoints_; }
 
  private:
   Sequence(std::vector<int32_t> prompt, memory::SequenceState state, int64_t ctx)
       : prompt_(std::move(prompt)), state_(std::move(state)), ctx_(ctx) {}
-  void plan_checkpoint();
+  void plan_checkpoints(const std::vector<int64_t>& message_ends);
 
   std::vector<int32_t> prompt_, history_;
   memory::SequenceState state_;
@@ -101,7 +109,9 @@ class Sequence {
   memory::KvStore* store_ = nullptr;
   std::string ns_;
   memory::CacheReport report_;
-  int64_t cached_ = 0, prefilled_ = 0, checkpoint_at_ = 0;
+  int64_t cached_ = 0, prefilled_ = 0;
+  std::vector<int64_t> checkpoints_;  // ascending, all past cached_
+  size_t next_checkpoint_ = 0;        // the first of checkpoints_ not reached yet
   bool finished_ = false;
 };
 

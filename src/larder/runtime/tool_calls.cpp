@@ -24,8 +24,74 @@ std::string_view trim(std::string_view s) {
 }
 }  // namespace
 
+const ordered_json* ToolCallParser::param_schema(const std::string& fn, const std::string& param) const {
+  if (!tools_.is_array()) return nullptr;
+  for (const ordered_json& t : tools_) {
+    const ordered_json* f = t.is_object() && t.contains("function") ? &t["function"] : &t;
+    if (!f->is_object() || f->value("name", "") != fn || !f->contains("parameters")) continue;
+    const ordered_json& ps = (*f)["parameters"];
+    if (!ps.is_object() || !ps.contains("properties") || !ps["properties"].is_object()) return nullptr;
+    const ordered_json& props = ps["properties"];
+    return props.contains(param) && props[param].is_object() ? &props[param] : nullptr;
+  }
+  return nullptr;
+}
+
+// <function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n...</function>: the newline after each
+// opening tag and before each closing one belongs to the markup, not to the value.
+bool ToolCallParser::parse_xml_call(std::string_view t, std::vector<ToolCall>* out) const {
+  constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kParam = "<parameter=",
+                             kParamEnd = "</parameter>";
+  if (t.substr(0, kFn.size()) != kFn) return false;
+  const size_t name_end = t.find('>');
+  if (name_end == std::string_view::npos) return false;
+  ToolCall c;
+  c.name = std::string(trim(t.substr(kFn.size(), name_end - kFn.size())));
+  if (c.name.empty()) return false;
+  c.arguments = ordered_json::object();
+  std::string_view rest = t.substr(name_end + 1);
+  for (;;) {
+    rest = trim(rest);
+    if (rest.empty() || rest == kFnEnd) break;  // EOS before </function> still ends the call
+    if (rest.substr(0, kParam.size()) != kParam) return false;
+    const size_t pn_end = rest.find('>');
+    if (pn_end == std::string_view::npos) return false;
+    const std::string param(trim(rest.substr(kParam.size(), pn_end - kParam.size())));
+    if (param.empty()) return false;
+    rest = rest.substr(pn_end + 1);
+    const size_t v_end = rest.find(kParamEnd);
+    if (v_end == std::string_view::npos) return false;
+    std::string_view v = rest.substr(0, v_end);
+    if (!v.empty() && v.front() == '\n') v.remove_prefix(1);
+    if (!v.empty() && v.back() == '\n') v.remove_suffix(1);
+    // A free string keeps its text (code, with its blank lines). Anything else is the trimmed
+    // text: blanks around an enum word or a number are layout (the grammar allows one there),
+    // and what parses as JSON (42, true, {...}) is that value.
+    const ordered_json* ps = param_schema(c.name, param);
+    const bool fixed = ps && (ps->contains("enum") || ps->contains("const"));
+    ordered_json value = std::string(v);
+    if (fixed || !ps || ps->value("type", ordered_json()) != "string") {
+      const std::string_view tv = trim(v);
+      ordered_json j = ordered_json::parse(tv, nullptr, /*allow_exceptions=*/false);
+      value = j.is_discarded() ? ordered_json(std::string(tv)) : std::move(j);
+      // Fixed values: the JSON reading only when it is one of them (an enum of "1", "true" is text).
+      if (fixed && !value.is_string()) {
+        const bool listed = ps->contains("enum") && (*ps)["enum"].is_array()
+                                ? std::find((*ps)["enum"].begin(), (*ps)["enum"].end(), value) != (*ps)["enum"].end()
+                                : ps->contains("const") && (*ps)["const"] == value;
+        if (!listed) value = std::string(tv);
+      }
+    }
+    c.arguments[param] = std::move(value);
+    rest = rest.substr(v_end + kParamEnd.size());
+  }
+  out->push_back(std::move(c));
+  return true;
+}
+
 bool ToolCallParser::parse_call(const std::string& body, std::vector<ToolCall>* out) const {
   std::string_view t = trim(body);
+  if (style_ != ToolCallStyle::kBareJson && t.substr(0, 10) == "<function=") return parse_xml_call(t, out);
   if (t.substr(0, kPythonTag.size()) == kPythonTag) t = trim(t.substr(kPythonTag.size()));
   ordered_json j = ordered_json::parse(t, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return false;

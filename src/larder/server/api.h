@@ -91,6 +91,7 @@ struct ParsedRequest {
   bool reasoning_start_inside = false;
   bool thinking_requested = false;  // Anthropic `thinking: enabled`: return a thinking block
   runtime::ToolCallStyle tool_style = runtime::ToolCallStyle::kNone;  // tools offered: parse calls
+  ordered_json tools;  // the tools offered (OpenAI shape): parameter types for XML-style calls
   std::string constraint_source;      // what set gen.constraint ("response_format json_schema", ...)
   std::vector<std::string> warnings;  // sent as `Warning: 299 larder "<text>"` headers
 };

@@ -93,6 +93,7 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   constraints::apply_native_fields(sm, b, pr);
 
   pr.tool_style = tool_style_for(sm, tools);
+  pr.tools = tools;
   constraints::apply_tool_choice(sm, tools, choice, pr, "tool_choice");
   pr.gen.sampling = sampling(sm, b, true);
   // Thinking-aware default temperature: with no explicit temperature and thinking turned off,

@@ -132,7 +132,13 @@ void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const T
     check_schema(params, strfmt("tools[%zu] (%s) parameters", i, name.c_str()), param);
     const std::string quoted = ordered_json(name).dump();
     std::string begin, end;
-    if (style == runtime::ToolCallStyle::kTagged) {
+    ordered_json content = {{"type", "json_schema"}, {"json_schema", params}, {"max_whitespace_cnt", 1}};
+    if (style == runtime::ToolCallStyle::kTaggedXml) {
+      // xgrammar's qwen_xml style: the schema's properties as <parameter=NAME>\nvalue\n</parameter>.
+      begin = "<tool_call>\n<function=" + name + ">\n";
+      end = "</function>\n</tool_call>";
+      content = {{"type", "json_schema"}, {"json_schema", params}, {"style", "qwen_xml"}, {"max_whitespace_cnt", 1}};
+    } else if (style == runtime::ToolCallStyle::kTagged) {
       begin = "<tool_call>\n{\"name\": " + quoted + ", \"arguments\": ";
       end = "}\n</tool_call>";
     } else {
@@ -141,10 +147,7 @@ void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const T
     }
     // At most one whitespace character between JSON tokens: structural tags default to free
     // whitespace, and a small model then fills its budget with newlines inside the arguments.
-    tags.push_back({{"type", "tag"},
-                    {"begin", begin},
-                    {"content", {{"type", "json_schema"}, {"json_schema", params}, {"max_whitespace_cnt", 1}}},
-                    {"end", end}});
+    tags.push_back({{"type", "tag"}, {"begin", begin}, {"content", content}, {"end", end}});
   }
   if (tags.empty()) return;
   ordered_json format;
@@ -155,7 +158,7 @@ void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const T
     format = {{"type", "tags_with_separator"}, {"tags", tags}, {"separator", "\n"}, {"at_least_one", true},
               {"stop_after_first", one}};
   } else {
-    if (style != runtime::ToolCallStyle::kTagged) return;  // Llama JSON calls have no trigger
+    if (style == runtime::ToolCallStyle::kBareJson) return;  // Llama JSON calls have no trigger
     format = {{"type", "triggered_tags"}, {"triggers", {"<tool_call>"}}, {"tags", tags}, {"at_least_one", false},
               {"stop_after_first", !choice.parallel}};
   }

@@ -429,10 +429,15 @@ inline void encode_with_template(const ServedModel& sm, const ordered_json& msgs
     const size_t open = rendered.rfind("<think>"), close = rendered.rfind("</think>");
     pr.reasoning_start_inside = open != std::string::npos && (close == std::string::npos || close < open);
   }
+  // Only a model whose state cannot be cut back needs them (and the renders they cost).
+  if (sm.m->model && sm.m->model->state_schema().needs_checkpoints())
+    pr.gen.message_ends = runtime::chat_message_ends(*sm.m, msgs, o, rendered, pr.gen.prompt);
   // A template that writes BOS over a tokenizer that also adds one: keep one (server-api.md §4.2).
   const auto bos = sm.m->tokenizer->bos_id();
-  if (bos && pr.gen.prompt.size() >= 2 && pr.gen.prompt[0] == *bos && pr.gen.prompt[1] == *bos)
+  if (bos && pr.gen.prompt.size() >= 2 && pr.gen.prompt[0] == *bos && pr.gen.prompt[1] == *bos) {
     pr.gen.prompt.erase(pr.gen.prompt.begin());
+    for (int64_t& e : pr.gen.message_ends) --e;
+  }
 }
 
 // How this model family writes tool calls, when the request offers tools (server-api.md §5.3).
@@ -440,6 +445,9 @@ inline runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordere
   if (!tools.is_array() || tools.empty()) return runtime::ToolCallStyle::kNone;
   const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
   const std::string& tpl = sm.m->template_choice.source;  // the template in use (--chat-template or the model's)
+  // Qwen3-Coder / Qwen3.5 templates teach <function=NAME><parameter=ARG> bodies inside the tags.
+  if (tpl.find("<function=") != std::string::npos && tpl.find("<parameter=") != std::string::npos)
+    return runtime::ToolCallStyle::kTaggedXml;
   if (tk.token_to_id("<tool_call>") || tpl.find("<tool_call>") != std::string::npos)
     return runtime::ToolCallStyle::kTagged;
   if (tk.token_to_id("<|python_tag|>") || tpl.find("<|python_tag|>") != std::string::npos ||

@@ -112,6 +112,7 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b, bool 
   }
 
   pr.tool_style = tool_style_for(sm, tools);
+  pr.tools = tools;
   constraints::apply_native_fields(sm, b, pr);
   constraints::apply_tool_choice(sm, tools, choice, pr, "tool_choice");
   runtime::SamplingParams sp = sampling(sm, b, false);

@@ -257,6 +257,7 @@ ParsedRequest parse_ollama_chat(const ServedModel& sm, const ordered_json& b) {
   const Options opt = apply_options(sm, b, pr);
   apply_logprobs(b, pr);
   pr.tool_style = tool_style_for(sm, tools);
+  pr.tools = tools;
   check_chat_bytes(sm, out, tools, Surface::kChat);
   encode_with_template(sm, out, tools, think_kwargs(b), pr);
   fit(sm, pr, opt, "messages");

@@ -336,7 +336,7 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
     }
     const Clock::time_point now = Clock::now();
     if (store_) store_->set_engine_busy(true);
-    runtime::SequenceOptions so{store_.get(), req.ns, cfg_.ctx};
+    runtime::SequenceOptions so{store_.get(), req.ns, cfg_.ctx, req.message_ends};
     runtime::Sequence sq = runtime::Sequence::start(*m_.model, req.prompt, std::move(so));
     auto s = std::make_unique<Seq>(std::move(req), ch, std::move(sq), m_);
     if (cfg_.kv_budget > 0) {

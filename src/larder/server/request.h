@@ -28,6 +28,9 @@ struct GenRequest {
   std::string id;                 // chatcmpl-…/cmpl-…/msg_… (logs)
   std::string route;              // for metrics labels
   std::vector<int32_t> prompt;
+  // Where the chat's messages end in `prompt` (chat routes only): boundary checkpoints for state
+  // the KV store cannot trim back (runtime::SequenceOptions::message_ends).
+  std::vector<int64_t> message_ends;
   runtime::SamplingParams sampling;
   int64_t max_tokens = 0;         // already clamped to what fits the context
   std::vector<std::string> stops;

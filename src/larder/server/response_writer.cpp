@@ -22,7 +22,7 @@ ResponseWriter::ResponseWriter(const ServedModel& sm, const ParsedRequest& pr, b
                                const char* call_id_prefix)
     : sm_(sm), pr_(pr), call_id_prefix_(call_id_prefix) {
   if (text_pipeline && pr.split_reasoning) splitter_.emplace(pr.reasoning_start_inside);
-  if (text_pipeline && pr.tool_style != runtime::ToolCallStyle::kNone) tool_parser_.emplace(pr.tool_style);
+  if (text_pipeline && pr.tool_style != runtime::ToolCallStyle::kNone) tool_parser_.emplace(pr.tool_style, pr.tools);
 }
 
 ResponseWriter::Pieces ResponseWriter::process(const std::string& text, bool final) {

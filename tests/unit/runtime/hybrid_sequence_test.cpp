@@ -103,5 +103,57 @@ TEST(HybridSequence, CheckpointAndWholeEntriesServeTheRecurrentState) {
   }
 }
 
+// Message ends (SequenceOptions::message_ends) are checkpoints too: prefill slices stop at each,
+// each is captured, and a later prompt that leaves this one after a message end (a template that
+// renders the answer differently from the generation prompt) resumes from that message end.
+TEST(HybridSequence, MessageEndsAreCheckpoints) {
+  const std::string dir = test::kModelFixtures + "qwen3_5_text_f32";
+  const Ref ref = read_ref(dir);
+  ASSERT_EQ(ref.tokens.size(), 64u);
+  test::LoadedModel l = test::load_model(dir);
+  ASSERT_NE(l.model, nullptr);
+  models::Model& m = *l.model;
+  memory::KvStoreConfig cfg;
+  cfg.ram_cap_bytes = 64ull << 20;
+  auto store = memory::KvStore::open(cfg);
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  const std::vector<int32_t>& t = ref.tokens;
+  const int64_t V = ref.vocab;
+  {
+    // 0 and 29 (the prompt end's own point), 40 (past the prompt) and a repeat are left out.
+    runtime::SequenceOptions o{store->get(), "q", 512, {0, 10, 10, 20, 29, 40}};
+    Sequence s = Sequence::start(m, {t.begin(), t.begin() + 30}, o);
+    EXPECT_EQ(s.checkpoints(), (std::vector<int64_t>{10, 20, 29}));
+    std::vector<int64_t> slices;
+    const std::vector<float> lg = [&] {
+      std::vector<float> out;
+      while (s.prefilling()) {
+        const std::span<const int32_t> sl = s.next_prefill(7);
+        slices.push_back(static_cast<int64_t>(sl.size()));
+        std::vector<float> x(sl.size() * static_cast<size_t>(V));
+        EXPECT_TRUE(m.forward(sl.data(), static_cast<int64_t>(sl.size()), s.state(), x.data(), true).is_ok());
+        out.insert(out.end(), x.begin(), x.end());
+        s.prefill_done(static_cast<int64_t>(sl.size()));
+      }
+      return out;
+    }();
+    EXPECT_EQ(slices, (std::vector<int64_t>{7, 3, 7, 3, 7, 2, 1})) << "slices stop at 10, 20 and 29";
+    expect_rows(lg, ref, 0, 30, "prefill split at the message ends");
+    ASSERT_TRUE(s.finish().is_ok());
+  }
+  const memory::StoreStats st = (*store)->stats();
+  EXPECT_EQ(st.checkpoints_stored.at("message_end"), 2u);
+  EXPECT_EQ(st.checkpoints_stored.at("prompt_end"), 1u);
+  // Leaves turn 1 at token 23: the message end at 20 serves it, and its state is exact.
+  {
+    std::vector<int32_t> p(t.begin(), t.begin() + 30);
+    p[23] = (p[23] + 1) % static_cast<int32_t>(V);
+    Sequence s = Sequence::start(m, p, {store->get(), "q", 512});
+    EXPECT_EQ(s.cached_tokens(), 20);
+    expect_rows(prefill(m, s, 5), ref, 20, 3, "after the message-end checkpoint, before its own token");
+  }
+  EXPECT_EQ((*store)->stats().checkpoint_hits.at("message_end"), 1u);
+}
+
 }  // namespace
 }  // namespace larder::runtime

@@ -110,6 +110,7 @@ void KvStore::count(const TakeResult& r) {
     ++hit_ram_;
     reused_ram_ += static_cast<uint64_t>(r.hit->tokens);
   }
+  if (r.hit && r.hit->label.rfind("checkpoint:", 0) == 0) ++checkpoint_hits_[r.hit->label.substr(11)];
   if (r.report.reason != "hit" && r.report.reason != "exact_repeat") {
     std::string key = r.report.reason;
     if (key.rfind("diverged_at:", 0) == 0) key = "diverged";  // bounded label set for metrics
@@ -156,15 +157,21 @@ Status KvStore::put(std::span<const TokenId> tokens, SequenceState&& state, cons
   return ram_->put(tokens, std::move(state), ns, opts);
 }
 
-Status KvStore::put_prompt_boundary(std::span<const TokenId> prompt, const SequenceState& state,
-                                    const std::string& ns) {
+Status KvStore::put_boundary(std::span<const TokenId> prefix, const SequenceState& state, const std::string& ns,
+                             const std::string& kind) {
   // Plain KV (the KvCache) trims to any prefix: the full entry put at the end of the request
   // serves this boundary, a checkpoint would only duplicate it. Any other kind is kept even while
   // it is still trimmable here: a ring that has not wrapped at the boundary may wrap while the
   // answer is decoded, and then the full entry can no longer be cut back to this point.
   if (state.layers.empty() && state.attachments.empty()) return Status::ok();
-  if (prompt.empty()) return invalid_argument("[kv-store] empty prompt boundary");
-  return ram_->put_checkpoint(prompt, state, ns, "prompt_end");
+  if (prefix.empty()) return invalid_argument("[kv-store] empty prompt boundary");
+  const bool had = ram_->find_exact(prefix, ns) != nullptr;  // same tokens are never stored twice
+  LARDER_RETURN_IF_ERROR(ram_->put_checkpoint(prefix, state, ns, kind));
+  if (!had) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++checkpoints_stored_[kind];
+  }
+  return Status::ok();
 }
 
 void KvStore::set_engine_busy(bool busy) {
@@ -306,6 +313,8 @@ StoreStats KvStore::stats() const {
   s.reused_tokens_ram = reused_ram_;
   s.reused_tokens_ssd = reused_ssd_;
   s.miss_reasons = reasons_;
+  s.checkpoints_stored = checkpoints_stored_;
+  s.checkpoint_hits = checkpoint_hits_;
   return s;
 }
 
@@ -335,6 +344,7 @@ nlohmann::json stats_json(const StoreStats& s) {
                   {"hit_remote", s.lookups_hit_remote}, {"miss", s.lookups_miss}};
   j["reused_tokens"] = {{"ram", s.reused_tokens_ram}, {"ssd", s.reused_tokens_ssd}, {"remote", s.reused_tokens_remote}};
   j["miss_reasons"] = s.miss_reasons;
+  j["checkpoints"] = {{"stored", s.checkpoints_stored}, {"hits", s.checkpoint_hits}};
   j["dirty_keys"] = s.dirty_keys;
   j["longest_durable_prefix_tokens"] = s.longest_durable_prefix_tokens;
   return j;
@@ -359,6 +369,8 @@ std::string stats_prometheus(const StoreStats& s) {
   line("larder_kv_reused_tokens_total", "tier=\"ssd\"", s.reused_tokens_ssd);
   line("larder_kv_reused_tokens_total", "tier=\"remote\"", s.reused_tokens_remote);
   for (const auto& [reason, n] : s.miss_reasons) line("larder_kv_miss_total", "reason=\"" + reason + "\"", n);
+  for (const auto& [kind, n] : s.checkpoints_stored) line("larder_kv_checkpoints_total", "kind=\"" + kind + "\"", n);
+  for (const auto& [kind, n] : s.checkpoint_hits) line("larder_kv_checkpoint_hits_total", "kind=\"" + kind + "\"", n);
   line("larder_kv_evictions_total", "tier=\"ram\"", s.ram.evictions);
   line("larder_kv_evictions_total", "tier=\"ssd\"", s.ssd.evictions);
   line("larder_kv_spills_total", "outcome=\"written\"", s.queue.written);

@@ -83,6 +83,8 @@ struct StoreStats {
   uint64_t missing_keys = 0;  // dirty keys that left RAM with no durable copy (cumulative)
   int64_t longest_durable_prefix_tokens = 0;
   std::map<std::string, uint64_t> miss_reasons;  // reason class (diverged_at:* folded) → count
+  // Boundary checkpoints by kind (prompt_end, message_end): captured, and hits they served.
+  std::map<std::string, uint64_t> checkpoints_stored, checkpoint_hits;
 };
 nlohmann::json stats_json(const StoreStats& s);
 // Prometheus text exposition with the names of kv-store.md §13.
@@ -118,7 +120,14 @@ class KvStore {
   // Plain-KV states trim to any prefix and need no checkpoint (a no-op then); a state with a ring
   // is kept even before it wraps (it may wrap while the answer is decoded). runtime::Sequence
   // calls this at len(prompt) − 1.
-  Status put_prompt_boundary(std::span<const TokenId> prompt, const SequenceState& state, const std::string& ns);
+  Status put_prompt_boundary(std::span<const TokenId> prompt, const SequenceState& state, const std::string& ns) {
+    return put_boundary(prompt, state, ns, "prompt_end");
+  }
+  // The same at any boundary of the prompt; `kind` labels the entry ("checkpoint:<kind>") and
+  // counts it in stats: "prompt_end", or "message_end" for the end of a chat message (§11.3).
+  // Attention KV and the untrimmable state go into one entry: restored together or not at all.
+  Status put_boundary(std::span<const TokenId> prefix, const SequenceState& state, const std::string& ns,
+                      const std::string& kind);
 
   size_t relieve_pressure(const std::function<bool()>& over_budget) { return ram_->relieve_pressure(over_budget); }
   size_t demote_idle(std::chrono::steady_clock::duration idle) { return ram_->demote_idle(idle); }
@@ -154,6 +163,7 @@ class KvStore {
   mutable std::mutex stats_mu_;  // guards the counters below (stats() may run on another thread)
   uint64_t hit_ram_ = 0, hit_ssd_ = 0, hit_remote_ = 0, miss_ = 0, reused_ram_ = 0, reused_ssd_ = 0, reused_remote_ = 0;
   std::map<std::string, uint64_t> reasons_;
+  std::map<std::string, uint64_t> checkpoints_stored_, checkpoint_hits_;
   uint64_t dropped_seen_ = 0;
   uint64_t missing_total_ = 0, missing_reported_ = 0;
 };
