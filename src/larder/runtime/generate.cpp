@@ -59,8 +59,7 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
     }
     return why;
   };
-  std::optional<NgramDrafter> drafter;
-  if (opts.spec.draft_max > 0 && speculation_possible(cache)) drafter.emplace(opts.spec);
+  std::unique_ptr<Drafter> drafter = make_drafter(opts.spec, cache, limit);
   std::vector<float> rows;  // the verify forward's logits, [k + 1, V]
   std::vector<int32_t> batch;
 

@@ -81,6 +81,19 @@ TEST(NgramDrafter, PausesWhenDraftsAreRejectedAndTriesAgainLater) {
   EXPECT_EQ(skipped, 32);
 }
 
+TEST(Drafter, DraftsShorterThanDraftMinAreNotVerified) {
+  SpecOptions o = opts(6);
+  o.draft_min = 3;
+  NgramDrafter d(o);
+  // "2" occurred with only one token after it: fewer than draft_min, nothing to verify.
+  EXPECT_TRUE(d.draft({5, 2, 2}, 100).empty());
+  EXPECT_EQ(d.draft({1, 2, 7, 8, 9, 1, 2}, 100), (std::vector<int32_t>{7, 8, 9, 1, 2}));
+  EXPECT_TRUE(d.draft({1, 2, 7, 8, 9, 1, 2}, 2).empty());  // the room leaves less than draft_min
+  // The adaptive length never goes below draft_min: none taken asks for draft_min next time.
+  d.feedback(6, 0);
+  EXPECT_EQ(d.k(), 3);
+}
+
 TEST(NgramDrafter, OffAtDraftMaxZero) {
   NgramDrafter d(opts(0));
   EXPECT_TRUE(d.draft({1, 2, 1}, 100).empty());
