@@ -62,8 +62,8 @@ bool speculation_possible(const memory::SequenceState& state);
 bool speculation_exact(const models::Model& model, std::string* why = nullptr);
 
 // Whether `draft` can draft for `target`: the same number of tokens, the same token texts and the
-// same special tokens (each id special in both or neither, the same BOS and EOS ids). The error
-// names the first token that differs.
+// same special tokens (each id special in both or neither). The error names the first token that
+// differs.
 Status check_draft_vocab(const LoadedModel& target, const LoadedModel& draft);
 
 // A source of drafts with the adaptive length policy every source shares: the draft length
