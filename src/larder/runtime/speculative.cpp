@@ -136,29 +136,39 @@ DraftModelDrafter::DraftModelDrafter(SpecOptions o, int64_t max_tokens)
       state_(o.draft_model->new_state(std::min(max_tokens, o.draft_model->info().max_context))),
       logits_(static_cast<size_t>(o.draft_model->info().vocab)) {}
 
-std::vector<int32_t> DraftModelDrafter::propose(const std::vector<int32_t>& history, int64_t want) {
-  if (!error_.empty() || history.empty()) return {};
-  const int64_t H = static_cast<int64_t>(history.size());
-  // The draft's last logits must follow history's last token: keep at most H - 1 shared tokens.
+bool DraftModelDrafter::catch_up(const std::vector<int32_t>& history, int64_t upto) {
   int64_t keep = 0;
-  const int64_t shared = std::min<int64_t>(static_cast<int64_t>(fed_.size()), H - 1);
+  const int64_t shared = std::min<int64_t>(static_cast<int64_t>(fed_.size()), upto - 1);
   while (keep < shared && fed_[static_cast<size_t>(keep)] == history[static_cast<size_t>(keep)]) ++keep;
-  // Room in the draft's state for the catch-up and want - 1 drafted tokens forwarded.
-  want = std::min(want, state_.max_tokens() - H + 1);
-  if (want <= 0) return {};
   const auto fail = [&](const Status& s) {
     error_ = s.message();
-    return std::vector<int32_t>();
+    return false;
   };
   if (keep < state_.length()) {
     if (Status s = state_.trim(keep); !s.is_ok()) return fail(s);
   }
   fed_.resize(static_cast<size_t>(keep));
-  for (int64_t at = keep; at < H; at += kDraftPrefillChunk) {
-    const int64_t n = std::min(kDraftPrefillChunk, H - at);
+  for (int64_t at = keep; at < upto; at += kDraftPrefillChunk) {
+    const int64_t n = std::min(kDraftPrefillChunk, upto - at);
     if (Status s = m_.forward(history.data() + at, n, state_, logits_.data(), false); !s.is_ok()) return fail(s);
     fed_.insert(fed_.end(), history.begin() + at, history.begin() + at + n);
   }
+  return true;
+}
+
+void DraftModelDrafter::prefill(const std::vector<int32_t>& history) {
+  const int64_t H = static_cast<int64_t>(history.size());
+  if (error_.empty() && H > 1 && H <= state_.max_tokens()) (void)catch_up(history, H - 1);
+}
+
+std::vector<int32_t> DraftModelDrafter::propose(const std::vector<int32_t>& history, int64_t want) {
+  if (!error_.empty() || history.empty()) return {};
+  const int64_t H = static_cast<int64_t>(history.size());
+  // Room in the draft's state for the history and want - 1 drafted tokens forwarded.
+  want = std::min(want, state_.max_tokens() - H + 1);
+  if (want <= 0) return {};
+  // The draft's last logits must follow history's last token: at most H - 1 shared tokens are kept.
+  if (!catch_up(history, H)) return {};
   // Greedy over the ids both models have.
   const int64_t V = std::min<int64_t>(static_cast<int64_t>(logits_.size()),
                                       options().target_vocab > 0 ? options().target_vocab : INT64_MAX);
@@ -167,7 +177,10 @@ std::vector<int32_t> DraftModelDrafter::propose(const std::vector<int32_t>& hist
     const int32_t t = static_cast<int32_t>(kernels::argmax(logits_.data(), V));
     out.push_back(t);
     if (static_cast<int64_t>(out.size()) >= want) break;
-    if (Status s = m_.forward(&t, 1, state_, logits_.data(), false); !s.is_ok()) return fail(s);
+    if (Status s = m_.forward(&t, 1, state_, logits_.data(), false); !s.is_ok()) {
+      error_ = s.message();
+      return {};
+    }
     fed_.push_back(t);
   }
   return out;

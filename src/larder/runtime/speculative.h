@@ -81,6 +81,9 @@ class Drafter {
   std::vector<int32_t> draft(const std::vector<int32_t>& history, int64_t limit);
   // The result of verifying a draft: `drafted` tokens, the first `accepted` of them picked.
   void feedback(int drafted, int accepted);
+  // The sequence's prompt is in (called once, right after the target's prefill, so that a draft
+  // model's own prefill counts as prefill and not inside the first decode step). Optional.
+  virtual void prefill(const std::vector<int32_t>& /*history*/) {}
 
   int k() const { return k_; }  // the current draft length
   bool paused() const { return pause_ > 0; }
@@ -125,8 +128,12 @@ class DraftModelDrafter final : public Drafter {
   DraftModelDrafter(SpecOptions o, int64_t max_tokens);
 
   const std::string& error() const { return error_; }  // why drafting stopped ("" while it runs)
+  // Forwards all of the history but its last token (the first draft forwards that one).
+  void prefill(const std::vector<int32_t>& history) override;
 
  private:
+  // Trims the state to what it shares with history[0, upto) and forwards the rest of it.
+  bool catch_up(const std::vector<int32_t>& history, int64_t upto);
   std::vector<int32_t> propose(const std::vector<int32_t>& history, int64_t want) override;
   models::Model& m_;
   memory::SequenceState state_;

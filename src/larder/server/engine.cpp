@@ -430,6 +430,7 @@ void Engine::step() {
         if (!s.decoding) {
           s.seq.prefill_done(items[i].n);  // may capture the boundary checkpoint
           if (!completes_prompt[i]) continue;
+          if (s.drafter) s.drafter->prefill(s.seq.history());  // a draft model's own prompt
         }
         if (s.decoding && !s.draft.empty()) {
           verify(s, V);
