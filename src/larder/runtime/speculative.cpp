@@ -11,7 +11,7 @@
 namespace larder::runtime {
 
 namespace {
-constexpr double kMinRate = 0.2;   // below: drafting pauses
+constexpr double kMinRate = 0.2;   // below (or below SpecOptions::draft_cost): drafting pauses
 constexpr double kDecay = 0.7;     // weight of the past in the acceptance average
 constexpr int kMaxPause = 256;     // steps
 constexpr int64_t kDraftPrefillChunk = 512;  // tokens per forward when the draft catches up
@@ -80,6 +80,7 @@ Drafter::Drafter(SpecOptions o) : o_(o) {
   o_.draft_max = std::max(0, o_.draft_max);
   o_.draft_min = std::clamp(o_.draft_min, 0, o_.draft_max);
   k_ = o_.draft_max;
+  min_rate_ = std::clamp(o_.draft_cost, kMinRate, 0.9);
 }
 
 std::vector<int32_t> Drafter::draft(const std::vector<int32_t>& history, int64_t limit) {
@@ -103,10 +104,10 @@ void Drafter::feedback(int drafted, int accepted) {
   // All taken: the text repeats, look further ahead. Otherwise draft one past what was taken.
   const int lo = std::max(1, o_.draft_min), hi = std::max(lo, o_.draft_max);
   k_ = accepted == drafted ? std::min(hi, std::max(1, k_) * 2) : std::clamp(accepted + 1, lo, hi);
-  if (rate_ < kMinRate) {
+  if (rate_ < min_rate_) {
     pause_ = next_pause_;
     next_pause_ = std::min(kMaxPause, next_pause_ * 2);
-    rate_ = 0.5;  // after the pause the drafter gets a fresh chance
+    rate_ = std::min(1.0, min_rate_ + 0.3);  // after the pause the drafter gets a fresh chance
   }
 }
 

@@ -48,6 +48,11 @@ struct SpecOptions {
   // (check_draft_vocab).
   models::Model* draft_model = nullptr;
   int64_t target_vocab = 0;  // with draft_model: the target's logits width (drafts stay under it)
+  // What drafting one token costs, in target decode steps (a draft model: its weight bytes over
+  // the target's; prompt lookup: ~0). A step that drafts k and has a taken gains a tokens for
+  // k·cost extra, so below an acceptance rate of `cost` drafting loses: the pause threshold is
+  // max(0.2, cost).
+  double draft_cost = 0;
 };
 
 // The state can roll a rejected draft back exactly: every layer is plain KV (no ring, no
@@ -68,8 +73,9 @@ Status check_draft_vocab(const LoadedModel& target, const LoadedModel& draft);
 
 // A source of drafts with the adaptive length policy every source shares: the draft length
 // follows the acceptance rate (all taken: twice as long, up to draft_max; otherwise one past what
-// was taken), and when the recent rate falls under a fifth drafting pauses for a number of steps
-// that doubles each time (16 .. 256), so a sequence that gains nothing loses almost nothing.
+// was taken), and when the recent rate falls under what a drafted token costs (at least a fifth:
+// SpecOptions::draft_cost) drafting pauses for a number of steps that doubles each time
+// (16 .. 256), so a sequence that gains nothing loses almost nothing.
 class Drafter {
  public:
   explicit Drafter(SpecOptions o);
@@ -100,7 +106,7 @@ class Drafter {
   int k_ = 0;
   // Acceptance rate over recent drafts (exponential average). Under kMinRate a draft costs more
   // rows than it saves: drafting pauses for pause_ steps, a pause twice as long each time.
-  double rate_ = 0.5;
+  double rate_ = 0.5, min_rate_ = 0.2;
   int pause_ = 0, next_pause_ = 16;
   int64_t drafted_ = 0, accepted_ = 0;
 };
