@@ -37,7 +37,7 @@ class ServeSpecTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         flags = ("--parallel", "4", "--ctx", "2048", "--prompt-cache", "0")
-        cls.plain = Server(BF16, *flags).start()
+        cls.plain = Server(BF16, *flags, "--spec", "none").start()
         cls.spec = Server(BF16, *flags, "--spec", "ngram").start()
 
     @classmethod

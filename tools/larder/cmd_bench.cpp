@@ -27,6 +27,9 @@
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/page_in.h"
 #include "kv_dtype_flag.h"
+#include "larder/runtime/generate.h"
+#include "spec_flags.h"
+#include "generation_setup.h"
 #include "model_arg.h"
 #include "validators.h"
 #include "verbs.h"
@@ -45,6 +48,9 @@ struct BenchFlags {
   KvDtypeFlags kv;
   bool json = false, no_roofline = false;
   bool profile = false;  // --profile: one extra, untimed decode run with the per-op timeline
+  // --spec ngram|draft: the speculation test instead (run_spec_bench) on --spec-prompt's text.
+  SpecFlags spec;
+  std::string spec_prompt;
 };
 
 struct Sample {
@@ -84,6 +90,110 @@ bool is_embedding(const std::string& name) {
   return name.rfind("model.embed_tokens.", 0) == 0 || name == "token_embd.weight";
 }
 
+// The prompt of `bench --spec` without --spec-prompt: an answer that repeats its input, where
+// speculation pays (the three workloads of bench/RESULTS.md pass their own with --spec-prompt).
+constexpr const char* kSpecPrompt =
+    "Rewrite this Python function with type hints, changing nothing else:\n\n"
+    "def add_all(values, start):\n    total = start\n    for v in values:\n        total = total + v\n"
+    "    return total\n\ndef mean(values):\n    if not values:\n        return 0\n"
+    "    return add_all(values, 0) / len(values)\n";
+
+// bench --spec: greedy decode of -n tokens on one chat prompt with and without speculation,
+// alternating (the order reversed every other round, so a neighbour's load falls on both), -r
+// rounds: decode tok/s of each (median), the speedup (median of the per-round ratios), drafted,
+// accepted and the acceptance rate, and whether the two outputs were the same tokens. The target's
+// prompt is prefilled once; a draft model prefills the prompt in each speculative run, reported
+// apart (prefill, not decode: generate runs it right after the target's prefill).
+int run_spec_bench(const BenchFlags& f, runtime::LoadedModel& m, const runtime::LoadOptions& lo) {
+  SpecFlags sf = f.spec;
+  if (sf.spec == "auto" || sf.spec == "none")
+    return report(invalid_argument("[bench] --spec takes ngram or draft (with --draft MODEL)"));
+  if (sf.spec.empty()) sf.spec = sf.draft.empty() ? "ngram" : "draft";
+  auto sp = spec_setup(sf, m, lo);
+  if (!sp.is_ok()) return report(sp.status());
+  if (!sp->note.empty()) std::fprintf(stderr, "larder: %s\n", sp->note.c_str());
+  std::string text = kSpecPrompt;
+  if (!f.spec_prompt.empty()) {
+    auto r = read_text_input(f.spec_prompt, text_limit_for_context(m.model->info().max_context), "--spec-prompt");
+    if (!r.is_ok()) return report(r.status());
+    text = std::move(r->text);
+  }
+  auto prompt = runtime::encode_chat(m, {{"user", text}}, /*add_generation_prompt=*/true);
+  if (!prompt.is_ok()) return report(prompt.status());
+  const int64_t ctx = std::min<int64_t>(m.model->info().max_context, static_cast<int64_t>(prompt->size()) + f.gen + 8);
+  runtime::GenerateOptions plain;
+  plain.max_new_tokens = f.gen;
+  plain.eos_ids = m.defaults.eos_ids;  // greedy: SamplingParams' default temperature 0
+  runtime::GenerateOptions spec = plain;
+  spec.spec = sp->options;
+  struct Run {
+    double tps = 0;
+    runtime::GenerateStats st;
+  };
+  // The target's prompt is prefilled once; every run starts from it (trimmed back to the prompt,
+  // whose last token each run forwards again for its logits).
+  memory::SequenceState state = m.model->new_state(ctx);
+  {
+    runtime::GenerateOptions pre = plain;
+    pre.max_new_tokens = 0;
+    auto st = runtime::generate(*m.model, state, *prompt, pre, nullptr);
+    if (!st.is_ok()) return report(st.status());
+  }
+  const int64_t P = static_cast<int64_t>(prompt->size());
+  auto run = [&](const runtime::GenerateOptions& go) -> Result<Run> {
+    LARDER_RETURN_IF_ERROR(state.trim(std::min(P, state.length())));
+    LARDER_ASSIGN_OR_RETURN(runtime::GenerateStats st, runtime::generate(*m.model, state, *prompt, go, nullptr));
+    Run r;
+    r.tps = st.decode_seconds > 0 ? st.generated_tokens / st.decode_seconds : 0;
+    r.st = std::move(st);
+    return r;
+  };
+  std::vector<double> tps_plain, tps_spec, ratio, draft_prefill;
+  int64_t drafted = 0, accepted = 0, generated = 0;
+  bool same = true;
+  std::vector<int32_t> want;
+  for (int r = 0; r < f.repeats; ++r) {
+    Run a, b;  // plain, spec
+    for (int i = 0; i < 2; ++i) {
+      const bool spec_turn = (i == 0) == (r % 2 == 1);
+      auto got = run(spec_turn ? spec : plain);
+      if (!got.is_ok()) return report(got.status());
+      (spec_turn ? b : a) = std::move(*got);
+    }
+    if (r == 0) want = a.st.tokens;
+    same = same && a.st.tokens == want && b.st.tokens == want;
+    tps_plain.push_back(a.tps);
+    tps_spec.push_back(b.tps);
+    ratio.push_back(a.tps > 0 ? b.tps / a.tps : 0);
+    draft_prefill.push_back(b.st.prefill_seconds - a.st.prefill_seconds);
+    drafted = b.st.drafted_tokens;
+    accepted = b.st.accepted_tokens;
+    generated = b.st.generated_tokens;
+    if (!f.json)
+      std::printf("round %d: plain %.2f tok/s, spec %.2f tok/s (x%.2f), drafted %lld, accepted %lld\n", r, a.tps, b.tps,
+                  ratio.back(), (long long)drafted, (long long)accepted);
+  }
+  const Sample p = summarize(tps_plain), s = summarize(tps_spec), x = summarize(ratio), dp = summarize(draft_prefill);
+  const double rate = drafted > 0 ? static_cast<double>(accepted) / drafted : 0;
+  if (f.json) {
+    nlohmann::json j = {{"model", m.model->info().architecture}, {"weights", m.model->info().weight_dtypes},
+                        {"spec", sp->kind}, {"draft_max", sf.draft_max}, {"prompt_tokens", prompt->size()},
+                        {"generated_tokens", generated}, {"rounds", f.repeats},
+                        {"plain_tps", p.median}, {"spec_tps", s.median}, {"speedup", x.median},
+                        {"drafted", drafted}, {"accepted", accepted}, {"acceptance", rate}, {"identical", same},
+                        {"draft_prefill_s", dp.median}, {"plain_tps_all", tps_plain}, {"spec_tps_all", tps_spec}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("spec %s (draft-max %d): prompt %zu tokens, %lld generated | plain %.2f tok/s, spec %.2f tok/s "
+                "(medians of %d) | speedup x%.2f (median of per-round ratios) | drafted %lld, accepted %lld (%.1f%%) | "
+                "draft prefill %.2f s | output %s\n",
+                sp->kind.c_str(), sf.draft_max, prompt->size(), (long long)generated, p.median, s.median, f.repeats,
+                x.median, (long long)drafted, (long long)accepted, 100 * rate, dp.median,
+                same ? "identical to plain decoding" : "DIFFERS from plain decoding");
+  }
+  return same ? 0 : 1;
+}
+
 int run_bench(const BenchFlags& f) {
   // Either test may be skipped (llama-bench's -p 0 / -n 0), not both.
   if (f.prompt == 0 && f.gen == 0) return report(invalid_argument("[bench] -p 0 and -n 0: no test left to run"));
@@ -100,6 +210,7 @@ int run_bench(const BenchFlags& f) {
   // As serve and generate: a cold file is read now, not inside the first timed run, and a file
   // cached in 4 KiB pieces is read again into 2 MiB pages, so bench measures what they run.
   runtime::page_in_weights(m.files.tensors());
+  if (!f.spec.spec.empty() || !f.spec.draft.empty()) return run_spec_bench(f, m, lo);
   models::Model& model = *m.model;
   const auto& info = model.info();
   const int64_t V = info.vocab;
@@ -389,6 +500,11 @@ VerbMain add_bench(CLI::App& app) {
   cmd->add_flag("--profile", f->profile,
                 "after the timed runs, one more tg run with the per-op timeline (core/profile.h): time per op "
                 "and per decode token, GB/s, thread-pool jobs and join waits");
+  add_spec_flags(cmd, f->spec);
+  f->spec.spec.clear();  // bench: no speculation test unless asked for
+  cmd->add_option("--spec-prompt", f->spec_prompt,
+                  "with --spec: the user message (chat template applied) to decode -n tokens after, from FILE "
+                  "(default: a function to rewrite)");
   return [f]() {
     auto m = resolve_model(f->model_arg);
     if (!m.is_ok()) return report(m.status());

@@ -99,6 +99,11 @@ int run_chat(const ChatFlags& f) {
   // Sampling, stops and the grammar (compiled once) of every answer.
   auto options = generate_options(f.gen, m, *spec);
   if (!options.is_ok()) return report(options.status());
+  // The draft model (--draft), when there is one, lives as long as the chat.
+  auto spec_run = spec_for_generation(f.model, f.gen, m);
+  if (!spec_run.is_ok()) return report(spec_run.status());
+  options->spec = spec_run->options;
+  if (!spec_run->note.empty()) std::fprintf(stderr, "larder: %s\n", spec_run->note.c_str());
   const runtime::GenerateOptions base = std::move(*options);
   // A model without a template chats through the ChatML fallback (as serve and generate --chat
   // do); the warning says so before the first prompt.

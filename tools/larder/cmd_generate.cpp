@@ -146,6 +146,10 @@ int run_generate(const GenerateFlags& f) {
   if (!options.is_ok()) return report(options.status());
   runtime::GenerateOptions& go = *options;
   go.max_new_tokens = n;
+  auto spec_run = spec_for_generation(f.model, f.gen, m);
+  if (!spec_run.is_ok()) return report(spec_run.status());
+  go.spec = spec_run->options;
+  if (!spec_run->note.empty()) std::fprintf(stderr, "larder: %s\n", spec_run->note.c_str());
 
   std::unique_ptr<memory::KvStore> store;
   if (!f.gen.ssd_cache.empty()) {
@@ -160,7 +164,7 @@ int run_generate(const GenerateFlags& f) {
                  static_cast<long long>(seq.cached_tokens()), prompt.size(), seq.cache_tier(),
                  seq.cache_reason().c_str());
   }
-  if (go.spec.draft_max > 0 && !runtime::speculation_possible(seq.state())) {
+  if (spec_run->requested && !runtime::speculation_possible(seq.state())) {
     std::fprintf(stderr, "larder: --spec: off for this model (its sliding-window or recurrent layers cannot take a "
                          "rejected draft back)\n");
   }

@@ -32,6 +32,7 @@
 #include "larder/server/engine.h"
 #include "larder/server/http_server.h"
 #include "kv_dtype_flag.h"
+#include "spec_flags.h"
 #include "model_arg.h"
 #include "validators.h"
 #include "verbs.h"
@@ -47,8 +48,7 @@ struct ServeFlags {
   int port = 8080, threads = 0, parallel = 4, http_threads = 0;
   int64_t ctx = 4096, step_tokens = 256;
   size_t queue_max = 64;
-  std::string spec = "none";  // --spec: none | ngram (runtime/speculative.h)
-  int draft_max = 6;          // as generate's (generation_setup.h says why 6)
+  SpecFlags spec;  // --spec, --draft, --draft-max, --draft-min (spec_flags.h)
   std::string kv_budget;     // memory admission: empty = off
   std::string min_free_memory;  // KV store pressure relief: empty = off
   double admit_wait_s = 30;
@@ -291,7 +291,10 @@ int run_serve(ServeFlags f) {
   ec.queue_max = f.queue_max;
   ec.ctx = sm.ctx;
   ec.step_tokens = f.step_tokens;
-  if (f.spec == "ngram") ec.spec.draft_max = f.draft_max;
+  // The draft model (--draft) lives as long as the engine that drafts with it.
+  auto spec_run = spec_setup(f.spec, m, lo);
+  if (!spec_run.is_ok()) return fail(spec_run.status());
+  ec.spec = spec_run->options;
   ec.kv_budget = kv_budget;
   if (!f.min_free_memory.empty()) {
     ec.min_free_memory = runtime::parse_bytes(f.min_free_memory);
@@ -313,6 +316,9 @@ int run_serve(ServeFlags f) {
                sm.id.c_str(), info.architecture.c_str(), info.weight_dtypes.c_str(), f.host.c_str(), http.port(),
                static_cast<long long>(sm.ctx), f.parallel, default_pool().n_threads(), m.load_seconds * 1e3,
                m.template_choice.describe().c_str());
+  if (!spec_run->note.empty()) std::fprintf(stderr, "larder: %s\n", spec_run->note.c_str());
+  std::fprintf(stderr, "larder: speculative decoding: %s%s\n", spec_run->kind.c_str(),
+               spec_run->off_reason.empty() ? "" : (" (by default: " + spec_run->off_reason + ")").c_str());
   if (hc.webui) {
     const bool v6 = f.host.find(':') != std::string::npos;
     std::fprintf(stderr, "larder: chat in a browser at http://%s%s%s:%d/\n", v6 ? "[" : "", f.host.c_str(), v6 ? "]" : "",
@@ -360,12 +366,7 @@ VerbMain add_serve(CLI::App& app) {
                   "parallel fit)");
   cmd->add_option("--admit-wait", f->admit_wait_s, "seconds a request may wait for KV memory before 503 (default 30)")
       ->check(at_least(0));
-  cmd->add_option("--spec,--spec-type", f->spec,
-                  "speculative decoding: ngram = each sequence drafts from its prompt and output (prompt lookup) and "
-                  "verifies the draft in the step's batch; none = off (default)")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  cmd->add_option("--draft-max,--draft,--draft-n", f->draft_max, "tokens drafted at most per step with --spec (default 6)")
-      ->check(in_range(1, 64));
+  add_spec_flags(cmd, f->spec);
   cmd->add_option("--step-tokens,--batch-tokens", f->step_tokens, "prefill tokens per engine step (chunked prefill)")
       ->check(in_range(1, 65536));
   cmd->add_option("--prompt-cache", f->prompt_cache_gb, "RAM KV cache cap in GiB (0 = off)")->check(at_least(0));

@@ -26,7 +26,7 @@ const std::map<std::string, std::string>& single_dash_table() {
       {"-st", "--single-turn"},        {"-sp", "--special"},         {"-mli", "--multiline-input"},
       {"-dt", "--defrag-thold"},       {"-ins", "--instruct"},       {"-cml", "--chatml"},
       {"-hft", "--hf-token"},          {"-kvu", "--kv-unified"},     {"-fit", "--fit"},
-      {"-jf", "--json-schema-file"},
+      {"-jf", "--json-schema-file"},   {"-md", "--model-draft"},
   };
   return t;
 }

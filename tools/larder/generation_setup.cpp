@@ -58,14 +58,7 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_option("--ssd-cache-max", f.ssd_cache_max_gb, "SSD cache cap in GiB")->check(positive());
   cmd->add_option("--prompt-cache", f.prompt_cache_gb, "RAM KV cache cap in GiB")->check(at_least(0));
   add_kv_dtype_flags(cmd, f.kv);
-  // Off by default until every kernel is batch-invariant: only then is a k+1-row verify bit-for-bit
-  // the one-row decode it replaces (runtime/speculative.h).
-  cmd->add_option("--spec,--spec-type", f.spec,
-                  "speculative decoding: ngram = draft from the prompt and the output so far (prompt lookup), "
-                  "none = off (default)")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  cmd->add_option("--draft-max,--draft,--draft-n", f.draft_max, "tokens drafted at most per step with --spec (default 6)")
-      ->check(in_range(1, 64));
+  add_spec_flags(cmd, f.spec);
 }
 
 namespace {
@@ -175,7 +168,6 @@ Result<runtime::GenerateOptions> generate_options(const GenerationFlags& f, cons
   go.sampling.seed = f.seed;
   if (!f.ignore_eos) go.eos_ids = m.defaults.eos_ids;
   go.stops = f.stop;
-  if (f.spec == "ngram") go.spec.draft_max = f.draft_max;
   go.tokenizer = m.tokenizer.get();
   if (spec) {
     if (!m.grammar) return unsupported("[generate] constrained decoding is not available for this model");
@@ -222,6 +214,13 @@ std::string stats_text(const runtime::GenerateStats& s, const char* stop) {
                                         100.0 * s.accepted_tokens / s.drafted_tokens,
                                         static_cast<long long>(s.decode_forwards))
                                : std::string());
+}
+
+Result<SpecSetup> spec_for_generation(const ModelArg& model, const GenerationFlags& f, const runtime::LoadedModel& m) {
+  runtime::LoadOptions lo;
+  lo.map_mode = map_mode(model);
+  LARDER_ASSIGN_OR_RETURN(lo.kv_dtype, kv_dtype_of(f.kv));
+  return spec_setup(f.spec, m, lo);
 }
 
 Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg& model, const GenerationFlags& f,

@@ -16,6 +16,7 @@
 #include "larder/runtime/loaded_model.h"
 #include "kv_dtype_flag.h"
 #include "model_arg.h"
+#include "spec_flags.h"
 
 namespace larder::cli {
 
@@ -38,11 +39,7 @@ struct GenerationFlags {
   double ssd_cache_max_gb = 32;
   double prompt_cache_gb = 4;
   KvDtypeFlags kv;  // --kv-dtype, -ctk/-ctv
-  // Speculative decoding (runtime/speculative.h): "none" or "ngram" (prompt lookup).
-  std::string spec = "none";
-  // 6: k + 1 = 7 rows per verify, the most whose logits equal one-row decode on GGUF integer formats
-  // today (the multi-row GEMM path starts at 8 rows; bench/RESULTS.md, issue 44).
-  int draft_max = 6;
+  SpecFlags spec;  // speculative decoding (spec_flags.h)
 };
 
 void add_generation_flags(CLI::App* cmd, GenerationFlags& f);
@@ -53,6 +50,10 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f);
 Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg& model, const GenerationFlags& f,
                                                                   const runtime::ChatTemplateFlags& chat_template,
                                                                   runtime::LocatedModel* located = nullptr);
+
+// The speculation of a run (spec_flags.h): the draft model, when there is one, loaded as the
+// target is (kv dtype, map mode).
+Result<SpecSetup> spec_for_generation(const ModelArg& model, const GenerationFlags& f, const runtime::LoadedModel& m);
 
 // The structured-output flags as a grammar to compile, read and checked before the model loads
 // (a missing file or a bad schema is reported first): nullopt without one. Errors: two of them

@@ -28,6 +28,7 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
   st.cached_tokens = seq.cached_tokens();
   std::vector<float> logits(static_cast<size_t>(V));
 
+  std::unique_ptr<Drafter> drafter = make_drafter(opts.spec, cache, limit);
   const auto t0 = std::chrono::steady_clock::now();
   while (seq.prefilling()) {
     const std::span<const int32_t> slice = seq.next_prefill(opts.prefill_chunk);
@@ -36,6 +37,7 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
     seq.prefill_done(n);
     st.prompt_tokens += n;
   }
+  if (drafter && opts.max_new_tokens > 0) drafter->prefill(seq.history());  // a draft model's prompt
   st.prefill_seconds = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
@@ -59,8 +61,6 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
     }
     return why;
   };
-  std::optional<NgramDrafter> drafter;
-  if (opts.spec.draft_max > 0 && speculation_possible(cache)) drafter.emplace(opts.spec);
   std::vector<float> rows;  // the verify forward's logits, [k + 1, V]
   std::vector<int32_t> batch;
 

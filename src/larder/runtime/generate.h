@@ -41,8 +41,8 @@ struct GenerateOptions : DecodeOptions {
   const tokenizer::Tokenizer* tokenizer = nullptr;
   // Each piece of released text as it becomes safe to show, the held-back tail last.
   std::function<void(const std::string&)> on_text;
-  // Prompt-lookup speculation (speculative.h): off at draft_max 0, and for states that cannot be
-  // trimmed back (rings, recurrent layers) whatever it says.
+  // Speculation (speculative.h: prompt lookup, or a draft model): off at draft_max 0, and for
+  // states that cannot be trimmed back (rings, recurrent layers) whatever it says.
   SpecOptions spec;
 };
 

@@ -51,7 +51,7 @@ struct Engine::Seq {
   std::vector<float> logits;         // [vocab]
   // Speculation: the drafter (none when off or the state cannot be trimmed back), this step's
   // draft, the verify forward's tokens (next + draft) and its logits [k + 1, vocab].
-  std::optional<runtime::NgramDrafter> drafter;
+  std::unique_ptr<runtime::Drafter> drafter;
   std::vector<int32_t> draft, verify_tokens;
   std::vector<float> rows;
   Outcome out;
@@ -344,7 +344,7 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
       kv_reserved_ += s->kv_reserved;
     }
     s->logits.resize(static_cast<size_t>(m_.model->info().vocab));
-    if (cfg_.spec.draft_max > 0 && runtime::speculation_possible(s->seq.state())) s->drafter.emplace(cfg_.spec);
+    s->drafter = runtime::make_drafter(cfg_.spec, s->seq.state(), s->seq.ctx());
     s->admitted = now;
     s->out.prompt_tokens = s->seq.prompt_size();
     s->out.cached_tokens = s->seq.cached_tokens();
@@ -430,6 +430,7 @@ void Engine::step() {
         if (!s.decoding) {
           s.seq.prefill_done(items[i].n);  // may capture the boundary checkpoint
           if (!completes_prompt[i]) continue;
+          if (s.drafter) s.drafter->prefill(s.seq.history());  // a draft model's own prompt
         }
         if (s.decoding && !s.draft.empty()) {
           verify(s, V);

@@ -63,9 +63,10 @@ struct EngineConfig {
   uint64_t kv_bytes_per_token = 0;
   uint64_t kv_fixed_bytes = 0;  // per sequence whatever its length: sliding-window rings, recurrent state
   std::chrono::milliseconds admit_wait{30000};
-  // --spec ngram: prompt-lookup speculation per sequence (runtime/speculative.h): a drafted
-  // sequence contributes its last token + the draft as k + 1 rows of the step's forward_batch.
-  // draft_max 0: off. Sequences whose state has rings or recurrent layers decode plainly.
+  // --spec ngram / --draft MODEL: speculation per sequence (runtime/speculative.h), each sequence
+  // its own drafter (prompt lookup, or its own draft-model state): a drafted sequence contributes
+  // its last token + the draft as k + 1 rows of the step's forward_batch. draft_max 0: off.
+  // Sequences whose state has rings or recurrent layers decode plainly.
   runtime::SpecOptions spec;
 };
 

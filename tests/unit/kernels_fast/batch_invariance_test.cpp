@@ -7,7 +7,7 @@
 // products in the same order. Thread counts 1 and 2 both (the rows a thread gets must not change the
 // arithmetic either). matmul_multi (q/k/v, gate/up fused) is held to the same rule.
 //
-// Formats without an invariant kernel on a tier are listed in kNotInvariant below with the reason;
+// Formats without an invariant kernel on a tier are listed in kernels/batch_invariance.cpp with the reason;
 // their test checks nothing but documents the gap (and fails if the gap closes, so the list stays true).
 #include <gtest/gtest.h>
 
@@ -20,6 +20,7 @@
 #include "larder/core/cpuid.h"
 #include "larder/core/dtype.h"
 #include "larder/core/threadpool.h"
+#include "larder/kernels/batch_invariance.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/kernels/gguf_blocks.h"
@@ -207,55 +208,41 @@ Report check_format(const char* tier, const std::vector<Weights>& ws, MatmulFn s
 
 bool tier_runs(const std::string& tier) { return tier != "avx512" || cpu_features().has_avx512_tier(); }
 
-// Formats × modes whose kernels are not batch-invariant, and why (the test of such a pair checks
-// that it still is not, so this list cannot go stale). Modes: "avx2", "avx512" (the default
-// kernels), "avx512inv" (cpu::batch_invariant_decode(), LARDER_BATCH_INVARIANT=1).
-struct Gap {
-  const char* mode;
-  const char* format;  // the start of the case's name: a dtype name, or "affineBg" for MLX affine B bits
-  const char* why;
-};
-constexpr const char* kAvx2Int =
-    "decode kernels (n < 8) keep per-lane f32 sums across blocks and add the lanes at the end; the token-lane "
-    "GEMM (n >= 8) chains each token's blocks in order in one lane";
-constexpr const char* kAvx512Int =
-    "decode kernels (n < 9; Q8_0 n < 8) keep per-lane f32 sums across blocks (and the K-quants quantize per 256 "
-    "values where the GEMM does per 32); the GEMM chains each token's blocks in order in one lane";
-constexpr const char* kAvx512F16 =
-    "decode (n <= 8) rounds the activations to f16 (F16HalfKernel); prefill is the AVX2 f32 kernel";
-constexpr const char* kAvx512Bf16 =
-    "decode (n < 16) sums 16 lanes of vdpbf16ps per row; the GEMM (n >= 16) one token per lane in pair order";
-constexpr Gap kNotInvariant[] = {
-    {"avx2", "Q8_0", kAvx2Int},         {"avx2", "Q4_0", kAvx2Int},         {"avx2", "Q4_1", kAvx2Int},
-    {"avx2", "Q5_0", kAvx2Int},         {"avx2", "Q5_1", kAvx2Int},         {"avx2", "IQ4_NL", kAvx2Int},
-    {"avx2", "Q2_K", kAvx2Int},         {"avx2", "Q3_K", kAvx2Int},         {"avx2", "Q4_K", kAvx2Int},
-    {"avx2", "Q5_K", kAvx2Int},         {"avx2", "Q6_K", kAvx2Int},         {"avx2", "IQ4_XS", kAvx2Int},
-    {"avx2", "affine4g", kAvx2Int},     {"avx2", "affine8g", kAvx2Int},     {"avx512", "Q8_0", kAvx512Int},
-    {"avx512", "Q4_0", kAvx512Int},     {"avx512", "Q4_1", kAvx512Int},     {"avx512", "Q5_0", kAvx512Int},
-    {"avx512", "Q5_1", kAvx512Int},     {"avx512", "IQ4_NL", kAvx512Int},   {"avx512", "Q2_K", kAvx512Int},
-    {"avx512", "Q3_K", kAvx512Int},     {"avx512", "Q4_K", kAvx512Int},     {"avx512", "Q5_K", kAvx512Int},
-    {"avx512", "Q6_K", kAvx512Int},     {"avx512", "IQ4_XS", kAvx512Int},   {"avx512", "affine", kAvx512Int},
-    {"avx512", "F16", kAvx512F16},      {"avx512", "BF16", kAvx512Bf16},    {"avx512inv", "F16", kAvx512F16},
-    {"avx512inv", "BF16", kAvx512Bf16},
-};
-
-const Gap* gap_of(const std::string& mode, const std::string& format) {
-  for (const Gap& g : kNotInvariant)
-    if (mode == g.mode && format.rfind(g.format, 0) == 0) return &g;
-  return nullptr;
-}
+// Formats × modes whose kernels are not batch-invariant, and why: kernels/batch_invariance.h, the
+// list the runtime asks (speculation is on by default only where it is exact). The test of such a
+// pair checks that it still is not, so that list cannot go stale. Modes: "avx2", "avx512" (the
+// default kernels), "avx512inv" (cpu::batch_invariant_decode(), LARDER_BATCH_INVARIANT=1).
+const char* gap_of(const std::string& mode, const std::string& format) { return batch_variance(mode, format); }
 
 void expect_invariant(const std::string& tier, const std::string& format, const Report& rep) {
   std::printf("[invariance] %-6s %-10s rows checked %6lld, differing %6lld%s%s\n", tier.c_str(), format.c_str(),
               static_cast<long long>(rep.checked), static_cast<long long>(rep.bad), rep.bad ? "; first: " : "",
               rep.first.c_str());
-  if (const Gap* g = gap_of(tier, format)) {
-    EXPECT_GT(rep.bad, 0) << tier << " " << format << " is listed as not batch-invariant (" << g->why
-                          << ") but every row matched: remove it from kNotInvariant";
+  if (const char* why = gap_of(tier, format)) {
+    EXPECT_GT(rep.bad, 0) << tier << " " << format << " is listed as not batch-invariant (" << why
+                          << ") but every row matched: remove it from kernels/batch_invariance.cpp";
     return;
   }
   EXPECT_EQ(rep.bad, 0) << tier << " " << format << ": " << rep.bad << " of " << rep.checked
                         << " rows differ from the same row computed alone; first: " << rep.first;
+}
+
+// The runtime's question (speculation on by default only where it is exact) reads the same list
+// through the running mode: the tier, with "inv" when the GEMM-arithmetic decode is on.
+TEST(BatchInvarianceQuery, FollowsTheActiveModeAndTheList) {
+  const std::string tier = active_table().name;
+  cpu::set_batch_invariant_decode(false);
+  EXPECT_EQ(active_decode_mode(), tier);
+  cpu::set_batch_invariant_decode(true);
+  EXPECT_EQ(active_decode_mode(), tier == "avx512" ? "avx512inv" : tier);
+  cpu::set_batch_invariant_decode(false);
+  EXPECT_TRUE(batch_invariant("F32", "avx512"));
+  EXPECT_FALSE(batch_invariant("Q4_K", "avx512"));
+  EXPECT_TRUE(batch_invariant("Q4_K", "avx512inv"));
+  EXPECT_FALSE(batch_invariant("affine4g64", "avx2"));
+  EXPECT_TRUE(batch_invariant("affine3g64", "avx2"));
+  EXPECT_TRUE(batch_invariant("Q4_K", "ref"));
+  EXPECT_NE(batch_variance("avx512", "BF16"), nullptr);
 }
 
 struct TierFormat {

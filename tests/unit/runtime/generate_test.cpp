@@ -330,6 +330,45 @@ TEST_F(Generate, SpeculationKeepsSampledTokens) {
   EXPECT_EQ(c1.length(), c2.length());
 }
 
+// Draft-model speculation (DraftModelDrafter) with the target itself as the draft: its greedy
+// drafts are the target's greedy picks, so every drafted token is taken and the output is plain
+// decoding's (the llama2.c reference).
+TEST_F(Generate, DraftModelOfTheTargetItselfIsAlwaysTaken) {
+  GenerateOptions o;
+  o.max_new_tokens = 120;
+  o.spec.draft_max = 4;
+  o.spec.draft_model = model_;
+  o.spec.target_vocab = model_->info().vocab;
+  auto c = cache();
+  auto r = generate(*model_, c, {1}, o, nullptr);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->tokens, std::vector<int32_t>(bos_ref_->begin() + 1, bos_ref_->begin() + 121));
+  EXPECT_GT(r->drafted_tokens, 60);
+  EXPECT_EQ(r->accepted_tokens, r->drafted_tokens);
+  EXPECT_EQ(r->decode_forwards, 120 - 1 - r->accepted_tokens);
+  EXPECT_EQ(c.length(), 1 + 120 - 1);
+}
+
+// A sampled target rejects many of the greedy draft's tokens: the draft's own state is trimmed
+// back to what the target kept each time, and the output is the plain sampled output.
+TEST_F(Generate, DraftModelKeepsSampledTokensThroughRejections) {
+  GenerateOptions o;
+  o.max_new_tokens = 150;
+  o.sampling.temperature = 1.0f;
+  o.sampling.seed = 3;
+  auto c1 = cache(), c2 = cache();
+  auto a = generate(*model_, c1, {1, 403, 407}, o, nullptr);
+  o.spec.draft_max = 5;
+  o.spec.draft_model = model_;
+  o.spec.target_vocab = model_->info().vocab;
+  auto b = generate(*model_, c2, {1, 403, 407}, o, nullptr);
+  ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().to_string();
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_GT(b->drafted_tokens, b->accepted_tokens);  // some rejected
+  EXPECT_GT(b->accepted_tokens, 0);
+  EXPECT_EQ(c1.length(), c2.length());
+}
+
 TEST_F(Generate, SpeculationEndsWhereAndHowPlainDecodingDoes) {
   {  // the context
     GenerateOptions o;

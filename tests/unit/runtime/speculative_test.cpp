@@ -81,6 +81,35 @@ TEST(NgramDrafter, PausesWhenDraftsAreRejectedAndTriesAgainLater) {
   EXPECT_EQ(skipped, 32);
 }
 
+TEST(Drafter, DraftsShorterThanDraftMinAreNotVerified) {
+  SpecOptions o = opts(6);
+  o.draft_min = 3;
+  NgramDrafter d(o);
+  // "2" occurred with only one token after it: fewer than draft_min, nothing to verify.
+  EXPECT_TRUE(d.draft({5, 2, 2}, 100).empty());
+  EXPECT_EQ(d.draft({1, 2, 7, 8, 9, 1, 2}, 100), (std::vector<int32_t>{7, 8, 9, 1, 2}));
+  EXPECT_TRUE(d.draft({1, 2, 7, 8, 9, 1, 2}, 2).empty());  // the room leaves less than draft_min
+  // The adaptive length never goes below draft_min: none taken asks for draft_min next time.
+  d.feedback(6, 0);
+  EXPECT_EQ(d.k(), 3);
+}
+
+// A drafted token that costs a fraction of a target step (a draft model) must be taken at least
+// that often: drafting pauses below max(0.2, draft_cost), where prompt lookup would go on.
+TEST(Drafter, PausesBelowTheDraftCost) {
+  const std::vector<int32_t> h = {1, 2, 3, 1, 2};
+  SpecOptions cheap = opts(4), dear = opts(4);
+  dear.draft_cost = 0.45;
+  NgramDrafter a(cheap), b(dear);
+  for (int i = 0; i < 3; ++i) {  // 3 of every 8 taken: 37.5 %
+    a.feedback(8, 3);
+    b.feedback(8, 3);
+  }
+  EXPECT_FALSE(a.paused());
+  EXPECT_TRUE(b.paused());
+  EXPECT_TRUE(b.draft(h, 100).empty());
+}
+
 TEST(NgramDrafter, OffAtDraftMaxZero) {
   NgramDrafter d(opts(0));
   EXPECT_TRUE(d.draft({1, 2, 1}, 100).empty());

@@ -1,0 +1,86 @@
+#include "spec_flags.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "larder/runtime/page_in.h"
+#include "model_arg.h"
+#include "validators.h"
+
+namespace larder::cli {
+
+void add_spec_flags(CLI::App* cmd, SpecFlags& f) {
+  cmd->add_option("--spec,--spec-type", f.spec,
+                  "speculative decoding: auto = prompt lookup where it is exact (every weight format batch-invariant "
+                  "on these kernels; the default), ngram = draft from the prompt and the output so far (prompt "
+                  "lookup), draft = with the --draft model, none = off")
+      ->check(CLI::IsMember({"auto", "none", "ngram", "ngram-simple", "draft", "draft-simple"}));
+  cmd->add_option("--draft,--model-draft,--spec-draft-model", f.draft,
+                  "draft model for speculative decoding (llama.cpp's -md): a smaller model with the same tokenizer");
+  cmd->add_option("--draft-max,--draft-n,--spec-draft-n-max", f.draft_max,
+                  "tokens drafted at most per step (default 6); the length adapts to the acceptance rate")
+      ->check(in_range(1, 64));
+  cmd->add_option("--draft-min,--draft-n-min,--spec-draft-n-min", f.draft_min,
+                  "drafts shorter than this are not verified (default 0)")
+      ->check(in_range(0, 64));
+}
+
+Result<SpecSetup> spec_setup(const SpecFlags& f, const runtime::LoadedModel& target, const runtime::LoadOptions& load) {
+  SpecSetup s;
+  std::string kind = f.spec == "ngram-simple" ? "ngram" : f.spec == "draft-simple" ? "draft" : f.spec;
+  if (!f.draft.empty()) {
+    if (kind == "none" || kind == "ngram")
+      return invalid_argument(strfmt("[spec] --draft '%s' drafts with a model, but --spec %s says otherwise: drop one "
+                                     "of them (--spec draft, or no --spec, goes with --draft)",
+                                     f.draft.c_str(), f.spec.c_str()));
+    kind = "draft";
+  } else if (kind == "draft") {
+    return invalid_argument("[spec] --spec draft needs the draft model: --draft MODEL (llama.cpp's -md)");
+  }
+  if (f.draft_min > f.draft_max)
+    return invalid_argument(strfmt("[spec] --draft-min %d is above --draft-max %d", f.draft_min, f.draft_max));
+  s.requested = kind != "auto";
+  std::string why;
+  const bool exact = runtime::speculation_exact(*target.model, &why);
+  if (kind == "auto") {
+    kind = exact ? "ngram" : "none";
+    if (!exact) s.off_reason = why;
+  }
+  s.kind = kind;
+  if (kind == "none") return s;
+  s.options.draft_max = f.draft_max;
+  s.options.draft_min = f.draft_min;
+  if (kind == "draft") {
+    // llama.cpp's `--draft N` was the draft length; here --draft is the model (--draft-max N is the length).
+    if (!f.draft.empty() && std::all_of(f.draft.begin(), f.draft.end(), [](unsigned char c) { return std::isdigit(c); }))
+      return invalid_argument(strfmt("[spec] --draft takes the draft model, not a number ('%s'); the draft length is "
+                                     "--draft-max N", f.draft.c_str()));
+    auto where = resolve_model(f.draft);
+    if (!where.is_ok()) return Status(where.status().code(), "[spec] --draft: " + where.status().message());
+    auto loaded = runtime::load_model(where->path, load);
+    if (!loaded.is_ok()) return Status(loaded.status().code(), "[spec] --draft: " + loaded.status().message());
+    LARDER_RETURN_IF_ERROR(runtime::check_draft_vocab(target, **loaded));
+    if (!runtime::speculation_possible((*loaded)->model->new_state(1)))
+      return unsupported("[spec] --draft: the draft model has sliding-window or recurrent layers, which cannot take "
+                         "a rejected draft back; choose a draft model with full attention only");
+    runtime::page_in_weights((*loaded)->files.tensors());  // as the target's: not inside the first draft
+    s.draft = std::move(*loaded);
+    s.options.draft_model = s.draft->model.get();
+    s.options.target_vocab = target.model->info().vocab;
+    // Decode streams the weights once a step: the draft's bytes over the target's is what a drafted
+    // token costs in target steps, and a quarter more for what that leaves out (each draft step's
+    // fixed costs, the k + 1-row verify costing more than one row): the Qwen2.5-Coder 0.5B/1.5B
+    // pair (bytes ratio 0.44) measured 0.88-0.92x plain at 47 % accepted (bench/RESULTS.md).
+    s.options.draft_cost = 1.25 * static_cast<double>(s.draft->files.tensors().total_bytes()) /
+                           static_cast<double>(std::max<uint64_t>(target.files.tensors().total_bytes(), 1));
+    s.note = strfmt("speculation: draft model %s (%s), up to %d tokens a step, paused while under %.0f%% accepted",
+                    where->id.c_str(), s.draft->model->info().weight_dtypes.c_str(), f.draft_max,
+                    100 * std::clamp(s.options.draft_cost, 0.2, 0.9));
+  }
+  if (s.requested && !exact)
+    s.note += (s.note.empty() ? "" : "; ") + std::string("--spec: the output may differ from plain decoding: ") + why +
+              " (LARDER_BATCH_INVARIANT=1 makes the AVX-512 integer formats invariant)";
+  return s;
+}
+
+}  // namespace larder::cli
