@@ -62,13 +62,12 @@ struct Q45KDecode {
   template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
     const float* f16 = f16_table();
-    __m512 acc[R][T];
-    __m256 accm[R][T];
-    zero_acc(acc);
+    // One f32 chain per (row, token), in the prefill GEMM's order (see the header).
+    __m128 acc[R][T];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r)
       LARDER_UNROLL
-      for (int t = 0; t < T; ++t) accm[r][t] = _mm256_setzero_ps();
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     // vpshufb controls over the broadcast [sc_0..sc_7 | m_0..m_7]: zmm i's multiplier holds sc of
     // kHalfA[i] zero-extended to int16 in its low 256 bits and sc of kHalfB[i] in the high ones;
@@ -93,10 +92,15 @@ struct Q45KDecode {
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
       prefetch_rows<kPf>(base, R, row_bytes, sb * kBlockBytes, kBlockBytes);
+      // Per (row, token): the lanes of Σ_j sc_j·Σ u·q (sums[r·T + t]) and of Σ_j m_j·Σq
+      // (sums[R·T + r·T + t]), reduced exactly after the rows.
+      __m512i sums[2 * R * T];
+      float d[R], dmin[R];
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * kBlockBytes;
-        const float d = f16[load_u16(blk)], dmin = f16[load_u16(blk + 2)];
+        d[r] = f16[load_u16(blk)];
+        dmin[r] = f16[load_u16(blk + 2)];
         const __m512i sm = _mm512_broadcast_i32x4(q4k_scales_xmm(blk + 4));
         __m512i mul[4];
         LARDER_UNROLL
@@ -118,19 +122,29 @@ struct Q45KDecode {
           LARDER_UNROLL
           for (int i = 1; i < 4; ++i)
             s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u[i], _mm512_load_si512(xq + 64 * i)), mul[i]);
-          const __m256i ms = _mm256_madd_epi16(
-              mm, _mm256_load_si256(reinterpret_cast<const __m256i*>(a.sums16(tok) + sb * 16)));
-          const float dx = a.scales(tok)[sb];
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d * dx), acc[r][t]);
-          accm[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(dmin * dx), accm[r][t]);
+          sums[r * T + t] = s;
+          sums[R * T + r * T + t] = _mm512_zextsi256_si512(_mm256_madd_epi16(
+              mm, _mm256_load_si256(reinterpret_cast<const __m256i*>(a.sums16(tok) + sb * 16))));
+        }
+      }
+      int32_t is[2 * R * T];
+      lane_sums(sums, is);
+      // Gemm16::tile_super's f32 steps: t = S·d − M·dmin, acc += t·d_x (scalar, same roundings).
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const __m128 z = _mm_setzero_ps();
+          __m128 tt = _mm_mul_ss(_mm_cvtsi32_ss(z, is[r * T + t]), _mm_set_ss(d[r]));
+          tt = _mm_fnmadd_ss(_mm_cvtsi32_ss(z, is[R * T + r * T + t]), _mm_set_ss(dmin[r]), tt);
+          acc[r][t] = _mm_fmadd_ss(tt, _mm_set_ss(a.scales(t0 + t)[sb]), acc[r][t]);
         }
       }
     }
     LARDER_UNROLL
-    for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
       LARDER_UNROLL
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_insertf32x8(_mm512_setzero_ps(), accm[r][t], 0));
-    store_acc(acc, y, rows, r0, t0);
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = _mm_cvtss_f32(acc[r][t]);
   }
 };
 
@@ -173,12 +187,12 @@ void decode_q5_k(const WeightView& w, const float* x, int64_t n, float* y) { dec
 
 void matmul_multi_q4_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_q4_k(ws, ys, count, x, n);
-  if (gemv_invariant(n)) return gemv_q4_k(ws, ys, count, x, n);
+  if (gemv_invariant_amx(n)) return gemv_q4_k(ws, ys, count, x, n);
   decode_multi_q45k<false>(ws, ys, count, x, n);
 }
 void matmul_multi_q5_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
-  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant_amx(n)) return gemv_multi_gguf(ws, ys, count, x, n);
   decode_multi_q45k<true>(ws, ys, count, x, n);
 }
 
