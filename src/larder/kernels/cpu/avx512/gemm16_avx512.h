@@ -1031,7 +1031,7 @@ inline bool gemv_invariant(int64_t n, int64_t min_gemm = kGemm16MinTokens) {
 }
 
 // The same for the formats whose decode kernels follow the GEMM's super-block arithmetic already
-// (Q4_K, Q5_K): they need gemv16 only where AMX moves the GEMM off it (gemm_super_blocks).
+// (Q4_K, Q5_K, IQ4_XS): they need gemv16 only where AMX moves the GEMM off it (gemm_super_blocks).
 inline bool gemv_invariant_amx(int64_t n) { return gemv_invariant(n) && gemm_uses_amx(); }
 
 // The GEMM's activation codes in token-major order (slot 2): 32 bytes per (token, block).
