@@ -219,7 +219,7 @@ constexpr const char* kAvx2Int =
     "decode kernels (n < 8) keep per-lane f32 sums across blocks and add the lanes at the end; the token-lane "
     "GEMM (n >= 8) chains each token's blocks in order in one lane";
 constexpr const char* kAvx512Int =
-    "decode kernels (n < 9; Q8_0 n < 8) keep per-lane f32 sums across blocks (and the K-quants quantize per 256 "
+    "decode kernels (n < 9; Q8_0 n < 8) keep per-lane f32 sums across blocks (and Q2_K/Q3_K quantize per 256 "
     "values where the GEMM does per 32); the GEMM chains each token's blocks in order in one lane";
 constexpr const char* kAvx512F16 =
     "decode (n <= 8) rounds the activations to f16 (F16HalfKernel); prefill is the AVX2 f32 kernel";
@@ -233,24 +233,15 @@ constexpr Gap kNotInvariant[] = {
     {"avx2", "affine4g", kAvx2Int},     {"avx2", "affine8g", kAvx2Int},     {"avx512", "Q8_0", kAvx512Int},
     {"avx512", "Q4_0", kAvx512Int},     {"avx512", "Q4_1", kAvx512Int},     {"avx512", "Q5_0", kAvx512Int},
     {"avx512", "Q5_1", kAvx512Int},     {"avx512", "IQ4_NL", kAvx512Int},   {"avx512", "Q2_K", kAvx512Int},
-    {"avx512", "Q3_K", kAvx512Int},   {"avx512", "affine", kAvx512Int},
+    {"avx512", "Q3_K", kAvx512Int},     {"avx512", "Q4_K", kAvx512Int},     {"avx512", "Q5_K", kAvx512Int},
+    {"avx512", "Q6_K", kAvx512Int},     {"avx512", "IQ4_XS", kAvx512Int},   {"avx512", "affine", kAvx512Int},
     {"avx512", "F16", kAvx512F16},      {"avx512", "BF16", kAvx512Bf16},    {"avx512inv", "F16", kAvx512F16},
     {"avx512inv", "BF16", kAvx512Bf16},
 };
 
-// Where the GEMM computes block sums on AMX (cpu::avx512::gemm_uses_amx()), prompts of 4+ token groups
-// leave the super-block arithmetic that the Q4_K / Q5_K / IQ4_XS decode kernels follow.
-constexpr const char* kAvx512Amx =
-    "with AMX the GEMM (n >= 49) sums per 32-block over per-32 activations; the decode kernels follow its "
-    "super-block path (per-256 activations, integer super-block sums)";
-constexpr Gap kNotInvariantAmx[] = {{"avx512", "Q4_K", kAvx512Amx}, {"avx512", "Q5_K", kAvx512Amx}, {"avx512", "IQ4_XS", kAvx512Amx}};
-
 const Gap* gap_of(const std::string& mode, const std::string& format) {
   for (const Gap& g : kNotInvariant)
     if (mode == g.mode && format.rfind(g.format, 0) == 0) return &g;
-  if (cpu::avx512::gemm_uses_amx())
-    for (const Gap& g : kNotInvariantAmx)
-      if (mode == g.mode && format.rfind(g.format, 0) == 0) return &g;
   return nullptr;
 }
 

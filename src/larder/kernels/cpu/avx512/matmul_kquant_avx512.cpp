@@ -105,8 +105,117 @@ struct Q6_KRows {
 };
 
 
-// Q6_K decode (n <= 8) in the prefill GEMM's arithmetic, so a token's row is bit-identical
-// whatever the call's size (issue 41): per 32-block b, Gemm16::halves computes for each token
+// Q6_K decode (n <= 8): 64 codes per zmm, in natural element order. Half h of a super-block
+// (elements 128h..128h+127) is one 64-byte ql load [ql A | ql B] and its 32 qh bytes broadcast to
+// both 256-bit halves: low nibbles | bits (0 | 2) of qh give elements 128h + 0..63, high nibbles
+// | bits (4 | 6) give 128h + 64..127. A per-64-bit-lane shift (vpsllvq/vpsrlvq) moves each half's
+// qh bit pair to bits 4..5 of its byte, and one vpternlogd bit-select merges them with the
+// nibble. Each int32 lane of a vpdpbusd covers 4 elements of one 16-element sub-block, so the
+// scale pattern is 4 lanes per sub-block (vpermps of the 16 scales), the d_x pattern 8 lanes per
+// activation block. The zero point −32 is one FMA per super-block: the accumulator's lanes are
+// summed at the end anyway, so the 16 scales times the token's precomputed −32·d_x·Σq of each
+// sub-block can go into any 16 lanes of it. Per row and super-block: 14 vector ops to unpack, and
+// per token 17 for the dots and the zero point (were 22 and 20, the zero point subtracted per
+// int32 lane); kernel_bench 2048x2048 n = 1 cache-resident, 1 thread, Zen 4: 156 → 119–155 µs.
+struct Q6KDecode {
+  static constexpr int kRows1 = 4;
+  // Zen 4 (matmul_driver.h rows1): with four interleaved rows the kernel read 11–12 GB/s from
+  // DRAM, with two 21–23 (kernel_bench 8192x2048, n = 1, 1 thread: 1230–1580 → 650–890 µs; the
+  // same 530 µs cache-resident either way); 1B Q6_K decode 29.7 → 32.2 tok/s (2 threads).
+  static constexpr int kRows1Zen = 2;
+  static constexpr int kRowsN = 2;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nsb;
+  const int8_t* acts;    // [n][nsb][256] int8, natural order (the quantizer's own layout)
+  const float* dxp;      // [n][nsb][4][16] per-lane d_x
+  const float* zs;       // [n][nsb][16] −32·d_x·Σq of each 16-element sub-block
+  float* y;
+
+  template <int R, int T, int kPf>
+  void tile_rows(int64_t r0, int64_t t0) const {
+    const float* f16 = f16_table();
+    __m512 acc[R][T];
+    zero_acc(acc);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    // Bits (0,1 | 2,3) of qh to bits 4..5: left by 4 | 2; bits (4,5 | 6,7): right by 0 | 2.
+    const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    __m512i pat[4];
+    LARDER_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      pat[j] = _mm512_setr_epi32(4 * j, 4 * j, 4 * j, 4 * j, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 2,
+                                 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 3);
+    }
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockQ6_K), sizeof(BlockQ6_K));
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockQ6_K);
+        const float d = f16[load_u16(blk + offsetof(BlockQ6_K, d))];
+        const __m512 sc = _mm512_mul_ps(
+            _mm512_set1_ps(d),
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6_K, scales))))));
+        __m512i u[4];
+        LARDER_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+          const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+          const __m512i hl = _mm512_and_si512(_mm512_sllv_epi64(qh, sh_lo), m30);
+          const __m512i hh = _mm512_and_si512(_mm512_srlv_epi64(qh, sh_hi), m30);
+          // 0xca: bit-select, m4 ? nibble : high bits.
+          u[2 * h] = _mm512_ternarylogic_epi32(m4, ql, hl, 0xca);
+          u[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), hh, 0xca);
+        }
+        __m512 scp[4];
+        LARDER_UNROLL
+        for (int j = 0; j < 4; ++j) scp[j] = _mm512_permutexvar_ps(pat[j], sc);
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const int64_t at = (t0 + t) * nsb + sb;
+          const int8_t* xa = acts + at * 256;
+          __m512 sum = _mm512_fmadd_ps(sc, _mm512_load_ps(zs + at * 16), acc[r][t]);
+          LARDER_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[j], _mm512_load_si512(xa + 64 * j));
+            sum = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(dxp + at * 64 + 16 * j)), scp[j], sum);
+          }
+          acc[r][t] = sum;
+        }
+      }
+    }
+    store_acc(acc, y, rows, r0, t0);
+  }
+};
+
+// The decode kernel for w with its activation patterns prepared (the calling thread's scratch
+// slots 0 and 1); matmul_multi_q6_k reuses them for every weight of the group.
+Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
+  const size_t dxp_bytes = static_cast<size_t>(n * nsb) * 256;  // [n][nsb][4][16] of 4 bytes
+  const size_t zs_bytes = static_cast<size_t>(n * nsb) * 64;    // [n][nsb][16] of 4 bytes
+  auto* buf = static_cast<uint8_t*>(thread_scratch(dxp_bytes + zs_bytes + 64, 1));
+  auto* dxp = reinterpret_cast<float*>(buf);
+  auto* zs = reinterpret_cast<float*>(buf + dxp_bytes);
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* q = a.token_blocks(t);
+    for (int64_t b = 0; b < nb; ++b) {
+      float* dp = dxp + t * nsb * 64 + b * 8;  // 8 lanes per activation block, blocks in order
+      const float dx = a.scales(b)[t];
+      for (int l = 0; l < 8; ++l) dp[l] = dx;
+      for (int s = 0; s < 2; ++s) {  // the block's two 16-element sub-blocks
+        int sum = 0;
+        for (int i = 0; i < 16; ++i) sum += q[32 * b + 16 * s + i];
+        zs[t * nsb * 16 + 2 * b + s] = -32.0f * dx * static_cast<float>(sum);
+      }
+    }
+  }
+  return Q6KDecode{w.data, w.row_bytes(), w.rows, nsb, a.qs, dxp, zs, y};
+}
+
+// Batch-invariant Q6_K decode (batch_invariant_decode(), LARDER_BATCH_INVARIANT=1): the prefill
+// GEMM's arithmetic, so a token's row is bit-identical whatever the call's size (issue 41): per 32-block b, Gemm16::halves computes for each token
 //   t_b = fma(cvt(H_b), s_hi, cvt(L_b)·s_lo),   acc = fma(t_b, d_x(b), acc)   (blocks in order)
 // with L_b, H_b = Σ u·q − 32·Σq over the block's two 16-element halves (exact int32) and
 // s = d·sc (f32). Here: 64 codes per zmm in natural element order — half h of a super-block
@@ -117,9 +226,9 @@ struct Q6_KRows {
 // Per token, the four vpdpbusd leave 4 int32 lanes per 16-element half; three pair-sum steps
 // (exact) give one vector of the super-block's 16 half sums in order, then L, H and the scales
 // meet lane-wise (odd lanes shifted onto even ones), and the eight t_b enter the token's f32
-// chain one by one — the GEMM's order. The chain is what this costs over a kernel that keeps
-// per-lane sums (bench/RESULTS.md, session 37).
-struct Q6KDecode {
+// chain one by one — the GEMM's order. The reduction and the chain are what this costs over
+// Q6KDecode's per-lane sums (bench/RESULTS.md, session 37: ~1.3–1.5× its time).
+struct Q6KDecodeInv {
   static constexpr int kRows1 = 4;
   // Zen 4 (matmul_driver.h rows1): with four interleaved rows the kernel read 11–12 GB/s from
   // DRAM, with two 21–23 (kernel_bench 8192x2048, n = 1, 1 thread: 1230–1580 → 650–890 µs; the
@@ -194,9 +303,8 @@ struct Q6KDecode {
   }
 };
 
-// The decode kernel for w with its activations prepared (the calling thread's scratch slots 0
-// and 1); matmul_multi_q6_k reuses them for every weight of the group.
-Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
+// Q6KDecodeInv for w with its activations prepared (scratch slots 0 and 1), as prepare_q6_k.
+Q6KDecodeInv prepare_q6_k_inv(const WeightView& w, const float* x, int64_t n, float* y) {
   const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
   QuantizedActs a = quantize_acts_scratch(x, n, cols);
   const size_t zq_bytes = static_cast<size_t>(n * nsb) * 64;  // [n][nsb][16] of 4 bytes
@@ -215,12 +323,12 @@ Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y)
       }
     }
   }
-  return Q6KDecode{w.data, w.row_bytes(), w.rows, nsb, a.qs, zq, dx, y};
+  return Q6KDecodeInv{w.data, w.row_bytes(), w.rows, nsb, a.qs, zq, dx, y};
 }
 
 void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
-  const Q6KDecode k = prepare_q6_k(w, x, n, y);
-  run_matmul_tiles(k, w.rows, n, w.cols + w.cols / 8);
+  if (batch_invariant_decode()) return run_matmul_tiles(prepare_q6_k_inv(w, x, n, y), w.rows, n, w.cols + w.cols / 8);
+  run_matmul_tiles(prepare_q6_k(w, x, n, y), w.rows, n, w.cols + w.cols / 8);
 }
 
 // Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
@@ -238,7 +346,7 @@ void gemm_q6_k(const WeightView* ws, float* const* ys, int count, const float* x
 
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  if (n < kGemm16MinTokens) {  // batch-invariant: Q6KDecode follows the GEMM's arithmetic
+  if (n < kGemm16MinTokens) {  // batch_invariant_decode(): Q6KDecodeInv, the GEMM's arithmetic
     decode_q6_k(w, x, n, y);
     return;
   }
@@ -247,6 +355,7 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_q6_k(ws, ys, count, x, n);
+  if (batch_invariant_decode()) return decode_multi(prepare_q6_k_inv, ws, ys, count, x, n);
   decode_multi(prepare_q6_k, ws, ys, count, x, n);
 }
 
