@@ -215,7 +215,8 @@ Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y)
 }
 
 // Batch-invariant Q6_K decode (batch_invariant_decode(), LARDER_BATCH_INVARIANT=1): the prefill
-// GEMM's arithmetic, so a token's row is bit-identical whatever the call's size (issue 41): per 32-block b, Gemm16::halves computes for each token
+// GEMM's arithmetic, so a token's row is bit-identical whatever the call's size (issue 41): per
+// 32-block b, Gemm16::halves computes for each token
 //   t_b = fma(cvt(H_b), s_hi, cvt(L_b)·s_lo),   acc = fma(t_b, d_x(b), acc)   (blocks in order)
 // with L_b, H_b = Σ u·q − 32·Σq over the block's two 16-element halves (exact int32) and
 // s = d·sc (f32). Here: 64 codes per zmm in natural element order — half h of a super-block
@@ -230,10 +231,7 @@ Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y)
 // Q6KDecode's per-lane sums (bench/RESULTS.md, session 37: ~1.3–1.5× its time).
 struct Q6KDecodeInv {
   static constexpr int kRows1 = 4;
-  // Zen 4 (matmul_driver.h rows1): with four interleaved rows the kernel read 11–12 GB/s from
-  // DRAM, with two 21–23 (kernel_bench 8192x2048, n = 1, 1 thread: 1230–1580 → 650–890 µs; the
-  // same 530 µs cache-resident either way); 1B Q6_K decode 29.7 → 32.2 tok/s (2 threads).
-  static constexpr int kRows1Zen = 2;
+  static constexpr int kRows1Zen = 2;  // Q6KDecode's tiles (the same weight stream)
   static constexpr int kRowsN = 2;
   const uint8_t* w;
   uint64_t row_bytes;
