@@ -6,8 +6,10 @@ gemm16_avx512.h Gemv16), a token's logits do not depend on the batch it was comp
   same tokens and log-probabilities, bit for bit, as the cold run;
 - eight requests decoded together as one batch give what each gives alone.
 Without the flag SmolLM2-135M Q4_1 moved cached-vs-cold log-probabilities by up to 1.6 nats and
-changed the greedy text (docs/server-api.md). Runs on SmolLM2 Q4_1 from LARDER_MODELS_DIR (skips
-when absent) and only on CPUs with the AVX-512 tier (the flag covers that tier's kernels).
+changed the greedy text (docs/server-api.md). Runs on SmolLM2 Q4_1 and on Qwen2.5-Coder 0.5B
+Q4_K_M (Q4_K and Q6_K: the decode kernels that follow the GEMM's super-block and half-block
+arithmetic, session 37) from LARDER_MODELS_DIR (skips when absent) and only on CPUs with the
+AVX-512 tier (the flag covers that tier's kernels).
 """
 import concurrent.futures
 import os
@@ -20,6 +22,7 @@ from server_harness import Server  # noqa: E402
 
 MODELS = os.environ.get("LARDER_MODELS_DIR") or os.path.join(HERE, "../../.cache/models")
 SMOL = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
+QWEN_Q4KM = os.path.join(MODELS, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 
 PROMPTS = [
     "Lily and Ben went to the park. They saw a big dog and a small cat. The dog",
@@ -45,14 +48,15 @@ def avx512_tier():
 
 class BatchInvariantServeTest(unittest.TestCase):
     server = None
+    MODEL = SMOL
 
     @classmethod
     def setUpClass(cls):
-        if not os.path.exists(SMOL):
-            raise unittest.SkipTest(f"{SMOL} is absent: run scripts/fetch_models.sh (or set LARDER_MODELS_DIR)")
+        if not os.path.exists(cls.MODEL):
+            raise unittest.SkipTest(f"{cls.MODEL} is absent: run scripts/fetch_models.sh (or set LARDER_MODELS_DIR)")
         if not avx512_tier() or os.environ.get("LARDER_ISA") in ("avx2", "ref"):
             raise unittest.SkipTest("LARDER_BATCH_INVARIANT covers the AVX-512 tier's kernels; this CPU runs AVX2")
-        cls.server = Server(SMOL, "--parallel", "8", env={"LARDER_BATCH_INVARIANT": "1"}).start()
+        cls.server = Server(cls.MODEL, "--parallel", "8", env={"LARDER_BATCH_INVARIANT": "1"}).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -85,6 +89,12 @@ class BatchInvariantServeTest(unittest.TestCase):
         for p, a, b in zip(prompts, alone, together):
             self.assertEqual(a["text"], b["text"], p)
             self.assertEqual(a["logprobs"]["token_logprobs"], b["logprobs"]["token_logprobs"], p)
+
+
+
+class BatchInvariantQ4KMServeTest(BatchInvariantServeTest):
+    """The same on a Q4_K_M file (Q4_K ×169, Q6_K ×29 tensors): their batch-invariant decode kernels."""
+    MODEL = QWEN_Q4KM
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ constexpr const char* kAvx2Int =
     "decode kernels (n < 8) keep per-lane f32 sums across blocks and add the lanes at the end; the token-lane "
     "GEMM (n >= 8) chains each token's blocks in order in one lane";
 constexpr const char* kAvx512Int =
-    "decode kernels (n < 9; Q8_0 n < 8) keep per-lane f32 sums across blocks (and the K-quants quantize per 256 "
+    "decode kernels (n < 9; Q8_0 n < 8) keep per-lane f32 sums across blocks (and Q2_K/Q3_K quantize per 256 "
     "values where the GEMM does per 32); the GEMM chains each token's blocks in order in one lane";
 constexpr const char* kAvx512F16 =
     "decode (n <= 8) rounds the activations to f16 (F16HalfKernel); prefill is the AVX2 f32 kernel";

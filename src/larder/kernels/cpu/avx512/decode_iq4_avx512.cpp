@@ -4,9 +4,10 @@
 // is looked up with one vpshufb per 64 codes (16 entries = one 128-bit lane, broadcast to all four;
 // vpermb would save the nibble mask but needs VBMI, which the tier does not require), and the table
 // holds v + 128 (1..241) so the looked-up byte is directly the UNSIGNED operand of vpdpbusd against
-// the signed int8 activations. The +128 is folded out in the integer domain by seeding each
+// the signed int8 activations. The +128 is folded out in the integer domain: IQ4_NL seeds each
 // accumulator lane with −128·Σq over the lane's activations (precomputed per token, once per
-// matmul):  seed + Σ (v + 128)·q = Σ v·q, exact in int32.
+// matmul):  seed + Σ (v + 128)·q = Σ v·q, exact in int32 (IQ4XSDecodeInv keeps it as the GEMM's
+// mins term instead).
 //
 // Why vpdpbusd and not vpmaddubsw + vpdpwssd (the Q4_K/Q5_K kernels' route): maddubs cannot take
 // v + 128 (pair sums up to 2·241·127 saturate int16), so it would need |v| as the unsigned operand
@@ -27,6 +28,14 @@
 // sums do not fit the int16 operand of vpmaddwd), and this costs fewer ops than vpmulld would.
 // The 8 scales are decoded once per row and super-block in one ymm (variable shifts of the packed
 // scales_l / scales_h) and spread into the two 16-lane patterns by vpermps.
+// IQ4XSDecodeInv (batch_invariant_decode()): to be batch-invariant (issue 41) it computes what the
+// prefill GEMM's super-block path does per
+// token (gemm16_avx512.h tile_super, UnpackIQ4_XS::unpack_super: codes v + 128, sc_j = ls_j,
+// m_j = 128·ls_j, dmin = d): S = Σ_j ls_j·Σ (v + 128)·q and M = Σ_j 128·ls_j·Σq, both exact
+// int32, then t = S·d − M·d and acc += t·d_x, one f32 chain per (row, token) over the super-blocks.
+// Per token: one pair-sum step folds A and B into two lanes per sub-block, one vpmulld by the ls
+// pattern, one vpmulld of the token's −128·Σq per sub-block by it, and both vectors join the
+// tile's exact lane-sum tree (lane_sums) — ~1.4× IQ4XSDecode's time (bench/RESULTS.md, session 37).
 //
 // IQ4_NL (value = d·v over blocks of 32 with an f16 d each; 32-element activation blocks): Q4_0's
 // four-block step (matmul_avx512.cpp, Q4_0Quad: the blocks have the same 18-byte layout, so the
@@ -165,6 +174,121 @@ IQ4XSDecode prepare_iq4_xs(const WeightView& w, const float* x, int64_t n, float
   return IQ4XSDecode{w.data, w.row_bytes(), w.rows, nsb, acts, a.d, y};
 }
 
+// Batch-invariant (batch_invariant_decode(), LARDER_BATCH_INVARIANT=1): the prefill GEMM's
+// super-block arithmetic (see the header).
+struct IQ4XSDecodeInv {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRows1Zen = 1;  // matmul_driver.h rows1: 1B IQ4_XS decode 41.7 → 47.9 tok/s
+  static constexpr int kRowsN = 2;
+  static constexpr int kActBytes = 320;  // per token and super-block: xA_lo, xA_hi, xB_lo, xB_hi, −128·Σq per sub-block
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nsb;
+  const uint8_t* acts;  // [n][nsb][384]
+  const float* dx;      // [n][nsb] (QuantizedActsK::d)
+  float* y;
+
+  template <int R, int T, int kPf>
+  void tile_rows(int64_t r0, int64_t t0) const {
+    const float* f16 = f16_table();
+    // One f32 chain per (row, token) in the GEMM's super-block order (see the IQ4_XS header).
+    __m128 acc[R][T];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r)
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm_setzero_ps();
+    const __m512i tbl = iq4_table_u8(), m4 = _mm512_set1_epi8(0x0f);
+    const __m256i sh_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_h = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i m15 = _mm256_set1_epi32(15), m48 = _mm256_set1_epi32(48), k32 = _mm256_set1_epi32(32);
+    // ls_j on the two lanes of sub-block j after pair_sums16(A lanes, B lanes).
+    const __m512i pat = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockIQ4_XS), sizeof(BlockIQ4_XS));
+      __m512i sums[2 * R * T];  // per (row, token): lanes of Σ ls·Σ u·q, then of −Σ 128·ls·Σq
+      float d[R];
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockIQ4_XS);
+        // ls_j = (scales_l nibble j | scales_h bits 2j..2j+1 << 4) − 32, j = 0..7 in one ymm.
+        uint32_t sl;
+        std::memcpy(&sl, blk + offsetof(BlockIQ4_XS, scales_l), 4);
+        const uint32_t sh = load_u16(blk + offsetof(BlockIQ4_XS, scales_h));
+        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), sh_l), m15);
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sh << 4)), sh_h), m48);
+        const __m512i ls = _mm512_permutexvar_epi32(pat, _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_or_si256(lo, hi), k32)));
+        d[r] = f16[load_u16(blk)];
+        const __m512i va = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs));
+        const __m512i vb = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs) + 64);
+        const __m512i ua_lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(va, m4));
+        const __m512i ua_hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(va, 4), m4));
+        const __m512i ub_lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(vb, m4));
+        const __m512i ub_hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(vb, 4), m4));
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const int64_t at = (t0 + t) * nsb + sb;
+          const uint8_t* x = acts + at * kActBytes;
+          // Σ u·q with u = v + 128 (no seed: the GEMM keeps the +128 in its mins term).
+          const __m512i da = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), ua_lo, _mm512_load_si512(x)), ua_hi, _mm512_load_si512(x + 64));
+          const __m512i db = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), ub_lo, _mm512_load_si512(x + 128)), ub_hi,
+              _mm512_load_si512(x + 192));
+          sums[r * T + t] = _mm512_mullo_epi32(pair_sums16(da, db), ls);
+          sums[R * T + r * T + t] = _mm512_mullo_epi32(_mm512_load_si512(x + 256), ls);
+        }
+      }
+      int32_t is[2 * R * T];
+      lane_sums(sums, is);
+      // Gemm16::tile_super: t = S·d − M·dmin (dmin = d; the second sum is −M, negation exact).
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const __m128 z = _mm_setzero_ps();
+          __m128 tt = _mm_mul_ss(_mm_cvtsi32_ss(z, is[r * T + t]), _mm_set_ss(d[r]));
+          tt = _mm_fmadd_ss(_mm_cvtsi32_ss(z, is[R * T + r * T + t]), _mm_set_ss(d[r]), tt);
+          acc[r][t] = _mm_fmadd_ss(tt, _mm_set_ss(dx[(t0 + t) * nsb + sb]), acc[r][t]);
+        }
+      }
+    }
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t)
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = _mm_cvtss_f32(acc[r][t]);
+  }
+};
+
+// As prepare_iq4_xs, the activations laid out for IQ4XSDecodeInv.
+IQ4XSDecodeInv prepare_iq4_xs_inv(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nsb = cols / 256;
+  QuantizedActsK a = quantize_acts_k_scratch(x, n, cols);
+  auto* acts = static_cast<uint8_t*>(thread_scratch(static_cast<size_t>(n * nsb) * IQ4XSDecodeInv::kActBytes + 64, 1));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const int8_t* q = a.token(t) + sb * 256;
+      uint8_t* dst = acts + (t * nsb + sb) * IQ4XSDecodeInv::kActBytes;
+      for (int h = 0; h < 2; ++h) {      // A: sub-blocks 0–3, B: 4–7
+        for (int k = 0; k < 4; ++k) {
+          const int8_t* sub = q + 32 * (4 * h + k);
+          std::memcpy(dst + 128 * h + 16 * k, sub, 16);
+          std::memcpy(dst + 128 * h + 64 + 16 * k, sub + 16, 16);
+        }
+      }
+      // −128·Σq of sub-block j on lane 2j (lane 2j + 1 zero): the GEMM's mins term, to be scaled
+      // by ls_j lane-wise.
+      alignas(64) int32_t m[16] = {};
+      for (int j = 0; j < 8; ++j) {
+        int sum = 0;
+        for (int i = 0; i < 32; ++i) sum += q[32 * j + i];
+        m[2 * j] = -128 * sum;
+      }
+      std::memcpy(dst + 256, m, 64);
+    }
+  }
+  return IQ4XSDecodeInv{w.data, w.row_bytes(), w.rows, nsb, acts, a.d, y};
+}
+
 // ---------------------------------------------------------------------------------------------
 // IQ4_NL: four 18-byte blocks (72 bytes, every field 16-bit aligned) per step, as Q4_0Quad.
 struct IQ4NLQuad {
@@ -249,12 +373,16 @@ void decode_one(K (*prepare)(const WeightView&, const float*, int64_t, float*), 
 
 }  // namespace
 
-void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) { decode_one(prepare_iq4_xs, w, x, n, y); }
+void decode_iq4_xs(const WeightView& w, const float* x, int64_t n, float* y) {
+  if (batch_invariant_decode()) return decode_one(prepare_iq4_xs_inv, w, x, n, y);
+  decode_one(prepare_iq4_xs, w, x, n, y);
+}
 void decode_iq4_nl(const WeightView& w, const float* x, int64_t n, float* y) { decode_one(prepare_iq4_nl, w, x, n, y); }
 
 void matmul_multi_iq4_xs(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_multi_gguf(ws, ys, count, x, n);
-  if (gemv_invariant(n)) return gemv_multi_gguf(ws, ys, count, x, n);
+  if (gemv_invariant_amx(n)) return gemv_multi_gguf(ws, ys, count, x, n);
+  if (batch_invariant_decode()) return decode_multi(prepare_iq4_xs_inv, ws, ys, count, x, n);
   decode_multi(prepare_iq4_xs, ws, ys, count, x, n);
 }
 void matmul_multi_iq4_nl(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {

@@ -133,6 +133,35 @@ LARDER_GEMM_INLINE void store_acc(const __m512 (&acc)[R][T], float* y, int64_t r
     for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = hsum16(acc[r][t]);
 }
 
+// Decode in the GEMM's order (issue 41): the exact int32 sums of each of N vectors' 16 lanes, to
+// out[0..N) — one pair-sum tree over all N at once (P = N rounded up to a power of two: P − 1
+// pair sums, then log2(16/P) more inside the one vector left), ~3 ops per vector. Integer adds
+// are exact, so any tree gives the sums the GEMM's per-token int32 chains give.
+inline __m512i pair_sums16(__m512i A, __m512i B) {
+  const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(A, ev, B), _mm512_permutex2var_epi32(A, od, B));
+}
+template <int N>
+LARDER_GEMM_INLINE void lane_sums(const __m512i (&v)[N], int32_t* out) {
+  static_assert(N >= 1 && N <= 16);
+  constexpr int P = N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : N <= 8 ? 8 : 16;
+  __m512i w[P];
+  LARDER_UNROLL
+  for (int i = 0; i < P; ++i) w[i] = i < N ? v[i] : _mm512_setzero_si512();
+  LARDER_UNROLL
+  for (int m = P; m > 1; m /= 2)
+    LARDER_UNROLL
+    for (int i = 0; i < m / 2; ++i) w[i] = pair_sums16(w[2 * i], w[2 * i + 1]);
+  // w[0]: P segments of 16/P lanes, segment i from v[i]; halve the segments down to one lane.
+  LARDER_UNROLL
+  for (int width = 16 / P; width > 1; width /= 2) w[0] = pair_sums16(w[0], w[0]);
+  alignas(64) int32_t buf[16];
+  _mm512_store_si512(buf, w[0]);
+  LARDER_UNROLL
+  for (int i = 0; i < N; ++i) out[i] = buf[i];
+}
+
 // One token's 32 values v0|v1 quantized with 1/d = vid into int32 codes i0|i1 (cvtps2dq rounds to
 // nearest even, the default MXCSR mode, as nearbyint does) and stored as int8 into lane `lane` of
 // the 16-token block blk (4 bytes per 64-byte step): the shared step of both quantizers below.
@@ -1000,6 +1029,10 @@ struct Gemv16 {
 inline bool gemv_invariant(int64_t n, int64_t min_gemm = kGemm16MinTokens) {
   return n > 0 && n < min_gemm && batch_invariant_decode();
 }
+
+// The same for the formats whose decode kernels follow the GEMM's super-block arithmetic already
+// (Q4_K, Q5_K, IQ4_XS): they need gemv16 only where AMX moves the GEMM off it (gemm_super_blocks).
+inline bool gemv_invariant_amx(int64_t n) { return gemv_invariant(n) && gemm_uses_amx(); }
 
 // The GEMM's activation codes in token-major order (slot 2): 32 bytes per (token, block).
 inline const int8_t* token_major_codes(const Acts16& a) {

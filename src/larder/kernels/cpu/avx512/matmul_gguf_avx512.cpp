@@ -126,7 +126,10 @@ void gemv_gguf(const WeightView* ws, float* const* ys, int count, const float* x
 template <class U>
 void matmul_gguf(const WeightView& w, const float* x, int64_t n, float* y, MatmulFn decode) {
   if (n <= 0 || w.rows <= 0) return;
-  if (gemv_invariant(n)) return gemv_gguf<U>(&w, &y, 1, x, n);
+  // Q5_K's and IQ4_XS's decode kernels follow the GEMM's super-block arithmetic; only where AMX
+  // moves the GEMM off it does the flag need the GEMM's own decode.
+  const bool invariant_decode = std::is_same_v<U, UnpackQ5_K> || std::is_same_v<U, UnpackIQ4_XS>;
+  if (invariant_decode ? gemv_invariant_amx(n) : gemv_invariant(n)) return gemv_gguf<U>(&w, &y, 1, x, n);
   if (n < kGemm16MinTokens) {
     decode(w, x, n, y);
     return;

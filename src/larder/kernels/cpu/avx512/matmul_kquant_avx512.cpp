@@ -214,9 +214,119 @@ Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y)
   return Q6KDecode{w.data, w.row_bytes(), w.rows, nsb, a.qs, dxp, zs, y};
 }
 
+// Batch-invariant Q6_K decode (batch_invariant_decode(), LARDER_BATCH_INVARIANT=1): the prefill
+// GEMM's arithmetic, so a token's row is bit-identical whatever the call's size (issue 41): per
+// 32-block b, Gemm16::halves computes for each token
+//   t_b = fma(cvt(H_b), s_hi, cvt(L_b)·s_lo),   acc = fma(t_b, d_x(b), acc)   (blocks in order)
+// with L_b, H_b = Σ u·q − 32·Σq over the block's two 16-element halves (exact int32) and
+// s = d·sc (f32). Here: 64 codes per zmm in natural element order — half h of a super-block
+// (elements 128h..128h+127) is one 64-byte ql load [ql A | ql B] and its 32 qh bytes broadcast to
+// both 256-bit halves: low nibbles | bits (0 | 2) of qh give elements 128h + 0..63, high nibbles |
+// bits (4 | 6) give 128h + 64..127; a per-64-bit-lane shift (vpsllvq/vpsrlvq) moves each half's qh
+// bit pair to bits 4..5 of its byte, and one vpternlogd bit-select merges them with the nibble.
+// Per token, the four vpdpbusd leave 4 int32 lanes per 16-element half; three pair-sum steps
+// (exact) give one vector of the super-block's 16 half sums in order, then L, H and the scales
+// meet lane-wise (odd lanes shifted onto even ones), and the eight t_b enter the token's f32
+// chain one by one — the GEMM's order. The reduction and the chain are what this costs over
+// Q6KDecode's per-lane sums (bench/RESULTS.md, session 37: ~1.3–1.5× its time).
+struct Q6KDecodeInv {
+  static constexpr int kRows1 = 4;
+  static constexpr int kRows1Zen = 2;  // Q6KDecode's tiles (the same weight stream)
+  static constexpr int kRowsN = 2;
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t rows, nsb;
+  const int8_t* acts;    // [n][nsb][256] int8, natural order (the quantizer's own layout)
+  const int32_t* zq;     // [n][nsb][16] 32·Σq of each 16-element half
+  const float* dx;       // [n][nsb·8] d_x per activation block, token-major
+  float* y;
+
+  template <int R, int T, int kPf>
+  void tile_rows(int64_t r0, int64_t t0) const {
+    const float* f16 = f16_table();
+    __m128 acc[R][T];
+    LARDER_UNROLL
+    for (int r = 0; r < R; ++r)
+      LARDER_UNROLL
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    // Bits (0,1 | 2,3) of qh to bits 4..5: left by 4 | 2; bits (4,5 | 6,7): right by 0 | 2.
+    const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockQ6_K), sizeof(BlockQ6_K));
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockQ6_K);
+        const float d = f16[load_u16(blk + offsetof(BlockQ6_K, d))];
+        // s = d·sc per half (Q6_KRows::unpack's product), and the odd halves' on the even lanes.
+        const __m512 sc = _mm512_mul_ps(
+            _mm512_set1_ps(d),
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6_K, scales))))));
+        const __m512 sc_hi = _mm512_castsi512_ps(_mm512_srli_epi64(_mm512_castps_si512(sc), 32));
+        __m512i u[4];
+        LARDER_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+          const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+          const __m512i hl = _mm512_and_si512(_mm512_sllv_epi64(qh, sh_lo), m30);
+          const __m512i hh = _mm512_and_si512(_mm512_srlv_epi64(qh, sh_hi), m30);
+          // 0xca: bit-select, m4 ? nibble : high bits.
+          u[2 * h] = _mm512_ternarylogic_epi32(m4, ql, hl, 0xca);
+          u[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), hh, 0xca);
+        }
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const int64_t at = (t0 + t) * nsb + sb;
+          const int8_t* xa = acts + at * 256;
+          __m512i p[4];
+          LARDER_UNROLL
+          for (int j = 0; j < 4; ++j) p[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[j], _mm512_load_si512(xa + 64 * j));
+          const __m512i half = _mm512_sub_epi32(pair_sums16(pair_sums16(p[0], p[1]), pair_sums16(p[2], p[3])),
+                                                _mm512_load_si512(zq + at * 16));
+          const __m512 f = _mm512_cvtepi32_ps(half);
+          const __m512 f_hi = _mm512_castsi512_ps(_mm512_srli_epi64(_mm512_castps_si512(f), 32));
+          alignas(64) float tb[16];  // t_b at lane 2b
+          _mm512_store_ps(tb, _mm512_fmadd_ps(f_hi, sc_hi, _mm512_mul_ps(f, sc)));
+          const float* dxb = dx + at * 8;
+          LARDER_UNROLL
+          for (int b = 0; b < 8; ++b) acc[r][t] = _mm_fmadd_ss(_mm_load_ss(tb + 2 * b), _mm_load_ss(dxb + b), acc[r][t]);
+        }
+      }
+    }
+    LARDER_UNROLL
+    for (int t = 0; t < T; ++t)
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = _mm_cvtss_f32(acc[r][t]);
+  }
+};
+
+// Q6KDecodeInv for w with its activations prepared (scratch slots 0 and 1), as prepare_q6_k.
+Q6KDecodeInv prepare_q6_k_inv(const WeightView& w, const float* x, int64_t n, float* y) {
+  const int64_t cols = w.cols, nb = cols / 32, nsb = cols / 256;
+  QuantizedActs a = quantize_acts_scratch(x, n, cols);
+  const size_t zq_bytes = static_cast<size_t>(n * nsb) * 64;  // [n][nsb][16] of 4 bytes
+  const size_t dx_bytes = static_cast<size_t>(n * nb) * 4;
+  auto* buf = static_cast<uint8_t*>(thread_scratch(zq_bytes + dx_bytes + 64, 1));
+  auto* zq = reinterpret_cast<int32_t*>(buf);
+  auto* dx = reinterpret_cast<float*>(buf + zq_bytes);
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* q = a.token_blocks(t);
+    for (int64_t b = 0; b < nb; ++b) {
+      dx[t * nb + b] = a.scales(b)[t];
+      for (int s = 0; s < 2; ++s) {  // the block's two 16-element halves
+        int sum = 0;
+        for (int i = 0; i < 16; ++i) sum += q[32 * b + 16 * s + i];
+        zq[t * nb * 2 + 2 * b + s] = 32 * sum;
+      }
+    }
+  }
+  return Q6KDecodeInv{w.data, w.row_bytes(), w.rows, nsb, a.qs, zq, dx, y};
+}
+
 void decode_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
-  const Q6KDecode k = prepare_q6_k(w, x, n, y);
-  run_matmul_tiles(k, w.rows, n, w.cols + w.cols / 8);
+  if (batch_invariant_decode()) return run_matmul_tiles(prepare_q6_k_inv(w, x, n, y), w.rows, n, w.cols + w.cols / 8);
+  run_matmul_tiles(prepare_q6_k(w, x, n, y), w.rows, n, w.cols + w.cols / 8);
 }
 
 // Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
@@ -229,17 +339,12 @@ void decode_multi(K (*prepare)(const WeightView&, const float*, int64_t, float*)
 void gemm_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   gemm16(ws, ys, count, x, n, [](const WeightView& w) { return Q6_KRows{w.data, w.row_bytes(), w.cols / 256}; });
 }
-// Decode in the GEMM's arithmetic (batch_invariant_decode()).
-void gemv_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return Q6_KRows{w.data, w.row_bytes(), w.cols / 256}; });
-}
 
 }  // namespace
 
 void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  if (gemv_invariant(n)) return gemv_q6_k(&w, &y, 1, x, n);
-  if (n < kGemm16MinTokens) {
+  if (n < kGemm16MinTokens) {  // batch_invariant_decode(): Q6KDecodeInv, the GEMM's arithmetic
     decode_q6_k(w, x, n, y);
     return;
   }
@@ -248,13 +353,13 @@ void matmul_q6_k(const WeightView& w, const float* x, int64_t n, float* y) {
 
 void matmul_multi_q6_k(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   if (n >= kGemm16MinTokens) return gemm_q6_k(ws, ys, count, x, n);
-  if (gemv_invariant(n)) return gemv_q6_k(ws, ys, count, x, n);
+  if (batch_invariant_decode()) return decode_multi(prepare_q6_k_inv, ws, ys, count, x, n);
   decode_multi(prepare_q6_k, ws, ys, count, x, n);
 }
 
 void matmul_q4_k(const WeightView& w, const float* x, int64_t n, float* y) {
   if (n <= 0 || w.rows <= 0) return;
-  if (gemv_invariant(n)) return gemv_q4_k(&w, &y, 1, x, n);
+  if (gemv_invariant_amx(n)) return gemv_q4_k(&w, &y, 1, x, n);
   if (n < kGemm16MinTokens) {
     decode_q4_k(w, x, n, y);  // decode_q4k_q5k_avx512.cpp
     return;

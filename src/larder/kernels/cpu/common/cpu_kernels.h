@@ -32,10 +32,12 @@ namespace larder::kernels::cpu {
 void register_fast_kernels(KernelTable& t);
 
 // Batch-invariant decode (issue 41 item 1): whether the AVX-512 tier's integer formats (the GGUF
-// quantizations and MLX affine) decode (n below the prefill GEMM's threshold) on Gemv16
-// (avx512/gemm16_avx512.h), which computes each token's output in the prefill GEMM's arithmetic,
-// so a row's bits do not depend on how many tokens share the call. Off by default: it is slower
-// than the per-format decode kernels (bench/RESULTS.md, issue 41). LARDER_BATCH_INVARIANT=1 turns
+// quantizations and MLX affine) decode (n below the prefill GEMM's threshold) in the prefill GEMM's
+// arithmetic, so a row's bits do not depend on how many tokens share the call: Q4_K, Q5_K, Q6_K
+// and IQ4_XS on decode kernels of their own that follow it (tile_inv / Q6KDecodeInv /
+// IQ4XSDecodeInv; with AMX, Q4_K/Q5_K/IQ4_XS on Gemv16), Q4_0, Q8_0 and Q4_1 on ZeroPointGemv, the
+// rest on Gemv16 (avx512/gemm16_avx512.h). Off by default: it is slower than the per-format
+// decode kernels (bench/RESULTS.md, issue 41 and session 37). LARDER_BATCH_INVARIANT=1 turns
 // it on; set_batch_invariant_decode is for tests and benchmarks (call before kernels run on other
 // threads). The numerics fingerprint (kernels/numerics.cpp) follows it.
 bool batch_invariant_decode();
@@ -212,8 +214,8 @@ bool gemm_super_blocks(DType dtype, int64_t n);
 void gemm_multi_super(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 void gemm_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Batch-invariant decode (batch_invariant_decode(), gemm16_avx512.h Gemv16) of Q4_1, Q5_0, Q5_1,
-// IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS and Q4_K on its super-block path: the prefill GEMM's format
-// adapter and arithmetic for n below its threshold.
+// IQ4_NL, Q2_K, Q3_K, and (where AMX moves their GEMM off the super-block path) Q5_K, IQ4_XS and
+// Q4_K: the prefill GEMM's format adapter and arithmetic for n below its threshold.
 void gemv_multi_gguf(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Q4_1 on its own kernel (matmul_avx512.cpp ZeroPointGemv), and on Gemv16 (gemv_q4_1_rows: what
 // gemv_multi_gguf runs for the others).
