@@ -10,8 +10,11 @@ Oracles that share nothing with larder's writer:
      the source's bf16 values with llama.cpp's Q/K row permutation (tests/ref/model_reference.py's
      own numpy permute); Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 files are byte-identical to gguf-py's quantize();
      K-quant / IQ4 files dequantize (gguf-py) to within each format's error of the source;
-  3. llama-quantize (when the lead's llama.cpp build exists, else skipped): the same F32 GGUF
-     quantized by llama-quantize --pure and by larder give byte-identical tensors per type;
+  3. llama-quantize and llama-imatrix (when the lead's llama.cpp build exists, else skipped): the
+     same F32 GGUF quantized by llama-quantize and by larder gives byte-identical files per type
+     (--pure), per recipe (Q3_K_M/Q4_K_M/Q5_K_M: llama.cpp's per-tensor rules) and with an
+     importance matrix — larder's computed one (llama-quantize reads it) and llama-imatrix's own
+     GGUF and legacy .dat files (larder reads them);
   4. larder itself reads the files: `larder eval ppl` of the F32 GGUF equals the HF checkpoint's.
 Also: GGUF → GGUF requantization, the Q4_K_M recipe's per-tensor types (llama.cpp's rules), and
 refusals (existing output, bad --type, an architecture not converted).
@@ -237,6 +240,81 @@ class GgufExportTest(unittest.TestCase):
             self.assertGreater(compared, 0, typ)
             os.remove(theirs)
             os.remove(self.files.pop((typ, f32)))
+
+    def llama_quantize(self, src, dst, typ, *extra):
+        quant = os.path.join(LLAMACPP_BIN, "llama-quantize")
+        if not os.path.exists(quant):
+            self.skipTest(f"{quant} is absent (the lead's llama.cpp build; CI never builds it)")
+        p = subprocess.run([quant, *extra, src, dst, typ, "2"], capture_output=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace")[-2000:])
+
+    def assert_same_file_tensors(self, ours, theirs, what):
+        a, b = tensors(gguf.GGUFReader(ours)), tensors(gguf.GGUFReader(theirs))
+        self.assertEqual(sorted(a), sorted(b), what)
+        for name, tb in b.items():
+            self.assertEqual(a[name].tensor_type, tb.tensor_type, f"{what} {name}")
+            self.assertEqual(np.asarray(a[name].data).tobytes(), np.asarray(tb.data).tobytes(),
+                             f"{what} {name}: larder's blocks differ from llama-quantize's")
+
+    def test_recipes_equal_llama_quantize(self):
+        """Q3_K_M / Q4_K_M / Q5_K_M: llama-quantize's per-tensor types and blocks, from the same F32 GGUF."""
+        f32 = self.export("F32")
+        for typ in ("Q4_K_M", "Q3_K_M", "Q5_K_M"):
+            theirs = os.path.join(self.tmp, f"llamacpp.{typ}.gguf")
+            self.llama_quantize(f32, theirs, typ)
+            self.assert_same_file_tensors(self.export(typ, src=f32, tag="-from-f32"), theirs, typ)
+            os.remove(theirs)
+            os.remove(self.files.pop((typ, f32)))
+
+    def test_imatrix_both_ways_with_llama_cpp(self):
+        """larder's computed imatrix (GGUF format) is what llama-quantize reads, and both
+        quantizers weigh it identically; llama-imatrix's own files (GGUF and legacy .dat) are read
+        by larder and give llama-quantize's blocks."""
+        f32 = self.export("F32")
+        im = os.path.join(self.tmp, "larder.imatrix.gguf")
+        ours = os.path.join(self.tmp, "larder-im.Q4_K_M.gguf")
+        rc, _, err = larder("quantize", HF, ours, "--format", "gguf", "--type", "Q4_K_M", "--calibrate",
+                            "--calibration-samples", "2", "--calibration-length", "64", "--imatrix-out", im, "-t", "2")
+        self.assertEqual(rc, 0, err[-2000:])
+        r = gguf.GGUFReader(im)
+        self.assertEqual(field(r, "general.type"), "imatrix")
+        self.assertEqual(field(r, "imatrix.chunk_count"), 2)
+        self.assertEqual(field(r, "imatrix.chunk_size"), 64)
+        t = tensors(r)
+        self.assertEqual(len(t), 2 * 30 * 7)  # q k v o gate up down per block, sums + counts
+        self.assertEqual(float(np.asarray(t["blk.0.attn_q.weight.counts"].data).ravel()[0]), 128.0)
+        sums = np.asarray(t["blk.0.ffn_down.weight.in_sum2"].data).ravel()
+        self.assertEqual(sums.size, 1536)
+        self.assertTrue((sums >= 0).all() and sums.max() > 0)
+        self.assertEqual(field(gguf.GGUFReader(ours), "quantize.imatrix.entries_count"), 210)
+        theirs = os.path.join(self.tmp, "llamacpp-im.Q4_K_M.gguf")
+        self.llama_quantize(f32, theirs, "Q4_K_M", "--imatrix", im)
+        mine = os.path.join(self.tmp, "larder-im-f32.Q4_K_M.gguf")
+        rc, _, err = larder("quantize", f32, mine, "--format", "gguf", "--type", "Q4_K_M", "--imatrix", im)
+        self.assertEqual(rc, 0, err[-2000:])
+        self.assert_same_file_tensors(mine, theirs, "Q4_K_M with larder's imatrix")
+        # The importance actually changed the blocks (else the comparison above proves little).
+        plain = self.export("Q4_K_M", src=f32, tag="-from-f32")
+        a = np.asarray(tensors(gguf.GGUFReader(plain))["blk.3.ffn_down.weight"].data).tobytes()
+        b = np.asarray(tensors(gguf.GGUFReader(mine))["blk.3.ffn_down.weight"].data).tobytes()
+        self.assertNotEqual(a, b)
+        for o in (theirs, mine):
+            os.remove(o)
+        tool = os.path.join(LLAMACPP_BIN, "llama-imatrix")
+        text = os.path.join(SHARED, "corpora/tinyshakespeare.txt")
+        for fmt in ("gguf", "dat"):
+            lim = os.path.join(self.tmp, f"llamacpp.imatrix.{fmt}")
+            p = subprocess.run([tool, "-m", f32, "-f", text, "-c", "128", "--chunks", "2", "--no-ppl", "-t", "2",
+                                "--output-format", fmt, "-o", lim], capture_output=True, timeout=900)
+            self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace")[-2000:])
+            theirs = os.path.join(self.tmp, f"llamacpp-im-{fmt}.Q3_K_M.gguf")
+            self.llama_quantize(f32, theirs, "Q3_K_M", "--imatrix", lim)
+            mine = os.path.join(self.tmp, f"larder-im-{fmt}.Q3_K_M.gguf")
+            rc, _, err = larder("quantize", f32, mine, "--format", "gguf", "--type", "Q3_K_M", "--imatrix", lim)
+            self.assertEqual(rc, 0, err[-2000:])
+            self.assert_same_file_tensors(mine, theirs, f"Q3_K_M with llama-imatrix's {fmt} file")
+            for o in (theirs, mine, lim):
+                os.remove(o)
 
     # ---------------------------------------------------------------- 4. larder reads its output
 

@@ -14,6 +14,8 @@
 #include "larder/models/llama.h"
 #include "larder/models/tensor_names.h"
 #include "larder/quant/gguf_quants.h"
+#include "larder/quant/imatrix.h"
+#include "larder/tokenizer/tokenizer.h"
 #include "larder/quant/parallel_rows.h"
 
 namespace larder::quant {
@@ -318,11 +320,37 @@ Result<GgufExportReport> export_gguf(const std::string& src, const std::string& 
     };
     std::stable_sort(entries.begin(), entries.end(), [&](const Entry& a, const Entry& b) { return key(a.name) < key(b.name); });
   }
+  std::map<std::string, std::vector<float>> importance;
+  double imatrix_seconds = 0;
+  if (!opts.imatrix_file.empty() && opts.calibrate)
+    return invalid_argument("[gguf] give an importance matrix file or --calibrate, not both");
+  if (!opts.imatrix_file.empty()) {
+    LARDER_ASSIGN_OR_RETURN(Imatrix im, read_imatrix(opts.imatrix_file));
+    importance = im.importances();
+    if (!im.datasets.empty()) w.set_string("quantize.imatrix.dataset", im.datasets[0]);
+    w.set_string("quantize.imatrix.file", opts.imatrix_file);
+    w.set_i32("quantize.imatrix.entries_count", static_cast<int32_t>(importance.size()));
+    w.set_i32("quantize.imatrix.chunks_count", static_cast<int32_t>(im.chunk_count));
+  } else if (opts.calibrate) {
+    const auto ti = std::chrono::steady_clock::now();
+    auto tok = f.gguf ? tokenizer::Tokenizer::from_gguf(*f.gguf) : tokenizer::Tokenizer::from_hf_dir(f.path);
+    if (!tok.is_ok()) return tok.status();
+    LARDER_ASSIGN_OR_RETURN(CalibrationSet calib, load_calibration(*tok.value(), opts.calibration));
+    LARDER_ASSIGN_OR_RETURN(Imatrix im, compute_imatrix(f, calib, opts.progress));
+    if (!opts.imatrix_out.empty()) LARDER_RETURN_IF_ERROR(write_imatrix(opts.imatrix_out, im));
+    importance = im.importances();
+    w.set_string("quantize.imatrix.file", opts.imatrix_out.empty() ? std::string("(computed by larder)") : opts.imatrix_out);
+    w.set_string("quantize.imatrix.dataset", calib.source);
+    w.set_i32("quantize.imatrix.entries_count", static_cast<int32_t>(importance.size()));
+    w.set_i32("quantize.imatrix.chunks_count", static_cast<int32_t>(im.chunk_count));
+    imatrix_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ti).count();
+  }
   w.set_u32("general.quantization_version", 2);
   w.set_u32("general.file_type", static_cast<uint32_t>(ftype_of(opts.type)));
 
   GgufExportReport rep;
   rep.architecture = arch;
+  rep.imatrix_seconds = imatrix_seconds;
   for (Entry& e : entries) {
     const int64_t cols = e.shape.back();
     if (!gguf_tensor_quantizable(e.name, e.shape.size())) {
@@ -365,13 +393,14 @@ Result<GgufExportReport> export_gguf(const std::string& src, const std::string& 
                         &tmp[static_cast<size_t>((hh * hd + s * (hd / 2) + j) * cols)], static_cast<size_t>(cols) * 4);
     }
     const float* qw = nullptr;
-    if (opts.imatrix) {
-      auto it = opts.imatrix->find(e.name);
-      if (it != opts.imatrix->end()) {
+    if (!importance.empty() && e.out != DType::kF32 && e.out != DType::kF16 && e.out != DType::kBF16) {
+      auto it = importance.find(e.name);
+      if (it != importance.end()) {
         if (static_cast<int64_t>(it->second.size()) != cols)
           return invalid_argument("[gguf] importance matrix for " + e.name + " has " + std::to_string(it->second.size()) +
                                   " values for " + std::to_string(cols) + " columns");
         qw = it->second.data();
+        ++rep.imatrix_tensors;
       }
     }
     buf.resize(w.tensor_bytes(i));

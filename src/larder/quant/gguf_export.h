@@ -26,13 +26,18 @@
 
 #include "larder/core/dtype.h"
 #include "larder/core/status.h"
+#include "larder/quant/sensitivity.h"
 
 namespace larder::quant {
 
 struct GgufExportOptions {
   std::string type = "Q4_K_M";  // uniform type name or recipe
-  // Per-tensor importance (imatrix.h): GGUF tensor name → one value per input column.
-  const std::map<std::string, std::vector<float>>* imatrix = nullptr;
+  // Importance matrix (imatrix.h): `imatrix_file` read (llama-imatrix's GGUF or legacy .dat),
+  // or with `calibrate` computed from `calibration` through the source model (and written to
+  // `imatrix_out` when set). Without either the quantizers take ggml's unweighted paths.
+  std::string imatrix_file, imatrix_out;
+  bool calibrate = false;
+  CalibrationOptions calibration;
   // Per-tensor type overrides (GGUF name → type), applied after the recipe (the allocator's plan).
   std::map<std::string, DType> overrides;
   std::function<void(size_t, size_t, const std::string&)> progress;
@@ -45,6 +50,8 @@ struct GgufExportReport {
   double seconds = 0;
   std::map<std::string, int> type_counts;  // type name → tensors
   std::string architecture;
+  size_t imatrix_tensors = 0;  // tensors quantized with importance weights
+  double imatrix_seconds = 0;
 };
 
 // Is `name` a llama.cpp recipe larder implements ("Q4_K_M", ...)?

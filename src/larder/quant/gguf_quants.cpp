@@ -327,6 +327,37 @@ void asym_block(const float* x, uint16_t* d_out, uint16_t* m_out, uint8_t* qs, u
   if (qh) std::memcpy(qh, &high, 4);
 }
 
+// The importance-weighted legacy formats: weights imatrix·sqrt(σ² + x²) with σ² the mean square
+// of the whole row; symmetric formats fit like Q6_K's sub-blocks, min formats like Q4_K's.
+void legacy_weighted_block(DType t, const float* x, const float* qw, float sigma2, uint8_t* ob) {
+  float weight[32];
+  for (int j = 0; j < 32; ++j) weight[j] = qw[j] * std::sqrt(sigma2 + x[j] * x[j]);
+  uint8_t L[32];
+  uint16_t* d = reinterpret_cast<uint16_t*>(ob);
+  uint8_t* qs = nullptr;
+  uint8_t* qh = nullptr;
+  if (t == DType::kQ4_0 || t == DType::kQ5_0) {
+    int8_t Ls[32];
+    *d = h(fit_symmetric(32, t == DType::kQ4_0 ? 8 : 16, x, Ls, 1, weight));
+    for (int j = 0; j < 32; ++j) L[j] = static_cast<uint8_t>(Ls[j]);
+    qs = t == DType::kQ4_0 ? reinterpret_cast<BlockQ4_0*>(ob)->qs : reinterpret_cast<BlockQ5_0*>(ob)->qs;
+    if (t == DType::kQ5_0) qh = reinterpret_cast<BlockQ5_0*>(ob)->qh;
+  } else {
+    float min;
+    *d = h(fit_scale_min(32, t == DType::kQ4_1 ? 15 : 31, x, weight, L, &min, -0.9f, 0.05f, 36, false, true));
+    d[1] = h(-min);
+    qs = t == DType::kQ4_1 ? reinterpret_cast<BlockQ4_1*>(ob)->qs : reinterpret_cast<BlockQ5_1*>(ob)->qs;
+    if (t == DType::kQ5_1) qh = reinterpret_cast<BlockQ5_1*>(ob)->qh;
+  }
+  uint32_t high = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((L[j] & 0x0F) | ((L[j + 16] & 0x0F) << 4));
+    high |= static_cast<uint32_t>((L[j] >> 4) & 1) << j;
+    high |= static_cast<uint32_t>((L[j + 16] >> 4) & 1) << (j + 16);
+  }
+  if (qh) std::memcpy(qh, &high, 4);
+}
+
 // ------------------------------------------------------------------ K-quants
 
 // The 12-byte packing of eight 6-bit scales and mins (Q4_K, Q5_K).
@@ -747,10 +778,21 @@ Status quantize_gguf_rows(DType t, const float* x, int64_t rows, int64_t cols, c
       default:
         break;
     }
+    const bool legacy = t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1;
+    float row_sigma2 = 0;
+    if (legacy && imatrix) {
+      float sum_x2 = 0;
+      for (int64_t j = 0; j < cols; ++j) sum_x2 += xr[j] * xr[j];
+      row_sigma2 = sum_x2 / static_cast<float>(cols);
+    }
     for (int64_t b = 0; b < cols / be; ++b) {
       const float* xb = xr + b * be;
       const float* qw = imatrix ? imatrix + b * be : nullptr;
       uint8_t* ob = o + static_cast<uint64_t>(b) * dtype_info(t).block_bytes;
+      if (legacy && qw) {
+        legacy_weighted_block(t, xb, qw, row_sigma2, ob);
+        continue;
+      }
       switch (t) {
         case DType::kQ8_0: q8_0_block(xb, reinterpret_cast<BlockQ8_0*>(ob)); break;
         case DType::kQ4_0: {

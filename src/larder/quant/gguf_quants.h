@@ -9,9 +9,8 @@
 // `llama-quantize` does without --imatrix); with one, the K-quants, IQ4_NL/XS and Q6_K take
 // the importance-weighted path where each element's weight is imatrix[col]·sqrt(σ² + x²).
 // Bit-for-bit agreement with llama-quantize is tested in tests/quant/gguf_export_test.py.
-// Documented difference: the 32-element legacy formats (Q4_0/Q4_1/Q5_0/Q5_1) always use the
-// plain rounding of the reference path; ggml's importance-weighted variants of them are not
-// implemented (larder only picks them as llama.cpp's fallbacks for rows not a multiple of 256).
+// The 32-element legacy formats (Q4_0/Q4_1/Q5_0/Q5_1) have importance-weighted paths too (σ²
+// over the whole row, not the block); Q8_0, F16 and BF16 ignore the imatrix, as ggml does.
 #pragma once
 
 #include <cstdint>
