@@ -316,6 +316,26 @@ class GgufExportTest(unittest.TestCase):
             for o in (theirs, mine, lim):
                 os.remove(o)
 
+    def test_gguf_requantization_equals_llama_quantize(self):
+        """GGUF → GGUF on released files of other architectures (gemma3, qwen2): llama-quantize
+        --allow-requantize and larder give the same metadata keys, types and bytes — including
+        tensors already in their target type, which both copy as stored."""
+        for fname in ("gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"):
+            src = os.path.join(MODELS, fname)
+            if not os.path.exists(src):
+                continue
+            for typ in ("Q8_0", "Q4_K_M"):
+                with self.subTest(model=fname, type=typ):
+                    theirs = os.path.join(self.tmp, f"llamacpp-{fname}.{typ}.gguf")
+                    self.llama_quantize(src, theirs, typ, "--allow-requantize")
+                    mine = os.path.join(self.tmp, f"larder-{fname}.{typ}.gguf")
+                    rc, _, err = larder("quantize", src, mine, "--format", "gguf", "--type", typ)
+                    self.assertEqual(rc, 0, err[-2000:])
+                    self.assertEqual(set(gguf.GGUFReader(mine).fields), set(gguf.GGUFReader(theirs).fields))
+                    self.assert_same_file_tensors(mine, theirs, f"{fname} -> {typ}")
+                    os.remove(theirs)
+                    os.remove(mine)
+
     # ---------------------------------------------------------------- 4. larder reads its output
 
     def ppl(self, model):

@@ -381,6 +381,9 @@ Result<GgufExportReport> export_gguf(const std::string& src, const std::string& 
     if (opts.progress) opts.progress(i, entries.size(), e.name);
     const int64_t cols = e.shape.back();
     const int64_t rows = e.src->numel() / cols;
+    // Already in the target type: copied as stored, as llama-quantize does (requantizing a
+    // quantized tensor to its own type would only add rounding).
+    if (e.src->dtype == e.out && e.permute_heads == 0) return static_cast<const void*>(e.src->data);
     f32.resize(static_cast<size_t>(rows * cols));
     parallel_rows(rows, 0, 64, [&](int, int64_t r0, int64_t r1) { rows_f32(*e.src, r0, r1, cols, f32.data() + r0 * cols); });
     if (e.permute_heads > 0) {
