@@ -12,6 +12,7 @@
 #include "larder/formats/model_files.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/models/llama.h"
+#include "larder/models/registry.h"
 #include "larder/models/tensor_names.h"
 #include "larder/quant/gguf_quants.h"
 #include "larder/quant/imatrix.h"
@@ -289,6 +290,9 @@ Result<GgufExportReport> export_gguf(const std::string& src, const std::string& 
   if (f.gguf) {
     for (const auto& [k, v] : f.gguf->metadata()) w.set(k, v);
     arch = f.gguf->architecture();
+    if (models::find_architecture(arch) == nullptr)
+      return unsupported("[gguf] " + f.path + ": architecture '" + arch +
+                         "' is not one larder runs, so its tensors' roles are unknown here; not requantized");
     n_layer = static_cast<int>(f.gguf->get_int(arch + ".block_count").value_or(0));
     tied = f.gguf->tensors().find("output.weight") == nullptr;
     for (const formats::TensorInfo& t : f.gguf->tensors().tensors()) entries.push_back({t.name, &t, t.shape});
