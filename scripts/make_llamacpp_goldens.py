@@ -13,6 +13,8 @@ committed, and this script is how they were made (and how to remake them).
   scripts/make_llamacpp_goldens.py requant    # SmolLM2 requantized by llama-quantize, each format's ppl
   scripts/make_llamacpp_goldens.py moe-ppl    # llama-perplexity on the qwen3moe / qwen35moe GGUF test
                                               # fixtures (tests/ref/qwen3_moe_reference.py), no download
+  scripts/make_llamacpp_goldens.py larder-gguf  # llama-perplexity on GGUFs `larder quantize --format gguf`
+                                              # writes from SmolLM2-135M-Instruct-hf (--larder to pick the binary)
 
 The tools come from the llama-cpp-python 0.3.36 sdist built by bench/llamacpp_compare.sh into
 ~/.cache/larder-bench/llama.cpp-0.3.36/build/bin (--bin to change). Every golden records the
@@ -482,21 +484,55 @@ def cmd_moe_ppl(args):
         "fixtures": "tests/ref/qwen3_moe_reference.py (GGUF Q8_0 experts, synthetic SPM vocabulary)",
         "models": models})
 
+LARDER_GGUF_SRC = "SmolLM2-135M-Instruct-hf"
+LARDER_GGUF_TYPES = ["Q4_K_M", "Q8_0"]
+
+
+def cmd_larder_gguf(args):
+    """larder's own GGUF output, judged by llama.cpp: `larder quantize SRC OUT --format gguf --type T`
+    from the HF checkpoint, then llama-perplexity on OUT (PPL_TEXT, ctx 1024, 4 chunks). The file's
+    sha256 is recorded: the test rebuilds the GGUF, checks it is the same file, and runs
+    `larder eval ppl` on it within 1 % of llama.cpp's value. Files go to MODELS/larder-gguf/."""
+    import hashlib
+    src = os.path.join(models_dir(args), LARDER_GGUF_SRC)
+    out = os.path.join(models_dir(args), "larder-gguf")
+    os.makedirs(out, exist_ok=True)
+    text = os.path.join(args.shared, PPL_TEXT)
+    runs = []
+    for t in LARDER_GGUF_TYPES:
+        dst = os.path.join(out, f"SmolLM2-135M-Instruct.larder.{t}.gguf")
+        if os.path.exists(dst):
+            os.remove(dst)
+        subprocess.run([args.larder, "quantize", src, dst, "--format", "gguf", "--type", t], check=True,
+                       capture_output=True)
+        with open(dst, "rb") as f:
+            sha = hashlib.sha256(f.read()).hexdigest()
+        r = llama_perplexity(args.bin, dst, text, 1024, 4, args.threads)
+        print(f"{t}: PPL {r['ppl']} +/- {r['ppl_err']} ({sha[:12]})")
+        runs.append({"model": os.path.basename(dst), "type": t, "sha256": sha, "text": PPL_TEXT, "ctx": 1024,
+                     "chunks": 4, **r})
+    write_json("ppl_larder_gguf_llamacpp.json", {
+        "tool": f"llama-perplexity ({LLAMACPP_VERSION})",
+        "made_by": f"larder quantize {LARDER_GGUF_SRC} OUT --format gguf --type TYPE (no imatrix); "
+                   "files in LARDER_MODELS_DIR/larder-gguf, not in git",
+        "source": LARDER_GGUF_SRC, "runs": runs})
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["tokenize", "ppl", "ppl-f32", "greedy", "chat-steps", "exact", "requant",
-                                         "moe-ppl"])
+                                         "moe-ppl", "larder-gguf"])
     ap.add_argument("which", nargs="?", default="all", choices=["all", "gemma3", "smollm2"], help="exact: which golden")
     ap.add_argument("--shared", default=os.path.join(ROOT, "..", "shared"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bin", default=os.path.expanduser("~/.cache/larder-bench/llama.cpp-0.3.36/build/bin"))
+    ap.add_argument("--larder", default=os.path.join(ROOT, "build", "bin", "larder"), help="larder-gguf: the binary")
     ap.add_argument("--models", help="folder of the fetched models (default: LARDER_MODELS_DIR or .cache/models)")
     args = ap.parse_args()
     os.makedirs(GOLDENS, exist_ok=True)
     {"tokenize": cmd_tokenize, "ppl": cmd_ppl, "ppl-f32": cmd_ppl_f32,
      "greedy": cmd_greedy, "chat-steps": cmd_chat_steps, "exact": cmd_exact, "requant": cmd_requant,
-     "moe-ppl": cmd_moe_ppl}[args.what](args)
+     "moe-ppl": cmd_moe_ppl, "larder-gguf": cmd_larder_gguf}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ llama.cpp's own tools produced (scripts/make_llamacpp_goldens.py; CI never build
   * ppl_f32_reference.json — the same gemma3 runs in exact f32 arithmetic (the GGUF dequantized
     by gguf-py, mlx-lm's gemma3_text; tests/ref/gguf_f32_reference.py): larder within
     F32_REF_TOLERANCE of the model's own value, not only of another int8-activation engine.
+  * ppl_larder_gguf_llamacpp.json — `llama-perplexity` on the GGUFs `larder quantize --format
+    gguf` writes from SmolLM2-135M-Instruct-hf: larder rebuilds each file (same sha256: the
+    writer is deterministic and unchanged) and `larder eval ppl` on it is within 1 %.
   * greedy generation and chat against llama-server: greedy_test.py and chat_greedy_test.py
     (token by token, llama.cpp's and the exact model's log-probabilities at every step).
 
@@ -100,6 +103,25 @@ class PerplexityVsLlamaCpp(unittest.TestCase):
         for run in load("ppl_llamacpp.json")["runs"]:
             with self.subTest(model=run["model"], ctx=run["ctx"]):
                 self.run_ppl(run)
+
+    def test_larder_written_gguf(self):
+        import hashlib
+        import tempfile
+        golden = load("ppl_larder_gguf_llamacpp.json")
+        src = os.path.join(MODELS, golden["source"])
+        if not os.path.isdir(src):
+            self.skipTest(f"{src} is absent: run scripts/fetch_models.sh (or set LARDER_MODELS_DIR)")
+        with tempfile.TemporaryDirectory(prefix="larder-gguf-golden-", dir="/tmp") as d:
+            for run in golden["runs"]:
+                with self.subTest(type=run["type"]):
+                    dst = os.path.join(d, run["model"])
+                    code, _, err = larder("quantize", src, dst, "--format", "gguf", "--type", run["type"], timeout=900)
+                    self.assertEqual(code, 0, err)
+                    with open(dst, "rb") as f:
+                        self.assertEqual(hashlib.sha256(f.read()).hexdigest(), run["sha256"],
+                                         f"{run['type']}: larder now writes a different file than the one llama.cpp "
+                                         "measured; regenerate with scripts/make_llamacpp_goldens.py larder-gguf")
+                    self.run_ppl(run, sub=d)  # an absolute `sub` replaces MODELS in os.path.join
 
     def test_gemma3_vs_exact_f32(self):
         """gemma-3-270m against its exact value. History (issue 13): larder tokenized the text

@@ -1,8 +1,11 @@
-// larder quantize SRC DST: MLX affine checkpoint from an HF directory (see quant/convert.h).
+// larder quantize SRC DST: MLX affine checkpoint from an HF directory (see quant/convert.h), or
+// with --format gguf a GGUF file from an HF directory or a GGUF (quant/gguf_export.h).
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "larder/quant/convert.h"
+#include "larder/quant/gguf_export.h"
 #include "larder/core/progress.h"
 #include "model_arg.h"
 #include "validators.h"
@@ -10,20 +13,79 @@
 
 namespace larder::cli {
 
+namespace {
+
+struct Opts {
+  std::string format = "mlx", gguf_type = "Q4_K_M", imatrix, imatrix_out;
+  bool calibrate = false;
+  std::string src, dst, keep, candidates = "2,3,4,6,8", sensitivity = "kl", calibration, reuse;
+  int64_t calib_len = 256, calib_n = 8;
+  double target_bpw = 0;
+  int bits = 4, group = 64, threads = 0, protect_blocks = 1;
+  bool rotate = false, no_r2 = false;
+  uint64_t rotation_seed = 42;
+  double max_shard_mb = 5 * 1024.0;
+};
+// --format gguf (quant/gguf_export.h): options that only shape MLX output are refused by name.
+int quantize_gguf(const Opts& o, const CLI::App& cmd) {
+  for (const char* flag : {"--bits", "--group-size", "--keep", "--target-bpw", "--sensitivity", "--protect-blocks",
+                           "--reuse-sensitivity", "--candidate-bits", "--rotate", "--rotation-seed", "--no-r2", "--max-shard-mb"})
+    if (cmd.count(flag) > 0)
+      return report(invalid_argument(std::string("[quantize] ") + flag + " does not apply to --format gguf (yet)"));
+  if (!o.calibrate)
+    for (const char* flag : {"--calibration", "--calibration-length", "--calibration-samples", "--imatrix-out"})
+      if (cmd.count(flag) > 0)
+        return report(invalid_argument(std::string("[quantize] ") + flag + " needs --calibrate with --format gguf"));
+  std::error_code ec;
+  if (std::filesystem::exists(o.dst, ec))
+    return report(invalid_argument("[quantize] " + o.dst + " exists; give a new file name"));
+  quant::GgufExportOptions opts;
+  opts.type = o.gguf_type;
+  opts.imatrix_file = o.imatrix;
+  opts.imatrix_out = o.imatrix_out;
+  opts.calibrate = o.calibrate;
+  opts.calibration.file = o.calibration;
+  opts.calibration.seq_len = o.calib_len;
+  opts.calibration.n_samples = o.calib_n;
+  auto steps = std::make_shared<ProgressSteps>("quantize");
+  opts.progress = [steps](size_t i, size_t n, const std::string& m) { steps->step(i, n, m); };
+  auto r = quant::export_gguf(o.src, o.dst, opts);
+  steps->finish(r ? "" : "stopped");
+  if (!r) return report(r.status());
+  const auto& rep = r.value();
+  std::string types;
+  for (const auto& [t, n] : rep.type_counts) types += (types.empty() ? "" : ", ") + std::to_string(n) + " " + t;
+  std::fprintf(stderr, "wrote %s: %s, %zu tensors (%s; %zu fell back to a smaller block), %.2f MiB, %.3f bits per weight, %.1f s\n",
+               o.dst.c_str(), rep.architecture.c_str(), rep.n_tensors, types.c_str(), rep.n_fallback,
+               rep.out_bytes / 1048576.0, rep.bpw, rep.seconds);
+  if (rep.imatrix_tensors > 0)
+    std::fprintf(stderr, "importance matrix: %zu tensors weighted%s\n", rep.imatrix_tensors,
+                 o.calibrate ? strfmt(" (computed in %.1f s)", rep.imatrix_seconds).c_str() : "");
+  return 0;
+}
+
+}  // namespace
+
 VerbMain add_quantize(CLI::App& app) {
-  struct Opts {
-    std::string src, dst, keep, candidates = "2,3,4,6,8", sensitivity = "kl", calibration, reuse;
-    int64_t calib_len = 256, calib_n = 8;
-    double target_bpw = 0;
-    int bits = 4, group = 64, threads = 0, protect_blocks = 1;
-    bool rotate = false, no_r2 = false;
-    uint64_t rotation_seed = 42;
-    double max_shard_mb = 5 * 1024.0;
-  };
+
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("quantize", "write an MLX affine-quantized checkpoint (mlx-lm compatible)");
   cmd->add_option("src", o->src, "source Hugging Face directory (bf16/f16/f32 safetensors) or its repo id in the local Hugging Face cache")->required();
-  cmd->add_option("dst", o->dst, "output directory (must not exist)")->required();
+  cmd->add_option("dst", o->dst, "output directory (must not exist); with --format gguf the .gguf file")->required();
+  cmd->add_option("--format", o->format, "mlx: an MLX affine checkpoint directory; gguf: one GGUF file llama.cpp loads")
+      ->check(CLI::IsMember({"mlx", "gguf"}))
+      ->capture_default_str();
+  cmd->add_option("--type", o->gguf_type,
+                  "--format gguf: a type for every weight (F32, F16, BF16, Q8_0, Q6_K, Q5_K, Q4_K, Q3_K, Q2_K, IQ4_XS, "
+                  "IQ4_NL, Q5_1, Q5_0, Q4_1, Q4_0) or a llama.cpp recipe (Q5_K_M, Q4_K_M, Q3_K_M)")
+      ->capture_default_str();
+  cmd->add_option("--imatrix", o->imatrix,
+                  "--format gguf: importance matrix file (llama-imatrix's imatrix.gguf or legacy .dat) weighting the "
+                  "K-quant / IQ4 / Q6_K quantizers' error");
+  cmd->add_flag("--calibrate", o->calibrate,
+                "--format gguf: compute the importance matrix from the calibration text (--calibration, "
+                "--calibration-length, --calibration-samples) through the source model");
+  cmd->add_option("--imatrix-out", o->imatrix_out, "with --calibrate: also write the matrix in llama-imatrix's GGUF format");
   cmd->add_option("--bits", o->bits, "bits per weight: 2, 3, 4, 5, 6 or 8")->capture_default_str();
   cmd->add_option("--group-size", o->group, "group size: 32, 64 or 128")->capture_default_str();
   cmd->add_option("--keep", o->keep, "comma-separated modules left unquantized (path, dotted suffix e.g. lm_head, or glob)");
@@ -51,10 +113,12 @@ VerbMain add_quantize(CLI::App& app) {
   cmd->add_flag("--no-r2", o->no_r2, "with --rotate: residual rotation R1 only");
   cmd->add_option("--max-shard-mb", o->max_shard_mb, "largest shard in MiB")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)");
-  return [o]() {
+  return [o, cmd]() {
     auto located = resolve_model(o->src);
     if (!located.is_ok()) return report(located.status());
     o->src = located->path;
+    if (o->format == "gguf") return quantize_gguf(*o, *cmd);
+    if (cmd->count("--type") > 0) return report(invalid_argument("[quantize] --type applies to --format gguf"));
     quant::ConvertOptions opts;
     opts.bits = o->bits;
     opts.group_size = o->group;

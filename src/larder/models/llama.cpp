@@ -50,6 +50,12 @@ const TensorNames& llama_names() {
   return n;
 }
 
+}  // namespace
+
+const TensorNames& llama_tensor_names() { return llama_names(); }
+
+namespace {
+
 struct Layer {
   RmsNorm attn_norm, ffn_norm;
   AttentionWeights attn;

@@ -31,6 +31,11 @@ struct LlamaVariant {
   kernels::RouteSelect route_select = kernels::RouteSelect::kLastK;
 };
 
+// HF → llama.cpp GGUF tensor names of the llama family (llama, qwen2, qwen3); also used by the
+// GGUF writer (quant/gguf_export.cpp).
+struct TensorNames;
+const TensorNames& llama_tensor_names();
+
 Result<std::unique_ptr<Model>> make_llama_family(const formats::ModelFiles& files, ModelConfig config,
                                                  const LlamaVariant& variant);
 
