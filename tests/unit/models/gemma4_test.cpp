@@ -107,6 +107,9 @@ TEST(Gemma4, RefusesIncompleteMoeAndUnknownRope) {
   struct { const char* name; nlohmann::json patch; const char* want; } cases[] = {
       // enable_moe_block without moe_intermediate_size (mlx-lm has no default for it).
       {"moe", {{"enable_moe_block", true}, {"num_experts", 4}, {"top_k_experts", 2}}, "moe_intermediate_size"},
+      {"moe_topk",
+       {{"enable_moe_block", true}, {"num_experts", 4}, {"top_k_experts", 5}, {"moe_intermediate_size", 8}},
+       "top_k_experts <= num_experts"},
       {"rope", {{"rope_parameters", {{"sliding_attention", {{"rope_type", "yarn"}, {"rope_theta", 1e4}}},
                                      {"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}}}}},
        "rope_type 'yarn'"},
