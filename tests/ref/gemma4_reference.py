@@ -21,6 +21,16 @@ Cases (windows 8 and 13, far below 64 tokens, so every sliding layer drops keys)
                     as GGUF: tests/ref/gemma4_gguf.py writes tests/unit/models/data/
                     gemma4_gguf_f32.gguf from it); its tokens start with BOS and avoid the special
                     ids so llama.cpp can be fed the same sequence as text
+  gemma4_moe_f32    enable_moe_block (the 26B-A4B layout) on gemma4_keqv's features at hidden 64:
+                    8 experts of 32, top 2, a dense MLP of 96 beside them; router scale and
+                    per_expert_scale random; experts as transformers 5 saves them (fused
+                    experts.gate_up_proj [E, 2·32, 64], experts.down_proj [E, 64, 32]); every
+                    mlx-lm ModelArgs key written. Tokens are redrawn while any routing decision
+                    (k-th vs (k+1)-th router logit) is within 1e-3, so a last-bit difference
+                    cannot pick another expert.
+  gemma4_moe_mlx4   mlx-lm's own 4-bit quantization (group 32, bf16 scales) of gemma4_moe_f32:
+                    experts stacked as experts.switch_glu.*, router.proj at 8 bits / group 64
+                    (the model's quant_predicate); oracle upcast to f32 (set "f32")
 """
 import argparse
 import json
@@ -64,6 +74,13 @@ GGUF = dict(BASE, hidden_size=32, intermediate_size=32, num_attention_heads=2, n
             layer_types=["sliding_attention", "full_attention"] * 3)
 
 
+# The MoE case (all of mlx-lm's ModelArgs keys, none left to a default).
+MOE = dict(KEQV, hidden_size=64, intermediate_size=96, enable_moe_block=True, num_experts=8, top_k_experts=2,
+           moe_intermediate_size=32, global_partial_rotary_factor=0.5, partial_rotary_factor=1.0, pad_token_id=0,
+           rope_traditional=False, sliding_window_pattern=5)
+MIN_ROUTE_MARGIN = 1e-3
+
+
 def tensor_shapes(c):
     h, ffn, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
     nh, P = c["num_attention_heads"], c["hidden_size_per_layer_input"]
@@ -102,6 +119,15 @@ def tensor_shapes(c):
             s[p + "per_layer_projection.weight"] = (h, P)
             s[p + "post_per_layer_input_norm.weight"] = (h,)
         s[p + "layer_scalar"] = (1,)
+        if c["enable_moe_block"]:
+            E, I = c["num_experts"], c["moe_intermediate_size"]
+            s[p + "router.proj.weight"] = (E, h)
+            s[p + "router.scale"] = (h,)
+            s[p + "router.per_expert_scale"] = (E,)
+            s[p + "experts.gate_up_proj"] = (E, 2 * I, h)
+            s[p + "experts.down_proj"] = (E, h, I)
+            for n in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"):
+                s[p + n + ".weight"] = (h,)
     return s
 
 
@@ -113,9 +139,17 @@ def random_weights(c, rng):
     w = {}
     h = c["hidden_size"]
     for name, shape in tensor_shapes(c).items():
-        if name.endswith("layer_scalar"):
+        if name.endswith("router.scale"):
+            w[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith("per_expert_scale"):
+            w[name] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        elif name.endswith("router.proj.weight"):  # logits of a few units: clear top-k choices
+            w[name] = (4.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        elif len(shape) == 3:  # experts [E, rows, cols]
+            w[name] = (rng.standard_normal(shape) / np.sqrt(shape[2])).astype(np.float32)
+        elif name.endswith("layer_scalar"):
             w[name] = rng.uniform(0.6, 1.4, shape).astype(np.float32)
-        elif name.endswith("norm.weight"):
+        elif name.endswith("norm.weight") or "layernorm_" in name:
             w[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
         elif name in ("model.embed_tokens.weight", "model.embed_tokens_per_layer.weight"):
             w[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(h)).astype(np.float32)
@@ -156,6 +190,51 @@ def mlx_logits_mm(d, tokens):
     return np.array(out[0].astype(mx.float32))
 
 
+def mlx_moe_logits(d, tokens, margins, upcast=False):
+    """mlx-lm's logits (model_reference.mlx_logits), appending each MoE layer's smallest gap
+    between the k-th and (k+1)-th router logit to `margins`."""
+    import mlx.core as mx
+    from mlx_lm.models import gemma4_text
+    saved = gemma4_text.Router.__call__
+
+    def probe(self, x):
+        y = mx.fast.rms_norm(x, self.scale * self._root_size, self.eps)
+        g = np.sort(np.array(self.proj(y).astype(mx.float32)).reshape(-1, self.config.num_experts), axis=-1)
+        k = self.config.top_k_experts
+        margins.append(float(np.min(g[:, -k] - g[:, -k - 1])))
+        return saved(self, x)
+    gemma4_text.Router.__call__ = probe
+    try:
+        return mlx_logits(d, tokens, upcast=upcast)
+    finally:
+        gemma4_text.Router.__call__ = saved
+
+
+def moe_cases(root):
+    from model_reference import write_affine
+    c = MOE
+    rng = np.random.default_rng(5010)
+    w = random_weights(c, rng)
+    d = os.path.join(root, "gemma4_moe_f32")
+    write_hf(d, c, w, "f32")
+    d4 = os.path.join(root, "gemma4_moe_mlx4")
+    write_affine(d4, d, c, "bf16", 4, 32, {})
+    for attempt in range(50):
+        tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
+        margins = []
+        f32 = mlx_moe_logits(d, tokens, margins)
+        q4 = mlx_moe_logits(d4, tokens, margins, upcast=True)
+        if min(margins) >= MIN_ROUTE_MARGIN:
+            break
+    else:
+        raise SystemExit("gemma4_moe: no token draw without a routing near-tie")
+    extra = {"min_route_margin": min(margins), "token_draws": attempt + 1}
+    save_case(d, tokens, c["vocab_size"], {"f32": f32}, extra)
+    save_case(d4, tokens, c["vocab_size"], {"f32": q4}, extra)
+    print(f"gemma4_reference: gemma4_moe max|logit| {float(np.abs(f32).max()):.2f} (mlx4 "
+          f"{float(np.abs(q4).max()):.2f}), min route margin {min(margins):.3g}, draw {attempt + 1}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -180,6 +259,7 @@ def main():
             assert np.allclose(mm, logits, atol=1e-5), "multimodal text tower differs from gemma4_text"
             save_case(d, tokens, c["vocab_size"], {"f32": mm})
         print(f"gemma4_reference: {name} max|logit| {float(np.abs(logits).max()):.2f}", flush=True)
+    moe_cases(root)
     return 0
 
 

@@ -5,6 +5,12 @@
 //   ple = per-layer inputs (below), when hidden_size_per_layer_input > 0
 //   per layer l: x += post_attention_norm(attn_l(input_norm(x)))
 //                x += post_feedforward_norm(mlp_l(pre_feedforward_norm(x)))      GeGLU (tanh GELU)
+//                  (enable_moe_block, 26B-A4B: the FFN is a dense MLP and routed experts in
+//                   parallel from the same residual, x += post_feedforward_norm(
+//                   post_feedforward_norm_1(mlp_l(pre_feedforward_norm(x))) +
+//                   post_feedforward_norm_2(experts_l(x))), blocks/moe_block.h: the router reads
+//                   rmsnorm(x)·scale·hidden^-0.5, top k of its logits, softmax over the k, times
+//                   per_expert_scale; the GeGLU experts read pre_feedforward_norm_2(x))
 //                x += post_per_layer_input_norm(proj_l(gelu(gate_l(x)) · ple[l]))   (with ple)
 //                x *= layer_scalar_l
 //   logits = 30 · tanh(embed(final_norm(x)) / 30)        (final_logit_softcapping; tied)
@@ -38,14 +44,15 @@
 // llama.cpp rotates pair i by theta^(-2i/d) / rope_freqs[i] (1e30 for the unrotated pairs), and so
 // does this file; the converter drops rope_parameters.factor, so a GGUF cannot carry it. The
 // embedding scales are f32 √hidden and √P as llama.cpp computes them.
-// Refused, naming the feature: mixture-of-experts layers (enable_moe_block: the 26B-A4B variant,
-// with the hybrid/MoE issue), bidirectional attention, attention biases.
+// Refused, naming the feature: GGUF mixture-of-experts files (HF and MLX MoE checkpoints load),
+// bidirectional attention, attention biases.
 #include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include "larder/core/dtype.h"
 #include "larder/formats/gguf.h"
+#include "larder/models/blocks/moe_block.h"
 #include "larder/models/blocks/rope.h"
 #include "larder/models/blocks/sandwich.h"
 #include "larder/models/hf_conventions.h"
@@ -137,6 +144,7 @@ struct Gemma4Params {
   int64_t window = 0, global_head_dim = 0, global_kv_heads = 0, n_shared = 0;
   int64_t ple_dim = 0, ple_vocab = 0;
   bool k_eq_v = false, double_wide = false;
+  ExpertDims moe;  // enable_moe_block: every layer (n_experts > 0)
   float softcap = 0;
   RopeKind rope_full, rope_sliding;
 };
@@ -253,10 +261,19 @@ Result<Gemma4Params> hf_params(const ordered_json& j, const ModelConfig& c) {
     *out = j[k].get<int64_t>();
     return Status::ok();
   };
-  if (flag("enable_moe_block"))
-    return unsupported(strfmt("[config] %s: enable_moe_block is set: Gemma 4 mixture-of-experts layers (26B-A4B) are "
-                              "not supported yet (dense Gemma 4 only)",
-                              src));
+  if (flag("enable_moe_block")) {
+    // mlx-lm reads these three only with enable_moe_block (Optional, no default): required.
+    int64_t E = 0, k = 0;
+    LARDER_RETURN_IF_ERROR(integer("num_experts", 0, &E));
+    LARDER_RETURN_IF_ERROR(integer("top_k_experts", 0, &k));
+    LARDER_RETURN_IF_ERROR(integer("moe_intermediate_size", 0, &p.moe.ffn));
+    if (!(E >= 1 && E <= 65536) || !(k >= 1 && k <= E) || p.moe.ffn < 1)
+      return invalid_argument(strfmt("[config] %s: enable_moe_block needs num_experts >= 1, 1 <= top_k_experts <= "
+                                     "num_experts and moe_intermediate_size >= 1 (got %lld, %lld, %lld)",
+                                     src, (long long)E, (long long)k, (long long)p.moe.ffn));
+    p.moe.n_experts = static_cast<int>(E);
+    p.moe.k = static_cast<int>(k);
+  }
   if (j.contains("use_bidirectional_attention") && !j["use_bidirectional_attention"].is_null())
     return unsupported(strfmt("[config] %s: use_bidirectional_attention %s is not supported (causal text only)", src,
                               j["use_bidirectional_attention"].dump().c_str()));
@@ -350,6 +367,10 @@ struct Layer {
   Projection ple_gate, ple_proj;  // [P, hidden], [hidden, P]
   RmsNorm ple_norm;               // post_per_layer_input_norm
   float scalar = 1.0f;                     // layer_scalar
+  // enable_moe_block: the routed experts (their router and input norms inside) and the norms of
+  // the two branches' outputs.
+  MoeWeights moe;
+  RmsNorm post_ffn_dense, post_ffn_experts;  // post_feedforward_layernorm_1, _2
 };
 
 class Gemma4Model final : public Transformer {
@@ -358,6 +379,7 @@ class Gemma4Model final : public Transformer {
   Status bind(const formats::ModelFiles& files);
 
  private:
+  Status bind_experts(WeightBinder& b, const std::string& p, float eps, Layer* Ly);
   void begin_batch(const LayerBatch& b) override;
   void layer_forward(int l, const LayerBatch& b) override;
 
@@ -374,6 +396,8 @@ class Gemma4Model final : public Transformer {
   std::vector<float> ple_;       // [rows, L, P] this forward's per-layer inputs
   std::vector<float> ple_tmp_;   // [rows, L·P]
   std::vector<float> gate_, gin_;  // [rows, P]
+  MoeScratch moe_s_;
+  std::vector<float> moe_out_;  // [rows, hidden]
 };
 
 float round_to(DType dt, float v) {
@@ -452,6 +476,10 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
     spec.attn_scale = 1.0f;
     spec.norms = {.qk = true, .post_attn = true, .post_ffn = true, .v = true};
     spec.k_eq_v = gp_.k_eq_v && !sliding;
+    if (gp_.moe.n_experts > 0) {
+      spec.ffn = FfnKind::kRoutedExperts;  // (next to the dense MLP: layer_forward)
+      spec.experts = gp_.moe;
+    }
     if (l >= first_shared) {
       for (int64_t i = first_shared - 1; i >= 0; --i)
         if (gp_.sliding[static_cast<size_t>(i)] == sliding) {
@@ -478,6 +506,7 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
     ModelConfig mc = c;
     if (gp_.double_wide && spec.kv_source >= 0) mc.ffn = 2 * c.ffn;
     LARDER_RETURN_IF_ERROR(bind_mlp(b, p + "mlp.", mc, Activation::kGeluTanh, &Ly.mlp));
+    if (spec.ffn == FfnKind::kRoutedExperts) LARDER_RETURN_IF_ERROR(bind_experts(b, p, eps, &Ly));
     if (P > 0) {
       LARDER_ASSIGN_OR_RETURN(Ly.ple_gate, b.projection({.module = p + "per_layer_input_gate",
                                                          .out = P,
@@ -496,6 +525,35 @@ Status Gemma4Model::bind(const formats::ModelFiles& files) {
     }
   }
   return finish_bind(files, b, tied);
+}
+
+// The routed-experts half of a MoE layer (`p` = "model.layers.N."): router.{proj.weight, scale,
+// per_expert_scale}, experts fused (HF experts.gate_up_proj / down_proj) or stacked (MLX
+// experts.switch_glu.*), pre_feedforward_layernorm_2 and post_feedforward_layernorm_{1,2}.
+Status Gemma4Model::bind_experts(WeightBinder& b, const std::string& p, float eps, Layer* Ly) {
+  const int64_t d = cfg_.hidden;
+  kernels::RouteParams route;
+  route.order = kernels::RouteOrder::kTopKThenSoftmax;
+  route.select = kernels::RouteSelect::kLastK;
+  MoeWeights& w = Ly->moe;
+  LARDER_RETURN_IF_ERROR(bind_moe(b, p, gp_.moe, d, route, Activation::kGeluTanh, &w,
+                                  {.router = "router.proj", .stacked = "experts.switch_glu."}));
+  // mlx-lm: rms_norm(x, scale · hidden^-0.5): the gain's product in f32, as mlx forms it.
+  LARDER_ASSIGN_OR_RETURN(w.router_norm.weight, b.vector(p + "router.scale", d, "hidden_size"));
+  const float root = static_cast<float>(std::pow(static_cast<double>(d), -0.5));
+  for (float& g : w.router_norm.weight) g *= root;
+  w.router_norm.eps = eps;
+  LARDER_ASSIGN_OR_RETURN(w.expert_norm.weight, b.vector(p + "pre_feedforward_layernorm_2.weight", d, "hidden_size"));
+  w.expert_norm.eps = eps;
+  LARDER_ASSIGN_OR_RETURN(w.expert_scale_f32, b.vector(p + "router.per_expert_scale", gp_.moe.n_experts, "num_experts"));
+  w.route.expert_scale = w.expert_scale_f32.data();
+  LARDER_ASSIGN_OR_RETURN(Ly->post_ffn_dense.weight,
+                          b.vector(p + "post_feedforward_layernorm_1.weight", d, "hidden_size"));
+  LARDER_ASSIGN_OR_RETURN(Ly->post_ffn_experts.weight,
+                          b.vector(p + "post_feedforward_layernorm_2.weight", d, "hidden_size"));
+  Ly->post_ffn_dense.eps = Ly->post_ffn_experts.eps = eps;
+  count_experts(w);
+  return Status::ok();
 }
 
 void Gemma4Model::begin_batch(const LayerBatch& b) {
@@ -542,7 +600,16 @@ void Gemma4Model::layer_forward(int l, const LayerBatch& b) {
                          .adapters = b.adapters},
                         attn_s_, out);
       },
-      [&](const float* in, float* out) { mlp_block(Ly.mlp, in, b.rows, mlp_s_, out, b.adapters); });
+      [&](const float* in, float* out) {
+        mlp_block(Ly.mlp, in, b.rows, mlp_s_, out, b.adapters);
+        if (spec.ffn != FfnKind::kRoutedExperts) return;
+        // The experts branch reads the residual itself (b.x, attention already added), not `in`.
+        Ly.post_ffn_dense.apply(out, b.rows, out);
+        moe_out_.resize(static_cast<size_t>(n));
+        moe_block(Ly.moe, b.x, b.rows, moe_s_, moe_out_.data(), b.adapters);
+        Ly.post_ffn_experts.apply(moe_out_.data(), b.rows, moe_out_.data());
+        kernels::add(out, moe_out_.data(), out, n);
+      });
   const int64_t P = gp_.ple_dim;
   if (P > 0) {
     gate_.resize(static_cast<size_t>(b.rows * P));

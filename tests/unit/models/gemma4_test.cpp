@@ -1,7 +1,8 @@
 // Gemma 4 beyond logit parity (arch_parity_test.cpp has that, against mlx-lm): the per-layer
 // shapes it declares (head_dim and KV heads per layer kind, KV-sharing layers without state),
 // the state they get, batching sequences whose shared rings sit at different offsets, and the
-// refusal of the variants it does not run (mixture of experts).
+// refusal of the variants it does not run or configs it cannot read (gemma4_moe_test.cpp has the
+// mixture-of-experts variant).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -97,14 +98,18 @@ TEST(Gemma4, BatchedEqualsAlone) {
 }
 
 // Variants this file does not run are refused at load, naming the feature.
-TEST(Gemma4, RefusesMixtureOfExpertsAndUnknownRope) {
+TEST(Gemma4, RefusesIncompleteMoeAndUnknownRope) {
   namespace fs = std::filesystem;
   const std::string src = kRoot + "gemma4_text_f32";
   std::ifstream cf(src + "/config.json");
   ASSERT_TRUE(cf.good()) << "fixture gemma4_ref did not run";
   const nlohmann::json base = nlohmann::json::parse(cf);
   struct { const char* name; nlohmann::json patch; const char* want; } cases[] = {
-      {"moe", {{"enable_moe_block", true}, {"num_experts", 4}, {"top_k_experts", 2}}, "enable_moe_block"},
+      // enable_moe_block without moe_intermediate_size (mlx-lm has no default for it).
+      {"moe", {{"enable_moe_block", true}, {"num_experts", 4}, {"top_k_experts", 2}}, "moe_intermediate_size"},
+      {"moe_topk",
+       {{"enable_moe_block", true}, {"num_experts", 4}, {"top_k_experts", 5}, {"moe_intermediate_size", 8}},
+       "top_k_experts <= num_experts"},
       {"rope", {{"rope_parameters", {{"sliding_attention", {{"rope_type", "yarn"}, {"rope_theta", 1e4}}},
                                      {"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}}}}},
        "rope_type 'yarn'"},

@@ -27,12 +27,12 @@ uint64_t MoeWeights::active_expert_bytes() const {
 }
 
 Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int64_t hidden,
-                const kernels::RouteParams& route, Activation act, MoeWeights* w) {
+                const kernels::RouteParams& route, Activation act, MoeWeights* w, const MoeTensorNames& names) {
   w->act = act;
   w->route = route;
   w->route.n_experts = d.n_experts;
   w->route.k = d.k;
-  LARDER_ASSIGN_OR_RETURN(w->router, b.projection({.module = p + "gate", .out = d.n_experts, .in = hidden,
+  LARDER_ASSIGN_OR_RETURN(w->router, b.projection({.module = p + names.router, .out = d.n_experts, .in = hidden,
                                                     .why = "num_experts x hidden_size"}));
   struct Part {
     const char* proj;
@@ -44,10 +44,10 @@ Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int6
                         {"up_proj", d.ffn, hidden, "experts of moe_intermediate_size x hidden_size", &w->up},
                         {"down_proj", hidden, d.ffn, "experts of hidden_size x moe_intermediate_size", &w->down}};
   // transformers 5 fuses gate and up: experts.gate_up_proj [E, 2·ffn, hidden] (gate first).
-  const bool fused = !b.has(p + "switch_mlp.gate_proj.weight") && b.has(p + "experts.gate_up_proj");
+  const bool fused = !b.has(p + names.stacked + "gate_proj.weight") && b.has(p + "experts.gate_up_proj");
   for (const Part& part : parts) {
     WeightBinder::ExpertsSpec s;
-    s.stacked = p + "switch_mlp." + part.proj + ".weight";
+    s.stacked = p + names.stacked + part.proj + ".weight";
     s.per_expert = p + "experts.{i}." + part.proj + ".weight";
     if (fused) {
       const bool down = part.out == &w->down;
@@ -93,7 +93,18 @@ void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, fl
   s.g.resize(static_cast<size_t>(slots * ffn));
   s.u.resize(static_cast<size_t>(slots * ffn));
   s.y.resize(static_cast<size_t>(slots * hidden));
-  w.router.apply(h, n, s.logits.data(), adapters);
+  const float* rin = h;
+  if (w.router_norm.dim() > 0) {
+    s.router_in.resize(static_cast<size_t>(n * hidden));
+    w.router_norm.apply(h, n, s.router_in.data());
+    rin = s.router_in.data();
+  }
+  w.router.apply(rin, n, s.logits.data(), adapters);
+  if (w.expert_norm.dim() > 0) {  // after the router: h is the residual, read by both
+    s.expert_in.resize(static_cast<size_t>(n * hidden));
+    w.expert_norm.apply(h, n, s.expert_in.data());
+    h = s.expert_in.data();
+  }
   kernels::route_topk(s.logits.data(), n, w.route, s.ids.data(), s.weights.data());
   const kernels::ExpertsView gu[2] = {{w.gate.data(), E}, {w.up.data(), E}};
   float* const ys[2] = {s.g.data(), s.u.data()};

@@ -2,6 +2,9 @@
 //   logits = router(h) [E];  (ids, weights) = route_topk(logits)   (k of E experts per token)
 //   out = Σ_j weights[j] · down_ids[j](act(gate_ids[j](h)) ⊙ up_ids[j](h))
 //         [+ σ(shared_gate · h) · shared_mlp(h)]   (a shared expert: Qwen3-Next, Qwen3.5-MoE)
+// Gemma 4 norms h twice on the way in: the router reads rmsnorm(h)·(scale·hidden^-0.5) and the
+// experts pre_feedforward_layernorm_2(h) (MoeWeights::router_norm / expert_norm), and scales each
+// selected weight by per_expert_scale (RouteParams::expert_scale).
 // The experts run through the grouped kernels (kernels/moe.h): gate and up of every selected
 // (token, slot) in one matmul_experts_multi, down in one matmul_experts, so a decode step reads
 // only the selected experts' rows and forks the thread pool twice per layer.
@@ -13,6 +16,7 @@
 #include "larder/kernels/moe.h"
 #include "larder/kernels/ops.h"
 #include "larder/models/blocks/mlp.h"
+#include "larder/models/blocks/norm.h"
 #include "larder/models/layer_spec.h"
 #include "larder/models/weights.h"
 
@@ -34,26 +38,37 @@ struct MoeWeights {
   MlpWeights shared;                 // [shared_ffn, hidden] ...
   Projection shared_gate;            // [1, hidden]
   std::vector<float> shared_gate_f32;  // its storage where it is a float tensor (GGUF stores it [hidden])
+  // Optional input norms (empty weight: none; Gemma 4 has both): the router reads
+  // router_norm(h), the experts expert_norm(h).
+  RmsNorm router_norm, expert_norm;
+  std::vector<float> expert_scale_f32;  // route.expert_scale's storage (Gemma 4 per_expert_scale)
   // Bytes of all E experts' gate/up/down, and of the k a token reads (k/E of them).
   uint64_t expert_bytes() const;
   uint64_t active_expert_bytes() const;
 };
 
 struct MoeScratch {
+  std::vector<float> router_in, expert_in;
   std::vector<float> logits, weights, g, u, y, shared_y, shared_g;
   std::vector<int32_t> ids;
   MlpScratch shared;
 };
 
 // Where a family's tensors are: `prefix` is "model.layers.N.mlp."; the router is
-// `<prefix>gate.weight`, the experts stacked `<prefix>switch_mlp.{gate,up,down}_proj.weight` (MLX,
+// `<prefix><names.router>` (default `gate.weight`), the experts stacked
+// `<prefix><names.stacked>{gate,up,down}_proj.weight` (default `switch_mlp.`; MLX,
 // and GGUF `ffn_*_exps` through the family's TensorNames), fused `<prefix>experts.gate_up_proj`
 // [E, 2·ffn, hidden] + `<prefix>experts.down_proj` (transformers 5 / Qwen3.5-MoE HF checkpoints) or
 // one per expert `<prefix>experts.{i}.{gate,up,down}_proj.weight` (HF); with d.shared_ffn the
 // shared expert `<prefix>shared_expert.{gate,up,down}_proj.weight` and its gate
 // `<prefix>shared_expert_gate.weight` [1, hidden].
+struct MoeTensorNames {
+  std::string router = "gate";  // the router projection's module; Gemma 4: "router.proj" under "model.layers.N."
+  std::string stacked = "switch_mlp.";  // Gemma 4 (MLX): "experts.switch_glu."
+};
 Status bind_moe(WeightBinder& b, const std::string& prefix, const ExpertDims& d, int64_t hidden,
-                const kernels::RouteParams& route, Activation act, MoeWeights* out);
+                const kernels::RouteParams& route, Activation act, MoeWeights* out,
+                const MoeTensorNames& names = {});
 // out[n, hidden] = moe(h[n, hidden]). Each row's result depends on that row only (routing, the
 // grouped kernels' per-expert matmuls and the weighted sum in slot order).
 void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out, AdapterRows adapters = {});
