@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -727,6 +729,42 @@ std::vector<LoraUse> canonical_lora_uses(std::vector<LoraUse> uses) {
     return c != 0 ? c < 0 : x.scale < y.scale;
   });
   return uses;
+}
+
+Result<LoraSpec> parse_lora_spec(std::string_view arg, bool named) {
+  LoraSpec spec;
+  const std::string form = named ? "NAME=PATH[:SCALE]" : "PATH[:SCALE]";
+  std::string_view rest = arg;
+  if (named) {
+    const size_t eq = arg.find('=');
+    if (eq == std::string_view::npos || eq == 0)
+      return invalid_argument(strfmt("--lora '%.*s': expected %s (a name for requests to pick the adapter by)",
+                                     static_cast<int>(arg.size()), arg.data(), form.c_str()));
+    spec.name = std::string(arg.substr(0, eq));
+    for (char c : spec.name)
+      if (std::isspace(static_cast<unsigned char>(c)) || std::iscntrl(static_cast<unsigned char>(c)))
+        return invalid_argument(strfmt("--lora '%.*s': the name '%s' contains whitespace or control characters",
+                                       static_cast<int>(arg.size()), arg.data(), spec.name.c_str()));
+    rest = arg.substr(eq + 1);
+  }
+  if (const size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
+    const std::string num(rest.substr(colon + 1));
+    char* end = nullptr;
+    errno = 0;
+    const float v = num.empty() ? 0.0f : std::strtof(num.c_str(), &end);
+    if (!num.empty() && end == num.c_str() + num.size()) {  // a whole number: it is the scale
+      if (!std::isfinite(v) || errno == ERANGE)
+        return invalid_argument(strfmt("--lora '%.*s': scale '%s' is not a finite number",
+                                       static_cast<int>(arg.size()), arg.data(), num.c_str()));
+      spec.scale = v;
+      rest = rest.substr(0, colon);
+    }
+  }
+  if (rest.empty())
+    return invalid_argument(strfmt("--lora '%.*s': no adapter path (expected %s)", static_cast<int>(arg.size()),
+                                   arg.data(), form.c_str()));
+  spec.path = std::string(rest);
+  return spec;
 }
 
 }  // namespace larder::models

@@ -153,4 +153,15 @@ struct LoraUse {
 // computes the same bits, and may share one KV namespace (runtime::lora_namespace).
 std::vector<LoraUse> canonical_lora_uses(std::vector<LoraUse> uses);
 
+// A `--lora` argument: `PATH[:SCALE]` (generate, chat, eval) or `NAME=PATH[:SCALE]` (serve, with
+// `named`). SCALE is the text after the last ':' when it is a whole finite number (default 1);
+// otherwise the ':' belongs to the path. Errors say which part is wrong. Parsing only: the CLI
+// flags are not registered until forward applies adapters (see docs/ARCHITECTURE.md).
+struct LoraSpec {
+  std::string name;  // serve: what requests pick it by (`model`, the `lora` list); "" otherwise
+  std::string path;
+  float scale = 1.0f;
+};
+Result<LoraSpec> parse_lora_spec(std::string_view arg, bool named);
+
 }  // namespace larder::models

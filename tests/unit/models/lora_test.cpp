@@ -222,6 +222,38 @@ TEST(LoraValidate, RowOrderAcrossFormats) {
   EXPECT_TRUE(a->validate(qwen, nullptr).is_ok());
 }
 
+TEST(LoraSpec, PathScaleAndName) {
+  auto one = [](std::string_view a, bool named) {
+    auto r = models::parse_lora_spec(a, named);
+    EXPECT_TRUE(r.is_ok()) << a << ": " << r.status().to_string();
+    return r.is_ok() ? r.value() : models::LoraSpec{};
+  };
+  auto err = [](std::string_view a, bool named) {
+    auto r = models::parse_lora_spec(a, named);
+    EXPECT_FALSE(r.is_ok()) << a << " parsed";
+    return r.is_ok() ? std::string() : r.status().to_string();
+  };
+  EXPECT_EQ(one("a/b.gguf", false).path, "a/b.gguf");
+  EXPECT_EQ(one("a/b.gguf", false).scale, 1.0f);
+  EXPECT_EQ(one("a/b.gguf:0.5", false).path, "a/b.gguf");
+  EXPECT_EQ(one("a/b.gguf:0.5", false).scale, 0.5f);
+  EXPECT_EQ(one("a/b.gguf:-2", false).scale, -2.0f);
+  EXPECT_EQ(one("c:/x:y", false).path, "c:/x:y");  // not a number after the last ':': part of the path
+  EXPECT_EQ(one("c:/x:y:3", false).path, "c:/x:y");
+  const models::LoraSpec s = one("pirate=/ad/pirate:0.75", true);
+  EXPECT_EQ(s.name, "pirate");
+  EXPECT_EQ(s.path, "/ad/pirate");
+  EXPECT_EQ(s.scale, 0.75f);
+  EXPECT_EQ(one("p=/a=b", true).path, "/a=b");
+  EXPECT_NE(err("/ad/pirate", true).find("expected NAME=PATH[:SCALE]"), std::string::npos);
+  EXPECT_NE(err("=/ad", true).find("expected NAME=PATH[:SCALE]"), std::string::npos);
+  EXPECT_NE(err("a b=/ad", true).find("whitespace"), std::string::npos);
+  EXPECT_NE(err("x.gguf:inf", false).find("scale 'inf' is not a finite number"), std::string::npos);
+  EXPECT_NE(err("x.gguf:1e60", false).find("not a finite number"), std::string::npos);
+  EXPECT_NE(err(":0.5", false).find("no adapter path"), std::string::npos);
+  EXPECT_NE(err("n=", true).find("no adapter path"), std::string::npos);
+}
+
 // ---- KV namespaces (item 3) ----
 
 struct TempDir {
