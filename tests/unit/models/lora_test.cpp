@@ -154,6 +154,50 @@ TEST(LoraValidate, FixtureAdaptersFitTheirBase) {
   }
 }
 
+// The base side read from each weight format: MLX-quantized matrices' input width from the packed
+// codes and the config's (per-module) bits, GGUF from ne[]; all equal the HF checkpoint's.
+TEST(LoraValidate, BaseProjectionsFromEveryWeightFormat) {
+  auto proj = [](const std::string& dir) {
+    auto f = formats::open_model_files(std::string(LARDER_TEST_DATA_DIR) + "/models/" + dir);
+    EXPECT_TRUE(f.is_ok()) << dir << ": " << f.status().to_string() << " (fixture model_ref did not run?)";
+    if (!f.is_ok()) return BaseProjections{};
+    auto b = BaseProjections::from_files(f.value());
+    EXPECT_TRUE(b.is_ok()) << dir << ": " << b.status().to_string();
+    return b.is_ok() ? std::move(b.value()) : BaseProjections{};
+  };
+  const BaseProjections hf = proj("qwen3_f32");
+  ASSERT_EQ(hf.n_layers, 3);
+  int n = 0;
+  for (const char* other : {"qwen3_q8g32", "qwen3_q8_0/model.gguf", "qwen3_q4_0/model.gguf"}) {
+    const BaseProjections b = proj(other);
+    EXPECT_EQ(b.architecture, "qwen3") << other;
+    EXPECT_EQ(b.order, std::string(other).find(".gguf") != std::string::npos ? models::WeightOrder::kGguf
+                                                                              : models::WeightOrder::kHf)
+        << other;
+    ASSERT_EQ(b.shapes.size(), hf.shapes.size()) << other;
+    for (size_t i = 0; i < hf.shapes.size(); ++i) {
+      EXPECT_EQ(b.shapes[i].out, hf.shapes[i].out) << other << " #" << i;
+      EXPECT_EQ(b.shapes[i].in, hf.shapes[i].in) << other << " #" << i;
+      n += hf.shapes[i].out > 0;
+    }
+  }
+  EXPECT_EQ(n, 3 * 3 * 7);  // three formats × three layers × q k v o gate up down
+  // Mixed widths (3, 6, 2, 8 bits per module, one module unquantized, group sizes 32–128).
+  const BaseProjections mixed = proj("llama_mixed");
+  ASSERT_EQ(mixed.n_layers, 2);
+  const std::pair<LoraModule, std::pair<int64_t, int64_t>> want[] = {
+      {LoraModule::kQ, {128, 128}}, {LoraModule::kK, {64, 128}},   {LoraModule::kV, {64, 128}},
+      {LoraModule::kO, {128, 128}}, {LoraModule::kGate, {192, 128}}, {LoraModule::kUp, {192, 128}},
+      {LoraModule::kDown, {128, 192}}};
+  for (int l = 0; l < 2; ++l)
+    for (const auto& [m, s] : want) {
+      const BaseProjections::Shape* got = mixed.find(l, m);
+      ASSERT_NE(got, nullptr) << models::lora_projection_name(l, m);
+      EXPECT_EQ(got->out, s.first) << models::lora_projection_name(l, m);
+      EXPECT_EQ(got->in, s.second) << models::lora_projection_name(l, m);
+    }
+}
+
 TEST(LoraValidate, ShapeErrorsNameTheProjection) {
   EXPECT_NE(validate_error(kRoot + "bad/wrong_in")
                 .find("layers.1.self_attn.q_proj: lora_A is 8×48 but the model's q_proj takes 64 inputs"),
