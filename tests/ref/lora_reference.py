@@ -28,6 +28,14 @@ Self-check: every PEFT adapter merged into the base weights in numpy (W + scale 
 merge formula) and run by mlx-lm without adapters gives the adapter logits within f32 noise, so
 the PEFT key names and scale rules written here agree with mlx-lm's LoRA math.
 
+llama.cpp check (developer, `--llamacpp [BIN_DIR]` after the fixture is written; default the bench
+build): a qwen3 GGUF of the same base with a synthetic vocabulary (one CJK character per id, as
+tests/ref/gemma4_gguf.py) run by llama-perplexity --lora <adapter>/lora.gguf (f32 KV, no flash
+attention, --kl-divergence-base) agrees with mlx-lm's logits: measured max |Δ log p| 1.3e-4 (the
+16-bit log-prob storage) for the base and the f32 adapter; 2.0e-3 (f16) and 3.6e-2 (bf16) for the
+half-precision adapters, which is ggml rounding activations to the weight's type — the same values
+written as F32 give 1.3e-4 again — while a wrong alpha gives 26. Top-1 equal everywhere.
+
 The projection hook is not on main yet: the logits are saved for the test that wires adapters
 into forward (the C++ tests here check loading, conversion, validation and namespaces).
 """
@@ -49,6 +57,10 @@ MLP = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 GGUF_NAME = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down"}
+# The synthetic vocabulary of the llama.cpp check (as tests/ref/gemma4_gguf.py): specials in the
+# ids full_config gives them, then one CJK character per id, the last id a merge of the two before.
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+FIRST_CHAR = 0x4E00
 # larder's LoraModule order (models/lora.h), for the expected (layer, module) order.
 MODULE_ORDER = ATTN + MLP
 
@@ -358,12 +370,141 @@ def write_bad(root, good_peft, good_mlx, good_entries, c):
         json.dump(cfg, f)
 
 
+def vocab(V):
+    toks = SPECIALS + [chr(FIRST_CHAR + i) for i in range(V - len(SPECIALS) - 1)]
+    merge = (toks[-2], toks[-1])
+    return toks + [merge[0] + merge[1]], merge
+
+
+def write_base_gguf(path, c, weights):
+    """The f32 base as llama.cpp's converter lays out a qwen3 GGUF, with the synthetic vocabulary
+    (llama.cpp needs one to read text)."""
+    import gguf
+    w = gguf.GGUFWriter(path, "qwen3")
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    toks, merge = vocab(c["vocab_size"])
+    w.add_tokenizer_model("gemma4")
+    w.add_token_list(toks)
+    w.add_token_scores([0.0] * len(toks))
+    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.UNKNOWN] +
+                      [gguf.TokenType.NORMAL] * (len(toks) - 4))
+    w.add_token_merges([f"{merge[0]} {merge[1]}"])
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_space_prefix(False)
+    w.add_add_bos_token(True)
+    for name, a in weights.items():
+        w.add_tensor(mr.gguf_name(name), np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def read_kl_base(path):
+    """llama-perplexity --kl-divergence-base: per position of the chunk's second half but the last,
+    the log-softmax quantized to 16 bits (scale, min, codes; 0 = below min)."""
+    with open(path, "rb") as f:
+        assert f.read(8) == b"_logits_"
+        n_ctx, n_vocab, n_chunk = np.frombuffer(f.read(12), dtype=np.int32)
+        tokens = np.frombuffer(f.read(4 * n_ctx), dtype=np.int32)
+        nv = 2 * ((n_vocab + 1) // 2) + 4
+        first = n_ctx // 2
+        n = n_ctx - 1 - first
+        raw = np.frombuffer(f.read(2 * nv * n), dtype=np.uint16).reshape(n, nv)
+    out = []
+    for row in raw:
+        scale, min_lp = np.frombuffer(row[:4].tobytes(), dtype=np.float32)
+        q = row[4:4 + n_vocab].astype(np.float64)
+        out.append(np.where(q > 0, min_lp + scale * q, np.nan))
+    return list(tokens), first, np.array(out)
+
+
+def llamacpp_check(root, binary):
+    """llama.cpp reads the GGUF LoRA files against a GGUF of the same base (llama-perplexity --lora,
+    f32 KV, no flash attention) and its log-probabilities agree with mlx-lm's reference logits:
+    the GGUF layout, orientation and alpha / r scale written here are llama.cpp's."""
+    import subprocess
+    import tempfile
+    from safetensors.numpy import load_file
+    with open(os.path.join(root, "ref.json")) as f:
+        ref = json.load(f)
+    with open(os.path.join(root, "base", "config.json")) as f:
+        c = json.load(f)
+    weights = load_file(os.path.join(root, "base", "model.safetensors"))
+    toks, _ = vocab(c["vocab_size"])
+    # 64 tokens = 2 × 32 (llama-perplexity's minimum); the first chunk of 32 is compared (logits
+    # at a position depend only on the tokens up to it, so the reference rows are the same).
+    tokens = ref["tokens"][:32]
+    text = "".join(toks[t] for t in ref["tokens"][1:])
+    V = ref["vocab"]
+    worst_all = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        base = os.path.join(tmp, "base.gguf")
+        write_base_gguf(base, c, weights)
+        txt = os.path.join(tmp, "text.txt")
+        with open(txt, "w", encoding="utf-8") as f:
+            f.write(text)
+        cases = [("base", None, ref["base_logits"])] + [
+            (n, os.path.join(root, n, "lora.gguf"), a["logits"]) for n, a in ref["adapters"].items()
+            if "gguf" in a["formats"]]
+        for name, lora, logits_file in cases:
+            kl = os.path.join(tmp, name + ".kl")
+            cmd = [binary, "-m", base, "-f", txt, "-c", "32", "-b", "32", "--chunks", "1", "-t", "1", "-fa", "off",
+                   "-ctk", "f32", "-ctv", "f32", "--kl-divergence-base", kl]
+            if lora:
+                cmd += ["--lora", lora]
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"{name}: llama-perplexity failed:\n{r.stdout[-3000:]}")
+            got_tokens, first, lp = read_kl_base(kl)
+            assert got_tokens == tokens, (name, got_tokens[:8], tokens[:8])
+            ref_logits = np.fromfile(os.path.join(root, logits_file), dtype=np.float32).reshape(-1, V)
+            worst, top_ok = 0.0, True
+            for j in range(lp.shape[0]):
+                g = ref_logits[first + j].astype(np.float64)
+                ls = g - g.max() - np.log(np.exp(g - g.max()).sum())
+                ok = ~np.isnan(lp[j])
+                worst = max(worst, float(np.max(np.abs(lp[j][ok] - ls[ok]))))
+                top_ok &= int(np.nanargmax(lp[j])) == int(np.argmax(g))
+            print(f"{name}: llama.cpp vs mlx-lm max |d log p| {worst:.2e} over {lp.shape[0]} positions (adapter "
+                  f"{ref['adapters'].get(name, {}).get('dtype', '-')}), "
+                  f"top-1 {'equal' if top_ok else 'DIFFERS'}")
+            # ggml multiplies F16/BF16 weights with activations rounded to that type (vec_dot_type),
+            # so half-precision adapters differ by that rounding; a wrong orientation or scale
+            # moves log-probs by whole units (the adapters change logits by 6 to 27).
+            dtype = ref["adapters"].get(name, {}).get("dtype", "f32")
+            tol = {"f32": 5e-4, "f16": 1e-2, "bf16": 5e-2}[dtype]
+            assert top_ok and worst < tol, (name, worst, tol)
+            worst_all = max(worst_all, worst)
+    print(f"ok: worst {worst_all:.2e}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shared", required=False)
+    ap.add_argument("--llamacpp", metavar="BIN_DIR", nargs="?", const=os.path.expanduser(
+        "~/.cache/larder-bench/llama.cpp-0.3.36/build/bin"),
+                    help="check the written GGUF LoRA files with llama.cpp's llama-perplexity instead of "
+                         "writing the fixture (developer check; the fixture must exist)")
     args = ap.parse_args()
     root = os.path.join(args.out, "lora")
+    if args.llamacpp:
+        llamacpp_check(root, os.path.join(args.llamacpp, "llama-perplexity"))
+        return
     os.makedirs(root, exist_ok=True)
     rng = np.random.default_rng(45)
     over = dict(dict((n, o) for n, o in mr.CASES)["qwen3"])
@@ -372,7 +513,8 @@ def main():
     weights = mr.random_weights(c, rng)
     base = os.path.join(root, "base")
     mr.write_hf(base, c, weights, "f32")
-    tokens = [int(t) for t in rng.integers(0, c["vocab_size"], SEQ)]
+    # BOS, then ids that are plain characters of llamacpp_check's synthetic vocabulary.
+    tokens = [c["bos_token_id"]] + [int(t) for t in rng.integers(len(SPECIALS), c["vocab_size"] - 1, SEQ - 1)]
     base_logits = logits_of(load_base(base), tokens)
     base_logits.astype(np.float32).tofile(os.path.join(root, "logits_base.f32"))
     meta = {"tokens": tokens, "vocab": c["vocab_size"], "seq": SEQ, "base_logits": "logits_base.f32",
