@@ -304,6 +304,13 @@ def write_bad(root, good_peft, good_mlx, good_entries, c):
         "base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight": ("F32", a),
         "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight": ("F32", b)})
     shutil.copy(os.path.join(good_peft, "adapter_config.json"), d)
+    d = os.path.join(bad, "vision_tower")
+    os.makedirs(d, exist_ok=True)
+    mr.write_safetensors(os.path.join(d, "adapter_model.safetensors"), {
+        "base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight": ("F32", a),
+        "base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_B.weight": ("F32", b)})
+    with open(os.path.join(d, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}, f)
     d = os.path.join(bad, "lm_head")
     os.makedirs(d, exist_ok=True)
     mr.write_safetensors(os.path.join(d, "adapter_model.safetensors"), {

@@ -52,6 +52,7 @@ struct ParsedName {
   int layer = -1;
   std::optional<LoraModule> module;
   std::string rel;  // the module path inside the layer ("self_attn.q_proj"), for messages/keys
+  bool other_tower = false;  // under a vision/audio tower of a multimodal checkpoint
 };
 
 ParsedName parse_layer_module(std::string_view module_name, bool gguf) {
@@ -69,6 +70,15 @@ ParsedName parse_layer_module(std::string_view module_name, bool gguf) {
     p.rel = std::string(module_name);
     return p;
   }
+  // Multimodal checkpoints keep vision/audio towers with layers of the same names beside the
+  // text model: those are not the text model's layers.
+  const std::string_view prefix = module_name.substr(0, pos);
+  for (std::string_view tower : {"vision", "visual", "audio", "image", "encoder", "multi_modal", "mm_"})
+    if (prefix.find(tower) != std::string_view::npos) {
+      p.rel = std::string(module_name);
+      p.other_tower = true;
+      return p;
+    }
   size_t d = pos + marker.size(), e = d;
   while (std::isdigit(static_cast<unsigned char>(module_name[e]))) ++e;
   p.layer = std::stoi(std::string(module_name.substr(d, e - d)));
@@ -86,6 +96,9 @@ ParsedName parse_layer_module(std::string_view module_name, bool gguf) {
 // Why a module outside the table is refused, in words a user can act on.
 std::string unsupported_module(std::string_view what, const ParsedName& p) {
   const std::string& r = p.rel;
+  if (p.other_tower)
+    return strfmt("%.*s: outside the text model (a vision/audio tower); larder adapts the text model's projections",
+                  static_cast<int>(what.size()), what.data());
   if (p.layer < 0) {
     if (r.find("embed") != std::string::npos || r.find("token_embd") != std::string::npos)
       return strfmt("%.*s: LoRA on the token embedding is not supported (larder applies adapters to the "

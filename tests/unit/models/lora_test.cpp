@@ -220,6 +220,8 @@ TEST(LoraValidate, ShapeErrorsNameTheProjection) {
 TEST(LoraValidate, RefusedAdaptersSayWhy) {
   const std::string unknown = load_error(kRoot + "bad/unknown_module");
   EXPECT_NE(unknown.find("unknown module 'self_attn.qkv_proj' in layer 0"), std::string::npos) << unknown;
+  EXPECT_NE(load_error(kRoot + "bad/vision_tower").find("outside the text model (a vision/audio tower)"),
+            std::string::npos);
   EXPECT_NE(load_error(kRoot + "bad/lm_head").find("output head (lm_head) is not supported"), std::string::npos);
   EXPECT_NE(load_error(kRoot + "bad/peft_dora").find("DoRA adapters (use_dora: true) are not supported"),
             std::string::npos);
