@@ -20,6 +20,17 @@
 // rows of some projections (Llama Q/K for its interleaved RoPE, Qwen3.5's DeltaNet value heads)
 // in the base GGUF and in a GGUF LoRA alike, so a GGUF adapter matches a GGUF base and a
 // PEFT/mlx adapter an HF/MLX base; validate() refuses the mixed pairs where the orders differ.
+//
+// Use (the forward wiring — the projection hook — is not on main yet):
+//   auto base = BaseProjections::from_files(files);            // once per model (headers only)
+//   auto ad = LoraAdapter::load("adapters/pirate");             // PEFT dir, mlx-lm dir or .gguf
+//   std::vector<std::string> warnings;
+//   Status st = ad.value()->validate(base.value(), &warnings);  // errors name the projection
+//   std::vector<LoraUse> uses = canonical_lora_uses({{ad.value(), 0.8f}, ...});  // hook order
+//   for (const LoraUse& u : uses)                                // per row of a request
+//     if (const LoraProjection* p = u.adapter->find(layer, LoraModule::kQ))
+//       /* y += (p->scale * u.scale) · B (A x) */;
+//   runtime::lora_namespace(uses) → the request's KV namespace
 #pragma once
 
 #include <cstdint>
