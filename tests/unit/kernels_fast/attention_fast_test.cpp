@@ -260,7 +260,8 @@ TEST_P(AttentionTier, SplitKvMatchesReference) {
   // window of 600 and 4-key chunks, the first chunk lies wholly before the window of rows 4-7.
   const Problem tail = make_problem({8, 2, 64, 1003, 8, 0, 2, 2.0f}, rng);
   const Problem head = make_problem({8, 2, 64, 1500, 8, 600, 3, 2.0f}, rng);
-  for (const auto& [pr, ck] : {std::pair{&tail, int64_t{24}}, std::pair{&head, int64_t{4}}}) {
+  for (const auto& [pr, chunk] : {std::pair{&tail, int64_t{24}}, std::pair{&head, int64_t{4}}}) {
+    const int64_t ck = chunk;  // a structured binding cannot be captured by a lambda before C++20's P1091 (clang < 16)
     for (int64_t tile : {8, 3}) {
       for (int64_t spi : {1, 1000}) {
         check(*pr, [&](const Problem& q, float* out) {
