@@ -744,6 +744,49 @@ std::vector<LoraUse> canonical_lora_uses(std::vector<LoraUse> uses) {
   return uses;
 }
 
+Result<std::shared_ptr<const BoundLora>> bind_lora(std::shared_ptr<const LoraAdapter> lora,
+                                                   std::span<const ProjectionInfo> projections) {
+  if (!lora) return invalid_argument("[lora] bind: no adapter");
+  // (layer, module) → projection id, from the model's own table.
+  std::map<std::pair<int, LoraModule>, int> ids;
+  for (size_t i = 0; i < projections.size(); ++i) {
+    const ParsedName p = parse_layer_module(projections[i].name, false);
+    if (p.module && p.layer >= 0) ids.emplace(std::make_pair(p.layer, *p.module), static_cast<int>(i));
+  }
+  auto bound = std::make_shared<BoundLora>();
+  bound->adapter.deltas.assign(projections.size(), LowRankDelta{});
+  for (const LoraProjection& lp : lora->projections()) {
+    const std::string name = lora_projection_name(lp.layer, lp.module);
+    auto it = ids.find({lp.layer, lp.module});
+    if (it == ids.end())
+      return invalid_argument(strfmt("[lora] %s: %s: the model has no such projection", lora->path().c_str(),
+                                     name.c_str()));
+    const ProjectionInfo& pi = projections[static_cast<size_t>(it->second)];
+    if (pi.out != lp.out || pi.in != lp.in)
+      return invalid_argument(strfmt("[lora] %s: %s: the adapter is %lldx%lld (out x in) but the model's %s is "
+                                     "%lldx%lld",
+                                     lora->path().c_str(), name.c_str(), static_cast<long long>(lp.out),
+                                     static_cast<long long>(lp.in), pi.name.c_str(), static_cast<long long>(pi.out),
+                                     static_cast<long long>(pi.in)));
+    bound->adapter.deltas[static_cast<size_t>(it->second)] = LowRankDelta{lp.a, lp.b, lp.rank, lp.scale};
+  }
+  bound->lora = std::move(lora);
+  return std::shared_ptr<const BoundLora>(std::move(bound));
+}
+
+Result<std::vector<AdapterUse>> forward_adapter_uses(std::vector<LoraUse> uses,
+                                                     std::span<const std::shared_ptr<const BoundLora>> bound) {
+  std::vector<AdapterUse> out;
+  for (const LoraUse& u : canonical_lora_uses(std::move(uses))) {
+    const BoundLora* b = nullptr;
+    for (const auto& c : bound)
+      if (c && c->lora == u.adapter) b = c.get();
+    if (!b) return internal_error(strfmt("[lora] %s: the adapter is not bound to this model", u.adapter->path().c_str()));
+    out.push_back(AdapterUse{&b->adapter, u.scale});
+  }
+  return out;
+}
+
 Result<LoraSpec> parse_lora_spec(std::string_view arg, bool named) {
   LoraSpec spec;
   const std::string form = named ? "NAME=PATH[:SCALE]" : "PATH[:SCALE]";

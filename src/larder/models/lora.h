@@ -42,6 +42,7 @@
 
 #include "larder/core/status.h"
 #include "larder/formats/model_files.h"
+#include "larder/models/adapter.h"
 
 namespace larder::models {
 
@@ -163,6 +164,28 @@ struct LoraUse {
 // in f32, so the projection hook must apply them in this order: then the same set in any order
 // computes the same bits, and may share one KV namespace (runtime::lora_namespace).
 std::vector<LoraUse> canonical_lora_uses(std::vector<LoraUse> uses);
+
+// An adapter bound to one model: the loaded file (content hash → KV namespace) and the forward's
+// form of it — its deltas indexed by the model's projection table (Model::projections()), what
+// BatchItem::adapters points at. `adapter`'s matrices point into `lora`, which this keeps alive.
+struct BoundLora {
+  std::shared_ptr<const LoraAdapter> lora;
+  Adapter adapter;
+};
+
+// Binds `lora` to a model's projections: each (layer, module) of the adapter to the projection
+// named "…layers.N.<module>" (the canonical HF names every format binds under; vision/audio
+// towers' layers are not the text model's). Errors name the projection the model lacks or whose
+// shape differs — validate() catches these first; this is the check at the seam itself.
+Result<std::shared_ptr<const BoundLora>> bind_lora(std::shared_ptr<const LoraAdapter> lora,
+                                                   std::span<const ProjectionInfo> projections);
+
+// A request's adapters as the forward takes them: `uses` made canonical (canonical_lora_uses: the
+// order the deltas are summed in, so one set in any order gives the same bits), each mapped to its
+// bound form in `bound` (matched by the LoraAdapter it holds). internal error for a use whose
+// adapter `bound` lacks.
+Result<std::vector<AdapterUse>> forward_adapter_uses(std::vector<LoraUse> uses,
+                                                     std::span<const std::shared_ptr<const BoundLora>> bound);
 
 // A `--lora` argument: `PATH[:SCALE]` (generate, chat, eval) or `NAME=PATH[:SCALE]` (serve, with
 // `named`). SCALE is the text after the last ':' when it is a whole finite number (default 1);
