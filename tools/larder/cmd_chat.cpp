@@ -93,12 +93,16 @@ int run_chat(const ChatFlags& f) {
   runtime::LocatedModel located;
   auto spec = constraint_spec(f.gen);  // a bad schema or a missing file before the model loads
   if (!spec.is_ok()) return report(spec.status());
+  if (Status st = check_lora_specs(f.gen.lora); !st.is_ok()) return report(st);
   auto loaded = load_for_generation(f.model, f.gen, f.chat_template, &located);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
   // Sampling, stops and the grammar (compiled once) of every answer.
   auto options = generate_options(f.gen, m, *spec);
   if (!options.is_ok()) return report(options.status());
+  auto loras = load_run_loras(f.gen.lora, m);
+  if (!loras.is_ok()) return report(loras.status());
+  options->adapters = loras->request.forward;
   const runtime::GenerateOptions base = std::move(*options);
   // A model without a template chats through the ChatML fallback (as serve and generate --chat
   // do); the warning says so before the first prompt.
@@ -107,7 +111,7 @@ int run_chat(const ChatFlags& f) {
   auto opened = open_cli_store(f.gen, m);
   if (!opened.is_ok()) return report(opened.status());
   memory::KvStore& store = **opened;
-  const std::string ns = memory::namespace_id({});
+  const std::string ns = loras->request.ns;
   const int64_t ctx = context_of(f.gen, m);
   const bool tty = isatty(STDIN_FILENO);
   if (tty) {

@@ -92,6 +92,7 @@ int run_generate(const GenerateFlags& f) {
   }
   auto spec = constraint_spec(f.gen);  // a bad schema or a missing file before the model loads
   if (!spec.is_ok()) return report(spec.status());
+  if (Status st = check_lora_specs(f.gen.lora); !st.is_ok()) return report(st);
   auto loaded = load_for_generation(f.model, f.gen, f.chat_template);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
@@ -146,6 +147,9 @@ int run_generate(const GenerateFlags& f) {
   if (!options.is_ok()) return report(options.status());
   runtime::GenerateOptions& go = *options;
   go.max_new_tokens = n;
+  auto loras = load_run_loras(f.gen.lora, m);
+  if (!loras.is_ok()) return report(loras.status());
+  go.adapters = loras->request.forward;
 
   std::unique_ptr<memory::KvStore> store;
   if (!f.gen.ssd_cache.empty()) {
@@ -154,7 +158,7 @@ int run_generate(const GenerateFlags& f) {
     store = std::move(*opened);
   }
   // The one generation lifecycle (runtime/sequence.h): take, prefill, decode, put.
-  runtime::Sequence seq = runtime::Sequence::start(*m.model, prompt, {store.get(), memory::namespace_id({}), ctx});
+  runtime::Sequence seq = runtime::Sequence::start(*m.model, prompt, {store.get(), loras->request.ns, ctx});
   if (store) {
     std::fprintf(stderr, "larder: kv store: reused %lld of %zu prompt tokens from %s (%s)\n",
                  static_cast<long long>(seq.cached_tokens()), prompt.size(), seq.cache_tier(),
