@@ -12,6 +12,7 @@ enum class RouteId {
   kChat, kCompletions, kMessages, kCountTokens,                       // generation APIs
   kNativeCompletion, kApplyTemplate, kProps, kTokenize, kDetokenize,  // llama-server native
   kModels, kModel, kHealth, kMetrics, kStats, kIndex, kIndexV1,        // information
+  kLoraList, kLoraSet,                                                // llama-server /lora-adapters
   kAdminFlush, kAdminClear,                                           // admin
   kWebAsset,                                                          // the chat page's files (webui.h)
   kOllamaChat, kOllamaGenerate, kOllamaTags, kOllamaShow, kOllamaPs,  // Ollama native (api_ollama.h)
