@@ -36,8 +36,8 @@ attention, --kl-divergence-base) agrees with mlx-lm's logits: measured max |Δ l
 half-precision adapters, which is ggml rounding activations to the weight's type — the same values
 written as F32 give 1.3e-4 again — while a wrong alpha gives 26. Top-1 equal everywhere.
 
-The projection hook is not on main yet: the logits are saved for the test that wires adapters
-into forward (the C++ tests here check loading, conversion, validation and namespaces).
+The C++ tests check loading, conversion, validation and namespaces (lora_test.cpp) and the logits
+through the forward's projection hook (lora_forward_test.cpp).
 """
 import argparse
 import json

@@ -21,15 +21,14 @@
 // in the base GGUF and in a GGUF LoRA alike, so a GGUF adapter matches a GGUF base and a
 // PEFT/mlx adapter an HF/MLX base; validate() refuses the mixed pairs where the orders differ.
 //
-// Use (the forward wiring — the projection hook — is not on main yet):
+// Use (runtime/adapters.h does this for the CLI and the server):
 //   auto base = BaseProjections::from_files(files);            // once per model (headers only)
 //   auto ad = LoraAdapter::load("adapters/pirate");             // PEFT dir, mlx-lm dir or .gguf
 //   std::vector<std::string> warnings;
 //   Status st = ad.value()->validate(base.value(), &warnings);  // errors name the projection
-//   std::vector<LoraUse> uses = canonical_lora_uses({{ad.value(), 0.8f}, ...});  // hook order
-//   for (const LoraUse& u : uses)                                // per row of a request
-//     if (const LoraProjection* p = u.adapter->find(layer, LoraModule::kQ))
-//       /* y += (p->scale * u.scale) · B (A x) */;
+//   auto bound = bind_lora(ad.value(), model.projections());    // deltas by projection id
+//   auto fwd = forward_adapter_uses({{ad.value(), 0.8f}, ...}, {bound.value()});  // canonical order
+//   BatchItem{..., .adapters = fwd.value()}                      // the rows of one request
 //   runtime::lora_namespace(uses) → the request's KV namespace
 #pragma once
 
@@ -189,8 +188,7 @@ Result<std::vector<AdapterUse>> forward_adapter_uses(std::vector<LoraUse> uses,
 
 // A `--lora` argument: `PATH[:SCALE]` (generate, chat, eval) or `NAME=PATH[:SCALE]` (serve, with
 // `named`). SCALE is the text after the last ':' when it is a whole finite number (default 1);
-// otherwise the ':' belongs to the path. Errors say which part is wrong. Parsing only: the CLI
-// flags are not registered until forward applies adapters (see docs/ARCHITECTURE.md).
+// otherwise the ':' belongs to the path. Errors say which part is wrong.
 struct LoraSpec {
   std::string name;  // serve: what requests pick it by (`model`, the `lora` list); "" otherwise
   std::string path;

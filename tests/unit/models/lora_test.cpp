@@ -1,8 +1,8 @@
 // LoRA adapters (issue 45 items 1 and 3): the three file formats load to the same matrices and
 // scales, which equal what the fixture (tests/ref/lora_reference.py, mlx-lm's own tuner classes)
 // wrote; validation against the base names the projection; KV namespaces follow content, not
-// names. The logits with an adapter (the fixture's <adapter>/logits.f32) are for the test that
-// wires adapters into forward, once the projection hook exists.
+// names. The logits with an adapter (the fixture's <adapter>/logits.f32) are checked through the
+// forward in lora_forward_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
