@@ -93,6 +93,7 @@ int run_chat(const ChatFlags& f) {
   runtime::LocatedModel located;
   auto spec = constraint_spec(f.gen);  // a bad schema or a missing file before the model loads
   if (!spec.is_ok()) return report(spec.status());
+  if (Status st = check_lora_specs(f.gen.lora); !st.is_ok()) return report(st);
   auto loaded = load_for_generation(f.model, f.gen, f.chat_template, &located);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
@@ -104,6 +105,9 @@ int run_chat(const ChatFlags& f) {
   if (!spec_run.is_ok()) return report(spec_run.status());
   options->spec = spec_run->options;
   if (!spec_run->note.empty()) std::fprintf(stderr, "larder: %s\n", spec_run->note.c_str());
+  auto loras = load_run_loras(f.gen.lora, m);
+  if (!loras.is_ok()) return report(loras.status());
+  options->adapters = loras->request.forward;
   const runtime::GenerateOptions base = std::move(*options);
   // A model without a template chats through the ChatML fallback (as serve and generate --chat
   // do); the warning says so before the first prompt.
@@ -112,7 +116,7 @@ int run_chat(const ChatFlags& f) {
   auto opened = open_cli_store(f.gen, m);
   if (!opened.is_ok()) return report(opened.status());
   memory::KvStore& store = **opened;
-  const std::string ns = memory::namespace_id({});
+  const std::string ns = loras->request.ns;
   const int64_t ctx = context_of(f.gen, m);
   const bool tty = isatty(STDIN_FILENO);
   if (tty) {

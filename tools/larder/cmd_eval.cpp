@@ -34,6 +34,7 @@ struct EvalFlags {
   int threads = 0;
   bool json = false, no_sanity = false;
   KvDtypeFlags kv;
+  std::vector<std::string> lora;  // ppl: the model's adapters; kl: the candidate's
 };
 
 // Both models of an eval load with the KV dtype of the flags (f16 by default, as llama.cpp's
@@ -129,6 +130,8 @@ int run_ppl(const EvalFlags& f) {
   auto loaded = load_for_eval(f.model, f);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
+  auto loras = load_run_loras(f.lora, m);
+  if (!loras.is_ok()) return report(loras.status());
   if (Status st = check_ctx(f, m, f.model); !st.is_ok()) return report(st);
   runtime::page_in_weights(m.files.tensors());
   auto prep = prepare(f, m);
@@ -136,7 +139,7 @@ int run_ppl(const EvalFlags& f) {
   std::fprintf(stderr, "larder: perplexity of %s over %zu chunks of %lld tokens (%lld in the text, BOS %s)\n",
                f.model.c_str(), prep->chunks.size(), static_cast<long long>(f.ctx),
                static_cast<long long>(prep->stream_tokens), prep->bos ? "overwritten" : "not added");
-  auto r = runtime::eval_perplexity(*m.model, prep->chunks, progress_line(false));
+  auto r = runtime::eval_perplexity(*m.model, prep->chunks, progress_line(false), loras->request.forward);
   if (!r.is_ok()) return report(r.status());
   if (f.json) {
     nlohmann::ordered_json j = {{"model", f.model}, {"text", f.text}, {"ctx", f.ctx},
@@ -173,6 +176,8 @@ int run_kl(const EvalFlags& f) {
   if (!cand_l.is_ok()) return report(cand_l.status());
   runtime::LoadedModel& base = **base_l;
   runtime::LoadedModel& cand = **cand_l;
+  auto loras = load_run_loras(f.lora, cand);
+  if (!loras.is_ok()) return report(loras.status());
   const int64_t vb = base.model->info().vocab, vc = cand.model->info().vocab;
   if (vb != vc) {
     return report(incompatible(strfmt("[eval] vocabulary sizes differ: base %s has %lld, candidate %s has %lld",
@@ -188,10 +193,12 @@ int run_kl(const EvalFlags& f) {
   std::fprintf(stderr, "larder: KL(%s || %s) over %zu chunks of %lld tokens (%lld in the text, BOS %s)\n",
                f.model.c_str(), f.candidate.c_str(), prep->chunks.size(), static_cast<long long>(f.ctx),
                static_cast<long long>(prep->stream_tokens), prep->bos ? "overwritten" : "not added");
-  auto r = runtime::eval_kl(*base.model, *cand.model, prep->chunks, progress_line(true));
+  auto r = runtime::eval_kl(*base.model, *cand.model, prep->chunks, progress_line(true), loras->request.forward);
   if (!r.is_ok()) return report(r.status());
   std::optional<runtime::SanityResult> sanity;
-  if (!f.no_sanity) {
+  if (!f.no_sanity && !f.lora.empty()) {
+    std::fprintf(stderr, "larder: the greedy sanity check runs without adapters: skipped with --lora\n");
+  } else if (!f.no_sanity) {
     auto s = runtime::eval_sanity(base, cand);
     if (!s.is_ok()) return report(s.status());
     sanity = std::move(*s);
@@ -243,6 +250,7 @@ void common_options(CLI::App* cmd, EvalFlags& f) {
   cmd->add_option("-t,--threads", f.threads, "compute threads (default: physical cores)")->check(positive());
   cmd->add_flag("--json", f.json, "machine-readable output");
   add_kv_dtype_flags(cmd, f.kv);
+  add_lora_flag(cmd, f.lora);
 }
 
 }  // namespace
@@ -260,6 +268,7 @@ VerbMain add_eval(CLI::App& app) {
   common_options(kl, *f);
   kl->add_flag("--no-sanity", f->no_sanity, "skip the greedy generation sanity check");
   return [f, ppl, kl]() {
+    if (Status st = check_lora_specs(f->lora); !st.is_ok()) return report(st);
     if (ppl->parsed()) {
       auto m = resolve_model(f->model_arg);
       if (!m.is_ok()) return report(m.status());

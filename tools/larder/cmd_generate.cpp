@@ -92,6 +92,7 @@ int run_generate(const GenerateFlags& f) {
   }
   auto spec = constraint_spec(f.gen);  // a bad schema or a missing file before the model loads
   if (!spec.is_ok()) return report(spec.status());
+  if (Status st = check_lora_specs(f.gen.lora); !st.is_ok()) return report(st);
   auto loaded = load_for_generation(f.model, f.gen, f.chat_template);
   if (!loaded.is_ok()) return report(loaded.status());
   runtime::LoadedModel& m = **loaded;
@@ -150,6 +151,9 @@ int run_generate(const GenerateFlags& f) {
   if (!spec_run.is_ok()) return report(spec_run.status());
   go.spec = spec_run->options;
   if (!spec_run->note.empty()) std::fprintf(stderr, "larder: %s\n", spec_run->note.c_str());
+  auto loras = load_run_loras(f.gen.lora, m);
+  if (!loras.is_ok()) return report(loras.status());
+  go.adapters = loras->request.forward;
 
   std::unique_ptr<memory::KvStore> store;
   if (!f.gen.ssd_cache.empty()) {
@@ -158,7 +162,7 @@ int run_generate(const GenerateFlags& f) {
     store = std::move(*opened);
   }
   // The one generation lifecycle (runtime/sequence.h): take, prefill, decode, put.
-  runtime::Sequence seq = runtime::Sequence::start(*m.model, prompt, {store.get(), memory::namespace_id({}), ctx});
+  runtime::Sequence seq = runtime::Sequence::start(*m.model, prompt, {store.get(), loras->request.ns, ctx});
   if (store) {
     std::fprintf(stderr, "larder: kv store: reused %lld of %zu prompt tokens from %s (%s)\n",
                  static_cast<long long>(seq.cached_tokens()), prompt.size(), seq.cache_tier(),

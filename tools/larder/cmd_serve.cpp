@@ -24,6 +24,7 @@
 #include "larder/kernels/dispatch.h"
 #include "larder/memory/store/identity.h"
 #include "larder/memory/store/kv_store.h"
+#include "larder/runtime/adapters.h"
 #include "larder/runtime/kv_identity.h"
 #include "larder/runtime/fit.h"
 #include "larder/runtime/page_in.h"
@@ -68,6 +69,7 @@ struct ServeFlags {
   int64_t seed = -1;  // -1: every request without a seed gets a random one
   int64_t max_tokens = runtime::kDefaultMaxTokens;
   runtime::ChatTemplateFlags chat_template;
+  std::vector<std::string> lora;  // --lora NAME=PATH[:SCALE], repeatable (server/loras.h)
 };
 
 // Signals are taken by one dedicated thread (sigwait), never by a handler on an arbitrary
@@ -157,6 +159,14 @@ int run_serve(ServeFlags f) {
     if (!u.is_ok()) return report(u.status());
     std::fprintf(stderr, "larder: remote KV tier %s (timeout %d ms)\n", u->redacted().c_str(), f.kv_remote_timeout_ms);
   }
+  std::vector<models::LoraSpec> lora_specs;  // a malformed --lora fails before the model loads
+  for (const std::string& a : f.lora) {
+    auto spec = models::parse_lora_spec(a, /*named=*/true);
+    if (!spec.is_ok()) return report(spec.status());
+    for (const models::LoraSpec& o : lora_specs)
+      if (o.name == spec->name) return report(invalid_argument("--lora: the name '" + o.name + "' is given twice"));
+    lora_specs.push_back(std::move(*spec));
+  }
   auto located = resolve_model(f.model, /*allow_default=*/true);
   if (!located.is_ok()) return report(located.status());
 
@@ -221,6 +231,22 @@ int run_serve(ServeFlags f) {
   sm.id = f.alias.empty() ? located->id : f.alias;
   sm.fingerprint = std::string("larder-0.1.0-") + kernels::active_table().name;
   sm.ns_base = memory::namespace_id({});
+  if (!lora_specs.empty()) {  // loaded, validated and bound once; the names must not be the model's id
+    std::vector<server::ServedLora> served;
+    for (const models::LoraSpec& spec : lora_specs) {
+      if (spec.name == sm.id)
+        return fail(invalid_argument("--lora " + spec.name + "=…: the name is the served model's id; pick another"));
+      std::vector<std::string> warnings;
+      auto b = runtime::load_lora(m, spec.path, &warnings);
+      if (!b.is_ok()) return fail(Status(b.status().code(), "--lora " + spec.name + ": " + b.status().message()));
+      for (const std::string& w : warnings) std::fprintf(stderr, "larder: --lora %s: %s\n", spec.name.c_str(), w.c_str());
+      std::fprintf(stderr, "larder: adapter %s (id %zu): %s, %zu projections, rank <= %lld, content %s\n",
+                   spec.name.c_str(), served.size(), spec.path.c_str(), b.value()->lora->projections().size(),
+                   static_cast<long long>(b.value()->lora->max_rank()), b.value()->lora->content_hash().c_str());
+      served.push_back({spec.name, spec.path, spec.scale, b.value()});
+    }
+    sm.loras = std::make_shared<server::LoraTable>(std::move(served));
+  }
   sm.ctx = f.ctx > 0 ? std::min<int64_t>(f.ctx, info.max_context) : info.max_context;
   sm.max_token_bytes = server::longest_token_bytes(m);
   {  // Before the first weight is read: refuse a --ctx x --parallel that cannot fit, cap the prompt cache.
@@ -411,6 +437,10 @@ VerbMain add_serve(CLI::App& app) {
       ->check(in_range(0, 1000));
   cmd->add_flag("--no-webui", f->no_webui, "do not serve the browser chat page at / (GET / then answers the JSON index)");
   cmd->add_option("--alias", f->alias, "model id to serve as (default: repo id or file name)");
+  cmd->add_option("--lora", f->lora,
+                  "LoRA adapter NAME=PATH[:SCALE] (PEFT or mlx-lm directory, or GGUF LoRA): requests pick it by "
+                  "`model`: NAME or by the `lora` list; repeatable")
+      ->allow_extra_args(false);
   add_chat_template_flags(cmd, &f->chat_template);
   cmd->add_option("--temp,--temperature", f->temp, "default temperature")->check(in_range(0.0, 5.0));
   cmd->add_option("--top-p", f->top_p, "default top_p")->check(in_range(0.0, 1.0));

@@ -59,6 +59,7 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_option("--prompt-cache", f.prompt_cache_gb, "RAM KV cache cap in GiB")->check(at_least(0));
   add_kv_dtype_flags(cmd, f.kv);
   add_spec_flags(cmd, f.spec);
+  add_lora_flag(cmd, f.lora);
 }
 
 namespace {
@@ -140,6 +141,34 @@ Result<std::optional<runtime::ConstraintSpec>> constraint_spec(const GenerationF
   spec.text = schema.dump();
   spec.strict = true;
   return std::optional<runtime::ConstraintSpec>(std::move(spec));
+}
+
+void add_lora_flag(CLI::App* cmd, std::vector<std::string>& specs) {
+  cmd->add_option("--lora", specs,
+                  "LoRA adapter PATH[:SCALE] (a PEFT or mlx-lm adapter directory, or a GGUF LoRA file; SCALE "
+                  "multiplies its own, default 1); repeatable")
+      ->allow_extra_args(false);
+}
+
+Status check_lora_specs(const std::vector<std::string>& specs) {
+  for (const std::string& s : specs) LARDER_RETURN_IF_ERROR(models::parse_lora_spec(s, /*named=*/false).status());
+  return Status::ok();
+}
+
+Result<RunLoras> load_run_loras(const std::vector<std::string>& specs, const runtime::LoadedModel& m) {
+  RunLoras r;
+  std::vector<models::LoraUse> uses;
+  for (const std::string& s : specs) {
+    LARDER_ASSIGN_OR_RETURN(models::LoraSpec spec, models::parse_lora_spec(s, /*named=*/false));
+    std::vector<std::string> warnings;
+    auto b = runtime::load_lora(m, spec.path, &warnings);
+    if (!b.is_ok()) return Status(b.status().code(), "--lora " + s + ": " + b.status().message());
+    for (const std::string& w : warnings) std::fprintf(stderr, "larder: --lora %s: %s\n", s.c_str(), w.c_str());
+    r.bound.push_back(b.value());
+    uses.push_back({b.value()->lora, spec.scale});
+  }
+  LARDER_ASSIGN_OR_RETURN(r.request, runtime::lora_request(std::move(uses), r.bound));
+  return r;
 }
 
 Result<runtime::GenerateOptions> generate_options(const GenerationFlags& f, const runtime::LoadedModel& m,

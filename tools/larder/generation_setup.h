@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "larder/memory/store/kv_store.h"
+#include "larder/runtime/adapters.h"
 #include "larder/runtime/generate.h"
 #include "larder/runtime/chat_template_choice.h"
 #include "larder/runtime/loaded_model.h"
@@ -40,6 +41,7 @@ struct GenerationFlags {
   double prompt_cache_gb = 4;
   KvDtypeFlags kv;  // --kv-dtype, -ctk/-ctv
   SpecFlags spec;  // speculative decoding (spec_flags.h)
+  std::vector<std::string> lora;  // --lora PATH[:SCALE], repeatable (LoRA adapters, issue 45)
 };
 
 void add_generation_flags(CLI::App* cmd, GenerationFlags& f);
@@ -54,6 +56,20 @@ Result<std::unique_ptr<runtime::LoadedModel>> load_for_generation(const ModelArg
 // The speculation of a run (spec_flags.h): the draft model, when there is one, loaded as the
 // target is (kv dtype, map mode).
 Result<SpecSetup> spec_for_generation(const ModelArg& model, const GenerationFlags& f, const runtime::LoadedModel& m);
+
+// `--lora PATH[:SCALE]` (repeatable), on generate, chat and eval.
+void add_lora_flag(CLI::App* cmd, std::vector<std::string>& specs);
+
+// The --lora adapters of a run: each spec parsed, the adapter loaded, validated against the model
+// (warnings printed) and bound to it; `request` is the forward's list (GenerateOptions::adapters)
+// and the KV namespace (SequenceOptions::ns) — no adapters: the base's. `bound` keeps them alive.
+struct RunLoras {
+  std::vector<std::shared_ptr<const models::BoundLora>> bound;
+  runtime::LoraRequest request;
+};
+Result<RunLoras> load_run_loras(const std::vector<std::string>& specs, const runtime::LoadedModel& m);
+// The specs parsed (before the model loads, so a malformed one is reported first).
+Status check_lora_specs(const std::vector<std::string>& specs);
 
 // The structured-output flags as a grammar to compile, read and checked before the model loads
 // (a missing file or a bad schema is reported first): nullopt without one. Errors: two of them

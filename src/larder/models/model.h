@@ -85,8 +85,10 @@ class Model {
   // for every token (out[n, vocab]). Fails cleanly (state untouched) on token ids outside the
   // vocab, a state of another model's schema, or a sequence longer than the context / the
   // state's capacity.
-  Status forward(const int32_t* tokens, int64_t n, memory::SequenceState& state, float* logits, bool logits_all) {
-    const BatchItem one{tokens, n, &state, logits, logits_all};
+  // `adapters`: the sequence's low-rank adapters (BatchItem::adapters; empty: the base model).
+  Status forward(const int32_t* tokens, int64_t n, memory::SequenceState& state, float* logits, bool logits_all,
+                 std::span<const AdapterUse> adapters = {}) {
+    const BatchItem one{tokens, n, &state, logits, logits_all, adapters};
     return forward_batch(std::span<const BatchItem>(&one, 1));
   }
 

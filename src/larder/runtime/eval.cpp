@@ -83,7 +83,7 @@ Status check_chunks(const models::Model& model, const std::vector<std::vector<in
 // scores its prediction.
 template <typename OnRows>
 Status forward_chunk(models::Model& model, memory::SequenceState& cache, const std::vector<int32_t>& chunk,
-                     std::vector<float>& buf, OnRows&& on_rows) {
+                     std::vector<float>& buf, std::span<const models::AdapterUse> adapters, OnRows&& on_rows) {
   const int64_t n = static_cast<int64_t>(chunk.size());
   const int64_t first = eval_first_scored(n);
   const int64_t vocab = model.info().vocab;
@@ -91,12 +91,12 @@ Status forward_chunk(models::Model& model, memory::SequenceState& cache, const s
   // The unscored first half only builds context: last-token logits are the cheapest output.
   for (int64_t p = 0; p < first; p += kRowsPerForward) {
     const int64_t rows = std::min(kRowsPerForward, first - p);
-    LARDER_RETURN_IF_ERROR(model.forward(chunk.data() + p, rows, cache, buf.data(), false));
+    LARDER_RETURN_IF_ERROR(model.forward(chunk.data() + p, rows, cache, buf.data(), false, adapters));
   }
   for (int64_t p = first; p < n - 1; p += kRowsPerForward) {
     const int64_t rows = std::min(kRowsPerForward, n - 1 - p);
     buf.resize(static_cast<size_t>(rows * vocab));
-    LARDER_RETURN_IF_ERROR(model.forward(chunk.data() + p, rows, cache, buf.data(), true));
+    LARDER_RETURN_IF_ERROR(model.forward(chunk.data() + p, rows, cache, buf.data(), true, adapters));
     LARDER_RETURN_IF_ERROR(on_rows(p, rows, buf.data()));
   }
   return Status::ok();
@@ -202,7 +202,7 @@ double sorted_percentile(const std::vector<double>& sorted, double q) {
 }
 
 Result<PplResult> eval_perplexity(models::Model& model, const std::vector<std::vector<int32_t>>& chunks,
-                                  const EvalProgressFn& progress) {
+                                  const EvalProgressFn& progress, std::span<const models::AdapterUse> adapters) {
   LARDER_RETURN_IF_ERROR(check_chunks(model, chunks, "evaluated"));
   const int64_t n = static_cast<int64_t>(chunks[0].size());
   const int64_t vocab = model.info().vocab;
@@ -212,7 +212,7 @@ Result<PplResult> eval_perplexity(models::Model& model, const std::vector<std::v
   const auto t0 = Clock::now();
   for (size_t c = 0; c < chunks.size(); ++c) {
     const auto& chunk = chunks[c];
-    LARDER_RETURN_IF_ERROR(forward_chunk(model, cache, chunk, buf, [&](int64_t row0, int64_t rows, const float* lg) {
+    LARDER_RETURN_IF_ERROR(forward_chunk(model, cache, chunk, buf, adapters, [&](int64_t row0, int64_t rows, const float* lg) {
       for (int64_t r = 0; r < rows; ++r) {
         nll.add(token_nll(lg + r * vocab, vocab, chunk[static_cast<size_t>(row0 + r + 1)]));
       }
@@ -231,7 +231,7 @@ Result<PplResult> eval_perplexity(models::Model& model, const std::vector<std::v
 }
 
 Result<KlResult> eval_kl(models::Model& base, models::Model& cand, const std::vector<std::vector<int32_t>>& chunks,
-                         const EvalProgressFn& progress) {
+                         const EvalProgressFn& progress, std::span<const models::AdapterUse> cand_adapters) {
   LARDER_RETURN_IF_ERROR(check_chunks(base, chunks, "base"));
   LARDER_RETURN_IF_ERROR(check_chunks(cand, chunks, "candidate"));
   const int64_t vocab = base.info().vocab;
@@ -250,12 +250,12 @@ Result<KlResult> eval_kl(models::Model& base, models::Model& cand, const std::ve
     const auto& chunk = chunks[c];
     // The base's rows of this chunk, kept until the candidate has produced the same rows.
     std::vector<float> base_rows;
-    LARDER_RETURN_IF_ERROR(forward_chunk(base, base_cache, chunk, base_buf, [&](int64_t, int64_t rows, const float* lg) {
+    LARDER_RETURN_IF_ERROR(forward_chunk(base, base_cache, chunk, base_buf, {}, [&](int64_t, int64_t rows, const float* lg) {
       base_rows.insert(base_rows.end(), lg, lg + rows * vocab);
       return Status::ok();
     }));
     const int64_t first = eval_first_scored(n);
-    LARDER_RETURN_IF_ERROR(forward_chunk(cand, cand_cache, chunk, cand_buf, [&](int64_t row0, int64_t rows, const float* lg) {
+    LARDER_RETURN_IF_ERROR(forward_chunk(cand, cand_cache, chunk, cand_buf, cand_adapters, [&](int64_t row0, int64_t rows, const float* lg) {
       for (int64_t r = 0; r < rows; ++r) {
         const int32_t target = chunk[static_cast<size_t>(row0 + r + 1)];
         const float* bl = base_rows.data() + (row0 - first + r) * vocab;

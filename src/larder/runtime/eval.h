@@ -95,9 +95,11 @@ struct PplResult {
 };
 
 // Perplexity of `model` over `chunks` (all of one length <= the model's context). One cache,
-// cleared between chunks, so each chunk is scored from an empty context.
+// cleared between chunks, so each chunk is scored from an empty context. `adapters`: LoRA adapters
+// on every row (runtime/adapters.h; `larder eval ppl --lora`).
 Result<PplResult> eval_perplexity(models::Model& model, const std::vector<std::vector<int32_t>>& chunks,
-                                  const EvalProgressFn& progress = {});
+                                  const EvalProgressFn& progress = {},
+                                  std::span<const models::AdapterUse> adapters = {});
 
 struct KlResult {
   int64_t n_tokens = 0;  // scored positions
@@ -115,8 +117,11 @@ struct KlResult {
 };
 
 // KL statistics of `cand` against `base` on the same chunks (same vocabulary required).
+// `cand_adapters`: LoRA adapters on the candidate's rows (`larder eval kl BASE BASE --lora X`: the
+// adapter's KL against its base).
 Result<KlResult> eval_kl(models::Model& base, models::Model& cand, const std::vector<std::vector<int32_t>>& chunks,
-                         const EvalProgressFn& progress = {});
+                         const EvalProgressFn& progress = {},
+                         std::span<const models::AdapterUse> cand_adapters = {});
 
 // Linear-interpolation percentile (numpy's default) of an ascending-sorted vector, q in [0, 100].
 double sorted_percentile(const std::vector<double>& sorted, double q);

@@ -33,7 +33,7 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
   while (seq.prefilling()) {
     const std::span<const int32_t> slice = seq.next_prefill(opts.prefill_chunk);
     const int64_t n = static_cast<int64_t>(slice.size());
-    LARDER_RETURN_IF_ERROR(model.forward(slice.data(), n, cache, logits.data(), false));
+    LARDER_RETURN_IF_ERROR(model.forward(slice.data(), n, cache, logits.data(), false, opts.adapters));
     seq.prefill_done(n);
     st.prompt_tokens += n;
   }
@@ -79,7 +79,7 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
     }
     if (draft.empty()) {
       ++st.decode_forwards;
-      LARDER_RETURN_IF_ERROR(model.forward(&a.id, 1, cache, logits.data(), false));
+      LARDER_RETURN_IF_ERROR(model.forward(&a.id, 1, cache, logits.data(), false, opts.adapters));
       a = step.step(logits.data(), V, seq);
       if (a.finish == FinishReason::kError) return internal_error("[generate] " + a.error);
       why = deliver(a);
@@ -91,7 +91,7 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
     rows.resize(static_cast<size_t>(d + 1) * static_cast<size_t>(V));
     const int64_t L = cache.length();
     ++st.decode_forwards;
-    LARDER_RETURN_IF_ERROR(model.forward(batch.data(), d + 1, cache, rows.data(), true));
+    LARDER_RETURN_IF_ERROR(model.forward(batch.data(), d + 1, cache, rows.data(), true, opts.adapters));
     // Row i predicts the token after batch[i]; keep the draft while the step picks it.
     int matched = 0, forwarded = 0;
     for (int i = 0; i <= d; ++i) {

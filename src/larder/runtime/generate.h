@@ -44,6 +44,10 @@ struct GenerateOptions : DecodeOptions {
   // Speculation (speculative.h: prompt lookup, or a draft model): off at draft_max 0, and for
   // states that cannot be trimmed back (rings, recurrent layers) whatever it says.
   SpecOptions spec;
+  // The sequence's LoRA adapters in canonical order (models::forward_adapter_uses; empty: the
+  // base). They must outlive the call; the Sequence's KV namespace must be theirs
+  // (runtime::lora_namespace) so its cache never crosses adapters.
+  std::vector<models::AdapterUse> adapters;
 };
 
 struct GenerateStats {

@@ -1,5 +1,7 @@
 #include "larder/runtime/kv_identity.h"
 
+#include <cmath>
+
 #include "larder/kernels/numerics.h"
 #include "larder/memory/store/entry.h"
 
@@ -45,6 +47,19 @@ Result<memory::StoreIdentity> kv_store_identity(const LoadedModel& m) {
   id.numerics_id = kernels::active_numerics_id();
   id.model_label = m.files.path;
   return id;
+}
+
+Result<std::string> lora_namespace(std::vector<models::LoraUse> uses, std::string_view cache_salt) {
+  for (const models::LoraUse& u : uses) {
+    if (!u.adapter) return invalid_argument("[kv-identity] a LoRA entry without an adapter");
+    if (!std::isfinite(u.scale))
+      return invalid_argument(strfmt("[kv-identity] LoRA adapter %s: scale must be a finite number",
+                                     u.adapter->path().c_str()));
+  }
+  std::vector<memory::AdapterRef> refs;
+  for (const models::LoraUse& u : models::canonical_lora_uses(std::move(uses)))
+    refs.push_back({u.adapter->content_hash(), static_cast<double>(u.scale)});
+  return memory::namespace_id(refs, cache_salt);
 }
 
 }  // namespace larder::runtime

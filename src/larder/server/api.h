@@ -14,6 +14,7 @@
 #include "larder/runtime/loaded_model.h"
 #include "larder/runtime/reasoning.h"
 #include "larder/runtime/tool_calls.h"
+#include "larder/server/loras.h"
 #include "larder/server/request.h"
 
 namespace larder::server {
@@ -67,7 +68,8 @@ struct ServedModel {
   const runtime::LoadedModel* m = nullptr;
   std::string id;            // the served model id
   std::string fingerprint;   // system_fingerprint
-  std::string ns_base;       // KV namespace without a salt
+  std::string ns_base;       // KV namespace without a salt or adapters
+  std::shared_ptr<LoraTable> loras;  // --lora adapters (null or empty: none; loras.h)
   int64_t ctx = 0;           // context limit per sequence
   // The longest text any one token decodes to: a prompt longer than ctx × this cannot fit, and
   // is refused before tokenizing (0: no such bound).

@@ -112,7 +112,7 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   std::optional<int64_t> max = integer(b, "max_completion_tokens", 1, INT64_MAX);
   if (!max) max = max_tokens_field(b, "max_tokens");
   if (!max) max = sm.defaults.max_tokens;
-  pr.gen.ns = namespace_for(sm, b);
+  apply_adapters(sm, b, pr.gen);
   check_chat_bytes(sm, out, tools, Surface::kChat);
   encode_with_template(sm, out, tools, extra, pr, continue_final);
   fit_context(sm, pr, max, Surface::kChat, "messages");

@@ -85,7 +85,7 @@ ParsedRequest parse_completion(const ServedModel& sm, const ordered_json& b, boo
   }
   std::optional<int64_t> max = max_tokens_field(b, "max_tokens");
   if (!max) max = sm.defaults.max_tokens;  // one default for every route (runtime::kDefaultMaxTokens)
-  pr.gen.ns = namespace_for(sm, b);
+  apply_adapters(sm, b, pr.gen);
   fit_context(sm, pr, max, Surface::kCompletions, "prompt");
   add_choices(pr, more, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
   for (GenRequest& g : pr.more) fit_context(sm, g, max, Surface::kCompletions, "prompt");

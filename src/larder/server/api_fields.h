@@ -13,6 +13,7 @@
 #include <random>
 
 #include "larder/memory/store/identity.h"
+#include "larder/runtime/adapters.h"
 #include "larder/server/api.h"
 
 namespace larder::server::fields {
@@ -456,9 +457,91 @@ inline runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordere
   return runtime::ToolCallStyle::kNone;
 }
 
-inline std::string namespace_for(const ServedModel& sm, const ordered_json& b) {
+// llama-server's adapter list `[{"id": i, "scale": s}, ...]` (a request's `lora`, the body of POST
+// /lora-adapters): the scale of every served adapter — listed ones as given, the others 0, as
+// llama-server does. 400 naming `field` for a list that is not one, an unknown id, a bad scale.
+inline std::vector<float> lora_scales(const LoraTable* t, const ordered_json& list, const std::string& field) {
+  const size_t n = t ? t->adapters().size() : 0;
+  if (!list.is_array()) bad(field + " must be an array of {\"id\": int, \"scale\": number}", field);
+  std::vector<float> scales(n, 0.0f);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const ordered_json& e = list[i];
+    const std::string at = strfmt("%s[%zu]", field.c_str(), i);
+    if (!e.is_object()) bad(at + " must be an object {\"id\": int, \"scale\": number}", field);
+    const ordered_json* id = get(e, "id");
+    if (!id || !id->is_number_integer())
+      bad(at + ".id must be an integer (an adapter id from GET /lora-adapters)", field);
+    const int64_t k = id->get<int64_t>();
+    if (k < 0 || static_cast<size_t>(k) >= n)
+      bad(strfmt("%s.id: unknown adapter id %lld (this server has %zu: ids 0..%lld, see GET /lora-adapters)",
+                 at.c_str(), static_cast<long long>(k), n, static_cast<long long>(n) - 1),
+          field);
+    const auto sc_it = e.find("scale");  // present but null is a bad scale, not the default
+    const ordered_json* sc = sc_it == e.end() ? nullptr : &*sc_it;
+    if (sc) {
+      if (!sc->is_number() || !std::isfinite(sc->get<double>()) || std::abs(sc->get<double>()) > 1e4)
+        bad(at + ".scale must be a finite number within [-10000, 10000]", field);
+      scales[static_cast<size_t>(k)] = static_cast<float>(sc->get<double>());
+    } else {
+      scales[static_cast<size_t>(k)] = 1.0f;  // llama-server's default for a listed adapter
+    }
+  }
+  return scales;
+}
+
+// The request's LoRA adapters and KV namespace (issue 45, server-api.md "LoRA adapters"): the
+// per-request `lora` list when given; else the adapter `model` names (--lora NAME=…) at its
+// scale; else the global scales (POST /lora-adapters; 0 until set: the base). The namespace is
+// from the adapters' content and scales (runtime::lora_namespace) and the cache_salt. A server
+// without adapters and a request without a list keep the one precomputed base namespace.
+inline void apply_adapters(const ServedModel& sm, const ordered_json& b, GenRequest& g) {
   auto salt = string_field(b, "cache_salt");
-  return salt && !salt->empty() ? memory::namespace_id({}, *salt) : sm.ns_base;
+  const LoraTable* t = sm.loras.get();
+  const ordered_json* list = get(b, "lora");
+  if (list && list->is_null()) list = nullptr;
+  if ((!t || t->adapters().empty()) && !list) {
+    g.ns = salt && !salt->empty() ? memory::namespace_id({}, *salt) : sm.ns_base;
+    return;
+  }
+  // With adapters served, `model` means something: the served id (or none) is the base, a NAME
+  // its adapter, and anything else a mistake — a misspelt NAME must not run the base silently.
+  const ServedLora* picked = nullptr;
+  if (auto name = string_field(b, "model"); name && !name->empty() && t && !t->adapters().empty()) {
+    std::string n = *name;
+    if (n.size() > 7 && n.compare(n.size() - 7, 7, ":latest") == 0) n.resize(n.size() - 7);  // Ollama's tag
+    if (n != sm.id) {
+      picked = t->by_name(n);
+      if (!picked) {
+        std::string names = "'" + sm.id + "'";
+        for (const ServedLora& a : t->adapters()) names += ", '" + a.name + "'";
+        bad(strfmt("model '%s' is neither the served model nor one of its --lora adapters (served: %s)",
+                   name->c_str(), names.c_str()),
+            "model", "model_not_found");
+      }
+    }
+  }
+  std::vector<float> scales;
+  if (list) {
+    scales = lora_scales(t, *list, "lora");
+  } else {
+    if (picked) {
+      scales.assign(t->adapters().size(), 0.0f);
+      scales[static_cast<size_t>(picked - t->adapters().data())] = picked->scale;
+    } else {
+      scales = t->global_scales();
+    }
+  }
+  std::vector<models::LoraUse> uses;
+  std::vector<std::shared_ptr<const models::BoundLora>> bound;
+  for (size_t i = 0; i < scales.size() && t; ++i) {
+    if (scales[i] == 0.0f) continue;
+    uses.push_back({t->adapters()[i].bound->lora, scales[i]});
+    bound.push_back(t->adapters()[i].bound);
+  }
+  auto r = runtime::lora_request(std::move(uses), bound, salt ? std::string_view(*salt) : std::string_view());
+  if (!r.is_ok()) bad(r.status().message(), "lora");
+  g.ns = std::move(r.value().ns);
+  g.adapters = std::move(r.value().forward);
 }
 
 // The one of `names` a body gives (present and not null): none or several is a 400 naming them.
@@ -500,6 +583,7 @@ inline std::vector<int32_t> token_ids(const ServedModel& sm, const ordered_json&
 inline void served_model(const ServedModel& sm, const ordered_json& b) {
   const std::optional<std::string> name = string_field(b, "model");
   if (!name || *name == sm.id) return;
+  if (sm.loras && sm.loras->by_name(*name)) return;  // a --lora NAME (apply_adapters picks it)
   bad(strfmt("model \"%s\" is not served here (this server serves \"%s\")", name->c_str(), sm.id.c_str()), "model",
       "model_not_found", 404);
 }

@@ -14,7 +14,9 @@ KvLookupRequest parse_kv_lookup(const ServedModel& sm, const ordered_json& b) {
   r.form = one_of(b, {"prompt", "messages", "tokens"});
   if (r.form == "tokens") {
     r.prompt = token_ids(sm, b["tokens"], "tokens");
-    r.ns = namespace_for(sm, b);
+    GenRequest g;  // the namespace a generation body would get: adapters (lora / model) and cache_salt
+    apply_adapters(sm, b, g);
+    r.ns = std::move(g.ns);
     return r;
   }
   // A generation body as its route parses it: the same template, tools, BOS handling and

@@ -120,7 +120,7 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b, bool 
   pr.gen.stops = stops(b, "stop_sequences");
   std::optional<int64_t> max = integer(b, "max_tokens", 1, INT64_MAX);
   if (!max) max = sm.defaults.max_tokens;
-  pr.gen.ns = namespace_for(sm, b);
+  apply_adapters(sm, b, pr.gen);
   // Anthropic's prefill: a final assistant turn is the start of the answer, continued from its
   // last character (the API refuses trailing whitespace there, which would change tokenization).
   const bool prefill = !out.empty() && out.back()["role"] == "assistant" && out.back()["content"].is_string() &&

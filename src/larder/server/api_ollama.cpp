@@ -73,6 +73,9 @@ void check_model(const ServedModel& sm, const ordered_json& b) {
   if (!name || name->empty()) name = string_field(b, "name");  // /api/show's older field
   if (!name || name->empty()) bad("model is required", "model");
   if (*name == sm.id || *name == sm.id + ":latest") return;
+  if (sm.loras)  // a served adapter's NAME (--lora NAME=PATH) is a model too
+    for (const ServedLora& a : sm.loras->adapters())
+      if (*name == a.name || *name == a.name + ":latest") return;
   bad(strfmt("model \"%s\" not found: this server serves \"%s\" (larder serve runs one model; fetch others with "
              "`larder pull` and serve them)",
              name->c_str(), sm.id.c_str()),
@@ -197,7 +200,7 @@ ParsedRequest start_ollama(const ServedModel& sm, const ordered_json& b, const c
   refuse_common(b);
   constraints::apply_ollama_format(sm, b, pr);  // "json" or a schema: constrained decoding (issue 15)
   pr.stream = boolean(b, "stream").value_or(true);  // Ollama streams unless told not to
-  pr.gen.ns = sm.ns_base;
+  apply_adapters(sm, b, pr.gen);
   return pr;
 }
 
@@ -412,12 +415,24 @@ ordered_json OllamaWriter::body() const {
 // ---- listings ---------------------------------------------------------------------------------
 
 ordered_json ollama_tags(const ServedModel& sm) {
-  return {{"models", ordered_json::array({{{"name", sm.id},
-                                            {"model", sm.id},
-                                            {"modified_at", file_mtime(sm.m->files.path)},
-                                            {"size", weight_bytes(sm)},
-                                            {"digest", digest(sm)},
-                                            {"details", details(sm)}}})}};
+  ordered_json models = ordered_json::array({{{"name", sm.id},
+                                               {"model", sm.id},
+                                               {"modified_at", file_mtime(sm.m->files.path)},
+                                               {"size", weight_bytes(sm)},
+                                               {"digest", digest(sm)},
+                                               {"details", details(sm)}}});
+  if (sm.loras)  // each --lora NAME: the base with that adapter (Ollama's ADAPTER), picked by name
+    for (const ServedLora& a : sm.loras->adapters()) {
+      ordered_json d = details(sm);
+      d["parent_model"] = sm.id;
+      models.push_back({{"name", a.name},
+                        {"model", a.name},
+                        {"modified_at", file_mtime(sm.m->files.path)},
+                        {"size", weight_bytes(sm)},
+                        {"digest", a.bound->lora->content_hash()},
+                        {"details", d}});
+    }
+  return {{"models", models}};
 }
 
 ordered_json ollama_ps(const ServedModel& sm) {

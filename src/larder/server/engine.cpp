@@ -388,13 +388,13 @@ void Engine::step() {
       s->draft = s->drafter->draft(s->seq.history(), room);
     }
     if (s->draft.empty()) {
-      items.push_back({&s->next, 1, &s->seq.state(), s->logits.data(), false});
+      items.push_back({&s->next, 1, &s->seq.state(), s->logits.data(), false, s->req.adapters});
     } else {
       s->verify_tokens.assign(1, s->next);
       s->verify_tokens.insert(s->verify_tokens.end(), s->draft.begin(), s->draft.end());
       s->rows.resize(s->verify_tokens.size() * static_cast<size_t>(V));
       items.push_back({s->verify_tokens.data(), static_cast<int64_t>(s->verify_tokens.size()), &s->seq.state(),
-                       s->rows.data(), true});
+                       s->rows.data(), true, s->req.adapters});
     }
     who.push_back(s.get());
     completes_prompt.push_back(false);
@@ -414,7 +414,7 @@ void Engine::step() {
     // The slice stops at the sequence's checkpoint offset when one lies inside it.
     const std::span<const int32_t> slice = s->seq.next_prefill(budget);
     const int64_t n = static_cast<int64_t>(slice.size());
-    items.push_back({slice.data(), n, &s->seq.state(), s->logits.data(), false});
+    items.push_back({slice.data(), n, &s->seq.state(), s->logits.data(), false, s->req.adapters});
     who.push_back(s.get());
     completes_prompt.push_back(s->seq.prefilled() + n == s->seq.prompt_size());
     budget -= n;

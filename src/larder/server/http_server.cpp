@@ -801,10 +801,16 @@ struct HttpServer::Impl {
     return true;
   }
 
-  static ordered_json model_object(const ServedModel& m) {
+  // The served model, or (with `lora`) one of its adapters as the model a request names.
+  static ordered_json model_object(const ServedModel& m, const ServedLora* lora = nullptr) {
     const auto& info = m.m->model->info();
-    return ordered_json{{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "larder"},
-                        {"context_window", m.ctx}, {"quantization", info.weight_dtypes}};
+    ordered_json o{{"id", lora ? lora->name : m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "larder"},
+                   {"context_window", m.ctx}, {"quantization", info.weight_dtypes}};
+    if (lora) {
+      o["parent"] = m.id;
+      o["lora"] = {{"path", lora->path}, {"scale", lora->scale}};
+    }
+    return o;
   }
 
   void run(const Route& route, const HttpRequest& req, HttpResponse& res, LogEntry& lg) {
@@ -939,14 +945,48 @@ struct HttpServer::Impl {
         }
         return send_json(res, 200, {{"content", sm.load()->m->tokenizer->decode(ids, /*skip_special=*/false)}});
       }
-      case RouteId::kModels:
+      case RouteId::kModels: {
         if (!gate(req, res)) return;
-        return send_json(res, 200, {{"object", "list"}, {"data", ordered_json::array({model_object(*sm.load())})}});
+        const ServedModel& m = *sm.load();
+        ordered_json data = ordered_json::array({model_object(m)});
+        if (m.loras)  // each --lora NAME is a model a request can pick (`model`: NAME)
+          for (const ServedLora& a : m.loras->adapters()) data.push_back(model_object(m, &a));
+        return send_json(res, 200, {{"object", "list"}, {"data", data}});
+      }
       case RouteId::kModel: {
         if (!gate(req, res)) return;
+        const ServedModel& m = *sm.load();
         const std::string id = req.matches.empty() ? "" : req.matches[0];
-        if (id != sm.load()->id) return send_error(req, res, {404, "model '" + id + "' is not served here", "model", "model_not_found"});
-        return send_json(res, 200, model_object(*sm.load()));
+        if (id == m.id) return send_json(res, 200, model_object(m));
+        if (const ServedLora* a = m.loras ? m.loras->by_name(id) : nullptr) return send_json(res, 200, model_object(m, a));
+        return send_error(req, res, {404, "model '" + id + "' is not served here", "model", "model_not_found"});
+      }
+      case RouteId::kLoraList: {
+        if (!gate(req, res)) return;
+        const ServedModel& m = *sm.load();
+        ordered_json list = ordered_json::array();
+        if (m.loras) {
+          const std::vector<float> scales = m.loras->global_scales();
+          for (size_t i = 0; i < m.loras->adapters().size(); ++i) {
+            const ServedLora& a = m.loras->adapters()[i];
+            list.push_back({{"id", i}, {"path", a.path}, {"scale", scales[i]}, {"name", a.name},
+                            {"content_hash", a.bound->lora->content_hash()}});
+          }
+        }
+        return send_json(res, 200, list);
+      }
+      case RouteId::kLoraSet: {
+        if (!gate(req, res)) return;
+        ordered_json body;
+        if (auto e = parse_body(req, body)) return send_error(req, res, *e);
+        const ServedModel& m = *sm.load();
+        try {
+          std::vector<float> scales = fields::lora_scales(m.loras.get(), body, "body");
+          if (m.loras) m.loras->set_global_scales(std::move(scales));
+        } catch (const ApiError& e) {
+          return send_error(req, res, e);
+        }
+        return send_json(res, 200, {{"success", true}});
       }
       case RouteId::kHealth: {
         // llama-server's shape ({"status"}, 200 / 503, slots_idle / slots_processing as its

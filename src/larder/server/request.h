@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "larder/models/adapter.h"
 #include "larder/runtime/decode_step.h"
 #include "larder/runtime/grammar.h"
 #include "larder/runtime/sampler.h"
@@ -40,7 +41,10 @@ struct GenRequest {
   // grammar) or the sampler's after its filters and temperature (post_sampling_probs).
   using Probs = runtime::LogprobsOf;
   Probs probs = Probs::kProcessed;
-  std::string ns;                 // KV store namespace (model identity + cache_salt)
+  std::string ns;                 // KV store namespace (adapters + cache_salt; runtime::lora_request)
+  // LoRA adapters on this request's rows, canonical order (runtime/adapters.h); they point into
+  // the server's adapter table, which lives as long as the server. Empty: the base model.
+  std::vector<models::AdapterUse> adapters;
   // Constrained decoding (runtime/grammar.h): compiled by the HTTP worker, matched per sequence
   // on the engine thread. Null: unconstrained.
   std::shared_ptr<const runtime::Constraint> constraint;

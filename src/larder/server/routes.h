@@ -13,6 +13,7 @@ enum class RouteId {
   kNativeCompletion, kApplyTemplate, kProps, kTokenize, kDetokenize,  // llama-server native
   kModels, kModel, kHealth, kMetrics, kStats, kIndex, kIndexV1,        // information
   kKvLookup,                                                          // for a router (cluster)
+  kLoraList, kLoraSet,                                                // llama-server /lora-adapters
   kAdminFlush, kAdminClear,                                           // admin
   kWebAsset,                                                          // the chat page's files (webui.h)
   kOllamaChat, kOllamaGenerate, kOllamaTags, kOllamaShow, kOllamaPs,  // Ollama native (api_ollama.h)

@@ -35,7 +35,7 @@ struct StoreIdentity {
 std::string identity_id(const StoreIdentity& id);
 
 struct AdapterRef {
-  std::string content_hash;  // adapter_content_hash() at mount
+  std::string content_hash;  // models::LoraAdapter::content_hash() (runtime::lora_namespace fills these)
   double scale = 1.0;
 };
 // "base" when there is no adapter and no salt; else 32 hex digits (§11.4).
