@@ -10,7 +10,7 @@ Oracles that share nothing with larder's writer:
      the source's bf16 values with llama.cpp's Q/K row permutation (tests/ref/model_reference.py's
      own numpy permute); Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 files are byte-identical to gguf-py's quantize();
      K-quant / IQ4 files dequantize (gguf-py) to within each format's error of the source;
-  3. llama-quantize and llama-imatrix (when the lead's llama.cpp build exists, else skipped): the
+  3. llama-quantize and llama-imatrix (with LARDER_LLAMACPP_BIN set, else skipped): the
      same F32 GGUF quantized by llama-quantize and by larder gives byte-identical files per type
      (--pure), per recipe (Q3_K_M/Q4_K_M/Q5_K_M: llama.cpp's per-tensor rules) and with an
      importance matrix — larder's computed one (llama-quantize reads it) and llama-imatrix's own
@@ -42,7 +42,10 @@ MODELS = os.environ.get("LARDER_MODELS_DIR") or os.path.join(HERE, "../../.cache
 SHARED = os.environ.get("LARDER_SHARED_DIR") or os.path.join(HERE, "../../../shared")
 HF = os.path.join(MODELS, "SmolLM2-135M-Instruct-hf")
 RELEASE = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
-LLAMACPP_BIN = os.path.expanduser("~/.cache/larder-bench/llama.cpp-0.3.36/build/bin")
+# The llama.cpp comparisons (~20 min on 2 cores) run only when asked: LARDER_LLAMACPP_BIN=the bin
+# folder of bench/llamacpp_compare.sh's build (~/.cache/larder-bench/llama.cpp-0.3.36/build/bin).
+# CI never builds llama.cpp, and must not pick up a build a developer left on the machine.
+LLAMACPP_BIN = os.environ.get("LARDER_LLAMACPP_BIN", "/nonexistent-llamacpp-bin")
 
 
 def larder(*args, timeout=600):
@@ -220,7 +223,7 @@ class GgufExportTest(unittest.TestCase):
     def test_blocks_equal_llama_quantize(self):
         quant = os.path.join(LLAMACPP_BIN, "llama-quantize")
         if not os.path.exists(quant):
-            self.skipTest(f"{quant} is absent (the lead's llama.cpp build; CI never builds it)")
+            self.skipTest(f"{quant} is absent (set LARDER_LLAMACPP_BIN to llama.cpp's bin folder to run it)")
         f32 = self.export("F32")
         for typ in ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL", "Q4_0", "Q5_0"):
             theirs = os.path.join(self.tmp, f"llamacpp.{typ}.gguf")
@@ -244,7 +247,7 @@ class GgufExportTest(unittest.TestCase):
     def llama_quantize(self, src, dst, typ, *extra):
         quant = os.path.join(LLAMACPP_BIN, "llama-quantize")
         if not os.path.exists(quant):
-            self.skipTest(f"{quant} is absent (the lead's llama.cpp build; CI never builds it)")
+            self.skipTest(f"{quant} is absent (set LARDER_LLAMACPP_BIN to llama.cpp's bin folder to run it)")
         p = subprocess.run([quant, *extra, src, dst, typ, "2"], capture_output=True, timeout=900)
         self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace")[-2000:])
 
