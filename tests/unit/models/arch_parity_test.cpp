@@ -46,6 +46,9 @@
 namespace larder::models {
 namespace {
 
+using test::run_chunks;
+using test::with_table;
+
 const std::string& kRoot = test::kModelFixtures;
 
 struct Ref {
@@ -73,21 +76,6 @@ Ref read_ref(const std::string& dir) {
 }
 
 // Forward the sequence in the given chunk sizes, collecting every position's logits.
-std::vector<float> run_chunks(Model& m, const std::vector<int32_t>& toks, const std::vector<int64_t>& chunks) {
-  const int64_t V = m.info().vocab;
-  memory::SequenceState cache = m.new_state(m.info().max_context);
-  std::vector<float> out(toks.size() * static_cast<size_t>(V));
-  int64_t at = 0;
-  for (int64_t c : chunks) {
-    Status st = m.forward(toks.data() + at, c, cache, out.data() + at * V, true);
-    EXPECT_TRUE(st.is_ok()) << st.to_string();
-    at += c;
-  }
-  EXPECT_EQ(at, static_cast<int64_t>(toks.size()));
-  EXPECT_EQ(cache.length(), at);
-  return out;
-}
-
 struct Case {
   const char* dir;   // under testdata/models/
   const char* file;  // "" = HF directory, else file inside it
@@ -101,14 +89,6 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.dir; }
 class ArchParity : public ::testing::TestWithParam<Case> {};
 
 // Runs `fn` with `t` as the active kernel table, restoring the previous one after.
-template <typename F>
-void with_table(const kernels::KernelTable& t, F&& fn) {
-  const kernels::KernelTable saved = kernels::active_table();
-  kernels::set_active_table(t);
-  fn();
-  kernels::set_active_table(saved);
-}
-
 bool is_block_format(const std::string& dtypes) { return dtypes.rfind("Q", 0) == 0; }
 
 TEST_P(ArchParity, TightAgainstMlxLm) {

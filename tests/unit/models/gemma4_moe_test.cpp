@@ -20,50 +20,13 @@
 namespace larder::models {
 namespace {
 
+using test::run_chunks;
+using test::with_table;
+using Ref = test::RefLogits;
+
+Ref read_ref(const std::string& dir) { return test::read_ref_logits(dir, "gemma4_ref"); }
+
 const std::string& kRoot = test::kModelFixtures;
-
-struct Ref {
-  std::vector<int32_t> tokens;
-  int64_t vocab = 0;
-  std::vector<float> logits;  // [64, vocab]
-};
-
-Ref read_ref(const std::string& dir) {
-  Ref r;
-  std::ifstream f(dir + "/ref.json");
-  EXPECT_TRUE(f.good()) << dir << ": fixture gemma4_ref did not run";
-  if (!f.good()) return r;
-  const nlohmann::json meta = nlohmann::json::parse(f);
-  r.tokens = meta["tokens"].get<std::vector<int32_t>>();
-  r.vocab = meta["vocab"].get<int64_t>();
-  r.logits.resize(r.tokens.size() * static_cast<size_t>(r.vocab));
-  std::ifstream lf(dir + "/" + meta["logits"]["f32"].get<std::string>(), std::ios::binary);
-  lf.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * sizeof(float)));
-  EXPECT_TRUE(lf.good()) << dir;
-  return r;
-}
-
-std::vector<float> run_chunks(Model& m, const std::vector<int32_t>& toks, const std::vector<int64_t>& chunks) {
-  const int64_t V = m.info().vocab;
-  memory::SequenceState st = m.new_state(m.info().max_context);
-  std::vector<float> out(toks.size() * static_cast<size_t>(V));
-  int64_t at = 0;
-  for (int64_t c : chunks) {
-    Status s = m.forward(toks.data() + at, c, st, out.data() + at * V, true);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    at += c;
-  }
-  EXPECT_EQ(at, static_cast<int64_t>(toks.size()));
-  return out;
-}
-
-template <typename F>
-void with_table(const kernels::KernelTable& t, F&& fn) {
-  const kernels::KernelTable saved = kernels::active_table();
-  kernels::set_active_table(t);
-  fn();
-  kernels::set_active_table(saved);
-}
 
 // Every layer has the dense MLP and 8 routed experts of 32, 2 per token; info counts the experts.
 TEST(Gemma4Moe, DeclaresRoutedLayers) {

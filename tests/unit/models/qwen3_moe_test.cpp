@@ -27,52 +27,13 @@
 namespace larder::models {
 namespace {
 
+using test::run_chunks;
+using test::with_table;
+using Ref = test::RefLogits;
+
+Ref read_ref(const std::string& dir, const char* set = "f32") { return test::read_ref_logits(dir, "qwen3_moe_ref", set); }
+
 const std::string& kRoot = test::kModelFixtures;
-
-struct Ref {
-  std::vector<int32_t> tokens;
-  int64_t vocab = 0;
-  std::vector<float> logits;  // [64, vocab]
-  nlohmann::json routes;      // {layer: [token][k] expert ids}
-};
-
-Ref read_ref(const std::string& dir, const char* set = "f32") {
-  Ref r;
-  std::ifstream f(dir + "/ref.json");
-  EXPECT_TRUE(f.good()) << dir << ": fixture qwen3_moe_ref did not run";
-  if (!f.good()) return r;
-  const nlohmann::json meta = nlohmann::json::parse(f);
-  r.tokens = meta["tokens"].get<std::vector<int32_t>>();
-  r.vocab = meta["vocab"].get<int64_t>();
-  r.routes = meta["routes"];
-  r.logits.resize(r.tokens.size() * static_cast<size_t>(r.vocab));
-  std::ifstream lf(dir + "/" + meta["logits"][set].get<std::string>(), std::ios::binary);
-  lf.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * sizeof(float)));
-  EXPECT_TRUE(lf.good()) << dir;
-  return r;
-}
-
-std::vector<float> run_chunks(Model& m, const std::vector<int32_t>& toks, const std::vector<int64_t>& chunks) {
-  const int64_t V = m.info().vocab;
-  memory::SequenceState st = m.new_state(m.info().max_context);
-  std::vector<float> out(toks.size() * static_cast<size_t>(V));
-  int64_t at = 0;
-  for (int64_t c : chunks) {
-    Status s = m.forward(toks.data() + at, c, st, out.data() + at * V, true);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    at += c;
-  }
-  EXPECT_EQ(at, static_cast<int64_t>(toks.size()));
-  return out;
-}
-
-template <typename F>
-void with_table(const kernels::KernelTable& t, F&& fn) {
-  const kernels::KernelTable saved = kernels::active_table();
-  kernels::set_active_table(t);
-  fn();
-  kernels::set_active_table(saved);
-}
 
 std::string model_path(const std::string& dir) {
   return dir.find("q8_0") != std::string::npos ? kRoot + dir + "/model.gguf" : kRoot + dir;
@@ -195,7 +156,7 @@ TEST(Qwen3Moe, BatchedEqualsAloneExactly) {
   // The sequences' rows of each step are routed to different experts (mlx-lm's choice, layer 0):
   // the batch really mixes expert groups.
   {
-    const auto& r0 = ref.routes["0"];
+    const auto& r0 = ref.meta["routes"]["0"];
     std::set<std::vector<int>> firsts;
     for (int i = 0; i < kSeqs; ++i) firsts.insert(r0[static_cast<size_t>(9 + 7 * i)].get<std::vector<int>>());
     ASSERT_GE(firsts.size(), 3u) << "the fixture's sequences should start on different experts";

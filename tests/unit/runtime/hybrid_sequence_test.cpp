@@ -15,25 +15,9 @@
 namespace larder::runtime {
 namespace {
 
-struct Ref {
-  std::vector<int32_t> tokens;
-  int64_t vocab = 0;
-  std::vector<float> logits;
-};
+using Ref = test::RefLogits;
 
-Ref read_ref(const std::string& dir) {
-  Ref r;
-  std::ifstream f(dir + "/ref.json");
-  EXPECT_TRUE(f.good()) << dir << ": fixture qwen3_5_ref did not run";
-  if (!f.good()) return r;
-  const nlohmann::json meta = nlohmann::json::parse(f);
-  r.tokens = meta["tokens"].get<std::vector<int32_t>>();
-  r.vocab = meta["vocab"].get<int64_t>();
-  r.logits.resize(r.tokens.size() * static_cast<size_t>(r.vocab));
-  std::ifstream lf(dir + "/" + meta["logits"]["f32"].get<std::string>(), std::ios::binary);
-  lf.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * sizeof(float)));
-  return r;
-}
+Ref read_ref(const std::string& dir) { return test::read_ref_logits(dir, "qwen3_5_ref"); }
 
 // Prefills what is left of the prompt in slices of `chunk`, collecting every position's logits
 // from the first forwarded one on ([prompt − cached, V]).
