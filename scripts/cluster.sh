@@ -158,7 +158,10 @@ EOF
       cat <<EOF
   option httpchk GET /health
   http-check expect status 200
-  default-server check inter 500ms fall 2 rise 2
+  # A killed replica refuses the check's connection at once; a busy one may answer slowly, so a
+  # check waits 2 s and three must fail before it is marked down (its sessions would move).
+  timeout check 2s
+  default-server check inter 500ms fall 3 rise 2
   http-response set-header X-Larder-Replica %[srv_name]
 EOF
       for ((i = 1; i <= REPLICAS; i++)); do echo "  server replica$i 127.0.0.1:$((PORT + i))"; done

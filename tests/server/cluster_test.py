@@ -80,9 +80,12 @@ class ClusterTest(unittest.TestCase):
         self.dir = os.path.join(tmp_root(), f"cluster-{self._testMethodName[5:12]}")  # a short unix socket path
         self.port = free_base(4)
         env = dict(os.environ, LARDER_BIN=BIN, LARDER_CLUSTER_DIR=self.dir)
+        # --balance-factor 0: plain consistent hashing, so a key's replica is a function of the key
+        # alone (bounded loads move keys with the momentary connection counts — by design, and not
+        # what these tests check).
         p = subprocess.run(["bash", CLUSTER, "start", "--model", chat_model()["dir"], "--replicas", "3", "--port",
-                            str(self.port), "--", "--kv-remote-chunk-tokens", str(CHUNK), "--kv-remote-timeout-ms",
-                            "500", "--parallel", "2"],
+                            str(self.port), "--balance-factor", "0", "--", "--kv-remote-chunk-tokens", str(CHUNK),
+                            "--kv-remote-timeout-ms", "500", "--parallel", "2"],
                            env=env, capture_output=True, timeout=300)
         self.env = env
         if p.returncode != 0:
