@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -97,6 +99,48 @@ void with_table(const kernels::KernelTable& t, F&& fn) {
   kernels::set_active_table(t);
   fn();
   kernels::set_active_table(saved);
+}
+
+// Four sequences over `toks`, prefilled to 9 + 7·i tokens, then stepped by `steps` (tokens per
+// sequence per step), each step forwarded once as one forward_batch and once per sequence alone:
+// the logits must be equal bit for bit, on the reference kernel table and on the active one.
+inline void expect_batched_equals_alone(models::Model& m, const std::vector<int32_t>& toks,
+                                        const std::vector<std::array<int64_t, 4>>& steps, const char* what) {
+  constexpr int kSeqs = 4;
+  const int64_t V = m.info().vocab;
+  for (const kernels::KernelTable* table : {&kernels::ref_table(), &kernels::active_table()}) {
+    const kernels::KernelTable t = *table;
+    with_table(t, [&] {
+      std::vector<memory::SequenceState> batched, alone;
+      std::vector<float> scratch(toks.size() * static_cast<size_t>(V));
+      for (int i = 0; i < kSeqs; ++i) {
+        for (auto* v : {&batched, &alone}) {
+          v->push_back(m.new_state(m.info().max_context));
+          ASSERT_TRUE(m.forward(toks.data(), 9 + 7 * i, v->back(), scratch.data(), false).is_ok());
+        }
+      }
+      int compared = 0;
+      for (const auto& step : steps) {
+        std::vector<std::vector<float>> got(kSeqs), want(kSeqs);
+        std::vector<models::BatchItem> items;
+        for (int i = 0; i < kSeqs; ++i) {
+          const size_t s = static_cast<size_t>(i);
+          const int64_t at = batched[s].length();
+          ASSERT_LE(at + step[s], static_cast<int64_t>(toks.size())) << what;
+          got[s].resize(static_cast<size_t>(step[s] * V));
+          want[s].resize(static_cast<size_t>(step[s] * V));
+          items.push_back({toks.data() + at, step[s], &batched[s], got[s].data(), true});
+          ASSERT_TRUE(m.forward(toks.data() + at, step[s], alone[s], want[s].data(), true).is_ok());
+        }
+        ASSERT_TRUE(m.forward_batch(items).is_ok());
+        for (int i = 0; i < kSeqs; ++i) {
+          EXPECT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << what << " " << t.name << " sequence " << i;
+          ++compared;
+        }
+      }
+      std::printf("[batch] %s %s: %d (sequence, step) results, batched == alone bit for bit\n", what, t.name, compared);
+    });
+  }
 }
 
 }  // namespace larder::test

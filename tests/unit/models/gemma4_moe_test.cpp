@@ -99,45 +99,9 @@ TEST(Gemma4Moe, BatchOfFourEqualsEachAloneExactly) {
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
-  const int64_t V = m.info().vocab;
-  const std::vector<int32_t>& toks = ref.tokens;
-  ASSERT_EQ(toks.size(), 64u);
-  constexpr int kSeqs = 4;
-  const int64_t steps[][kSeqs] = {{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}, {6, 7, 7, 8}};
-  for (const kernels::KernelTable* table : {&kernels::ref_table(), &kernels::active_table()}) {
-    const kernels::KernelTable t = *table;
-    with_table(t, [&] {
-      std::vector<memory::SequenceState> batched, alone;
-      std::vector<float> scratch(static_cast<size_t>(64 * V));
-      for (int i = 0; i < kSeqs; ++i) {
-        const int64_t pre = 9 + 7 * i;
-        for (auto* v : {&batched, &alone}) {
-          v->push_back(m.new_state(m.info().max_context));
-          ASSERT_TRUE(m.forward(toks.data(), pre, v->back(), scratch.data(), false).is_ok());
-        }
-      }
-      int compared = 0;
-      for (const auto& step : steps) {
-        std::vector<std::vector<float>> got(kSeqs), want(kSeqs);
-        std::vector<BatchItem> items;
-        for (int i = 0; i < kSeqs; ++i) {
-          const size_t s = static_cast<size_t>(i);
-          const int64_t at = batched[s].length();
-          got[s].resize(static_cast<size_t>(step[i] * V));
-          want[s].resize(static_cast<size_t>(step[i] * V));
-          items.push_back({toks.data() + at, step[i], &batched[s], got[s].data(), true});
-          ASSERT_TRUE(m.forward(toks.data() + at, step[i], alone[s], want[s].data(), true).is_ok());
-        }
-        ASSERT_TRUE(m.forward_batch(items).is_ok());
-        for (int i = 0; i < kSeqs; ++i) {
-          EXPECT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << t.name << " sequence " << i;
-          ++compared;
-        }
-      }
-      std::printf("[batch] gemma4_moe %s: %d (sequence, step) results, batched == alone bit for bit\n", t.name,
-                  compared);
-    });
-  }
+  ASSERT_EQ(ref.tokens.size(), 64u);
+  test::expect_batched_equals_alone(m, ref.tokens, {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}, {6, 7, 7, 8}}},
+                                    "gemma4_moe");
 }
 
 }  // namespace

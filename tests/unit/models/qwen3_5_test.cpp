@@ -133,50 +133,14 @@ TEST(Qwen35, TightAgainstMlxLm) {
 
 // Four sequences at different offsets (prefilled alone to 9, 16, 23, 30 tokens), then stepped
 // together in one forward_batch with different chunk sizes per step: each gives what it gives
-// alone, with the same cuts.
+// alone, with the same cuts, bit for bit on the reference table and the active one.
 TEST(Qwen35, BatchedEqualsAlone) {
   const std::string dir = kRoot + "qwen3_5_text_f32";
   const Ref ref = read_ref(dir);
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
-  const int64_t V = m.info().vocab;
-  const std::vector<int32_t>& toks = ref.tokens;
-  constexpr int kSeqs = 4;
-  const int64_t steps[][kSeqs] = {{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}};
-  std::vector<memory::SequenceState> batched, alone;
-  std::vector<float> scratch(static_cast<size_t>(64 * V));
-  for (int i = 0; i < kSeqs; ++i) {
-    const int64_t pre = 9 + 7 * i;
-    for (auto* v : {&batched, &alone}) {
-      v->push_back(m.new_state(m.info().max_context));
-      ASSERT_TRUE(m.forward(toks.data(), pre, v->back(), scratch.data(), false).is_ok());
-    }
-  }
-  float worst = 0, max_ref = 0;
-  for (const auto& step : steps) {
-    std::vector<std::vector<float>> got(kSeqs), want(kSeqs);
-    std::vector<BatchItem> items;
-    for (int i = 0; i < kSeqs; ++i) {
-      const int64_t at = batched[static_cast<size_t>(i)].length();
-      got[static_cast<size_t>(i)].resize(static_cast<size_t>(step[i] * V));
-      want[static_cast<size_t>(i)].resize(static_cast<size_t>(step[i] * V));
-      items.push_back({toks.data() + at, step[i], &batched[static_cast<size_t>(i)], got[static_cast<size_t>(i)].data(),
-                       true});
-      ASSERT_TRUE(m.forward(toks.data() + at, step[i], alone[static_cast<size_t>(i)],
-                            want[static_cast<size_t>(i)].data(), true)
-                      .is_ok());
-    }
-    ASSERT_TRUE(m.forward_batch(items).is_ok());
-    for (int i = 0; i < kSeqs; ++i) {
-      const test::LogitDiff d = test::compare_logits(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)], V);
-      worst = std::max(worst, d.max_abs);
-      max_ref = std::max(max_ref, d.max_ref);
-      EXPECT_EQ(d.top1_mismatch, 0) << "sequence " << i;
-    }
-  }
-  std::printf("[batch] qwen3_5 4 sequences: max|diff| vs alone %.3g (max|logit| %.3g)\n", worst, max_ref);
-  EXPECT_LE(worst, 1e-5f * max_ref);
+  test::expect_batched_equals_alone(m, ref.tokens, {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}}}, "qwen3_5");
 }
 
 TEST(Qwen35, RecurrentStateIsConstantSizeAndUntrimmable) {

@@ -149,52 +149,17 @@ TEST(Qwen3Moe, BatchedEqualsAloneExactly) {
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
-  const int64_t V = m.info().vocab;
   const std::vector<int32_t>& toks = ref.tokens;
-  constexpr int kSeqs = 4;
-  const int64_t steps[][kSeqs] = {{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}, {6, 7, 7, 8}};
   // The sequences' rows of each step are routed to different experts (mlx-lm's choice, layer 0):
   // the batch really mixes expert groups.
   {
     const auto& r0 = ref.meta["routes"]["0"];
     std::set<std::vector<int>> firsts;
-    for (int i = 0; i < kSeqs; ++i) firsts.insert(r0[static_cast<size_t>(9 + 7 * i)].get<std::vector<int>>());
+    for (int i = 0; i < 4; ++i) firsts.insert(r0[static_cast<size_t>(9 + 7 * i)].get<std::vector<int>>());
     ASSERT_GE(firsts.size(), 3u) << "the fixture's sequences should start on different experts";
   }
-  for (const kernels::KernelTable* table : {&kernels::ref_table(), &kernels::active_table()}) {
-    const kernels::KernelTable t = *table;
-    with_table(t, [&] {
-      std::vector<memory::SequenceState> batched, alone;
-      std::vector<float> scratch(static_cast<size_t>(64 * V));
-      for (int i = 0; i < kSeqs; ++i) {
-        const int64_t pre = 9 + 7 * i;
-        for (auto* v : {&batched, &alone}) {
-          v->push_back(m.new_state(m.info().max_context));
-          ASSERT_TRUE(m.forward(toks.data(), pre, v->back(), scratch.data(), false).is_ok());
-        }
-      }
-      int compared = 0;
-      for (const auto& step : steps) {
-        std::vector<std::vector<float>> got(kSeqs), want(kSeqs);
-        std::vector<BatchItem> items;
-        for (int i = 0; i < kSeqs; ++i) {
-          const size_t s = static_cast<size_t>(i);
-          const int64_t at = batched[s].length();
-          got[s].resize(static_cast<size_t>(step[i] * V));
-          want[s].resize(static_cast<size_t>(step[i] * V));
-          items.push_back({toks.data() + at, step[i], &batched[s], got[s].data(), true});
-          ASSERT_TRUE(m.forward(toks.data() + at, step[i], alone[s], want[s].data(), true).is_ok());
-        }
-        ASSERT_TRUE(m.forward_batch(items).is_ok());
-        for (int i = 0; i < kSeqs; ++i) {
-          EXPECT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << t.name << " sequence " << i;
-          ++compared;
-        }
-      }
-      std::printf("[batch] qwen3_moe %s: %d (sequence, step) results, batched == alone bit for bit\n", t.name,
-                  compared);
-    });
-  }
+  test::expect_batched_equals_alone(m, toks, {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}, {6, 7, 7, 8}}},
+                                    "qwen3_moe");
 }
 
 // A decode step reads only the experts its token is routed to: with every other expert's weights
@@ -256,37 +221,7 @@ TEST(Qwen35Moe, BatchedEqualsAloneExactly) {
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
-  const int64_t V = m.info().vocab;
-  const std::vector<int32_t>& toks = ref.tokens;
-  constexpr int kSeqs = 4;
-  const int64_t steps[][kSeqs] = {{1, 3, 1, 5}, {4, 1, 2, 1}, {6, 7, 7, 8}};
-  for (const kernels::KernelTable* table : {&kernels::ref_table(), &kernels::active_table()}) {
-    const kernels::KernelTable t = *table;
-    with_table(t, [&] {
-      std::vector<memory::SequenceState> batched, alone;
-      std::vector<float> scratch(static_cast<size_t>(64 * V));
-      for (int i = 0; i < kSeqs; ++i) {
-        for (auto* v : {&batched, &alone}) {
-          v->push_back(m.new_state(m.info().max_context));
-          ASSERT_TRUE(m.forward(toks.data(), 9 + 7 * i, v->back(), scratch.data(), false).is_ok());
-        }
-      }
-      for (const auto& step : steps) {
-        std::vector<std::vector<float>> got(kSeqs), want(kSeqs);
-        std::vector<BatchItem> items;
-        for (int i = 0; i < kSeqs; ++i) {
-          const size_t s = static_cast<size_t>(i);
-          const int64_t at = batched[s].length();
-          got[s].resize(static_cast<size_t>(step[i] * V));
-          want[s].resize(static_cast<size_t>(step[i] * V));
-          items.push_back({toks.data() + at, step[i], &batched[s], got[s].data(), true});
-          ASSERT_TRUE(m.forward(toks.data() + at, step[i], alone[s], want[s].data(), true).is_ok());
-        }
-        ASSERT_TRUE(m.forward_batch(items).is_ok());
-        for (int i = 0; i < kSeqs; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << t.name;
-      }
-    });
-  }
+  test::expect_batched_equals_alone(m, ref.tokens, {{{1, 3, 1, 5}, {4, 1, 2, 1}, {6, 7, 7, 8}}}, "qwen3_5_moe");
 }
 
 TEST(Qwen3Moe, BadConfigsAreRefusedNamingTheKey) {
