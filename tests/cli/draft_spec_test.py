@@ -25,8 +25,10 @@ TARGET = os.path.join(MODELS, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 DRAFT = os.path.join(MODELS, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 BF16 = os.path.join(MODELS, "SmolLM2-135M-Instruct-hf")
 Q4_1 = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
-INVARIANT = dict(os.environ, LARDER_BATCH_INVARIANT="1")
-DEFAULT = {k: v for k, v in os.environ.items() if k != "LARDER_BATCH_INVARIANT"}
+# LARDER_SPEC_FORCE=1: draft at the cap every step, whatever the measured costs say would pay
+# (runtime/speculative.h) — the verify path runs on every step, and must stay exact.
+INVARIANT = dict(os.environ, LARDER_BATCH_INVARIANT="1", LARDER_SPEC_FORCE="1")
+DEFAULT = {k: v for k, v in os.environ.items() if k != "LARDER_BATCH_INVARIANT"} | {"LARDER_SPEC_FORCE": "1"}
 
 CODE = ("Rewrite this Python function with type hints, changing nothing else:\n\n"
         "def add_all(values, start):\n    total = start\n    for v in values:\n        total = total + v\n"

@@ -35,8 +35,14 @@ PERSON = '{"type":"object","properties":{"name":{"type":"string"},"fruits":{"typ
          '"required":["name","fruits"]}'
 
 
+# LARDER_SPEC_FORCE=1: draft at the cap every step, whatever the measured costs say would pay
+# (runtime/speculative.h) — the verify path runs on every step, and must stay exact.
+FORCE = dict(os.environ, LARDER_SPEC_FORCE="1")
+
+
 def generate(model, prompt, *flags, n=96):
-    rc, out, err = run("generate", model, "--chat", "-p", prompt, "--temp", "0", "-n", str(n), *flags, timeout=300)
+    rc, out, err = run("generate", model, "--chat", "-p", prompt, "--temp", "0", "-n", str(n), *flags, timeout=300,
+                       env=FORCE)
     assert rc == 0, err
     gen = int(re.search(r"generated (\d+) tokens", err).group(1))
     stop = re.search(r"stop: ([a-z ]+)", err).group(1).strip()

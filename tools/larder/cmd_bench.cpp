@@ -177,7 +177,7 @@ int run_spec_bench(const BenchFlags& f, runtime::LoadedModel& m, const runtime::
   const double rate = drafted > 0 ? static_cast<double>(accepted) / drafted : 0;
   if (f.json) {
     nlohmann::json j = {{"model", m.model->info().architecture}, {"weights", m.model->info().weight_dtypes},
-                        {"spec", sp->kind}, {"draft_max", sf.draft_max}, {"prompt_tokens", prompt->size()},
+                        {"spec", sp->kind}, {"draft_max", sp->options.draft_max}, {"prompt_tokens", prompt->size()},
                         {"generated_tokens", generated}, {"rounds", f.repeats},
                         {"plain_tps", p.median}, {"spec_tps", s.median}, {"speedup", x.median},
                         {"drafted", drafted}, {"accepted", accepted}, {"acceptance", rate}, {"identical", same},
@@ -187,7 +187,7 @@ int run_spec_bench(const BenchFlags& f, runtime::LoadedModel& m, const runtime::
     std::printf("spec %s (draft-max %d): prompt %zu tokens, %lld generated | plain %.2f tok/s, spec %.2f tok/s "
                 "(medians of %d) | speedup x%.2f (median of per-round ratios) | drafted %lld, accepted %lld (%.1f%%) | "
                 "draft prefill %.2f s | output %s\n",
-                sp->kind.c_str(), sf.draft_max, prompt->size(), (long long)generated, p.median, s.median, f.repeats,
+                sp->kind.c_str(), sp->options.draft_max, prompt->size(), (long long)generated, p.median, s.median, f.repeats,
                 x.median, (long long)drafted, (long long)accepted, 100 * rate, dp.median,
                 same ? "identical to plain decoding" : "DIFFERS from plain decoding");
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 
 #include "larder/runtime/page_in.h"
 #include "model_arg.h"
@@ -18,8 +19,9 @@ void add_spec_flags(CLI::App* cmd, SpecFlags& f) {
   cmd->add_option("--draft,--model-draft,--spec-draft-model", f.draft,
                   "draft model for speculative decoding (llama.cpp's -md): a smaller model with the same tokenizer");
   cmd->add_option("--draft-max,--draft-n,--spec-draft-n-max", f.draft_max,
-                  "tokens drafted at most per step (default 6); the length adapts to the acceptance rate")
-      ->check(in_range(1, 64));
+                  "tokens drafted at most per step (default 16 where speculation is exact at any row count, else "
+                  "6); each step drafts the length the measured costs and the acceptance say pays, up to this")
+      ->check(in_range(1, 63));
   cmd->add_option("--draft-min,--draft-n-min,--spec-draft-n-min", f.draft_min,
                   "drafts shorter than this are not verified (default 0)")
       ->check(in_range(0, 64));
@@ -37,7 +39,7 @@ Result<SpecSetup> spec_setup(const SpecFlags& f, const runtime::LoadedModel& tar
   } else if (kind == "draft") {
     return invalid_argument("[spec] --spec draft needs the draft model: --draft MODEL (llama.cpp's -md)");
   }
-  if (f.draft_min > f.draft_max)
+  if (f.draft_max > 0 && f.draft_min > f.draft_max)
     return invalid_argument(strfmt("[spec] --draft-min %d is above --draft-max %d", f.draft_min, f.draft_max));
   s.requested = kind != "auto";
   std::string why;
@@ -48,8 +50,10 @@ Result<SpecSetup> spec_setup(const SpecFlags& f, const runtime::LoadedModel& tar
   }
   s.kind = kind;
   if (kind == "none") return s;
-  s.options.draft_max = f.draft_max;
-  s.options.draft_min = f.draft_min;
+  s.options.draft_max = f.draft_max > 0 ? f.draft_max : exact ? 16 : 6;
+  s.options.draft_min = std::min(f.draft_min, s.options.draft_max);
+  s.options.cost = std::make_shared<runtime::SpecCost>();  // measured by the drafters' drivers
+  if (const char* f = std::getenv("LARDER_SPEC_FORCE"); f && std::string(f) == "1") s.options.force = true;
   if (kind == "draft") {
     // llama.cpp's `--draft N` was the draft length; here --draft is the model (--draft-max N is the length).
     if (!f.draft.empty() && std::all_of(f.draft.begin(), f.draft.end(), [](unsigned char c) { return std::isdigit(c); }))
@@ -67,15 +71,13 @@ Result<SpecSetup> spec_setup(const SpecFlags& f, const runtime::LoadedModel& tar
     s.draft = std::move(*loaded);
     s.options.draft_model = s.draft->model.get();
     s.options.target_vocab = target.model->info().vocab;
-    // Decode streams the weights once a step: the draft's bytes over the target's is what a drafted
-    // token costs in target steps, and a quarter more for what that leaves out (each draft step's
-    // fixed costs, the k + 1-row verify costing more than one row): the Qwen2.5-Coder 0.5B/1.5B
-    // pair (bytes ratio 0.44) measured 0.88-0.92x plain at 47 % accepted (bench/RESULTS.md).
+    // Until the first draft is timed (runtime::SpecCost): decode streams the weights once a step,
+    // so the draft's bytes over the target's is what a drafted token costs in target steps, and a
+    // quarter more for each draft step's fixed costs.
     s.options.draft_cost = 1.25 * static_cast<double>(s.draft->files.tensors().total_bytes()) /
                            static_cast<double>(std::max<uint64_t>(target.files.tensors().total_bytes(), 1));
-    s.note = strfmt("speculation: draft model %s (%s), up to %d tokens a step, paused while under %.0f%% accepted",
-                    where->id.c_str(), s.draft->model->info().weight_dtypes.c_str(), f.draft_max,
-                    100 * std::clamp(s.options.draft_cost, 0.2, 0.9));
+    s.note = strfmt("speculation: draft model %s (%s), up to %d tokens a step where the measured costs say it pays",
+                    where->id.c_str(), s.draft->model->info().weight_dtypes.c_str(), s.options.draft_max);
   }
   if (s.requested && !exact)
     s.note += (s.note.empty() ? "" : "; ") + std::string("--spec: the output may differ from plain decoding: ") + why +

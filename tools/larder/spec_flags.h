@@ -22,9 +22,12 @@ namespace larder::cli {
 struct SpecFlags {
   std::string spec = "auto";  // auto | none | ngram | draft (ngram-simple, draft-simple: llama.cpp's)
   std::string draft;          // --draft / -md / --model-draft / --spec-draft-model: the draft model
-  // 6: k + 1 = 7 rows per verify, the most whose logits equal one-row decode on GGUF integer formats
-  // without LARDER_BATCH_INVARIANT=1 (the multi-row GEMM path starts at 8 rows; bench/RESULTS.md).
-  int draft_max = 6;
+  // 0: 16 where every format is batch-invariant on the running kernels (speculation_exact: any
+  // row count gives one-row decode's logits), else 6 — k + 1 = 7 rows per verify, the most whose
+  // logits equal one-row decode on GGUF integer formats without LARDER_BATCH_INVARIANT=1 (the
+  // multi-row GEMM path starts at 8 rows; bench/RESULTS.md). The cost model picks the length
+  // under it each step.
+  int draft_max = 0;
   int draft_min = 0;
 };
 

@@ -79,7 +79,9 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
     }
     if (draft.empty()) {
       ++st.decode_forwards;
+      const auto f0 = std::chrono::steady_clock::now();
       LARDER_RETURN_IF_ERROR(model.forward(&a.id, 1, cache, logits.data(), false, opts.adapters));
+      if (drafter) drafter->cost().forward(1, seconds_since(f0));
       a = step.step(logits.data(), V, seq);
       if (a.finish == FinishReason::kError) return internal_error("[generate] " + a.error);
       why = deliver(a);
@@ -91,7 +93,10 @@ Result<GenerateStats> generate(models::Model& model, Sequence& seq, const Genera
     rows.resize(static_cast<size_t>(d + 1) * static_cast<size_t>(V));
     const int64_t L = cache.length();
     ++st.decode_forwards;
+    st.verify_rows += d + 1;
+    const auto f0 = std::chrono::steady_clock::now();
     LARDER_RETURN_IF_ERROR(model.forward(batch.data(), d + 1, cache, rows.data(), true, opts.adapters));
+    drafter->cost().forward(d + 1, seconds_since(f0));
     // Row i predicts the token after batch[i]; keep the draft while the step picks it.
     int matched = 0, forwarded = 0;
     for (int i = 0; i <= d; ++i) {

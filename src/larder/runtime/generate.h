@@ -62,6 +62,7 @@ struct GenerateStats {
   // Speculation: tokens drafted and verified, and how many of them were picked.
   int64_t drafted_tokens = 0, accepted_tokens = 0;
   int64_t decode_forwards = 0;   // forward calls while decoding
+  int64_t verify_rows = 0;       // rows of those that verified a draft (its tokens + 1 each)
 };
 
 // Called for every kept token (after on_text got its text); false stops after it (kCancelled).

@@ -1,6 +1,8 @@
 #include "larder/runtime/speculative.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -11,9 +13,6 @@
 namespace larder::runtime {
 
 namespace {
-constexpr double kMinRate = 0.2;   // below (or below SpecOptions::draft_cost): drafting pauses
-constexpr double kDecay = 0.7;     // weight of the past in the acceptance average
-constexpr int kMaxPause = 256;     // steps
 constexpr int64_t kDraftPrefillChunk = 512;  // tokens per forward when the draft catches up
 
 // ModelInfo::weight_dtypes names ("Q4_K", "affine-q4-g64") as kernels/batch_invariance.h names
@@ -72,61 +71,191 @@ Status check_draft_vocab(const LoadedModel& target, const LoadedModel& draft) {
   return Status::ok();
 }
 
+// ---- measured costs ----------------------------------------------------------------------
+
+void SpecCost::forward(int64_t rows, double seconds) {
+  if (rows < 1 || rows > kMaxRows || !(seconds > 0)) return;
+  // An average that follows drift (the load, the batch) after a few samples: the first ones are
+  // averaged plainly, later ones weigh a tenth.
+  const double w = 1.0 / static_cast<double>(std::min<int64_t>(++n_[rows], 10));
+  t_[rows] = t_[rows] > 0 ? (1 - w) * t_[rows] + w * seconds : seconds;
+}
+
+void SpecCost::drafted(int64_t tokens, double seconds) {
+  if (tokens < 0 || !(seconds >= 0)) return;
+  // Per token over recent drafts (a draft that stopped at its first token costs a forward for none).
+  const double per = seconds / static_cast<double>(std::max<int64_t>(tokens, 1));
+  const double w = 1.0 / static_cast<double>(std::min<int64_t>(++draft_n_, 10));
+  draft_s_ = draft_n_ > 1 ? (1 - w) * draft_s_ + w * per : per;
+}
+
+double SpecCost::forward_time(int64_t rows) const {
+  constexpr double kPriorSlope = 0.15;  // of t(1) per extra row: decode streams the weights once
+  if (rows < 1 || t_[1] <= 0) return 0;
+  if (rows <= kMaxRows && t_[rows] > 0) return t_[rows];
+  int64_t lo = 1, hi = 0;  // the nearest measured counts below and above
+  for (int64_t r = std::min(rows, kMaxRows); r >= 1; --r)
+    if (t_[r] > 0) {
+      lo = r;
+      break;
+    }
+  for (int64_t r = rows + 1; r <= kMaxRows; ++r)
+    if (t_[r] > 0) {
+      hi = r;
+      break;
+    }
+  if (hi > 0)
+    return t_[lo] + (t_[hi] - t_[lo]) * static_cast<double>(rows - lo) / static_cast<double>(hi - lo);
+  // Above every measured count: the slope between the two largest (never below zero), else the prior.
+  double slope = kPriorSlope * t_[1];
+  for (int64_t r = lo - 1; r >= 1; --r)
+    if (t_[r] > 0) {
+      slope = std::max(0.0, (t_[lo] - t_[r]) / static_cast<double>(lo - r));
+      break;
+    }
+  return t_[lo] + slope * static_cast<double>(rows - lo);
+}
+
 // ---- the shared policy -------------------------------------------------------------------
 
-Drafter::Drafter(SpecOptions o) : o_(o) {
+namespace {
+constexpr double kDecayCounts = 0.8;  // weight of the past in the acceptance counts, per verify
+constexpr double kPriorRate = 0.5;    // a kind's acceptance before it was tried (one trial's weight)
+constexpr double kMargin = 0.03;      // a draft must beat plain decoding's rate by this much
+constexpr int kFirstProbe = 16, kMaxProbe = 256;  // steps skipped before a one-token probe
+}  // namespace
+
+Drafter::Drafter(SpecOptions o) : o_(std::move(o)) {
   o_.ngram_min = std::max(1, o_.ngram_min);
   o_.ngram_max = std::max(o_.ngram_min, o_.ngram_max);
   o_.draft_max = std::max(0, o_.draft_max);
   o_.draft_min = std::clamp(o_.draft_min, 0, o_.draft_max);
-  k_ = o_.draft_max;
-  min_rate_ = std::clamp(o_.draft_cost, kMinRate, 0.9);
+  if (!o_.cost) o_.cost = std::make_shared<SpecCost>();
+  k_ = std::min(o_.draft_max, std::max(2, o_.draft_min));  // short until the pair shows its rate
 }
 
-std::vector<int32_t> Drafter::draft(const std::vector<int32_t>& history, int64_t limit) {
-  if (pause_ > 0) {
-    --pause_;
-    return {};
+double Drafter::acceptance(int kind) const {
+  const Track& t = track_[std::clamp(kind, 0, kKinds - 1)];
+  return std::min(0.98, (t.hits + kPriorRate) / (t.trials + 1));
+}
+
+int Drafter::plan(int kind, int64_t most, StepShape shape) const {
+  if (o_.force) return static_cast<int>(std::max<int64_t>(0, most));
+  const SpecCost& c = *o_.cost;
+  const int64_t rows = std::max<int64_t>(1, shape.rows);
+  const double R = static_cast<double>(std::max<int64_t>(1, shape.sequences));
+  const double step = c.forward_time(rows);
+  if (step <= 0) return 0;  // nothing measured yet: one plain step first
+  const double td = c.draft_time(o_.draft_cost * c.forward_time(1));
+  const double a = acceptance(kind);
+  // Tokens per second of the step's R sequences: R / step plainly; with this sequence drafting k,
+  // R - 1 + E_k over the step lengthened by the k verify rows and the k drafted tokens (every
+  // sequence waits for both), E_k = 1 + a + … + a^k.
+  const double plain = R / step * (1 + kMargin);
+  double best = plain, e = 1, p = 1;
+  int best_k = 0;
+  for (int k = 1; k <= most; ++k) {
+    p *= a;
+    e += p;
+    const double rate = (R - 1 + e) / (c.forward_time(rows + k) + k * td);
+    if (rate > best) best = rate, best_k = k;
   }
-  const int64_t want = std::min<int64_t>(k_, limit);
-  if (want <= 0 || want < o_.draft_min) return {};
-  std::vector<int32_t> d = propose(history, want);
-  if (static_cast<int64_t>(d.size()) > want) d.resize(static_cast<size_t>(want));
-  if (static_cast<int>(d.size()) < o_.draft_min) d.clear();
-  return d;
+  return best_k;
+}
+
+int Drafter::decide(int kind, int planned, int64_t most) {
+  Track& t = track_[kind];
+  if (planned > 0) {
+    t.skipped = 0;
+    t.next_probe = std::min(t.next_probe, kFirstProbe);
+    return planned;
+  }
+  if (most < 1) return 0;
+  if (t.skipped < t.next_probe) {
+    ++t.skipped;
+    ++skipped_;
+    return 0;
+  }
+  // A probe: one token (draft_min's at least) keeps the kind's acceptance and the costs current.
+  t.skipped = 0;
+  t.next_probe = std::clamp(t.next_probe * 2, kFirstProbe, kMaxProbe);
+  return static_cast<int>(std::min<int64_t>(most, std::max(1, o_.draft_min)));
+}
+
+std::vector<int32_t> Drafter::draft(const std::vector<int32_t>& history, int64_t limit, StepShape shape) {
+  const int64_t most = std::min<int64_t>(k_, limit);
+  if (most <= 0 || most < o_.draft_min || (!o_.force && o_.cost->forward_time(1) <= 0)) return {};
+  Proposal prop;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto timed = [&] {
+    const double s = prop.seconds >= 0 ? prop.seconds
+                                        : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    o_.cost->drafted(static_cast<int64_t>(prop.tokens.size()), std::max(0.0, s - prop.untimed_seconds));
+  };
+  if (cheap()) {
+    prop = propose(history, most);
+    timed();
+    const int64_t have = std::min<int64_t>(static_cast<int64_t>(prop.tokens.size()), most);
+    if (have <= 0 || have < o_.draft_min) return {};
+    last_kind_ = std::clamp(prop.kind, 0, kKinds - 1);
+    const int k = decide(last_kind_, plan(last_kind_, have, shape), have);
+    if (k <= 0 || k < o_.draft_min) return {};
+    prop.tokens.resize(static_cast<size_t>(k));
+  } else {
+    last_kind_ = 0;
+    const int k = decide(0, plan(0, most, shape), most);
+    if (k <= 0) return {};
+    prop = propose(history, k);
+    timed();
+    if (prop.tokens.empty()) {  // unsure of its first token: the draft forward was spent on nothing
+      Track& t = track_[0];
+      t.hits = kDecayCounts * t.hits;
+      t.trials = kDecayCounts * t.trials + 1;
+      return {};
+    }
+    if (static_cast<int64_t>(prop.tokens.size()) > k) prop.tokens.resize(static_cast<size_t>(k));
+    if (static_cast<int>(prop.tokens.size()) < std::max(1, o_.draft_min)) return {};
+  }
+  return std::move(prop.tokens);
 }
 
 void Drafter::feedback(int drafted, int accepted) {
   if (drafted <= 0) return;
   drafted_ += drafted;
   accepted_ += accepted;
-  rate_ = kDecay * rate_ + (1 - kDecay) * (static_cast<double>(accepted) / drafted);
+  // Positions tested: every taken one, and the first miss (the ones after it were never judged).
+  Track& t = track_[last_kind_];
+  t.hits = kDecayCounts * t.hits + accepted;
+  t.trials = kDecayCounts * t.trials + std::min(drafted, accepted + 1);
   // All taken: the text repeats, look further ahead. Otherwise draft one past what was taken.
   const int lo = std::max(1, o_.draft_min), hi = std::max(lo, o_.draft_max);
   k_ = accepted == drafted ? std::min(hi, std::max(1, k_) * 2) : std::clamp(accepted + 1, lo, hi);
-  if (rate_ < min_rate_) {
-    pause_ = next_pause_;
-    next_pause_ = std::min(kMaxPause, next_pause_ * 2);
-    rate_ = std::min(1.0, min_rate_ + 0.3);  // after the pause the drafter gets a fresh chance
-  }
 }
 
 // ---- prompt lookup -----------------------------------------------------------------------
 
-NgramDrafter::NgramDrafter(SpecOptions o) : Drafter(o) {}
+NgramDrafter::NgramDrafter(SpecOptions o) : Drafter(std::move(o)) {}
 
-std::vector<int32_t> NgramDrafter::propose(const std::vector<int32_t>& history, int64_t want) {
+Drafter::Proposal NgramDrafter::propose(const std::vector<int32_t>& history, int64_t want) {
   const int64_t H = static_cast<int64_t>(history.size());
-  for (int64_t n = std::min<int64_t>(options().ngram_max, H - 1); n >= options().ngram_min; --n) {
-    const int32_t* suffix = history.data() + (H - n);
-    // The most recent earlier occurrence: recent text predicts the next tokens best.
-    for (int64_t i = H - n - 1; i >= 0; --i) {
-      if (!std::equal(suffix, suffix + n, history.data() + i)) continue;
-      const int64_t from = i + n, to = std::min(H, from + want);
-      return std::vector<int32_t>(history.begin() + from, history.begin() + to);
-    }
+  const int64_t nmax = options().ngram_max;
+  // The longest match of the suffix ending before the last token, the most recent among equals:
+  // each earlier end position i is extended backwards while it agrees with the suffix.
+  int64_t best_len = 0, best_end = -1;
+  const int32_t last = H > 0 ? history[static_cast<size_t>(H - 1)] : 0;
+  for (int64_t i = H - 2; i >= 0; --i) {
+    if (history[static_cast<size_t>(i)] != last) continue;
+    int64_t n = 1;
+    while (n < nmax && i - n >= 0 && history[static_cast<size_t>(i - n)] == history[static_cast<size_t>(H - 1 - n)]) ++n;
+    if (n > best_len) best_len = n, best_end = i;
+    if (best_len >= nmax) break;
   }
-  return {};
+  Proposal p;
+  if (best_end < 0 || best_len < options().ngram_min) return p;
+  const int64_t from = best_end + 1, to = std::min(H, from + want);
+  p.tokens.assign(history.begin() + from, history.begin() + to);
+  p.kind = best_len <= 1 ? 0 : best_len == 2 ? 1 : best_len <= 4 ? 2 : best_len <= 8 ? 3 : 4;
+  return p;
 }
 
 // ---- draft model -------------------------------------------------------------------------
@@ -162,29 +291,42 @@ void DraftModelDrafter::prefill(const std::vector<int32_t>& history) {
   if (error_.empty() && H > 1 && H <= state_.max_tokens()) (void)catch_up(history, H - 1);
 }
 
-std::vector<int32_t> DraftModelDrafter::propose(const std::vector<int32_t>& history, int64_t want) {
-  if (!error_.empty() || history.empty()) return {};
+Drafter::Proposal DraftModelDrafter::propose(const std::vector<int32_t>& history, int64_t want) {
+  Proposal p;
+  if (!error_.empty() || history.empty()) return p;
   const int64_t H = static_cast<int64_t>(history.size());
   // Room in the draft's state for the history and want - 1 drafted tokens forwarded.
   want = std::min(want, state_.max_tokens() - H + 1);
-  if (want <= 0) return {};
-  // The draft's last logits must follow history's last token: at most H - 1 shared tokens are kept.
-  if (!catch_up(history, H)) return {};
+  if (want <= 0) return p;
+  // The draft's last logits must follow history's last token: at most H - 1 shared tokens are
+  // kept. Catching up on more than the one or two tokens a verify adds (the target decoded them
+  // while drafting paused) is prefill-like work, not the drafted tokens' cost.
+  const int64_t behind = H - static_cast<int64_t>(fed_.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!catch_up(history, H)) return p;
+  if (behind > 2) p.untimed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Greedy over the ids both models have.
   const int64_t V = std::min<int64_t>(static_cast<int64_t>(logits_.size()),
                                       options().target_vocab > 0 ? options().target_vocab : INT64_MAX);
-  std::vector<int32_t> out;
   while (true) {
     const int32_t t = static_cast<int32_t>(kernels::argmax(logits_.data(), V));
-    out.push_back(t);
-    if (static_cast<int64_t>(out.size()) >= want) break;
+    // The draft's probability of its own pick: a token it is unsure of ends the draft.
+    if (options().draft_p_min > 0) {
+      const float top = logits_[static_cast<size_t>(t)];
+      double z = 0;
+      for (int64_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(logits_[static_cast<size_t>(i)] - top));
+      if (1.0 / z < options().draft_p_min) break;
+    }
+    p.tokens.push_back(t);
+    if (static_cast<int64_t>(p.tokens.size()) >= want) break;
     if (Status s = m_.forward(&t, 1, state_, logits_.data(), false); !s.is_ok()) {
       error_ = s.message();
-      return {};
+      p.tokens.clear();
+      return p;
     }
     fed_.push_back(t);
   }
-  return out;
+  return p;
 }
 
 std::unique_ptr<Drafter> make_drafter(const SpecOptions& o, const memory::SequenceState& state, int64_t ctx) {

@@ -5,9 +5,9 @@
 // rows), runs the ordinary DecodeStep on each row in order, keeps the draft while the step picks
 // it, keeps the first differing pick as the next token, and trims the KV back to what was kept.
 // One driver for every draft source; the sources:
-//   - NgramDrafter (prompt lookup): what followed the most recent earlier occurrence of the
-//     sequence's last n tokens (n from ngram_max down to ngram_min) in the prompt + the output so
-//     far — free to make, and right whenever the output repeats its input (quoting, rewriting).
+//   - NgramDrafter (prompt lookup): what followed the longest earlier match of the sequence's
+//     suffix in the prompt + the output so far — free to make, and right whenever the output
+//     repeats its input (quoting, rewriting).
 //   - DraftModelDrafter: a smaller model with the same vocabulary decodes k tokens greedily from
 //     its own state, kept beside the target's for the sequence's life.
 //
@@ -17,7 +17,9 @@
 // logits equal plain decoding's — which holds when the forward is batch-invariant (a row's logits
 // do not depend on how many rows the call has: kernels/batch_invariance.h). So it is exact for
 // sampled requests too, not only greedy ones; they merely accept less. The draft itself never
-// needs to be right, only cheap: a wrong draft costs time, never output.
+// needs to be right, only cheap: a wrong draft costs time, never output — and the shared policy
+// (Drafter, SpecCost) drafts only where the measured costs and the tracked acceptance say the
+// time is won back.
 //
 // Only for states whose every layer is plain KV: a rejected draft is undone by trimming, a length
 // change there; a ring or a recurrent state cannot be trimmed back exactly
@@ -37,22 +39,68 @@ namespace larder::runtime {
 
 struct LoadedModel;
 
+// What speculation costs on this machine, measured while it runs, for one (target, draft) pair:
+// shared by every drafter of the pair (all of a server's sequences, all of a bench's runs), fed
+// by the drivers. A verify of k + 1 rows costs more than one decode step by an amount that depends
+// on the model, its formats, the threads and what else is in the batch, and a drafted token costs
+// what the draft took to make (a draft model's forward; prompt lookup: a search) — neither can be
+// known before it runs, so each is an average of what it took so far. Not thread-safe: one
+// driver thread uses it (the engine's step loop, or one generate call).
+class SpecCost {
+ public:
+  static constexpr int64_t kMaxRows = 64;  // forwards of more rows (prefill) are not recorded
+
+  // A target forward of `rows` decode/verify rows took `seconds`.
+  void forward(int64_t rows, double seconds);
+  // Making `tokens` drafted tokens took `seconds`.
+  void drafted(int64_t tokens, double seconds);
+  // The expected time of a forward of `rows` rows: the average of those measured at that count;
+  // else interpolated between the nearest measured counts, or extrapolated from the largest with
+  // the measured per-row slope (before two counts are measured: prior_slope × t(1) per row).
+  // 0 before any one-row forward was measured.
+  double forward_time(int64_t rows) const;
+  // Per drafted token; `prior` (seconds) before any draft was timed.
+  double draft_time(double prior) const { return draft_n_ > 0 ? draft_s_ : prior; }
+  bool measured(int64_t rows) const { return rows >= 1 && rows <= kMaxRows && t_[rows] > 0; }
+
+ private:
+  double t_[kMaxRows + 1] = {};  // average seconds per forward of n rows (0: none yet)
+  int64_t n_[kMaxRows + 1] = {};
+  double draft_s_ = 0;
+  int64_t draft_n_ = 0;
+};
+
 struct SpecOptions {
   int draft_max = 0;  // tokens drafted at most per step; 0: speculation off
-  // A draft shorter than this is not verified (llama.cpp's --draft-min): the verify rows would
-  // cost more than they save. The adaptive length never goes below it.
+  // A draft shorter than this is not verified (llama.cpp's --draft-min). Never below it.
   int draft_min = 0;
-  int ngram_min = 1, ngram_max = 3;
+  // Prompt lookup takes the longest earlier match of the history's suffix, at least ngram_min and
+  // at most ngram_max tokens long.
+  int ngram_min = 1, ngram_max = 32;
   // Draft with this model (DraftModelDrafter) instead of prompt lookup. Not owned; it must
   // outlive every drafter made from these options, and its vocabulary must be the target's
   // (check_draft_vocab).
   models::Model* draft_model = nullptr;
   int64_t target_vocab = 0;  // with draft_model: the target's logits width (drafts stay under it)
-  // What drafting one token costs, in target decode steps (a draft model: its weight bytes over
-  // the target's; prompt lookup: ~0). A step that drafts k and has a taken gains a tokens for
-  // k·cost extra, so below an acceptance rate of `cost` drafting loses: the pause threshold is
-  // max(0.2, cost).
+  // The prior of what drafting one token costs, in target decode steps, until the first draft is
+  // timed (a draft model: its weight bytes over the target's; prompt lookup: ~0).
   double draft_cost = 0;
+  // A draft model stops a draft at a token it gives less than this probability (a token it is
+  // unsure of is rarely the target's pick, and every drafted token costs a draft forward).
+  double draft_p_min = 0.5;
+  // Draft at the cap every step whatever the costs (LARDER_SPEC_FORCE=1): for tests and benches
+  // of the verify path, which must stay exact however much is drafted.
+  bool force = false;
+  // The measured costs (shared by all drafters made from these options); make_drafter makes one
+  // for the drafter alone when null.
+  std::shared_ptr<SpecCost> cost;
+};
+
+// What a draft competes with in the step that would verify it: `rows` rows already in the forward
+// (1 for a lone sequence) and `sequences` sequences sharing its time (each waits for every draft).
+struct StepShape {
+  int64_t rows = 1;
+  int64_t sequences = 1;
 };
 
 // The state can roll a rejected draft back exactly: every layer is plain KV (no ring, no
@@ -71,59 +119,95 @@ bool speculation_exact(const models::Model& model, std::string* why = nullptr);
 // differs.
 Status check_draft_vocab(const LoadedModel& target, const LoadedModel& draft);
 
-// A source of drafts with the adaptive length policy every source shares: the draft length
-// follows the acceptance rate (all taken: twice as long, up to draft_max; otherwise one past what
-// was taken), and when the recent rate falls under what a drafted token costs (at least a fifth:
-// SpecOptions::draft_cost) drafting pauses for a number of steps that doubles each time
-// (16 .. 256), so a sequence that gains nothing loses almost nothing.
+// A source of drafts with the policy every source shares: draft only what pays. Each step it
+// picks the draft length k that maximises the expected tokens per second of the step's sequences,
+// from the measured costs (SpecCost: the verify of k + 1 rows over the step it replaces, k drafted
+// tokens) and the tracked acceptance — with a per-token acceptance a, a draft of k yields
+// 1 + a + … + a^k tokens — and drafts nothing when no k beats plain decoding (by a small margin
+// for the noise of the measurements). So a sequence whose drafts are not taken decodes plainly,
+// except for a one-token probe now and then (after 16, 32 … 256 skipped steps) that keeps the
+// acceptance current. The acceptance is tracked per kind of draft (prompt lookup: by the length
+// of the match, a 1-token match being far less reliable than a 20-token one). The length is
+// further capped: short at first, twice as long after a draft taken whole (up to draft_max), one
+// past what was taken after a miss.
 class Drafter {
  public:
   explicit Drafter(SpecOptions o);
   virtual ~Drafter() = default;
 
   // Up to min(k(), limit) tokens to verify after `history` (whose last token is the one about to
-  // be forwarded); empty when the source has nothing, while paused, when limit <= 0, or when the
-  // source has fewer than draft_min.
-  std::vector<int32_t> draft(const std::vector<int32_t>& history, int64_t limit);
-  // The result of verifying a draft: `drafted` tokens, the first `accepted` of them picked.
+  // be forwarded); empty when the source has nothing, when no draft pays, when limit <= 0, or
+  // when the source has fewer than draft_min.
+  std::vector<int32_t> draft(const std::vector<int32_t>& history, int64_t limit, StepShape shape = {});
+  // The result of verifying the last draft: `drafted` tokens, the first `accepted` of them picked.
   void feedback(int drafted, int accepted);
   // The sequence's prompt is in (called once, right after the target's prefill, so that a draft
   // model's own prefill counts as prefill and not inside the first decode step). Optional.
   virtual void prefill(const std::vector<int32_t>& /*history*/) {}
 
-  int k() const { return k_; }  // the current draft length
-  bool paused() const { return pause_ > 0; }
+  // The cost model's decision alone: the draft length (<= most) worth verifying for a draft of
+  // `kind` in a step of `shape`, 0 when none beats plain decoding.
+  int plan(int kind, int64_t most, StepShape shape) const;
+  SpecCost& cost() { return *o_.cost; }
+  double acceptance(int kind) const;  // the tracked per-token acceptance of drafts of `kind`
+
+  int k() const { return k_; }  // the current cap on the draft length
   int64_t drafted() const { return drafted_; }
   int64_t accepted() const { return accepted_; }
+  int64_t skipped() const { return skipped_; }  // steps with a draft at hand that did not pay
+
+  static constexpr int kKinds = 5;
 
  protected:
+  struct Proposal {
+    std::vector<int32_t> tokens;
+    int kind = 0;  // < kKinds
+    // Seconds of the proposal that are not the drafted tokens' cost (a draft model catching up on
+    // tokens the target decoded while drafting paused).
+    double untimed_seconds = 0;
+    // What the proposal cost when the source knows it better than the clock around propose()
+    // (a simulated source in tests); < 0: the clock's.
+    double seconds = -1;
+  };
+  // Cheap sources (prompt lookup) propose first and the plan sees the proposal's kind and length;
+  // dear ones (a draft model) are planned first (kind 0) and asked for the planned length.
+  virtual bool cheap() const = 0;
   // Up to `want` (>= 1) tokens to follow `history`.
-  virtual std::vector<int32_t> propose(const std::vector<int32_t>& history, int64_t want) = 0;
+  virtual Proposal propose(const std::vector<int32_t>& history, int64_t want) = 0;
   const SpecOptions& options() const { return o_; }
 
  private:
+  struct Track {
+    double hits = 0, trials = 0;  // decayed counts of drafted positions taken / tested
+    int skipped = 0, next_probe = 0;  // 0: the first draft of the kind is a probe (measures)
+  };
+  // `planned`: the plan's length, or 0 when none paid — then a probe of one token when due.
+  int decide(int kind, int planned, int64_t most);
   SpecOptions o_;
   int k_ = 0;
-  // Acceptance rate over recent drafts (exponential average). Under kMinRate a draft costs more
-  // rows than it saves: drafting pauses for pause_ steps, a pause twice as long each time.
-  double rate_ = 0.5, min_rate_ = 0.2;
-  int pause_ = 0, next_pause_ = 16;
-  int64_t drafted_ = 0, accepted_ = 0;
+  Track track_[kKinds];
+  int last_kind_ = 0;
+  int64_t drafted_ = 0, accepted_ = 0, skipped_ = 0;
 };
 
+// Prompt lookup: what followed the longest earlier match of the history's suffix (ties: the most
+// recent one). The longest match is also the one that continues across accepted tokens: after a
+// draft from position p was taken, the match at p extended by those tokens is longer than any
+// other. The kind is the match length's bucket (1, 2, 3-4, 5-8, 9+).
 class NgramDrafter final : public Drafter {
  public:
   explicit NgramDrafter(SpecOptions o);
 
  private:
-  std::vector<int32_t> propose(const std::vector<int32_t>& history, int64_t want) override;
+  bool cheap() const override { return true; }
+  Proposal propose(const std::vector<int32_t>& history, int64_t want) override;
 };
 
 // Greedy drafts from a draft model over its own SequenceState, kept for the sequence's life: each
 // draft first trims that state back to the longest prefix it shares with the history (what the
 // target rejected goes) and forwards what the history added since (the prompt, on the first
 // draft; afterwards the accepted tokens and the target's own pick, one or two tokens), then k
-// one-token forwards. Its own state rather than the KV store: the store is keyed by the target's
+// one-token forwards, stopping early at a token the draft gives less than draft_p_min. Its own state rather than the KV store: the store is keyed by the target's
 // identity, and within a sequence the state is already the longest reusable prefix — across
 // requests a conversation's draft prompt is prefilled again (a third of the target's prefill for
 // the 0.5B/1.5B pair). A failed draft forward (its context full, a token past its vocabulary)
@@ -140,7 +224,8 @@ class DraftModelDrafter final : public Drafter {
  private:
   // Trims the state to what it shares with history[0, upto) and forwards the rest of it.
   bool catch_up(const std::vector<int32_t>& history, int64_t upto);
-  std::vector<int32_t> propose(const std::vector<int32_t>& history, int64_t want) override;
+  bool cheap() const override { return false; }
+  Proposal propose(const std::vector<int32_t>& history, int64_t want) override;
   models::Model& m_;
   memory::SequenceState state_;
   std::vector<int32_t> fed_;   // the tokens state_ holds

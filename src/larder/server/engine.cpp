@@ -113,6 +113,8 @@ Engine::Engine(runtime::LoadedModel& model, std::unique_ptr<memory::KvStore> sto
   if (cfg_.ctx <= 0) cfg_.ctx = m_.model->info().max_context;
   cfg_.parallel = std::max(cfg_.parallel, 1);
   cfg_.step_tokens = std::max<int64_t>(cfg_.step_tokens, 1);
+  // One measured cost model for every sequence's drafter: they share the model pair and the steps.
+  if (cfg_.spec.draft_max > 0 && !cfg_.spec.cost) cfg_.spec.cost = std::make_shared<runtime::SpecCost>();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -376,6 +378,11 @@ void Engine::step() {
   std::vector<bool> completes_prompt;
   int64_t decode_rows = 0;
   const int64_t model_ctx = m_.model->info().max_context;
+  // Each draft is weighed against the step it joins: the decoding sequences' rows and the drafts
+  // already planned in it (runtime::Drafter::plan).
+  int64_t decoding = 0;
+  for (auto& s : seqs_) decoding += !s->done && s->decoding;
+  runtime::StepShape shape{decoding, decoding};
   for (auto& s : seqs_) {
     if (s->done || !s->decoding) continue;
     s->draft.clear();
@@ -385,7 +392,8 @@ void Engine::step() {
       const memory::SequenceState& st = s->seq.state();
       const int64_t limit = std::min({s->seq.ctx(), st.max_tokens(), model_ctx});
       const int64_t room = std::min(limit - st.length() - 2, s->req.max_tokens - s->decode.generated() - 1);
-      s->draft = s->drafter->draft(s->seq.history(), room);
+      s->draft = s->drafter->draft(s->seq.history(), room, shape);
+      shape.rows += static_cast<int64_t>(s->draft.size());
     }
     if (s->draft.empty()) {
       items.push_back({&s->next, 1, &s->seq.state(), s->logits.data(), false, s->req.adapters});
@@ -420,7 +428,12 @@ void Engine::step() {
     budget -= n;
   }
   if (!items.empty()) {
+    const Clock::time_point f0 = Clock::now();
     Status st = m_.model->forward_batch(items);
+    // A step of decode and verify rows alone times what the drafters weigh (a prefill slice in it
+    // would count as rows it is not).
+    if (st.is_ok() && cfg_.spec.cost && items.size() == static_cast<size_t>(decoding))
+      cfg_.spec.cost->forward(decode_rows, std::chrono::duration<double>(Clock::now() - f0).count());
     if (!st.is_ok()) {
       LARDER_LOG_ERROR("[engine] forward failed for a batch of %zu sequences: %s", items.size(), st.message().c_str());
       for (Seq* s : who) finish(*s, Finish::kError, st.message());

@@ -270,9 +270,11 @@ TEST_F(Generate, SeededSamplingIsReproducible) {
 // greedy, sampled, and at each way a generation ends — with drafts verified in fewer forwards.
 // Bit-exact logits need batch-invariant kernels; stories260K's F32 verify rows differ from one-row
 // decode by up to 4e-6 today (measured, AVX-512 host), which flips no pick in these runs — and a
-// missing KV trim or a wrong row fails them (checked by removing the trim).
+// missing KV trim or a wrong row fails them (checked by removing the trim). `force`: drafts at the
+// cap every step whatever the measured costs say, so the verify path runs throughout.
 GenerateOptions with_spec(GenerateOptions o, int k = 8) {
   o.spec.draft_max = k;
+  o.spec.force = true;
   return o;
 }
 
@@ -339,6 +341,8 @@ TEST_F(Generate, DraftModelOfTheTargetItselfIsAlwaysTaken) {
   o.spec.draft_max = 4;
   o.spec.draft_model = model_;
   o.spec.target_vocab = model_->info().vocab;
+  o.spec.force = true;
+  o.spec.draft_p_min = 0;  // every token drafted, however unsure
   auto c = cache();
   auto r = generate(*model_, c, {1}, o, nullptr);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
@@ -361,6 +365,8 @@ TEST_F(Generate, DraftModelKeepsSampledTokensThroughRejections) {
   o.spec.draft_max = 5;
   o.spec.draft_model = model_;
   o.spec.target_vocab = model_->info().vocab;
+  o.spec.force = true;
+  o.spec.draft_p_min = 0;
   auto b = generate(*model_, c2, {1, 403, 407}, o, nullptr);
   ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().to_string();
   EXPECT_EQ(a->tokens, b->tokens);
