@@ -75,45 +75,37 @@ Status check_draft_vocab(const LoadedModel& target, const LoadedModel& draft) {
 
 void SpecCost::forward(int64_t rows, double seconds) {
   if (rows < 1 || rows > kMaxRows || !(seconds > 0)) return;
-  // An average that follows drift (the load, the batch) after a few samples: the first ones are
-  // averaged plainly, later ones weigh a tenth.
-  const double w = 1.0 / static_cast<double>(std::min<int64_t>(++n_[rows], 10));
-  t_[rows] = t_[rows] > 0 ? (1 - w) * t_[rows] + w * seconds : seconds;
+  constexpr double kKeep = 0.95;  // per sample: the fit follows the load and the batch over ~20 forwards
+  const double x = static_cast<double>(rows - 1);
+  s0_ = kKeep * s0_ + 1;
+  s1_ = kKeep * s1_ + x;
+  s2_ = kKeep * s2_ + x * x;
+  sy_ = kKeep * sy_ + seconds;
+  sxy_ = kKeep * sxy_ + x * seconds;
 }
 
 void SpecCost::drafted(int64_t tokens, double seconds) {
   if (tokens < 0 || !(seconds >= 0)) return;
   // Per token over recent drafts (a draft that stopped at its first token costs a forward for none).
   const double per = seconds / static_cast<double>(std::max<int64_t>(tokens, 1));
-  const double w = 1.0 / static_cast<double>(std::min<int64_t>(++draft_n_, 10));
+  const double w = 1.0 / static_cast<double>(std::min<int64_t>(++draft_n_, 20));
   draft_s_ = draft_n_ > 1 ? (1 - w) * draft_s_ + w * per : per;
 }
 
 double SpecCost::forward_time(int64_t rows) const {
-  constexpr double kPriorSlope = 0.15;  // of t(1) per extra row: decode streams the weights once
-  if (rows < 1 || t_[1] <= 0) return 0;
-  if (rows <= kMaxRows && t_[rows] > 0) return t_[rows];
-  int64_t lo = 1, hi = 0;  // the nearest measured counts below and above
-  for (int64_t r = std::min(rows, kMaxRows); r >= 1; --r)
-    if (t_[r] > 0) {
-      lo = r;
-      break;
-    }
-  for (int64_t r = rows + 1; r <= kMaxRows; ++r)
-    if (t_[r] > 0) {
-      hi = r;
-      break;
-    }
-  if (hi > 0)
-    return t_[lo] + (t_[hi] - t_[lo]) * static_cast<double>(rows - lo) / static_cast<double>(hi - lo);
-  // Above every measured count: the slope between the two largest (never below zero), else the prior.
-  double slope = kPriorSlope * t_[1];
-  for (int64_t r = lo - 1; r >= 1; --r)
-    if (t_[r] > 0) {
-      slope = std::max(0.0, (t_[lo] - t_[r]) / static_cast<double>(lo - r));
-      break;
-    }
-  return t_[lo] + slope * static_cast<double>(rows - lo);
+  if (rows < 1 || s0_ <= 0) return 0;
+  const double mx = s1_ / s0_, my = sy_ / s0_;
+  const double var = s2_ / s0_ - mx * mx, cov = sxy_ / s0_ - mx * my;
+  double a = 0, b = 0;
+  if (var > 0.1) {  // the samples span row counts: their slope (never below zero)
+    b = std::max(0.0, cov / var);
+    a = my - b * mx;
+  }
+  if (var <= 0.1 || a <= 0) {  // one row count (or a nonsense intercept): the prior slope through the mean
+    a = my / (1 + kPriorSlope * mx);
+    b = kPriorSlope * a;
+  }
+  return a + b * static_cast<double>(rows - 1);
 }
 
 // ---- the shared policy -------------------------------------------------------------------

@@ -54,18 +54,17 @@ class SpecCost {
   void forward(int64_t rows, double seconds);
   // Making `tokens` drafted tokens took `seconds`.
   void drafted(int64_t tokens, double seconds);
-  // The expected time of a forward of `rows` rows: the average of those measured at that count;
-  // else interpolated between the nearest measured counts, or extrapolated from the largest with
-  // the measured per-row slope (before two counts are measured: prior_slope × t(1) per row).
-  // 0 before any one-row forward was measured.
+  // The expected time of a forward of `rows` rows: a line a + b·(rows - 1) fitted by least squares
+  // to the recent forwards (older ones weigh less) — one line pools every sample, where a table by
+  // row count would rest on a handful of noisy samples each on a busy machine. Before the forwards
+  // span two row counts the slope is prior_slope × a. 0 before any forward was measured.
   double forward_time(int64_t rows) const;
   // Per drafted token; `prior` (seconds) before any draft was timed.
   double draft_time(double prior) const { return draft_n_ > 0 ? draft_s_ : prior; }
-  bool measured(int64_t rows) const { return rows >= 1 && rows <= kMaxRows && t_[rows] > 0; }
+  static constexpr double kPriorSlope = 0.15;  // of a step per row: decode streams the weights once
 
  private:
-  double t_[kMaxRows + 1] = {};  // average seconds per forward of n rows (0: none yet)
-  int64_t n_[kMaxRows + 1] = {};
+  double s0_ = 0, s1_ = 0, s2_ = 0, sy_ = 0, sxy_ = 0;  // decayed sums of 1, x, x², y, x·y (x = rows - 1)
   double draft_s_ = 0;
   int64_t draft_n_ = 0;
 };
