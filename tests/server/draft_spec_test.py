@@ -8,17 +8,15 @@ On the real Qwen2.5-Coder 1.5B target and 0.5B draft (Q4_K_M, from LARDER_MODELS
 absent: scripts/fetch_models.sh). Q4_K and Q6_K decode is batch-invariant on the AVX-512 tier only
 with LARDER_BATCH_INVARIANT=1 today (kernels/batch_invariance.cpp), so both servers run with it set
 — the test holds whether or not the default kernels have become invariant."""
-import concurrent.futures
 import os
 import unittest
 
-from server_harness import Server, metric_sum
+from spec_pair import SpecPairTest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.environ.get("LARDER_MODELS_DIR") or os.path.join(HERE, "../../.cache/models")
 TARGET = os.path.join(MODELS, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 DRAFT = os.path.join(MODELS, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-ENV = {"LARDER_BATCH_INVARIANT": "1"}
 
 PROMPTS = [
     "Rewrite this Python function with type hints, changing nothing else:\n\n"
@@ -32,47 +30,18 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "langs": 
 
 
 @unittest.skipUnless(os.path.exists(TARGET) and os.path.exists(DRAFT), "the Qwen2.5-Coder pair is not fetched")
-class ServeDraftTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        flags = ("--parallel", "3", "--ctx", "2048", "--prompt-cache", "0", "-t", "2")
-        cls.plain = Server(TARGET, *flags, "--spec", "none", env=ENV, startup_timeout=300).start()
-        try:
-            cls.spec = Server(TARGET, *flags, "-md", DRAFT, "--spec-draft-n-max", "6", env=ENV,
-                              startup_timeout=300).start()
-        except BaseException:
-            cls.plain.stop()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.plain.stop()
-        cls.spec.stop()
-
-    def chat(self, srv, prompt, extra=None, n=40):
-        r = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], "temperature": 0,
-                                              "max_tokens": n, **(extra or {})}, timeout=600)
-        self.assertEqual(r.status, 200, r)
-        j = r.json()
-        return j["choices"][0]["message"]["content"], j["choices"][0]["finish_reason"], j["usage"]
+class ServeDraftTest(SpecPairTest):
+    MODEL = TARGET
+    FLAGS = ("--parallel", "3", "--ctx", "2048", "--prompt-cache", "0", "-t", "2")
+    SPEC_FLAGS = ("-md", DRAFT, "--spec-draft-n-max", "6")
+    ENV = {"LARDER_BATCH_INVARIANT": "1"}
+    STARTUP = 300
+    N = 40
+    TIMEOUT = 600
 
     def test_batched_greedy_is_plain_decoding_with_timings(self):
         self.assertIn("draft model", self.spec.log())
-        want = [self.chat(self.plain, p)[:2] for p in PROMPTS]  # one at a time
-        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as ex:  # together: one batch
-            got = list(ex.map(lambda p: self.chat(self.spec, p), PROMPTS))
-        drafted = accepted = 0
-        for p, w, g in zip(PROMPTS, want, got):
-            with self.subTest(prompt=p[:30]):
-                self.assertEqual(g[:2], w)
-                t = g[2]["larder"]["timings"]
-                self.assertLessEqual(t["accepted_tokens"], t["drafted_tokens"])
-                drafted += t["drafted_tokens"]
-                accepted += t["accepted_tokens"]
-        self.assertGreater(accepted, 20)
-        m = self.spec.metrics()
-        self.assertGreaterEqual(metric_sum(m, "larder_spec_drafted_tokens_total"), drafted)
-        self.assertGreaterEqual(metric_sum(m, "larder_spec_accepted_tokens_total"), accepted)
+        self.assert_batch_is_plain_decoding(PROMPTS, min_accepted=20)
 
     def test_sampled_with_seed(self):
         extra = {"temperature": 0.8, "top_p": 0.95, "seed": 5}

@@ -8,16 +8,17 @@ timings (`usage.larder.timings`, llama-server's `timings.draft_n`/`draft_n_accep
 On the real SmolLM2-135M-Instruct BF16 checkpoint (skips when absent: scripts/fetch_models.sh),
 whose rows are batch-invariant today (bench/RESULTS.md, issue 44): exactness on GGUF integer formats
 waits for batch-invariant kernels (tests/cli/spec_test.py)."""
-import concurrent.futures
 import json
 import os
 import unittest
 
-from server_harness import Server, metric_sum
+from server_harness import Server
+from spec_pair import SpecPairTest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.environ.get("LARDER_MODELS_DIR") or os.path.join(HERE, "../../.cache/models")
 BF16 = os.path.join(MODELS, "SmolLM2-135M-Instruct-hf")
+Q4_1 = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")  # the same model: a draft with its vocabulary
 
 PROMPTS = [
     "Repeat this list exactly, one item per line: apple, banana, cherry, date, elderberry, fig, grape, "
@@ -33,42 +34,14 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "fruits":
 
 
 @unittest.skipUnless(os.path.exists(BF16), f"{BF16} not fetched (scripts/fetch_models.sh)")
-class ServeSpecTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        flags = ("--parallel", "4", "--ctx", "2048", "--prompt-cache", "0")
-        cls.plain = Server(BF16, *flags, "--spec", "none").start()
-        cls.spec = Server(BF16, *flags, "--spec", "ngram").start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.plain.stop()
-        cls.spec.stop()
-
-    def chat(self, srv, prompt, extra=None, n=96):
-        r = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], "temperature": 0,
-                                              "max_tokens": n, **(extra or {})})
-        self.assertEqual(r.status, 200, r)
-        j = r.json()
-        return j["choices"][0]["message"]["content"], j["choices"][0]["finish_reason"], j["usage"]
+class ServeSpecTest(SpecPairTest):
+    MODEL = BF16
+    FLAGS = ("--parallel", "4", "--ctx", "2048", "--prompt-cache", "0")
+    SPEC_FLAGS = ("--spec", "ngram")
 
     def test_batched_output_is_plain_decodings_with_timings(self):
-        want = [self.chat(self.plain, p)[:2] for p in PROMPTS]  # one at a time
-        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as ex:  # together: one batch
-            got = list(ex.map(lambda p: self.chat(self.spec, p), PROMPTS))
-        drafted = accepted = 0
-        for p, w, g in zip(PROMPTS, want, got):
-            with self.subTest(prompt=p[:30]):
-                self.assertEqual(g[:2], w)
-                t = g[2]["larder"]["timings"]
-                self.assertLessEqual(t["accepted_tokens"], t["drafted_tokens"])
-                drafted += t["drafted_tokens"]
-                accepted += t["accepted_tokens"]
-        self.assertGreater(accepted, 20)
+        self.assert_batch_is_plain_decoding(PROMPTS, min_accepted=20)
         self.assertNotIn("drafted_tokens", self.chat(self.plain, PROMPTS[0], n=4)[2]["larder"]["timings"])
-        m = self.spec.metrics()
-        self.assertGreaterEqual(metric_sum(m, "larder_spec_drafted_tokens_total"), drafted)
-        self.assertGreaterEqual(metric_sum(m, "larder_spec_accepted_tokens_total"), accepted)
         self.assertRegex(self.spec.log(), r" spec=\d+/\d+")
 
     def test_structured_output(self):
@@ -84,6 +57,24 @@ class ServeSpecTest(unittest.TestCase):
         self.assertIn("draft_n", t)
         self.assertLessEqual(t["draft_n_accepted"], t["draft_n"])
 
+
+    @unittest.skipUnless(os.path.exists(Q4_1), f"{Q4_1} not fetched")
+    def test_draft_kv_counted_in_the_budget(self):
+        # A draft model's KV grows beside the target's in every sequence: --kv-budget admission
+        # counts both (the draft here has the target's shape, so twice the bytes per token).
+        flags = ("--parallel", "2", "--ctx", "1024", "--kv-budget", "1G")
+        plain = Server(BF16, *flags, "--spec", "none").start()
+        try:
+            alone = plain.request("GET", "/stats").json()["server"]["kv_bytes_per_token"]
+        finally:
+            plain.stop()
+        srv = Server(BF16, *flags, "--draft", Q4_1).start()
+        try:
+            both = srv.request("GET", "/stats").json()["server"]["kv_bytes_per_token"]
+        finally:
+            srv.stop()
+        self.assertGreater(alone, 0)
+        self.assertEqual(both, 2 * alone)
 
     def test_json_log_fields(self):
         srv = Server(BF16, "--parallel", "1", "--ctx", "1024", "--spec", "ngram", "--log-format", "json").start()

@@ -327,6 +327,16 @@ int run_serve(ServeFlags f) {
     if (ec.min_free_memory == 0)
       return fail(invalid_argument(strfmt("[serve] --min-free-memory '%s' is not a size (e.g. 1G, 512M)", f.min_free_memory.c_str())));
   }
+  if (spec_run->draft) {
+    // Each drafting sequence holds the draft model's KV beside the target's (its own state,
+    // runtime::DraftModelDrafter): --kv-budget admission counts both.
+    runtime::FitRequest dfr;
+    dfr.ctx = sm.ctx;
+    dfr.parallel = f.parallel;
+    const auto de = runtime::estimate_fit(*spec_run->draft->model, spec_run->draft->files.tensors().total_bytes(), dfr);
+    kv_bytes_per_token += de.kv_per_token;
+    kv_fixed_bytes += de.kv_fixed;
+  }
   ec.kv_bytes_per_token = kv_bytes_per_token;
   ec.kv_fixed_bytes = kv_fixed_bytes;
   ec.admit_wait = std::chrono::milliseconds(static_cast<int64_t>(f.admit_wait_s * 1e3));
