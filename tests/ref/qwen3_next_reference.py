@@ -281,8 +281,10 @@ def main():
     d6 = os.path.join(root, "qwen3_next_ppl_q8_0")
     os.makedirs(d6, exist_ok=True)
     w16 = random_weights(c16, rng16)
-    # logits ~N(0, 3²) instead of ~N(0, 10²): a perplexity in the hundreds, not ~1e10 (as qwen3_moe_q8_0)
-    w16["lm_head.weight"] *= np.float32(0.3)
+    # logits ~N(0, 1.5²) instead of ~N(0, 10²): a perplexity in the hundreds, not ~1e10; at 0.3 (as
+    # qwen3_moe_q8_0) the int8 rounding of activations alone moved this hybrid's perplexity by 1.9 %
+    # (larder with and without it: 4623 vs 4711 at ctx 64), too near the 1 % the test allows.
+    w16["lm_head.weight"] *= np.float32(0.15)
     write_gguf(os.path.join(d6, "model.gguf"), c16, w16)
     with open(os.path.join(d6, "ppl_text.txt"), "w", encoding="utf-8") as f:
         f.write(text_of([int(t) for t in rng16.integers(3, c16["vocab_size"], PPL_TOKENS)]))
