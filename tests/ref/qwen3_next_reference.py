@@ -30,7 +30,10 @@ Cases:
                         matrices Q8_0; oracle ("deq"): mlx-lm on the HF checkpoint of exactly the
                         dequantized values
   qwen3_next_ssm_in_q8_0  the same GGUF as older converters wrote it: one `ssm_in` = in_proj_qkvz
-                        (no logits of its own: it must give qwen3_next_q8_0's)
+                        (no logits of its own: it must give qwen3_next_q8_0's); its layer pattern
+                        only in attention.recurrent_layers, beside full_attention_interval 4 (what
+                        the converter writes for a config with layer_types and no interval key:
+                        llama.cpp's loader reads the list first)
   qwen3_next_ppl_q8_0   for llama-perplexity only: the GGUF shapes with linear_value_head_dim 16 (what
                         llama.cpp's qwen3next loader accepts: it sizes value heads by the key head dim),
                         the synthetic SPM vocabulary (gguf_ref.py), ppl_text.txt (512 tokens)
@@ -181,16 +184,22 @@ def gguf_name(hf):
     raise KeyError(hf)
 
 
-def write_gguf(path, c, weights, legacy_ssm_in=False):
+def write_gguf(path, c, weights, legacy_ssm_in=False, recurrent_layers=None):
     """Returns the HF-layout weights of exactly the values the GGUF holds (the oracle's input).
-    legacy_ssm_in: in_proj_qkvz as one `ssm_in` tensor (older converters)."""
+    legacy_ssm_in: in_proj_qkvz as one `ssm_in` tensor (older converters). recurrent_layers: a bool
+    per layer written as attention.recurrent_layers, and full_attention_interval the converter's
+    fallback 4 instead of c's."""
     import gguf
     E, L = c["num_experts"], c["num_hidden_layers"]
     assert all(routed(c, l) for l in range(L)), "llama.cpp's qwen3next routes every layer"
     wr = gguf.GGUFWriter(path, "qwen3next")
     add_transformer(wr, c, c["rope_theta"], rope_dims=int(c["head_dim"] * c["partial_rotary_factor"]))
     add_experts(wr, c, shared=True)
-    add_gated_delta(wr, c)
+    if recurrent_layers is None:
+        add_gated_delta(wr, c)
+    else:
+        add_gated_delta(wr, dict(c, full_attention_interval=4))
+        wr.add_array("qwen3next.attention.recurrent_layers", list(recurrent_layers))
     wr.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     write_spm_vocab(wr, c)
     back = {}
@@ -266,7 +275,9 @@ def main():
     deq = write_gguf(os.path.join(d4, "model.gguf"), c3, w3)
     d5 = os.path.join(root, "qwen3_next_ssm_in_q8_0")
     os.makedirs(d5, exist_ok=True)
-    deq_legacy = write_gguf(os.path.join(d5, "model.gguf"), c3, w3, legacy_ssm_in=True)
+    deq_legacy = write_gguf(os.path.join(d5, "model.gguf"), c3, w3, legacy_ssm_in=True,
+                            recurrent_layers=[(l + 1) % c3["full_attention_interval"] != 0
+                                              for l in range(c3["num_hidden_layers"])])
     assert all(np.array_equal(deq[k], deq_legacy[k]) for k in deq), "Q8_0 rows quantize alone"
     hf = os.path.join(d4, "hf")
     write_hf(hf, c3, deq, "f32")

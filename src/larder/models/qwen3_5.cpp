@@ -221,8 +221,9 @@ Result<Qwen35Params> hf_params(const ordered_json& j, const ModelConfig& c, bool
   return p;
 }
 
-// llama.cpp's `qwen35` metadata (convert_hf_to_gguf: Qwen3_5TextModel): the DeltaNet shapes as
-// its ssm.* keys, the layer pattern as full_attention_interval.
+// llama.cpp's `qwen35` / `qwen3next` metadata (convert_hf_to_gguf: Qwen3_5TextModel,
+// Qwen3NextModel): the DeltaNet shapes as its ssm.* keys, the layer pattern as
+// attention.recurrent_layers or full_attention_interval.
 Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& c, bool next) {
   const std::string a = c.architecture + ".";
   const char* src = c.source.c_str();
@@ -265,6 +266,15 @@ Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& 
     p.norm_topk_prob = true;
   }
   p.routed.assign(static_cast<size_t>(c.n_layers), p.experts.n_experts > 0);
+  // The converter writes attention.recurrent_layers (a bool per layer) when the config has
+  // layer_types; llama.cpp's loader takes it before full_attention_interval.
+  if (const formats::GgufValue* rl = g.find(a + "attention.recurrent_layers"); rl != nullptr) {
+    if (!rl->is_array() || static_cast<int64_t>(rl->ints.size()) != c.n_layers)
+      return invalid_argument(strfmt("[config] %s: GGUF %sattention.recurrent_layers must hold one bool per layer (%lld)",
+                                     src, a.c_str(), (long long)c.n_layers));
+    for (int64_t v : rl->ints) p.full.push_back(v == 0);
+    return p;
+  }
   const int64_t interval = g.get_int(a + "full_attention_interval").value_or(4);
   if (interval < 1) return invalid_argument(strfmt("[config] %s: GGUF full_attention_interval must be >= 1", src));
   for (int64_t i = 0; i < c.n_layers; ++i) p.full.push_back((i + 1) % interval == 0);

@@ -142,7 +142,8 @@ TEST(Qwen3Next, TightAgainstMlxLm) {
 
 // The older converters' single `ssm_in` (in_proj_qkvz as HF stores it) holds the same Q8_0 rows
 // as attn_qkv + attn_gate: on the reference table, where each output row is computed alone, the
-// logits are the same bits.
+// logits are the same bits. That file's layer pattern is only in attention.recurrent_layers (its
+// full_attention_interval says 4, which would make layer 1 a DeltaNet layer without tensors).
 TEST(Qwen3Next, LegacySsmInEqualsSplitQkvAndGate) {
   const Ref ref = read_ref(kRoot + "qwen3_next_q8_0", "deq");
   test::LoadedModel split = test::load_model(model_path("qwen3_next_q8_0"));
