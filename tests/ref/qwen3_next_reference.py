@@ -34,6 +34,11 @@ Cases:
                         only in attention.recurrent_layers, beside full_attention_interval 4 (what
                         the converter writes for a config with layer_types and no interval key:
                         llama.cpp's loader reads the list first)
+  qwen3_next_mtp_q8_0   the same GGUF as the current converter writes it from a checkpoint with an MTP
+                        block (mtp.*; --no-mtp not given): one more block, blk.4, with a trunk
+                        block's tensors and nextn.{eh_proj,enorm,hnorm,shared_head_norm},
+                        block_count 5, nextn_predict_layers 1, attention.recurrent_layers over all 5
+                        (no logits of its own: it must give qwen3_next_q8_0's)
   qwen3_next_ppl_q8_0   for llama-perplexity only: the GGUF shapes with linear_value_head_dim 16 (what
                         llama.cpp's qwen3next loader accepts: it sizes value heads by the key head dim),
                         the synthetic SPM vocabulary (gguf_ref.py), ppl_text.txt (512 tokens)
@@ -184,16 +189,20 @@ def gguf_name(hf):
     raise KeyError(hf)
 
 
-def write_gguf(path, c, weights, legacy_ssm_in=False, recurrent_layers=None):
+def write_gguf(path, c, weights, legacy_ssm_in=False, recurrent_layers=None, mtp=False):
     """Returns the HF-layout weights of exactly the values the GGUF holds (the oracle's input).
     legacy_ssm_in: in_proj_qkvz as one `ssm_in` tensor (older converters). recurrent_layers: a bool
     per layer written as attention.recurrent_layers, and full_attention_interval the converter's
-    fallback 4 instead of c's."""
+    fallback 4 instead of c's. mtp: one multi-token-prediction block after the trunk (zeros: it is
+    not run), counted in block_count, with nextn_predict_layers."""
     import gguf
     E, L = c["num_experts"], c["num_hidden_layers"]
     assert all(routed(c, l) for l in range(L)), "llama.cpp's qwen3next routes every layer"
     wr = gguf.GGUFWriter(path, "qwen3next")
-    add_transformer(wr, c, c["rope_theta"], rope_dims=int(c["head_dim"] * c["partial_rotary_factor"]))
+    add_transformer(wr, dict(c, num_hidden_layers=L + 1) if mtp else c, c["rope_theta"],
+                    rope_dims=int(c["head_dim"] * c["partial_rotary_factor"]))
+    if mtp:
+        wr.add_uint32("qwen3next.nextn_predict_layers", 1)
     add_experts(wr, c, shared=True)
     if recurrent_layers is None:
         add_gated_delta(wr, c)
@@ -233,6 +242,17 @@ def write_gguf(path, c, weights, legacy_ssm_in=False, recurrent_layers=None):
                        np.stack([weights[p + f"experts.{e}.{proj}.weight"] for e in range(E)]))
             for e in range(E):
                 back[p + f"experts.{e}.{proj}.weight"] = deq[e]
+    if mtp:  # Qwen3NextModel's MTP block: a full-attention trunk block + the nextn tensors
+        h, nh, nkv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        E, I, S = c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+        shapes = {"attn_norm": (h,), "post_attention_norm": (h,), "attn_q": (2 * nh * hd, h), "attn_k": (nkv * hd, h),
+                  "attn_v": (nkv * hd, h), "attn_output": (h, nh * hd), "attn_q_norm": (hd,), "attn_k_norm": (hd,),
+                  "ffn_gate_inp": (E, h), "ffn_gate_exps": (E, I, h), "ffn_up_exps": (E, I, h),
+                  "ffn_down_exps": (E, h, I), "ffn_gate_shexp": (S, h), "ffn_up_shexp": (S, h),
+                  "ffn_down_shexp": (h, S), "ffn_gate_inp_shexp": (h,), "nextn.eh_proj": (h, 2 * h),
+                  "nextn.enorm": (h,), "nextn.hnorm": (h,), "nextn.shared_head_norm": (h,)}
+        for n, shape in shapes.items():
+            wr.add_tensor(f"blk.{L}.{n}.weight", np.zeros(shape, dtype=np.float32))
     finish(wr)
     return back
 
@@ -279,6 +299,12 @@ def main():
                             recurrent_layers=[(l + 1) % c3["full_attention_interval"] != 0
                                               for l in range(c3["num_hidden_layers"])])
     assert all(np.array_equal(deq[k], deq_legacy[k]) for k in deq), "Q8_0 rows quantize alone"
+    d7 = os.path.join(root, "qwen3_next_mtp_q8_0")
+    os.makedirs(d7, exist_ok=True)
+    deq_mtp = write_gguf(os.path.join(d7, "model.gguf"), c3, w3, mtp=True,
+                         recurrent_layers=[(l + 1) % c3["full_attention_interval"] != 0
+                                           for l in range(c3["num_hidden_layers"])] + [False])
+    assert all(np.array_equal(deq[k], deq_mtp[k]) for k in deq)
     hf = os.path.join(d4, "hf")
     write_hf(hf, c3, deq, "f32")
     case(root, "qwen3_next_q8_0", c3, rng3,

@@ -37,6 +37,9 @@
 //   into attn_qkv + attn_gate (older files: one `ssm_in` = in_proj_qkvz), keeps `ssm_ba` fused and
 //   the value heads grouped (no tiling; llama.cpp broadcasts key head h / (H_v/H_k)), gains + 1 and
 //   ssm_a as for qwen35; every layer routed and renormalised.
+// - GGUF (both): the layer pattern from attention.recurrent_layers where the file has it, else
+//   full_attention_interval; multi-token-prediction blocks (nextn_predict_layers, the last
+//   blocks) are skipped: not part of the forward.
 #include <cmath>
 
 #include "larder/formats/gguf.h"
@@ -268,11 +271,13 @@ Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& 
   p.routed.assign(static_cast<size_t>(c.n_layers), p.experts.n_experts > 0);
   // The converter writes attention.recurrent_layers (a bool per layer) when the config has
   // layer_types; llama.cpp's loader takes it before full_attention_interval.
+  // With multi-token-prediction blocks the list covers them too (block_count; see qwen3_5_config).
   if (const formats::GgufValue* rl = g.find(a + "attention.recurrent_layers"); rl != nullptr) {
-    if (!rl->is_array() || static_cast<int64_t>(rl->ints.size()) != c.n_layers)
-      return invalid_argument(strfmt("[config] %s: GGUF %sattention.recurrent_layers must hold one bool per layer (%lld)",
-                                     src, a.c_str(), (long long)c.n_layers));
-    for (int64_t v : rl->ints) p.full.push_back(v == 0);
+    const int64_t all = c.n_layers + g.get_int(a + "nextn_predict_layers").value_or(0);
+    if (!rl->is_array() || static_cast<int64_t>(rl->ints.size()) != all)
+      return invalid_argument(strfmt("[config] %s: GGUF %sattention.recurrent_layers must hold one bool per block (%lld)",
+                                     src, a.c_str(), (long long)all));
+    for (int64_t l = 0; l < c.n_layers; ++l) p.full.push_back(rl->ints[static_cast<size_t>(l)] == 0);
     return p;
   }
   const int64_t interval = g.get_int(a + "full_attention_interval").value_or(4);
@@ -327,6 +332,10 @@ Status Qwen35Model::bind(const formats::ModelFiles& files) {
   // llama.cpp's converter adds 1 to every norm but the DeltaNet's gated one, like mlx-lm's sanitize.
   const NormGain gain = gguf ? NormGain::kAsStored : gain_convention(files);
   WeightBinder b(files, names);
+  if (gguf) {  // the multi-token-prediction blocks after the trunk are not run (qwen3_5_config)
+    const int64_t nextn = files.gguf->get_int(c.architecture + ".nextn_predict_layers").value_or(0);
+    for (int64_t l = c.n_layers; l < c.n_layers + nextn; ++l) b.ignore_prefix(strfmt("blk.%lld.", (long long)l));
+  }
   LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, /*family_default=*/false));
   apply_gain(final_norm_.weight, gain);
   attn_opt_.pairing = kernels::RopePairing::kHalf;
@@ -419,7 +428,18 @@ void Qwen35Model::layer_forward(int l, const LayerBatch& b) {
 }  // namespace
 
 Result<ModelConfig> qwen3_5_config(const formats::ModelFiles& files) {
-  if (files.gguf) return config_from_gguf(*files.gguf);
+  if (files.gguf) {
+    // llama.cpp's converter appends the checkpoint's multi-token-prediction block(s) (mtp.*) as
+    // the last blocks, counted in block_count and named by nextn_predict_layers (on by default
+    // since --no-mtp exists); the trunk is the blocks before them, and they are not run here.
+    LARDER_ASSIGN_OR_RETURN(ModelConfig c, config_from_gguf(*files.gguf));
+    const int64_t nextn = files.gguf->get_int(c.architecture + ".nextn_predict_layers").value_or(0);
+    if (nextn < 0 || nextn >= c.n_layers)
+      return invalid_argument(strfmt("[config] %s: GGUF %s.nextn_predict_layers %lld must be in [0, block_count = %lld)",
+                                     c.source.c_str(), c.architecture.c_str(), (long long)nextn, (long long)c.n_layers));
+    c.n_layers -= nextn;
+    return c;
+  }
   LARDER_ASSIGN_OR_RETURN(const std::string arch, architecture_of(files));
   return config_from_hf_json(files, text_config(files, is_qwen3_next(arch)));
 }

@@ -381,6 +381,11 @@ std::vector<std::string> WeightBinder::unbound() const {
   return out;
 }
 
+void WeightBinder::ignore_prefix(const std::string& file_prefix) {
+  for (const auto& t : files_.tensors().tensors())
+    if (t.name.compare(0, file_prefix.size(), file_prefix) == 0) bound_.insert(t.name);
+}
+
 std::string WeightBinder::weight_dtypes() const {
   std::string s;
   for (const auto& d : dtypes_) s += (s.empty() ? "" : "+") + d;

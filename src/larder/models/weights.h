@@ -83,6 +83,9 @@ class WeightBinder {
 
   // Tensors of the file that nothing bound (file names, in file order).
   std::vector<std::string> unbound() const;
+  // Marks the file's tensors whose names start with `file_prefix` as deliberately unused, so they
+  // are not reported as unbound (a GGUF's multi-token-prediction blocks past the trunk, "blk.48.").
+  void ignore_prefix(const std::string& file_prefix);
   // The file's name of a canonical HF name ("" when a GGUF table has no mapping).
   std::string file_name(const std::string& hf_name) const;
   const TensorNames& names() const { return names_; }

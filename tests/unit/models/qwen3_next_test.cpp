@@ -2,7 +2,8 @@
 // mlx-lm's own qwen3_next classes — HF layout (fused in_proj_qkvz / in_proj_ba per key head, γ − 1
 // gains, per-expert tensors, a dense layer from mlp_only_layers), decoder_sparse_step 2 without
 // renormalisation and tied, MLX 4-bit, GGUF `qwen3next` Q8_0 as llama.cpp's converter writes it
-// (attn_qkv + attn_gate, ssm_ba, grouped value heads) and as older converters did (ssm_in) —
+// (attn_qkv + attn_gate, ssm_ba, grouped value heads; with its MTP block) and as older converters
+// did (ssm_in) —
 // teacher-forced over 64 tokens. Beyond parity: the layers it declares, any prefill cut and decode
 // after prefill equal to all-at-once, a batch equal to each sequence alone, and a KV-store
 // checkpoint continuing exactly as the cold computation.
@@ -49,7 +50,8 @@ TEST(Qwen3Next, DeclaresHybridLayersAndTheirExperts) {
                         {"qwen3_next_mlx4", {true, true, false, true}, 8, 2, false},
                         {"qwen3_next_step2_f32", {false, true, false, true}, 6, 3, true},
                         {"qwen3_next_q8_0", {true, true, true, true}, 8, 2, false},
-                        {"qwen3_next_ssm_in_q8_0", {true, true, true, true}, 8, 2, false}};
+                        {"qwen3_next_ssm_in_q8_0", {true, true, true, true}, 8, 2, false},
+                        {"qwen3_next_mtp_q8_0", {true, true, true, true}, 8, 2, false}};
   for (const Case& c : cases) {
     test::LoadedModel l = test::load_model(model_path(c.dir));
     ASSERT_NE(l.model, nullptr) << c.dir;
@@ -140,19 +142,25 @@ TEST(Qwen3Next, TightAgainstMlxLm) {
   }
 }
 
-// The older converters' single `ssm_in` (in_proj_qkvz as HF stores it) holds the same Q8_0 rows
-// as attn_qkv + attn_gate: on the reference table, where each output row is computed alone, the
-// logits are the same bits. That file's layer pattern is only in attention.recurrent_layers (its
-// full_attention_interval says 4, which would make layer 1 a DeltaNet layer without tensors).
-TEST(Qwen3Next, LegacySsmInEqualsSplitQkvAndGate) {
+// Other GGUF layouts of the same weights give qwen3_next_q8_0's logits bit for bit on the
+// reference table (each output row computed alone):
+// - ssm_in: the older converters' single in_proj_qkvz holds the same Q8_0 rows as attn_qkv +
+//   attn_gate; its layer pattern is only in attention.recurrent_layers (its
+//   full_attention_interval says 4, which would make layer 1 a DeltaNet layer without tensors);
+// - mtp: the current converter's multi-token-prediction block after the trunk (block_count 5,
+//   nextn_predict_layers 1) is skipped, not run and not refused as an unused tensor.
+TEST(Qwen3Next, OtherGgufLayoutsEqualTheSplitOne) {
   const Ref ref = read_ref(kRoot + "qwen3_next_q8_0", "deq");
   test::LoadedModel split = test::load_model(model_path("qwen3_next_q8_0"));
-  test::LoadedModel fused = test::load_model(model_path("qwen3_next_ssm_in_q8_0"));
   ASSERT_NE(split.model, nullptr);
-  ASSERT_NE(fused.model, nullptr);
-  with_table(kernels::ref_table(), [&] {
-    EXPECT_EQ(run_chunks(*fused.model, ref.tokens, {64}), run_chunks(*split.model, ref.tokens, {64}));
-  });
+  for (const char* dir : {"qwen3_next_ssm_in_q8_0", "qwen3_next_mtp_q8_0"}) {
+    test::LoadedModel other = test::load_model(model_path(dir));
+    ASSERT_NE(other.model, nullptr) << dir;
+    EXPECT_EQ(other.model->info().n_layers, 4) << dir;
+    with_table(kernels::ref_table(), [&] {
+      EXPECT_EQ(run_chunks(*other.model, ref.tokens, {64}), run_chunks(*split.model, ref.tokens, {64})) << dir;
+    });
+  }
 }
 
 TEST(Qwen3Next, BatchedEqualsAlone) {
