@@ -118,7 +118,7 @@ VerbMain add_quantize(CLI::App& app) {
   cmd->add_option("--max-shard-mb", o->max_shard_mb, "largest shard in MiB")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)");
   cmd->add_option("--lora", o->lora,
-                  "LoRA adapter PATH[:SCALE] (PEFT or mlx-lm directory) merged into the weights before quantizing "
+                  "LoRA adapter PATH[:SCALE] (PEFT or mlx-lm directory, or a GGUF LoRA in HF row order) merged into the weights before quantizing "
                   "(W + scale·B·A with the adapter's alpha/rank scaling); repeatable; HF sources only")
       ->allow_extra_args(false);
   return [o, cmd]() {

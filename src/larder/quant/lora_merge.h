@@ -12,8 +12,8 @@
 // merged model differ from the adapter's at run time by f32 rounding only.
 //
 // The source is an HF safetensors directory; adapters are validated against it first
-// (LoraAdapter::validate: shapes, modules, row order — a GGUF LoRA, in llama.cpp's row order, is
-// refused for an HF base).
+// (LoraAdapter::validate: shapes, modules, row order — a GGUF LoRA is refused where llama.cpp
+// permuted its rows, e.g. llama's Q/K, and merges like the PEFT form elsewhere).
 #pragma once
 
 #include <span>
