@@ -6,7 +6,10 @@
 
 #include "larder/quant/convert.h"
 #include "larder/quant/gguf_export.h"
+#include "larder/quant/lora_merge.h"
+#include <unistd.h>
 #include "larder/core/progress.h"
+#include "generation_setup.h"
 #include "model_arg.h"
 #include "validators.h"
 #include "verbs.h"
@@ -25,6 +28,7 @@ struct Opts {
   bool rotate = false, no_r2 = false;
   uint64_t rotation_seed = 42;
   double max_shard_mb = 5 * 1024.0;
+  std::vector<std::string> lora;  // --lora PATH[:SCALE]: merged into the base first (issue 45 item 4)
 };
 // --format gguf (quant/gguf_export.h): options that only shape MLX output are refused by name.
 int quantize_gguf(const Opts& o, const CLI::App& cmd) {
@@ -113,10 +117,47 @@ VerbMain add_quantize(CLI::App& app) {
   cmd->add_flag("--no-r2", o->no_r2, "with --rotate: residual rotation R1 only");
   cmd->add_option("--max-shard-mb", o->max_shard_mb, "largest shard in MiB")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)");
+  cmd->add_option("--lora", o->lora,
+                  "LoRA adapter PATH[:SCALE] (PEFT or mlx-lm directory, or a GGUF LoRA in HF row order) merged into the weights before quantizing "
+                  "(W + scale·B·A with the adapter's alpha/rank scaling); repeatable; HF sources only")
+      ->allow_extra_args(false);
   return [o, cmd]() {
     auto located = resolve_model(o->src);
     if (!located.is_ok()) return report(located.status());
     o->src = located->path;
+    // --lora: a merged full-precision copy next to DST is the source of everything below; it is
+    // removed however the run ends.
+    std::string merged;
+    struct RemoveMerged {
+      std::string* dir;
+      ~RemoveMerged() {
+        std::error_code ec;
+        if (!dir->empty()) std::filesystem::remove_all(*dir, ec);
+      }
+    } remove_merged{&merged};
+    if (!o->lora.empty()) {
+      std::error_code ec;
+      if (std::filesystem::exists(o->dst, ec))
+        return report(invalid_argument("[quantize] " + o->dst + " exists; give a new name"));
+      std::vector<models::LoraUse> uses;
+      for (const std::string& spec : o->lora) {
+        auto sp = models::parse_lora_spec(spec, /*named=*/false);
+        if (!sp.is_ok()) return report(Status(sp.status().code(), "--lora " + spec + ": " + sp.status().message()));
+        auto a = models::LoraAdapter::load(sp->path);
+        if (!a.is_ok()) return report(Status(a.status().code(), "--lora " + spec + ": " + a.status().message()));
+        uses.push_back({a.value(), sp->scale});
+      }
+      std::string dst = o->dst;
+      while (!dst.empty() && dst.back() == '/') dst.pop_back();
+      const std::string target = dst + strfmt(".lora-merge-%d", static_cast<int>(::getpid()));
+      std::vector<std::string> warnings;
+      auto r = quant::merge_lora_checkpoint(o->src, target, uses, &warnings);
+      for (const std::string& w : warnings) std::fprintf(stderr, "larder: --lora: %s\n", w.c_str());
+      if (!r.is_ok()) return report(r.status());
+      merged = target;
+      std::fprintf(stderr, "merged %zu adapter(s) into %zu projection weights\n", uses.size(), r->merged_tensors);
+      o->src = merged;
+    }
     if (o->format == "gguf") return quantize_gguf(*o, *cmd);
     if (cmd->count("--type") > 0) return report(invalid_argument("[quantize] --type applies to --format gguf"));
     quant::ConvertOptions opts;

@@ -321,6 +321,7 @@ int run_serve(ServeFlags f) {
   auto spec_run = spec_setup(f.spec, m, lo);
   if (!spec_run.is_ok()) return fail(spec_run.status());
   ec.spec = spec_run->options;
+  if (sm.loras) ec.ns_labels = server::namespace_labels(sm.loras->adapters());
   ec.kv_budget = kv_budget;
   if (!f.min_free_memory.empty()) {
     ec.min_free_memory = runtime::parse_bytes(f.min_free_memory);

@@ -96,8 +96,21 @@ KvStore::~KvStore() {
   ssd_.reset();
 }
 
-void KvStore::count(const TakeResult& r) {
+NsStats& KvStore::ns_counters(const std::string& ns) {
+  auto it = ns_counts_.find(ns);
+  if (it != ns_counts_.end()) return it->second;
+  return ns_counts_[ns_counts_.size() < kMaxCountedNamespaces ? ns : std::string()];
+}
+
+void KvStore::count(const TakeResult& r, const std::string& ns) {
   std::lock_guard<std::mutex> lock(stats_mu_);
+  NsStats& n = ns_counters(ns);
+  if (r.hit) {
+    ++n.hits;
+    n.reused_tokens += static_cast<uint64_t>(r.hit->tokens);
+  } else {
+    ++n.misses;
+  }
   if (!r.hit) {
     ++miss_;
   } else if (r.hit->tier == Tier::kSsd) {
@@ -115,14 +128,21 @@ void KvStore::count(const TakeResult& r) {
     std::string key = r.report.reason;
     if (key.rfind("diverged_at:", 0) == 0) key = "diverged";  // bounded label set for metrics
     if (key.rfind("ssd_removed:", 0) == 0) key = "ssd_removed";
+    if (key.rfind("other_namespace:", 0) == 0) key = "other_namespace";
     ++reasons_[key];
   }
 }
 
-void KvStore::unusable_hit(CacheReport* report, const std::string& reason) {
+void KvStore::unusable_hit(CacheReport* report, const std::string& reason, const std::string& ns) {
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(report->reused_tokens, 0));
+    if (report->tier != Tier::kNone) {
+      NsStats& c = ns_counters(ns);
+      if (c.hits) --c.hits;
+      c.reused_tokens -= std::min(c.reused_tokens, n);
+      ++c.misses;
+    }
     if (report->tier == Tier::kSsd) {
       if (hit_ssd_) --hit_ssd_;
       reused_ssd_ -= std::min(reused_ssd_, n);
@@ -144,7 +164,7 @@ void KvStore::unusable_hit(CacheReport* report, const std::string& reason) {
 
 TakeResult KvStore::take(std::span<const TokenId> prompt, const std::string& ns) {
   TakeResult r = ram_->take(prompt, ns);
-  count(r);
+  count(r, ns);
   LARDER_LOG_DEBUG("[kv-store] take %zu tokens ns=%s: tier=%s reused=%lld best=%lld reason=%s", prompt.size(),
                    ns.c_str(), tier_name(r.report.tier), static_cast<long long>(r.report.reused_tokens),
                    static_cast<long long>(r.report.best_candidate_tokens), r.report.reason.c_str());
@@ -315,10 +335,81 @@ StoreStats KvStore::stats() const {
   s.miss_reasons = reasons_;
   s.checkpoints_stored = checkpoints_stored_;
   s.checkpoint_hits = checkpoint_hits_;
+  s.namespaces = ns_counts_;
+  for (const auto& [ns, r] : ram_->stats_by_ns()) {
+    NsStats& n = s.namespaces[ns];
+    n.ram_entries = r.entries;
+    n.ram_bytes = r.bytes;
+    n.ram_mapped_bytes = r.mapped_bytes;
+  }
+  if (ssd_) {
+    for (const auto& [ns, u] : ssd_->stats_by_ns()) {
+      NsStats& n = s.namespaces[ns];
+      n.ssd_entries = u.entries;
+      n.ssd_bytes = u.bytes;
+    }
+  }
   return s;
 }
 
-nlohmann::json stats_json(const StoreStats& s) {
+namespace {
+struct LabelledNs {
+  std::string label;
+  std::string id;      // empty for "other"
+  size_t folded = 0;   // namespaces folded into "other"
+  NsStats st;
+};
+
+// The namespaces under their labels: the labelled ones in label order, then "other" (always
+// present, so a dashboard's series do not come and go).
+std::vector<LabelledNs> labelled_namespaces(const StoreStats& s, const NsLabels& labels) {
+  std::map<std::string, LabelledNs> named;
+  LabelledNs other{"other", "", 0, {}};
+  auto add = [](NsStats& a, const NsStats& b) {
+    a.ram_entries += b.ram_entries;
+    a.ram_bytes += b.ram_bytes;
+    a.ram_mapped_bytes += b.ram_mapped_bytes;
+    a.ssd_entries += b.ssd_entries;
+    a.ssd_bytes += b.ssd_bytes;
+    a.hits += b.hits;
+    a.misses += b.misses;
+    a.reused_tokens += b.reused_tokens;
+  };
+  named["base"] = {"base", "base", 0, {}};
+  for (const auto& [ns, st] : s.namespaces) {
+    auto it = labels.find(ns);
+    const std::string label = ns == "base" ? "base" : it != labels.end() ? it->second : "";
+    if (label.empty()) {
+      add(other.st, st);
+      if (!ns.empty()) ++other.folded;
+      continue;
+    }
+    LabelledNs& l = named[label];
+    if (l.label.empty()) l = {label, ns, 0, {}};
+    add(l.st, st);
+  }
+  std::vector<LabelledNs> out;
+  for (auto& [label, l] : named) out.push_back(std::move(l));
+  out.push_back(std::move(other));
+  return out;
+}
+
+// Prometheus label values escape backslash, quote and newline (adapter names come from flags).
+std::string prom_escape(const std::string& v) {
+  std::string o;
+  for (char c : v) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+}  // namespace
+
+nlohmann::json stats_json(const StoreStats& s, const NsLabels& labels) {
   nlohmann::json j;
   j["ram"] = {{"entries", s.ram.entries}, {"bytes", s.ram.bytes}, {"mapped_bytes", s.ram.mapped_bytes},
               {"hits", s.ram.hits}, {"misses", s.ram.misses}, {"evictions", s.ram.evictions},
@@ -347,10 +438,24 @@ nlohmann::json stats_json(const StoreStats& s) {
   j["checkpoints"] = {{"stored", s.checkpoints_stored}, {"hits", s.checkpoint_hits}};
   j["dirty_keys"] = s.dirty_keys;
   j["longest_durable_prefix_tokens"] = s.longest_durable_prefix_tokens;
+  nlohmann::json ns = nlohmann::json::object();
+  for (const LabelledNs& l : labelled_namespaces(s, labels)) {
+    const NsStats& n = l.st;
+    nlohmann::json e = {{"ram", {{"entries", n.ram_entries}, {"bytes", n.ram_bytes}, {"mapped_bytes", n.ram_mapped_bytes}}},
+                        {"ssd", {{"entries", n.ssd_entries}, {"bytes", n.ssd_bytes}}},
+                        {"hits", n.hits}, {"misses", n.misses}, {"reused_tokens", n.reused_tokens}};
+    if (l.id.empty()) {
+      e["namespaces"] = l.folded;
+    } else {
+      e["id"] = l.id;
+    }
+    ns[l.label] = std::move(e);
+  }
+  j["namespaces"] = std::move(ns);
   return j;
 }
 
-std::string stats_prometheus(const StoreStats& s) {
+std::string stats_prometheus(const StoreStats& s, const NsLabels& labels) {
   std::string o;
   auto line = [&](const char* name, const std::string& labels, unsigned long long v) {
     o += strfmt("%s%s %llu\n", name, labels.empty() ? "" : ("{" + labels + "}").c_str(), v);
@@ -382,6 +487,18 @@ std::string stats_prometheus(const StoreStats& s) {
   line("larder_kv_queue_bytes", "", s.queue.queued_bytes);
   line("larder_kv_dirty_keys", "", s.dirty_keys);
   line("larder_kv_longest_durable_prefix_tokens", "", static_cast<unsigned long long>(s.longest_durable_prefix_tokens));
+  // By namespace (issue 45); the label set is bounded by NsLabels (see kv_store.h).
+  for (const LabelledNs& l : labelled_namespaces(s, labels)) {
+    const std::string ns = "namespace=\"" + prom_escape(l.label) + "\"";
+    line("larder_kv_namespace_entries", ns + ",tier=\"ram\"", l.st.ram_entries);
+    line("larder_kv_namespace_entries", ns + ",tier=\"ssd\"", l.st.ssd_entries);
+    line("larder_kv_namespace_bytes", ns + ",tier=\"ram\"", l.st.ram_bytes);
+    line("larder_kv_namespace_bytes", ns + ",tier=\"mapped\"", l.st.ram_mapped_bytes);
+    line("larder_kv_namespace_bytes", ns + ",tier=\"ssd\"", l.st.ssd_bytes);
+    line("larder_kv_namespace_lookups_total", ns + ",result=\"hit\"", l.st.hits);
+    line("larder_kv_namespace_lookups_total", ns + ",result=\"miss\"", l.st.misses);
+    line("larder_kv_namespace_reused_tokens_total", ns, l.st.reused_tokens);
+  }
   if (s.remote_enabled) {
     // The remote tier (issue 46): per-tier hits, misses, bytes, latencies, timeouts and errors.
     const RemoteStats& r = s.remote;

@@ -68,6 +68,15 @@ struct FlushReport {
   std::vector<std::string> not_written;  // "<ns>:<n tokens>:<reason>" per entry not on disk
 };
 
+// One namespace's share of the store (issue 45): what is held in each tier and what its takes
+// found. Lookups count a take once (a hit in any tier, or a miss).
+struct NsStats {
+  size_t ram_entries = 0, ram_bytes = 0, ram_mapped_bytes = 0;
+  size_t ssd_entries = 0;
+  uint64_t ssd_bytes = 0;
+  uint64_t hits = 0, misses = 0, reused_tokens = 0;
+};
+
 struct StoreStats {
   RamStats ram;
   bool ssd_enabled = false;
@@ -85,10 +94,18 @@ struct StoreStats {
   std::map<std::string, uint64_t> miss_reasons;  // reason class (diverged_at:* folded) → count
   // Boundary checkpoints by kind (prompt_end, message_end): captured, and hits they served.
   std::map<std::string, uint64_t> checkpoints_stored, checkpoint_hits;
+  // By namespace id. The take counters keep at most KvStore::kMaxCountedNamespaces ids (each
+  // cache_salt is a namespace); takes of further ones are counted under "" (folded into "other").
+  std::map<std::string, NsStats> namespaces;
 };
-nlohmann::json stats_json(const StoreStats& s);
+// Namespace id → the label /stats and /metrics show it under. The server names each namespace it
+// can name (the base, each --lora adapter at its scale: adapters are fixed at start, so the label
+// set is bounded); every other id (per-request scales, cache_salt, adapters of an earlier run on
+// the SSD tier) is folded into one "other" entry. "base" is always labelled "base".
+using NsLabels = std::map<std::string, std::string>;
+nlohmann::json stats_json(const StoreStats& s, const NsLabels& labels = {});
 // Prometheus text exposition with the names of kv-store.md §13.
-std::string stats_prometheus(const StoreStats& s);
+std::string stats_prometheus(const StoreStats& s, const NsLabels& labels = {});
 
 class KvStore {
  public:
@@ -102,7 +119,7 @@ class KvStore {
   // schema, or it covers the whole prompt and cannot be trimmed back): the take is re-counted as
   // a miss with `reason`, and `report` becomes that miss (tier none, nothing reused) — a hit that
   // reused nothing must never be reported as a hit.
-  void unusable_hit(CacheReport* report, const std::string& reason);
+  void unusable_hit(CacheReport* report, const std::string& reason, const std::string& ns);
   int64_t peek(std::span<const TokenId> prompt, const std::string& ns) const { return ram_->peek(prompt, ns); }
   // POST /v1/kv/lookup: what a take of `prompt` would reuse from RAM and from the SSD tier, each
   // on its own, with no side effect (no LRU touch, no restore, no hit/miss counted). Engine
@@ -145,13 +162,15 @@ class KvStore {
   void wait_ssd_ready() const;
 
   StoreStats stats() const;
+  static constexpr size_t kMaxCountedNamespaces = 256;
   RamTier& ram() { return *ram_; }
   SsdTier* ssd() { return ssd_.get(); }
   RemoteTier* remote() { return remote_.get(); }
 
  private:
   explicit KvStore(KvStoreConfig cfg) : cfg_(std::move(cfg)) {}
-  void count(const TakeResult& r);
+  void count(const TakeResult& r, const std::string& ns);
+  NsStats& ns_counters(const std::string& ns);  // under stats_mu_
 
   KvStoreConfig cfg_;
   std::unique_ptr<SsdTier> ssd_;
@@ -163,6 +182,7 @@ class KvStore {
   mutable std::mutex stats_mu_;  // guards the counters below (stats() may run on another thread)
   uint64_t hit_ram_ = 0, hit_ssd_ = 0, hit_remote_ = 0, miss_ = 0, reused_ram_ = 0, reused_ssd_ = 0, reused_remote_ = 0;
   std::map<std::string, uint64_t> reasons_;
+  std::map<std::string, NsStats> ns_counts_;  // only hits, misses, reused_tokens are used
   std::map<std::string, uint64_t> checkpoints_stored_, checkpoint_hits_;
   uint64_t dropped_seen_ = 0;
   uint64_t missing_total_ = 0, missing_reported_ = 0;
