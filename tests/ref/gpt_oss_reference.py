@@ -29,6 +29,8 @@ Cases:
   gpt_oss_gguf_f32 gpt_oss_f32's weights as an all-F32 GGUF `gpt-oss`; gpt_oss_f32's logits ("deq").
                    (llama-perplexity on such a file agrees with mlx-lm: one 128-token chunk,
                    4761.23 vs 4762.03.)
+  qwen3_yarn_f32   a qwen3 (llama-family graph) with yarn rope_scaling (factor 4 over 512), mlx-lm's
+                   qwen3 (YarnRoPE with its attention factor)
 Sets: f32 / deq, and for the quantized cases int8acts: every quantized matmul's input rounded to
 int8 per block of 32 first (larder's fast integer kernels; qwen3_moe_reference.py).
 ref.json also holds min_route_margin (k-th vs (k+1)-th router logit; tokens redrawn below 2e-3)
@@ -353,6 +355,19 @@ def main():
     case(root, "gpt_oss_q8_0", c, rng4,
          {"deq": lambda t, m: mlx_logits(hf, t, m),
           "int8acts": lambda t, m: mlx_logits(hf, t, m, int8acts=True, f32_router=True)})
+
+    # yarn on a llama-family graph (mlx-lm qwen3 → YarnRoPE, with its attention factor).
+    import model_reference as mr
+    cq = mr.full_config(dict(model_type="qwen3", hidden_size=64, num_hidden_layers=3, intermediate_size=96,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=600,
+                             rope_theta=1000000.0, tie_word_embeddings=False,
+                             rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=512,
+                                               beta_fast=32.0, beta_slow=1.0)))
+    dq = os.path.join(root, "qwen3_yarn_f32")
+    write_hf(dq, cq, mr.random_weights(cq, np.random.default_rng(4204)), "f32")
+    tq = [int(t) for t in np.random.default_rng(4205).integers(3, cq["vocab_size"], SEQ)]
+    save_case(dq, tq, cq["vocab_size"], {"f32": mr.mlx_logits(dq, tq, upcast=True)})
+    print("gpt_oss_reference: qwen3_yarn_f32", flush=True)
 
     d5 = os.path.join(root, "gpt_oss_gguf_f32")
     os.makedirs(d5, exist_ok=True)

@@ -196,6 +196,20 @@ TEST(GptOss, BadConfigsAndMxfp4AreRefusedByName) {
   }
 }
 
+// yarn on the llama-family graph (qwen3): its inv_freq and the square of its attention factor on the
+// softmax scale, as mlx-lm's YarnRoPE scales q and k.
+TEST(GptOss, YarnOnTheLlamaFamilyMatchesMlxLm) {
+  const std::string dir = kRoot + "qwen3_yarn_f32";
+  const Ref ref = read_ref(dir);
+  test::LoadedModel l = test::load_model(dir);
+  ASSERT_NE(l.model, nullptr);
+  with_table(kernels::ref_table(), [&] {
+    const test::LogitDiff d = test::compare_logits(run_chunks(*l.model, ref.tokens, {64}), ref.logits, ref.vocab, 0);
+    EXPECT_LE(d.max_abs, 1e-4f * d.max_ref);
+    EXPECT_EQ(d.top1_mismatch, 0);
+  });
+}
+
 // MXFP4 experts (OpenAI's HF checkpoint layout; a GGUF of ggml type MXFP4) are refused naming the
 // format, until the MXFP4 weight format lands.
 TEST(GptOss, Mxfp4ExpertsAreRefusedNamingTheFormat) {
