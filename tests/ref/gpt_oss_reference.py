@@ -29,6 +29,8 @@ Cases:
   gpt_oss_gguf_f32 gpt_oss_f32's weights as an all-F32 GGUF `gpt-oss`; gpt_oss_f32's logits ("deq").
                    (llama-perplexity on such a file agrees with mlx-lm: one 128-token chunk,
                    4761.23 vs 4762.03.)
+  gpt_oss_gguf_f16 the same weights with F16 matrices (router, norms, biases, sinks F32); oracle
+                   ("deq") mlx-lm on the f16 values
   qwen3_yarn_f32   a qwen3 (llama-family graph) with yarn rope_scaling (factor 4 over 512), mlx-lm's
                    qwen3 (YarnRoPE with its attention factor)
 Sets: f32 / deq, and for the quantized cases int8acts: every quantized matmul's input rounded to
@@ -214,9 +216,10 @@ def gguf_name(hf):
     raise KeyError(hf)
 
 
-def write_gguf(path, c, weights, f32=False):
-    """GGUF `gpt-oss` (Q8_0 matrices, or every tensor F32 with f32; router, norms, biases, sinks
-    F32) as llama.cpp reads it; returns the weights of exactly the values it holds."""
+def write_gguf(path, c, weights, f32=False, f16=False):
+    """GGUF `gpt-oss` (Q8_0 matrices, F16 ones with f16, or every tensor F32 with f32; router,
+    norms, biases, sinks F32) as llama.cpp reads it; returns the weights of exactly the values it
+    holds."""
     import gguf
     from qwen3_moe_reference import write_spm_vocab
     qt = gguf.GGMLQuantizationType.Q8_0
@@ -241,13 +244,18 @@ def write_gguf(path, c, weights, f32=False):
     wr.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     wr.add_rope_scaling_factor(rs["factor"])
     wr.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
-    wr.add_file_type(gguf.LlamaFileType.ALL_F32 if f32 else gguf.LlamaFileType.MOSTLY_Q8_0)
+    wr.add_file_type(gguf.LlamaFileType.ALL_F32 if f32 else
+                     gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.MOSTLY_Q8_0)
     write_spm_vocab(wr, c)
     back = {}
     for name, w in weights.items():
         if f32 or w.ndim == 1 or name.endswith(".bias") or name.endswith("mlp.router.weight"):
             wr.add_tensor(gguf_name(name), w)
             back[name] = w
+        elif f16:
+            h = w.astype(np.float16)
+            wr.add_tensor(gguf_name(name), h)
+            back[name] = h.astype(np.float32)
         else:
             q = gguf.quants.quantize(w, qt)
             wr.add_tensor(gguf_name(name), q, raw_dtype=qt)
@@ -373,6 +381,13 @@ def main():
     os.makedirs(d5, exist_ok=True)
     write_gguf(os.path.join(d5, "model.gguf"), c, w, f32=True)
     save_case(d5, tokens, c["vocab_size"], {"deq": logits["f32"]})
+
+    d6 = os.path.join(root, "gpt_oss_gguf_f16")
+    os.makedirs(d6, exist_ok=True)
+    back = write_gguf(os.path.join(d6, "model.gguf"), c, w, f16=True)
+    write_hf(os.path.join(d6, "hf"), c, back, "f32")
+    case(root, "gpt_oss_gguf_f16", c, np.random.default_rng(4206),
+         {"deq": lambda t, m: mlx_logits(os.path.join(d6, "hf"), t, m)})
     return 0
 
 

@@ -51,6 +51,7 @@ TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
                         {"gpt_oss_mlx4", {true, false, true, false}, 8},
                         {"gpt_oss_q8_0", {true, false, true, false}, 8},
                         {"gpt_oss_gguf_f32", {true, false, true, false}, 8},
+                        {"gpt_oss_gguf_f16", {true, false, true, false}, 8},
                         {"gpt_oss_layers_f32", {false, true, true, false}, 5}};
   for (const Case& c : cases) {
     test::LoadedModel l = test::load_model(model_path(c.dir));
@@ -74,7 +75,7 @@ TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
 
 TEST(GptOss, TightAgainstMlxLm) {
   for (const char* dir_name : {"gpt_oss_f32", "gpt_oss_hf_f32", "gpt_oss_layers_f32", "gpt_oss_mlx4", "gpt_oss_q8_0",
-                               "gpt_oss_gguf_f32"}) {
+                               "gpt_oss_gguf_f32", "gpt_oss_gguf_f16"}) {
     const std::string dir = kRoot + dir_name;
     const bool affine = std::string(dir_name).find("mlx4") != std::string::npos;
     const bool gguf = model_path(dir_name).find(".gguf") != std::string::npos;
@@ -90,11 +91,17 @@ TEST(GptOss, TightAgainstMlxLm) {
                                          active.matmul_affine[8] != kernels::ref_table().matmul_affine[8]);
     const bool loose_gguf = q8 && active.matmul[static_cast<int>(DType::kQ8_0)] !=
                                         kernels::ref_table().matmul[static_cast<int>(DType::kQ8_0)];
+    // F16 weights: the AVX-512 decode kernel rounds activations to f16 (kernels/batch_invariance.cpp),
+    // so there the fast table is held to the quantized cases' bound and margin rule, without exact cuts.
+    const bool f16 = std::string(dir_name).find("f16") != std::string::npos;
+    const bool loose_f16 = f16 && active.matmul[static_cast<int>(DType::kF16)] !=
+                                      kernels::ref_table().matmul[static_cast<int>(DType::kF16)];
     const bool loose = loose_affine || loose_gguf;
     const Ref int8_ref = loose ? read_ref(dir, "int8acts") : Ref{};
     struct Run { const char* name; const kernels::KernelTable* table; float rel; const Ref* ref; bool exact_cuts; };
     const Run runs[] = {{"ref", &kernels::ref_table(), 1e-4f, &f32_ref, true},
-                        {active.name, &active, loose ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref, !affine && !q8}};
+                        {active.name, &active, loose || loose_f16 ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref,
+                         !affine && !q8 && !loose_f16}};
     for (const Run& run : runs) {
       const Ref& ref = *run.ref;
       std::vector<float> whole;
