@@ -127,6 +127,18 @@ void hash_attention(Hasher& h, const KernelTable& t) {
       }
     }
   }
+  // Attention sinks (gpt-oss) are folded in by the kernel too: their arithmetic is part of the
+  // numerics a model's later layers' K/V rows depend on.
+  const std::vector<float> sinks = probe_acts(1, p.n_heads, 3.0f);
+  p.window = 0;
+  p.sinks = sinks.data();
+  for (int64_t n : {int64_t{70}, int64_t{1}}) {
+    const std::vector<float> q = probe_acts(n, p.n_heads * p.head_dim, 1.5f);
+    std::vector<float> out(q.size());
+    const KvSpanView span{k.data(), v.data(), 0, ctx, DType::kF32};
+    t.attention(q.data(), n, ctx - n, &span, 1, p, out.data());
+    h.add(out);
+  }
 }
 
 void hash_elementwise(Hasher& h, const KernelTable& t) {

@@ -84,6 +84,10 @@ struct AttentionParams {
   int head_dim = 0;
   float scale = 0;      // usually 1/sqrt(head_dim)
   int64_t window = 0;   // >0: sliding window, a query at p sees keys (p - window, p]
+  // Attention sinks (gpt-oss): [n_heads] learned logits, or null. Head h's softmax denominator
+  // gains e^{sinks[h]} — a virtual key with that (unscaled) score and a zero value — so a row's
+  // weights over its real keys sum to less than 1 (mlx's `sdpa(..., sinks=)`).
+  const float* sinks = nullptr;
 };
 
 // Whether the active dispatch table can run matmul / row lookup for this weight's format.

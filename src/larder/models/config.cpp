@@ -64,10 +64,33 @@ Status parse_rope_scaling(const ordered_json& rs, const std::string& src, RopeSc
   LARDER_RETURN_IF_ERROR(read_double(rs, "high_freq_factor", src, &out->high_freq_factor));
   LARDER_RETURN_IF_ERROR(read_int(rs, "original_max_position_embeddings", src, false, &out->original_max_position));
   if (out->type == "default") out->type.clear();
-  if (!out->type.empty() && out->type != "llama3" && out->type != "linear")
-    return unsupported(strfmt("[config] %s: rope_scaling type '%s' is not supported (supported: llama3, linear)",
+  if (!out->type.empty() && out->type != "llama3" && out->type != "linear" && out->type != "yarn")
+    return unsupported(strfmt("[config] %s: rope_scaling type '%s' is not supported (supported: llama3, linear, yarn)",
                               src.c_str(), out->type.c_str()));
   if (!(out->factor > 0)) return invalid_argument(strfmt("[config] %s: rope_scaling factor must be > 0", src.c_str()));
+  if (out->type == "yarn") {
+    // transformers reads beta_fast/beta_slow with `or` (null or 0: the paper's 32 / 1).
+    for (auto [key, dst] : {std::pair{"beta_fast", &out->beta_fast}, std::pair{"beta_slow", &out->beta_slow}}) {
+      double v = 0;
+      LARDER_RETURN_IF_ERROR(read_double(rs, key, src, &v));
+      if (v != 0) *dst = v;
+    }
+    for (auto [key, dst] : {std::pair{"attention_factor", &out->attention_factor}, std::pair{"mscale", &out->mscale},
+                            std::pair{"mscale_all_dim", &out->mscale_all_dim}}) {
+      if (!jfind(rs, key) || rs[key].is_null()) continue;
+      double v = 0;
+      LARDER_RETURN_IF_ERROR(read_double(rs, key, src, &v));
+      *dst = v;
+    }
+    if (const ordered_json* t = jfind(rs, "truncate"); t && !t->is_null()) {
+      if (!t->is_boolean())
+        return invalid_argument(strfmt("[config] %s: rope_scaling 'truncate' must be true or false", src.c_str()));
+      out->truncate = t->get<bool>();
+    }
+    if (!(out->beta_fast > 0) || !(out->beta_slow > 0) || out->original_max_position <= 0)
+      return invalid_argument(strfmt("[config] %s: yarn rope_scaling needs beta_fast, beta_slow and "
+                                     "original_max_position_embeddings > 0", src.c_str()));
+  }
   return Status::ok();
 }
 
@@ -258,7 +281,12 @@ Result<ModelConfig> config_from_gguf(const formats::GgufFile& g) {
     c.rope_scaling.type = *t;
     c.rope_scaling.factor = g.get_float(a + ".rope.scaling.factor").value_or(1.0);
     c.rope_scaling.original_max_position = g.get_int(a + ".rope.scaling.original_context_length").value_or(c.max_context);
-    if (c.rope_scaling.type != "linear")
+    if (c.rope_scaling.type == "yarn") {  // llama.cpp's keys; its defaults 32 / 1, always truncated
+      c.rope_scaling.beta_fast = g.get_float(a + ".rope.scaling.yarn_beta_fast").value_or(32.0);
+      c.rope_scaling.beta_slow = g.get_float(a + ".rope.scaling.yarn_beta_slow").value_or(1.0);
+      if (c.rope_scaling.beta_fast <= 0) c.rope_scaling.beta_fast = 32.0;
+      if (c.rope_scaling.beta_slow <= 0) c.rope_scaling.beta_slow = 1.0;
+    } else if (c.rope_scaling.type != "linear")
       return unsupported(strfmt("[config] %s: GGUF rope scaling type '%s' is not supported", s, t->c_str()));
   }
   // Vocabulary: explicit key, else the embedding's row count (GGUF shapes are already reversed

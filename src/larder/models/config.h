@@ -19,11 +19,19 @@
 namespace larder::models {
 
 struct RopeScaling {
-  std::string type;  // "" or "default": none; "llama3"; "linear"
+  std::string type;  // "" or "default": none; "llama3"; "linear"; "yarn"
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position = 8192;
+  // yarn (gpt-oss; transformers `_compute_yarn_parameters`, mlx-lm `YarnRoPE`): the correction
+  // range from beta_fast / beta_slow rotations, floored/ceiled unless `truncate` is false
+  // (transformers' key; mlx-lm and llama.cpp always truncate), and the attention factor:
+  // `attention_factor` if given, else 0.1·mscale·ln(factor) + 1 over the same with mscale_all_dim
+  // (both given), else 0.1·ln(factor) + 1.
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
+  std::optional<double> attention_factor, mscale, mscale_all_dim;
 };
 
 // MLX affine group quantization (quantization.md §2, §3): config.json's `quantization` block

@@ -339,6 +339,10 @@ Status Qwen35Model::bind(const formats::ModelFiles& files) {
   LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, /*family_default=*/false));
   apply_gain(final_norm_.weight, gain);
   attn_opt_.pairing = kernels::RopePairing::kHalf;
+  // yarn's attention factor is applied by the families whose reference uses it (llama, gpt_oss).
+  if (c.rope_scaling.type == "yarn")
+    return unsupported(strfmt("[model] %s: rope_scaling type 'yarn' is not supported for this architecture",
+                              c.source.c_str()));
   rope_tables_ = {rope_inv_freq(c)};
   const float eps = static_cast<float>(c.rms_eps);
 
