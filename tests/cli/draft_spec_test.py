@@ -8,9 +8,8 @@ refused naming the first differing token; `--spec auto` (the default) turns prom
 where every weight format is batch-invariant on the running kernels.
 
 Exactness needs the verify forward (k + 1 rows) to give each row the logits one-row decode gives
-it. Of the real pair's formats, Q4_K is batch-invariant on the AVX-512 tier by default (without AMX)
-and Q6_K only with LARDER_BATCH_INVARIANT=1 today (kernels/batch_invariance.cpp lists the gap); the
-pair's tests set it
+it. Q4_K and Q6_K (the real pair's formats) are batch-invariant on the AVX-512 tier only with
+LARDER_BATCH_INVARIANT=1 today (kernels/batch_invariance.cpp lists the gap); the pair's tests set it
 in their environment so they hold whether or not the default kernels have become invariant. BF16
 decode is invariant up to 15 rows (the gap starts at the 16-row GEMM), so the float pair runs
 with the default kernels and --draft-max 6 (7 rows)."""

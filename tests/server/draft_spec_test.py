@@ -5,8 +5,8 @@ the same server without speculation: greedy requests in one batch, a sampled req
 and a structured-output request; drafted/accepted reach the response timings and /metrics.
 
 On the real Qwen2.5-Coder 1.5B target and 0.5B draft (Q4_K_M, from LARDER_MODELS_DIR; skips when
-absent: scripts/fetch_models.sh). Q6_K decode is batch-invariant on the AVX-512 tier only with
-LARDER_BATCH_INVARIANT=1 today (Q4_K by default; kernels/batch_invariance.cpp), so both servers run with it set
+absent: scripts/fetch_models.sh). Q4_K and Q6_K decode is batch-invariant on the AVX-512 tier only
+with LARDER_BATCH_INVARIANT=1 today (kernels/batch_invariance.cpp), so both servers run with it set
 — the test holds whether or not the default kernels have become invariant."""
 import concurrent.futures
 import os

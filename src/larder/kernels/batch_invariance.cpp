@@ -16,9 +16,6 @@ constexpr const char* kAvx512F16 =
     "decode (n <= 8) rounds the activations to f16 (F16HalfKernel); prefill is the AVX2 f32 kernel";
 constexpr const char* kAvx512Bf16 =
     "decode (n < 16) sums 16 lanes of vdpbf16ps per row; the GEMM (n >= 16) one token per lane in pair order";
-constexpr const char* kAvx512Amx =
-    "with AMX the GEMM (n >= 49) computes per-32 block sums over per-32 activations, the decode kernels the "
-    "super-block sums over per-256 ones (LARDER_BATCH_INVARIANT=1 moves both to the per-block form)";
 
 constexpr VarianceGap kGaps[] = {
     {"avx2", "Q8_0", kAvx2Int},         {"avx2", "Q4_0", kAvx2Int},         {"avx2", "Q4_1", kAvx2Int},
@@ -28,9 +25,9 @@ constexpr VarianceGap kGaps[] = {
     {"avx2", "affine4g", kAvx2Int},     {"avx2", "affine8g", kAvx2Int},     {"avx512", "Q8_0", kAvx512Int},
     {"avx512", "Q4_0", kAvx512Int},     {"avx512", "Q4_1", kAvx512Int},     {"avx512", "Q5_0", kAvx512Int},
     {"avx512", "Q5_1", kAvx512Int},     {"avx512", "IQ4_NL", kAvx512Int},   {"avx512", "Q2_K", kAvx512Int},
-    {"avx512", "Q3_K", kAvx512Int},     {"avx512", "Q5_K", kAvx512Int},     {"avx512", "Q6_K", kAvx512Int},
-    {"avx512", "IQ4_XS", kAvx512Int},   {"avx512", "affine", kAvx512Int},   {"avx512", "F16", kAvx512F16},
-    {"avx512", "BF16", kAvx512Bf16},    {"avx512amx", "Q4_K", kAvx512Amx},  {"avx512inv", "F16", kAvx512F16},
+    {"avx512", "Q3_K", kAvx512Int},     {"avx512", "Q4_K", kAvx512Int},     {"avx512", "Q5_K", kAvx512Int},
+    {"avx512", "Q6_K", kAvx512Int},     {"avx512", "IQ4_XS", kAvx512Int},   {"avx512", "affine", kAvx512Int},
+    {"avx512", "F16", kAvx512F16},      {"avx512", "BF16", kAvx512Bf16},    {"avx512inv", "F16", kAvx512F16},
     {"avx512inv", "BF16", kAvx512Bf16},
 };
 }  // namespace
@@ -40,16 +37,12 @@ std::span<const VarianceGap> batch_variance_gaps() { return kGaps; }
 const char* batch_variance(std::string_view mode, std::string_view format) {
   for (const VarianceGap& g : kGaps)
     if (mode == g.mode && format.starts_with(g.format)) return g.why;
-  // The default kernels on a CPU with AMX: the AVX-512 tier's gaps and their own.
-  if (mode == "avx512amx") return batch_variance("avx512", format);
   return nullptr;
 }
 
 std::string active_decode_mode() {
   const std::string tier = active_table().name;
-  if (tier != "avx512") return tier;
-  if (cpu::batch_invariant_decode()) return "avx512inv";
-  return cpu::avx512::gemm_uses_amx() ? "avx512amx" : tier;
+  return tier == "avx512" && cpu::batch_invariant_decode() ? "avx512inv" : tier;
 }
 
 }  // namespace larder::kernels

@@ -5,9 +5,8 @@
 // every mode and fails when a listed gap closes or an unlisted one opens, so this list stays true.
 //
 // Modes: "ref" (the scalar reference: one row at a time, always invariant), "avx2", "avx512" (the
-// default kernels of each tier), "avx512amx" (the AVX-512 tier's default kernels on a CPU whose
-// prefill GEMM uses AMX: cpu::gemm_uses_amx()), "avx512inv" (the AVX-512 tier with
-// cpu::batch_invariant_decode(), LARDER_BATCH_INVARIANT=1). Formats: a dtype name ("Q4_K", "BF16") or MLX affine as "affineBgG"
+// default kernels of each tier), "avx512inv" (the AVX-512 tier with cpu::batch_invariant_decode(),
+// LARDER_BATCH_INVARIANT=1). Formats: a dtype name ("Q4_K", "BF16") or MLX affine as "affineBgG"
 // ("affine4g64"); a gap names a prefix ("affine4g": every group size, "affine": every width).
 #pragma once
 
@@ -30,8 +29,7 @@ std::span<const VarianceGap> batch_variance_gaps();
 const char* batch_variance(std::string_view mode, std::string_view format);
 
 // The mode the running kernels are in: the active table's tier, "avx512inv" when its decode runs
-// the GEMM's arithmetic (cpu::batch_invariant_decode()), "avx512amx" when the AVX-512 tier's
-// GEMM uses AMX and the flag is off.
+// the GEMM's arithmetic (cpu::batch_invariant_decode()).
 std::string active_decode_mode();
 
 // batch_variance(mode, format) == nullptr.

@@ -211,8 +211,7 @@ bool tier_runs(const std::string& tier) { return tier != "avx512" || cpu_feature
 // Formats × modes whose kernels are not batch-invariant, and why: kernels/batch_invariance.h, the
 // list the runtime asks (speculation is on by default only where it is exact). The test of such a
 // pair checks that it still is not, so that list cannot go stale. Modes: "avx2", "avx512" (the
-// default kernels; "avx512amx" where the GEMM uses AMX), "avx512inv" (cpu::batch_invariant_decode(),
-// LARDER_BATCH_INVARIANT=1).
+// default kernels), "avx512inv" (cpu::batch_invariant_decode(), LARDER_BATCH_INVARIANT=1).
 const char* gap_of(const std::string& mode, const std::string& format) { return batch_variance(mode, format); }
 
 void expect_invariant(const std::string& tier, const std::string& format, const Report& rep) {
@@ -233,18 +232,12 @@ void expect_invariant(const std::string& tier, const std::string& format, const 
 TEST(BatchInvarianceQuery, FollowsTheActiveModeAndTheList) {
   const std::string tier = active_table().name;
   cpu::set_batch_invariant_decode(false);
-  EXPECT_EQ(active_decode_mode(), tier == "avx512" && cpu::avx512::gemm_uses_amx() ? "avx512amx" : tier);
+  EXPECT_EQ(active_decode_mode(), tier);
   cpu::set_batch_invariant_decode(true);
   EXPECT_EQ(active_decode_mode(), tier == "avx512" ? "avx512inv" : tier);
   cpu::set_batch_invariant_decode(false);
   EXPECT_TRUE(batch_invariant("F32", "avx512"));
-  // Q4_K decodes in the GEMM's arithmetic by default (issue 41, session 38); with AMX the GEMM
-  // leaves it, and Q5_K's and Q6_K's decode follow it only with the flag.
-  EXPECT_TRUE(batch_invariant("Q4_K", "avx512"));
-  EXPECT_FALSE(batch_invariant("Q5_K", "avx512"));
-  EXPECT_FALSE(batch_invariant("Q4_K", "avx512amx"));
-  EXPECT_FALSE(batch_invariant("Q6_K", "avx512"));
-  EXPECT_FALSE(batch_invariant("Q6_K", "avx512amx"));
+  EXPECT_FALSE(batch_invariant("Q4_K", "avx512"));
   EXPECT_TRUE(batch_invariant("Q4_K", "avx512inv"));
   EXPECT_FALSE(batch_invariant("affine4g64", "avx2"));
   EXPECT_TRUE(batch_invariant("affine3g64", "avx2"));
@@ -259,13 +252,11 @@ struct TierFormat {
 
 class BatchInvariant : public testing::TestWithParam<TierFormat> {};
 
-// Runs fn once per decode mode of the tier: the default kernels ("avx2", "avx512", or "avx512amx"
-// where the GEMM uses AMX), and on the AVX-512 tier also batch_invariant_decode() ("avx512inv"),
-// whose formats must all be invariant.
+// Runs fn once per decode mode of the tier: the default kernels ("avx2", "avx512"), and on the
+// AVX-512 tier also batch_invariant_decode() ("avx512inv"), whose formats must all be invariant.
 template <class Fn>
 void each_mode(const std::string& tier, Fn&& fn) {
-  cpu::set_batch_invariant_decode(false);
-  fn(tier == "avx512" && cpu::avx512::gemm_uses_amx() ? std::string("avx512amx") : tier);
+  fn(tier);
   if (tier == "avx512") {
     cpu::set_batch_invariant_decode(true);
     fn(std::string("avx512inv"));

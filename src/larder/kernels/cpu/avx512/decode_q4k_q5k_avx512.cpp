@@ -312,11 +312,10 @@ Q45KDecode<kQ5, kInv> prepare_q45k(const WeightView& w, const float* x, int64_t 
 }
 
 // Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
-// Whether decode runs tile_inv: Q4_K always (its cost is ~1.04× tile_fast's: bench/RESULTS.md,
-// session 38), Q5_K with the flag (~1.2–1.3×).
+// Whether decode runs tile_inv: with the flag.
 template <bool kQ5>
 bool decode_inv() {
-  return !kQ5 || batch_invariant_decode();
+  return batch_invariant_decode();
 }
 
 template <bool kQ5>
