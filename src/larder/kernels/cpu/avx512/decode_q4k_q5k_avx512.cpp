@@ -24,20 +24,21 @@
 // Tiles: each row's super-block is unpacked into registers once and reused by every token of the
 // tile; R = 4 rows for one token (4 independent dpwssd chains), 2 rows × up to 4 tokens otherwise.
 //
-// Batch-invariant decode (issue 41; tile_inv): Q4_K's default, Q5_K's with
-// batch_invariant_decode() (LARDER_BATCH_INVARIANT=1). tile_fast keeps the brackets' lanes as f32
-// sums across super-blocks and adds the lanes at the end, an order the prefill GEMM (one token per
-// lane, gemm16_avx512.h tile_super) cannot follow. The activations are already the GEMM's
-// (per-256 quantizer, bit-identical), so tile_inv computes each super-block's two brackets
-// exactly as integers per (row, token) and then the GEMM's three f32 steps, t = S·d − M·dmin,
-// acc += t·d_x, in super-block order: the row equals the GEMM's bit for bit. It takes eight
-// (row, token, super-block) items a pass (a one-row tile: eight super-blocks of the row), so that
-// the exact reductions share one short tree (gemm16_avx512.h super_sums8: blend + shuffle + add
-// steps, two items' mins brackets in one vpmaddwd) and the f32 steps run for all eight in a few
-// vector ops; only the accumulation is scalar. Cost over tile_fast (bench/RESULTS.md, session
-// 38, 1B decode step, 1-thread CPU time): Q4_K ~1.04× — hence its default; Q5_K ~1.2–1.3× (the
-// qh bits' extra registers), so Q5_K keeps tile_fast by default. Session 37's version (one
-// pair-sum tree per super-block, scalar f32 steps) cost ~1.3×.
+// Batch-invariant decode (issue 41; tile_inv, with batch_invariant_decode(),
+// LARDER_BATCH_INVARIANT=1). tile_fast keeps the brackets' lanes as f32 sums across super-blocks
+// and adds the lanes at the end, an order the prefill GEMM (one token per lane, gemm16_avx512.h
+// tile_super) cannot follow. The activations are already the GEMM's (per-256 quantizer,
+// bit-identical), so tile_inv computes each super-block's two brackets exactly as integers per
+// (row, token) and then the GEMM's three f32 steps, t = S·d − M·dmin, acc += t·d_x, in
+// super-block order: the row equals the GEMM's bit for bit. It takes eight (row, token,
+// super-block) items a pass (a one-row tile: eight super-blocks of the row), so that the exact
+// reductions share one short tree (gemm16_avx512.h super_sums8: blend + shuffle + add steps, two
+// items' mins brackets in one vpmaddwd) and the f32 steps run for all eight in a few vector ops;
+// only the accumulation is scalar. Cost over tile_fast (bench/RESULTS.md, session 38, 1B decode
+// step, 1-thread CPU time): Q4_K ~1.02–1.07×, Q5_K ~1.2–1.3× (the qh bits' extra registers);
+// session 37's version (one pair-sum tree per super-block, scalar f32 steps) ~1.3×. Q4_K is not
+// the default yet although its cost allows it: with it, llamacpp_greedy_tests' gemma-3-270m
+// "12 times 7" prompt diverged from llama.cpp past the judge's bound (session 38).
 #include <immintrin.h>
 
 #include <cstring>
@@ -312,7 +313,7 @@ Q45KDecode<kQ5, kInv> prepare_q45k(const WeightView& w, const float* x, int64_t 
 }
 
 // Fused decode (kernels::matmul_multi): the first weight's prepared activations serve them all.
-// Whether decode runs tile_inv: with the flag.
+// Whether decode runs tile_inv: with the flag (see the header).
 template <bool kQ5>
 bool decode_inv() {
   return batch_invariant_decode();
