@@ -78,6 +78,12 @@ def write(path, text):
         f.write(text)
 
 
+def spearman(a, b):
+    ra = np.argsort(np.argsort(np.array(a)))
+    rb = np.argsort(np.argsort(np.array(b)))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
 def files_bytes(d):
     return {os.path.basename(f): read(f, "rb") for f in sorted(glob.glob(os.path.join(d, "*.safetensors")))}
 
@@ -184,6 +190,47 @@ class SensitivityTest(unittest.TestCase):
         self.assertIn("calibration L", p.stderr)
         self.assertFalse(os.path.exists(d2))
         self.assertEqual(glob.glob(d2 + ".partial*"), [])
+
+    def test_fast_ranks_like_kl(self):
+        # --sensitivity fast: one KL probe per module at the lowest width, scaled to the others by
+        # the module's output error. At the probe width it is the reference measurement itself; at
+        # the others it must rank the modules like the reference. Bound: Spearman >= 0.9 at every
+        # width. On SmolLM2-135M (bench/RESULTS.md, issue 48) the measured correlations are 0.96
+        # or more; the proxy it replaces scored -0.2..0.1 (docs/quantization-report.md), so 0.9 still
+        # separates a measure that ranks like KL from one that does not, with room for the noise
+        # of a 3 × 48-token calibration on a random model.
+        d = os.path.join(OUT, "fast")
+        shutil.rmtree(d, ignore_errors=True)
+        p = run("quantize", self.src, d, "--target-bpw", "4.5", "--candidate-bits", ",".join(map(str, CANDS)),
+                "--group-size", str(GROUP), "--calibration", self.cal, "--calibration-length", str(L),
+                "--calibration-samples", str(N), "--sensitivity", "fast", "-t", "2")
+        self.assertIn("calibration KL, fast", p.stderr)
+        fast = json.loads(read(os.path.join(d, "sensitivity.json")))
+        self.assertEqual(fast["method"], "fast")
+        self.assertEqual(fast["probe_bits"], min(CANDS))
+        n_mod = len(self.rep["layers"])
+        self.assertEqual(fast["forwards"], (n_mod + 2) * N)  # reference + capture + one probe per module
+        self.assertEqual(self.rep["forwards"], (n_mod * len(CANDS) + 1) * N)
+        ref = {l["name"]: {int(k): v for k, v in l["kl"].items()} for l in self.rep["layers"]}
+        got = {l["name"]: {int(k): v for k, v in l["kl"].items()} for l in fast["layers"]}
+        self.assertEqual(sorted(got), sorted(ref))
+        names = sorted(ref)
+        for m in names:  # the probe width is measured exactly as the reference does
+            self.assertLessEqual(abs(got[m][min(CANDS)] - ref[m][min(CANDS)]), 1e-6 * ref[m][min(CANDS)] + 1e-9, m)
+        for b in CANDS:
+            rho = spearman([ref[m][b] for m in names], [got[m][b] for m in names])
+            print(f"fast vs kl, Spearman over {len(names)} modules at {b} bits: {rho:.3f}", file=sys.stderr)
+            self.assertGreaterEqual(rho, 0.9, f"fast ranks modules unlike kl at {b} bits")
+        # The allocation is made from it and meets the target.
+        self.assertGreaterEqual(fast["allocation"]["achieved_bpw"], 4.5 - 1e-9)
+        # A fast report is not reused by a kl run (nor the reverse): refused naming the method.
+        d2 = os.path.join(OUT, "fast-reuse-bad")
+        p = run("quantize", self.src, d2, "--target-bpw", "4.5", "--candidate-bits", ",".join(map(str, CANDS)),
+                "--group-size", str(GROUP), "--calibration", self.cal, "--calibration-length", str(L),
+                "--calibration-samples", str(N), "--reuse-sensitivity", os.path.join(d, "sensitivity.json"), ok=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--sensitivity fast", p.stderr)
+        self.assertFalse(os.path.exists(d2))
 
     def test_proxy(self):
         d = os.path.join(OUT, "proxy")
