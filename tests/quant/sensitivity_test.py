@@ -195,10 +195,12 @@ class SensitivityTest(unittest.TestCase):
         # --sensitivity fast: one KL probe per module at the lowest width, scaled to the others by
         # the module's output error. At the probe width it is the reference measurement itself; at
         # the others it must rank the modules like the reference. Bound: Spearman >= 0.9 at every
-        # width. On SmolLM2-135M (bench/RESULTS.md, issue 48) the measured correlations are 0.96
-        # or more; the proxy it replaces scored -0.2..0.1 (docs/quantization-report.md), so 0.9 still
-        # separates a measure that ranks like KL from one that does not, with room for the noise
-        # of a 3 × 48-token calibration on a random model.
+        # width. Measured here (this random model, 3 × 48 tokens): 1.000 / 0.995 / 0.982 at 3 / 4 / 8
+        # bits, so 0.9 leaves room for another kernel tier's rounding; the weight-error proxy scored
+        # -0.2..0.1 against KL (docs/quantization-report.md), far below it. On SmolLM2-135M
+        # (1 × 128 tokens, bench/RESULTS.md) the non-probe widths rank lower: 0.86 / 0.87 / 0.71 at
+        # 3 / 4 / 6 bits (0.98 over all module-width pairs) — a real model's errors change
+        # direction more between widths than this one's, so the bound is for this model only.
         d = os.path.join(OUT, "fast")
         shutil.rmtree(d, ignore_errors=True)
         p = run("quantize", self.src, d, "--target-bpw", "4.5", "--candidate-bits", ",".join(map(str, CANDS)),
