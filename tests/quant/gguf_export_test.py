@@ -375,18 +375,20 @@ class GgufExportTest(unittest.TestCase):
         type must be one the allocator offers for its row length (K-quants only where 256 divides
         the row, else 32-blocks; gguf-py's block sizes decide), token_embd keeps the recipe's type,
         norms F32, the mix uses several types, the JSON plan is what the file holds, and larder
-        runs the file. (Short calibration and three widths keep it to a minute or two.)"""
+        runs the file. (Short calibration and two widths keep it to about a minute of CPU; on the
+        loaded 2-core host it took over 10 minutes of wall time, hence the long timeout.)"""
         target = os.path.getsize(self.export("Q4_K_M"))
         dst = os.path.join(self.tmp, "smol.alloc.gguf")
         plan = os.path.join(self.tmp, "smol.alloc.json")
-        rc, _, err = larder("quantize", HF, dst, "--format", "gguf", "--target-size", str(target), "--candidate-bits", "2,4,6",
-                            "--calibration-samples", "1", "--calibration-length", "32", "--sensitivity-out", plan, "-t", "2")
+        rc, _, err = larder("quantize", HF, dst, "--format", "gguf", "--target-size", str(target), "--candidate-bits", "2,6",
+                            "--calibration-samples", "1", "--calibration-length", "32", "--sensitivity-out", plan, "-t", "2",
+                            timeout=1800)
         self.assertEqual(rc, 0, err[-2000:])
         self.assertIn("KL allocation", err)
         self.assertLessEqual(os.path.getsize(dst), target)
         self.assertGreater(os.path.getsize(dst), 0.9 * target, "the allocation fills the budget")
         T = gguf.GGMLQuantizationType
-        offer = {True: {T.Q2_K, T.Q4_K, T.Q6_K}, False: {T.IQ4_NL, T.Q8_0}}  # widths 2, 4, 6 (gguf_width_type)
+        offer = {True: {T.Q2_K, T.Q6_K}, False: {T.IQ4_NL, T.Q8_0}}  # widths 2 and 6 (gguf_width_type)
         t = tensors(gguf.GGUFReader(dst))
         with open(plan) as f:
             j = json.load(f)
