@@ -129,6 +129,7 @@ Result<ordered_json> measure_sensitivities(const formats::ModelFiles& files, std
   so.candidates = opts.candidate_bits;
   so.group_size = opts.group_size;
   so.threads = opts.threads;
+  so.method = opts.sensitivity_method;
   so.progress = [&](size_t i, size_t n, const std::string& what) {
     if (opts.progress) opts.progress(i, n, "sensitivity: " + what);
   };
@@ -179,7 +180,7 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
       if (t.rank() != 2 || !is_float(t.dtype) || n.size() <= 7 || n.compare(n.size() - 7, 7, ".weight") != 0) continue;
       const std::string module = n.substr(0, n.size() - 7);
       if (t.dim(1) % opts.group_size != 0 || keep_matches(opts.keep, module) || block_index(module) < 0) continue;
-      table.push_back({module, {}, static_cast<uint64_t>(t.numel())});
+      table.push_back({module, {}, static_cast<uint64_t>(t.numel()), {}});
     }
     auto sens = measure_sensitivities(files, &table, opts, &rep);
     if (!sens) return sens.status();

@@ -46,6 +46,9 @@ struct ConvertOptions {
   double target_bpw = 0;
   std::vector<int> candidate_bits = {2, 3, 4, 6, 8};
   bool weight_proxy = false;
+  // Calibration KL measured per module and width (kKl, the reference) or per module, scaled to the
+  // widths by the module's output error (kFast; sensitivity.h).
+  SensitivityMethod sensitivity_method = SensitivityMethod::kKl;
   // Boundary protection of the allocator (§5): the first and last `protect_blocks` blocks weigh
   // x100 in the greedy race; 0 turns it off (small models, where 1 block each side is a large
   // share of the network).
