@@ -6,8 +6,12 @@
 //
 // Modes: "ref" (the scalar reference: one row at a time, always invariant), "avx2", "avx512" (the
 // default kernels of each tier), "avx512inv" (the AVX-512 tier with cpu::batch_invariant_decode(),
-// LARDER_BATCH_INVARIANT=1). Formats: a dtype name ("Q4_K", "BF16") or MLX affine as "affineBgG"
-// ("affine4g64"); a gap names a prefix ("affine4g": every group size, "affine": every width).
+// LARDER_BATCH_INVARIANT=1). Formats: a dtype name ("Q4_K", "BF16", "MXFP4", "MLX_NVFP4") or MLX
+// affine as "affineBgG" ("affine4g64"); a gap names a prefix ("affine4g": every group size,
+// "affine": every width). The microscaling floats (kernels/microscaling.h) have no gap on any tier:
+// their AVX2 kernels compute each (row, token) as one chain over the blocks whatever the call's
+// token count, and on AVX-512 the fp4 ones decode on Gemv16, the prefill GEMM's arithmetic (mxfp8
+// runs the AVX2 f32 kernel there too).
 #pragma once
 
 #include <span>
