@@ -5,8 +5,10 @@
 // nvfp4 (an e4m3 scale per 16) its half-block mode with the zero folded into the integer sums
 // (kHalfZero = 128, as Q6_K's 32).
 //
-// Decode (n < kGemm16MinTokens) runs Gemv16, the GEMM's arithmetic with rows in the lanes, so a
-// token's row is the same bits in decode and prefill (kernels/batch_invariance.h). mxfp8 has no
+// Decode (n < kGemm16MinTokens) runs the AVX2 tile kernel (matmul_mx_avx2.cpp): Gemv16, the GEMM's
+// arithmetic with rows in the lanes, measured 394 µs CPU against the AVX2 kernel's ~1/3 of that at
+// 2048x2048, n = 1 (bench/RESULTS.md), so it serves only batch_invariant_decode(), where a token's
+// row must be the same bits in decode and prefill (kernels/batch_invariance.h). mxfp8 has no
 // AVX-512 kernel: e4m3 values are not int8 under one scale; the tier runs the AVX2 f32 one.
 #include <immintrin.h>
 
@@ -90,23 +92,30 @@ struct MlxNvfp4Rows {
 };
 
 template <class R>
-void run(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
+void run(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n, MatmulFn decode) {
   if (n <= 0) return;
   const auto make = [](const WeightView& v) { return R::of(v); };
-  if (n >= kGemm16MinTokens) gemm16(ws, ys, count, x, n, make);
-  else gemv16(ws, ys, count, x, n, make);
+  if (n >= kGemm16MinTokens) return gemm16(ws, ys, count, x, n, make);
+  if (batch_invariant_decode()) return gemv16(ws, ys, count, x, n, make);
+  for (int i = 0; i < count; ++i) decode(ws[i], x, n, ys[i]);
 }
 
 }  // namespace
 
-void matmul_mxfp4(const WeightView& w, const float* x, int64_t n, float* y) { run<Mxfp4GgufRows>(&w, &y, 1, x, n); }
-void matmul_mlx_mxfp4(const WeightView& w, const float* x, int64_t n, float* y) { run<MlxMxfp4Rows>(&w, &y, 1, x, n); }
-void matmul_mlx_nvfp4(const WeightView& w, const float* x, int64_t n, float* y) { run<MlxNvfp4Rows>(&w, &y, 1, x, n); }
+void matmul_mxfp4(const WeightView& w, const float* x, int64_t n, float* y) {
+  run<Mxfp4GgufRows>(&w, &y, 1, x, n, avx2::matmul_mxfp4);
+}
+void matmul_mlx_mxfp4(const WeightView& w, const float* x, int64_t n, float* y) {
+  run<MlxMxfp4Rows>(&w, &y, 1, x, n, avx2::matmul_mlx_mxfp4);
+}
+void matmul_mlx_nvfp4(const WeightView& w, const float* x, int64_t n, float* y) {
+  run<MlxNvfp4Rows>(&w, &y, 1, x, n, avx2::matmul_mlx_nvfp4);
+}
 void matmul_multi_mx(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
   switch (ws[0].dtype) {
-    case DType::kMXFP4: return run<Mxfp4GgufRows>(ws, ys, count, x, n);
-    case DType::kMlxMXFP4: return run<MlxMxfp4Rows>(ws, ys, count, x, n);
-    case DType::kMlxNVFP4: return run<MlxNvfp4Rows>(ws, ys, count, x, n);
+    case DType::kMXFP4: return run<Mxfp4GgufRows>(ws, ys, count, x, n, avx2::matmul_mxfp4);
+    case DType::kMlxMXFP4: return run<MlxMxfp4Rows>(ws, ys, count, x, n, avx2::matmul_mlx_mxfp4);
+    case DType::kMlxNVFP4: return run<MlxNvfp4Rows>(ws, ys, count, x, n, avx2::matmul_mlx_nvfp4);
     default: LARDER_CHECK(false, "[kernels] avx512 matmul_multi_mx: %s", dtype_name(ws[0].dtype));
   }
 }

@@ -52,37 +52,6 @@ inline const float* e4m3_half_table() {
   return t.data();
 }
 
-// One fp4 row of a view → codes [cols] and scales [cols/16] (per 16-element half).
-// GGUF MXFP4: s = 2^(e−128) (kFp4Values are the e2m1 values doubled).
-inline void row_mxfp4(const WeightView& w, int64_t r, int8_t* q, float* s) {
-  const uint8_t* p = w.data + static_cast<uint64_t>(r) * w.row_bytes();
-  for (int64_t b = 0; b < w.cols / 32; ++b) {
-    const uint8_t* blk = p + 17 * b;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), gguf_codes(blk + 1));
-    s[2 * b] = s[2 * b + 1] = e8m0_half_to_f32(blk[0]);
-  }
-}
-// MLX mxfp4: s = 2^(e−127)/2 (e = 255 stays inf, as mlx's dequantize gives).
-inline void row_mlx_mxfp4(const WeightView& w, int64_t r, int8_t* q, float* s) {
-  const uint8_t* p = w.data + static_cast<uint64_t>(r) * w.row_bytes();
-  const uint8_t* sc = w.scales + static_cast<uint64_t>(r) * w.scale_row_bytes();
-  for (int64_t b = 0; b < w.cols / 32; ++b) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), mlx_codes(p + 16 * b));
-    s[2 * b] = s[2 * b + 1] = 0.5f * e8m0_to_f32(sc[b]);
-  }
-}
-// MLX nvfp4: s = e4m3/2 per 16.
-inline void row_mlx_nvfp4(const WeightView& w, int64_t r, int8_t* q, float* s) {
-  const uint8_t* p = w.data + static_cast<uint64_t>(r) * w.row_bytes();
-  const uint8_t* sc = w.scales + static_cast<uint64_t>(r) * w.scale_row_bytes();
-  const float* h = e4m3_half_table();
-  for (int64_t b = 0; b < w.cols / 32; ++b) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), mlx_codes(p + 16 * b));
-    s[2 * b] = h[sc[2 * b]];
-    s[2 * b + 1] = h[sc[2 * b + 1]];
-  }
-}
-
 }  // namespace mx
 }  // namespace
 }  // namespace larder::kernels::cpu
