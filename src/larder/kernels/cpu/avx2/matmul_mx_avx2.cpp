@@ -31,17 +31,19 @@ namespace {
 struct GgufMxfp4 {
   const uint8_t* w;
   uint64_t rb;
+  const float* half = mx::e8m0_half_table();
   explicit GgufMxfp4(const WeightView& v) : w(v.data), rb(v.row_bytes()) {}
-  __m256i codes(int64_t r, int64_t b) const { return mx::gguf_codes(w + r * rb + 17 * b + 1); }
-  __m256 scales(int64_t r, int64_t b) const { return _mm256_set1_ps(e8m0_half_to_f32(w[r * rb + 17 * b])); }
+  __m256i codes(int64_t r, int64_t b) const { return mx::gguf_codes_bcast(w + r * rb + 17 * b + 1); }
+  __m256 scales(int64_t r, int64_t b) const { return _mm256_broadcast_ss(half + w[r * rb + 17 * b]); }
 };
 struct MlxMxfp4 {
   const uint8_t* w;
   const uint8_t* sc;
   uint64_t rb, sb;
+  const float* half = mx::mlx_e8m0_half_table();
   explicit MlxMxfp4(const WeightView& v) : w(v.data), sc(v.scales), rb(v.row_bytes()), sb(v.scale_row_bytes()) {}
   __m256i codes(int64_t r, int64_t b) const { return mx::mlx_codes(w + r * rb + 16 * b); }
-  __m256 scales(int64_t r, int64_t b) const { return _mm256_set1_ps(0.5f * e8m0_to_f32(sc[r * sb + b])); }
+  __m256 scales(int64_t r, int64_t b) const { return _mm256_broadcast_ss(half + sc[r * sb + b]); }
 };
 struct MlxNvfp4 {
   const uint8_t* w;

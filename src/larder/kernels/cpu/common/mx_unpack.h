@@ -42,6 +42,33 @@ inline __m256i mlx_codes(const uint8_t* p) {
   return fp4_lookup(_mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));
 }
 
+// 16 bytes of a GGUF MXFP4 block → its 32 codes, the load broadcast to both lanes and the high
+// lane shifted by 4 (no cross-lane insert: one load, shift, and, shuffle).
+inline __m256i gguf_codes_bcast(const uint8_t* qs) {
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i n = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+  return fp4_lookup(n);
+}
+
+// Scale tables by byte (one broadcast load per block in the kernels), built once:
+// GGUF 2^(e−128) (e8m0_half_to_f32), MLX mxfp4's 2^(e−127)/2 (e = 255 → inf).
+inline const float* e8m0_half_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int b = 0; b < 256; ++b) a[b] = e8m0_half_to_f32(static_cast<uint8_t>(b));
+    return a;
+  }();
+  return t.data();
+}
+inline const float* mlx_e8m0_half_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int b = 0; b < 256; ++b) a[b] = 0.5f * e8m0_to_f32(static_cast<uint8_t>(b));
+    return a;
+  }();
+  return t.data();
+}
+
 // e4m3 / 2 for every byte (nvfp4's scale of the doubled e2m1 codes), built once.
 inline const float* e4m3_half_table() {
   static const std::array<float, 256> t = [] {
