@@ -105,7 +105,7 @@ Result<const formats::TensorInfo*> WeightBinder::mx_scales(const std::string& mo
   if (!ok || a->nbytes != count) {
     std::string w;
     for (int64_t d : want) w += (w.empty() ? "" : ", ") + std::to_string(d);
-    return invalid_argument(strfmt("[model] %s: tensor '%s' is %s %s (%llu bytes), expected U8 [%s] (mode %s: one scale "
+    return invalid_argument(strfmt("[model] %s: tensor '%s' is %s %s (%llu bytes), expected U8 [%s] (mode %s per config.json: one scale "
                                    "per %d of %lld columns)",
                                    file_of(*a).c_str(), name.c_str(), dtype_name(a->dtype), a->shape_str().c_str(),
                                    (unsigned long long)a->nbytes, w.c_str(), quant_mode_name(q.mode), q.group_size,
