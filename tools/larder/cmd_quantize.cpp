@@ -21,6 +21,7 @@ namespace {
 struct Opts {
   std::string format = "mlx", gguf_type = "Q4_K_M", imatrix, imatrix_out;
   bool calibrate = false;
+  std::string mode = "affine", plan;
   std::string src, dst, keep, candidates = "2,3,4,6,8", sensitivity = "kl", calibration, reuse, target_size, sensitivity_out;
   int64_t calib_len = 256, calib_n = 8;
   double target_bpw = 0;
@@ -66,7 +67,8 @@ Result<uint64_t> parse_size(const std::string& s) {
 
 // --format gguf (quant/gguf_export.h): options that only shape MLX output are refused by name.
 int quantize_gguf(const Opts& o, const CLI::App& cmd) {
-  for (const char* flag : {"--bits", "--group-size", "--keep", "--rotate", "--rotation-seed", "--no-r2", "--max-shard-mb"})
+  for (const char* flag :
+       {"--bits", "--group-size", "--mode", "--plan", "--keep", "--rotate", "--rotation-seed", "--no-r2", "--max-shard-mb"})
     if (cmd.count(flag) > 0)
       return report(invalid_argument(std::string("[quantize] ") + flag + " does not apply to --format gguf (yet)"));
   const bool allocating = o.target_bpw > 0 || !o.target_size.empty();
@@ -154,8 +156,17 @@ VerbMain add_quantize(CLI::App& app) {
                 "--format gguf: compute the importance matrix from the calibration text (--calibration, "
                 "--calibration-length, --calibration-samples) through the source model");
   cmd->add_option("--imatrix-out", o->imatrix_out, "with --calibrate: also write the matrix in llama-imatrix's GGUF format");
-  cmd->add_option("--bits", o->bits, "bits per weight: 2, 3, 4, 5, 6 or 8")->capture_default_str();
-  cmd->add_option("--group-size", o->group, "group size: 32, 64 or 128")->capture_default_str();
+  cmd->add_option("--mode", o->mode,
+                  "MLX quantization mode: affine (codes + scale and bias per group), or the microscaling floats mxfp4 "
+                  "(e2m1, e8m0 scale per 32), nvfp4 (e2m1, e4m3 scale per 16), mxfp8 (e4m3, e8m0 scale per 32)")
+      ->check(CLI::IsMember({"affine", "mxfp4", "nvfp4", "mxfp8"}))
+      ->capture_default_str();
+  cmd->add_option("--plan", o->plan,
+                  "JSON file of per-module quantization: {\"<module path, suffix or glob>\": false | "
+                  "{\"mode\": ..., \"bits\": ..., \"group_size\": ...}}, first match wins (missing keys: --mode's, "
+                  "or that mode's defaults)");
+  cmd->add_option("--bits", o->bits, "affine bits per weight: 2, 3, 4, 5, 6 or 8 (other modes: theirs)")->capture_default_str();
+  cmd->add_option("--group-size", o->group, "affine group size: 32, 64 or 128 (other modes: theirs)")->capture_default_str();
   cmd->add_option("--keep", o->keep, "comma-separated modules left unquantized (path, dotted suffix e.g. lm_head, or glob)");
   cmd->add_option("--target-bpw", o->target_bpw,
                   "mixed precision: nominal bits per weight over the block linears (embed_tokens / lm_head keep --bits); "
@@ -238,8 +249,19 @@ VerbMain add_quantize(CLI::App& app) {
     if (o->format == "gguf") return quantize_gguf(*o, *cmd);
     if (cmd->count("--type") > 0) return report(invalid_argument("[quantize] --type applies to --format gguf"));
     quant::ConvertOptions opts;
+    opts.mode = models::quant_mode_from_name(o->mode).value_or(models::QuantMode::kAffine);
     opts.bits = o->bits;
     opts.group_size = o->group;
+    if (opts.mode != models::QuantMode::kAffine) {
+      // A microscaling mode has one layout: --bits / --group-size default to it (and must match it).
+      if (cmd->count("--bits") == 0) opts.bits = models::quant_mode_default_bits(opts.mode);
+      if (cmd->count("--group-size") == 0) opts.group_size = models::quant_mode_default_group(opts.mode);
+    }
+    if (!o->plan.empty()) {
+      auto plan = quant::read_quant_plan(o->plan, {opts.bits, opts.group_size, opts.mode});
+      if (!plan) return report(plan.status());
+      opts.plan = std::move(plan).value();
+    }
     opts.threads = o->threads;
     opts.max_shard_bytes = static_cast<uint64_t>(o->max_shard_mb * 1048576.0);
     opts.target_bpw = o->target_bpw;
@@ -282,7 +304,7 @@ VerbMain add_quantize(CLI::App& app) {
                  "quantized %zu modules (%zu kept, %zu tensors passed through) into %zu shard(s), %.2f MiB, %.1f s\n"
                  "bits per weight over quantized modules: nominal %.3f, stored %.3f (group %d)\n",
                  rep.n_quantized, rep.n_kept, rep.n_passthrough, rep.n_shards, rep.out_bytes / 1048576.0, rep.seconds,
-                 rep.nominal_bpw, rep.stored_bpw, o->group);
+                 rep.nominal_bpw, rep.stored_bpw, opts.group_size);
     if (rep.rotated)
       std::fprintf(stderr, "rotation: R1 %s, R2 %s, seed %llu%s (%.1f s)\n", rep.rotation.r1_construction.c_str(),
                    rep.rotation.r2_construction.c_str(), static_cast<unsigned long long>(o->rotation_seed),

@@ -26,6 +26,7 @@ int ggml_type_id(DType t) {
     case DType::kQ6_K: return 14;
     case DType::kIQ4_NL: return 20;
     case DType::kIQ4_XS: return 23;
+    case DType::kMXFP4: return 39;
     case DType::kI8: return 24;
     case DType::kI16: return 25;
     case DType::kI32: return 26;

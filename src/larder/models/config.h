@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -38,9 +39,22 @@ struct RopeScaling {
 // (or its `quantization_config` twin). Which modules are quantized is resolved per module path
 // by the weight binder (models/weights.h, §3.2): an entry here decides; otherwise a module is
 // quantized with the top-level parameters iff the checkpoint holds `<module>.scales`.
+// The block's `mode` (mlx.core.quantize's): "affine" (codes + scales/biases), or one of the
+// microscaling float modes (kernels/microscaling.h), each with its one (bits, group_size):
+// "mxfp4" (4, 32), "nvfp4" (4, 16), "mxfp8" (8, 32) — U8 scales and no biases.
+enum class QuantMode { kAffine, kMxfp4, kNvfp4, kMxfp8 };
+const char* quant_mode_name(QuantMode m);  // "affine", "mxfp4", ...
+// The mode of a name, or nullopt.
+std::optional<QuantMode> quant_mode_from_name(std::string_view name);
+// mlx's default (group_size, bits) of a mode (nn.quantize's _defaults_for_mode).
+int quant_mode_default_bits(QuantMode m);
+int quant_mode_default_group(QuantMode m);
+
 struct AffineParams {
-  int bits = 4;         // 2, 3, 4, 5, 6, 8
-  int group_size = 64;  // 32, 64, 128
+  int bits = 4;         // affine: 2, 3, 4, 5, 6, 8
+  int group_size = 64;  // affine: 32, 64, 128
+  QuantMode mode = QuantMode::kAffine;
+  bool operator==(const AffineParams&) const = default;
 };
 
 struct QuantizationConfig {

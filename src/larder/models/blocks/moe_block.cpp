@@ -6,12 +6,10 @@
 namespace larder::models {
 
 namespace {
-// A matrix's bytes as stored: codes plus, for MLX affine, its scales and biases.
+// A matrix's bytes as stored: codes plus, for MLX affine, its scales and biases (MLX microscaling:
+// its U8 scales).
 uint64_t view_bytes(const kernels::WeightView& w) {
-  uint64_t b = static_cast<uint64_t>(w.rows) * w.row_bytes();
-  if (w.is_affine())
-    b += 2 * dtype_bytes(w.scale_dtype, static_cast<uint64_t>(w.rows * (w.cols / w.group_size)));
-  return b;
+  return static_cast<uint64_t>(w.rows) * (w.row_bytes() + (w.biases ? 2 : 1) * w.scale_row_bytes());
 }
 }  // namespace
 
