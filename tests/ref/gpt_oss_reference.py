@@ -216,10 +216,10 @@ def gguf_name(hf):
     raise KeyError(hf)
 
 
-def write_gguf(path, c, weights, f32=False, f16=False):
+def write_gguf(path, c, weights, f32=False, f16=False, mxfp4=False):
     """GGUF `gpt-oss` (Q8_0 matrices, F16 ones with f16, or every tensor F32 with f32; router,
-    norms, biases, sinks F32) as llama.cpp reads it; returns the weights of exactly the values it
-    holds."""
+    norms, biases, sinks F32; with mxfp4 the experts' matrices MXFP4, as OpenAI's GGUFs store them)
+    as llama.cpp reads it; returns the weights of exactly the values it holds."""
     import gguf
     from qwen3_moe_reference import write_spm_vocab
     qt = gguf.GGMLQuantizationType.Q8_0
@@ -252,6 +252,11 @@ def write_gguf(path, c, weights, f32=False, f16=False):
         if f32 or w.ndim == 1 or name.endswith(".bias") or name.endswith("mlp.router.weight"):
             wr.add_tensor(gguf_name(name), w)
             back[name] = w
+        elif mxfp4 and ".mlp.experts." in name:
+            mq = gguf.GGMLQuantizationType.MXFP4
+            q = gguf.quants.quantize(w, mq)
+            wr.add_tensor(gguf_name(name), q, raw_dtype=mq)
+            back[name] = gguf.quants.dequantize(q, mq).reshape(w.shape).astype(np.float32)
         elif f16:
             h = w.astype(np.float16)
             wr.add_tensor(gguf_name(name), h)
@@ -268,10 +273,9 @@ def write_gguf(path, c, weights, f32=False, f16=False):
 
 
 def write_mxfp4(root, c, w, rng):
-    """MXFP4 experts, refused by name until larder runs the format: an HF checkpoint as OpenAI ships
-    it (mlp.experts.{gate_up,down}_proj_{blocks,scales}, U8; random bytes) and a GGUF whose
-    ffn_*_exps are ggml type MXFP4."""
-    import gguf
+    """OpenAI's HF checkpoint layout (mlp.experts.{gate_up,down}_proj_{blocks,scales}, U8; random
+    bytes), refused by name: its gate/up rows are interleaved, which no view of the stacked MXFP4
+    experts expresses yet (GGUF MXFP4 experts run: gpt_oss_mxfp4_q8_0)."""
     E, I, H = c["num_local_experts"], c["intermediate_size"], c["hidden_size"]
     hf = {k: v for k, v in hf_layout(c, w).items() if ".mlp.experts." not in k or k.endswith("_bias")}
     t = {k: ("F32", v) for k, v in hf.items()}
@@ -287,17 +291,6 @@ def write_mxfp4(root, c, w, rng):
         json.dump(dict(c, quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
             "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}), f, indent=1)
     write_safetensors(os.path.join(d, "model.safetensors"), t)
-    wr = gguf.GGUFWriter(os.path.join(d, "model.gguf"), "gpt-oss")
-    wr.add_block_count(1)
-    wr.add_embedding_length(H)
-    wr.add_feed_forward_length(I)
-    wr.add_head_count(c["num_attention_heads"])
-    blocks = rng.integers(0, 256, (E, I, H // 32 * 17), dtype=np.uint8)
-    wr.add_tensor("blk.0.ffn_up_exps.weight", blocks, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
 
 
 def yarn_inv_freq_transformers(dim, base, factor, orig, beta_fast, beta_slow, truncate):
@@ -376,6 +369,16 @@ def main():
     tq = [int(t) for t in np.random.default_rng(4205).integers(3, cq["vocab_size"], SEQ)]
     save_case(dq, tq, cq["vocab_size"], {"f32": mr.mlx_logits(dq, tq, upcast=True)})
     print("gpt_oss_reference: qwen3_yarn_f32", flush=True)
+
+    # The same weights with MXFP4 experts (gguf-py's quantizer; other matrices Q8_0).
+    d7 = os.path.join(root, "gpt_oss_mxfp4_q8_0")
+    os.makedirs(d7, exist_ok=True)
+    deq7 = write_gguf(os.path.join(d7, "model.gguf"), c, w4, mxfp4=True)
+    hf7 = os.path.join(d7, "hf")
+    write_hf(hf7, c, deq7, "f32")
+    case(root, "gpt_oss_mxfp4_q8_0", c, np.random.default_rng(4207),
+         {"deq": lambda t, m: mlx_logits(hf7, t, m),
+          "int8acts": lambda t, m: mlx_logits(hf7, t, m, int8acts=True, f32_router=True)})
 
     d5 = os.path.join(root, "gpt_oss_gguf_f32")
     os.makedirs(d5, exist_ok=True)

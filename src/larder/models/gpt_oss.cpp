@@ -19,9 +19,10 @@
 //   interleaved along the last axis (gate = [..., ::2], up = [..., 1::2]) and down_proj
 //   [E, ffn, hidden], i.e. in × out — cannot be viewed as [out, in] rows, so it is transposed once
 //   at load into an f32 copy (MoeWeights::owned_f32; use the MLX or GGUF layout for large models).
-// - MXFP4 experts (HF `*_blocks`/`*_scales`, GGUF type MXFP4, MLX `mode: "mxfp4"`) are refused by
-//   name: the MXFP4 weight format is not implemented yet. When it is, the binding point is
-//   bind_moe's WeightBinder::experts (the GGUF/MLX stacked tensors) and hf_experts below (HF).
+// - MXFP4 experts: GGUF type MXFP4 and MLX `mode: "mxfp4"` stacked experts bind like any weight
+//   format (WeightBinder::experts). OpenAI's HF layout (`*_blocks`/`*_scales`) interleaves gate and
+//   up rows, which no view of stacked experts expresses yet: refused by name (hf_experts below would
+//   be the place).
 // - GGUF (llama.cpp): layer l is sliding iff l is even (its set_swa_pattern(2)), window
 //   `attention.sliding_window`; expert_count / expert_used_count / expert_feed_forward_length;
 //   sinks `attn_sinks.weight`, the FFN norm `post_attention_norm`, biases `*.bias` beside each
@@ -254,8 +255,8 @@ Status GptOssModel::bind(const formats::ModelFiles& files) {
     const std::string mp = p + "mlp.";
     for (const char* q : {"experts.gate_up_proj_blocks", "experts.down_proj_blocks"}) {
       if (b.has(mp + q))
-        return unsupported(strfmt("[model] %s: '%s%s' holds MXFP4 experts, a weight format larder does not run yet; "
-                                  "use a GGUF with F16/Q8_0 experts or an MLX affine-quantized checkpoint",
+        return unsupported(strfmt("[model] %s: '%s%s' holds MXFP4 experts in OpenAI's HF layout (interleaved gate/up "
+                                  "rows), which larder does not bind yet; use a GGUF (MXFP4 experts run) or an MLX checkpoint",
                                   files.path.c_str(), mp.c_str(), q));
     }
     MoeTensorNames names = moe_names;

@@ -5,7 +5,7 @@
 // RoPE and its attention factor, biased router, clamped-SwiGLU experts with biases. Beyond parity:
 // the layers it declares, decode after prefill and any prefill cut equal to all-at-once (the rings of
 // the sliding layers crossed many times), a batch of sequences equal to each alone, yarn's inv_freq
-// with transformers' truncate=false, MXFP4 refused by name.
+// with transformers' truncate=false, GGUF MXFP4 experts; OpenAI's HF MXFP4 layout refused by name.
 //
 // Bounds as qwen3_moe_test.cpp: f32 max |diff| ≤ 1e-4 · max|logit|, top-1 identical; the quantized
 // cases on a fast table against mlx-lm on int8-rounded activations ("int8acts") within 3e-2 and the
@@ -50,6 +50,7 @@ TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
                         {"gpt_oss_hf_f32", {true, false, true, false}, 8},
                         {"gpt_oss_mlx4", {true, false, true, false}, 8},
                         {"gpt_oss_q8_0", {true, false, true, false}, 8},
+                        {"gpt_oss_mxfp4_q8_0", {true, false, true, false}, 8},
                         {"gpt_oss_gguf_f32", {true, false, true, false}, 8},
                         {"gpt_oss_gguf_f16", {true, false, true, false}, 8},
                         {"gpt_oss_layers_f32", {false, true, true, false}, 5}};
@@ -75,7 +76,7 @@ TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
 
 TEST(GptOss, TightAgainstMlxLm) {
   for (const char* dir_name : {"gpt_oss_f32", "gpt_oss_hf_f32", "gpt_oss_layers_f32", "gpt_oss_mlx4", "gpt_oss_q8_0",
-                               "gpt_oss_gguf_f32", "gpt_oss_gguf_f16"}) {
+                               "gpt_oss_mxfp4_q8_0", "gpt_oss_gguf_f32", "gpt_oss_gguf_f16"}) {
     const std::string dir = kRoot + dir_name;
     const bool affine = std::string(dir_name).find("mlx4") != std::string::npos;
     const bool gguf = model_path(dir_name).find(".gguf") != std::string::npos;
@@ -89,8 +90,10 @@ TEST(GptOss, TightAgainstMlxLm) {
     const kernels::KernelTable active = kernels::active_table();
     const bool loose_affine = affine && (active.matmul_affine[4] != kernels::ref_table().matmul_affine[4] ||
                                          active.matmul_affine[8] != kernels::ref_table().matmul_affine[8]);
-    const bool loose_gguf = q8 && active.matmul[static_cast<int>(DType::kQ8_0)] !=
-                                        kernels::ref_table().matmul[static_cast<int>(DType::kQ8_0)];
+    const bool loose_gguf = q8 && (active.matmul[static_cast<int>(DType::kQ8_0)] !=
+                                       kernels::ref_table().matmul[static_cast<int>(DType::kQ8_0)] ||
+                                   active.matmul[static_cast<int>(DType::kMXFP4)] !=
+                                       kernels::ref_table().matmul[static_cast<int>(DType::kMXFP4)]);
     // F16 weights: the AVX-512 decode kernel rounds activations to f16 (kernels/batch_invariance.cpp),
     // so there the fast table is held to the quantized cases' bound and margin rule, without exact cuts.
     const bool f16 = std::string(dir_name).find("f16") != std::string::npos;
@@ -217,10 +220,10 @@ TEST(GptOss, YarnOnTheLlamaFamilyMatchesMlxLm) {
   });
 }
 
-// MXFP4 experts (OpenAI's HF checkpoint layout; a GGUF of ggml type MXFP4) are refused naming the
-// format, until the MXFP4 weight format lands.
-TEST(GptOss, Mxfp4ExpertsAreRefusedNamingTheFormat) {
-  for (const char* path : {"gpt_oss_mxfp4", "gpt_oss_mxfp4/model.gguf"}) {
+// MXFP4 experts in OpenAI's HF checkpoint layout (interleaved gate/up rows) are refused naming the
+// format; GGUF MXFP4 experts run (gpt_oss_mxfp4_q8_0 in TightAgainstMlxLm).
+TEST(GptOss, HfMxfp4ExpertsAreRefusedNamingTheFormat) {
+  for (const char* path : {"gpt_oss_mxfp4"}) {
     const std::string p = kRoot + path;
     auto files = formats::open_model_files(p);
     Status st = files.is_ok() ? Status::ok() : files.status();
