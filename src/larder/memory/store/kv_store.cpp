@@ -31,6 +31,45 @@ class TieredCold final : public ColdTier {
   SsdTier* ssd_;
   RemoteTier* remote_;
 };
+
+// The remote tier alone, as the RAM tier sees it. Its synchronous store (pressure relief, a
+// spill with no sink) must not do Redis I/O on the engine thread: it succeeds exactly when the
+// write queue has already written the entry (every put is offered to it), so pressure relief
+// drops entries the shared tier holds and keeps the others resident.
+class RemoteCold final : public ColdTier {
+ public:
+  RemoteCold(RemoteTier* remote, RemoteWriteQueue* q) : remote_(remote), q_(q) {}
+  std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns, int64_t longer_than) override {
+    return remote_->find(prompt, ns, longer_than);
+  }
+  std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override {
+    return remote_->restore(found, reason);
+  }
+  bool store(const Entry& e) override { return q_->written(e); }
+  std::string last_find_failure() const override { return remote_->last_find_failure(); }
+
+ private:
+  RemoteTier* remote_;
+  RemoteWriteQueue* q_;
+};
+
+// Spills (evictions, demotions, oversize puts) to the SSD write-behind queue and to the remote
+// queue, which skips entries it has written already.
+class FanOutSink final : public SpillSink {
+ public:
+  FanOutSink(SpillSink* a, SpillSink* b) : a_(a), b_(b) {}
+  void spill(std::shared_ptr<const Entry> e) override {
+    b_->spill(e);
+    a_->spill(std::move(e));
+  }
+
+ private:
+  SpillSink *a_, *b_;
+};
+
+// How long a flush waits for the remote queue: each item is bounded by the tier's timeouts and a
+// dead Redis fails fast (backoff), so this only bounds a long queue against a slow Redis.
+constexpr auto kRemoteFlushLimit = std::chrono::seconds(10);
 }  // namespace
 
 Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
@@ -64,24 +103,31 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
     rc.verify = c.verify;
     LARDER_ASSIGN_OR_RETURN(s->remote_, RemoteTier::open(std::move(rc)));
   }
-  if (s->ssd_ || s->remote_) {
-    // One bounded write-behind queue feeds both tiers (§8.1).
-    s->queue_ = std::make_unique<SpillQueue>(s->ssd_.get(), c.spill_queue_cap_bytes, s->ssd_ && c.background_scan,
-                                             s->remote_.get());
-  }
+  // The SSD tier's bounded write-behind queue (§8.1) and the remote tier's own queue, which
+  // drains while the engine is busy too (remote_queue.h).
+  if (s->ssd_) s->queue_ = std::make_unique<SpillQueue>(s->ssd_.get(), c.spill_queue_cap_bytes, c.background_scan);
+  if (s->remote_) s->remote_queue_ = std::make_unique<RemoteWriteQueue>(s->remote_.get(), c.remote_queue);
   ColdTier* cold = s->ssd_.get();
+  SpillSink* sink = s->queue_.get();
   if (s->ssd_ && s->remote_) {
     s->chain_ = std::make_unique<TieredCold>(s->ssd_.get(), s->remote_.get());
     cold = s->chain_.get();
+    s->fanout_ = std::make_unique<FanOutSink>(s->queue_.get(), s->remote_queue_.get());
+    sink = s->fanout_.get();
   } else if (s->remote_) {
-    cold = s->remote_.get();
+    s->chain_ = std::make_unique<RemoteCold>(s->remote_.get(), s->remote_queue_.get());
+    cold = s->chain_.get();
+    sink = s->remote_queue_.get();
   }
-  s->ram_ = std::make_unique<RamTier>(c.ram_cap_bytes, cold, s->queue_.get());
+  s->ram_ = std::make_unique<RamTier>(c.ram_cap_bytes, cold, sink);
   s->ram_->set_signature(c.signature);
-  if ((s->ssd_ || s->remote_) && c.write_behind) {
+  const bool dirty = s->ssd_ && c.write_behind;
+  if (dirty || s->remote_) {
     KvStore* self = s.get();
-    s->ram_->set_on_put([self](std::span<const TokenId> t, const std::string& ns) {
-      self->dirty_.insert({ns, std::vector<TokenId>(t.begin(), t.end())});
+    s->ram_->set_on_put([self, dirty](std::span<const TokenId> t, const std::string& ns) {
+      if (dirty) self->dirty_.insert({ns, std::vector<TokenId>(t.begin(), t.end())});
+      // Offered to the shared tier at once, busy or not: other replicas need it now.
+      if (self->remote_queue_) self->remote_queue_->publish(self->ram_->find_exact(t, ns));
     });
   }
   return s;
@@ -90,7 +136,9 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
 KvStore::~KvStore() {
   // RAM first (its clear never spills), then the writer thread, then the tiers it writes to.
   ram_.reset();
+  fanout_.reset();
   queue_.reset();
+  remote_queue_.reset();
   chain_.reset();
   remote_.reset();
   ssd_.reset();
@@ -196,6 +244,7 @@ Status KvStore::put_boundary(std::span<const TokenId> prefix, const SequenceStat
 
 void KvStore::set_engine_busy(bool busy) {
   if (queue_) queue_->set_busy(busy);
+  if (remote_queue_) remote_queue_->set_busy(busy);
 }
 
 size_t KvStore::write_behind() {
@@ -227,8 +276,10 @@ size_t KvStore::write_behind() {
 
 FlushReport KvStore::flush() {
   FlushReport rep;
+  if (remote_queue_ && !remote_queue_->drain(kRemoteFlushLimit))
+    LARDER_LOG_WARN("[kv-remote] flush: the remote write queue did not drain in %lld s; the rest is not shared",
+                    static_cast<long long>(kRemoteFlushLimit.count()));
   if (!ssd_) {
-    if (queue_) queue_->drain();  // remote-only: hand Redis what is queued (bounded by its timeouts)
     for (const auto& e : ram_->entries())
       rep.not_written.push_back(strfmt("%s:%zu:no_ssd_tier", e->ns.c_str(), e->tokens.size()));
     return rep;
@@ -319,6 +370,7 @@ StoreStats KvStore::stats() const {
   s.remote_enabled = remote_ != nullptr;
   if (remote_) {
     s.remote = remote_->stats();
+    s.remote_queue = remote_queue_->stats();
     s.remote_url = remote_->config().url.redacted();
     s.remote_chunk_tokens = remote_->config().chunk_tokens;
   }
@@ -430,7 +482,11 @@ nlohmann::json stats_json(const StoreStats& s, const NsLabels& labels) {
                  {"bytes_written", r.bytes_written}, {"writes", r.writes}, {"write_failures", r.write_failures},
                  {"timeouts", r.timeouts}, {"errors", r.errors}, {"down", r.down},
                  {"corrupt", r.corrupt}, {"incompatible", r.incompatible}, {"connects", r.connects},
-                 {"reconnects", r.reconnects}};
+                 {"reconnects", r.reconnects},
+                 {"queue", {{"items", s.remote_queue.queued_items}, {"bytes", s.remote_queue.queued_bytes},
+                            {"written", s.remote_queue.written}, {"failed", s.remote_queue.failed},
+                            {"dropped", s.remote_queue.dropped}, {"skipped", s.remote_queue.skipped},
+                            {"paced_seconds", s.remote_queue.paced_s}}}};
   j["lookups"] = {{"hit_ram", s.lookups_hit_ram}, {"hit_ssd", s.lookups_hit_ssd},
                   {"hit_remote", s.lookups_hit_remote}, {"miss", s.lookups_miss}};
   j["reused_tokens"] = {{"ram", s.reused_tokens_ram}, {"ssd", s.reused_tokens_ssd}, {"remote", s.reused_tokens_remote}};
@@ -519,6 +575,16 @@ std::string stats_prometheus(const StoreStats& s, const NsLabels& labels) {
     line("larder_kv_remote_errors_total", "kind=\"corrupt\"", r.corrupt);
     line("larder_kv_remote_errors_total", "kind=\"incompatible\"", r.incompatible);
     line("larder_kv_remote_reconnects_total", "", r.reconnects);
+    // The remote write queue (remote_queue.h): entries written, failed, dropped oldest-first
+    // when over --kv-remote-queue, skipped (already written); its bytes; time paced while busy.
+    const RemoteQueueStats& q = s.remote_queue;
+    line("larder_kv_remote_queue_bytes", "", q.queued_bytes);
+    line("larder_kv_remote_queue_items", "", q.queued_items);
+    line("larder_kv_remote_queue_total", "outcome=\"written\"", q.written);
+    line("larder_kv_remote_queue_total", "outcome=\"failed\"", q.failed);
+    line("larder_kv_remote_queue_total", "outcome=\"dropped\"", q.dropped);
+    line("larder_kv_remote_queue_total", "outcome=\"skipped\"", q.skipped);
+    o += strfmt("larder_kv_remote_queue_paced_seconds_total %g\n", q.paced_s);
     for (const auto& [op, h] : {std::pair<const char*, const RemoteLatency*>{"read", &r.read_latency},
                                 std::pair<const char*, const RemoteLatency*>{"write", &r.write_latency}}) {
       for (size_t i = 0; i < kRemoteLatencyBounds.size(); ++i) {

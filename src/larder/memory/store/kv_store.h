@@ -9,15 +9,17 @@
 //   store->flush();                                         // SIGTERM / POST /admin/kv/flush
 //
 // Engine-loop duties: set_engine_busy(true/false) around running rows (the SSD writer's idle
-// gate); when fully idle call write_behind() (snapshots of new entries) and, every few seconds,
+// gate, the remote writer's pace); when fully idle call write_behind() (snapshots of new entries
+// for the SSD tier; the remote tier is offered every put at once) and, every few seconds,
 // demote_idle(--ssd-demote-idle); after a take, when live memory is over budget, call
 // relieve_pressure(over_budget). stats() feeds /stats (stats_json) and /metrics
 // (stats_prometheus); every TakeResult carries its CacheReport for x-larder-cache and logs.
 //
 // Threads: one engine thread owns the store and calls every method, stats() included (the
 // server asks the engine for a copy through its queue; system.md §4). The SSD writer thread
-// (inside SpillQueue) runs the startup scan and drains the write-behind queue; all cross-thread
-// state is inside SpillQueue and SsdTier (documented there). Nothing here installs signal
+// (inside SpillQueue) runs the startup scan and drains the write-behind queue; the remote writer
+// (inside RemoteWriteQueue) drains the remote tier's queue; all cross-thread state is inside
+// those queues and the tiers (documented there). Nothing here installs signal
 // handlers: on SIGTERM the server stops admission, drains, and calls flush() on the engine
 // thread (§8.4); the returned FlushReport lists what could not be written.
 #pragma once
@@ -33,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/memory/store/ram_tier.h"
+#include "larder/memory/store/remote_queue.h"
 #include "larder/memory/store/remote_tier.h"
 #include "larder/memory/store/spill_queue.h"
 #include "larder/memory/store/ssd_tier.h"
@@ -55,6 +58,7 @@ struct KvStoreConfig {
   std::string remote_password_env;                // LARDER_KV_REMOTE_PASSWORD (used when the URL has none)
   int remote_timeout_ms = 100;                    // --kv-remote-timeout-ms
   int64_t remote_chunk_tokens = 256;              // tokens per remote value (serve derives ~4 MiB)
+  RemoteQueueConfig remote_queue;                 // --kv-remote-queue, --kv-remote-write-mibps
 };
 
 struct FlushReport {
@@ -85,6 +89,7 @@ struct StoreStats {
   std::string remote_url;  // redacted
   int64_t remote_chunk_tokens = 0;
   RemoteStats remote;
+  RemoteQueueStats remote_queue;
   QueueStats queue;
   uint64_t lookups_hit_ram = 0, lookups_hit_ssd = 0, lookups_hit_remote = 0, lookups_miss = 0;
   uint64_t reused_tokens_ram = 0, reused_tokens_ssd = 0, reused_tokens_remote = 0;
@@ -175,8 +180,10 @@ class KvStore {
   KvStoreConfig cfg_;
   std::unique_ptr<SsdTier> ssd_;
   std::unique_ptr<RemoteTier> remote_;
-  std::unique_ptr<ColdTier> chain_;  // SSD then remote, when both exist
-  std::unique_ptr<SpillQueue> queue_;
+  std::unique_ptr<ColdTier> chain_;  // SSD then remote, or remote alone (its stores never do I/O here)
+  std::unique_ptr<SpillQueue> queue_;          // SSD write-behind (with an SSD tier)
+  std::unique_ptr<RemoteWriteQueue> remote_queue_;  // with a remote tier
+  std::unique_ptr<SpillSink> fanout_;          // spills to both queues when both exist
   std::unique_ptr<RamTier> ram_;
   std::set<std::pair<std::string, std::vector<TokenId>>> dirty_;
   mutable std::mutex stats_mu_;  // guards the counters below (stats() may run on another thread)
