@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -241,6 +242,20 @@ bool is_qwen35_type(const std::string& mt) {
 
 Result<Plan> make_qwen35_plan(const std::string& src_dir, const RotateOptions& opts, Plan p);
 
+// Outputs in sorted name order (the writer's order), their parameter count, and the report.
+void finish_plan(Plan* p, int64_t hidden, int64_t head_dim, std::string r2_construction, bool untied,
+                 std::vector<std::string> deviations) {
+  std::sort(p->outs.begin(), p->outs.end(), [](const OutTensor& a, const OutTensor& b) { return a.name < b.name; });
+  for (const OutTensor& o : p->outs) p->total_params += static_cast<uint64_t>(o.src->numel());
+  RotateReport& rep = p->report;
+  rep.hidden = hidden;
+  rep.head_dim = head_dim;
+  rep.r1_construction = p->r1.construction();
+  rep.r2_construction = std::move(r2_construction);
+  rep.untied = untied;
+  rep.deviations = std::move(deviations);
+}
+
 Result<Plan> make_plan(const std::string& src_dir, const RotateOptions& opts) {
   Plan p;
   const std::string cfg_path = src_dir + "/config.json";
@@ -381,16 +396,8 @@ Result<Plan> make_plan(const std::string& src_dir, const RotateOptions& opts) {
                               "mlp_bias); refusing rather than writing a model that computes something else",
                               src_dir.c_str(), t.name.c_str(), mt.c_str()));
   }
-  std::sort(p.outs.begin(), p.outs.end(), [](const OutTensor& a, const OutTensor& b) { return a.name < b.name; });
-  for (const OutTensor& o : p.outs) p.total_params += static_cast<uint64_t>(o.src->numel());
-
-  RotateReport& rep = p.report;
-  rep.hidden = H;
-  rep.head_dim = hd;
-  rep.r1_construction = p.r1.construction();
-  rep.r2_construction = r2_on && L > 0 ? p.r2.front().construction() : "none";
-  rep.untied = tied;
-  for (const char* d : kDeviations) rep.deviations.emplace_back(d);
+  finish_plan(&p, H, hd, r2_on && L > 0 ? p.r2.front().construction() : "none", tied,
+              std::vector<std::string>(std::begin(kDeviations), std::end(kDeviations)));
   return p;
 }
 
@@ -560,16 +567,9 @@ Result<Plan> make_qwen35_plan(const std::string& src_dir, const RotateOptions& o
                               "than writing a model that computes something else",
                               src_dir.c_str(), n.c_str()));
   }
-  std::sort(p.outs.begin(), p.outs.end(), [](const OutTensor& a, const OutTensor& b) { return a.name < b.name; });
-  for (const OutTensor& o : p.outs) p.total_params += static_cast<uint64_t>(o.src->numel());
-  RotateReport& rep = p.report;
-  rep.hidden = H;
-  rep.head_dim = hd;
-  rep.r1_construction = p.r1.construction();
-  rep.r2_construction = "none";
-  rep.untied = tied;
-  for (const char* d : kQwen35Deviations) rep.deviations.emplace_back(d);
-  if (dropped_mtp == 0) rep.deviations.pop_back();
+  std::vector<std::string> deviations(std::begin(kQwen35Deviations), std::end(kQwen35Deviations));
+  if (dropped_mtp == 0) deviations.pop_back();  // "mtp-dropped" is last
+  finish_plan(&p, H, hd, "none", tied, std::move(deviations));
   p.order = "untie, gamma-fold, R1";
   return p;
 }
