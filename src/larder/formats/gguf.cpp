@@ -270,9 +270,8 @@ Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path, MapMod
     info.file = interned;
     info.dtype = dtype_from_ggml(t.ggml_type);
     if (info.dtype == DType::kUnknown) {
-      // Named where users meet it: gpt-oss GGUFs store their experts as MXFP4 (ggml type 39).
-      return unsupported(strfmt("[gguf] %s: tensor '%s' has ggml type %u%s, which larder does not support",
-                                path.c_str(), info.name.c_str(), t.ggml_type, t.ggml_type == 39 ? " (MXFP4)" : ""));
+      return unsupported(strfmt("[gguf] %s: tensor '%s' has ggml type %u, which larder does not support",
+                                path.c_str(), info.name.c_str(), t.ggml_type));
     }
     const DTypeInfo& di = dtype_info(info.dtype);
     int64_t n = info.numel();
