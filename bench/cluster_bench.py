@@ -3,18 +3,22 @@
 docs/deployment.md): prefill tokens computed and TTFT, with and without the shared Redis tier.
 
     python3 bench/cluster_bench.py [--model DIR] [--agents 8] [--turns 3] [--replicas 3]
-        [--lines 62] [--gen 16] [--threads 1] [--balance-factor 0] [--kill] [--json-out FILE]
+        [--lines 62] [--gen 16] [--threads 1] [--balance-factor 0] [--kill] [--busy] [--json-out FILE]
 
 Each configuration starts its own cluster with scripts/cluster.sh (the baseline with
 --no-remote), then runs the same schedule through the router (stdlib only: threads +
 http.client, streaming SSE):
   1. agent 0's first turn alone — the system prompt is prefilled once, on agent 0's replica;
-     the run waits until that replica is idle and has written its chunks to Redis (write-behind
-     runs after 1 s of idle time; the baseline waits the same time);
+     the run waits until that replica's /v1/kv/lookup sees all of its whole chunks in Redis
+     (the baseline waits 2 s);
   2. all agents concurrently, each its own X-Session-Id, `--turns` turns (agent 0 from its
      second), every turn a new user message on the growing conversation, greedy, --gen tokens.
 With --kill (shared tier only), after every agent's second turn the replica holding most agents
 is SIGKILLed; their third turns go to other replicas through the router.
+With --busy, every replica also runs a background load for the whole run (one client per
+replica, straight to its port, back-to-back short generations; not counted), so no replica is
+ever idle — the normal state under load. Step 1 then waits at most --publish-wait seconds for
+the prefix to reach Redis (a replica that publishes only when idle never does).
 
 Reported per configuration: total prompt tokens, tokens reused (by tier, from x-larder-cache)
 and computed (prompt - reused), sessions per replica, and client-side TTFT (request sent ->
@@ -152,18 +156,46 @@ def run(args, remote, kill):
                 results.append(r)
             return r
 
+        stop_busy = threading.Event()
+        busy_done = []
+
+        def keep_busy(port, i):
+            # Back-to-back short generations on one slot: the replica always has a running row.
+            n = 0
+            while not stop_busy.is_set():
+                try:
+                    post_json(port, "/v1/completions", {"prompt": f"Background {i}.{n % 5}: count the quays.",
+                                                       "max_tokens": 24, "temperature": 0})
+                except (OSError, http.client.HTTPException):
+                    if stop_busy.is_set():
+                        return
+                    time.sleep(0.05)  # the killed replica: its keeper idles until the end
+                n += 1
+            busy_done.append(n)
+
+        keepers = []
+        if args.busy:
+            keepers = [threading.Thread(target=keep_busy, args=(p, i)) for i, p in enumerate(replica_ports.values())]
+            for k in keepers:
+                k.start()
+            time.sleep(1.0)
         t_start = time.monotonic()
         first = turn(0, 0)
-        # Wait for the write-behind (1 s of idle, then the writer) to put the prefix in Redis.
+        first_end = time.monotonic()
+        # Wait for the prefix to reach Redis (before session 38 only after 1 s of idle time).
+        published_after = None
         if remote:
+            # Until the replica's own /v1/kv/lookup sees all of agent 0's whole chunks in Redis.
             port0 = replica_ports[first["replica"]]
-            deadline = time.monotonic() + 60
-            last, stable_since = -1.0, time.monotonic()
+            chunk = json.loads(get(port0, "/stats")[1])["kv_store"]["remote"]["chunk_tokens"]
+            P = first["prompt_tokens"]
+            want = min(P // chunk * chunk, P - 1)
+            asked = convs[0][:-1]  # turn 1's prompt: the conversation before its answer
+            deadline = time.monotonic() + (args.publish_wait if args.busy else 60)
             while time.monotonic() < deadline:
-                n = metric(port0, "larder_kv_remote_chunks_total", 'op="written"')
-                if n != last:
-                    last, stable_since = n, time.monotonic()
-                elif n >= 1 and time.monotonic() - stable_since > 0.5:
+                st, data = post_json(port0, "/v1/kv/lookup", {"messages": asked})
+                if st == 200 and json.loads(data)["remote_tokens"] >= want:
+                    published_after = round(time.monotonic() - first_end, 2)
                     break
                 time.sleep(0.1)
         else:
@@ -196,7 +228,11 @@ def run(args, remote, kill):
             th.join()
         wall = time.monotonic() - t_start
         killed = kill_at.get("victim")
+        stop_busy.set()
+        for k in keepers:
+            k.join(timeout=600)
     finally:
+        stop_busy.set()
         subprocess.run(["bash", CLUSTER, "stop"], env=env, timeout=300)
     prompt = sum(r["prompt_tokens"] for r in results)
     reused = sum(r["cached"] for r in results)
@@ -219,6 +255,11 @@ def run(args, remote, kill):
         "ttft_max_s": round(max(ttfts), 3), "wall_s": round(wall, 1),
         "first_prompt_tokens": results[0]["prompt_tokens"],
     }
+    if args.busy:
+        out["busy_background_requests"] = sum(busy_done)
+        if remote:
+            out["first_prefix_in_redis"] = (f"~{published_after} s after agent 0's first turn" if published_after is not None
+                                            else f"not within {args.publish_wait} s")
     if kill:
         moved = [r for r in results if r["turn"] == 2 and any(x["agent"] == r["agent"] and x["turn"] == 1 and
                                                                x["replica"] == killed for x in results)]
@@ -247,6 +288,10 @@ def main():
                     help="--kv-remote-timeout-ms of the replicas (larder's default 100 ms is short for a host this "
                          "loaded: a lookup that times out prefills locally)")
     ap.add_argument("--kill", action="store_true", help="also a shared-tier run with a replica killed after turn 2")
+    ap.add_argument("--busy", action="store_true",
+                    help="keep every replica busy for the whole run with a background load (not counted)")
+    ap.add_argument("--publish-wait", type=float, default=10.0,
+                    help="with --busy: seconds to wait for agent 0's prefix to reach Redis before the others start")
     ap.add_argument("--only", choices=["remote", "local"], default=None)
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()

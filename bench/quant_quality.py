@@ -16,8 +16,8 @@
 3. Variants at group 64: uniform 3/4-bit; mixed precision at 3.0 / 4.0 nominal bits over the block
    linears from one calibration-KL sensitivity table (--candidate-bits 2,3,4,6, --calib-samples x
    --calib-length tokens: cut from the defaults 8 x 256 to stay affordable on 2 cores), with the
-   default boundary protection (first/last block x100: 2 of 30 blocks here). No --rotate rows:
-   larder cannot rotate hidden 576 (see below).
+   default boundary protection (first/last block x100: 2 of 30 blocks here). No --rotate rows
+   (rotation is measured separately: docs/quantization-report.md, finding 3).
 4. `larder eval kl SOURCE VARIANT` on both texts.
 
 --model stories260k: the issue-6 protocol (the earlier version of the report):
@@ -97,8 +97,7 @@ def smollm2(a):
     variants = [("uniform 3-bit", ["--bits", "3"]), ("uniform 4-bit", ["--bits", "4"]),
                 ("mixed 3.0 (KL)", ["--bits", "3", "--target-bpw", "3.0"] + calib),
                 ("mixed 4.0 (KL)", ["--bits", "4", "--target-bpw", "4.0"] + calib)]
-    # No --rotate rows: hidden 576 = 9 * 64 has no Hadamard matrix of the sizes larder builds
-    # (m * 2^k, m in {1, 12, 20, 28}), and `larder quantize --rotate` refuses it.
+    # No --rotate rows: rotation is measured separately (docs/quantization-report.md, finding 3).
     rows, sens = [], None
     for name, args in variants:
         d = variant_dir(a.work, name)

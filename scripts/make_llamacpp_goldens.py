@@ -11,8 +11,9 @@ committed, and this script is how they were made (and how to remake them).
   scripts/make_llamacpp_goldens.py chat-steps # SmolLM2 greedy chat answers, llama.cpp's top-5 per step
   scripts/make_llamacpp_goldens.py exact      # adds the exact-f32 top-5 at each step to both (after them)
   scripts/make_llamacpp_goldens.py requant    # SmolLM2 requantized by llama-quantize, each format's ppl
-  scripts/make_llamacpp_goldens.py moe-ppl    # llama-perplexity on the qwen3moe / qwen35moe GGUF test
-                                              # fixtures (tests/ref/qwen3_moe_reference.py), no download
+  scripts/make_llamacpp_goldens.py moe-ppl    # llama-perplexity on the qwen3moe / qwen35moe / qwen3next
+                                              # GGUF test fixtures (tests/ref/qwen3_moe_reference.py,
+                                              # qwen3_next_reference.py), no download
   scripts/make_llamacpp_goldens.py larder-gguf  # llama-perplexity on GGUFs `larder quantize --format gguf`
                                               # writes from SmolLM2-135M-Instruct-hf (--larder to pick the binary)
 
@@ -437,7 +438,10 @@ def cmd_requant(args):
 MOE_PPL_RUNS = [(128, 4, "f16"), (64, 8, "f32")]
 
 
-MOE_PPL_CASES = [("qwen3_moe_q8_0", "qwen3moe"), ("qwen3_5_moe_ppl_q8_0", "qwen35moe")]
+# (fixture script, case, GGUF architecture)
+MOE_PPL_CASES = [("qwen3_moe_reference.py", "qwen3_moe_q8_0", "qwen3moe"),
+                 ("qwen3_moe_reference.py", "qwen3_5_moe_ppl_q8_0", "qwen35moe"),
+                 ("qwen3_next_reference.py", "qwen3_next_ppl_q8_0", "qwen3next")]
 
 
 def cmd_moe_ppl(args):
@@ -448,10 +452,11 @@ def cmd_moe_ppl(args):
     import re
     import tempfile
     with tempfile.TemporaryDirectory(prefix="moe-ppl-") as tmp:
-        subprocess.run([sys.executable, os.path.join(ROOT, "tests", "ref", "qwen3_moe_reference.py"), "--out", tmp],
-                       check=True, capture_output=True)
+        for script in dict.fromkeys(s for s, _, _ in MOE_PPL_CASES):
+            subprocess.run([sys.executable, os.path.join(ROOT, "tests", "ref", script), "--out", tmp],
+                           check=True, capture_output=True)
         models = []
-        for case, arch in MOE_PPL_CASES:
+        for script, case, arch in MOE_PPL_CASES:
             d = os.path.join(tmp, "models", case)
             model, text = os.path.join(d, "model.gguf"), os.path.join(d, "ppl_text.txt")
             with open(model, "rb") as f:
@@ -478,10 +483,12 @@ def cmd_moe_ppl(args):
                              "ppl_err": float(m.group(2)),
                              "command": " ".join(["llama-perplexity", "-m", f"{case}/model.gguf", "-f",
                                                   f"{case}/ppl_text.txt"] + cmd[5:])})
-            models.append({"case": case, "architecture": arch, "gguf_sha256": sha, "runs": runs})
+            models.append({"case": case, "architecture": arch, "fixture": f"tests/ref/{script}", "gguf_sha256": sha,
+                           "runs": runs})
     write_json("ppl_moe_llamacpp.json", {
         "tool": f"llama-perplexity ({LLAMACPP_VERSION})",
-        "fixtures": "tests/ref/qwen3_moe_reference.py (GGUF Q8_0 experts, synthetic SPM vocabulary)",
+        "fixtures": "tests/ref/qwen3_moe_reference.py, qwen3_next_reference.py (GGUF Q8_0 experts, synthetic SPM "
+                    "vocabulary: tests/ref/gguf_ref.py)",
         "models": models})
 
 LARDER_GGUF_SRC = "SmolLM2-135M-Instruct-hf"

@@ -4,8 +4,9 @@
 `larder info --json` counts every expert in the weights and reports what a token reads.
 
 `larder eval ppl` on the MoE GGUF fixtures (tests/ref/qwen3_moe_reference.py: qwen3_moe_q8_0, GGUF
-`qwen3moe`, and qwen3_5_moe_q8_0, GGUF `qwen35moe`, with llama.cpp's tensor names, Q8_0 experts, a
-synthetic SPM vocabulary) against llama.cpp's own llama-perplexity on the same files and texts:
+`qwen3moe`, and qwen3_5_moe_q8_0, GGUF `qwen35moe`; tests/ref/qwen3_next_reference.py:
+qwen3_next_ppl_q8_0, GGUF `qwen3next`; with llama.cpp's tensor names, Q8_0 experts, a synthetic SPM
+vocabulary) against llama.cpp's own llama-perplexity on the same files and texts:
 within 1 %.
 
 The golden (ppl_moe_llamacpp.json) is made by `scripts/make_llamacpp_goldens.py moe-ppl`,
@@ -47,15 +48,15 @@ class MoeCli(unittest.TestCase):
     def test_moe_ggufs_match_llama_perplexity(self):
         with open(os.path.join(HERE, "ppl_moe_llamacpp.json"), encoding="utf-8") as f:
             golden = json.load(f)
-        self.assertEqual({m["architecture"] for m in golden["models"]}, {"qwen3moe", "qwen35moe"})
+        self.assertEqual({m["architecture"] for m in golden["models"]}, {"qwen3moe", "qwen35moe", "qwen3next"})
         for g in golden["models"]:
             d = os.path.join(DATA, "models", g["case"])
             model, text = os.path.join(d, "model.gguf"), os.path.join(d, "ppl_text.txt")
-            self.assertTrue(os.path.exists(model), f"{model}: fixture qwen3_moe_ref did not run")
+            self.assertTrue(os.path.exists(model), f"{model}: fixture {g.get('fixture', 'qwen3_moe_ref')} did not run")
             with open(model, "rb") as f:
                 sha = hashlib.sha256(f.read()).hexdigest()
             self.assertEqual(sha, g["gguf_sha256"],
-                             f"{g['case']}: the fixture's GGUF changed (tests/ref/qwen3_moe_reference.py): regenerate "
+                             f"{g['case']}: the fixture's GGUF changed ({g.get('fixture')}): regenerate "
                              "the golden with scripts/make_llamacpp_goldens.py moe-ppl")
             for run in g["runs"]:
                 with self.subTest(case=g["case"], ctx=run["ctx"]):

@@ -367,6 +367,66 @@ class GgufExportTest(unittest.TestCase):
 
     # ---------------------------------------------------------------- refusals
 
+    # ---------------------------------------------------------------- KL allocation (issue 48)
+
+    def test_kl_allocation_fits_target_and_constraints(self):
+        """--target-size: the block weights' types are chosen by the KL allocator under the size of
+        llama.cpp's Q4_K_M recipe file. The file must not exceed the target, every block weight's
+        type must be one the allocator offers for its row length (K-quants only where 256 divides
+        the row, else 32-blocks; gguf-py's block sizes decide), token_embd keeps the recipe's type,
+        norms F32, the mix uses several types, the JSON plan is what the file holds, and larder
+        runs the file. (Short calibration and two widths keep it to about a minute of CPU; on the
+        loaded 2-core host it took over 10 minutes of wall time, hence the long timeout.)"""
+        target = os.path.getsize(self.export("Q4_K_M"))
+        dst = os.path.join(self.tmp, "smol.alloc.gguf")
+        plan = os.path.join(self.tmp, "smol.alloc.json")
+        rc, _, err = larder("quantize", HF, dst, "--format", "gguf", "--target-size", str(target), "--candidate-bits", "2,6",
+                            "--calibration-samples", "1", "--calibration-length", "32", "--sensitivity-out", plan, "-t", "2",
+                            timeout=1800)
+        self.assertEqual(rc, 0, err[-2000:])
+        self.assertIn("KL allocation", err)
+        self.assertLessEqual(os.path.getsize(dst), target)
+        self.assertGreater(os.path.getsize(dst), 0.9 * target, "the allocation fills the budget")
+        T = gguf.GGMLQuantizationType
+        offer = {True: {T.Q2_K, T.Q6_K}, False: {T.IQ4_NL, T.Q8_0}}  # widths 2 and 6 (gguf_width_type)
+        t = tensors(gguf.GGUFReader(dst))
+        with open(plan) as f:
+            j = json.load(f)
+        self.assertEqual(j["method"], "fast")
+        used = set()
+        for name, ti in t.items():
+            cols = int(ti.shape[0])  # gguf-py: innermost first
+            if name.endswith("_norm.weight"):
+                self.assertEqual(ti.tensor_type, T.F32, name)
+                continue
+            if not name.startswith("blk."):
+                continue
+            block, _ = gguf.GGML_QUANT_SIZES[ti.tensor_type]
+            self.assertEqual(cols % block, 0, name)
+            self.assertIn(ti.tensor_type, offer[cols % 256 == 0], (name, cols))
+            self.assertEqual(j["allocation"]["types"][name], ti.tensor_type.name, name)
+            used.add(ti.tensor_type)
+        self.assertEqual(t["token_embd.weight"].tensor_type, T.Q8_0)  # tied: the recipe's output rule
+        self.assertGreater(len(used), 2, "a mixed allocation")
+        rc, out, err = larder("eval", "ppl", dst, "--text", os.path.join(HERE, "../../README.md"), "--ctx", "128", "--chunks", "2")
+        self.assertEqual(rc, 0, err[-2000:])
+        # Refusals: a GGUF source (no unquantized reference), a target below the cheapest widths.
+        rc, _, err = larder("quantize", RELEASE, os.path.join(self.tmp, "a.gguf"), "--format", "gguf", "--target-bpw", "5")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("Hugging Face source", err)
+        rc, _, err = larder("quantize", HF, os.path.join(self.tmp, "b.gguf"), "--format", "gguf", "--target-size", "40M",
+                            "--calibration-samples", "1", "--calibration-length", "32")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("cheapest candidate width", err)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "b.gguf")))
+        # llama.cpp loads it (only with LARDER_LLAMACPP_BIN).
+        ppl = os.path.join(LLAMACPP_BIN, "llama-perplexity")
+        if os.path.exists(ppl):
+            p = subprocess.run([ppl, "-m", dst, "-f", os.path.join(HERE, "../../README.md"), "-c", "128", "--chunks", "2",
+                                "-t", "2"], capture_output=True, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+            self.assertIn("Final estimate", p.stdout + p.stderr)
+
     def test_refusals(self):
         dst = self.export("Q8_0")
         rc, _, err = larder("quantize", HF, dst, "--format", "gguf", "--type", "Q8_0")

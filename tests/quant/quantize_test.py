@@ -10,7 +10,11 @@ bf16 sharded + untied head, f32 tied, bf16 with --keep), at several (bits, group
   3. larder loads its own output: `larder generate` works; the logits comparison against mlx-lm
      is done by the quant_roundtrip gtest (tests/unit/quant/roundtrip_test.cpp) from the
      reference this script writes to <testdata>/quantize/<case>/ref.json;
-  4. an existing DST is refused and a failed run leaves neither DST nor a partial directory.
+  4. an existing DST is refused and a failed run leaves neither DST nor a partial directory;
+  5. the microscaling float modes (--mode mxfp4 / nvfp4 / mxfp8, and a per-module --plan mixing
+     them with affine and kept modules): byte-identical to mlx_lm.convert(q_mode=...) with the
+     same per-module choices, the same mlx-lm logits, every config entry naming its mode; larder
+     loads mlx-lm's own output of each mode (and its own) with mlx-lm's logits (roundtrip gtest).
 Run with LARDER_BIN, LARDER_SHARED_DIR, LARDER_TEST_DATA_DIR set (CTest does).
 """
 import glob
@@ -183,7 +187,7 @@ class QuantizeVsMlxLm(unittest.TestCase):
                 for k in a:
                     if k.endswith(".scales"):
                         m = k[:-7]
-                        self.assertEqual(qa[m], {"bits": bits, "group_size": g}, m)
+                        self.assertEqual(qa[m], {"bits": bits, "group_size": g, "mode": "affine"}, m)
                         n_mod += 1
                 self.assertEqual(n_mod, 7 * 3 + 1 + (0 if tied or keep else 1))
                 if keep:
@@ -239,6 +243,85 @@ class QuantizeVsMlxLm(unittest.TestCase):
         for k in a:
             self.assertTrue(raw_bytes(a[k]) == raw_bytes(b[k]), f"mixed: tensor {k} differs")
         self.assertTrue(np.array_equal(logits(ours), logits(theirs)))
+
+    def test_microscaling_modes_match_mlx_lm(self):
+        from mlx_lm import convert
+        # name, --mode, plan (pattern -> entry; None: uniform), what mlx-lm's predicate returns per path
+        plan = {"model.layers.1.mlp.down_proj": {"mode": "mxfp8"}, "*.self_attn.[qk]_proj": {"mode": "nvfp4"},
+                "*.self_attn.v_proj": {"mode": "affine", "bits": 8, "group_size": 32},
+                "model.layers.2.mlp.gate_proj": False}
+
+        def plan_entry(path):
+            import fnmatch
+            for k, v in plan.items():
+                if path == k or fnmatch.fnmatchcase(path, k):
+                    if v is False:
+                        return False
+                    mode = v["mode"]
+                    d = {"affine": (64, 4), "mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}[mode]
+                    return {"group_size": v.get("group_size", d[0]), "bits": v.get("bits", d[1]), "mode": mode}
+            return None
+
+        cases = [("mode_mxfp4", "mxfp4", None), ("mode_nvfp4", "nvfp4", None), ("mode_mxfp8", "mxfp8", None),
+                 ("mode_mxfp4_plan", "mxfp4", plan)]
+        for name, mode, pl in cases:
+            with self.subTest(case=name):
+                root = os.path.join(OUT, name)
+                src, ours, theirs = (os.path.join(root, x) for x in ("src", "larder", "mlx"))
+                os.makedirs(root)
+                make_llama(src, "bf16", name.endswith("plan"), 1, seed=11)
+                args = ["quantize", src, ours, "--mode", mode]
+                pred = None
+                if pl is not None:
+                    with open(os.path.join(root, "plan.json"), "w") as f:
+                        json.dump(pl, f)
+                    args += ["--plan", os.path.join(root, "plan.json")]
+
+                    def pred(path, module, *rest):
+                        e = plan_entry(path)
+                        return True if e is None else e
+                code, out, err = run(*args)
+                self.assertEqual(code, 0, err)
+                convert(src, theirs, quantize=True, q_mode=mode, quant_predicate=pred)
+                a, b = load_dir(ours), load_dir(theirs)
+                self.assertEqual(sorted(a), sorted(b))
+                for k in sorted(a):
+                    self.assertEqual(a[k].dtype, b[k].dtype, k)
+                    self.assertEqual(a[k].shape, b[k].shape, k)
+                    self.assertTrue(raw_bytes(a[k]) == raw_bytes(b[k]), f"{name}: tensor {k} differs")
+                qa = read_json(os.path.join(ours, "config.json"))["quantization"]
+                qb = read_json(os.path.join(theirs, "config.json"))["quantization"]
+                for key in ("group_size", "bits", "mode"):
+                    self.assertEqual(qa[key], qb[key], key)
+                for m, e in qa.items():
+                    if isinstance(e, dict):
+                        self.assertIn("mode", e, m)  # mlx-lm's to_quantized(**entry) defaults to affine
+                        want = plan_entry(m) if pl is not None else None
+                        if want:
+                            self.assertEqual(e, want, m)
+                        elif want is None:
+                            self.assertEqual(e["mode"], mode, m)
+                if pl is not None:
+                    self.assertIs(qa["model.layers.2.mlp.gate_proj"], False)
+                    self.assertEqual(qa["model.layers.1.mlp.down_proj"]["mode"], "mxfp8")
+                    self.assertEqual(a["model.layers.1.mlp.down_proj.scales"].dtype, mx.uint8)
+                    self.assertIn("model.layers.0.self_attn.v_proj.biases", a)
+                la, lb = logits(ours), logits(theirs)
+                self.assertTrue(np.array_equal(la, lb), f"{name}: mlx-lm logits differ, max {np.abs(la - lb).max()}")
+                # larder loads both its own and mlx-lm's directory: the roundtrip gtest compares its
+                # logits with mlx-lm's (upcast, f32 math) for each.
+                lf = logits(ours, upcast=True)
+                for who, d in (("larder", ours), ("mlx", theirs)):
+                    case = os.path.join(OUT, f"{name}_{who}_dir")
+                    os.makedirs(case)
+                    os.symlink(d, os.path.join(case, "larder"))
+                    (lf if who == "larder" else logits(theirs, upcast=True)).astype(np.float32).tofile(
+                        os.path.join(case, "logits_f32math.bin"))
+                    with open(os.path.join(case, "ref.json"), "w") as f:
+                        json.dump({"tokens": TOKENS, "vocab": 32000, "mode": mode,
+                                   "logits": {"f32math": "logits_f32math.bin"}}, f)
+                print(f"[quantize] {name}: {len(a)} tensors byte-identical to mlx_lm.convert(q_mode={mode}), "
+                      f"mlx-lm logits identical", file=sys.stderr)
 
     def test_refuses_existing_and_cleans_up(self):
         root = os.path.join(OUT, "refuse")

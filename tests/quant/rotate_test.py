@@ -126,12 +126,12 @@ class RotateVsMlxLm(unittest.TestCase):
 
     def test_refusal_leaves_nothing(self):
         src = os.path.join(OUT, "bad_src")
-        make_model(src, "llama", 44, 4, 2, 11, 64, True, False)
+        make_model(src, "llama", 92, 4, 2, 23, 64, True, False)  # 92 = 4·23: no Hadamard base
         dst = os.path.join(OUT, "bad_dst")
         p = subprocess.run([TOOL, src, dst], capture_output=True, text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("[rotate]", p.stderr)
-        self.assertIn("hidden_size 44", p.stderr)
+        self.assertIn("hidden_size 92", p.stderr)
         self.assertFalse(os.path.exists(dst))
         self.assertEqual(glob.glob(dst + ".partial*"), [])
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`larder quantize` and `larder eval kl` on real trained weights: SmolLM2-135M-Instruct's HF
 directory (fixture smollm2_hf, tests/realmodels/smollm2_hf_test.py) quantized to MLX affine —
-uniform 4-bit and mixed precision from calibration KL (--target-bpw); --rotate is refused with a
-clear error (hidden 576 = 9 * 64 has no Hadamard rotation larder can build). Each output must load
+uniform 4-bit and mixed precision from calibration KL (--target-bpw); --rotate folds H_36 (x) H_16
+(hidden 576 = 36 * 16, a Paley II base) and the rotated 8-bit model stays as close to the source
+as the plain one. Each output must load
 in mlx-lm and generate; mlx-lm's logits of each are written for the parity gtest
 (tests/realmodels/smollm2_parity_test.cpp, fixture smollm2_parity); `larder eval kl` source vs
 each gives KL and top-1 within the bounds argued below. Skips when the GGUF was not fetched.
@@ -82,16 +83,24 @@ class SmolLM2Quant(unittest.TestCase):
 
 
 class SmolLM2Rotate(unittest.TestCase):
-    def test_rotate_refuses_hidden_576(self):
-        # larder's Hadamard sizes are m * 2^k with m in {1, 12, 20, 28}; 576 = 9 * 64 is not one,
-        # so --rotate must stop before writing anything, naming the size.
+    def test_rotate_hidden_576(self):
+        # 576 = 36 * 16: R1 is H_36 (Paley II of 17) (x) H_16, R2 H_64. Until session 38 larder
+        # refused this size. A wrong fold is not subtle (KL of several nats, top-1 near 0), so the
+        # bound is loose: measured on 4 x 128-token chunks, rotated 8-bit KL 0.0044 / top-1 97 %
+        # vs plain 8-bit 0.0061 / 94 % (the rotation helps a little at 8 bits; at 4 and 3 bits it
+        # hurts on this model — docs/quantization-report.md).
         skip_without_gguf()
-        d = os.path.join(QUANT, "rot4")
+        d = os.path.join(QUANT, "rot8")
         shutil.rmtree(d, ignore_errors=True)
-        p = run([BIN, "quantize", HF, d, "--bits", "4", "--rotate"], check=False)
-        self.assertEqual(p.returncode, 1, p.stderr)
-        self.assertIn("hidden_size 576 cannot be rotated", p.stderr)
-        self.assertFalse(os.path.exists(d))
+        p = run([BIN, "quantize", HF, d, "--bits", "8", "--rotate"])
+        self.assertIn("R1 H_36 (x) H_16, R2 H_64", p.stdout + p.stderr)
+        with open(os.path.join(d, "config.json")) as f:
+            rot = json.load(f)["larder_rotation"]
+        self.assertEqual(rot["r1"], "H_36 (x) H_16")
+        kl = eval_kl(HF, d, eval_text())
+        self.assertLess(kl["kl"]["mean"], 0.02)
+        self.assertGreaterEqual(kl["top1"], 0.85)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -73,8 +73,14 @@ def expected(cfg, weights):
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, L)
     tensors = {}
     for name, w in weights.items():
-        if name.endswith("layer_scalar"):
-            name += ".weight"
+        if name.endswith("router.scale"):  # Gemma4Model.modify_tensors
+            tensors[name.replace("model.layers.", "blk.").replace("router.scale", "ffn_gate_inp.scale")] = w
+            continue
+        if name.endswith("router.per_expert_scale"):
+            tensors[name.replace("model.layers.", "blk.").replace("router.per_expert_scale", "ffn_down_exps.scale")] = w
+            continue
+        if name.endswith("layer_scalar") or (".experts." in name and not name.endswith(".weight")):
+            name += ".weight"  # Gemma4Model.filter_tensors
         new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
         if new is None:
             raise SystemExit(f"no GGUF name for {name}")
@@ -103,6 +109,10 @@ def expected(cfg, weights):
     ffn = cfg["intermediate_size"]
     kv["feed_forward_length"] = ([ffn if l < L - n_shared else 2 * ffn for l in range(L)]
                                  if cfg.get("use_double_wide_mlp") else ffn)
+    if cfg.get("enable_moe_block"):  # TextModel.set_gguf_parameters, Gemma4Model's expert length
+        kv["expert_count"] = cfg["num_experts"]
+        kv["expert_used_count"] = cfg["top_k_experts"]
+        kv["expert_feed_forward_length"] = cfg["moe_intermediate_size"]
     g = cfg.get("num_global_key_value_heads")
     kv["attention.head_count_kv"] = ([cfg["num_key_value_heads"] if s else g for s in swa] if g is not None
                                      else cfg["num_key_value_heads"])
@@ -110,10 +120,14 @@ def expected(cfg, weights):
 
 
 def write(args):
-    import gguf
     cfg, weights = load_fixture(args.fixture)
+    write_gguf(cfg, weights, args.out)
+
+
+def write_gguf(cfg, weights, out):
+    import gguf
     tensors, kv = expected(cfg, weights)
-    w = gguf.GGUFWriter(args.out, ARCH)
+    w = gguf.GGUFWriter(out, ARCH)
     for k, v in kv.items():
         key = f"{ARCH}.{k}"
         if isinstance(v, list):
@@ -144,7 +158,7 @@ def write(args):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"wrote {args.out}: {len(tensors)} tensors, {os.path.getsize(args.out)} bytes")
+    print(f"wrote {out}: {len(tensors)} tensors, {os.path.getsize(out)} bytes")
 
 
 def text_of(tokens, cfg):

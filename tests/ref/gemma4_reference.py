@@ -31,6 +31,12 @@ Cases (windows 8 and 13, far below 64 tokens, so every sliding layer drops keys)
   gemma4_moe_mlx4   mlx-lm's own 4-bit quantization (group 32, bf16 scales) of gemma4_moe_f32:
                     experts stacked as experts.switch_glu.*, router.proj at 8 bits / group 64
                     (the model's quant_predicate); oracle upcast to f32 (set "f32")
+  gemma4_moe_gguf_f32  gemma4_moe_f32's config without the global rope "factor" (llama.cpp's converter
+                    drops it), other random weights, HF checkpoint and model.gguf: the same weights
+                    as GGUF `gemma4` written by gemma4_gguf.write_gguf (the converter's names:
+                    ffn_gate_inp(.scale), ffn_gate_up_exps, ffn_down_exps(.scale), pre_ffw_norm_2,
+                    post_ffw_norm_1/2; expert_count / expert_used_count /
+                    expert_feed_forward_length), f32; logits mlx-lm's on the HF checkpoint
 """
 import argparse
 import json
@@ -233,6 +239,26 @@ def moe_cases(root):
     save_case(d4, tokens, c["vocab_size"], {"f32": q4}, extra)
     print(f"gemma4_reference: gemma4_moe max|logit| {float(np.abs(f32).max()):.2f} (mlx4 "
           f"{float(np.abs(q4).max()):.2f}), min route margin {min(margins):.3g}, draw {attempt + 1}", flush=True)
+
+    # GGUF `gemma4` with experts, written as llama.cpp's converter writes it (gemma4_gguf.py, f32),
+    # beside its HF checkpoint: MOE without rope_parameters' "factor", which the converter drops.
+    import gemma4_gguf
+    cg = dict(MOE, rope_parameters={k: {kk: vv for kk, vv in v.items() if kk != "factor"}
+                                    for k, v in MOE["rope_parameters"].items()})
+    wg = random_weights(cg, np.random.default_rng(5011))
+    dg = os.path.join(root, "gemma4_moe_gguf_f32")
+    write_hf(dg, cg, wg, "f32")
+    gemma4_gguf.write_gguf(cg, wg, os.path.join(dg, "model.gguf"))
+    for attempt in range(50):
+        tokens = [int(t) for t in rng.integers(0, cg["vocab_size"], SEQ)]
+        margins = []
+        f32 = mlx_moe_logits(dg, tokens, margins)
+        if min(margins) >= MIN_ROUTE_MARGIN:
+            break
+    else:
+        raise SystemExit("gemma4_moe_gguf: no token draw without a routing near-tie")
+    save_case(dg, tokens, cg["vocab_size"], {"f32": f32}, {"min_route_margin": min(margins), "token_draws": attempt + 1})
+    print(f"gemma4_reference: gemma4_moe_gguf_f32 min route margin {min(margins):.3g}, draw {attempt + 1}", flush=True)
 
 
 def main():

@@ -282,13 +282,20 @@ def write_gguf(path, c, weights, qname, arch=None, qtype_for=None, skip_block_co
         if w.ndim == 2:
             t = qtype_for(gguf_name(name)) if qtype_for else None
             t = getattr(gguf.GGMLQuantizationType, t) if t else qt
-            if t.name in KQUANTS:
-                from kquant_reference import quantize_kquant
-                q = quantize_kquant(w, t.name)
+            if t == gguf.GGMLQuantizationType.Q8_1:
+                # A type larder does not read (and gguf-py cannot quantize): only the size of its
+                # bytes matters — gguf-py's 40 per block of 32 — since loading must refuse it by name.
+                q = np.zeros((w.shape[0], w.shape[1] // 32 * 40), dtype=np.uint8)
+                wr.add_tensor(gguf_name(name), q, raw_dtype=t)
+                d = w
             else:
-                q = gguf.quants.quantize(w, t)
-            wr.add_tensor(gguf_name(name), q, raw_dtype=t)
-            d = gguf.quants.dequantize(q, t).reshape(w.shape).astype(np.float32)
+                if t.name in KQUANTS:
+                    from kquant_reference import quantize_kquant
+                    q = quantize_kquant(w, t.name)
+                else:
+                    q = gguf.quants.quantize(w, t)
+                wr.add_tensor(gguf_name(name), q, raw_dtype=t)
+                d = gguf.quants.dequantize(q, t).reshape(w.shape).astype(np.float32)
         else:
             wr.add_tensor(gguf_name(name), w)
             d = w
@@ -415,9 +422,9 @@ def main():
     bad = os.path.join(root, "bad_gguf")
     os.makedirs(bad, exist_ok=True)
     c, w = configs["llama_gqa"], weights["llama_gqa"]
-    # MXFP4 (ggml type 39): a block format larder does not read.
-    write_gguf(os.path.join(bad, "mxfp4_tensor.gguf"), c, w, "Q8_0",
-               qtype_for=lambda n: "MXFP4" if n == "blk.1.ffn_up.weight" else None)
+    # Q8_1 (ggml type 9): a block format larder does not read as a weight.
+    write_gguf(os.path.join(bad, "q8_1_tensor.gguf"), c, w, "Q8_0",
+               qtype_for=lambda n: "Q8_1" if n == "blk.1.ffn_up.weight" else None)
     write_gguf(os.path.join(bad, "no_block_count.gguf"), c, w, "Q8_0", skip_block_count=True)
     write_gguf(os.path.join(bad, "wrong_ffn.gguf"), c, w, "Q8_0", ffn=128)
     write_gguf(os.path.join(bad, "unknown_arch.gguf"), c, w, "Q8_0", arch="rwkv9")

@@ -111,6 +111,40 @@ def main():
         json.dump({"model_type": "qwen3_moe", "quantization": {"group_size": 64, "bits": 4,
                    "model.layers.0.mlp.switch_mlp.up_proj": {"group_size": 32, "bits": 8}}}, f)
 
+    # MLX microscaling modes (kernels/microscaling.h): gate mxfp4 by the top-level mode, up nvfp4 by
+    # a per-module entry, down mxfp8 with no entry (inferred from its U8 scales, as mlx-lm does).
+    d = os.path.join(root, "mlx_fp")
+    os.makedirs(d, exist_ok=True)
+    tensors = {}
+    for proj, mode, shape in [("gate_proj", "mxfp4", (E, I, H)), ("up_proj", "nvfp4", (E, I, H)),
+                              ("down_proj", "mxfp8", (E, H, I))]:
+        x = mx.array(rand(*shape)).astype(mx.bfloat16)
+        q, s = mx.quantize(x, mode=mode)
+        p = f"model.layers.0.mlp.switch_mlp.{proj}"
+        tensors[p + ".weight"] = np.array(q)
+        tensors[p + ".scales"] = np.array(s)
+        np.array(mx.dequantize(q, s, mode=mode, dtype=mx.float32)).tofile(os.path.join(d, f"{proj}.f32"))
+        index["cases"].append({"layout": "mlx_fp", "name": proj, "shape": list(shape), "mode": mode})
+    write_safetensors(os.path.join(d, "model.safetensors"), tensors)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"model_type": "qwen3_moe", "quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4",
+                   "model.layers.0.mlp.switch_mlp.up_proj": {"group_size": 16, "bits": 4, "mode": "nvfp4"}}}, f)
+
+    # GGUF MXFP4 experts (gpt-oss's format), gguf-py's quantizer.
+    d = os.path.join(root, "gguf_mxfp4")
+    os.makedirs(d, exist_ok=True)
+    w = gguf.GGUFWriter(os.path.join(d, "experts.gguf"), "qwen3moe")
+    qt = gguf.GGMLQuantizationType.MXFP4
+    for name, shape in [("ffn_gate_exps", (E, I, H)), ("ffn_up_exps", (E, I, H)), ("ffn_down_exps", (E, H, I))]:
+        data = gguf.quants.quantize(rand(*shape), qt)
+        gguf.quants.dequantize(data, qt).astype(np.float32).reshape(shape).tofile(os.path.join(d, f"{name}.f32"))
+        w.add_tensor(f"blk.0.{name}.weight", data, raw_dtype=qt)
+        index["cases"].append({"layout": "gguf", "name": name, "shape": list(shape), "format": qt.name})
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
     # HF: one tensor per expert.
     d = os.path.join(root, "hf")
     os.makedirs(d, exist_ok=True)
@@ -154,7 +188,7 @@ def write_safetensors(path, tensors, bf16=()):
     """safetensors' layout (8-byte header length, JSON header, data), with uint16 arrays named in
     `bf16` declared BF16 — the numpy writer has no bfloat16."""
     dtypes = {np.dtype(np.float32): "F32", np.dtype(np.uint32): "U32", np.dtype(np.float16): "F16",
-              np.dtype(np.uint16): "U16"}
+              np.dtype(np.uint16): "U16", np.dtype(np.uint8): "U8"}
     header, blobs, off = {}, [], 0
     for name, a in tensors.items():
         a = np.ascontiguousarray(a)

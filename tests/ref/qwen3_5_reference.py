@@ -35,6 +35,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_ref import add_experts, add_gated_delta, add_transformer, finish, q8_0  # noqa: E402
 from model_reference import SEQ, save_case, write_affine, write_hf, write_safetensors  # noqa: E402
 
 TEXT = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -222,34 +223,16 @@ def write_gguf(path, c, weights, arch="qwen35", extra=None):
     router and the shared expert's gate stay F32 (the converter's rule for FFN_GATE_INP*).
     extra(writer), if given, adds metadata (e.g. a vocabulary) before the file is written."""
     import gguf
-    qt = gguf.GGMLQuantizationType.Q8_0
     hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
     r, kd = hv // hk, hk * dk
     wr = gguf.GGUFWriter(path, arch)
     if arch == "qwen35moe":
-        wr.add_expert_count(c["num_experts"])
-        wr.add_expert_used_count(c["num_experts_per_tok"])
-        wr.add_expert_feed_forward_length(c["moe_intermediate_size"])
-        wr.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
-    wr.add_block_count(c["num_hidden_layers"])
-    wr.add_context_length(c["max_position_embeddings"])
-    wr.add_embedding_length(c["hidden_size"])
-    wr.add_feed_forward_length(c["intermediate_size"])
-    wr.add_head_count(c["num_attention_heads"])
-    wr.add_head_count_kv(c["num_key_value_heads"])
-    wr.add_key_length(c["head_dim"])
-    wr.add_value_length(c["head_dim"])
-    wr.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
-    wr.add_rope_dimension_count(int(c["head_dim"] * c["rope_parameters"]["partial_rotary_factor"]))
-    wr.add_rope_dimension_sections([1, 1, 0, 0])
-    wr.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    wr.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
-    wr.add_ssm_state_size(dk)
-    wr.add_ssm_group_count(hk)
-    wr.add_ssm_time_step_rank(hv)
-    wr.add_ssm_inner_size(hv * dv)
-    wr.add_full_attention_interval(c["full_attention_interval"])
+        add_experts(wr, c, shared=True)
+    rp = c["rope_parameters"]
+    add_transformer(wr, c, rp["rope_theta"], rope_dims=int(c["head_dim"] * rp["partial_rotary_factor"]),
+                    rope_sections=[1, 1, 0, 0])
+    add_gated_delta(wr, c)
     wr.add_bos_token_id(c["bos_token_id"])
     wr.add_eos_token_id(c["eos_token_id"])
     back = {}
@@ -281,15 +264,10 @@ def write_gguf(path, c, weights, arch="qwen35", extra=None):
             wr.add_tensor(gguf_name(name), (w + np.float32(1.0)).astype(np.float32) if gain else w)
             back[name] = undo(w)
         else:
-            q = gguf.quants.quantize(w, qt)
-            wr.add_tensor(gguf_name(name), q, raw_dtype=qt)
-            back[name] = undo(gguf.quants.dequantize(q, qt).reshape(w.shape).astype(np.float32))
+            back[name] = undo(q8_0(wr, gguf_name(name), w))
     if extra:
         extra(wr)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    finish(wr)
     return back
 
 

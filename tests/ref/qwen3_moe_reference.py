@@ -55,6 +55,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_ref import add_experts, add_transformer, finish, q8_0, text_of, write_spm_vocab  # noqa: E402
 from model_reference import SEQ, save_case, write_affine, write_hf  # noqa: E402
 
 BASE = dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -216,66 +217,20 @@ def gguf_name(hf):
     raise KeyError(hf)
 
 
-FIRST_CHAR = 0x4E00
-
-
-def vocab(V):
-    """SPM: <unk> <s> </s>, then one CJK character per id; no merges are possible (every token is
-    one character), so a text of those characters tokenizes to exactly its ids."""
-    return ["<unk>", "<s>", "</s>"] + [chr(FIRST_CHAR + i) for i in range(V - 3)]
-
-
-def text_of(ids):
-    assert all(3 <= t for t in ids)
-    return "".join(chr(FIRST_CHAR + t - 3) for t in ids)
-
-
-def write_spm_vocab(wr, c, ids=True):
-    """The synthetic SPM vocabulary (vocab()) as GGUF tokenizer metadata (ids: with the BOS/EOS
-    ids, where the caller has not written them)."""
-    import gguf
-    toks = vocab(c["vocab_size"])
-    wr.add_tokenizer_model("llama")
-    wr.add_token_list(toks)
-    wr.add_token_scores([0.0] * len(toks))
-    wr.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] +
-                       [gguf.TokenType.NORMAL] * (len(toks) - 3))
-    wr.add_unk_token_id(0)
-    if ids:
-        wr.add_bos_token_id(c["bos_token_id"])
-        wr.add_eos_token_id(c["eos_token_id"])
-    wr.add_add_bos_token(True)
-    wr.add_add_space_prefix(False)
-
-
 def write_gguf(path, c, weights):
     """Returns the HF-layout weights of exactly the values the GGUF holds (the oracle's input)."""
     import gguf
-    qt = gguf.GGMLQuantizationType.Q8_0
     E, L = c["num_experts"], c["num_hidden_layers"]
     assert all(routed(c, l) for l in range(L)), "llama.cpp's qwen3moe routes every layer"
     wr = gguf.GGUFWriter(path, "qwen3moe")
-    wr.add_block_count(L)
-    wr.add_context_length(c["max_position_embeddings"])
-    wr.add_embedding_length(c["hidden_size"])
-    wr.add_feed_forward_length(c["intermediate_size"])
-    wr.add_head_count(c["num_attention_heads"])
-    wr.add_head_count_kv(c["num_key_value_heads"])
-    wr.add_key_length(c["head_dim"])
-    wr.add_value_length(c["head_dim"])
-    wr.add_rope_freq_base(c["rope_theta"])
-    wr.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    wr.add_expert_count(E)
-    wr.add_expert_used_count(c["num_experts_per_tok"])
-    wr.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    add_transformer(wr, c, c["rope_theta"])
+    add_experts(wr, c)
     wr.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     write_spm_vocab(wr, c)
     back = {}
 
     def quant(name, w):
-        q = gguf.quants.quantize(w, qt)
-        wr.add_tensor(name, q, raw_dtype=qt)
-        return gguf.quants.dequantize(q, qt).reshape(w.shape).astype(np.float32)
+        return q8_0(wr, name, w)
 
     for name, w in weights.items():
         if ".mlp.experts." in name:
@@ -292,10 +247,7 @@ def write_gguf(path, c, weights):
             deq = quant(f"blk.{l}.ffn_{short}_exps.weight", stacked)
             for e in range(E):
                 back[p + f"experts.{e}.{proj}.weight"] = deq[e]
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    finish(wr)
     return back
 
 

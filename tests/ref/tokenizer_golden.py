@@ -144,6 +144,19 @@ def variants(hf_root):
                            "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]},
                                                           "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}}}
     out["v_normalized_added_eos"] = t
+
+    # gpt-oss's o200k tokenizer.json pre-tokenizer (tiktoken's o200k_base pattern: case classes,
+    # case-insensitive contractions, digits in threes, trailing newlines/slashes on punctuation)
+    # over llama3's byte-level BPE vocabulary.
+    t = load("llama3")
+    t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "|".join([
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+            r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"])},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    out["v_o200k_pretokenizer"] = t
     return out
 
 
@@ -155,6 +168,7 @@ VARIANT_TEXTS = [
     "İstanbul ΣΑΣ ǅ ẞ Ω K Å ﬁ ① ２３ DŽ".encode(),
     b"  leading and trailing  ",
     b"\xe2\x96\x81\xe2\x96\x81 x \xe2\x96\x81",
+    "HELLO'S World's DON'T don'T CamelCaseWord ÉCOLE école\u0301 12345678 a/b//\n\n  x!!\r\n/ \u01c5abc".encode(),
 ]
 
 

@@ -4,7 +4,8 @@ the remote KV tier, and HAProxy routing by session key with consistent hashing a
 checks. Checked through the router: a session's turns land on one replica (and reuse its RAM);
 a prompt prefilled on replica A is served on replica B from Redis (cached_tokens = its chunks,
 output identical); a replica killed mid-run → the request in flight is answered by another
-replica, and the session's next turn goes elsewhere and resumes from the shared tier. Skips,
+replica, and the session's next turn goes elsewhere and resumes from the shared tier — which the
+victim filled while it was kept busy by another client. Skips,
 saying so, only when haproxy or redis-server is not installed (scripts/setup.sh installs both)."""
 import http.client
 import json
@@ -186,15 +187,44 @@ class ClusterTest(unittest.TestCase):
     def test_killed_replica_its_session_moves_and_resumes_from_the_shared_tier(self):
         session = "agent-kill"
         victim = self.replica_of(session)
-        msgs = [{"role": "system", "content": SYSTEM * 2}, {"role": "user", "content": "First question?"}]
-        r1 = self.chat(session, msgs)
-        self.assertEqual(r1["replica"], victim)
-        msgs = msgs + [r1["message"], {"role": "user", "content": "Second question?"}]
-        r2 = self.chat(session, msgs)
-        self.assertEqual(r2["replica"], victim)
-        self.assertGreater(r2["cached"], 0)
-        wait_for(lambda: self.remote_chunks_written(victim) >= r2["prompt_tokens"] // CHUNK,
-                 what=f"{victim}'s chunks in Redis\n{self.logs()}")
+        # The victim is busy all along (another client's generations back to back on its other
+        # slot, as under load): it must publish the session's turns to Redis anyway — a replica
+        # that wrote only when idle left nothing for the session to resume from.
+        stop, kept = threading.Event(), []
+
+        def keeper():
+            while not stop.is_set():
+                try:
+                    self.replicas[victim].request("POST", "/v1/completions",
+                                                  {"prompt": f"Background {len(kept)}", "max_tokens": 32,
+                                                   "temperature": 0}, timeout=120)
+                    kept.append(1)
+                except OSError:
+                    return
+
+        busy = threading.Thread(target=keeper)
+        busy.start()
+        try:
+            msgs = [{"role": "system", "content": SYSTEM * 2}, {"role": "user", "content": "First question?"}]
+            r1 = self.chat(session, msgs)
+            self.assertEqual(r1["replica"], victim)
+            msgs = msgs + [r1["message"], {"role": "user", "content": "Second question?"}]
+            r2 = self.chat(session, msgs)
+            self.assertEqual(r2["replica"], victim)
+            self.assertGreater(r2["cached"], 0)
+            other = next(n for n in self.replicas if n != victim)
+            P2 = r2["prompt_tokens"]
+
+            def published():  # another replica sees turn 2's prompt in the shared tier
+                st, _, data = self.replicas[other].request("POST", "/v1/kv/lookup", {"messages": msgs})
+                return st == 200 and json.loads(data)["remote_tokens"] >= min(P2 // CHUNK * CHUNK, P2 - 1)
+
+            wait_for(published, what=f"{victim}'s turn 2 in Redis while it is busy\n{self.logs()}")
+            self.assertTrue(busy.is_alive())
+        finally:
+            stop.set()
+            busy.join(timeout=120)
+        self.assertGreater(len(kept), 0)
         msgs = msgs + [r2["message"], {"role": "user", "content": "Third question?"}]
         # A long request of the session is running on the victim when it is killed (SIGKILL: no
         # drain, no flush). larder has answered its status line already, so the router cannot

@@ -7,7 +7,8 @@ prompt from Redis with output identical to a cold run; another model or namespac
 a corrupted value is a miss with a reason; Redis killed mid-traffic → every request is still
 answered (local prefill) and the replica reconnects when Redis returns; Redis stalled by
 DEBUG SLEEP → timeouts, bounded latency, no stuck request; maxmemory + allkeys-lru evicting
-under load → misses, never errors. Skips (with the reason) when redis-server is not installed;
+under load → misses, never errors; a replica kept busy still publishes a new prompt within a
+bounded time; redis:// over TCP with AUTH (URL or env) never shows the password. Skips (with the reason) when redis-server is not installed;
 scripts/setup.sh installs it."""
 import os
 import re
@@ -19,7 +20,7 @@ import threading
 import time
 import unittest
 
-from server_harness import Server, chat_model, metric_sum, tmp_root
+from server_harness import Server, chat_model, free_port, metric_sum, tmp_root
 import tiny_model
 from server_harness import SHARED
 
@@ -36,15 +37,18 @@ TEXT = ("The committee met on a grey morning to review the harvest ledger, the s
 class Redis:
     """One redis-server on a unix socket in a fresh temporary directory, no persistence."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, port=0, password=None):
         self.dir = tempfile.mkdtemp(prefix="redis_", dir=tmp_root())
         self.sock = os.path.join(self.dir, "redis.sock")
-        self.extra = list(extra)
+        self.extra = list(extra) + (["--requirepass", password] if password else [])
+        self.port = port  # 0: the unix socket only
+        self.password = password
         self.proc = None
 
     def start(self):
         self.proc = subprocess.Popen(
-            [REDIS, "--port", "0", "--unixsocket", self.sock, "--save", "", "--appendonly", "no", "--dir", self.dir,
+            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--unixsocket", self.sock, "--save", "",
+             "--appendonly", "no", "--dir", self.dir,
              "--enable-debug-command", "yes", "--logfile", os.path.join(self.dir, "log"), *self.extra])
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -63,7 +67,9 @@ class Redis:
             pass
 
     def cli(self, *args, timeout=10):
-        p = subprocess.run([REDIS_CLI, "-s", self.sock, "--raw", *map(str, args)], capture_output=True, timeout=timeout)
+        env = dict(os.environ, REDISCLI_AUTH=self.password) if self.password else None
+        p = subprocess.run([REDIS_CLI, "-s", self.sock, "--raw", *map(str, args)], capture_output=True, timeout=timeout,
+                           env=env)
         return p.stdout.decode("latin-1")
 
     def keys(self):
@@ -113,14 +119,14 @@ class RemoteTierTest(unittest.TestCase):
         for r in self.redis:
             r.kill()
 
-    def start_redis(self, *extra):
-        r = Redis(*extra).start()
+    def start_redis(self, *extra, **kw):
+        r = Redis(*extra, **kw).start()
         self.redis.append(r)
         return r
 
-    def replica(self, redis_url, *flags, model=None, timeout_ms=200):
+    def replica(self, redis_url, *flags, model=None, timeout_ms=200, env=None):
         s = Server(model or chat_model()["dir"], "--kv-remote", redis_url, "--kv-remote-chunk-tokens", CHUNK,
-                   "--kv-remote-timeout-ms", timeout_ms, *flags)
+                   "--kv-remote-timeout-ms", timeout_ms, *flags, env=env)
         self.servers.append(s)
         return s.start()
 
@@ -137,7 +143,7 @@ class RemoteTierTest(unittest.TestCase):
         self.assertEqual(cold["cached"], 0)
         L = cold["prompt_tokens"]
         self.assertGreater(L, 4 * CHUNK)
-        self.wait_written(a, L // CHUNK)  # write-behind: after the idle debounce, through the queue
+        self.wait_written(a, L // CHUNK)  # the remote writer, right after the request
 
         b = self.replica(redis.url)
         got = completion(b, prompt)
@@ -168,6 +174,93 @@ class RemoteTierTest(unittest.TestCase):
         self.assertEqual(remote_metric(c, "larder_kv_remote_lookups_total", 'result="hit"'), 0)
         self.assertGreaterEqual(remote_metric(c, "larder_kv_remote_lookups_total", 'result="miss"'), 1)
 
+    def test_busy_replica_publishes_while_it_decodes(self):
+        # A replica under load is never idle: the SSD write-behind waits for an idle second, and
+        # the remote tier used to wait with it, so a busy replica never shared its prompts. Here
+        # A decodes without pause (a keeper sends back-to-back generations on another slot) while
+        # a new prompt arrives; its chunks must reach Redis while A is still busy, and replica B
+        # (another process) then serves that prompt from them with output equal to a cold run.
+        redis = self.start_redis()
+        b = self.replica(redis.url)
+        a = self.replica(redis.url, "--parallel", "2")
+        prompt = "Busy replica: " + TEXT * 4
+        stop = threading.Event()
+        kept, keep_errors = [], []
+
+        def keeper():
+            i = 0
+            while not stop.is_set():
+                try:
+                    completion(a, f"Keep decoding {i % 7}.", n=48)  # shorter than a chunk to begin with
+                    kept.append(time.monotonic())
+                except Exception as e:  # noqa: BLE001 - asserted below
+                    keep_errors.append(repr(e))
+                    return
+                i += 1
+
+        t = threading.Thread(target=keeper)
+        t.start()
+        try:
+            wait_for(lambda: len(kept) >= 2, timeout=60, what="the keeper's first generations")
+            cold = completion(a, prompt)
+            self.assertLess(cold["cached"], CHUNK, cold)  # (the keeper's prompts share its first token)
+            L = cold["prompt_tokens"]
+            want = min(L // CHUNK * CHUNK, L - 1)
+            done_before = len(kept)
+
+            def published():
+                r = b.post("/v1/kv/lookup", {"prompt": prompt})
+                assert r.status == 200, r
+                return r.json()["remote_tokens"] == want
+
+            # Generous for a loaded 2-core host; the write itself takes milliseconds.
+            wait_for(published, timeout=20, what=f"A to publish {want} tokens while busy:\n{a.log()}")
+            self.assertTrue(t.is_alive() and not keep_errors, keep_errors)
+            wait_for(lambda: len(kept) > done_before + 1, timeout=60, what="the keeper still running after")
+        finally:
+            stop.set()
+            t.join(timeout=120)
+        self.assertEqual(keep_errors, [])
+        self.assertGreaterEqual(remote_metric(a, "larder_kv_remote_queue_total", 'outcome="written"'), 1)
+        self.assertEqual(remote_metric(a, "larder_kv_remote_queue_total", 'outcome="dropped"'), 0)
+
+        got = completion(b, prompt)
+        self.assertEqual(got["cached"], want, f"replica B reuses A's chunks: {got}\n{b.log()}")
+        self.assertEqual(got["tier"], "remote", got)
+        self.assertEqual(got["text"], cold["text"], "a remote hit must not change greedy output")
+        # A cold run elsewhere (another namespace on B: no cache at all) agrees too.
+        self.assertEqual(completion(b, prompt, cache_salt="cold-check")["text"], cold["text"])
+
+    def test_auth_over_tcp_never_shows_the_password(self):
+        # redis:// over TCP with AUTH: the password from the URL or from LARDER_KV_REMOTE_PASSWORD
+        # (off the command line), never in the log, /stats or /metrics — not even a wrong one.
+        pw, wrong = "Pw-" + os.urandom(6).hex(), "Wrong-" + os.urandom(6).hex()
+        redis = self.start_redis(port=free_port(), password=pw)
+        a = self.replica(f"redis://:{pw}@127.0.0.1:{redis.port}/0")
+        prompt = "Authenticated: " + TEXT * 3
+        cold = completion(a, prompt)
+        self.wait_written(a, cold["prompt_tokens"] // CHUNK)
+        b = self.replica(f"redis://127.0.0.1:{redis.port}", env={"LARDER_KV_REMOTE_PASSWORD": pw})
+        got = completion(b, prompt)
+        self.assertEqual(got["tier"], "remote", f"the env password authenticates: {got}\n{b.log()}")
+        self.assertEqual(got["text"], cold["text"])
+        c = self.replica(f"redis://:{wrong}@127.0.0.1:{redis.port}")
+        refused = completion(c, prompt)
+        self.assertEqual(refused["cached"], 0)
+        self.assertEqual(refused["reason"], "remote_error", refused)
+        self.assertEqual(refused["text"], cold["text"], "a refused AUTH is local prefill")
+        for srv in (a, b, c):
+            url = srv.request("GET", "/stats").json()["kv_store"]["remote"]["url"]
+            self.assertIn(f"127.0.0.1:{redis.port}", url)
+            seen = [url, srv.request("GET", "/metrics").body.decode("utf-8", "replace")]
+            with open(srv.log_path, "rb") as f:
+                seen.append(f.read().decode("utf-8", "replace"))
+            for text in seen:
+                self.assertNotIn(pw, text)
+                self.assertNotIn(wrong, text)
+        with open(c.log_path, "rb") as f:
+            self.assertIn("refused", f.read().decode("utf-8", "replace"), "the log says why, without the password")
+
     def test_corrupted_value_is_a_miss_with_a_reason(self):
         redis = self.start_redis()
         a = self.replica(redis.url)
@@ -180,6 +273,7 @@ class RemoteTierTest(unittest.TestCase):
             n = int(redis.cli("STRLEN", k))
             old = redis.cli("GETRANGE", k, n - 5, n - 5)
             redis.cli("SETRANGE", k, n - 5, "Z" if old != "Z" else "Y")
+        corrupted = {k: redis.cli("GET", k) for k in keys}
         b = self.replica(redis.url)
         got = completion(b, prompt)
         self.assertEqual(got["cached"], 0, got)
@@ -187,8 +281,12 @@ class RemoteTierTest(unittest.TestCase):
         self.assertEqual(got["text"], cold["text"])
         self.assertGreaterEqual(remote_metric(b, "larder_kv_remote_errors_total", 'kind="corrupt"'), 1)
         self.assertGreaterEqual(remote_metric(b, "larder_kv_miss_total", 'reason="remote_corrupt"'), 1)
-        self.assertLess(len(redis.keys()), len(keys), "the bad value was deleted")
         self.assertTrue(b.alive())
+        # The bad value was deleted; B's own prefill then wrote a good one under its key (B writes
+        # at once, busy or idle), so it is no longer the corrupted bytes.
+        self.wait_written(b, cold["prompt_tokens"] // CHUNK)
+        now = {k: redis.cli("GET", k) for k in keys}
+        self.assertLess(sum(1 for k in keys if now[k] == corrupted[k]), len(keys), "the bad value was deleted")
 
     def test_redis_killed_mid_traffic_then_back(self):
         redis = self.start_redis()
@@ -261,7 +359,7 @@ class RemoteTierTest(unittest.TestCase):
         cold = {}
         for i, p in enumerate(prompts):
             cold[p] = completion(a, p, n=2)
-            # each write-behind after its idle debounce (1 s), while /metrics is polled
+            # each written by the remote writer (right after its request), while /metrics is polled
             wait_for(lambda: remote_metric(a, "larder_kv_remote_writes_total", 'outcome="ok"') +
                      remote_metric(a, "larder_kv_remote_writes_total", 'outcome="failed"') >= i + 1,
                      what=f"write-behind of prompt {i}")

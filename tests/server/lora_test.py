@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import unittest
 
 import numpy as np
@@ -218,6 +219,99 @@ class ServeLoraTest(unittest.TestCase):
         code, _, err = run_cli("generate", self.model, "-p", "hi", "--lora", self.paths["x"] + ":inf")
         self.assertNotEqual(code, 0)
         self.assertIn("not a finite number", err)
+
+
+class LoraRestartTest(unittest.TestCase):
+    """The KV namespaces across a restart from the SSD tier (issue 45 item 3): the same adapter
+    content under another name and path hits what the first server stored; an adapter file that
+    changed under the same name misses, and the miss names the namespace that holds the prefix;
+    entries never cross namespaces. /stats and /metrics break the store down by namespace."""
+
+    def setUp(self):
+        self.root = os.path.join(tmp_root(), "lora-restart")
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.model = tiny_qwen3.make_qwen3_model(os.path.join(tmp_root(), "lora", "tiny-qwen3"), SHARED)["dir"]
+        self.ssd = os.path.join(self.root, "ssd")
+        self.x = write_peft(os.path.join(self.root, "x"), 1, list(SHAPES), 8, 32)
+        self.c = write_peft(os.path.join(self.root, "c"), 5, ["self_attn.q_proj", "mlp.up_proj"], 4, 8)
+        # no two share a first token: a miss is a miss, not a one-token hit in the own namespace
+        self.prompts = {k: f"{w} prompt long enough to be cached: " + " ".join(str(i) for i in range(n, n + 30))
+                        for k, w, n in (("x", "Seven", 0), ("c", "Purple", 100), ("base", "Quietly", 200))}
+
+    def tearDown(self):
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def serve(self, *loras):
+        flags = ["--ctx", "512", "--ssd-cache", self.ssd]
+        for name, path in loras:
+            flags += ["--lora", f"{name}={path}"]
+        srv = Server(self.model, *flags, startup_timeout=120).start()
+        for _ in range(200):  # the startup scan publishes the index (else: ssd_scanning)
+            if srv.request("GET", "/stats").json()["kv_store"]["ssd"]["ready"]:
+                break
+            time.sleep(0.05)
+        return srv
+
+    def complete(self, srv, prompt, model):
+        raw = srv.openai().completions.with_raw_response.create(model=model, prompt=prompt, max_tokens=4,
+                                                                  temperature=0)
+        cache = dict(kv.strip().split("=", 1) for kv in raw.headers["x-larder-cache"].split(";"))
+        return raw.parse(), cache
+
+    def test_renamed_adapter_hits_changed_adapter_misses_after_restart(self):
+        srv = self.serve(("x", self.x), ("c", self.c))
+        base_id = srv.model_id()
+        try:
+            for k, model in (("x", "x"), ("c", "c"), ("base", base_id)):
+                r, cache = self.complete(srv, self.prompts[k], model)
+                self.assertEqual(r.usage.prompt_tokens_details.cached_tokens, 0, cache)
+            stats = srv.request("GET", "/stats").json()["kv_store"]["namespaces"]
+            labels = {k: v for k, v in stats.items() if k not in ("base", "other")}
+            self.assertEqual(sorted(lb.split("@")[0] for lb in labels), ["c", "x"], stats)
+            old_c = next(v["id"] for k, v in labels.items() if k.startswith("c@"))
+            for lb, v in stats.items():
+                if lb != "other":
+                    self.assertEqual((v["misses"], v["ram"]["entries"]), (1, 1), (lb, stats))
+                    self.assertGreater(v["ram"]["bytes"], 0)
+            for lb, v in labels.items():
+                self.assertEqual(lb.split("@")[1], v["id"][:8])  # NAME@ the namespace id's first digits
+            lookups = dict(srv.metrics()["larder_kv_namespace_lookups_total"])
+            self.assertEqual(lookups['{namespace="base",result="miss"}'], 1, lookups)
+            self.assertEqual(lookups['{namespace="other",result="miss"}'], 0, lookups)
+            # x's prompt (its first part) under another adapter: another namespace, and the miss
+            # says whose it is
+            r, cache = self.complete(srv, self.prompts["x"][:60], "c")
+            self.assertEqual(r.usage.prompt_tokens_details.cached_tokens, 0)
+            x_label = next(k for k in labels if k.startswith("x@"))
+            self.assertEqual(cache["reason"], "other_namespace:" + x_label)
+        finally:
+            self.assertEqual(srv.stop(timeout=120), 0, srv.log())  # SIGTERM flushes to the SSD tier
+
+        # Restart: x's file under another name and path; c's file rewritten with other weights.
+        renamed = os.path.join(self.root, "renamed-x")
+        shutil.copytree(self.x, renamed)
+        write_peft(self.c, 6, ["self_attn.q_proj", "mlp.up_proj"], 4, 8)
+        srv = self.serve(("renamed", renamed), ("c", self.c))
+        try:
+            r, cache = self.complete(srv, self.prompts["x"], "renamed")
+            self.assertEqual(cache["tier"], "ssd", cache)
+            self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)
+            r, cache = self.complete(srv, self.prompts["c"], "c")  # changed content: a miss, explained
+            self.assertEqual(r.usage.prompt_tokens_details.cached_tokens, 0)
+            self.assertEqual(cache["reason"], "other_namespace:unnamed@" + old_c[:8])
+            r, cache = self.complete(srv, self.prompts["x"], base_id)  # x's entries never seed the base
+            self.assertEqual(r.usage.prompt_tokens_details.cached_tokens, 0)
+            self.assertTrue(cache["reason"].startswith("other_namespace:renamed@"), cache)
+            r, cache = self.complete(srv, self.prompts["base"], base_id)
+            self.assertEqual(cache["tier"], "ssd", cache)
+            stats = srv.request("GET", "/stats").json()["kv_store"]["namespaces"]
+            self.assertEqual(stats["other"]["namespaces"], 1, stats)  # the old c's, not named any more
+            self.assertGreaterEqual(stats["other"]["ssd"]["entries"], 1)
+            ren = next(v for k, v in stats.items() if k.startswith("renamed@"))
+            self.assertEqual(ren["hits"], 1)
+            self.assertGreaterEqual(ren["ssd"]["entries"], 1)
+        finally:
+            self.assertEqual(srv.stop(timeout=120), 0, srv.log())
 
 
 if __name__ == "__main__":

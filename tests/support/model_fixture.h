@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -17,6 +19,7 @@
 #include "larder/formats/model_files.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/models/model.h"
+#include "logit_diff.h"
 
 namespace larder::test {
 
@@ -99,6 +102,57 @@ void with_table(const kernels::KernelTable& t, F&& fn) {
   kernels::set_active_table(t);
   fn();
   kernels::set_active_table(saved);
+}
+
+// One run of a family's parity test: a kernel table, the bound relative to max|logit|, the
+// reference logits it is held to, and whether every chunking must give the whole prompt's bits.
+struct ParityRun {
+  const char* name;
+  const kernels::KernelTable* table;
+  float rel;
+  const RefLogits* ref;
+  bool exact_cuts;
+};
+
+// The chunking "prefill `prefill` tokens, then decode one at a time up to `total`".
+inline std::vector<int64_t> decode_after_prefill(int64_t prefill, int64_t total) {
+  std::vector<int64_t> c = {prefill};
+  c.resize(static_cast<size_t>(total - prefill + 1), 1);
+  return c;
+}
+
+// For each run and each chunking: `m`'s teacher-forced logits over the reference tokens, with
+// max|diff| <= rel·max|logit| and the same top-1 — every token when rel <= 1e-4, else outside a
+// margin of 2·rel·max|logit| (near-ties a looser table may flip) — and, with exact_cuts, each
+// chunking bit-identical to the first. Prints one "[parity]" line per comparison.
+inline void expect_parity_over_chunkings(models::Model& m, const std::string& label, const std::vector<ParityRun>& runs,
+                                         const std::vector<std::vector<int64_t>>& chunkings) {
+  for (const ParityRun& run : runs) {
+    const RefLogits& ref = *run.ref;
+    std::vector<float> whole;
+    with_table(*run.table, [&] {
+      for (const std::vector<int64_t>& chunks : chunkings) {
+        float max_ref = 0;
+        for (float v : ref.logits) max_ref = std::max(max_ref, std::abs(v));
+        const float margin = run.rel > 1e-4f ? 2 * run.rel * max_ref : 0.0f;
+        const std::vector<float> got = run_chunks(m, ref.tokens, chunks);
+        if (whole.empty()) whole = got;
+        if (run.exact_cuts) {
+          EXPECT_EQ(got, whole) << label << " " << run.name << " chunks from " << chunks[0];
+        }
+        const LogitDiff d = compare_logits(got, ref.logits, ref.vocab, margin);
+        const std::string cs = std::to_string(chunks.size()) + " chunks from " + std::to_string(chunks[0]);
+        std::printf("[parity] %-20s %-6s %-20s max|diff| %.3g  max|logit| %.3g  rel %.3g  top1 %d/%d\n", label.c_str(),
+                    run.name, cs.c_str(), d.max_abs, d.max_ref, d.max_abs / d.max_ref, d.top1_checked - d.top1_mismatch,
+                    d.top1_checked);
+        EXPECT_LE(d.max_abs, run.rel * d.max_ref) << label << " table " << run.name << " " << cs;
+        EXPECT_EQ(d.top1_mismatch, 0) << label << " table " << run.name << " " << cs;
+        if (margin == 0) {
+          EXPECT_EQ(d.top1_checked, static_cast<int>(ref.tokens.size())) << label << " " << cs;
+        }
+      }
+    });
+  }
 }
 
 // Four sequences over `toks`, prefilled to 9 + 7·i tokens, then stepped by `steps` (tokens per

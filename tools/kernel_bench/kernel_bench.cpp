@@ -14,7 +14,7 @@
 //   cache once, so a single 2 MiB cache that stays in L3 would flatter it); its GB/s counts each
 //   visible K/V byte once, the least any kernel must read.
 //
-// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,Q4_1,Q5_K,IQ4_XS,...,BF16,F16,F32,affine-q4-g64,...]
+// Usage: kernel_bench [--reps N] [--threads 1,2] [--formats Q4_0,Q8_0,Q4_1,Q5_K,IQ4_XS,MXFP4,MLX_MXFP4,MLX_NVFP4,MLX_MXFP8,...,BF16,F16,F32,affine-q4-g64,...]
 //                     [--tiers avx2,avx512,ref] [--no-prefill] [--no-decode] [--model-estimate]
 //                     [--no-attention | --attention-only] [--attn-contexts 512,4096,16384] [--kv-dtype f16|f32|q8_0]
 //                     [--attn-shape 32/8/64] [--attn-evict-mb N]
@@ -39,6 +39,7 @@
 
 #include "larder/core/cpuid.h"
 #include "larder/core/dtype.h"
+#include "larder/kernels/microscaling.h"
 #include "larder/core/roofline.h"
 #include "larder/core/threadpool.h"
 #include "larder/kernels/cpu/common/cpu_kernels.h"
@@ -115,7 +116,13 @@ void fill_weights(uint8_t* p, DType dt, int64_t rows, int64_t cols) {
   // Make every scale / float a normal, finite, small value (no denormal or NaN slow paths).
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = p + r * row_bytes;
-    if (dtype_is_block(dt)) {  // every f16 scale field of every block (gguf_blocks.h)
+    if (dt == DType::kMXFP4) {  // e8m0 scale bytes 2^-10 .. 2^-3
+      for (int64_t b = 0; b < cols / 32; ++b) row[b * 17] = static_cast<uint8_t>(118 + next() % 8);
+    } else if (is_mlx_microscaling(dt)) {  // codes only (scales: fill_format); no e4m3 NaN codes
+      if (dt == DType::kMlxMXFP8)
+        for (uint64_t i = 0; i < row_bytes; ++i)
+          if ((row[i] & 0x7f) == 0x7f) row[i] ^= 1;
+    } else if (dtype_is_block(dt)) {  // every f16 scale field of every block (gguf_blocks.h)
       const uint32_t bb = dtype_info(dt).block_bytes;
       for (int64_t b = 0; b < cols / static_cast<int64_t>(dtype_info(dt).block_elems); ++b) {
         for (uint32_t off : f16_fields(dt)) {
@@ -140,6 +147,7 @@ struct Format {
   DType dtype = DType::kUnknown;
   int bits = 0, group_size = 0;
   uint64_t bytes(int64_t rows, int64_t cols) const {
+    if (const int g = mlx_microscaling_group(dtype)) return (dtype_bytes(dtype, cols) + cols / g) * rows;  // + U8 scales
     if (bits == 0) return dtype_bytes(dtype, cols) * rows;
     return static_cast<uint64_t>(rows) * cols * bits / 8 + 2 * static_cast<uint64_t>(rows) * (cols / group_size) * 2;
   }
@@ -151,6 +159,11 @@ WeightView make_view(const Format& f, uint8_t* p, int64_t rows, int64_t cols) {
   v.rows = rows;
   v.cols = cols;
   v.data = p;
+  if (const int g = mlx_microscaling_group(f.dtype)) {
+    v.scales = p + dtype_bytes(f.dtype, cols) * rows;
+    v.scale_dtype = DType::kU8;
+    v.group_size = g;
+  }
   if (f.bits) {
     v.dtype = DType::kU32;
     v.bits = f.bits;
@@ -206,7 +219,8 @@ Format parse_format(const std::string& s) {
   Format f;
   for (int i = 0; i < static_cast<int>(DType::kUnknown); ++i) {
     const DType d = static_cast<DType>(i);
-    const bool ok = (dtype_is_block(d) && d != DType::kQ8_K) || d == DType::kBF16 || d == DType::kF16 || d == DType::kF32;
+    const bool ok = (dtype_is_block(d) && d != DType::kQ8_K) || d == DType::kBF16 || d == DType::kF16 || d == DType::kF32 ||
+                    is_mlx_microscaling(d);
     if (ok && s == dtype_name(d)) f.dtype = d;
   }
   if (f.dtype != DType::kUnknown) return f;
@@ -222,6 +236,11 @@ Format parse_format(const std::string& s) {
 void fill_format(uint8_t* p, const Format& f, int64_t rows, int64_t cols) {
   if (f.bits) fill_affine(p, f, rows, cols);
   else fill_weights(p, f.dtype, rows, cols);
+  if (const int g = mlx_microscaling_group(f.dtype)) {  // scales 2^-10 .. 2^-3 (nvfp4: e4m3 ~2^-4 .. 2^-1)
+    uint8_t* sc = p + dtype_bytes(f.dtype, cols) * rows;
+    for (int64_t i = 0; i < rows * (cols / g); ++i)
+      sc[i] = static_cast<uint8_t>(f.dtype == DType::kMlxNVFP4 ? 0x18 + i % 24 : 118 + i % 8);
+  }
 }
 
 // Deterministic activations in [-1, 1).

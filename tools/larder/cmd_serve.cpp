@@ -58,6 +58,8 @@ struct ServeFlags {
   std::string kv_remote;            // --kv-remote URL (empty = off)
   int kv_remote_timeout_ms = 100;
   int64_t kv_remote_chunk_tokens = 0;  // 0 = derived from the model (~4 MiB values)
+  double kv_remote_queue_gb = 1;       // --kv-remote-queue (GiB)
+  double kv_remote_write_mibps = 128;  // --kv-remote-write-mibps while busy (0 = unpaced)
   std::vector<std::string> cors, allowed_hosts;
   int max_connections = 1024, max_connections_per_ip = 256;
   int stream_flush_ms = 25;
@@ -305,6 +307,8 @@ int run_serve(ServeFlags f) {
           ? f.kv_remote_chunk_tokens
           : std::clamp<int64_t>(static_cast<int64_t>((4ull << 20) / std::max<uint64_t>(kv_bytes_per_token, 1)) / 16 * 16,
                                 16, 65536);
+  kc.remote_queue.cap_bytes = static_cast<size_t>(f.kv_remote_queue_gb * (1ull << 30));
+  kc.remote_queue.busy_bytes_per_s = static_cast<uint64_t>(f.kv_remote_write_mibps * (1ull << 20));
   auto id = runtime::kv_store_identity(m);
   if (!id.is_ok()) return fail(id.status());
   kc.identity = *id;
@@ -321,6 +325,7 @@ int run_serve(ServeFlags f) {
   auto spec_run = spec_setup(f.spec, m, lo);
   if (!spec_run.is_ok()) return fail(spec_run.status());
   ec.spec = spec_run->options;
+  if (sm.loras) ec.ns_labels = server::namespace_labels(sm.loras->adapters());
   ec.kv_budget = kv_budget;
   if (!f.min_free_memory.empty()) {
     ec.min_free_memory = runtime::parse_bytes(f.min_free_memory);
@@ -418,6 +423,13 @@ VerbMain add_serve(CLI::App& app) {
   cmd->add_option("--kv-remote-chunk-tokens", f->kv_remote_chunk_tokens,
                   "tokens per remote KV value (0, the default: ~4 MiB values for this model); replicas must agree")
       ->check(in_range(0, 65536));
+  cmd->add_option("--kv-remote-queue", f->kv_remote_queue_gb,
+                  "GiB of entries waiting to be written to the remote tier (default 1); past it the oldest are dropped "
+                  "(larder_kv_remote_queue_total{outcome=\"dropped\"})")
+      ->check(positive());
+  cmd->add_option("--kv-remote-write-mibps", f->kv_remote_write_mibps,
+                  "MiB/s the remote writer may send while requests run (default 128; unpaced when idle; 0 = never paced)")
+      ->check(at_least(0));
   cmd->add_option("--min-free-memory", f->min_free_memory,
                   "when available memory falls below this size, demote least recently used KV store entries from RAM "
                   "(to --ssd-cache, else dropped) until it is above again (e.g. 1G; default off)");

@@ -10,6 +10,7 @@ const DTypeInfo& dtype_info(DType t) {
       {"Q4_0", 32, 18},  {"Q4_1", 32, 20},  {"Q5_0", 32, 22},  {"Q5_1", 32, 24},
       {"Q2_K", 256, 84}, {"Q3_K", 256, 110}, {"Q4_K", 256, 144}, {"Q5_K", 256, 176},
       {"Q6_K", 256, 210}, {"Q8_K", 256, 292}, {"IQ4_NL", 32, 18}, {"IQ4_XS", 256, 136},
+      {"MXFP4", 32, 17}, {"MLX_MXFP4", 2, 1}, {"MLX_NVFP4", 2, 1}, {"MLX_MXFP8", 1, 1},
       {"UNKNOWN", 1, 0},
   };
   static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == static_cast<size_t>(DType::kUnknown) + 1,

@@ -2,7 +2,9 @@
 //
 // Quantized GGUF types are block types: `block_elems` elements share one scale (see
 // ggml's docs/gguf.md); their byte size is per block (layouts: kernels/gguf_blocks.h). MLX affine weights are not a dtype of
-// their own: they are a packed uint32 tensor plus scales/biases tensors (formats/, quant/).
+// their own: they are a packed uint32 tensor plus scales/biases tensors (formats/, quant/). MLX's
+// microscaling modes (mxfp4, nvfp4, mxfp8) are: their code stream has a dtype of its own here, so
+// the kernels dispatch on it, with the scales beside it (kernels/microscaling.h).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +38,13 @@ enum class DType : uint8_t {
   kQ8_K,
   kIQ4_NL,  // GGUF: 32 elems, f16 d + 16 bytes of codebook nibbles = 18 bytes
   kIQ4_XS,  // GGUF: 256 elems, 136 bytes
+  // Microscaling floats (kernels/microscaling.h). GGUF MXFP4: 32 elems, e8m0 byte + 16 bytes of
+  // e2m1 nibbles = 17 bytes. The MLX modes are codes only — the per-group uint8 scales are a
+  // tensor of their own (WeightView::scales) — so their "block" is what one byte holds.
+  kMXFP4,      // GGUF (ggml type 39)
+  kMlxMXFP4,   // MLX mode "mxfp4": e2m1 codes, 2 per byte (scales: e8m0 per 32)
+  kMlxNVFP4,   // MLX mode "nvfp4": e2m1 codes, 2 per byte (scales: e4m3 per 16)
+  kMlxMXFP8,   // MLX mode "mxfp8": e4m3 codes, 1 per byte (scales: e8m0 per 32)
   kUnknown,
 };
 

@@ -163,6 +163,7 @@ DType GgufFile::dtype_from_ggml(uint32_t t) {
     case 15: return DType::kQ8_K;
     case 20: return DType::kIQ4_NL;
     case 23: return DType::kIQ4_XS;
+    case 39: return DType::kMXFP4;
     case 24: return DType::kI8;
     case 25: return DType::kI16;
     case 26: return DType::kI32;

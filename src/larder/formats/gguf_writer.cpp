@@ -26,6 +26,7 @@ int ggml_type_id(DType t) {
     case DType::kQ6_K: return 14;
     case DType::kIQ4_NL: return 20;
     case DType::kIQ4_XS: return 23;
+    case DType::kMXFP4: return 39;
     case DType::kI8: return 24;
     case DType::kI16: return 25;
     case DType::kI32: return 26;
@@ -164,7 +165,7 @@ Status GgufWriter::add_tensor(const std::string& name, DType t, const std::vecto
   return Status::ok();
 }
 
-Result<uint64_t> GgufWriter::write(const std::string& path, const Producer& produce) const {
+std::string GgufWriter::header() const {
   const uint64_t align = alignment();
   std::string head;
   put(head, "GGUF", 4);
@@ -193,6 +194,12 @@ Result<uint64_t> GgufWriter::write(const std::string& path, const Producer& prod
     off = align_up(off + t.nbytes, align);
   }
   head.resize(align_up(head.size(), align), '\0');
+  return head;
+}
+
+Result<uint64_t> GgufWriter::write(const std::string& path, const Producer& produce) const {
+  const uint64_t align = alignment();
+  const std::string head = header();
 
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return io_error(strfmt("[gguf] cannot create %s: %s", path.c_str(), std::strerror(errno)));

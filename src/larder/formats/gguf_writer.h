@@ -42,6 +42,9 @@ class GgufWriter {
   Result<uint64_t> write(const std::string& path, const Producer& produce) const;
 
   uint64_t tensor_bytes(size_t index) const { return tensors_[index].nbytes; }
+  // Bytes before the first tensor's data (metadata, tensor infos, alignment padding): what
+  // write() puts there. It does not depend on the tensors' types.
+  uint64_t header_bytes() const { return header().size(); }
   size_t n_tensors() const { return tensors_.size(); }
 
  private:
@@ -52,6 +55,7 @@ class GgufWriter {
     uint64_t nbytes;
   };
   uint32_t alignment() const;
+  std::string header() const;
   std::vector<std::pair<std::string, GgufValue>> kv_;
   std::vector<Tensor> tensors_;
 };

@@ -50,9 +50,11 @@ std::string quant_of(const formats::ModelFiles& files) {
   if (files.config.is_object() && files.config.contains("quantization")) {
     auto q = models::quantization_from_config(files.config, files.path);
     if (q.is_ok() && q->present) {
-      std::string s = strfmt("MLX %d-bit g%d", q->global.bits, q->global.group_size);
+      std::string s = q->global.mode == models::QuantMode::kAffine
+                          ? strfmt("MLX %d-bit g%d", q->global.bits, q->global.group_size)
+                          : strfmt("MLX %s", models::quant_mode_name(q->global.mode));
       bool mixed = false;
-      for (const auto& [m, p] : q->modules) mixed = mixed || !p || p->bits != q->global.bits;
+      for (const auto& [m, p] : q->modules) mixed = mixed || !p || p->bits != q->global.bits || p->mode != q->global.mode;
       return mixed ? s + " mixed" : s;
     }
   }

@@ -12,6 +12,9 @@ constexpr const char* kAvx2Int =
 constexpr const char* kAvx512Int =
     "decode kernels (n < 9; Q8_0 n < 8) keep per-lane f32 sums across blocks (and Q2_K/Q3_K quantize per 256 "
     "values where the GEMM does per 32); the GEMM chains each token's blocks in order in one lane";
+constexpr const char* kAvx512Fp4 =
+    "decode (n < 9) runs the AVX2 tile kernel (per-lane f32 sums of maddubs products); the GEMM chains each "
+    "token's blocks in order in one lane";
 constexpr const char* kAvx512F16 =
     "decode (n <= 8) rounds the activations to f16 (F16HalfKernel); prefill is the AVX2 f32 kernel";
 constexpr const char* kAvx512Bf16 =
@@ -28,7 +31,8 @@ constexpr VarianceGap kGaps[] = {
     {"avx512", "Q3_K", kAvx512Int},     {"avx512", "Q4_K", kAvx512Int},     {"avx512", "Q5_K", kAvx512Int},
     {"avx512", "Q6_K", kAvx512Int},     {"avx512", "IQ4_XS", kAvx512Int},   {"avx512", "affine", kAvx512Int},
     {"avx512", "F16", kAvx512F16},      {"avx512", "BF16", kAvx512Bf16},    {"avx512inv", "F16", kAvx512F16},
-    {"avx512inv", "BF16", kAvx512Bf16},
+    {"avx512inv", "BF16", kAvx512Bf16}, {"avx512", "MXFP4", kAvx512Fp4}, {"avx512", "MLX_MXFP4", kAvx512Fp4},
+    {"avx512", "MLX_NVFP4", kAvx512Fp4},
 };
 }  // namespace
 

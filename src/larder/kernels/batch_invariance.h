@@ -6,8 +6,12 @@
 //
 // Modes: "ref" (the scalar reference: one row at a time, always invariant), "avx2", "avx512" (the
 // default kernels of each tier), "avx512inv" (the AVX-512 tier with cpu::batch_invariant_decode(),
-// LARDER_BATCH_INVARIANT=1). Formats: a dtype name ("Q4_K", "BF16") or MLX affine as "affineBgG"
-// ("affine4g64"); a gap names a prefix ("affine4g": every group size, "affine": every width).
+// LARDER_BATCH_INVARIANT=1). Formats: a dtype name ("Q4_K", "BF16", "MXFP4", "MLX_NVFP4") or MLX
+// affine as "affineBgG" ("affine4g64"); a gap names a prefix ("affine4g": every group size,
+// "affine": every width). The microscaling floats (kernels/microscaling.h): the AVX2 kernels compute
+// each (row, token) as one chain over the blocks whatever the call's token count (invariant), mxfp8
+// runs that f32 kernel on AVX-512 too; the AVX-512 fp4 ones decode on the AVX2 kernel (a gap) and,
+// in avx512inv, on Gemv16, the prefill GEMM's arithmetic (invariant).
 #pragma once
 
 #include <span>

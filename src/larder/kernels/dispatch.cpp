@@ -29,6 +29,10 @@ KernelTable make_ref_table() {
   set(DType::kQ2_K, ref::dequant_row_q2_k);
   set(DType::kQ3_K, ref::dequant_row_q3_k);
   set(DType::kIQ4_XS, ref::dequant_row_iq4_xs);
+  set(DType::kMXFP4, ref::dequant_row_mxfp4);
+  set(DType::kMlxMXFP4, ref::dequant_row_mlx_mxfp4);
+  set(DType::kMlxNVFP4, ref::dequant_row_mlx_nvfp4);
+  set(DType::kMlxMXFP8, ref::dequant_row_mlx_mxfp8);
   for (int bits : {2, 3, 4, 5, 6, 8}) {
     t.matmul_affine[bits] = ref::matmul_affine;
     t.dequant_row_affine[bits] = ref::dequant_row_affine;

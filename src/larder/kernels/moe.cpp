@@ -23,11 +23,10 @@ WeightView row_slice(const WeightView& w, int64_t r0, int64_t len) {
   WeightView v = w;
   v.rows = len;
   v.data = w.data + static_cast<uint64_t>(r0) * w.row_bytes();
-  if (w.is_affine()) {
-    const uint64_t sb = dtype_bytes(w.scale_dtype, static_cast<uint64_t>(w.cols / w.group_size));
-    v.scales = w.scales + static_cast<uint64_t>(r0) * sb;
-    v.biases = w.biases + static_cast<uint64_t>(r0) * sb;
-  }
+  // MLX scales (and affine biases) per row; GGUF blocks hold their own.
+  const uint64_t sb = w.scale_row_bytes();
+  if (w.scales) v.scales = w.scales + static_cast<uint64_t>(r0) * sb;
+  if (w.biases) v.biases = w.biases + static_cast<uint64_t>(r0) * sb;
   return v;
 }
 

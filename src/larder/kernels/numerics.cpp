@@ -81,15 +81,16 @@ void hash_formats(Hasher& h, const KernelTable& t) {
     const MatmulFn fn = t.matmul[d];
     if (!fn) continue;
     const DType dt = static_cast<DType>(d);
-    if (!dtype_is_block(dt) && dt != DType::kBF16 && dt != DType::kF16 && dt != DType::kF32) continue;
+    if (!dtype_is_block(dt) && dt != DType::kMlxMXFP8 && dt != DType::kBF16 && dt != DType::kF16 && dt != DType::kF32) continue;
     const int64_t rows = 37, cols = dtype_info(dt).block_elems == 256 ? 512 : 352;
-    const std::vector<uint8_t> w = dt == DType::kF32 ? f32_weights(rows, cols)
-                                                     : cpu::self_check_weights(dt, rows, cols, 4242u + static_cast<uint32_t>(d));
-    WeightView v;
+    const std::vector<uint8_t> f32 = dt == DType::kF32 ? f32_weights(rows, cols) : std::vector<uint8_t>();
+    const cpu::ProbeWeights pw = dt == DType::kF32 ? cpu::ProbeWeights{}
+                                                   : cpu::probe_weights(dt, rows, cols, 4242u + static_cast<uint32_t>(d));
+    WeightView v = pw.view;
     v.dtype = dt;
     v.rows = rows;
     v.cols = cols;
-    v.data = w.data();
+    if (dt == DType::kF32) v.data = f32.data();
     h.add_tag(dtype_name(dt));
     hash_matmul(h, fn, t.matmul_multi[d], v);
   }
@@ -126,6 +127,18 @@ void hash_attention(Hasher& h, const KernelTable& t) {
         h.add(out);
       }
     }
+  }
+  // Attention sinks (gpt-oss) are folded in by the kernel too: their arithmetic is part of the
+  // numerics a model's later layers' K/V rows depend on.
+  const std::vector<float> sinks = probe_acts(1, p.n_heads, 3.0f);
+  p.window = 0;
+  p.sinks = sinks.data();
+  for (int64_t n : {int64_t{70}, int64_t{1}}) {
+    const std::vector<float> q = probe_acts(n, p.n_heads * p.head_dim, 1.5f);
+    std::vector<float> out(q.size());
+    const KvSpanView span{k.data(), v.data(), 0, ctx, DType::kF32};
+    t.attention(q.data(), n, ctx - n, &span, 1, p, out.data());
+    h.add(out);
   }
 }
 

@@ -8,6 +8,7 @@
 #include "larder/core/profile.h"
 #include "larder/core/status.h"
 #include "larder/kernels/dispatch.h"
+#include "larder/kernels/microscaling.h"
 
 // Every entry point is a core/profile.h scope (one relaxed load when profiling is off). The name is
 // formatted only when it is on.
@@ -24,13 +25,16 @@ uint64_t WeightView::row_bytes() const {
   return dtype_bytes(dtype, static_cast<uint64_t>(cols));
 }
 
+uint64_t WeightView::scale_row_bytes() const {
+  if (group_size <= 0 || !(is_affine() || is_mlx_microscaling(dtype))) return 0;
+  return dtype_bytes(scale_dtype, static_cast<uint64_t>(cols / group_size));
+}
+
 namespace {
 // For the profile table: the bytes a matmul streams, and its format's name.
 double weight_bytes(const WeightView& w) {
   double b = static_cast<double>(w.rows) * static_cast<double>(w.row_bytes());
-  if (w.is_affine() && w.group_size > 0)
-    b += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols / w.group_size) *
-         (w.scale_dtype == DType::kF32 ? 4.0 : 2.0);
+  b += (w.biases ? 2.0 : 1.0) * static_cast<double>(w.rows) * static_cast<double>(w.scale_row_bytes());
   return b;
 }
 std::string weight_format(const WeightView& w) {
@@ -73,6 +77,9 @@ bool weight_supported(const WeightView& w) {
     return w.dtype == DType::kU32 && scale_ok && w.group_size > 0 && w.group_size % 32 == 0 &&
            w.cols % w.group_size == 0 && w.scales != nullptr && w.biases != nullptr;
   }
+  if (is_mlx_microscaling(w.dtype))  // whole 32-element activation blocks; the mode's own group
+    return w.scale_dtype == DType::kU8 && w.scales != nullptr && w.group_size == mlx_microscaling_group(w.dtype) &&
+           w.cols % 32 == 0;
   const uint32_t be = dtype_info(w.dtype).block_elems;
   return w.cols % be == 0;
 }

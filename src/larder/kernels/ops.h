@@ -26,6 +26,8 @@ namespace larder::kernels {
 // stream per row), `scales`/`biases` [rows, cols/group_size] in `scale_dtype` (F32/F16/BF16),
 // `bits` in {2,3,4,5,6,8}, group_size in {32,64,128}; value = scale·code + bias per group
 // (quantization.md §2). `bits > 0` marks an affine view.
+// MLX microscaling (kernels/microscaling.h): dtype kMlxMXFP4/kMlxNVFP4/kMlxMXFP8, `data` = the
+// codes, `scales` = U8 [rows, cols/group_size] (scale_dtype kU8), no biases, bits = 0.
 struct WeightView {
   DType dtype = DType::kUnknown;
   int64_t rows = 0, cols = 0;
@@ -39,6 +41,8 @@ struct WeightView {
   bool is_affine() const { return bits > 0; }
   // Bytes of one stored row of `data`.
   uint64_t row_bytes() const;
+  // Bytes of one row of `scales` (and of `biases`): affine and MLX microscaling views; else 0.
+  uint64_t scale_row_bytes() const;
 };
 
 // KV row formats (memory/kv_cache.h): a K or V row is [n_kv_heads, head_dim] in one of
@@ -84,6 +88,10 @@ struct AttentionParams {
   int head_dim = 0;
   float scale = 0;      // usually 1/sqrt(head_dim)
   int64_t window = 0;   // >0: sliding window, a query at p sees keys (p - window, p]
+  // Attention sinks (gpt-oss): [n_heads] learned logits, or null. Head h's softmax denominator
+  // gains e^{sinks[h]} — a virtual key with that (unscaled) score and a zero value — so a row's
+  // weights over its real keys sum to less than 1 (mlx's `sdpa(..., sinks=)`).
+  const float* sinks = nullptr;
 };
 
 // Whether the active dispatch table can run matmul / row lookup for this weight's format.

@@ -64,10 +64,33 @@ Status parse_rope_scaling(const ordered_json& rs, const std::string& src, RopeSc
   LARDER_RETURN_IF_ERROR(read_double(rs, "high_freq_factor", src, &out->high_freq_factor));
   LARDER_RETURN_IF_ERROR(read_int(rs, "original_max_position_embeddings", src, false, &out->original_max_position));
   if (out->type == "default") out->type.clear();
-  if (!out->type.empty() && out->type != "llama3" && out->type != "linear")
-    return unsupported(strfmt("[config] %s: rope_scaling type '%s' is not supported (supported: llama3, linear)",
+  if (!out->type.empty() && out->type != "llama3" && out->type != "linear" && out->type != "yarn")
+    return unsupported(strfmt("[config] %s: rope_scaling type '%s' is not supported (supported: llama3, linear, yarn)",
                               src.c_str(), out->type.c_str()));
   if (!(out->factor > 0)) return invalid_argument(strfmt("[config] %s: rope_scaling factor must be > 0", src.c_str()));
+  if (out->type == "yarn") {
+    // transformers reads beta_fast/beta_slow with `or` (null or 0: the paper's 32 / 1).
+    for (auto [key, dst] : {std::pair{"beta_fast", &out->beta_fast}, std::pair{"beta_slow", &out->beta_slow}}) {
+      double v = 0;
+      LARDER_RETURN_IF_ERROR(read_double(rs, key, src, &v));
+      if (v != 0) *dst = v;
+    }
+    for (auto [key, dst] : {std::pair{"attention_factor", &out->attention_factor}, std::pair{"mscale", &out->mscale},
+                            std::pair{"mscale_all_dim", &out->mscale_all_dim}}) {
+      if (!jfind(rs, key) || rs[key].is_null()) continue;
+      double v = 0;
+      LARDER_RETURN_IF_ERROR(read_double(rs, key, src, &v));
+      *dst = v;
+    }
+    if (const ordered_json* t = jfind(rs, "truncate"); t && !t->is_null()) {
+      if (!t->is_boolean())
+        return invalid_argument(strfmt("[config] %s: rope_scaling 'truncate' must be true or false", src.c_str()));
+      out->truncate = t->get<bool>();
+    }
+    if (!(out->beta_fast > 0) || !(out->beta_slow > 0) || out->original_max_position <= 0)
+      return invalid_argument(strfmt("[config] %s: yarn rope_scaling needs beta_fast, beta_slow and "
+                                     "original_max_position_embeddings > 0", src.c_str()));
+  }
   return Status::ok();
 }
 
@@ -95,34 +118,73 @@ Status validate(const ModelConfig& c) {
 bool valid_bits(int64_t b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
 bool valid_group(int64_t g) { return g == 32 || g == 64 || g == 128; }
 
-// bits/group_size of one block level (`where` names it in messages). Absent or null keys keep
-// *p's values (the caller pre-fills the defaults it wants); `defaulted` says whether it had to.
+// bits/group_size/mode of one block level (`where` names it in messages). Absent or null keys keep
+// *p's values (the caller pre-fills the defaults it wants); a `mode` other than *p's first resets
+// bits and group_size to that mode's defaults, as mlx's to_quantized(**params) does; `defaulted`
+// says whether bits or group_size had to be taken from defaults.
 Status read_affine(const ordered_json& j, const std::string& src, const std::string& where, AffineParams* p,
                    bool* defaulted) {
   if (const ordered_json* m = jfind(j, "mode")) {
     if (!m->is_string())
       return invalid_argument(strfmt("[config] %s: %s 'mode' must be a string, got %s", src.c_str(), where.c_str(),
                                      m->dump().c_str()));
-    if (m->get<std::string>() != "affine")
-      return unsupported(strfmt("[config] %s: %s mode '%s' is not supported (supported: affine)", src.c_str(),
-                                where.c_str(), m->get<std::string>().c_str()));
+    const std::optional<QuantMode> mode = quant_mode_from_name(m->get<std::string>());
+    if (!mode)
+      return unsupported(strfmt("[config] %s: %s mode '%s' is not supported (supported: affine, mxfp4, nvfp4, mxfp8)",
+                                src.c_str(), where.c_str(), m->get<std::string>().c_str()));
+    if (*mode != p->mode) {
+      p->mode = *mode;
+      p->bits = quant_mode_default_bits(*mode);
+      p->group_size = quant_mode_default_group(*mode);
+    }
   }
+  if (const ordered_json* gs = jfind(j, "global_scale"); gs && !(gs->is_boolean() && !gs->get<bool>()))
+    return unsupported(strfmt("[config] %s: %s has 'global_scale' (mlx-lm's per-tensor nvfp4 scale of switch layers), "
+                              "which larder does not run",
+                              src.c_str(), where.c_str()));
   int64_t bits = p->bits, g = p->group_size;
   if (!jfind(j, "bits") || !jfind(j, "group_size")) *defaulted = true;
   LARDER_RETURN_IF_ERROR(read_int(j, "bits", src, false, &bits));
   LARDER_RETURN_IF_ERROR(read_int(j, "group_size", src, false, &g));
-  if (!valid_bits(bits))
-    return unsupported(strfmt("[config] %s: %s bits %lld is not supported (supported: 2, 3, 4, 5, 6, 8)", src.c_str(),
-                              where.c_str(), (long long)bits));
-  if (!valid_group(g))
-    return unsupported(strfmt("[config] %s: %s group_size %lld is not supported (supported: 32, 64, 128)",
-                              src.c_str(), where.c_str(), (long long)g));
+  if (p->mode == QuantMode::kAffine) {
+    if (!valid_bits(bits))
+      return unsupported(strfmt("[config] %s: %s bits %lld is not supported (supported: 2, 3, 4, 5, 6, 8)", src.c_str(),
+                                where.c_str(), (long long)bits));
+    if (!valid_group(g))
+      return unsupported(strfmt("[config] %s: %s group_size %lld is not supported (supported: 32, 64, 128)",
+                                src.c_str(), where.c_str(), (long long)g));
+  } else if (bits != quant_mode_default_bits(p->mode) || g != quant_mode_default_group(p->mode)) {
+    // Each microscaling mode has one layout (mx.quantize refuses any other).
+    return unsupported(strfmt("[config] %s: %s mode '%s' with bits %lld, group_size %lld is not supported (%s is "
+                              "bits %d, group_size %d)",
+                              src.c_str(), where.c_str(), quant_mode_name(p->mode), (long long)bits, (long long)g,
+                              quant_mode_name(p->mode), quant_mode_default_bits(p->mode),
+                              quant_mode_default_group(p->mode)));
+  }
   p->bits = static_cast<int>(bits);
   p->group_size = static_cast<int>(g);
   return Status::ok();
 }
 
 }  // namespace
+
+const char* quant_mode_name(QuantMode m) {
+  switch (m) {
+    case QuantMode::kMxfp4: return "mxfp4";
+    case QuantMode::kNvfp4: return "nvfp4";
+    case QuantMode::kMxfp8: return "mxfp8";
+    default: return "affine";
+  }
+}
+std::optional<QuantMode> quant_mode_from_name(std::string_view name) {
+  for (QuantMode m : {QuantMode::kAffine, QuantMode::kMxfp4, QuantMode::kNvfp4, QuantMode::kMxfp8})
+    if (name == quant_mode_name(m)) return m;
+  return std::nullopt;
+}
+int quant_mode_default_bits(QuantMode m) { return m == QuantMode::kMxfp8 ? 8 : 4; }
+int quant_mode_default_group(QuantMode m) {
+  return m == QuantMode::kAffine ? 64 : m == QuantMode::kNvfp4 ? 16 : 32;
+}
 
 Result<QuantizationConfig> quantization_from_config(const ordered_json& config, const std::string& src) {
   QuantizationConfig q;
@@ -136,8 +198,9 @@ Result<QuantizationConfig> quantization_from_config(const ordered_json& config, 
   if (!block->is_object())
     return invalid_argument(strfmt("[config] %s: '%s' must be an object, got %s", src.c_str(), key, block->dump().c_str()));
   if (const ordered_json* qm = jfind(*block, "quant_method")) {
-    return unsupported(strfmt("[config] %s: %s.quant_method %s is not supported (larder executes MLX affine "
-                              "checkpoints: a block of bits, group_size, mode \"affine\")",
+    return unsupported(strfmt("[config] %s: %s.quant_method %s is not supported (larder executes MLX quantized "
+                              "checkpoints: a block of bits, group_size, mode \"affine\", \"mxfp4\", \"nvfp4\" or "
+                              "\"mxfp8\")",
                               src.c_str(), key, qm->dump().c_str()));
   }
   if (!jfind(*block, "bits") || !jfind(*block, "group_size"))
@@ -154,16 +217,17 @@ Result<QuantizationConfig> quantization_from_config(const ordered_json& config, 
       q.modules[k] = v.get<bool>() ? std::optional<AffineParams>(q.global) : std::nullopt;
     } else if (v.is_object()) {
       // mlx-lm passes the dict as keyword arguments to the module's quantize call, whose defaults
-      // are affine / 4 bits / group 64 (quantization.md §3.2) — not the top-level values.
+      // are affine / 4 bits / group 64, or the given mode's (quantization.md §3.2) — not the
+      // top-level values.
       AffineParams p;
       bool filled = false;
       LARDER_RETURN_IF_ERROR(read_affine(v, src, where, &p, &filled));
-      if (filled)
+      if (filled && p.mode == QuantMode::kAffine)
         LARDER_LOG_WARN("[config] %s: %s lacks bits or group_size; using mlx-lm's defaults (%d bits, group %d)",
                         src.c_str(), where.c_str(), p.bits, p.group_size);
       q.modules[k] = p;
     } else {
-      return invalid_argument(strfmt("[config] %s: %s must be true, false or {bits, group_size}, got %s",
+      return invalid_argument(strfmt("[config] %s: %s must be true, false or {bits, group_size, mode}, got %s",
                                      src.c_str(), where.c_str(), v.dump().c_str()));
     }
   }
@@ -258,7 +322,12 @@ Result<ModelConfig> config_from_gguf(const formats::GgufFile& g) {
     c.rope_scaling.type = *t;
     c.rope_scaling.factor = g.get_float(a + ".rope.scaling.factor").value_or(1.0);
     c.rope_scaling.original_max_position = g.get_int(a + ".rope.scaling.original_context_length").value_or(c.max_context);
-    if (c.rope_scaling.type != "linear")
+    if (c.rope_scaling.type == "yarn") {  // llama.cpp's keys; its defaults 32 / 1, always truncated
+      c.rope_scaling.beta_fast = g.get_float(a + ".rope.scaling.yarn_beta_fast").value_or(32.0);
+      c.rope_scaling.beta_slow = g.get_float(a + ".rope.scaling.yarn_beta_slow").value_or(1.0);
+      if (c.rope_scaling.beta_fast <= 0) c.rope_scaling.beta_fast = 32.0;
+      if (c.rope_scaling.beta_slow <= 0) c.rope_scaling.beta_slow = 1.0;
+    } else if (c.rope_scaling.type != "linear")
       return unsupported(strfmt("[config] %s: GGUF rope scaling type '%s' is not supported", s, t->c_str()));
   }
   // Vocabulary: explicit key, else the embedding's row count (GGUF shapes are already reversed

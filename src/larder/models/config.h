@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,20 +20,41 @@
 namespace larder::models {
 
 struct RopeScaling {
-  std::string type;  // "" or "default": none; "llama3"; "linear"
+  std::string type;  // "" or "default": none; "llama3"; "linear"; "yarn"
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position = 8192;
+  // yarn (gpt-oss; transformers `_compute_yarn_parameters`, mlx-lm `YarnRoPE`): the correction
+  // range from beta_fast / beta_slow rotations, floored/ceiled unless `truncate` is false
+  // (transformers' key; mlx-lm and llama.cpp always truncate), and the attention factor:
+  // `attention_factor` if given, else 0.1·mscale·ln(factor) + 1 over the same with mscale_all_dim
+  // (both given), else 0.1·ln(factor) + 1.
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
+  std::optional<double> attention_factor, mscale, mscale_all_dim;
 };
 
 // MLX affine group quantization (quantization.md §2, §3): config.json's `quantization` block
 // (or its `quantization_config` twin). Which modules are quantized is resolved per module path
 // by the weight binder (models/weights.h, §3.2): an entry here decides; otherwise a module is
 // quantized with the top-level parameters iff the checkpoint holds `<module>.scales`.
+// The block's `mode` (mlx.core.quantize's): "affine" (codes + scales/biases), or one of the
+// microscaling float modes (kernels/microscaling.h), each with its one (bits, group_size):
+// "mxfp4" (4, 32), "nvfp4" (4, 16), "mxfp8" (8, 32) — U8 scales and no biases.
+enum class QuantMode { kAffine, kMxfp4, kNvfp4, kMxfp8 };
+const char* quant_mode_name(QuantMode m);  // "affine", "mxfp4", ...
+// The mode of a name, or nullopt.
+std::optional<QuantMode> quant_mode_from_name(std::string_view name);
+// mlx's default (group_size, bits) of a mode (nn.quantize's _defaults_for_mode).
+int quant_mode_default_bits(QuantMode m);
+int quant_mode_default_group(QuantMode m);
+
 struct AffineParams {
-  int bits = 4;         // 2, 3, 4, 5, 6, 8
-  int group_size = 64;  // 32, 64, 128
+  int bits = 4;         // affine: 2, 3, 4, 5, 6, 8
+  int group_size = 64;  // affine: 32, 64, 128
+  QuantMode mode = QuantMode::kAffine;
+  bool operator==(const AffineParams&) const = default;
 };
 
 struct QuantizationConfig {

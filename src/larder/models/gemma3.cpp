@@ -201,6 +201,10 @@ Status Gemma3Model::bind(const formats::ModelFiles& files) {
   ModelConfig local = c;
   local.rope_theta = gp.local_base;
   local.rope_scaling = RopeScaling{};
+  // yarn's attention factor is applied by the families whose reference uses it (llama, gpt_oss).
+  if (c.rope_scaling.type == "yarn")
+    return unsupported(strfmt("[model] %s: rope_scaling type 'yarn' is not supported for this architecture",
+                              c.source.c_str()));
   rope_tables_ = {rope_inv_freq(c), rope_inv_freq(local)};
 
   layers_.resize(static_cast<size_t>(c.n_layers));

@@ -44,8 +44,15 @@
 // llama.cpp rotates pair i by theta^(-2i/d) / rope_freqs[i] (1e30 for the unrotated pairs), and so
 // does this file; the converter drops rope_parameters.factor, so a GGUF cannot carry it. The
 // embedding scales are f32 √hidden and √P as llama.cpp computes them.
-// Refused, naming the feature: GGUF mixture-of-experts files (HF and MLX MoE checkpoints load),
-// bidirectional attention, attention biases.
+// GGUF mixture of experts (26B-A4B): expert_count / expert_used_count /
+// expert_feed_forward_length; router ffn_gate_inp.weight with its input gain ffn_gate_inp.scale
+// (router.scale as stored: llama.cpp forms rmsnorm(x) · hidden^-½ · scale), per_expert_scale as
+// ffn_down_exps.scale, experts ffn_gate_up_exps (gate rows first, as HF's gate_up_proj) or
+// ffn_gate_exps + ffn_up_exps, ffn_down_exps; pre_ffw_norm_2, post_ffw_norm_1, post_ffw_norm_2.
+// llama.cpp's softmax over all experts then renormalising over the k equals the softmax over the
+// k (RouteOrder::kTopKThenSoftmax).
+// Refused, naming the feature: bidirectional attention, attention biases, a GGUF where only some
+// layers have experts.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -93,7 +100,19 @@ TensorNames gemma4_names() {
                       {"per_layer_input_gate.", "inp_gate."},
                       {"per_layer_projection.", "proj."},
                       {"post_per_layer_input_norm.", "post_norm."},
-                      {"layer_scalar", "layer_output_scale.weight"}},
+                      {"layer_scalar", "layer_output_scale.weight"},
+                      // enable_moe_block (26B-A4B)
+                      {"router.proj.", "ffn_gate_inp."},
+                      {"router.scale", "ffn_gate_inp.scale"},
+                      {"router.per_expert_scale", "ffn_down_exps.scale"},
+                      {"experts.gate_up_proj", "ffn_gate_up_exps.weight"},
+                      {"experts.down_proj", "ffn_down_exps.weight"},
+                      {"experts.switch_glu.gate_proj.", "ffn_gate_exps."},
+                      {"experts.switch_glu.up_proj.", "ffn_up_exps."},
+                      {"experts.switch_glu.down_proj.", "ffn_down_exps."},
+                      {"pre_feedforward_layernorm_2.", "pre_ffw_norm_2."},
+                      {"post_feedforward_layernorm_1.", "post_ffw_norm_1."},
+                      {"post_feedforward_layernorm_2.", "post_ffw_norm_2."}},
                      "",
                      ""};
 }
@@ -178,10 +197,28 @@ Result<Gemma4Params> gguf_params(const formats::GgufFile& g, const ModelConfig& 
   const char* src = c.source.c_str();
   const std::string a = c.architecture + ".";
   Gemma4Params p;
-  if (g.tensors().find("blk.0.ffn_gate_inp.weight") != nullptr)
-    return unsupported(strfmt("[config] %s: GGUF gemma4 with expert layers (26B-A4B) is not supported yet (dense "
-                              "Gemma 4 only)",
-                              src));
+  int64_t routed = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    routed += g.tensors().find(strfmt("blk.%lld.ffn_gate_inp.weight", (long long)l)) != nullptr;
+  if (routed > 0) {
+    if (routed != c.n_layers)
+      return unsupported(strfmt("[config] %s: GGUF gemma4 with experts on %lld of %lld layers is not supported "
+                                "(every layer or none)",
+                                src, (long long)routed, (long long)c.n_layers));
+    const auto E = g.get_int(a + "expert_count");
+    const auto k = g.get_int(a + "expert_used_count");
+    const auto ffn = per_layer_int(g, a + "expert_feed_forward_length", 0);
+    if (!E || !k || !ffn || *E < 1 || *E > 65536 || *k < 1 || *k > *E || *ffn < 1 || *ffn > (int64_t{1} << 30))
+      return invalid_argument(strfmt("[config] %s: GGUF gemma4 with experts needs %sexpert_count >= 1, 1 <= "
+                                     "%sexpert_used_count <= expert_count and %sexpert_feed_forward_length >= 1",
+                                     src, a.c_str(), a.c_str(), a.c_str()));
+    for (int64_t l = 1; l < c.n_layers; ++l)
+      if (per_layer_int(g, a + "expert_feed_forward_length", l) != ffn)
+        return unsupported(strfmt("[config] %s: per-layer expert_feed_forward_length is not supported", src));
+    p.moe.n_experts = static_cast<int>(*E);
+    p.moe.k = static_cast<int>(*k);
+    p.moe.ffn = *ffn;
+  }
   const formats::GgufValue* pat = g.find(a + "attention.sliding_window_pattern");
   if (pat == nullptr || !pat->is_array() || static_cast<int64_t>(pat->ints.size()) != c.n_layers)
     return invalid_argument(strfmt("[config] %s: GGUF gemma4 needs %sattention.sliding_window_pattern with one bool "

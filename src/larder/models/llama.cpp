@@ -90,7 +90,9 @@ Status LlamaModel::bind(const formats::ModelFiles& files) {
   spec.head_dim = static_cast<int>(c.head_dim);
   spec.rope_dim = static_cast<int>(c.rope_dim);
   spec.rope = 0;
-  spec.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  // yarn scales q and k by its attention factor (mlx-lm's YarnRoPE): the scores by its square.
+  const double af = rope_attention_factor(c);
+  spec.attn_scale = static_cast<float>(af * af / std::sqrt(static_cast<double>(c.head_dim)));
   spec.norms.qk = variant_.qk_norm;
   declare_state(spec);
   kernels::RouteParams route;

@@ -26,6 +26,20 @@
 //   (blocks/moe_block.h). Experts as HF fuses them (experts.gate_up_proj [E, 2·I, H] +
 //   experts.down_proj), per expert, or stacked switch_mlp (MLX); GGUF `qwen35moe` (ffn_*_exps,
 //   ffn_{gate,up,down}_shexp, ffn_gate_inp_shexp [hidden]).
+// - Qwen3-Next (HF `qwen3_next`, MLX-quantized, GGUF `qwen3next`; oracle mlx-lm `qwen3_next.py`,
+//   whose attention, MLP, gated norm and sparse block qwen3_5.py imports) is this graph with:
+//   the DeltaNet input projections fused per key head (in_proj_qkvz, in_proj_ba:
+//   blocks/gated_delta.h), the layer's FFN routed iff num_experts > 0, the layer is not in
+//   mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (else a dense MLP of intermediate_size,
+//   as qwen3_moe), RoPE keys at the top level (rope_theta, partial_rotary_factor). Absent
+//   norm_topk_prob is true, transformers' Qwen3NextConfig default (mlx-lm's ModelArgs says false;
+//   Qwen's configs write true). Its GGUF (convert_hf_to_gguf Qwen3NextModel) splits in_proj_qkvz
+//   into attn_qkv + attn_gate (older files: one `ssm_in` = in_proj_qkvz), keeps `ssm_ba` fused and
+//   the value heads grouped (no tiling; llama.cpp broadcasts key head h / (H_v/H_k)), gains + 1 and
+//   ssm_a as for qwen35; every layer routed and renormalised.
+// - GGUF (both): the layer pattern from attention.recurrent_layers where the file has it, else
+//   full_attention_interval; multi-token-prediction blocks (nextn_predict_layers, the last
+//   blocks) are skipped: not part of the forward.
 #include <cmath>
 
 #include "larder/formats/gguf.h"
@@ -63,10 +77,24 @@ ordered_json qwen3_5_defaults() {
            {{"type", "default"}, {"mrope_section", {11, 11, 10}}, {"rope_theta", 100000}, {"partial_rotary_factor", 0.25}}}};
 }
 
-// The text config with RoPE's partial factor lifted out of rope_parameters (where Qwen3.5 keeps
-// it) for the shared parser; the mrope keys are dropped (plain RoPE for text, see above).
-ordered_json text_config(const formats::ModelFiles& files) {
-  ordered_json j = hf_text_config(files, qwen3_5_defaults());
+// Qwen3-Next: the optional keys of mlx-lm's ModelArgs and transformers' Qwen3NextConfig (both
+// require the shapes; norm_topk_prob is resolved in hf_params).
+ordered_json qwen3_next_defaults() {
+  return {{"tie_word_embeddings", false},
+          {"attention_bias", false},
+          {"full_attention_interval", 4},
+          {"decoder_sparse_step", 1},
+          {"rms_norm_eps", 1e-6},
+          {"partial_rotary_factor", 0.25}};
+}
+
+bool is_qwen3_next(const std::string& arch) { return arch == "qwen3_next" || arch == "qwen3next"; }
+
+// The text config with RoPE's partial factor lifted out of rope_parameters (where Qwen3.5 and
+// transformers 5 keep it) for the shared parser; the mrope keys are dropped (plain RoPE for text,
+// see above).
+ordered_json text_config(const formats::ModelFiles& files, bool next) {
+  ordered_json j = hf_text_config(files, next ? qwen3_next_defaults() : qwen3_5_defaults());
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     ordered_json& rp = j["rope_parameters"];
     if (!j.contains("partial_rotary_factor"))
@@ -88,6 +116,8 @@ TensorNames qwen3_5_names() {
                       {"self_attn.k_norm.", "attn_k_norm."},
                       {"linear_attn.in_proj_qkv.", "attn_qkv."},
                       {"linear_attn.in_proj_z.", "attn_gate."},
+                      {"linear_attn.in_proj_qkvz.", "ssm_in."},  // qwen3next, older converters
+                      {"linear_attn.in_proj_ba.", "ssm_ba."},    // qwen3next
                       {"linear_attn.in_proj_b.", "ssm_beta."},
                       {"linear_attn.in_proj_a.", "ssm_alpha."},
                       {"linear_attn.conv1d.", "ssm_conv1d."},
@@ -116,11 +146,12 @@ TensorNames qwen3_5_names() {
 struct Qwen35Params {
   std::vector<bool> full;  // per layer: full attention (else gated DeltaNet)
   GatedDeltaDims delta;
-  ExpertDims experts;          // n_experts > 0: every layer's FFN is routed experts + a shared expert
-  bool norm_topk_prob = true;  // mlx-lm's TextModelArgs default
+  ExpertDims experts;          // n_experts > 0: routed experts + a shared expert on the `routed` layers
+  std::vector<bool> routed;    // per layer (Qwen3.5: all; Qwen3-Next: decoder_sparse_step, mlp_only_layers)
+  bool norm_topk_prob = true;  // mlx-lm's qwen3_5 TextModelArgs default, transformers' qwen3_next one
 };
 
-Result<Qwen35Params> hf_params(const ordered_json& j, const ModelConfig& c) {
+Result<Qwen35Params> hf_params(const ordered_json& j, const ModelConfig& c, bool next) {
   const char* src = c.source.c_str();
   Qwen35Params p;
   auto get_int = [&](const char* k, int* out) -> Status {
@@ -158,6 +189,23 @@ Result<Qwen35Params> hf_params(const ordered_json& j, const ModelConfig& c) {
       p.norm_topk_prob = j["norm_topk_prob"].get<bool>();
     }
   }
+  p.routed.assign(static_cast<size_t>(c.n_layers), p.experts.n_experts > 0);
+  if (next && p.experts.n_experts > 0) {  // mlx-lm Qwen3NextDecoderLayer
+    int step = 1;
+    LARDER_RETURN_IF_ERROR(get_int("decoder_sparse_step", &step));
+    for (int64_t l = 0; l < c.n_layers; ++l) p.routed[static_cast<size_t>(l)] = (l + 1) % step == 0;
+    if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+      const ordered_json& d = j["mlp_only_layers"];
+      if (!d.is_array())
+        return invalid_argument(strfmt("[config] %s: 'mlp_only_layers' must be a list of layer indices", src));
+      for (const auto& e : d) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= c.n_layers)
+          return invalid_argument(strfmt("[config] %s: mlp_only_layers entry %s is not a layer index in [0, %lld)", src,
+                                         e.dump().c_str(), (long long)c.n_layers));
+        p.routed[static_cast<size_t>(e.get<int64_t>())] = false;
+      }
+    }
+  }
   if (j.contains("layer_types") && j["layer_types"].is_array()) {
     const ordered_json& lt = j["layer_types"];
     if (static_cast<int64_t>(lt.size()) != c.n_layers)
@@ -176,9 +224,10 @@ Result<Qwen35Params> hf_params(const ordered_json& j, const ModelConfig& c) {
   return p;
 }
 
-// llama.cpp's `qwen35` metadata (convert_hf_to_gguf: Qwen3_5TextModel): the DeltaNet shapes as
-// its ssm.* keys, the layer pattern as full_attention_interval.
-Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& c) {
+// llama.cpp's `qwen35` / `qwen3next` metadata (convert_hf_to_gguf: Qwen3_5TextModel,
+// Qwen3NextModel): the DeltaNet shapes as its ssm.* keys, the layer pattern as
+// attention.recurrent_layers or full_attention_interval.
+Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& c, bool next) {
   const std::string a = c.architecture + ".";
   const char* src = c.source.c_str();
   Qwen35Params p;
@@ -201,9 +250,10 @@ Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& 
                                    "and divide ssm.inner_size %d",
                                    src, p.delta.n_v_heads, p.delta.n_k_heads, inner));
   p.delta.d_v = inner / p.delta.n_v_heads;
-  p.delta.tiled_v_heads = true;  // the converter's grouped → tiled value-head reorder
-  // qwen35moe: every layer routed, renormalised (llama.cpp's graph passes norm_w = true), with the
-  // shared expert.
+  // qwen35: the converter's grouped → tiled value-head reorder; qwen3next keeps HF's grouped order.
+  p.delta.tiled_v_heads = !next;
+  // qwen35moe, qwen3next: every layer routed, renormalised (llama.cpp's graphs pass norm_w = true),
+  // with the shared expert.
   if (const auto E = g.get_int(a + "expert_count"); E && *E > 0) {
     const auto k = g.get_int(a + "expert_used_count");
     if (!k || *k < 1 || *k > *E || *E > (int64_t{1} << 20))
@@ -217,6 +267,18 @@ Result<Qwen35Params> gguf_params(const formats::GgufFile& g, const ModelConfig& 
     if (p.experts.ffn < 1 || p.experts.shared_ffn < 1)
       return invalid_argument(strfmt("[config] %s: GGUF expert feed-forward lengths must be positive", src));
     p.norm_topk_prob = true;
+  }
+  p.routed.assign(static_cast<size_t>(c.n_layers), p.experts.n_experts > 0);
+  // The converter writes attention.recurrent_layers (a bool per layer) when the config has
+  // layer_types; llama.cpp's loader takes it before full_attention_interval.
+  // With multi-token-prediction blocks the list covers them too (block_count; see qwen3_5_config).
+  if (const formats::GgufValue* rl = g.find(a + "attention.recurrent_layers"); rl != nullptr) {
+    const int64_t all = c.n_layers + g.get_int(a + "nextn_predict_layers").value_or(0);
+    if (!rl->is_array() || static_cast<int64_t>(rl->ints.size()) != all)
+      return invalid_argument(strfmt("[config] %s: GGUF %sattention.recurrent_layers must hold one bool per block (%lld)",
+                                     src, a.c_str(), (long long)all));
+    for (int64_t l = 0; l < c.n_layers; ++l) p.full.push_back(rl->ints[static_cast<size_t>(l)] == 0);
+    return p;
   }
   const int64_t interval = g.get_int(a + "full_attention_interval").value_or(4);
   if (interval < 1) return invalid_argument(strfmt("[config] %s: GGUF full_attention_interval must be >= 1", src));
@@ -258,20 +320,29 @@ NormGain gain_convention(const formats::ModelFiles& files) {
 Status Qwen35Model::bind(const formats::ModelFiles& files) {
   const ModelConfig& c = cfg_;
   const bool gguf = c.from_gguf;
+  const bool next = is_qwen3_next(c.architecture);
   Qwen35Params qp;
   if (gguf) {
-    LARDER_ASSIGN_OR_RETURN(qp, gguf_params(*files.gguf, c));
+    LARDER_ASSIGN_OR_RETURN(qp, gguf_params(*files.gguf, c, next));
   } else {
-    LARDER_ASSIGN_OR_RETURN(qp, hf_params(text_config(files), c));
+    LARDER_ASSIGN_OR_RETURN(qp, hf_params(text_config(files, next), c, next));
   }
   TensorNames names = qwen3_5_names();
   use_text_tower_prefix(files, &names);
   // llama.cpp's converter adds 1 to every norm but the DeltaNet's gated one, like mlx-lm's sanitize.
   const NormGain gain = gguf ? NormGain::kAsStored : gain_convention(files);
   WeightBinder b(files, names);
+  if (gguf) {  // the multi-token-prediction blocks after the trunk are not run (qwen3_5_config)
+    const int64_t nextn = files.gguf->get_int(c.architecture + ".nextn_predict_layers").value_or(0);
+    for (int64_t l = c.n_layers; l < c.n_layers + nextn; ++l) b.ignore_prefix(strfmt("blk.%lld.", (long long)l));
+  }
   LARDER_ASSIGN_OR_RETURN(const bool tied, bind_head(b, /*family_default=*/false));
   apply_gain(final_norm_.weight, gain);
   attn_opt_.pairing = kernels::RopePairing::kHalf;
+  // yarn's attention factor is applied by the families whose reference uses it (llama, gpt_oss).
+  if (c.rope_scaling.type == "yarn")
+    return unsupported(strfmt("[model] %s: rope_scaling type 'yarn' is not supported for this architecture",
+                              c.source.c_str()));
   rope_tables_ = {rope_inv_freq(c)};
   const float eps = static_cast<float>(c.rms_eps);
 
@@ -293,7 +364,7 @@ Status Qwen35Model::bind(const formats::ModelFiles& files) {
     } else {
       spec.delta = qp.delta;
     }
-    if (qp.experts.n_experts > 0) {
+    if (qp.routed[static_cast<size_t>(l)]) {
       spec.ffn = FfnKind::kRoutedExperts;
       spec.experts = qp.experts;
     }
@@ -361,8 +432,20 @@ void Qwen35Model::layer_forward(int l, const LayerBatch& b) {
 }  // namespace
 
 Result<ModelConfig> qwen3_5_config(const formats::ModelFiles& files) {
-  if (files.gguf) return config_from_gguf(*files.gguf);
-  return config_from_hf_json(files, text_config(files));
+  if (files.gguf) {
+    // llama.cpp's converter appends the checkpoint's multi-token-prediction block(s) (mtp.*) as
+    // the last blocks, counted in block_count and named by nextn_predict_layers (on by default
+    // since --no-mtp exists); the trunk is the blocks before them, and they are not run here.
+    LARDER_ASSIGN_OR_RETURN(ModelConfig c, config_from_gguf(*files.gguf));
+    const int64_t nextn = files.gguf->get_int(c.architecture + ".nextn_predict_layers").value_or(0);
+    if (nextn < 0 || nextn >= c.n_layers)
+      return invalid_argument(strfmt("[config] %s: GGUF %s.nextn_predict_layers %lld must be in [0, block_count = %lld)",
+                                     c.source.c_str(), c.architecture.c_str(), (long long)nextn, (long long)c.n_layers));
+    c.n_layers -= nextn;
+    return c;
+  }
+  LARDER_ASSIGN_OR_RETURN(const std::string arch, architecture_of(files));
+  return config_from_hf_json(files, text_config(files, is_qwen3_next(arch)));
 }
 
 Result<std::unique_ptr<Model>> load_qwen3_5(const formats::ModelFiles& files, ModelConfig config) {

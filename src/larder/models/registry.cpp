@@ -21,6 +21,10 @@ constexpr ArchEntry kArchitectures[] = {
     {"qwen3_5_moe_text", load_qwen3_5, qwen3_5_config},  // the MoE variant (routed + shared experts)
     {"qwen3_5_moe", load_qwen3_5, qwen3_5_config},
     {"qwen35moe", load_qwen3_5, qwen3_5_config},  // GGUF (llama.cpp's name)
+    {"qwen3_next", load_qwen3_5, qwen3_5_config},  // Qwen3-Next: the qwen3_5 graph, fused DeltaNet inputs
+    {"qwen3next", load_qwen3_5, qwen3_5_config},   // GGUF (llama.cpp's name)
+    {"gpt_oss", load_gpt_oss, gpt_oss_config},
+    {"gpt-oss", load_gpt_oss, gpt_oss_config},  // GGUF (llama.cpp's name)
 };
 }  // namespace
 

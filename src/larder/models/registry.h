@@ -36,6 +36,8 @@ Result<std::unique_ptr<Model>> load_gemma4(const formats::ModelFiles& files, Mod
 Result<ModelConfig> gemma4_config(const formats::ModelFiles& files);
 Result<std::unique_ptr<Model>> load_qwen3_5(const formats::ModelFiles& files, ModelConfig config);
 Result<ModelConfig> qwen3_5_config(const formats::ModelFiles& files);
+Result<std::unique_ptr<Model>> load_gpt_oss(const formats::ModelFiles& files, ModelConfig config);
+Result<ModelConfig> gpt_oss_config(const formats::ModelFiles& files);
 
 const ArchEntry* find_architecture(const std::string& name);
 std::vector<std::string> supported_architectures();

@@ -63,12 +63,55 @@ Result<std::optional<AffineParams>> WeightBinder::affine_params(const std::strin
       cols % sc->dim(r - 1) == 0 && (wt->dim(r - 1) * 32) % cols == 0) {
     const int64_t g = cols / sc->dim(r - 1), bits = wt->dim(r - 1) * 32 / cols;
     const bool ok_bits = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
-    if (ok_bits && (g == 32 || g == 64 || g == 128)) {
-      p.bits = static_cast<int>(bits);
-      p.group_size = static_cast<int>(g);
+    if (sc->dtype == DType::kU8) {
+      // Only affine keeps its scales in a float dtype; each microscaling mode has one (bits,
+      // group) pair (mlx-lm's infer_quant_config).
+      for (QuantMode m : {QuantMode::kNvfp4, QuantMode::kMxfp4, QuantMode::kMxfp8})
+        if (bits == quant_mode_default_bits(m) && g == quant_mode_default_group(m))
+          p = AffineParams{static_cast<int>(bits), static_cast<int>(g), m};
+    } else if (ok_bits && (g == 32 || g == 64 || g == 128)) {
+      p = AffineParams{static_cast<int>(bits), static_cast<int>(g), QuantMode::kAffine};
     }
   }
   return std::optional<AffineParams>(p);
+}
+
+namespace {
+DType mx_dtype(QuantMode m) {
+  return m == QuantMode::kMxfp4 ? DType::kMlxMXFP4 : m == QuantMode::kNvfp4 ? DType::kMlxNVFP4 : DType::kMlxMXFP8;
+}
+}  // namespace
+
+Result<const formats::TensorInfo*> WeightBinder::mx_scales(const std::string& module, const AffineParams& q,
+                                                           const std::vector<int64_t>& lead, int64_t cols) {
+  const std::string name = module + ".scales";
+  const formats::TensorInfo* a = files_.tensors().find(name);
+  if (!a)
+    return not_found(strfmt("[model] %s: missing tensor '%s' (module '%s' is quantized with mode %s per config.json)",
+                            files_.path.c_str(), name.c_str(), module.c_str(), quant_mode_name(q.mode)));
+  bound_.insert(a->name);
+  if (files_.tensors().find(module + ".global_scale"))
+    return unsupported(strfmt("[model] %s: module '%s' has a '%s.global_scale' (mlx-lm's per-tensor nvfp4 scale), "
+                              "which larder does not run",
+                              files_.path.c_str(), module.c_str(), module.c_str()));
+  std::vector<int64_t> want = lead;
+  want.push_back(cols / q.group_size);
+  bool ok = a->dtype == DType::kU8 && a->rank() == static_cast<int>(want.size());
+  uint64_t count = 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ok = ok && a->dim(static_cast<int>(i)) == want[i];
+    count *= static_cast<uint64_t>(want[i]);
+  }
+  if (!ok || a->nbytes != count) {
+    std::string w;
+    for (int64_t d : want) w += (w.empty() ? "" : ", ") + std::to_string(d);
+    return invalid_argument(strfmt("[model] %s: tensor '%s' is %s %s (%llu bytes), expected U8 [%s] (mode %s per config.json: one scale "
+                                   "per %d of %lld columns)",
+                                   file_of(*a).c_str(), name.c_str(), dtype_name(a->dtype), a->shape_str().c_str(),
+                                   (unsigned long long)a->nbytes, w.c_str(), quant_mode_name(q.mode), q.group_size,
+                                   (long long)cols));
+  }
+  return a;
 }
 
 Result<kernels::WeightView> WeightBinder::affine_matrix(const formats::TensorInfo& t, const std::string& module,
@@ -76,7 +119,8 @@ Result<kernels::WeightView> WeightBinder::affine_matrix(const formats::TensorInf
                                                         const char* why) {
   const std::string file = file_of(t);
   const char* f = file.c_str();
-  const std::string params = strfmt("bits %d, group_size %d", q.bits, q.group_size);
+  const std::string params = q.mode == QuantMode::kAffine ? strfmt("bits %d, group_size %d", q.bits, q.group_size)
+                                                          : strfmt("mode %s", quant_mode_name(q.mode));
   if (cols % q.group_size != 0)
     return invalid_argument(strfmt("[model] %s: module '%s' has %lld input features, not a multiple of its "
                                    "group_size %d (%s)",
@@ -91,6 +135,27 @@ Result<kernels::WeightView> WeightBinder::affine_matrix(const formats::TensorInf
                                    "columns at %s)",
                                    f, t.name.c_str(), t.shape_str().c_str(), (long long)rows, (long long)packed, why,
                                    (long long)cols, params.c_str()));
+  if (q.mode != QuantMode::kAffine) {
+    const std::vector<int64_t> lead = {rows};
+    LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* sc, mx_scales(module, q, lead, cols));
+    kernels::WeightView w;
+    w.dtype = mx_dtype(q.mode);
+    w.rows = rows;
+    w.cols = cols;
+    w.data = t.data;
+    w.scales = sc->data;
+    w.scale_dtype = DType::kU8;
+    w.group_size = q.group_size;
+    if (t.nbytes != static_cast<uint64_t>(rows) * w.row_bytes())
+      return corrupt(strfmt("[model] %s: tensor '%s' holds %llu bytes, expected %llu", f, t.name.c_str(),
+                            (unsigned long long)t.nbytes, (unsigned long long)(static_cast<uint64_t>(rows) * w.row_bytes())));
+    if (!kernels::weight_supported(w))
+      return unsupported(strfmt("[model] %s: module '%s' (mode %s, %lld columns) has no kernel in the active table", f,
+                                module.c_str(), quant_mode_name(q.mode), (long long)cols));
+    dtypes_.insert(dtype_name(w.dtype));  // "MLX_MXFP4": the name kernels/batch_invariance.h uses
+    n_params_ += rows * cols;
+    return w;
+  }
   const int64_t ng = cols / q.group_size;
   const formats::TensorInfo* sb[2] = {nullptr, nullptr};
   const char* kinds[2] = {"scales", "biases"};
@@ -168,7 +233,7 @@ Result<kernels::WeightView> WeightBinder::matrix(const std::string& hf_name, int
   if (!kernels::weight_supported(w)) {
     return unsupported(strfmt("[model] %s: tensor '%s' has dtype %s, which larder cannot execute as a matrix "
                               "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
-                              "IQ4_XS, MLX affine U32 + scales/biases)",
+                              "IQ4_XS, MXFP4, MLX affine U32 + scales/biases, MLX mxfp4/nvfp4/mxfp8 U32 + U8 scales)",
                               file_of(*t).c_str(), t->name.c_str(), dtype_name(t->dtype)));
   }
   if (t->nbytes != static_cast<uint64_t>(rows) * w.row_bytes()) {
@@ -186,11 +251,9 @@ namespace {
 // Rows [r0, r0 + rows) of a bound matrix (every format stores whole rows; MLX scales/biases per row).
 kernels::WeightView row_part(kernels::WeightView w, int64_t r0, int64_t rows) {
   w.data += static_cast<uint64_t>(r0) * w.row_bytes();
-  if (w.is_affine()) {
-    const uint64_t sb = dtype_bytes(w.scale_dtype, static_cast<uint64_t>(w.cols / w.group_size));
-    w.scales += static_cast<uint64_t>(r0) * sb;
-    w.biases += static_cast<uint64_t>(r0) * sb;
-  }
+  const uint64_t sb = w.scale_row_bytes();
+  if (w.scales) w.scales += static_cast<uint64_t>(r0) * sb;
+  if (w.biases) w.biases += static_cast<uint64_t>(r0) * sb;
   w.rows = rows;
   return w;
 }
@@ -252,9 +315,17 @@ Result<std::vector<kernels::WeightView>> WeightBinder::experts(const ExpertsSpec
                                      "experts%s, %lld columns packed at bits %d)",
                                      f, t->name.c_str(), t->shape_str().c_str(), (long long)E, (long long)all_rows,
                                      (long long)packed, why, (long long)E, parts.c_str(), (long long)cols, q->bits));
+    if (q->mode != QuantMode::kAffine) {
+      const std::vector<int64_t> lead = {E, all_rows};
+      LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* sc, mx_scales(module, *q, lead, cols));
+      w.dtype = mx_dtype(q->mode);
+      w.group_size = q->group_size;
+      w.scale_dtype = DType::kU8;
+      w.scales = sc->data;
+    }
     const formats::TensorInfo* sb[2] = {nullptr, nullptr};
     const char* kinds[2] = {"scales", "biases"};
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2 && q->mode == QuantMode::kAffine; ++i) {
       const std::string name = module + "." + kinds[i];
       const formats::TensorInfo* a = files_.tensors().find(name);
       if (!a)
@@ -273,16 +344,18 @@ Result<std::vector<kernels::WeightView>> WeightBinder::experts(const ExpertsSpec
                                        (long long)ng, (long long)cols, q->group_size));
       sb[i] = a;
     }
-    if (sb[0]->dtype != sb[1]->dtype)
-      return invalid_argument(strfmt("[model] %s: tensors '%s' (%s) and '%s' (%s) must have the same dtype",
-                                     files_.path.c_str(), sb[0]->name.c_str(), dtype_name(sb[0]->dtype),
-                                     sb[1]->name.c_str(), dtype_name(sb[1]->dtype)));
-    w.dtype = DType::kU32;
-    w.bits = q->bits;
-    w.group_size = q->group_size;
-    w.scale_dtype = sb[0]->dtype;
-    w.scales = sb[0]->data;
-    w.biases = sb[1]->data;
+    if (q->mode == QuantMode::kAffine) {
+      if (sb[0]->dtype != sb[1]->dtype)
+        return invalid_argument(strfmt("[model] %s: tensors '%s' (%s) and '%s' (%s) must have the same dtype",
+                                       files_.path.c_str(), sb[0]->name.c_str(), dtype_name(sb[0]->dtype),
+                                       sb[1]->name.c_str(), dtype_name(sb[1]->dtype)));
+      w.dtype = DType::kU32;
+      w.bits = q->bits;
+      w.group_size = q->group_size;
+      w.scale_dtype = sb[0]->dtype;
+      w.scales = sb[0]->data;
+      w.biases = sb[1]->data;
+    }
   } else {
     if (t->dtype == DType::kU32 && !files_.gguf)
       return invalid_argument(strfmt("[model] %s: tensor '%s' is U32 (packed affine codes?) but config.json's "
@@ -308,7 +381,9 @@ Result<std::vector<kernels::WeightView>> WeightBinder::experts(const ExpertsSpec
                           (long long)all_rows, (long long)cols));
   // Expert e's slab starts e·P·rows rows in, its part r0 rows further (codes, scales and biases alike).
   for (int64_t e = 0; e < E; ++e) out.push_back(row_part(w, e * all_rows + r0, rows));
-  dtypes_.insert(q ? strfmt("affine-q%d-g%d", q->bits, q->group_size) : std::string(dtype_name(t->dtype)));
+  dtypes_.insert(!q                                ? std::string(dtype_name(t->dtype))
+                 : q->mode == QuantMode::kAffine ? strfmt("affine-q%d-g%d", q->bits, q->group_size)
+                                                 : std::string(dtype_name(w.dtype)));
   n_params_ += E * rows * cols;
   return out;
 }
@@ -379,6 +454,11 @@ std::vector<std::string> WeightBinder::unbound() const {
   for (const auto& t : files_.tensors().tensors())
     if (!bound_.count(t.name)) out.push_back(t.name);
   return out;
+}
+
+void WeightBinder::ignore_prefix(const std::string& file_prefix) {
+  for (const auto& t : files_.tensors().tensors())
+    if (t.name.compare(0, file_prefix.size(), file_prefix) == 0) bound_.insert(t.name);
 }
 
 std::string WeightBinder::weight_dtypes() const {

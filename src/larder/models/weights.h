@@ -11,6 +11,10 @@
 // module P stores `P.weight` as U32 packed codes [rows, cols·bits/32] and `P.scales`/`P.biases`
 // [rows, cols/group_size] (F32/F16/BF16). matrix("P.weight", rows, cols) resolves P's bits and
 // group size (§3.2), validates all three tensors and returns an affine WeightView over them.
+// The microscaling modes (`mode` "mxfp4" / "nvfp4" / "mxfp8" in the block or a module's entry;
+// kernels/microscaling.h) store `P.weight` as U32 codes and `P.scales` U8 [rows, cols/group], no
+// biases: the view's dtype is then kMlxMXFP4 / kMlxNVFP4 / kMlxMXFP8 with the scales beside it.
+// GGUF MXFP4 tensors (gpt-oss's experts) bind like any GGUF block type: dtype kMXFP4.
 #pragma once
 
 #include <cstdint>
@@ -83,6 +87,9 @@ class WeightBinder {
 
   // Tensors of the file that nothing bound (file names, in file order).
   std::vector<std::string> unbound() const;
+  // Marks the file's tensors whose names start with `file_prefix` as deliberately unused, so they
+  // are not reported as unbound (a GGUF's multi-token-prediction blocks past the trunk, "blk.48.").
+  void ignore_prefix(const std::string& file_prefix);
   // The file's name of a canonical HF name ("" when a GGUF table has no mapping).
   std::string file_name(const std::string& hf_name) const;
   const TensorNames& names() const { return names_; }
@@ -99,6 +106,9 @@ class WeightBinder {
   // or nullopt: plain (quantization.md §3.2, with mlx-lm's shape inference for modules without
   // an entry).
   Result<std::optional<AffineParams>> affine_params(const std::string& module, int64_t cols) const;
+  // The U8 scales tensor of a microscaling-mode module, checked to be [lead..., cols/group_size].
+  Result<const formats::TensorInfo*> mx_scales(const std::string& module, const AffineParams& q,
+                                               const std::vector<int64_t>& lead, int64_t cols);
   Result<kernels::WeightView> affine_matrix(const formats::TensorInfo& t, const std::string& module,
                                             const AffineParams& q, int64_t rows, int64_t cols, const char* why);
 

@@ -101,14 +101,29 @@ Result<AllocationPlan> allocate_bits(const std::vector<ModuleSensitivity>& table
       return invalid_argument(strfmt("[allocator] candidate width %d is not one of 2, 3, 4, 5, 6, 8", b));
   const int b0 = cand.front(), bmax = cand.back();
   const int b1 = cand.size() >= 2 ? cand[1] : b0;
-  if (!(opts.target_bpw <= static_cast<double>(bmax)))
-    return invalid_argument(strfmt("[allocator] target %.4g bits per weight is unreachable: the highest candidate is %d bits",
-                                   opts.target_bpw, bmax));
   plan.candidates = cand;
   const size_t n = table.size();
-  auto next_of = [&](int c) {
-    auto it = std::upper_bound(cand.begin(), cand.end(), c);
-    return it == cand.end() ? -1 : *it;
+  // Stored bits per weight of module i at width b (ModuleSensitivity::cost).
+  auto cost_of = [&](size_t i, int b) {
+    auto it = table[i].cost.find(b);
+    return it == table[i].cost.end() ? static_cast<double>(b) : it->second;
+  };
+  {
+    long double top = 0, all = 0;
+    for (size_t i = 0; i < n; ++i) {
+      top += static_cast<long double>(cost_of(i, bmax)) * table[i].params;
+      all += table[i].params;
+    }
+    const double reach = all > 0 ? static_cast<double>(top / all) : static_cast<double>(bmax);
+    if (!(opts.target_bpw <= reach + 1e-9))
+      return invalid_argument(strfmt("[allocator] target %.4g bits per weight is unreachable: the highest candidate is %d bits"
+                                     " (%.4g bits per weight stored)", opts.target_bpw, bmax, reach));
+  }
+  // The next width of module i that costs more than width c (equal-cost widths are one choice).
+  auto next_of = [&](size_t i, int c) {
+    for (auto it = std::upper_bound(cand.begin(), cand.end(), c); it != cand.end(); ++it)
+      if (cost_of(i, *it) > cost_of(i, c)) return *it;
+    return -1;
   };
 
   // 2. Protected set.
@@ -187,18 +202,18 @@ Result<AllocationPlan> allocate_bits(const std::vector<ModuleSensitivity>& table
   using Step = std::tuple<double, std::string, int, int, double, size_t>;  // (-eff, name, c, next, benefit, index)
   std::priority_queue<Step, std::vector<Step>, std::greater<Step>> heap;
   auto push_step = [&](size_t i) {
-    const int c = bits[i], nx = next_of(c);
+    const int c = bits[i], nx = next_of(i, c);
     if (nx < 0) return;
     const double sc = eff_sens(i, c), sn = eff_sens(i, nx);
     const double benefit = sn > sc ? sn - sc : sc - sn;
     if (!(benefit > 0)) return;
-    const double cost = static_cast<double>(nx - c) * static_cast<double>(table[i].params);
+    const double cost = (cost_of(i, nx) - cost_of(i, c)) * static_cast<double>(table[i].params);
     heap.emplace(-(benefit / std::max(cost, 1.0)), table[i].name, c, nx, benefit, i);
   };
   long double total_params = 0, bit_params = 0;
   for (size_t i = 0; i < n; ++i) {
     total_params += table[i].params;
-    bit_params += static_cast<long double>(bits[i]) * table[i].params;
+    bit_params += static_cast<long double>(cost_of(i, bits[i])) * table[i].params;
   }
   auto bpw = [&] { return static_cast<double>(bit_params / std::max<long double>(total_params, 1)); };
   for (size_t i = 0; i < n; ++i) push_step(i);
@@ -207,7 +222,7 @@ Result<AllocationPlan> allocate_bits(const std::vector<ModuleSensitivity>& table
     heap.pop();
     const size_t i = std::get<5>(s);
     if (bits[i] != std::get<2>(s)) continue;  // stale
-    bit_params += static_cast<long double>(std::get<3>(s) - bits[i]) * table[i].params;
+    bit_params += static_cast<long double>(cost_of(i, std::get<3>(s)) - cost_of(i, bits[i])) * table[i].params;
     bits[i] = std::get<3>(s);
     push_step(i);
   }
@@ -247,7 +262,7 @@ Result<AllocationPlan> allocate_bits(const std::vector<ModuleSensitivity>& table
           std::stable_sort(idx.begin(), idx.end(),
                            [&](size_t a, size_t b) { return get(sens[a], b0) > get(sens[b], b0); });
           if (!idx.empty()) {
-            bit_params += static_cast<long double>(b1 - b0) * table[idx[0]].params;
+            bit_params += static_cast<long double>(cost_of(idx[0], b1) - cost_of(idx[0], b0)) * table[idx[0]].params;
             bits[idx[0]] = b1;
           }
         }
@@ -261,7 +276,7 @@ Result<AllocationPlan> allocate_bits(const std::vector<ModuleSensitivity>& table
     plan.modules.push_back({table[i].name, bits[i], opts.group_size, table[i].params});
     plan.n_high += bits[i] == bmax;
     plan.n_low += bits[i] == b0;
-    plan.estimated_mb += static_cast<double>(bits[i]) * static_cast<double>(table[i].params) / 8.0 / 1048576.0;
+    plan.estimated_mb += cost_of(i, bits[i]) * static_cast<double>(table[i].params) / 8.0 / 1048576.0;
   }
   plan.achieved_bpw = bpw();
   return plan;

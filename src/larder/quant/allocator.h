@@ -2,8 +2,8 @@
 // rules of OptiQ's optimize_mixed_precision as the seed's allocator applies them).
 //
 // Given per-module sensitivities {bits -> KL} and parameter counts, choose bits per module so the
-// nominal bits per weight (sum bits*params / sum params, no scale/bias overhead) reaches the
-// target while the total sensitivity stays low:
+// nominal bits per weight (sum bits*params / sum params, no scale/bias overhead; with per-module
+// costs, sum cost(bits)*params / sum params) reaches the target while the total sensitivity stays low:
 //   candidates sorted; every module starts at the lowest (b0); a per-block floor raises the most
 //   sensitive (attention first) modules of every block to b1; NaN sensitivities become "maximally
 //   sensitive" finite values (10 x the table maximum or more); protected modules (embeddings / lm_head / non-block paths, MoE
@@ -26,6 +26,11 @@ struct ModuleSensitivity {
   std::string name;
   std::map<int, double> kl;  // bits -> sensitivity (NaN allowed: maximally sensitive)
   uint64_t params = 0;
+  // bits -> stored bits per weight of this module at that width (GGUF: the block type's size,
+  // e.g. 4 -> Q4_K = 4.5, or its fallback for a row length the block does not divide). Empty:
+  // the width itself (MLX, nominal bits). Widths of equal cost are one choice: the greedy loop
+  // skips from one to the next dearer one.
+  std::map<int, double> cost = {};
 };
 
 struct AllocatorOptions {

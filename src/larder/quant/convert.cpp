@@ -21,6 +21,8 @@
 #include "larder/quant/affine.h"
 #include "larder/quant/allocator.h"
 #include "larder/quant/checkpoint_io.h"
+#include "larder/quant/microscaling.h"
+#include "larder/kernels/microscaling.h"
 #include "larder/quant/parallel_rows.h"
 #include "larder/tokenizer/tokenizer.h"
 
@@ -45,6 +47,12 @@ namespace {
 
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
+const PlanEntry* plan_entry(const std::vector<PlanEntry>& plan, const std::string& module) {
+  for (const PlanEntry& e : plan)
+    if (keep_matches({e.pattern}, module)) return &e;
+  return nullptr;
+}
+
 // One output tensor: either a source tensor copied verbatim, or one part of a quantized module.
 struct OutTensor {
   std::string name;
@@ -55,6 +63,7 @@ struct OutTensor {
   int part = -1;                             // -1 pass-through; 0 weight, 1 scales, 2 biases
   int bits = 0;
   std::string module;
+  models::AffineParams q;  // the module's quantization (part >= 0)
 };
 
 struct QuantCache {
@@ -63,11 +72,33 @@ struct QuantCache {
   std::vector<uint8_t> scales, biases;
 };
 
-Status quantize_module(const OutTensor& t, int group, int threads, QuantCache* c) {
+DType mx_format(models::QuantMode m) {
+  return m == models::QuantMode::kMxfp4 ? DType::kMlxMXFP4 : m == models::QuantMode::kNvfp4 ? DType::kMlxNVFP4 : DType::kMlxMXFP8;
+}
+
+Status quantize_module(const OutTensor& t, int threads, QuantCache* c) {
   const formats::TensorInfo& w = *t.src;
   const int64_t rows = w.dim(0), cols = w.dim(1);
+  const int group = t.q.group_size;
   const size_t esz = w.dtype == DType::kF32 ? 4 : 2;
   c->module = t.module;
+  if (t.q.mode != models::QuantMode::kAffine) {
+    // Codes in the U32 words' bytes (mlx packs e2m1 codes little-endian, as these bytes are), U8 scales.
+    const DType fmt = mx_format(t.q.mode);
+    const int64_t code_bytes = cols * t.q.bits / 8;
+    c->packed.assign(static_cast<size_t>(rows * code_bytes / 4), 0u);
+    c->scales.assign(static_cast<size_t>(rows * (cols / group)), 0);
+    c->biases.clear();
+    std::vector<Status> sts(static_cast<size_t>(resolve_threads(threads)));
+    parallel_rows(rows, threads, 16, [&](int part, int64_t r0, int64_t r1) {
+      sts[static_cast<size_t>(part)] = quantize_microscaling(
+          w.data + static_cast<size_t>(r0 * cols) * esz, w.dtype, r1 - r0, cols, fmt,
+          reinterpret_cast<uint8_t*>(c->packed.data()) + r0 * code_bytes, c->scales.data() + r0 * (cols / group));
+    });
+    for (const Status& st : sts)
+      if (!st) return st;
+    return Status::ok();
+  }
   c->packed.assign(static_cast<size_t>(rows * affine_words_per_row(cols, t.bits)), 0u);
   c->scales.assign(static_cast<size_t>(rows * (cols / group)) * esz, 0);
   c->biases.assign(c->scales.size(), 0);
@@ -129,6 +160,7 @@ Result<ordered_json> measure_sensitivities(const formats::ModelFiles& files, std
   so.candidates = opts.candidate_bits;
   so.group_size = opts.group_size;
   so.threads = opts.threads;
+  so.method = opts.sensitivity_method;
   so.progress = [&](size_t i, size_t n, const std::string& what) {
     if (opts.progress) opts.progress(i, n, "sensitivity: " + what);
   };
@@ -179,7 +211,7 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
       if (t.rank() != 2 || !is_float(t.dtype) || n.size() <= 7 || n.compare(n.size() - 7, 7, ".weight") != 0) continue;
       const std::string module = n.substr(0, n.size() - 7);
       if (t.dim(1) % opts.group_size != 0 || keep_matches(opts.keep, module) || block_index(module) < 0) continue;
-      table.push_back({module, {}, static_cast<uint64_t>(t.numel())});
+      table.push_back({module, {}, static_cast<uint64_t>(t.numel()), {}});
     }
     auto sens = measure_sensitivities(files, &table, opts, &rep);
     if (!sens) return sens.status();
@@ -207,10 +239,11 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
   ordered_json block = ordered_json::object();
   block["group_size"] = opts.group_size;
   block["bits"] = opts.bits;
-  block["mode"] = "affine";
+  block["mode"] = models::quant_mode_name(opts.mode);
   std::map<std::string, ordered_json> entries;
   size_t n_modules = 0;
   uint64_t bit_params = 0;
+  double overhead_bits = 0;
   for (const formats::TensorInfo& t : ts.tensors()) {
     const std::string& n = t.name;
     if (n.find("rotary_emb.inv_freq") != std::string::npos) continue;
@@ -220,44 +253,68 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
     rep.total_params += static_cast<uint64_t>(t.numel());
     const bool weight2d = t.rank() == 2 && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0;
     if (!weight2d || !is_float(t.dtype)) {
-      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}});
+      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}, {}});
       ++rep.n_passthrough;
       continue;
     }
     const std::string module = n.substr(0, n.size() - 7);
     const int64_t rows = t.dim(0), cols = t.dim(1);
     if (cols % opts.group_size != 0) {  // as mlx-lm: unquantized, no config entry
-      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}});
+      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}, {}});
       ++rep.n_passthrough;
       continue;
     }
     if (keep_matches(opts.keep, module)) {
-      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}});
+      outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}, {}});
       entries[module] = false;
       ++rep.n_kept;
       continue;
     }
-    int bits = opts.bits;
-    if (auto it = module_bits.find(module); it != module_bits.end()) bits = it->second;
-    if (Status st = check_affine_params(bits, opts.group_size, cols); !st)
+    models::AffineParams q{opts.bits, opts.group_size, opts.mode};
+    if (auto it = module_bits.find(module); it != module_bits.end()) q.bits = it->second;
+    if (const PlanEntry* e = plan_entry(opts.plan, module)) {
+      if (!e->params) {  // the plan keeps it
+        outs.push_back({n, t.dtype, t.shape, t.nbytes, &t, -1, 0, {}, {}});
+        entries[module] = false;
+        ++rep.n_kept;
+        continue;
+      }
+      q = *e->params;
+      if (cols % q.group_size != 0)
+        return invalid_argument(strfmt("[quantize] plan entry '%s' quantizes module %s (%lld columns) at group_size %d, "
+                                       "which does not divide them",
+                                       e->pattern.c_str(), module.c_str(), (long long)cols, q.group_size));
+    }
+    if (Status st = check_quant_params(q, cols); !st)
       return Status(st.code(), st.message() + " (module " + module + ")");
     const uint64_t esz = t.dtype == DType::kF32 ? 4 : 2;
-    const int64_t words = affine_words_per_row(cols, bits), groups = cols / opts.group_size;
-    outs.push_back({module + ".weight", DType::kU32, {rows, words}, static_cast<uint64_t>(rows * words) * 4, &t, 0, bits, module});
-    outs.push_back({module + ".scales", t.dtype, {rows, groups}, static_cast<uint64_t>(rows * groups) * esz, &t, 1, bits, module});
-    outs.push_back({module + ".biases", t.dtype, {rows, groups}, static_cast<uint64_t>(rows * groups) * esz, &t, 2, bits, module});
-    entries[module] = {{"bits", bits}, {"group_size", opts.group_size}};
+    const int64_t words = affine_words_per_row(cols, q.bits), groups = cols / q.group_size;
+    const bool affine = q.mode == models::QuantMode::kAffine;
+    outs.push_back({module + ".weight", DType::kU32, {rows, words}, static_cast<uint64_t>(rows * words) * 4, &t, 0, q.bits, module, q});
+    if (affine) {
+      outs.push_back({module + ".scales", t.dtype, {rows, groups}, static_cast<uint64_t>(rows * groups) * esz, &t, 1, q.bits, module, q});
+      outs.push_back({module + ".biases", t.dtype, {rows, groups}, static_cast<uint64_t>(rows * groups) * esz, &t, 2, q.bits, module, q});
+    } else {
+      outs.push_back({module + ".scales", DType::kU8, {rows, groups}, static_cast<uint64_t>(rows * groups), &t, 1, q.bits, module, q});
+    }
+    entries[module] = {{"bits", q.bits}, {"group_size", q.group_size}, {"mode", models::quant_mode_name(q.mode)}};
     ++rep.n_quantized;
     ++n_modules;
     rep.quantized_params += static_cast<uint64_t>(rows * cols);
-    bit_params += static_cast<uint64_t>(bits) * static_cast<uint64_t>(rows * cols);
+    bit_params += static_cast<uint64_t>(q.bits) * static_cast<uint64_t>(rows * cols);
+    // Per group: affine a scale and a bias in the source's 16/32-bit dtype, microscaling one byte.
+    overhead_bits += static_cast<double>(rows * groups) * (affine ? 2.0 * 8.0 * static_cast<double>(esz) : 8.0);
   }
   if (rep.n_quantized == 0) return invalid_argument("[quantize] no module of " + src_dir + " can be quantized at group size " + std::to_string(opts.group_size));
-  // Top-level bits in mixed mode: the smallest allocated width (design §3.1).
-  int min_bits = 99;
-  for (const auto& [m, e] : entries)
-    if (e.is_object()) min_bits = std::min(min_bits, e["bits"].get<int>());
-  block["bits"] = min_bits;
+  // Top-level bits in mixed mode: the smallest allocated width (design §3.1). Not for a
+  // microscaling mode, whose top-level bits are the mode's (mlx-lm rebuilds every module without
+  // an entry from them).
+  if (opts.mode == models::QuantMode::kAffine) {
+    int min_bits = 99;
+    for (const auto& [m, e] : entries)
+      if (e.is_object() && e["mode"] == "affine") min_bits = std::min(min_bits, e["bits"].get<int>());
+    if (min_bits != 99) block["bits"] = min_bits;
+  }
   for (auto& [m, e] : entries) block[m] = e;
   std::sort(outs.begin(), outs.end(), [](const OutTensor& a, const OutTensor& b) { return a.name < b.name; });
 
@@ -272,7 +329,7 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
     if (cache.module != t.module) {
       ++done;
       if (opts.progress) opts.progress(done, n_modules, t.module);
-      if (Status s = quantize_module(t, opts.group_size, opts.threads, &cache); !s)
+      if (Status s = quantize_module(t, opts.threads, &cache); !s)
         return Status(s.code(), s.message() + " (module " + t.module + ")");
     }
     return t.part == 0 ? static_cast<const void*>(cache.packed.data())
@@ -293,16 +350,69 @@ Result<ConvertReport> run(const std::string& src_dir, const std::string& tmp, co
     if (Status st = write_text_file(tmp + "/sensitivity.json", sens_report.dump(2) + "\n"); !st) return st;
   if (Status st = copy_aux_files(src_dir, tmp); !st) return st;
   rep.nominal_bpw = static_cast<double>(bit_params) / static_cast<double>(rep.quantized_params);
-  rep.stored_bpw = rep.nominal_bpw + 32.0 / opts.group_size;
+  rep.stored_bpw = rep.nominal_bpw + overhead_bits / static_cast<double>(rep.quantized_params);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }
 
 }  // namespace
 
+Status check_quant_params(const models::AffineParams& p, int64_t cols) {
+  if (p.mode == models::QuantMode::kAffine) return check_affine_params(p.bits, p.group_size, cols);
+  const int bits = models::quant_mode_default_bits(p.mode), group = models::quant_mode_default_group(p.mode);
+  if (p.bits != bits || p.group_size != group)
+    return invalid_argument(strfmt("[quantize] mode %s is bits %d, group_size %d (got bits %d, group_size %d)",
+                                   models::quant_mode_name(p.mode), bits, group, p.bits, p.group_size));
+  if (cols % group != 0)
+    return invalid_argument(strfmt("[quantize] %lld columns are not a multiple of mode %s's group_size %d",
+                                   (long long)cols, models::quant_mode_name(p.mode), group));
+  return Status::ok();
+}
+
+Result<std::vector<PlanEntry>> read_quant_plan(const std::string& path, const models::AffineParams& defaults) {
+  auto j = formats::read_json_file(path);
+  if (!j) return j.status();
+  if (!j.value().is_object())
+    return invalid_argument("[quantize] plan " + path + ": must be a JSON object {module pattern: false | true | "
+                            "{mode, bits, group_size}}");
+  std::vector<PlanEntry> plan;
+  for (auto it = j.value().begin(); it != j.value().end(); ++it) {
+    const ordered_json& v = it.value();
+    const std::string where = "[quantize] plan " + path + ": entry '" + it.key() + "'";
+    PlanEntry e{it.key(), std::nullopt};
+    if (v.is_boolean()) {
+      if (v.get<bool>()) e.params = defaults;
+    } else if (v.is_object()) {
+      models::AffineParams p = defaults;
+      for (auto f = v.begin(); f != v.end(); ++f)
+        if (f.key() != "mode" && f.key() != "bits" && f.key() != "group_size")
+          return invalid_argument(where + " has unknown key '" + f.key() + "' (mode, bits, group_size)");
+      if (v.contains("mode")) {
+        const auto m = v["mode"].is_string() ? models::quant_mode_from_name(v["mode"].get<std::string>()) : std::nullopt;
+        if (!m) return invalid_argument(where + ": mode " + v["mode"].dump() + " is not one of affine, mxfp4, nvfp4, mxfp8");
+        if (*m != p.mode) p = {models::quant_mode_default_bits(*m), models::quant_mode_default_group(*m), *m};
+      }
+      for (const char* k : {"bits", "group_size"}) {
+        if (!v.contains(k)) continue;
+        if (!v[k].is_number_integer()) return invalid_argument(where + ": '" + k + "' must be an integer, got " + v[k].dump());
+        (std::string(k) == "bits" ? p.bits : p.group_size) = v[k].get<int>();
+      }
+      if (Status st = check_quant_params(p, p.group_size); !st) return Status(st.code(), where + ": " + st.message());
+      e.params = p;
+    } else {
+      return invalid_argument(where + " must be false, true or {mode, bits, group_size}, got " + v.dump());
+    }
+    plan.push_back(std::move(e));
+  }
+  return plan;
+}
+
 Result<ConvertReport> quantize_checkpoint(const std::string& src_dir, const std::string& dst_dir,
                                           const ConvertOptions& opts) {
-  if (Status st = check_affine_params(opts.bits, opts.group_size, opts.group_size); !st) return st;
+  if (Status st = check_quant_params({opts.bits, opts.group_size, opts.mode}, opts.group_size); !st) return st;
+  if (opts.target_bpw > 0 && (opts.mode != models::QuantMode::kAffine || !opts.plan.empty()))
+    return invalid_argument("[quantize] --target-bpw allocates affine widths; it does not combine with --mode " +
+                            std::string(models::quant_mode_name(opts.mode)) + " or --plan");
   struct stat sb;
   if (::stat(src_dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))
     return not_found("[quantize] source " + src_dir + " is not a directory");

@@ -1,5 +1,6 @@
 // convert.h — `larder quantize`: an HF checkpoint directory (bf16/f16/f32 safetensors, single
-// or sharded) -> an MLX affine checkpoint that mlx-lm and larder load unchanged.
+// or sharded) -> an MLX quantized checkpoint that mlx-lm and larder load unchanged: affine, or the
+// microscaling float modes mxfp4 / nvfp4 / mxfp8 (quant/microscaling.h), globally or per module.
 //
 // What is quantized (as mlx-lm does for the Llama family): every 2-D `<module>.weight` — the
 // q/k/v/o/gate/up/down projections, lm_head and embed_tokens — whose last dimension is a multiple
@@ -10,8 +11,10 @@
 //
 // Output: model.safetensors (or model-0000i-of-0000N.safetensors + model.safetensors.index.json),
 // tensors in sorted name order, metadata {"format": "mlx"}; config.json = the source config with
-// `quantization` and `quantization_config` = {group_size, bits, mode: "affine", <module>: {bits,
-// group_size} for every quantized module, <module>: false for kept ones}, top-level keys sorted,
+// `quantization` and `quantization_config` = {group_size, bits, mode, <module>: {bits, group_size,
+// mode} for every quantized module, <module>: false for kept ones} — every entry names its mode,
+// because mlx-lm hands an entry to the module's to_quantized(**entry), whose mode defaults to
+// affine — top-level keys sorted,
 // indent 4; tokenizer / template / generation files copied. Everything is written into a fresh
 // `<dst>.partial-XXXXXX` directory next to DST and renamed onto DST at the end; a failed run
 // removes it. DST must not exist.
@@ -20,18 +23,32 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "larder/core/status.h"
+#include "larder/models/config.h"
 #include "larder/quant/rotate.h"
 #include "larder/quant/sensitivity.h"
 
 namespace larder::quant {
 
+// One entry of a user's quantization plan (--plan FILE, read_quant_plan): modules matching
+// `pattern` (exact path, dotted suffix or fnmatch glob, as --keep) get `params`, or stay in the
+// source dtype (nullopt, `false` in the file). The first matching entry decides.
+struct PlanEntry {
+  std::string pattern;
+  std::optional<models::AffineParams> params;
+};
+
 struct ConvertOptions {
   int bits = 4;
   int group_size = 64;
+  // The mode of every quantized module without a plan entry (affine, or a microscaling float
+  // mode, quant/microscaling.h; bits and group_size must then be the mode's).
+  models::QuantMode mode = models::QuantMode::kAffine;
+  std::vector<PlanEntry> plan;
   std::vector<std::string> keep;           // module paths (exact, dotted suffix, or fnmatch glob)
   std::map<std::string, int> module_bits;  // per-module width overrides (mixed precision)
   uint64_t max_shard_bytes = 5ull << 30;   // greedy shards; one tensor never spans two
@@ -46,6 +63,9 @@ struct ConvertOptions {
   double target_bpw = 0;
   std::vector<int> candidate_bits = {2, 3, 4, 6, 8};
   bool weight_proxy = false;
+  // Calibration KL measured per module and width (kKl, the reference) or per module, scaled to the
+  // widths by the module's output error (kFast; sensitivity.h).
+  SensitivityMethod sensitivity_method = SensitivityMethod::kKl;
   // Boundary protection of the allocator (§5): the first and last `protect_blocks` blocks weigh
   // x100 in the greedy race; 0 turns it off (small models, where 1 block each side is a large
   // share of the network).
@@ -87,5 +107,15 @@ Result<ConvertReport> quantize_checkpoint(const std::string& src_dir, const std:
 
 // Does `module` match a --keep entry?
 bool keep_matches(const std::vector<std::string>& keep, const std::string& module);
+
+// A plan file: a JSON object {pattern: false | true | {"mode", "bits", "group_size"}} in priority
+// order. In an object, a missing mode is `defaults`' mode; missing bits / group_size are the
+// defaults' when the mode is theirs, else that mode's own (mlx's _defaults_for_mode). `true` is
+// `defaults`. Errors name the file and the entry.
+Result<std::vector<PlanEntry>> read_quant_plan(const std::string& path, const models::AffineParams& defaults);
+
+// Whether `p` is a quantization larder writes and mlx-lm reads (affine: bits 2–8 and group
+// 32/64/128; a microscaling mode: its one (bits, group)), for a matrix of `cols` columns.
+Status check_quant_params(const models::AffineParams& p, int64_t cols);
 
 }  // namespace larder::quant

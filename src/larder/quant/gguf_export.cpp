@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "larder/formats/gguf.h"
@@ -15,6 +16,8 @@
 #include "larder/models/registry.h"
 #include "larder/models/tensor_names.h"
 #include "larder/quant/gguf_quants.h"
+#include "larder/quant/allocator.h"
+#include "larder/quant/checkpoint_io.h"
 #include "larder/quant/imatrix.h"
 #include "larder/tokenizer/tokenizer.h"
 #include "larder/quant/parallel_rows.h"
@@ -229,7 +232,175 @@ Result<std::string> hf_metadata(const formats::ModelFiles& f, formats::GgufWrite
   return a;
 }
 
+
+// Everything the KL allocation reads (export_gguf's state at that point).
+struct AllocInput {
+  const formats::ModelFiles& f;
+  const std::vector<Entry>& entries;
+  const std::map<std::string, std::vector<float>>& importance;
+  const CalibrationSet& calib;
+  const GgufExportOptions& opts;
+  const formats::GgufWriter& w;  // metadata set, no tensors yet
+};
+
+// deq(quant_t(rows of src)) as f32, with the tensor's importance weights when there are any.
+Status fake_quant_gguf(DType t, const formats::TensorInfo& src, const float* imatrix, float* out) {
+  const int64_t rows = src.dim(0), cols = src.dim(1);
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  parallel_rows(rows, 0, 64, [&](int, int64_t r0, int64_t r1) { rows_f32(src, r0, r1, cols, x.data() + r0 * cols); });
+  const uint64_t row_bytes = dtype_bytes(t, static_cast<uint64_t>(cols));
+  std::vector<uint8_t> q(static_cast<size_t>(rows) * row_bytes);
+  std::vector<Status> sts(static_cast<size_t>(resolve_threads(0)));
+  parallel_rows(rows, 0, 16, [&](int part, int64_t r0, int64_t r1) {
+    sts[static_cast<size_t>(part)] = quantize_gguf_rows(t, x.data() + r0 * cols, r1 - r0, cols, imatrix, q.data() + r0 * row_bytes);
+  });
+  for (const Status& s : sts) LARDER_RETURN_IF_ERROR(s);
+  kernels::WeightView v;
+  v.dtype = t;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = q.data();
+  parallel_rows(rows, 0, 64, [&](int, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) kernels::dequant_row(v, r, out + r * cols);
+  });
+  return Status::ok();
+}
+
+// The KL allocation of the block weights' types (GgufExportOptions::target_*): sensitivities of
+// every block weight at every candidate width, measured with the GGUF quantizer and importance
+// matrix it would be written with; widths priced at their type's stored bits; the budget is the
+// target minus the fixed tensors (outside the blocks, `rule` types) and the header; the largest
+// allocation that fits.
+template <typename Rule>
+Result<std::map<std::string, DType>> allocate_gguf_types(const AllocInput& in, const Rule& rule, GgufExportReport* rep) {
+  const GgufExportOptions& opts = in.opts;
+  std::vector<ModuleSensitivity> table;
+  std::map<std::string, const Entry*> by_module;  // HF module → entry
+  uint64_t fixed_bytes = 0, total_params = 0, block_params = 0;
+  const uint64_t align = 32;
+  formats::GgufWriter probe = in.w;  // the header's size does not depend on the tensors' types
+  for (const Entry& e : in.entries) {
+    const int64_t cols = e.shape.back();
+    const uint64_t n = static_cast<uint64_t>(e.src->numel());
+    total_params += n;
+    LARDER_RETURN_IF_ERROR(probe.add_tensor(e.name, DType::kF32, e.shape));
+    const bool block = gguf_tensor_quantizable(e.name, e.shape.size()) && layer_of(e.name) >= 0 && e.shape.size() == 2;
+    if (!block) {
+      const DType t = gguf_tensor_quantizable(e.name, e.shape.size()) ? gguf_fallback_type(rule(e), cols) : DType::kF32;
+      fixed_bytes += dtype_bytes(t, n) + align;
+      continue;
+    }
+    const std::string& hf = e.src->name;
+    ModuleSensitivity m{hf.substr(0, hf.size() - 7), {}, n, {}};  // strip ".weight"
+    for (int b : opts.candidate_bits)
+      m.cost[b] = 8.0 * static_cast<double>(dtype_bytes(gguf_width_type(b, cols), static_cast<uint64_t>(cols))) / static_cast<double>(cols);
+    block_params += n;
+    fixed_bytes += align;  // the padding after the tensor, at most
+    by_module[m.name] = &e;
+    table.push_back(std::move(m));
+  }
+  if (table.empty()) return invalid_argument("[gguf] no block weight to allocate");
+  const uint64_t header = probe.header_bytes();
+  const double budget_bits = opts.target_bytes > 0
+                                 ? 8.0 * (static_cast<double>(opts.target_bytes) - static_cast<double>(header + fixed_bytes))
+                                 : opts.target_bpw * static_cast<double>(total_params) - 8.0 * static_cast<double>(fixed_bytes);
+  const double block_target = budget_bits / static_cast<double>(block_params);
+  double lowest = 0;
+  for (const auto& m : table) lowest += m.cost.begin()->second * static_cast<double>(m.params);
+  lowest /= static_cast<double>(block_params);
+  if (!(block_target >= lowest))
+    return invalid_argument(strfmt("[gguf] the target leaves %.3f bits per block weight after the tensors outside the blocks "
+                                   "and the header; the cheapest candidate width needs %.3f (raise the target or add a lower "
+                                   "--candidate-bits)", block_target, lowest));
+
+  // Sensitivities through the quantizer the file is written with.
+  const models::TensorNames& names = models::llama_tensor_names();
+  SensitivityOptions so;
+  so.candidates = opts.candidate_bits;
+  so.method = opts.sensitivity_method;
+  so.progress = [&](size_t i, size_t n, const std::string& what) {
+    if (opts.progress) opts.progress(i, n, "sensitivity: " + what);
+  };
+  so.fake_quant = [&](const std::string&, const formats::TensorInfo& t, int b, float* out) -> Status {
+    auto it = in.importance.find(names.gguf(t.name));
+    const float* qw = it == in.importance.end() ? nullptr : it->second.data();
+    return fake_quant_gguf(gguf_width_type(b, t.dim(1)), t, qw, out);
+  };
+  SensitivityResult sens;
+  if (!opts.reuse_sensitivity.empty()) {
+    LARDER_ASSIGN_OR_RETURN(ordered_json prev, formats::read_json_file(opts.reuse_sensitivity));
+    auto t = reuse_sensitivity_report(prev, table, in.calib, so);
+    if (!t) return Status(t.status().code(), t.status().message() + " (" + opts.reuse_sensitivity + ")");
+    sens.table = std::move(t).value();
+    prev.erase("allocation");
+    sens.report = std::move(prev);
+  } else {
+    LARDER_ASSIGN_OR_RETURN(sens, measure_kl_sensitivity(in.f, table, in.calib, so));
+  }
+  rep->sensitivity_forwards = sens.forwards;
+  rep->sensitivity_seconds = sens.seconds;
+  for (size_t i = 0; i < table.size(); ++i) table[i].kl = sens.table[i].kl;
+
+  // The greedy loop stops at the first allocation reaching its target, which may overshoot by
+  // one upgrade: lower the target until the allocation fits the budget.
+  AllocatorOptions ao;
+  ao.candidates = opts.candidate_bits;
+  ao.protect_first_last = opts.protect_blocks > 0;
+  ao.n_protect = std::max(1, opts.protect_blocks);
+  const double reach = [&] {
+    double top = 0;
+    for (const auto& m : table) top += m.cost.rbegin()->second * static_cast<double>(m.params);
+    return top / static_cast<double>(block_params);
+  }();
+  double t = std::min(block_target, reach);
+  std::optional<AllocationPlan> best;
+  for (int iter = 0; iter < 200 && t >= lowest - 1e-9; ++iter) {
+    ao.target_bpw = t;
+    auto plan = allocate_bits(table, ao);
+    if (plan.is_ok() && plan.value().achieved_bpw <= block_target + 1e-12) {
+      best = std::move(plan).value();
+      break;
+    }
+    const double over = plan.is_ok() ? plan.value().achieved_bpw - block_target : 0.0;
+    t -= std::max(over, 0.002);
+  }
+  if (!best)
+    return invalid_argument(strfmt("[gguf] no allocation fits %.3f bits per block weight (the allocator's per-block floor "
+                                   "needs more; raise the target)", block_target));
+  rep->block_target_bpw = block_target;
+  rep->block_bpw = best->achieved_bpw;
+  std::map<std::string, DType> out;
+  ordered_json plan_json = ordered_json::object();
+  for (const ModuleBits& mb : best->modules) {
+    const Entry& e = *by_module.at(mb.name);
+    const DType ty = gguf_width_type(mb.bits, e.shape.back());
+    out[e.name] = ty;
+    plan_json[e.name] = dtype_name(ty);
+  }
+  if (!opts.sensitivity_out.empty()) {
+    ordered_json j = sens.report;
+    j["allocation"] = {{"target_bpw", opts.target_bpw}, {"target_bytes", opts.target_bytes}, {"block_target_bpw", block_target},
+                       {"block_bpw", best->achieved_bpw}, {"types", plan_json}};
+    LARDER_RETURN_IF_ERROR(write_text_file(opts.sensitivity_out, j.dump(2) + "\n"));
+  }
+  return out;
+}
 }  // namespace
+
+DType gguf_width_type(int bits, int64_t cols) {
+  if (cols % 256 == 0) {
+    switch (bits) {
+      case 2: return DType::kQ2_K;
+      case 3: return DType::kQ3_K;
+      case 4: return DType::kQ4_K;
+      case 5: return DType::kQ5_K;
+      case 6: return DType::kQ6_K;
+      default: return DType::kQ8_0;
+    }
+  }
+  if (cols % 32 == 0) return bits <= 4 ? DType::kIQ4_NL : bits == 5 ? DType::kQ5_0 : DType::kQ8_0;
+  return DType::kF16;
+}
 
 bool is_gguf_recipe(const std::string& n) { return n == "Q3_K_M" || n == "Q4_K_M" || n == "Q5_K_M"; }
 
@@ -324,10 +495,23 @@ Result<GgufExportReport> export_gguf(const std::string& src, const std::string& 
     };
     std::stable_sort(entries.begin(), entries.end(), [&](const Entry& a, const Entry& b) { return key(a.name) < key(b.name); });
   }
+  const bool allocating = opts.target_bpw > 0 || opts.target_bytes > 0;
+  if (allocating && !f.hf_tensors)
+    return unsupported("[gguf] " + f.path + ": --target-bpw / --target-size need a Hugging Face source (the sensitivities "
+                       "are measured against the unquantized model); a GGUF source takes a fixed --type");
+  if (opts.target_bpw > 0 && opts.target_bytes > 0) return invalid_argument("[gguf] give --target-bpw or --target-size, not both");
   std::map<std::string, std::vector<float>> importance;
   double imatrix_seconds = 0;
   if (!opts.imatrix_file.empty() && opts.calibrate)
     return invalid_argument("[gguf] give an importance matrix file or --calibrate, not both");
+  // The calibration set: the importance matrix's (--calibrate) and the allocator's sensitivities.
+  std::optional<CalibrationSet> calib;
+  if (opts.calibrate || allocating) {
+    auto tok = f.gguf ? tokenizer::Tokenizer::from_gguf(*f.gguf) : tokenizer::Tokenizer::from_hf_dir(f.path);
+    if (!tok.is_ok()) return tok.status();
+    LARDER_ASSIGN_OR_RETURN(CalibrationSet c, load_calibration(*tok.value(), opts.calibration));
+    calib = std::move(c);
+  }
   if (!opts.imatrix_file.empty()) {
     LARDER_ASSIGN_OR_RETURN(Imatrix im, read_imatrix(opts.imatrix_file));
     importance = im.importances();
@@ -335,16 +519,13 @@ Result<GgufExportReport> export_gguf(const std::string& src, const std::string& 
     w.set_string("quantize.imatrix.file", opts.imatrix_file);
     w.set_i32("quantize.imatrix.entries_count", static_cast<int32_t>(importance.size()));
     w.set_i32("quantize.imatrix.chunks_count", static_cast<int32_t>(im.chunk_count));
-  } else if (opts.calibrate) {
+  } else if (opts.calibrate || allocating) {
     const auto ti = std::chrono::steady_clock::now();
-    auto tok = f.gguf ? tokenizer::Tokenizer::from_gguf(*f.gguf) : tokenizer::Tokenizer::from_hf_dir(f.path);
-    if (!tok.is_ok()) return tok.status();
-    LARDER_ASSIGN_OR_RETURN(CalibrationSet calib, load_calibration(*tok.value(), opts.calibration));
-    LARDER_ASSIGN_OR_RETURN(Imatrix im, compute_imatrix(f, calib, opts.progress));
+    LARDER_ASSIGN_OR_RETURN(Imatrix im, compute_imatrix(f, *calib, opts.progress));
     if (!opts.imatrix_out.empty()) LARDER_RETURN_IF_ERROR(write_imatrix(opts.imatrix_out, im));
     importance = im.importances();
     w.set_string("quantize.imatrix.file", opts.imatrix_out.empty() ? std::string("(computed by larder)") : opts.imatrix_out);
-    w.set_string("quantize.imatrix.dataset", calib.source);
+    w.set_string("quantize.imatrix.dataset", calib->source);
     w.set_i32("quantize.imatrix.entries_count", static_cast<int32_t>(importance.size()));
     w.set_i32("quantize.imatrix.chunks_count", static_cast<int32_t>(im.chunk_count));
     imatrix_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ti).count();
@@ -355,17 +536,28 @@ Result<GgufExportReport> export_gguf(const std::string& src, const std::string& 
   GgufExportReport rep;
   rep.architecture = arch;
   rep.imatrix_seconds = imatrix_seconds;
+  // The type `type` gives a quantizable tensor (recipe or uniform), before overrides.
+  auto rule_type = [&](const Entry& e) {
+    const int64_t cols = e.shape.back();
+    DType t = recipe ? gguf_recipe_type(opts.type, e.name, layer_of(e.name), n_layer, tied) : uniform;
+    // llama.cpp: an output tensor whose rows do not fit the K-quant block goes to Q8_0.
+    if (recipe && t == DType::kQ6_K && cols % 256 != 0 && (e.name == "output.weight" || (tied && e.name == "token_embd.weight")))
+      t = DType::kQ8_0;
+    return t;
+  };
+  std::map<std::string, DType> allocated;
+  if (allocating) {
+    AllocInput in{f, entries, importance, *calib, opts, w};
+    LARDER_ASSIGN_OR_RETURN(allocated, allocate_gguf_types(in, rule_type, &rep));
+  }
   for (Entry& e : entries) {
     const int64_t cols = e.shape.back();
     if (!gguf_tensor_quantizable(e.name, e.shape.size())) {
       e.out = DType::kF32;
     } else {
-      DType t = recipe ? gguf_recipe_type(opts.type, e.name, layer_of(e.name), n_layer, tied) : uniform;
+      DType t = rule_type(e);
+      if (auto it = allocated.find(e.name); it != allocated.end()) t = it->second;
       if (auto it = opts.overrides.find(e.name); it != opts.overrides.end()) t = it->second;
-      // llama.cpp: an output tensor whose rows do not fit the K-quant block goes to Q8_0.
-      if (recipe && t == DType::kQ6_K && cols % 256 != 0 &&
-          (e.name == "output.weight" || (tied && e.name == "token_embd.weight")))
-        t = DType::kQ8_0;
       const DType fb = gguf_fallback_type(t, cols);
       if (fb != t) ++rep.n_fallback;
       e.out = fb;

@@ -38,8 +38,23 @@ struct GgufExportOptions {
   std::string imatrix_file, imatrix_out;
   bool calibrate = false;
   CalibrationOptions calibration;
-  // Per-tensor type overrides (GGUF name → type), applied after the recipe (the allocator's plan).
+  // Per-tensor type overrides (GGUF name → type), applied after the recipe and the allocation.
   std::map<std::string, DType> overrides;
+  // KL-allocated mix (HF sources): with target_bpw > 0 (bits per weight of the tensor data over
+  // every tensor, as llama-quantize reports it) or target_bytes > 0 (the whole file), the block
+  // weights ("blk.*") get, per tensor, the GGUF type of a width chosen by allocate_bits() from
+  // their calibration sensitivities (sensitivity.h, measured with the very quantizer and
+  // importance matrix the file is written with), each width priced at its type's stored size
+  // (gguf_width_type); tensors outside the blocks (token_embd, output) keep `type`'s rule. The
+  // importance matrix comes from `calibration` unless `imatrix_file` is given. The result is the
+  // largest allocation whose file does not exceed the target.
+  double target_bpw = 0;
+  uint64_t target_bytes = 0;
+  std::vector<int> candidate_bits = {2, 3, 4, 5, 6, 8};
+  SensitivityMethod sensitivity_method = SensitivityMethod::kFast;
+  int protect_blocks = 1;           // allocator boundary protection (convert.h)
+  std::string sensitivity_out;      // when set: the sensitivity table and the plan as JSON
+  std::string reuse_sensitivity;    // an earlier sensitivity_out of the same calibration and widths: used as is
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
 
@@ -52,7 +67,18 @@ struct GgufExportReport {
   std::string architecture;
   size_t imatrix_tensors = 0;  // tensors quantized with importance weights
   double imatrix_seconds = 0;
+  // KL allocation: the block weights' stored bits per weight (target and achieved), the
+  // sensitivity measurement's forwards and time.
+  double block_target_bpw = 0, block_bpw = 0;
+  int64_t sensitivity_forwards = 0;
+  double sensitivity_seconds = 0;
 };
+
+// The type the KL allocator writes at width `bits` for rows of `cols`: 2 Q2_K, 3 Q3_K, 4 Q4_K,
+// 5 Q5_K, 6 Q6_K, 8 Q8_0 when 256 divides cols (the K-quant super-block); otherwise, with 32
+// dividing cols, 2–4 IQ4_NL (the best 4.5-bit type with 32-blocks; llama.cpp's own fallback for
+// Q2_K–Q4_K there is Q4_0/Q5_0), 5 Q5_0, 6 and 8 Q8_0; F16 when not even 32 does.
+DType gguf_width_type(int bits, int64_t cols);
 
 // Is `name` a llama.cpp recipe larder implements ("Q4_K_M", ...)?
 bool is_gguf_recipe(const std::string& name);

@@ -33,7 +33,8 @@ struct RotateReport {
   double seconds = 0;
 };
 
-// src_dir: an HF checkpoint (bf16/f16/f32 safetensors; model_type llama, mistral, qwen2, qwen3).
+// src_dir: an HF checkpoint (bf16/f16/f32 safetensors; model_type llama, mistral, qwen2, qwen3, or
+// Qwen3.5 — qwen3_5[_text], qwen3_5_moe[_text], HF layout — with the seed's plan: R1 + γ, no R2).
 // Writes a full HF checkpoint dir at dst_dir (must not exist; atomic via publish_directory):
 // config.json (tie_word_embeddings false; torch_dtype follows out_dtype; a "larder_rotation"
 // object with seed, constructions and deviations), the folded tensors in sorted name order, and

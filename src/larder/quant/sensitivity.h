@@ -10,8 +10,9 @@
 // mapped files with one tensor pointing at an in-memory f32 copy, so no weights are copied.
 //
 // Cost: probed modules × candidates × samples forwards of seq_len tokens — minutes for small
-// models, hours for 1B-class ones at the defaults on 2 cores, which is why the weight-error
-// proxy (convert.h) is still offered (`--sensitivity proxy`).
+// models, hours for 1B-class ones at the defaults on 2 cores. SensitivityMethod::kFast below
+// runs one forward per module instead of one per module and width; the weight-error proxy
+// (convert.h, `--sensitivity proxy`) runs none but ranks modules unlike KL.
 #pragma once
 
 #include <cstdint>
@@ -62,10 +63,31 @@ Result<CalibrationSet> load_calibration(const tokenizer::Tokenizer& tok, const C
 // The start offsets chosen for a stream of `total` tokens (exposed for tests).
 std::vector<int64_t> calibration_starts(int64_t total, int64_t seq_len, int64_t n_samples, uint64_t seed);
 
+// How a module's sensitivity is measured.
+//  kKl   — the reference: one full forward of the calibration set per module and candidate width,
+//          KL(source ‖ module quantized alone) (the cost above).
+//  kFast — one calibration forward per module, not per width: a capture forward of the source
+//          model records, for every module and width b, the output error the quantized weight
+//          would add to that module's matmul on its real calibration inputs,
+//          e_m(b) = Σ_tokens ‖x·(W − deq_b(W))ᵀ‖²; then one KL probe per module at a single
+//          width p (the rest of the model run once per module) gives its downstream gain, and
+//          KL_m(b) ≈ KL_m(p) · e_m(b) / e_m(p) — KL is second order in a small perturbation, so
+//          proportional to its squared size along a fixed direction. Exact at b = p; the other
+//          widths assume the error's direction is the same at every width. Forwards are batched
+//          (several samples per call). modules + 2 forwards of the calibration set instead of
+//          modules × widths + 1.
+enum class SensitivityMethod { kKl, kFast };
+
 struct SensitivityOptions {
   std::vector<int> candidates = {2, 3, 4, 6, 8};
   int group_size = 64;
   int threads = 0;
+  SensitivityMethod method = SensitivityMethod::kKl;
+  int probe_bits = 0;  // kFast: the width of each module's one KL probe (0: the lowest candidate)
+  // The quantizer whose damage is measured: `out` (w's shape, f32) = deq(quant_bits(w)) for
+  // module `module`. Unset: MLX affine at group_size (fake_quantize_affine). GGUF export sets
+  // the block type it would write at that width.
+  std::function<Status(const std::string& module, const formats::TensorInfo& w, int bits, float* out)> fake_quant;
   // (probes done, probes total, "module @ b bits").
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
@@ -83,7 +105,7 @@ Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& file
                                                  const std::vector<ModuleSensitivity>& modules,
                                                  const CalibrationSet& calib, const SensitivityOptions& opts);
 
-// A previous sensitivity.json: accepted when its format, group size, calibration (digest,
+// A previous sensitivity.json: accepted when its format, method, group size, calibration (digest,
 // seq_len, n_samples, seed) and module list match, and it holds every candidate width; errors
 // name the mismatch.
 Result<std::vector<ModuleSensitivity>> reuse_sensitivity_report(const nlohmann::ordered_json& report,

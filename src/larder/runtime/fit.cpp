@@ -80,13 +80,16 @@ FitEstimate estimate_fit(const models::Model& model, uint64_t weight_bytes, cons
                            (k > 0 ? static_cast<uint64_t>(i.n_experts) + 2 * k + 2 * k * moe_ffn + k * i.hidden : 0);
   // Gated DeltaNet layers (models/blocks/gated_delta.cpp) keep their own per-row buffers beside
   // those: projected and convolved q|k|v, the output gate z and the output y, four gates per value
-  // head, and q/k copied per value head when the heads are tiled (GGUF) — sized by the largest.
+  // head, and q/k copied per value head when the heads are tiled (GGUF qwen35) or the fused
+  // projections' outputs before they are split (Qwen3-Next's in_proj_qkvz / in_proj_ba; a model
+  // has one or the other) — sized by the largest.
   uint64_t delta_row = 0;
   for (const memory::LayerStateSpec& l : model.state_schema().layers) {
     if (l.kind != memory::StateKind::kRecurrent) continue;
     const uint64_t C = static_cast<uint64_t>(l.conv_dim), Hv = static_cast<uint64_t>(l.n_heads);
     const uint64_t V = Hv * static_cast<uint64_t>(l.dv), tiled = 2 * Hv * static_cast<uint64_t>(l.dk) + V;
-    delta_row = std::max(delta_row, 2 * C + 2 * V + 4 * Hv + tiled);
+    const uint64_t fused = C + V + 2 * Hv;
+    delta_row = std::max(delta_row, 2 * C + 2 * V + 4 * Hv + std::max(tiled, fused));
   }
   e.scratch = rows * (per_row + delta_row) * sizeof(float) + rows * std::max(i.hidden, i.ffn) +
               2 * i.vocab * sizeof(float);

@@ -20,7 +20,7 @@ Sequence Sequence::start(const models::Model& model, std::vector<int32_t> prompt
         state.emplace(std::move(*st));
       } else {
         LARDER_LOG_WARN("[sequence] kv store hit not usable, prefilling in full: %s", st.status().message().c_str());
-        opts.store->unusable_hit(&report, "state_incompatible");
+        opts.store->unusable_hit(&report, "state_incompatible", opts.ns);
       }
     }
   }
@@ -35,7 +35,7 @@ Sequence Sequence::start(const models::Model& model, std::vector<int32_t> prompt
   const int64_t P = s.prompt_size();
   if (P > 0 && s.state_.length() >= P && !s.state_.trim(P - 1).is_ok()) {
     s.state_ = model.new_state(ctx);
-    if (s.store_) s.store_->unusable_hit(&s.report_, "untrimmable_tail");
+    if (s.store_) s.store_->unusable_hit(&s.report_, "untrimmable_tail", s.ns_);
   }
   s.cached_ = s.prefilled_ = s.state_.length();
   s.history_ = s.prompt_;

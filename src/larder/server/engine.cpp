@@ -9,6 +9,7 @@
 #include "larder/runtime/decode_step.h"
 #include "larder/runtime/fit.h"
 #include "larder/runtime/sequence.h"
+#include "larder/server/loras.h"
 
 namespace larder::server {
 
@@ -351,7 +352,7 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
     s->out.prompt_tokens = s->seq.prompt_size();
     s->out.cached_tokens = s->seq.cached_tokens();
     s->out.cache_tier = s->seq.cache_tier();
-    s->out.cache_reason = s->seq.cache_reason();
+    s->out.cache_reason = label_cache_reason(cfg_.ns_labels, s->seq.cache_reason());
     s->out.queue_ms = ms_between(s->req.arrived, now);
     Event e;
     e.admitted = true;

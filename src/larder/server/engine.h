@@ -68,6 +68,9 @@ struct EngineConfig {
   // its last token + the draft as k + 1 rows of the step's forward_batch. draft_max 0: off.
   // Sequences whose state has rings or recurrent layers decode plainly.
   runtime::SpecOptions spec;
+  // KV namespace id → label (issue 45, server/loras.h namespace_labels): /stats and /metrics show
+  // the store by namespace under these, and a miss that names another namespace names its label.
+  memory::NsLabels ns_labels{{"base", "base"}};
 };
 
 class Engine {

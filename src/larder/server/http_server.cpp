@@ -1051,7 +1051,9 @@ struct HttpServer::Impl {
         Engine* e = engine.load();
         std::string text = metrics.prometheus(e ? e->queue_depth() : 0, e ? e->active() : 0);
         if (e) {
-          const nlohmann::json kv = e->with_store([](memory::KvStore& s) { return nlohmann::json(memory::stats_prometheus(s.stats())); });
+          const nlohmann::json kv = e->with_store([e](memory::KvStore& s) {
+            return nlohmann::json(memory::stats_prometheus(s.stats(), e->config().ns_labels));
+          });
           if (kv.is_string()) text += kv.get<std::string>();
         }
         return res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
@@ -1072,7 +1074,7 @@ struct HttpServer::Impl {
         j["connections"] = {{"accepted", tc.accepted}, {"refused", tc.refused}, {"evicted", tc.evicted},
                             {"timed_out", tc.timed_out}, {"bad_framing", tc.bad_framing}};
         j["requests"] = metrics.json();
-        j["kv_store"] = e->with_store([](memory::KvStore& s) { return memory::stats_json(s.stats()); });
+        j["kv_store"] = e->with_store([e](memory::KvStore& s) { return memory::stats_json(s.stats(), e->config().ns_labels); });
         return res.set_content(j.dump(), "application/json");
       }
       case RouteId::kWebAsset:

@@ -31,8 +31,9 @@ std::vector<double> naive(const std::vector<float>& q, int64_t n, int64_t pos0, 
         s.push_back(d * p.scale);
         idx.push_back(j);
       }
-      double mx = -INFINITY, z = 0;
+      double mx = p.sinks ? double(p.sinks[h]) : -INFINITY, z = p.sinks ? std::exp(double(p.sinks[h]) - mx) : 0;
       for (double x : s) mx = std::max(mx, x);
+      if (p.sinks) z = std::exp(double(p.sinks[h]) - mx);
       for (double& x : s) z += (x = std::exp(x - mx));
       for (size_t a = 0; a < s.size(); ++a)
         for (int i = 0; i < p.head_dim; ++i)
@@ -97,6 +98,41 @@ TEST(RefAttention, MatchesNaiveGqaSpansWindows) {
       if (first.empty()) first = out;
       EXPECT_EQ(out, first) << "span boundaries must not change the result";
     }
+  }
+}
+
+// Attention sinks (gpt-oss): a per-head logit in the softmax denominator with no value row.
+// One key of score a and a sink s: the output is v · e^a / (e^a + e^s) — with a == s, v / 2.
+TEST(RefAttention, SinkIsALogitWithoutAValue) {
+  const float sinks[2] = {0.5f, -30.0f};
+  AttentionParams p{2, 1, 2, 1.0f, 0};
+  p.sinks = sinks;
+  const std::vector<float> q = {0.5f, 0, 0.5f, 0}, k = {1, 0}, v = {4, -2};  // both heads score 0.5
+  auto sp = split(k, v, 1, 2, {});
+  float out[4];
+  ref::attention(q.data(), 1, 0, sp.data(), 1, p, out);
+  EXPECT_FLOAT_EQ(out[0], 2.0f);  // head 0: sink == score, half the weight
+  EXPECT_FLOAT_EQ(out[1], -1.0f);
+  EXPECT_NEAR(out[2], 4.0f, 1e-6f);  // head 1: a sink far below the score takes nothing
+}
+
+TEST(RefAttention, SinksMatchNaiveGqaSpansWindows) {
+  std::mt19937_64 rng(22);
+  struct Shape { int nh, nkv, d; int64_t pos0, n; int64_t window; };
+  const Shape shapes[] = {{4, 2, 8, 0, 9, 0}, {4, 1, 16, 20, 7, 0}, {2, 1, 8, 10, 6, 4}};
+  for (const Shape& s : shapes) {
+    auto sinks = randn(static_cast<size_t>(s.nh), rng, 3.0f);
+    AttentionParams p{s.nh, s.nkv, s.d, static_cast<float>(1.0 / std::sqrt(s.d)), s.window};
+    p.sinks = sinks.data();
+    const int64_t T = s.pos0 + s.n, kvr = int64_t{s.nkv} * s.d;
+    auto q = randn(static_cast<size_t>(s.n * s.nh * s.d), rng, 2.0f);
+    auto k = randn(static_cast<size_t>(T * kvr), rng, 2.0f);
+    auto v = randn(static_cast<size_t>(T * kvr), rng);
+    const auto want = naive(q, s.n, s.pos0, k, v, p);
+    auto sp = split(k, v, T, kvr, {T / 2});
+    std::vector<float> out(want.size(), NAN);
+    ref::attention(q.data(), s.n, s.pos0, sp.data(), static_cast<int>(sp.size()), p, out.data());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << i;
   }
 }
 

@@ -104,7 +104,7 @@ struct Problem {
   }
 };
 
-Problem make_problem(const Case& c, std::mt19937& rng) {
+Problem make_problem(const Case& c, std::mt19937& rng, const float* sinks = nullptr) {
   Problem pr;
   pr.c = c;
   AttentionParams& p = pr.p;
@@ -113,6 +113,7 @@ Problem make_problem(const Case& c, std::mt19937& rng) {
   p.head_dim = c.head_dim;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.window = c.window;
+  p.sinks = sinks;
   const int64_t total = c.pos0 + c.n;
   const int64_t kv_row = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -188,6 +189,30 @@ TEST_P(AttentionTier, MatchesReferenceOnRandomShapes) {
   // A prefill chunk from an empty cache (first query sees only itself).
   run_case({8, 8, 64, 0, 70, 0, 1, 1.0f}, rng);
   EXPECT_EQ(cases, 42);
+}
+
+// Attention sinks (gpt-oss): prefill tiles and the decode split (chunk states folded on other
+// threads) against the reference, with sinks above and below the scores; and sinks keep the
+// span-independence: a cut of the keys gives the same bits.
+TEST_P(AttentionTier, SinksMatchReference) {
+  std::mt19937 rng(20261207);
+  std::normal_distribution<float> nd(0.f, 4.f);
+  std::vector<float> sinks(64);
+  for (auto& x : sinks) x = nd(rng);
+  sinks[0] = 40.0f;   // dominates every score: the row's output shrinks towards 0
+  sinks[1] = -40.0f;  // takes nothing
+  const Case cases[] = {{8, 2, 64, 0, 70, 0, 1, 1.0f},     {4, 4, 16, 30, 9, 8, 2, 2.0f},
+                        {32, 8, 64, 1500, 1, 0, 3, 4.0f},  {8, 2, 64, 3000, 4, 1024, 3, 2.0f},
+                        {8, 8, 64, 900, 1, 128, 2, 2.0f, DType::kF16}};
+  for (const Case& c : cases) {
+    const Problem pr = make_problem(c, rng, sinks.data());
+    check(pr, public_kernel, "attention with sinks");
+    std::vector<float> a(pr.q.size()), b(pr.q.size());
+    public_kernel(pr, a.data());
+    const auto cut = pr.cut_at({(c.pos0 + c.n) / 3, (c.pos0 + c.n) / 2});
+    tier_attention(pr.q.data(), c.n, c.pos0, cut.data(), static_cast<int>(cut.size()), pr.p, b.data());
+    EXPECT_EQ(a, b) << g_tier->name << " pos0 " << c.pos0;
+  }
 }
 
 // exp_neg against the double-precision exp, in ulps of the f32 result, over its whole domain

@@ -24,6 +24,7 @@
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/kernels/gguf_blocks.h"
+#include "larder/kernels/microscaling.h"
 #include "larder/kernels/ops.h"
 
 namespace larder::kernels {
@@ -46,6 +47,27 @@ struct Weights {
 Weights gguf_weights(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
   Weights w;
   w.codes.resize(dtype_bytes(dt, static_cast<uint64_t>(rows * cols)));
+  if (dt == DType::kMXFP4 || is_mlx_microscaling(dt)) {
+    // Microscaling floats: random codes (no e4m3 NaN), scales over a few octaves.
+    for (auto& b : w.codes) b = static_cast<uint8_t>(rng());
+    if (dt == DType::kMXFP4)
+      for (size_t b = 0; b < w.codes.size(); b += 17) w.codes[b] = static_cast<uint8_t>(116 + rng() % 8);
+    if (dt == DType::kMlxMXFP8)
+      for (auto& b : w.codes)
+        if ((b & 0x7f) == 0x7f) b ^= 1;
+    if (const int g = mlx_microscaling_group(dt)) {
+      w.scales.resize(static_cast<size_t>(rows * (cols / g)));
+      for (auto& b : w.scales) b = static_cast<uint8_t>(dt == DType::kMlxNVFP4 ? 0x10 + rng() % 24 : 116 + rng() % 8);
+      w.view.scales = w.scales.data();
+      w.view.scale_dtype = DType::kU8;
+      w.view.group_size = g;
+    }
+    w.view.dtype = dt;
+    w.view.rows = rows;
+    w.view.cols = cols;
+    w.view.data = w.codes.data();
+    return w;
+  }
   std::normal_distribution<float> nd(0.0f, 0.03f);
   if (dt == DType::kF32) {
     for (size_t i = 0; i < w.codes.size(); i += 4) {
@@ -295,7 +317,7 @@ std::vector<TierFormat> all_formats() {
   for (const char* tier : {"avx2", "avx512"})
     for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
                     DType::kQ5_1, DType::kIQ4_NL, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K,
-                    DType::kQ6_K, DType::kIQ4_XS})
+                    DType::kQ6_K, DType::kIQ4_XS, DType::kMXFP4, DType::kMlxMXFP4, DType::kMlxNVFP4, DType::kMlxMXFP8})
       if (cpu::fast_matmul(tier, d)) v.push_back({tier, d});
   return v;
 }

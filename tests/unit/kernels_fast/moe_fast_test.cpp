@@ -24,6 +24,7 @@
 #include "larder/core/dtype.h"
 #include "larder/core/threadpool.h"
 #include "larder/kernels/dispatch.h"
+#include "larder/kernels/microscaling.h"
 #include "larder/kernels/moe.h"
 #include "larder/kernels/ops.h"
 #include "larder/kernels/ref/ref_ops.h"
@@ -57,6 +58,10 @@ std::vector<Format> all_formats() {
   f.push_back({DType::kU32, 5, 32, DType::kF16});
   f.push_back({DType::kU32, 6, 64, DType::kBF16});
   f.push_back({DType::kU32, 8, 128, DType::kBF16});
+  // Microscaling floats (gpt-oss's experts are MXFP4): GGUF blocks, MLX codes + U8 scales.
+  f.push_back({DType::kMXFP4, 0, 0, DType::kUnknown});
+  for (DType d : {DType::kMlxMXFP4, DType::kMlxNVFP4, DType::kMlxMXFP8})
+    f.push_back({d, 0, mlx_microscaling_group(d), DType::kU8});
   return f;
 }
 
@@ -87,7 +92,8 @@ class Experts {
     w.group_size = f.group_size;
     w.scale_dtype = f.scale_dtype;
     const uint64_t data_bytes = static_cast<uint64_t>(rows) * w.row_bytes();
-    const uint64_t sb_bytes = f.bits > 0 ? dtype_bytes(f.scale_dtype, static_cast<uint64_t>(rows * (cols / f.group_size))) : 0;
+    const bool mx = is_mlx_microscaling(f.dtype);
+    const uint64_t sb_bytes = f.bits > 0 || mx ? dtype_bytes(f.scale_dtype, static_cast<uint64_t>(rows * (cols / f.group_size))) : 0;
     page_ = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     auto up = [&](uint64_t b) { return (b + page_ - 1) / page_ * page_; };
     slot_ = up(data_bytes) + 2 * up(sb_bytes);
@@ -111,7 +117,18 @@ class Experts {
           put_u16(d + i, f.dtype == DType::kF16 ? f32_to_f16(nd(rng)) : f32_to_bf16(nd(rng)));
       } else {
         for (uint64_t i = 0; i < data_bytes; ++i) d[i] = static_cast<uint8_t>(rng());
-        if (f.bits == 0) {
+        if (f.dtype == DType::kMXFP4) {  // e8m0 bytes 2^-11 .. 2^-4 (values ≤ 12× that)
+          for (uint64_t b = 0; b < data_bytes; b += 17) d[b] = static_cast<uint8_t>(117 + rng() % 8);
+        } else if (f.dtype == DType::kMlxMXFP8) {  // no NaN codes (mlx's quantizer writes none)
+          for (uint64_t i = 0; i < data_bytes; ++i)
+            if ((d[i] & 0x7f) == 0x7f) d[i] ^= 1;
+        }
+        if (mx) {
+          uint8_t* s = d + up(data_bytes);
+          for (uint64_t i = 0; i < sb_bytes; ++i)
+            s[i] = static_cast<uint8_t>(f.dtype == DType::kMlxNVFP4 ? 0x10 + rng() % 24 : 117 + rng() % 8);
+          v.scales = s;
+        } else if (f.bits == 0 && f.dtype != DType::kMXFP4) {
           const uint32_t bb = dtype_info(f.dtype).block_bytes;
           for (uint64_t b = 0; b + bb <= data_bytes; b += bb)
             for (int off : f16_fields(f.dtype)) put_u16(d + b + off, f32_to_f16((rng() & 1 ? 1 : -1) * mag(rng)));

@@ -98,9 +98,87 @@ TEST(KvStoreFacade, AdaptersAndSaltsIsolate) {
   EXPECT_EQ(run_request(*s, prompt, seq(100, 5), a).reused, 49);
   Turn t = run_request(*s, prompt, seq(100, 5), a_changed);
   EXPECT_EQ(t.reused, 0);
-  EXPECT_EQ(t.reason, "other_namespace");
+  EXPECT_EQ(t.reason, "other_namespace:" + a);  // names the namespace that holds the prefix
   EXPECT_EQ(run_request(*s, prompt, seq(100, 5), salted).reused, 0);
   EXPECT_EQ(run_request(*s, prompt, seq(100, 5), "base").reused, 0);
+}
+
+// A miss in a namespace that holds other entries is still explained as the other namespace's
+// prefix when that one is longer than anything here (it used to read diverged_at:<i>), RAM and
+// SSD alike; the metrics fold the reason's id away (a bounded label set).
+TEST(KvStoreFacade, MissAcrossNamespacesNamesTheOtherNamespace) {
+  TempDir d;
+  const std::string a = namespace_id({{"adapter-a-bytes", 1.0}});
+  const std::string b = namespace_id({{"adapter-b-bytes", 1.0}});
+  const auto prompt = cat(seq(1, 3), seq(10, 40));
+  {
+    auto s = KvStore::open(cfg(d.path)).value();
+    s->wait_ssd_ready();
+    run_request(*s, cat(seq(1, 3), seq(900, 10)), seq(100, 5), b);  // b shares 3 tokens with prompt
+    run_request(*s, prompt, seq(100, 5), a);
+    Turn t = run_request(*s, prompt, seq(300, 5), b);
+    EXPECT_EQ(t.reused, 3);
+    EXPECT_EQ(t.reason, "other_namespace:" + a);
+    EXPECT_EQ(s->stats().miss_reasons.count("other_namespace"), 1u);
+    ASSERT_TRUE(s->flush().durable);
+  }
+  auto s = KvStore::open(cfg(d.path)).value();  // restart: only the SSD tier holds them
+  s->wait_ssd_ready();
+  const std::string c = namespace_id({{"adapter-c-bytes", 1.0}});
+  const auto longer = cat(prompt, seq(100, 2));  // a's entry holds 2 tokens more of it than b's
+  Turn t = run_request(*s, longer, seq(100, 5), c);
+  EXPECT_EQ(t.reused, 0);
+  EXPECT_EQ(t.reason, "other_namespace:" + a);
+  EXPECT_EQ(run_request(*s, longer, seq(100, 5), a).tier, Tier::kSsd);
+}
+
+// /stats and /metrics by namespace: entries and bytes per tier, hits and misses per namespace;
+// labelled namespaces by label, the rest folded into "other", "base" always present.
+TEST(KvStoreFacade, StatsBreakTheStoreDownByNamespace) {
+  TempDir d;
+  const std::string a = namespace_id({{"adapter-a-bytes", 1.0}});
+  const std::string salted = namespace_id({}, "tenant-1");
+  auto s = KvStore::open(cfg(d.path)).value();
+  s->wait_ssd_ready();
+  run_request(*s, seq(1, 30), seq(100, 5), a);
+  run_request(*s, seq(1, 30), seq(100, 5), a);  // a hit
+  run_request(*s, seq(500, 20), seq(100, 5), "base");
+  run_request(*s, seq(700, 20), seq(100, 5), salted);
+  ASSERT_TRUE(s->flush().durable);
+  StoreStats st = s->stats();
+  ASSERT_EQ(st.namespaces.count(a), 1u);
+  const NsStats& na = st.namespaces.at(a);
+  EXPECT_EQ(na.hits, 1u);
+  EXPECT_EQ(na.misses, 1u);
+  EXPECT_EQ(na.reused_tokens, 29u);
+  EXPECT_GE(na.ram_entries, 1u);
+  EXPECT_GT(na.ram_bytes, 0u);
+  EXPECT_GE(na.ssd_entries, 1u);
+  EXPECT_GT(na.ssd_bytes, 0u);
+  EXPECT_EQ(st.namespaces.at("base").misses, 1u);
+  size_t ram = 0, ssd = 0;
+  for (const auto& [ns, n] : st.namespaces) {
+    ram += n.ram_entries;
+    ssd += n.ssd_entries;
+  }
+  EXPECT_EQ(ram, st.ram.entries);
+  EXPECT_EQ(ssd, st.ssd.entries);
+
+  const NsLabels labels{{a, "x,x_copy@" + a.substr(0, 8)}};
+  nlohmann::json j = stats_json(st, labels)["namespaces"];
+  ASSERT_TRUE(j.contains("x,x_copy@" + a.substr(0, 8))) << j.dump();
+  EXPECT_EQ(j["x,x_copy@" + a.substr(0, 8)]["hits"], 1);
+  EXPECT_EQ(j["x,x_copy@" + a.substr(0, 8)]["id"], a);
+  EXPECT_EQ(j["base"]["misses"], 1);
+  EXPECT_EQ(j["other"]["namespaces"], 1);  // the salted one, not named
+  EXPECT_EQ(j["other"]["misses"], 1);
+  EXPECT_EQ(j.size(), 3u);
+  const std::string prom = stats_prometheus(st, {{a, "we\"ird"}});
+  EXPECT_NE(prom.find("larder_kv_namespace_lookups_total{namespace=\"we\\\"ird\",result=\"hit\"} 1\n"),
+            std::string::npos) << prom;
+  EXPECT_NE(prom.find("larder_kv_namespace_entries{namespace=\"other\",tier=\"ssd\"} "), std::string::npos);
+  EXPECT_NE(prom.find("larder_kv_namespace_lookups_total{namespace=\"base\",result=\"miss\"} 1\n"),
+            std::string::npos);
 }
 
 TEST(KvStoreFacade, SupersededDirtyKeysDoNotMakeFlushFail) {

@@ -482,7 +482,11 @@ TEST(RamTier, NamespacesIsolateAndExplain) {
   int64_t p = 0;
   take_state(r, cat(seq(1, 20), {5}), &p, {}, &reason, "adapter-b");
   EXPECT_EQ(p, 0);
-  EXPECT_EQ(reason, "other_namespace");
+  EXPECT_EQ(reason, "other_namespace:adapter-a");
+  put_ok(r, seq(1, 2), {}, "adapter-b");  // b holds something, a holds more of this prompt
+  take_state(r, cat(seq(1, 20), {5}), &p, {}, &reason, "adapter-b");
+  EXPECT_EQ(p, 2);
+  EXPECT_EQ(reason, "other_namespace:adapter-a");
   RamTier empty(kBig);
   take_state(empty, seq(1, 5), &p, {}, &reason);
   EXPECT_EQ(reason, "empty_namespace");

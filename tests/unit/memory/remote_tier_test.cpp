@@ -18,6 +18,7 @@
 #include "kv_test_util.h"
 #include "larder/memory/store/kv_store.h"
 #include "larder/memory/store/lkv_format.h"
+#include "larder/memory/store/remote_queue.h"
 #include "larder/memory/store/remote_tier.h"
 #include "larder/memory/store/remote_url.h"
 
@@ -432,10 +433,11 @@ TEST(RemoteTier, StoreFacadeTiersAndExplains) {
   const auto toks = seq(20, 50);
   {
     auto a = KvStore::open(store_cfg(url)).value();
-    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());
-    EXPECT_EQ(a->write_behind(), 1u);
-    a->flush();  // drains the queue into Redis
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());  // offered to the remote queue at once
+    EXPECT_EQ(a->write_behind(), 0u);  // the SSD write-behind has nothing to do with it
+    a->flush();  // drains the remote queue into Redis
     EXPECT_EQ(a->stats().remote.chunks_written, 3u);
+    EXPECT_EQ(a->stats().remote_queue.written, 1u);
   }
   for (bool with_ssd : {false, true}) {
     TempDir d;
@@ -468,6 +470,96 @@ TEST(RemoteTier, StoreFacadeTiersAndExplains) {
   auto bad = KvStore::open(store_cfg("redis://:s3cret@h:99999"));
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().message().find("s3cret"), std::string::npos);
+}
+
+// A busy engine is the normal state of a replica under load: a put must reach Redis while the
+// engine stays busy — no idle debounce, no write_behind(), no flush — within a bounded time.
+TEST(RemoteWriteQueue, PublishesWhileTheEngineIsBusy) {
+  RedisServer r;
+  if (!r.start()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server; scripts/setup.sh does)";
+  const std::string url = "redis+unix://" + r.sock;
+  for (bool with_ssd : {false, true}) {
+    TempDir d;
+    const auto toks = seq(with_ssd ? 4000 : 3000, 50);
+    auto a = KvStore::open(store_cfg(url, with_ssd ? d.path : "")).value();
+    a->set_engine_busy(true);
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (a->stats().remote_queue.written < 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const StoreStats s = a->stats();
+    EXPECT_EQ(s.remote_queue.written, 1u) << "with_ssd=" << with_ssd;
+    EXPECT_EQ(s.remote.chunks_written, 3u);
+    if (with_ssd) {
+      EXPECT_EQ(s.queue.written, 0u) << "the SSD write-behind still waits for idle";
+    }
+    // Another instance (a replica) finds the chunks while A is still busy.
+    auto b = tier_for(url, 500);
+    auto f = b->find(toks, "base");
+    ASSERT_TRUE(f.has_value()) << b->last_find_failure();
+    EXPECT_EQ(f->prefix_len, 48);
+    // A spill of an entry already written costs nothing: skipped, not rewritten.
+    a->ram().relieve_pressure([&] { return a->ram().stats().entries > 0; });
+    EXPECT_EQ(a->stats().remote_queue.written, 1u);
+    a->set_engine_busy(false);
+  }
+}
+
+// Full queue: the oldest queued entries are dropped and counted; the queue never holds more than
+// its cap plus one entry. A Redis that never answers keeps the writer on its first item.
+TEST(RemoteWriteQueue, DropsTheOldestWhenFullAndCountsIt) {
+  SilentServer hung;
+  auto t = tier_for("redis://127.0.0.1:" + std::to_string(hung.port), /*timeout_ms=*/400);
+  std::vector<std::shared_ptr<const Entry>> es;
+  for (int i = 0; i < 6; ++i) es.push_back(entry_of(seq(100 * (i + 1), 40)));
+  const size_t one = es[0]->bytes(Backing::kAnon) + es[0]->bytes(Backing::kMapped);
+  RemoteWriteQueue q(t.get(), {.cap_bytes = 2 * one + one / 2, .busy_bytes_per_s = 0});
+  for (auto& e : es) q.publish(e);
+  const RemoteQueueStats s = q.stats();
+  EXPECT_GE(s.dropped, 3u);  // 6 offered, at most 2 queued + 1 in flight
+  EXPECT_LE(s.queued_bytes, 2 * one + one / 2);
+  EXPECT_EQ(s.dropped + s.queued_items + (s.in_flight ? 1 : 0) + s.written + s.failed, 6u);
+  // The newest survives: it is never its own victim.
+  EXPECT_TRUE(q.drain(std::chrono::seconds(20)));
+  const RemoteQueueStats e = q.stats();
+  EXPECT_EQ(e.written, 0u);
+  EXPECT_EQ(e.failed + e.dropped, 6u);
+  EXPECT_GE(e.failed, 1u);
+}
+
+// While busy, the writer keeps to its byte budget; idle, it is unpaced.
+TEST(RemoteWriteQueue, PacedToItsBudgetWhileBusy) {
+  RedisServer r;
+  if (!r.start()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server; scripts/setup.sh does)";
+  auto t = tier_for("redis+unix://" + r.sock, 2000, /*chunk=*/4);
+  // 5 entries of 40 tokens = 10 values each (two pipelined batches: 8 + 2).
+  std::vector<std::shared_ptr<const Entry>> es;
+  for (int i = 0; i < 5; ++i) es.push_back(entry_of(seq(1000 * (i + 1), 40)));
+  const uint64_t rate = 256 << 10;  // 256 KiB/s: ~1 MiB of values takes ~4 s
+  RemoteWriteQueue q(t.get(), {.cap_bytes = 1ull << 30, .busy_bytes_per_s = rate});
+  q.set_busy(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& e : es) q.publish(e);
+  const auto deadline = t0 + std::chrono::seconds(25);
+  while (q.stats().written < es.size() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(q.stats().written, es.size());
+  const uint64_t sent = t->stats().bytes_written;
+  // The first batch goes at once; every later byte waited for the budget (a lower bound only:
+  // a loaded host may be slower, never faster).
+  const uint64_t first_batch = sent / 10 * 8 / static_cast<uint64_t>(es.size());
+  EXPECT_GE(took, 0.9 * static_cast<double>(sent - first_batch) / static_cast<double>(rate)) << sent;
+  EXPECT_GT(q.stats().paced_s, 0.0);
+  // Idle: the same amount goes unpaced (a bound far above the paced time).
+  q.set_busy(false);
+  std::vector<std::shared_ptr<const Entry>> more;
+  for (int i = 0; i < 5; ++i) more.push_back(entry_of(seq(50000 + 1000 * i, 40)));
+  const double paced_before = q.stats().paced_s;
+  for (auto& e : more) q.publish(e);
+  ASSERT_TRUE(q.drain(std::chrono::seconds(20)));
+  EXPECT_EQ(q.stats().written, 10u);
+  EXPECT_EQ(q.stats().paced_s, paced_before);
 }
 
 }  // namespace

@@ -277,14 +277,19 @@ TEST_F(BadInput, AffineConfigErrors) {
     StatusCode code;
     const char* says;
   } bads[] = {
-      {"mode", {{"group_size", 32}, {"bits", 4}, {"mode", "mxfp4"}}, StatusCode::kUnsupported, "mode 'mxfp4'"},
+      {"mode", {{"group_size", 32}, {"bits", 4}, {"mode", "fp6"}}, StatusCode::kUnsupported, "mode 'fp6'"},
+      // A microscaling mode has one layout; and its module must hold U8 scales (these are affine's).
+      {"mode_layout", {{"group_size", 32}, {"bits", 8}, {"mode", "mxfp4"}}, StatusCode::kUnsupported,
+       "mode 'mxfp4' with bits 8, group_size 32 is not supported"},
+      {"mode_tensors", {{"group_size", 32}, {"bits", 4}, {"model.layers.0.mlp.up_proj", {{"mode", "mxfp4"}}}},
+       StatusCode::kInvalidArgument, "model.layers.0.mlp.up_proj.scales' is BF16"},
       {"bits", {{"group_size", 32}, {"bits", 7}}, StatusCode::kUnsupported, "bits 7 is not supported"},
       {"group", {{"group_size", 16}, {"bits", 4}}, StatusCode::kUnsupported, "group_size 16 is not supported"},
       {"module_bits",
        {{"group_size", 32}, {"bits", 4}, {"model.layers.0.mlp.up_proj", {{"bits", 1}, {"group_size", 32}}}},
        StatusCode::kUnsupported, "'quantization.model.layers.0.mlp.up_proj' bits 1"},
       {"entry", {{"group_size", 32}, {"bits", 4}, {"model.layers.0.mlp.up_proj", 3}}, StatusCode::kInvalidArgument,
-       "must be true, false or {bits, group_size}"},
+       "must be true, false or {bits, group_size, mode}"},
       {"gptq", {{"group_size", 32}, {"bits", 4}, {"quant_method", "gptq"}}, StatusCode::kUnsupported,
        "quant_method \"gptq\""},
   };
@@ -369,11 +374,11 @@ TEST_F(BadInput, AffineTensorErrors) {
 
 TEST_F(BadInput, UnsupportedRopeScaling) {
   auto cfg = tiny_config();
-  cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  Status st = load(make("yarn", cfg, tiny_tensors()));
+  cfg["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};  // NTK-dynamic: not implemented
+  Status st = load(make("dynamic", cfg, tiny_tensors()));
   ASSERT_FALSE(st.is_ok());
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
-  EXPECT_HAS(st.message(), "yarn");
+  EXPECT_HAS(st.message(), "dynamic");
 }
 
 TEST_F(BadInput, ForwardRejectsTooLongAndBadTokens) {
@@ -428,11 +433,11 @@ Status load_gguf(const std::string& name, std::string* path_out) {
 
 TEST(BadGguf, UnsupportedBlockFormat) {
   std::string path;
-  Status st = load_gguf("mxfp4_tensor.gguf", &path);
+  Status st = load_gguf("q8_1_tensor.gguf", &path);
   ASSERT_FALSE(st.is_ok());
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
   EXPECT_HAS(st.message(), "blk.1.ffn_up.weight");
-  EXPECT_HAS(st.message(), "ggml type 39");
+  EXPECT_HAS(st.message(), "ggml type 9");
   EXPECT_HAS(st.message(), path);
 }
 

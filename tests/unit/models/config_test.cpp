@@ -158,14 +158,42 @@ TEST(Config, QuantizationBlockShapes) {
   EXPECT_EQ(r->quantization.global.bits, 4);
 }
 
+// The microscaling float modes, globally and per module, as mlx-lm writes and reads them: an
+// entry's dict is to_quantized(**entry), so a missing mode is affine and missing bits/group_size
+// are the entry's mode's defaults.
+TEST(Config, QuantizationModes) {
+  auto c = base();
+  c["quantization"] = {{"group_size", 32},
+                       {"bits", 4},
+                       {"mode", "mxfp4"},
+                       {"model.layers.0.mlp.down_proj", {{"mode", "mxfp8"}}},
+                       {"model.layers.0.mlp.up_proj", {{"group_size", 16}, {"bits", 4}, {"mode", "nvfp4"}}},
+                       {"model.layers.0.self_attn.q_proj", {{"bits", 8}, {"group_size", 64}}},
+                       {"model.layers.1.mlp.up_proj", true}};
+  auto r = parse(c);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const QuantizationConfig& q = r->quantization;
+  EXPECT_EQ(q.global, (AffineParams{4, 32, QuantMode::kMxfp4}));
+  EXPECT_EQ(*q.modules.at("model.layers.0.mlp.down_proj"), (AffineParams{8, 32, QuantMode::kMxfp8}));
+  EXPECT_EQ(*q.modules.at("model.layers.0.mlp.up_proj"), (AffineParams{4, 16, QuantMode::kNvfp4}));
+  EXPECT_EQ(*q.modules.at("model.layers.0.self_attn.q_proj"), (AffineParams{8, 64, QuantMode::kAffine}));
+  EXPECT_EQ(*q.modules.at("model.layers.1.mlp.up_proj"), q.global);
+  EXPECT_STREQ(quant_mode_name(QuantMode::kNvfp4), "nvfp4");
+  EXPECT_EQ(quant_mode_from_name("mxfp8"), QuantMode::kMxfp8);
+  EXPECT_FALSE(quant_mode_from_name("fp8").has_value());
+}
+
 TEST(Config, QuantizationBlockErrors) {
   const std::pair<ordered_json, const char*> bads[] = {
       {{{"bits", 4}}, "needs top-level 'bits' and 'group_size'"},
-      {{{"group_size", 64}, {"bits", 4}, {"mode", "nvfp4"}}, "mode 'nvfp4' is not supported"},
+      {{{"group_size", 64}, {"bits", 4}, {"mode", "nvfp4"}}, "mode 'nvfp4' with bits 4, group_size 64 is not supported"},
+      {{{"group_size", 32}, {"bits", 4}, {"mode", "fp6"}}, "mode 'fp6' is not supported"},
+      {{{"group_size", 16}, {"bits", 4}, {"mode", "nvfp4"}, {"lm_head", {{"mode", "nvfp4"}, {"global_scale", true}}}},
+       "'quantization.lm_head' has 'global_scale'"},
       {{{"group_size", 48}, {"bits", 4}}, "group_size 48 is not supported (supported: 32, 64, 128)"},
       {{{"group_size", 64}, {"bits", 1}}, "bits 1 is not supported (supported: 2, 3, 4, 5, 6, 8)"},
       {{{"group_size", 64}, {"bits", 4}, {"lm_head", {{"bits", 4}, {"mode", "mxfp8"}}}},
-       "'quantization.lm_head' mode 'mxfp8'"},
+       "'quantization.lm_head' mode 'mxfp8' with bits 4, group_size 32 is not supported (mxfp8 is bits 8, group_size 32)"},
       {{{"group_size", 64}, {"bits", "four"}}, "key 'bits' must be an integer"},
       {{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}}, "quant_method \"awq\" is not supported"},
   };

@@ -128,6 +128,43 @@ TEST(ExpertsBinder, MlxStackedSwitchMlp) {
   EXPECT_TRUE(b.unbound().empty());
 }
 
+// MLX microscaling modes (gpt-oss's MLX experts are mxfp4): the top-level mode, a per-module
+// nvfp4 entry, and an mxfp8 module inferred from its U8 scales; every value is exact in f32, so the
+// rows equal mlx's dequantization.
+TEST(ExpertsBinder, MlxMicroscalingSwitchMlp) {
+  auto o = open(kDir + "mlx_fp");
+  WeightBinder b(o->files, o->names);
+  const struct {
+    const char* proj;
+    int64_t rows, cols;
+    DType dtype;
+  } cases[] = {{"gate_proj", I, H, DType::kMlxMXFP4}, {"up_proj", I, H, DType::kMlxNVFP4}, {"down_proj", H, I, DType::kMlxMXFP8}};
+  for (const auto& c : cases) {
+    auto ws = b.experts(spec(stacked(c.proj), per_expert(c.proj), E, c.rows, c.cols), "test");
+    ASSERT_TRUE(ws.is_ok()) << ws.status().to_string();
+    EXPECT_EQ(ws.value()[0].dtype, c.dtype) << c.proj;
+    EXPECT_EQ(ws.value()[0].biases, nullptr) << c.proj;
+    expect_experts(ws.value(), kDir + "mlx_fp/" + c.proj + ".f32", c.rows, c.cols, 0.0);
+  }
+  EXPECT_TRUE(b.unbound().empty());
+  EXPECT_EQ(b.weight_dtypes(), "MLX_MXFP4+MLX_MXFP8+MLX_NVFP4");
+}
+
+// GGUF MXFP4 (ggml type 39): a block type like any other, decoded exactly like gguf-py.
+TEST(ExpertsBinder, GgufMxfp4Exps) {
+  auto o = open(kDir + "gguf_mxfp4/experts.gguf");
+  WeightBinder b(o->files, o->names);
+  for (const auto& [proj, file, rows, cols] : {std::tuple{"gate_proj", "ffn_gate_exps", I, H},
+                                               std::tuple{"up_proj", "ffn_up_exps", I, H},
+                                               std::tuple{"down_proj", "ffn_down_exps", H, I}}) {
+    auto ws = b.experts(spec(stacked(proj), "", E, rows, cols), "test");
+    ASSERT_TRUE(ws.is_ok()) << ws.status().to_string();
+    EXPECT_EQ(ws.value()[0].dtype, DType::kMXFP4);
+    expect_experts(ws.value(), kDir + "gguf_mxfp4/" + file + ".f32", rows, cols, 0.0);
+  }
+  EXPECT_EQ(b.weight_dtypes(), "MXFP4");
+}
+
 // HF: one BF16 tensor per expert, bound in place (the views point into the mapping).
 TEST(ExpertsBinder, HfPerExpertTensors) {
   auto o = open(kDir + "hf");

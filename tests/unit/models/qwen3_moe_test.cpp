@@ -100,41 +100,14 @@ TEST(Qwen3Moe, TightAgainstMlxLm) {
                                         kernels::ref_table().matmul[static_cast<int>(DType::kQ8_0)];
     const bool loose = loose_affine || loose_gguf;
     const Ref int8_ref = loose ? read_ref(dir, "int8acts") : Ref{};
-    struct Run { const char* name; const kernels::KernelTable* table; float rel; const Ref* ref; bool exact_cuts; };
     // Exact cuts: every matmul row computed alone — the reference table, and the float formats of
     // the fast tiers (row-invariant: docs/server-api.md) — so decode after prefill and any prefill
     // cut give the all-at-once bits.
-    const Run runs[] = {{"ref", &kernels::ref_table(), 1e-4f, &f32_ref, true},
-                        {active.name, &active, loose ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref, !affine && !gguf}};
-    for (const Run& run : runs) {
-      const Ref& ref = *run.ref;
-      std::vector<float> whole;
-      with_table(*run.table, [&] {
-        std::vector<int64_t> decode = {40};
-        decode.resize(25, 1);
-        for (const auto& chunks : {std::vector<int64_t>{64}, std::vector<int64_t>{1, 2, 3, 58},
-                                   std::vector<int64_t>{5, 7, 11, 13, 17, 11}, decode}) {
-          float max_ref = 0;
-          for (float v : ref.logits) max_ref = std::max(max_ref, std::abs(v));
-          const float margin = run.rel > 1e-4f ? 2 * run.rel * max_ref : 0.0f;
-          const std::vector<float> got = run_chunks(m, ref.tokens, chunks);
-          if (whole.empty()) whole = got;
-          if (run.exact_cuts) {
-            EXPECT_EQ(got, whole) << dir_name << " " << run.name << " chunks from " << chunks[0];
-          }
-          const test::LogitDiff d = test::compare_logits(got, ref.logits, ref.vocab, margin);
-          std::string cs = std::to_string(chunks.size()) + " chunks from " + std::to_string(chunks[0]);
-          std::printf("[parity] %-20s %-6s %-20s max|diff| %.3g  max|logit| %.3g  rel %.3g  top1 %d/%d\n", dir_name,
-                      run.name, cs.c_str(), d.max_abs, d.max_ref, d.max_abs / d.max_ref,
-                      d.top1_checked - d.top1_mismatch, d.top1_checked);
-          EXPECT_LE(d.max_abs, run.rel * d.max_ref) << dir_name << " table " << run.name << " " << cs;
-          EXPECT_EQ(d.top1_mismatch, 0) << dir_name << " table " << run.name << " " << cs;
-          if (margin == 0) {
-            EXPECT_EQ(d.top1_checked, 64);
-          }
-        }
-      });
-    }
+    const std::vector<test::ParityRun> runs = {
+        {"ref", &kernels::ref_table(), 1e-4f, &f32_ref, true},
+        {active.name, &active, loose ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref, !affine && !gguf}};
+    test::expect_parity_over_chunkings(m, dir_name, runs,
+                                       {{64}, {1, 2, 3, 58}, {5, 7, 11, 13, 17, 11}, test::decode_after_prefill(40, 64)});
   }
 }
 

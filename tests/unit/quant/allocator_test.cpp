@@ -183,5 +183,30 @@ TEST(Allocator, DeterministicAndOrderIndependent) {
   for (const auto& [k, v] : ba) EXPECT_GE(bc[k], v) << k;
 }
 
+
+// GGUF prices (ModuleSensitivity::cost): the greedy loop spends stored bits, not widths, and a
+// width that costs what the current one does is no upgrade (576-column rows: Q2_K, Q3_K and
+// Q4_K all fall back to the same 4.5-bit IQ4_NL) — it moves on to the next dearer one.
+TEST(Allocator, PerModuleCostsPriceTheUpgrades) {
+  std::vector<ModuleSensitivity> t = {
+      {"model.layers.1.mlp.up_proj", {{2, 1.0}, {4, 1.0}, {8, 0.0}}, 100, {{2, 4.5}, {4, 4.5}, {8, 8.5}}},
+      {"model.layers.1.mlp.down_proj", {{2, 1.0}, {4, 0.5}, {8, 0.0}}, 100, {{2, 2.625}, {4, 4.5}, {8, 8.5}}},
+  };
+  auto r = allocate_bits(t, plain(5.0, {2, 4, 8}));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  // Start: (4.5 + 2.625) / 2 = 3.5625. up_proj 2 -> 8 (its 4 costs the same as its 2: skipped)
+  // lowers 1.0 for 4.0 bits; down_proj 2 -> 4 lowers 0.5 for 1.875 bits: the better rate, first.
+  // 4.5 + 4.5 = 9 / 2 = 4.5 < 5, then up_proj 2 -> 8 (1.0 / 4.0) beats down 4 -> 8 (0.5 / 4.0).
+  auto b = bits_of(r.value());
+  EXPECT_EQ(b["model.layers.1.mlp.down_proj"], 4);
+  EXPECT_EQ(b["model.layers.1.mlp.up_proj"], 8);
+  EXPECT_DOUBLE_EQ(r.value().achieved_bpw, (8.5 + 4.5) / 2);
+  // The reachable maximum is the costs' (8.5), not the widest width's (8).
+  EXPECT_TRUE(allocate_bits(t, plain(8.4, {2, 4, 8})).is_ok());
+  auto over = allocate_bits(t, plain(8.6, {2, 4, 8}));
+  ASSERT_FALSE(over.is_ok());
+  EXPECT_NE(over.status().message().find("8.5 bits per weight stored"), std::string::npos) << over.status().message();
+}
+
 }  // namespace
 }  // namespace larder::quant

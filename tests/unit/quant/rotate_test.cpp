@@ -34,6 +34,7 @@
 #include "larder/memory/kv_cache.h"
 #include "larder/models/model.h"
 #include "larder/quant/checkpoint_io.h"
+#include "larder/quant/hadamard.h"
 #include "larder/quant/rotate.h"
 
 namespace larder::quant {
@@ -308,6 +309,140 @@ TEST_F(RotateTest, LogitsInvariantF32) {
   }
 }
 
+// Qwen3.5 (the seed's planQwen35Fold: R1 + γ, no R2) on the random-weight fixtures of
+// tests/ref/qwen3_5_reference.py and qwen3_moe_reference.py: hybrid layers (gated DeltaNet + gated
+// attention), HF gains stored as γ − 1, text-only and multimodal layouts, and the MoE variant
+// (router, shared expert and its gate, stacked experts). Bound 5e-5·max|logit|, five times the
+// Llama one: the same f32 rounding of the folded weights, but the DeltaNet's decay and gates
+// (exp, sigmoid, softplus of rotated-then-rounded projections) amplify it more than attention does
+// — measured up to 1.2e-5 (MoE fixture, ref table), 2.2e-6 without experts (printed). A wrong fold
+// is O(1): dropping the "1 +" of the post-attention gains gives 0.66-1.09, leaving
+// linear_attn.out_proj unrotated 0.73-1.29 (checked by breaking them).
+TEST_F(RotateTest, Qwen35LogitsInvariantF32) {
+  const std::string fixtures = std::string(LARDER_TEST_DATA_DIR) + "/models/";
+  const kernels::KernelTable active = kernels::active_table();
+  for (const char* name : {"qwen3_5_text_f32", "qwen3_5_mm", "qwen3_5_moe_f32"}) {
+    SCOPED_TRACE(name);
+    const std::string src = fixtures + name;
+    const std::string dst = dir(std::string(name) + "_rot");
+    RotateOptions o;
+    o.out_dtype = DType::kF32;
+    auto rep = rotate_checkpoint(src, dst, o);
+    ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+    EXPECT_NE(rep.value().r1_construction, "none");
+    EXPECT_EQ(rep.value().r2_construction, "none");  // architecturally off (output gate)
+    const std::vector<std::string>& dev = rep.value().deviations;
+    EXPECT_NE(std::find(dev.begin(), dev.end(), "no-R2-output-gate"), dev.end());
+    EXPECT_EQ(std::find(dev.begin(), dev.end(), "mtp-dropped") != dev.end(), std::string(name) == "qwen3_5_mm");
+    for (const auto& [tname, table] : {std::pair{"ref", &kernels::ref_table()}, std::pair{active.name, &active}}) {
+      const Diff d = diff(run_logits(dst, *table), run_logits(src, *table));
+      std::printf("[rotate] %-18s r1     %-8s max|diff| %.3g max|logit| %.3g rel %.3g\n", name, tname, d.max_abs,
+                  d.max_ref, d.rel());
+      EXPECT_LE(d.rel(), 5e-5) << tname;
+    }
+    auto src_ts = formats::open_safetensors_dir(src);
+    auto ts = formats::open_safetensors_dir(dst);
+    ASSERT_TRUE(src_ts.is_ok() && ts.is_ok());
+    const bool mm = std::string(name) == "qwen3_5_mm";
+    const std::string P = mm ? "model.language_model." : "model.";
+    // Folded gains are written as 0 (the norm computes 1 + w); head-space tensors are untouched;
+    // the residual-stream matrices changed; the MTP head is gone, the vision tower kept.
+    for (const char* g : {"norm.weight", "layers.0.input_layernorm.weight", "layers.1.post_attention_layernorm.weight"})
+      for (float v : tensor_f32(ts.value(), P + g)) ASSERT_EQ(v, 0.0f) << g;
+    for (const char* same : {"layers.0.linear_attn.conv1d.weight", "layers.0.linear_attn.A_log",
+                             "layers.0.linear_attn.norm.weight", "layers.1.self_attn.q_norm.weight"})
+      EXPECT_EQ(tensor_f32(ts.value(), P + same), tensor_f32(src_ts.value(), P + same)) << same;
+    for (const char* changed : {"embed_tokens.weight", "layers.0.linear_attn.in_proj_qkv.weight",
+                                "layers.0.linear_attn.out_proj.weight", "layers.1.self_attn.o_proj.weight"})
+      EXPECT_NE(tensor_f32(ts.value(), P + changed), tensor_f32(src_ts.value(), P + changed)) << changed;
+    EXPECT_NE(ts.value().find("lm_head.weight"), nullptr);
+    const ordered_json cfg = formats::read_json_file(dst + "/config.json").value();
+    EXPECT_EQ(cfg["tie_word_embeddings"], false);
+    EXPECT_EQ(cfg["larder_rotation"]["order"], "untie, gamma-fold, R1");
+    if (mm) {
+      EXPECT_EQ(cfg["text_config"]["tie_word_embeddings"], false);
+      EXPECT_EQ(ts.value().find("mtp.fc.weight"), nullptr);
+      EXPECT_EQ(tensor_f32(ts.value(), "model.visual.blocks.0.attn.qkv.weight"),
+                tensor_f32(src_ts.value(), "model.visual.blocks.0.attn.qkv.weight"));
+    }
+  }
+}
+
+// The vision merger's last projection writes image features into the token embeddings, so it is
+// a writer of the residual stream: W' = R1ᵀ·W, b' = b·R1, i.e. (W'x + b') = (Wx + b)·R1 for any x.
+// A merger tensor the plan does not know is refused.
+TEST_F(RotateTest, Qwen35VisionMergerIsAWriter) {
+  const std::string src0 = std::string(LARDER_TEST_DATA_DIR) + "/models/qwen3_5_mm";
+  auto ts0 = formats::open_safetensors_dir(src0);
+  ASSERT_TRUE(ts0.is_ok());
+  const int64_t H = ts0.value().find("model.language_model.embed_tokens.weight")->dim(1), C = 8;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> W(static_cast<size_t>(H * C)), b(static_cast<size_t>(H));
+  for (float& v : W) v = nd(rng);
+  for (float& v : b) v = nd(rng);
+  auto write = [&](const std::string& dir, const std::string& extra) {
+    std::vector<ShardEntry> entries;
+    std::vector<std::vector<float>> vals;
+    uint64_t params = 0;
+    for (const formats::TensorInfo& t : ts0.value().tensors()) {
+      entries.push_back({t.name, DType::kF32, t.shape, static_cast<uint64_t>(t.numel()) * 4});
+      vals.push_back(tensor_f32(ts0.value(), t.name));
+    }
+    entries.push_back({"model.visual.merger.linear_fc2.bias", DType::kF32, {H}, static_cast<uint64_t>(H) * 4});
+    vals.push_back(b);
+    entries.push_back({"model.visual.merger.linear_fc2.weight", DType::kF32, {H, C}, static_cast<uint64_t>(H * C) * 4});
+    vals.push_back(W);
+    if (!extra.empty()) {
+      entries.push_back({extra, DType::kF32, {H, C}, static_cast<uint64_t>(H * C) * 4});
+      vals.push_back(W);
+    }
+    std::vector<size_t> order(entries.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return entries[x].name < entries[y].name; });
+    std::vector<ShardEntry> sorted;
+    for (size_t i : order) {
+      sorted.push_back(entries[i]);
+      params += vals[i].size();
+    }
+    fs::create_directories(dir);
+    auto w = write_safetensors_shards(dir, sorted, 1ull << 40, ordered_json{{"format", "pt"}}, params,
+                                      [&](size_t i) -> Result<const void*> { return static_cast<const void*>(vals[order[i]].data()); });
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    fs::copy_file(src0 + "/config.json", dir + "/config.json");
+  };
+  const std::string src = dir("mm_merger");
+  write(src, "");
+  RotateOptions o;
+  o.out_dtype = DType::kF32;
+  ASSERT_TRUE(rotate_checkpoint(src, dir("mm_merger_rot"), o).is_ok());
+  auto ts = formats::open_safetensors_dir(dir("mm_merger_rot"));
+  ASSERT_TRUE(ts.is_ok());
+  const std::vector<float> W2 = tensor_f32(ts.value(), "model.visual.merger.linear_fc2.weight");
+  const std::vector<float> b2 = tensor_f32(ts.value(), "model.visual.merger.linear_fc2.bias");
+  const Rotation R = Rotation::make(H, 42, 0).value();
+  std::vector<float> x(static_cast<size_t>(C)), y(static_cast<size_t>(H)), y2(static_cast<size_t>(H)), scratch(static_cast<size_t>(H));
+  for (float& v : x) v = nd(rng);
+  for (int64_t i = 0; i < H; ++i) {
+    double a = b[static_cast<size_t>(i)], a2 = b2[static_cast<size_t>(i)];
+    for (int64_t j = 0; j < C; ++j) {
+      a += static_cast<double>(W[static_cast<size_t>(i * C + j)]) * x[static_cast<size_t>(j)];
+      a2 += static_cast<double>(W2[static_cast<size_t>(i * C + j)]) * x[static_cast<size_t>(j)];
+    }
+    y[static_cast<size_t>(i)] = static_cast<float>(a);
+    y2[static_cast<size_t>(i)] = static_cast<float>(a2);
+  }
+  R.rowT(y.data(), scratch.data());
+  for (int64_t i = 0; i < H; ++i) EXPECT_NEAR(y2[static_cast<size_t>(i)], y[static_cast<size_t>(i)], 1e-4) << i;
+
+  const std::string bad = dir("mm_deepstack");
+  write(bad, "model.visual.deepstack_merger_list.0.linear_fc2.weight");
+  auto r = rotate_checkpoint(bad, bad + "_rot", o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("deepstack_merger_list.0.linear_fc2.weight"), std::string::npos) << r.status().message();
+  expect_nothing_left(bad + "_rot");
+}
+
 TEST_F(RotateTest, ConstructionsNamed) {
   const Spec& s = kSpecs[4];  // hidden 96, head_dim 24
   const std::string src = dir("names_src");
@@ -419,15 +554,15 @@ TEST_F(RotateTest, Refusals) {
     s.model_type = "gemma";
     const std::string src = dir("ref_type");
     make_checkpoint(src, s, DType::kF32, 1);
-    refuse(src, RotateOptions{}, "model_type 'gemma'");
+    refuse(src, RotateOptions{}, "model_type 'gemma' has no fold plan (supported: llama, mistral, qwen2, qwen3, qwen3_5, qwen3_5_moe)");
   }
   {
     Spec s = base;
-    s.H = 44;
-    s.hd = 11;
+    s.H = 92;  // 23·4: no Paley base (91 and 45 are not prime powers)
+    s.hd = 23;
     const std::string src = dir("ref_hidden");
     make_checkpoint(src, s, DType::kF32, 1);
-    refuse(src, RotateOptions{}, "hidden_size 44 cannot be rotated: size 44 is not supported: a rotation size must be m*2^k");
+    refuse(src, RotateOptions{}, "hidden_size 92 cannot be rotated: size 92 is not supported: a rotation size must be m*2^k");
   }
   {
     Spec s = base;

@@ -1,6 +1,7 @@
 // larder loads what `larder quantize` wrote: teacher-forced logits of every checkpoint made by
 // tests/quant/quantize_test.py (fixture quantize_out) vs mlx-lm running the same directory with
-// scales/biases upcast to f32 ("f32math").
+// scales/biases upcast to f32 ("f32math"), and of the microscaling-mode checkpoints (mxfp4,
+// nvfp4, mxfp8, a per-module plan) written by larder and by mlx_lm.convert.
 //
 // Bounds (same reasoning as tests/unit/models/arch_parity_test.cpp): on the scalar reference
 // kernel table the dequantized weights s*q + b are the same f32 values on both sides and only
@@ -73,7 +74,7 @@ TEST(QuantizeRoundTrip, LarderLoadsItsOutputLikeMlxLm) {
     }
     ++n_cases;
   }
-  EXPECT_GE(n_cases, 6) << "fixture quantize_out (tests/quant/quantize_test.py) did not run";
+  EXPECT_GE(n_cases, 14) << "fixture quantize_out (tests/quant/quantize_test.py) did not run";
 }
 
 }  // namespace

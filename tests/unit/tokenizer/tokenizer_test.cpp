@@ -257,10 +257,11 @@ std::vector<std::string> hf_names() {
 // Variants of the shared tokenizers with the pipeline components the real files do not use
 // (ByteLevel regex + prefix space, every Split behavior, Metaspace, Digits, WhitespaceSplit,
 // Strip/Replace-regex/NFD/NFKC/Lowercase normalizers, lstrip/rstrip/single_word/normalized
-// added tokens, EOS in the template). Written by tests/ref/tokenizer_golden.py (variants()).
+// added tokens, EOS in the template, gpt-oss's o200k Split regex). Written by
+// tests/ref/tokenizer_golden.py (variants()).
 const char* const kVariants[] = {"v_bytelevel_prefix", "v_split_behaviors", "v_whitespace_digits_nfd",
                                  "v_nfkc_lower_digits", "v_added_flags",     "v_metaspace_first",
-                                 "v_metaspace_always", "v_normalized_added_eos"};
+                                 "v_metaspace_always", "v_normalized_added_eos", "v_o200k_pretokenizer"};
 
 std::vector<std::string> hf_and_variants() {
   auto v = hf_names();

@@ -47,7 +47,10 @@ void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* span
           mx = d > mx ? d : mx;
         }
       }
-      double sum = 0;
+      // A sink is one more logit in the softmax with no value row: it only adds to the sum.
+      const double sink = p.sinks ? static_cast<double>(p.sinks[h]) : -INFINITY;
+      mx = sink > mx ? sink : mx;
+      double sum = p.sinks ? std::exp(sink - mx) : 0.0;
       for (double& sc : scores) {
         sc = std::exp(sc - mx);
         sum += sc;

@@ -52,6 +52,14 @@ void kquant_scale_min(const uint8_t* s, int j, int* sc, int* m);
 // Sub-block i's signed scale (−32..31) of a Q3_K block (`s` = its 12 scale bytes).
 void q3_k_scale(const uint8_t* s, int i, int* scale);
 
+// Microscaling floats (ref/microscaling.cpp; layouts in kernels/microscaling.h): GGUF MXFP4 blocks
+// of 32, and MLX's mxfp4 / nvfp4 / mxfp8 rows (codes + the view's U8 scales).
+void dequant_mxfp4(const uint8_t* src, int64_t blocks, float* out);
+void dequant_row_mxfp4(const WeightView& w, int64_t row, float* out);
+void dequant_row_mlx_mxfp4(const WeightView& w, int64_t row, float* out);
+void dequant_row_mlx_nvfp4(const WeightView& w, int64_t row, float* out);
+void dequant_row_mlx_mxfp8(const WeightView& w, int64_t row, float* out);
+
 // y[n, rows] = x[n, cols] · Wᵀ for any format with a dequant_row entry in the ref table.
 void matmul(const WeightView& w, const float* x, int64_t n, float* y);
 // The reference matmul for any format: each row dequantized by `deq`, dotted with every token in

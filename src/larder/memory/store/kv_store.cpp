@@ -31,6 +31,45 @@ class TieredCold final : public ColdTier {
   SsdTier* ssd_;
   RemoteTier* remote_;
 };
+
+// The remote tier alone, as the RAM tier sees it. Its synchronous store (pressure relief, a
+// spill with no sink) must not do Redis I/O on the engine thread: it succeeds exactly when the
+// write queue has already written the entry (every put is offered to it), so pressure relief
+// drops entries the shared tier holds and keeps the others resident.
+class RemoteCold final : public ColdTier {
+ public:
+  RemoteCold(RemoteTier* remote, RemoteWriteQueue* q) : remote_(remote), q_(q) {}
+  std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns, int64_t longer_than) override {
+    return remote_->find(prompt, ns, longer_than);
+  }
+  std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override {
+    return remote_->restore(found, reason);
+  }
+  bool store(const Entry& e) override { return q_->written(e); }
+  std::string last_find_failure() const override { return remote_->last_find_failure(); }
+
+ private:
+  RemoteTier* remote_;
+  RemoteWriteQueue* q_;
+};
+
+// Spills (evictions, demotions, oversize puts) to the SSD write-behind queue and to the remote
+// queue, which skips entries it has written already.
+class FanOutSink final : public SpillSink {
+ public:
+  FanOutSink(SpillSink* a, SpillSink* b) : a_(a), b_(b) {}
+  void spill(std::shared_ptr<const Entry> e) override {
+    b_->spill(e);
+    a_->spill(std::move(e));
+  }
+
+ private:
+  SpillSink *a_, *b_;
+};
+
+// How long a flush waits for the remote queue: each item is bounded by the tier's timeouts and a
+// dead Redis fails fast (backoff), so this only bounds a long queue against a slow Redis.
+constexpr auto kRemoteFlushLimit = std::chrono::seconds(10);
 }  // namespace
 
 Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
@@ -64,24 +103,31 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
     rc.verify = c.verify;
     LARDER_ASSIGN_OR_RETURN(s->remote_, RemoteTier::open(std::move(rc)));
   }
-  if (s->ssd_ || s->remote_) {
-    // One bounded write-behind queue feeds both tiers (§8.1).
-    s->queue_ = std::make_unique<SpillQueue>(s->ssd_.get(), c.spill_queue_cap_bytes, s->ssd_ && c.background_scan,
-                                             s->remote_.get());
-  }
+  // The SSD tier's bounded write-behind queue (§8.1) and the remote tier's own queue, which
+  // drains while the engine is busy too (remote_queue.h).
+  if (s->ssd_) s->queue_ = std::make_unique<SpillQueue>(s->ssd_.get(), c.spill_queue_cap_bytes, c.background_scan);
+  if (s->remote_) s->remote_queue_ = std::make_unique<RemoteWriteQueue>(s->remote_.get(), c.remote_queue);
   ColdTier* cold = s->ssd_.get();
+  SpillSink* sink = s->queue_.get();
   if (s->ssd_ && s->remote_) {
     s->chain_ = std::make_unique<TieredCold>(s->ssd_.get(), s->remote_.get());
     cold = s->chain_.get();
+    s->fanout_ = std::make_unique<FanOutSink>(s->queue_.get(), s->remote_queue_.get());
+    sink = s->fanout_.get();
   } else if (s->remote_) {
-    cold = s->remote_.get();
+    s->chain_ = std::make_unique<RemoteCold>(s->remote_.get(), s->remote_queue_.get());
+    cold = s->chain_.get();
+    sink = s->remote_queue_.get();
   }
-  s->ram_ = std::make_unique<RamTier>(c.ram_cap_bytes, cold, s->queue_.get());
+  s->ram_ = std::make_unique<RamTier>(c.ram_cap_bytes, cold, sink);
   s->ram_->set_signature(c.signature);
-  if ((s->ssd_ || s->remote_) && c.write_behind) {
+  const bool dirty = s->ssd_ && c.write_behind;
+  if (dirty || s->remote_) {
     KvStore* self = s.get();
-    s->ram_->set_on_put([self](std::span<const TokenId> t, const std::string& ns) {
-      self->dirty_.insert({ns, std::vector<TokenId>(t.begin(), t.end())});
+    s->ram_->set_on_put([self, dirty](std::span<const TokenId> t, const std::string& ns) {
+      if (dirty) self->dirty_.insert({ns, std::vector<TokenId>(t.begin(), t.end())});
+      // Offered to the shared tier at once, busy or not: other replicas need it now.
+      if (self->remote_queue_) self->remote_queue_->publish(self->ram_->find_exact(t, ns));
     });
   }
   return s;
@@ -90,14 +136,29 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
 KvStore::~KvStore() {
   // RAM first (its clear never spills), then the writer thread, then the tiers it writes to.
   ram_.reset();
+  fanout_.reset();
   queue_.reset();
+  remote_queue_.reset();
   chain_.reset();
   remote_.reset();
   ssd_.reset();
 }
 
-void KvStore::count(const TakeResult& r) {
+NsStats& KvStore::ns_counters(const std::string& ns) {
+  auto it = ns_counts_.find(ns);
+  if (it != ns_counts_.end()) return it->second;
+  return ns_counts_[ns_counts_.size() < kMaxCountedNamespaces ? ns : std::string()];
+}
+
+void KvStore::count(const TakeResult& r, const std::string& ns) {
   std::lock_guard<std::mutex> lock(stats_mu_);
+  NsStats& n = ns_counters(ns);
+  if (r.hit) {
+    ++n.hits;
+    n.reused_tokens += static_cast<uint64_t>(r.hit->tokens);
+  } else {
+    ++n.misses;
+  }
   if (!r.hit) {
     ++miss_;
   } else if (r.hit->tier == Tier::kSsd) {
@@ -115,14 +176,21 @@ void KvStore::count(const TakeResult& r) {
     std::string key = r.report.reason;
     if (key.rfind("diverged_at:", 0) == 0) key = "diverged";  // bounded label set for metrics
     if (key.rfind("ssd_removed:", 0) == 0) key = "ssd_removed";
+    if (key.rfind("other_namespace:", 0) == 0) key = "other_namespace";
     ++reasons_[key];
   }
 }
 
-void KvStore::unusable_hit(CacheReport* report, const std::string& reason) {
+void KvStore::unusable_hit(CacheReport* report, const std::string& reason, const std::string& ns) {
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(report->reused_tokens, 0));
+    if (report->tier != Tier::kNone) {
+      NsStats& c = ns_counters(ns);
+      if (c.hits) --c.hits;
+      c.reused_tokens -= std::min(c.reused_tokens, n);
+      ++c.misses;
+    }
     if (report->tier == Tier::kSsd) {
       if (hit_ssd_) --hit_ssd_;
       reused_ssd_ -= std::min(reused_ssd_, n);
@@ -144,7 +212,7 @@ void KvStore::unusable_hit(CacheReport* report, const std::string& reason) {
 
 TakeResult KvStore::take(std::span<const TokenId> prompt, const std::string& ns) {
   TakeResult r = ram_->take(prompt, ns);
-  count(r);
+  count(r, ns);
   LARDER_LOG_DEBUG("[kv-store] take %zu tokens ns=%s: tier=%s reused=%lld best=%lld reason=%s", prompt.size(),
                    ns.c_str(), tier_name(r.report.tier), static_cast<long long>(r.report.reused_tokens),
                    static_cast<long long>(r.report.best_candidate_tokens), r.report.reason.c_str());
@@ -176,6 +244,7 @@ Status KvStore::put_boundary(std::span<const TokenId> prefix, const SequenceStat
 
 void KvStore::set_engine_busy(bool busy) {
   if (queue_) queue_->set_busy(busy);
+  if (remote_queue_) remote_queue_->set_busy(busy);
 }
 
 size_t KvStore::write_behind() {
@@ -207,8 +276,10 @@ size_t KvStore::write_behind() {
 
 FlushReport KvStore::flush() {
   FlushReport rep;
+  if (remote_queue_ && !remote_queue_->drain(kRemoteFlushLimit))
+    LARDER_LOG_WARN("[kv-remote] flush: the remote write queue did not drain in %lld s; the rest is not shared",
+                    static_cast<long long>(kRemoteFlushLimit.count()));
   if (!ssd_) {
-    if (queue_) queue_->drain();  // remote-only: hand Redis what is queued (bounded by its timeouts)
     for (const auto& e : ram_->entries())
       rep.not_written.push_back(strfmt("%s:%zu:no_ssd_tier", e->ns.c_str(), e->tokens.size()));
     return rep;
@@ -299,6 +370,7 @@ StoreStats KvStore::stats() const {
   s.remote_enabled = remote_ != nullptr;
   if (remote_) {
     s.remote = remote_->stats();
+    s.remote_queue = remote_queue_->stats();
     s.remote_url = remote_->config().url.redacted();
     s.remote_chunk_tokens = remote_->config().chunk_tokens;
   }
@@ -315,10 +387,81 @@ StoreStats KvStore::stats() const {
   s.miss_reasons = reasons_;
   s.checkpoints_stored = checkpoints_stored_;
   s.checkpoint_hits = checkpoint_hits_;
+  s.namespaces = ns_counts_;
+  for (const auto& [ns, r] : ram_->stats_by_ns()) {
+    NsStats& n = s.namespaces[ns];
+    n.ram_entries = r.entries;
+    n.ram_bytes = r.bytes;
+    n.ram_mapped_bytes = r.mapped_bytes;
+  }
+  if (ssd_) {
+    for (const auto& [ns, u] : ssd_->stats_by_ns()) {
+      NsStats& n = s.namespaces[ns];
+      n.ssd_entries = u.entries;
+      n.ssd_bytes = u.bytes;
+    }
+  }
   return s;
 }
 
-nlohmann::json stats_json(const StoreStats& s) {
+namespace {
+struct LabelledNs {
+  std::string label;
+  std::string id;      // empty for "other"
+  size_t folded = 0;   // namespaces folded into "other"
+  NsStats st;
+};
+
+// The namespaces under their labels: the labelled ones in label order, then "other" (always
+// present, so a dashboard's series do not come and go).
+std::vector<LabelledNs> labelled_namespaces(const StoreStats& s, const NsLabels& labels) {
+  std::map<std::string, LabelledNs> named;
+  LabelledNs other{"other", "", 0, {}};
+  auto add = [](NsStats& a, const NsStats& b) {
+    a.ram_entries += b.ram_entries;
+    a.ram_bytes += b.ram_bytes;
+    a.ram_mapped_bytes += b.ram_mapped_bytes;
+    a.ssd_entries += b.ssd_entries;
+    a.ssd_bytes += b.ssd_bytes;
+    a.hits += b.hits;
+    a.misses += b.misses;
+    a.reused_tokens += b.reused_tokens;
+  };
+  named["base"] = {"base", "base", 0, {}};
+  for (const auto& [ns, st] : s.namespaces) {
+    auto it = labels.find(ns);
+    const std::string label = ns == "base" ? "base" : it != labels.end() ? it->second : "";
+    if (label.empty()) {
+      add(other.st, st);
+      if (!ns.empty()) ++other.folded;
+      continue;
+    }
+    LabelledNs& l = named[label];
+    if (l.label.empty()) l = {label, ns, 0, {}};
+    add(l.st, st);
+  }
+  std::vector<LabelledNs> out;
+  for (auto& [label, l] : named) out.push_back(std::move(l));
+  out.push_back(std::move(other));
+  return out;
+}
+
+// Prometheus label values escape backslash, quote and newline (adapter names come from flags).
+std::string prom_escape(const std::string& v) {
+  std::string o;
+  for (char c : v) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+}  // namespace
+
+nlohmann::json stats_json(const StoreStats& s, const NsLabels& labels) {
   nlohmann::json j;
   j["ram"] = {{"entries", s.ram.entries}, {"bytes", s.ram.bytes}, {"mapped_bytes", s.ram.mapped_bytes},
               {"hits", s.ram.hits}, {"misses", s.ram.misses}, {"evictions", s.ram.evictions},
@@ -339,7 +482,11 @@ nlohmann::json stats_json(const StoreStats& s) {
                  {"bytes_written", r.bytes_written}, {"writes", r.writes}, {"write_failures", r.write_failures},
                  {"timeouts", r.timeouts}, {"errors", r.errors}, {"down", r.down},
                  {"corrupt", r.corrupt}, {"incompatible", r.incompatible}, {"connects", r.connects},
-                 {"reconnects", r.reconnects}};
+                 {"reconnects", r.reconnects},
+                 {"queue", {{"items", s.remote_queue.queued_items}, {"bytes", s.remote_queue.queued_bytes},
+                            {"written", s.remote_queue.written}, {"failed", s.remote_queue.failed},
+                            {"dropped", s.remote_queue.dropped}, {"skipped", s.remote_queue.skipped},
+                            {"paced_seconds", s.remote_queue.paced_s}}}};
   j["lookups"] = {{"hit_ram", s.lookups_hit_ram}, {"hit_ssd", s.lookups_hit_ssd},
                   {"hit_remote", s.lookups_hit_remote}, {"miss", s.lookups_miss}};
   j["reused_tokens"] = {{"ram", s.reused_tokens_ram}, {"ssd", s.reused_tokens_ssd}, {"remote", s.reused_tokens_remote}};
@@ -347,10 +494,24 @@ nlohmann::json stats_json(const StoreStats& s) {
   j["checkpoints"] = {{"stored", s.checkpoints_stored}, {"hits", s.checkpoint_hits}};
   j["dirty_keys"] = s.dirty_keys;
   j["longest_durable_prefix_tokens"] = s.longest_durable_prefix_tokens;
+  nlohmann::json ns = nlohmann::json::object();
+  for (const LabelledNs& l : labelled_namespaces(s, labels)) {
+    const NsStats& n = l.st;
+    nlohmann::json e = {{"ram", {{"entries", n.ram_entries}, {"bytes", n.ram_bytes}, {"mapped_bytes", n.ram_mapped_bytes}}},
+                        {"ssd", {{"entries", n.ssd_entries}, {"bytes", n.ssd_bytes}}},
+                        {"hits", n.hits}, {"misses", n.misses}, {"reused_tokens", n.reused_tokens}};
+    if (l.id.empty()) {
+      e["namespaces"] = l.folded;
+    } else {
+      e["id"] = l.id;
+    }
+    ns[l.label] = std::move(e);
+  }
+  j["namespaces"] = std::move(ns);
   return j;
 }
 
-std::string stats_prometheus(const StoreStats& s) {
+std::string stats_prometheus(const StoreStats& s, const NsLabels& labels) {
   std::string o;
   auto line = [&](const char* name, const std::string& labels, unsigned long long v) {
     o += strfmt("%s%s %llu\n", name, labels.empty() ? "" : ("{" + labels + "}").c_str(), v);
@@ -382,6 +543,18 @@ std::string stats_prometheus(const StoreStats& s) {
   line("larder_kv_queue_bytes", "", s.queue.queued_bytes);
   line("larder_kv_dirty_keys", "", s.dirty_keys);
   line("larder_kv_longest_durable_prefix_tokens", "", static_cast<unsigned long long>(s.longest_durable_prefix_tokens));
+  // By namespace (issue 45); the label set is bounded by NsLabels (see kv_store.h).
+  for (const LabelledNs& l : labelled_namespaces(s, labels)) {
+    const std::string ns = "namespace=\"" + prom_escape(l.label) + "\"";
+    line("larder_kv_namespace_entries", ns + ",tier=\"ram\"", l.st.ram_entries);
+    line("larder_kv_namespace_entries", ns + ",tier=\"ssd\"", l.st.ssd_entries);
+    line("larder_kv_namespace_bytes", ns + ",tier=\"ram\"", l.st.ram_bytes);
+    line("larder_kv_namespace_bytes", ns + ",tier=\"mapped\"", l.st.ram_mapped_bytes);
+    line("larder_kv_namespace_bytes", ns + ",tier=\"ssd\"", l.st.ssd_bytes);
+    line("larder_kv_namespace_lookups_total", ns + ",result=\"hit\"", l.st.hits);
+    line("larder_kv_namespace_lookups_total", ns + ",result=\"miss\"", l.st.misses);
+    line("larder_kv_namespace_reused_tokens_total", ns, l.st.reused_tokens);
+  }
   if (s.remote_enabled) {
     // The remote tier (issue 46): per-tier hits, misses, bytes, latencies, timeouts and errors.
     const RemoteStats& r = s.remote;
@@ -402,6 +575,16 @@ std::string stats_prometheus(const StoreStats& s) {
     line("larder_kv_remote_errors_total", "kind=\"corrupt\"", r.corrupt);
     line("larder_kv_remote_errors_total", "kind=\"incompatible\"", r.incompatible);
     line("larder_kv_remote_reconnects_total", "", r.reconnects);
+    // The remote write queue (remote_queue.h): entries written, failed, dropped oldest-first
+    // when over --kv-remote-queue, skipped (already written); its bytes; time paced while busy.
+    const RemoteQueueStats& q = s.remote_queue;
+    line("larder_kv_remote_queue_bytes", "", q.queued_bytes);
+    line("larder_kv_remote_queue_items", "", q.queued_items);
+    line("larder_kv_remote_queue_total", "outcome=\"written\"", q.written);
+    line("larder_kv_remote_queue_total", "outcome=\"failed\"", q.failed);
+    line("larder_kv_remote_queue_total", "outcome=\"dropped\"", q.dropped);
+    line("larder_kv_remote_queue_total", "outcome=\"skipped\"", q.skipped);
+    o += strfmt("larder_kv_remote_queue_paced_seconds_total %g\n", q.paced_s);
     for (const auto& [op, h] : {std::pair<const char*, const RemoteLatency*>{"read", &r.read_latency},
                                 std::pair<const char*, const RemoteLatency*>{"write", &r.write_latency}}) {
       for (size_t i = 0; i < kRemoteLatencyBounds.size(); ++i) {

@@ -9,15 +9,17 @@
 //   store->flush();                                         // SIGTERM / POST /admin/kv/flush
 //
 // Engine-loop duties: set_engine_busy(true/false) around running rows (the SSD writer's idle
-// gate); when fully idle call write_behind() (snapshots of new entries) and, every few seconds,
+// gate, the remote writer's pace); when fully idle call write_behind() (snapshots of new entries
+// for the SSD tier; the remote tier is offered every put at once) and, every few seconds,
 // demote_idle(--ssd-demote-idle); after a take, when live memory is over budget, call
 // relieve_pressure(over_budget). stats() feeds /stats (stats_json) and /metrics
 // (stats_prometheus); every TakeResult carries its CacheReport for x-larder-cache and logs.
 //
 // Threads: one engine thread owns the store and calls every method, stats() included (the
 // server asks the engine for a copy through its queue; system.md §4). The SSD writer thread
-// (inside SpillQueue) runs the startup scan and drains the write-behind queue; all cross-thread
-// state is inside SpillQueue and SsdTier (documented there). Nothing here installs signal
+// (inside SpillQueue) runs the startup scan and drains the write-behind queue; the remote writer
+// (inside RemoteWriteQueue) drains the remote tier's queue; all cross-thread state is inside
+// those queues and the tiers (documented there). Nothing here installs signal
 // handlers: on SIGTERM the server stops admission, drains, and calls flush() on the engine
 // thread (§8.4); the returned FlushReport lists what could not be written.
 #pragma once
@@ -33,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/memory/store/ram_tier.h"
+#include "larder/memory/store/remote_queue.h"
 #include "larder/memory/store/remote_tier.h"
 #include "larder/memory/store/spill_queue.h"
 #include "larder/memory/store/ssd_tier.h"
@@ -55,6 +58,7 @@ struct KvStoreConfig {
   std::string remote_password_env;                // LARDER_KV_REMOTE_PASSWORD (used when the URL has none)
   int remote_timeout_ms = 100;                    // --kv-remote-timeout-ms
   int64_t remote_chunk_tokens = 256;              // tokens per remote value (serve derives ~4 MiB)
+  RemoteQueueConfig remote_queue;                 // --kv-remote-queue, --kv-remote-write-mibps
 };
 
 struct FlushReport {
@@ -68,6 +72,15 @@ struct FlushReport {
   std::vector<std::string> not_written;  // "<ns>:<n tokens>:<reason>" per entry not on disk
 };
 
+// One namespace's share of the store (issue 45): what is held in each tier and what its takes
+// found. Lookups count a take once (a hit in any tier, or a miss).
+struct NsStats {
+  size_t ram_entries = 0, ram_bytes = 0, ram_mapped_bytes = 0;
+  size_t ssd_entries = 0;
+  uint64_t ssd_bytes = 0;
+  uint64_t hits = 0, misses = 0, reused_tokens = 0;
+};
+
 struct StoreStats {
   RamStats ram;
   bool ssd_enabled = false;
@@ -76,6 +89,7 @@ struct StoreStats {
   std::string remote_url;  // redacted
   int64_t remote_chunk_tokens = 0;
   RemoteStats remote;
+  RemoteQueueStats remote_queue;
   QueueStats queue;
   uint64_t lookups_hit_ram = 0, lookups_hit_ssd = 0, lookups_hit_remote = 0, lookups_miss = 0;
   uint64_t reused_tokens_ram = 0, reused_tokens_ssd = 0, reused_tokens_remote = 0;
@@ -85,10 +99,18 @@ struct StoreStats {
   std::map<std::string, uint64_t> miss_reasons;  // reason class (diverged_at:* folded) → count
   // Boundary checkpoints by kind (prompt_end, message_end): captured, and hits they served.
   std::map<std::string, uint64_t> checkpoints_stored, checkpoint_hits;
+  // By namespace id. The take counters keep at most KvStore::kMaxCountedNamespaces ids (each
+  // cache_salt is a namespace); takes of further ones are counted under "" (folded into "other").
+  std::map<std::string, NsStats> namespaces;
 };
-nlohmann::json stats_json(const StoreStats& s);
+// Namespace id → the label /stats and /metrics show it under. The server names each namespace it
+// can name (the base, each --lora adapter at its scale: adapters are fixed at start, so the label
+// set is bounded); every other id (per-request scales, cache_salt, adapters of an earlier run on
+// the SSD tier) is folded into one "other" entry. "base" is always labelled "base".
+using NsLabels = std::map<std::string, std::string>;
+nlohmann::json stats_json(const StoreStats& s, const NsLabels& labels = {});
 // Prometheus text exposition with the names of kv-store.md §13.
-std::string stats_prometheus(const StoreStats& s);
+std::string stats_prometheus(const StoreStats& s, const NsLabels& labels = {});
 
 class KvStore {
  public:
@@ -102,7 +124,7 @@ class KvStore {
   // schema, or it covers the whole prompt and cannot be trimmed back): the take is re-counted as
   // a miss with `reason`, and `report` becomes that miss (tier none, nothing reused) — a hit that
   // reused nothing must never be reported as a hit.
-  void unusable_hit(CacheReport* report, const std::string& reason);
+  void unusable_hit(CacheReport* report, const std::string& reason, const std::string& ns);
   int64_t peek(std::span<const TokenId> prompt, const std::string& ns) const { return ram_->peek(prompt, ns); }
   // POST /v1/kv/lookup: what a take of `prompt` would reuse from RAM and from the SSD tier, each
   // on its own, with no side effect (no LRU touch, no restore, no hit/miss counted). Engine
@@ -145,24 +167,29 @@ class KvStore {
   void wait_ssd_ready() const;
 
   StoreStats stats() const;
+  static constexpr size_t kMaxCountedNamespaces = 256;
   RamTier& ram() { return *ram_; }
   SsdTier* ssd() { return ssd_.get(); }
   RemoteTier* remote() { return remote_.get(); }
 
  private:
   explicit KvStore(KvStoreConfig cfg) : cfg_(std::move(cfg)) {}
-  void count(const TakeResult& r);
+  void count(const TakeResult& r, const std::string& ns);
+  NsStats& ns_counters(const std::string& ns);  // under stats_mu_
 
   KvStoreConfig cfg_;
   std::unique_ptr<SsdTier> ssd_;
   std::unique_ptr<RemoteTier> remote_;
-  std::unique_ptr<ColdTier> chain_;  // SSD then remote, when both exist
-  std::unique_ptr<SpillQueue> queue_;
+  std::unique_ptr<ColdTier> chain_;  // SSD then remote, or remote alone (its stores never do I/O here)
+  std::unique_ptr<SpillQueue> queue_;          // SSD write-behind (with an SSD tier)
+  std::unique_ptr<RemoteWriteQueue> remote_queue_;  // with a remote tier
+  std::unique_ptr<SpillSink> fanout_;          // spills to both queues when both exist
   std::unique_ptr<RamTier> ram_;
   std::set<std::pair<std::string, std::vector<TokenId>>> dirty_;
   mutable std::mutex stats_mu_;  // guards the counters below (stats() may run on another thread)
   uint64_t hit_ram_ = 0, hit_ssd_ = 0, hit_remote_ = 0, miss_ = 0, reused_ram_ = 0, reused_ssd_ = 0, reused_remote_ = 0;
   std::map<std::string, uint64_t> reasons_;
+  std::map<std::string, NsStats> ns_counts_;  // only hits, misses, reused_tokens are used
   std::map<std::string, uint64_t> checkpoints_stored_, checkpoint_hits_;
   uint64_t dropped_seen_ = 0;
   uint64_t missing_total_ = 0, missing_reported_ = 0;

@@ -185,6 +185,7 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
   const int64_t cap = static_cast<int64_t>(prompt.size()) - 1;
   bool any_same_ns = probe.any_same_ns;
   int64_t best_lcp = probe.best_lcp, other_lcp = probe.best_lcp_other_ns;
+  std::string other_ns = probe.best_other_ns;
   // The longest same-ns candidate that was *not* usable, and why.
   int64_t blocked_len = 0;
   std::string blocked_reason;
@@ -192,7 +193,10 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
     const Entry& e = *r.entry;
     const int64_t lcp = common_prefix(e.tokens, prompt);
     if (e.ns != ns) {
-      other_lcp = std::max(other_lcp, lcp);
+      if (lcp > other_lcp || (lcp == other_lcp && lcp > 0 && other_ns.empty())) {
+        other_lcp = lcp;
+        other_ns = e.ns;
+      }
       continue;
     }
     any_same_ns = true;
@@ -211,6 +215,10 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
     if (g.ns == ns) ghost_lcp = std::max(ghost_lcp, std::min(common_prefix(g.tokens, prompt), cap));
   }
   rep.best_candidate_tokens = std::max(best_lcp, reused);
+  // A longer prefix than this ns could serve is held under another one (another adapter set,
+  // scale or salt; §11.4): named, so a miss across namespaces is explained, not a bare divergence.
+  const bool other_longer = std::min(other_lcp, cap) > std::max(reused, std::min(best_lcp, cap)) && !other_ns.empty();
+  const std::string other_reason = "other_namespace:" + other_ns;
 
   if (reused > 0) {
     if (served && served->tokens.size() == prompt.size() &&
@@ -226,6 +234,8 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
       rep.reason = "evicted:ram";
     } else if (std::min(probe.evicted_lcp, cap) > reused) {
       rep.reason = "evicted:ssd";
+    } else if (other_longer) {
+      rep.reason = other_reason;
     } else if (reused < cap && served && static_cast<int64_t>(served->tokens.size()) > reused) {
       rep.reason = strfmt("diverged_at:%lld", static_cast<long long>(reused));
     } else {
@@ -245,8 +255,10 @@ CacheReport RamTier::explain(std::span<const TokenId> prompt, const std::string&
     rep.reason = "evicted:ssd";
   } else if (probe.scanning) {
     rep.reason = "ssd_scanning";
+  } else if (other_longer) {
+    rep.reason = other_reason;
   } else if (!any_same_ns) {
-    rep.reason = other_lcp > 0 ? "other_namespace" : "empty_namespace";
+    rep.reason = "empty_namespace";
   } else {
     rep.reason = strfmt("diverged_at:%lld", static_cast<long long>(std::min(best_lcp, std::max<int64_t>(cap, 0))));
   }
@@ -460,6 +472,20 @@ RamStats RamTier::stats() const {
   s.bytes = distinct_bytes(refs, Backing::kAnon);
   s.mapped_bytes = distinct_bytes(refs, Backing::kMapped);
   return s;
+}
+
+std::map<std::string, RamNsStats> RamTier::stats_by_ns() const {
+  std::map<std::string, std::vector<StorageRef>> refs;
+  std::map<std::string, RamNsStats> out;
+  for (const Record& r : records_) {
+    ++out[r.entry->ns].entries;
+    r.entry->storage(&refs[r.entry->ns]);
+  }
+  for (auto& [ns, st] : out) {
+    st.bytes = distinct_bytes(refs[ns], Backing::kAnon);
+    st.mapped_bytes = distinct_bytes(refs[ns], Backing::kMapped);
+  }
+  return out;
 }
 
 std::vector<std::shared_ptr<const Entry>> RamTier::entries() const {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -33,6 +34,7 @@ struct ColdProbe {
   bool any_same_ns = false;
   int64_t best_lcp = 0;         // longest common prefix among same-ns records (usable or not)
   int64_t best_lcp_other_ns = 0;
+  std::string best_other_ns;    // the other ns that holds best_lcp_other_ns (first found on ties)
   int64_t evicted_lcp = 0;      // longest usable prefix among recently evicted same-ns files
   int64_t removed_lcp = 0;      // ... among same-ns files the startup scan removed as unusable
   std::string removed_file;     // the file name of that one
@@ -73,6 +75,13 @@ struct RamStats {
   uint64_t superseded = 0, duplicates = 0, oversize = 0;
   uint64_t restores = 0, restore_failures = 0;  // SSD restores served through this tier's take
   uint64_t cold_rejects = 0;                    // restored but unusable (floor / untrimmable tail)
+};
+
+// One namespace's share of the RAM tier (issue 45: /stats and /metrics by namespace).
+struct RamNsStats {
+  size_t entries = 0;
+  size_t bytes = 0;         // distinct anonymous bytes of this ns's entries
+  size_t mapped_bytes = 0;  // distinct file-backed bytes of this ns's entries
 };
 
 struct PutOptions {
@@ -117,6 +126,9 @@ class RamTier {
   void set_signature(std::string sig) { signature_ = std::move(sig); }
 
   RamStats stats() const;
+  // Entries and bytes by namespace (entries of two namespaces never share storage: a KV prefix
+  // computed under one adapter set is never attached under another).
+  std::map<std::string, RamNsStats> stats_by_ns() const;
   size_t cap_bytes() const { return cap_bytes_; }
   // Snapshot of resident entries, oldest insertion first (for flush and write-behind).
   std::vector<std::shared_ptr<const Entry>> entries() const;

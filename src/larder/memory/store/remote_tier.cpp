@@ -538,7 +538,7 @@ std::shared_ptr<const Entry> RemoteTier::restore(const ColdFind& found, std::str
   return e;
 }
 
-bool RemoteTier::store(const Entry& entry) {
+bool RemoteTier::store(const Entry& entry, const std::function<bool(uint64_t)>& after_batch) {
   const int64_t C = cfg_.chunk_tokens;
   if (!entry.layers.empty() || !entry.attachments.empty() || !entry.kv) {
     // Sliding-window rings, recurrent state, attachments: the entry is stored whole, as an
@@ -578,14 +578,17 @@ bool RemoteTier::store(const Entry& entry) {
       count_failure("remote_error");
       return failed();
     }
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    if (sr->type == REDIS_REPLY_STATUS) {
-      ++st_.chunks_written;
-      st_.bytes_written += v->size();
-    } else {
-      ++st_.chunks_present;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      if (sr->type == REDIS_REPLY_STATUS) {
+        ++st_.chunks_written;
+        st_.bytes_written += v->size();
+      } else {
+        ++st_.chunks_present;
+      }
+      ++st_.writes;
     }
-    ++st_.writes;
+    if (after_batch) after_batch(v->size());  // the value is stored: pacing only delays the next
     return true;
   }
   std::vector<std::string> keys = remote_chunk_keys(identity_id_, entry.ns, C, entry.tokens);
@@ -653,10 +656,19 @@ bool RemoteTier::store(const Entry& entry) {
         return failed();
       }
     }
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    st_.chunks_written += written;
-    st_.chunks_present += nx;
-    st_.bytes_written += bytes;
+    uint64_t sent = 0;
+    for (const std::string& v : values) sent += v.size();
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      st_.chunks_written += written;
+      st_.chunks_present += nx;
+      st_.bytes_written += bytes;
+    }
+    sets.clear();
+    values.clear();  // not held while paced
+    replies.clear();
+    // The write queue's budget: the next batch waits its turn (on shutdown the rest is dropped).
+    if (after_batch && !after_batch(sent) && end < missing.size()) return failed();
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
   st_.chunks_present += present;

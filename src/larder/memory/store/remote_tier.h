@@ -23,7 +23,8 @@
 // prefill), never wrong and never stuck. Reconnects are automatic.
 //
 // Threads: two connections, each behind its own mutex: one for lookups (engine thread), one
-// for writes (the write-behind writer thread; pressure relief and flush on the engine thread),
+// for writes (the remote write queue's thread, remote_queue.h; a synchronous store only where
+// a caller asks for one, e.g. tests),
 // so a lookup never waits behind a multi-megabyte write. The stash between find and restore is
 // engine-thread only. Stats are guarded by their own mutex.
 //
@@ -38,6 +39,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -99,7 +101,10 @@ class RemoteTier final : public ColdTier {
   std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns,
                                int64_t longer_than = 0) override;
   std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override;
-  bool store(const Entry& entry) override;
+  bool store(const Entry& entry) override { return store(entry, {}); }
+  // The same, calling `after_batch(bytes sent)` after each pipelined batch of values (the write
+  // queue's pacing); when it returns false the store stops there and fails (shutdown).
+  bool store(const Entry& entry, const std::function<bool(uint64_t)>& after_batch);
   std::string last_find_failure() const override { return find_failure_; }
   // POST /v1/kv/lookup: how many leading tokens of `prompt` a take would reuse from this tier
   // (full chunks, or a longer boundary checkpoint the prompt matches whole; at most len - 1),

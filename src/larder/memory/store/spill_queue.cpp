@@ -2,8 +2,7 @@
 
 namespace larder::memory {
 
-SpillQueue::SpillQueue(SsdTier* ssd, size_t cap_bytes, bool scan_first, ColdTier* remote)
-    : ssd_(ssd), remote_(remote), cap_(cap_bytes) {
+SpillQueue::SpillQueue(SsdTier* ssd, size_t cap_bytes, bool scan_first) : ssd_(ssd), cap_(cap_bytes) {
   thread_ = std::thread([this, scan_first] { run(scan_first); });
 }
 
@@ -99,13 +98,7 @@ void SpillQueue::run(bool scan_first) {
     bytes_ -= item.bytes;
     in_flight_ = true;
     lock.unlock();
-    // The SSD tier's result is the item's outcome (the durability flush counts on it); without
-    // one, the remote write's. A remote failure is counted by the remote tier itself.
-    bool ok = ssd_ && ssd_->store(*item.entry);
-    if (remote_) {
-      const bool rok = remote_->store(*item.entry);
-      if (!ssd_) ok = rok;
-    }
+    const bool ok = ssd_ && ssd_->store(*item.entry);
     item.entry.reset();  // settle: release the views before reporting completion
     lock.lock();
     in_flight_ = false;

@@ -3,7 +3,8 @@
 //
 // Producers (engine thread): eviction spills (`spill`, via SpillSink) and write-behind
 // snapshots (`snapshot`). One consumer: the SSD writer thread, which first runs the startup scan
-// and then drains the queue into SsdTier::store (and the remote tier's store, when there is one). Items are references to immutable entries, so
+// and then drains the queue into SsdTier::store. (The remote tier has its own queue that drains
+// while the engine is busy too: remote_queue.h.) Items are references to immutable entries, so
 // "views" are released by dropping the reference on every settle path (written, failed, dropped).
 //
 // Bounds: queue bytes = Σ entry bytes of queued items. Over the cap, queued snapshots are dropped
@@ -42,9 +43,8 @@ struct QueueStats {
 
 class SpillQueue final : public SpillSink {
  public:
-  // Starts the writer thread. With scan_first, it runs ssd->scan() before draining. `remote`
-  // (optional, the Redis tier) receives every item too, after the SSD tier; either may be null.
-  SpillQueue(SsdTier* ssd, size_t cap_bytes, bool scan_first, ColdTier* remote = nullptr);
+  // Starts the writer thread. With scan_first, it runs ssd->scan() before draining.
+  SpillQueue(SsdTier* ssd, size_t cap_bytes, bool scan_first);
   // Stops the writer after the in-flight item; queued items are dropped (call flush first for
   // durability — the store facade's flush does).
   ~SpillQueue() override;
@@ -70,7 +70,6 @@ class SpillQueue final : public SpillSink {
   void run(bool scan_first);
 
   SsdTier* ssd_;
-  ColdTier* remote_;
   size_t cap_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

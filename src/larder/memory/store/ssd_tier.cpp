@@ -242,8 +242,9 @@ ColdProbe SsdTier::probe(std::span<const TokenId> prompt, const std::string& ns)
     if (r.ns == ns) {
       p.any_same_ns = true;
       p.best_lcp = std::max(p.best_lcp, lcp);
-    } else {
-      p.best_lcp_other_ns = std::max(p.best_lcp_other_ns, lcp);
+    } else if (lcp > p.best_lcp_other_ns) {
+      p.best_lcp_other_ns = lcp;
+      p.best_other_ns = r.ns;
     }
   }
   for (const auto& [ns_g, toks] : ghosts_)
@@ -442,6 +443,17 @@ SsdStats SsdTier::stats() const {
   s.bytes = total_bytes_locked();
   s.ready = ready();
   return s;
+}
+
+std::map<std::string, SsdTier::NsUsage> SsdTier::stats_by_ns() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, NsUsage> out;
+  for (const SsdRecord& r : index_) {
+    NsUsage& u = out[r.ns];
+    ++u.entries;
+    u.bytes += r.bytes;
+  }
+  return out;
 }
 
 std::vector<SsdRecord> SsdTier::records() const {

@@ -92,6 +92,12 @@ class SsdTier final : public ColdTier {
   size_t clear();
 
   SsdStats stats() const;
+  // Indexed files and their allocated bytes by namespace (/stats and /metrics, issue 45).
+  struct NsUsage {
+    size_t entries = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, NsUsage> stats_by_ns() const;
   std::vector<SsdRecord> records() const;
   const std::string& identity_dir() const { return id_dir_; }
   std::string path_for(const std::string& ns, std::span<const TokenId> tokens) const;

@@ -141,6 +141,7 @@ void attention_block(const AttentionCall& call, AttentionScratch& s, float* out)
   ap.head_dim = hd;
   ap.scale = spec.attn_scale;
   ap.window = spec.kind == LayerKind::kSliding ? spec.window : 0;
+  ap.sinks = w.sinks.empty() ? nullptr : w.sinks.data();
   if (keep && own_kv) keep->resize(seqs.size());
   // One sequence: its K/V write, the spans its slot hands out, causal attention over them.
   // Sequences touch only their own state, keep entry and output rows, so they may run on

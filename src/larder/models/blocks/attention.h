@@ -30,6 +30,9 @@ struct AttentionWeights {
   Projection q, k, v, o;  // biases per bind_attention; k/v unbound in a KV-sharing layer, v in a k_eq_v one
   RmsNorm q_norm, k_norm;  // empty unless spec.norms.qk
   RmsNorm v_norm;          // spec.norms.v: unit gain (the reference's norm has no weight)
+  // Attention sinks (gpt-oss `self_attn.sinks`): [n_heads] logits in each head's softmax
+  // denominator (kernels::AttentionParams::sinks); empty: none. Bound by the family.
+  std::vector<float> sinks;
 };
 
 // KV sharing (LayerSpec::kv_source): what a source layer whose state is a ring attended over in

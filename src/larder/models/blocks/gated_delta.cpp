@@ -11,19 +11,34 @@ Status bind_gated_delta(WeightBinder& b, const std::string& p, const LayerSpec& 
                         bool a_log_is_a, GatedDeltaWeights* w) {
   const GatedDeltaDims& d = spec.delta;
   const int64_t C = d.conv_dim();
-  LARDER_ASSIGN_OR_RETURN(w->qkv, b.projection({.module = p + "in_proj_qkv",
-                                                .out = C,
+  w->fused_qkvz = b.has(p + "in_proj_qkvz.weight");
+  w->fused_ba = b.has(p + "in_proj_ba.weight");
+  if (w->fused_qkvz) {
+    LARDER_ASSIGN_OR_RETURN(w->qkvz, b.projection({.module = p + "in_proj_qkvz",
+                                                   .out = C + d.value_dim(),
+                                                   .in = hidden,
+                                                   .why = "2*linear_num_key_heads*linear_key_head_dim + "
+                                                          "2*linear_num_value_heads*linear_value_head_dim x hidden_size"}));
+  } else {
+    LARDER_ASSIGN_OR_RETURN(w->qkv, b.projection({.module = p + "in_proj_qkv",
+                                                  .out = C,
+                                                  .in = hidden,
+                                                  .why = "2*linear_num_key_heads*linear_key_head_dim + "
+                                                         "linear_num_value_heads*linear_value_head_dim x hidden_size"}));
+    LARDER_ASSIGN_OR_RETURN(w->z, b.projection({.module = p + "in_proj_z",
+                                                .out = d.value_dim(),
                                                 .in = hidden,
-                                                .why = "2*linear_num_key_heads*linear_key_head_dim + "
-                                                       "linear_num_value_heads*linear_value_head_dim x hidden_size"}));
-  LARDER_ASSIGN_OR_RETURN(w->z, b.projection({.module = p + "in_proj_z",
-                                              .out = d.value_dim(),
-                                              .in = hidden,
-                                              .why = "linear_num_value_heads*linear_value_head_dim x hidden_size"}));
-  LARDER_ASSIGN_OR_RETURN(w->b, b.projection({.module = p + "in_proj_b", .out = d.n_v_heads, .in = hidden,
-                                              .why = "linear_num_value_heads x hidden_size"}));
-  LARDER_ASSIGN_OR_RETURN(w->a, b.projection({.module = p + "in_proj_a", .out = d.n_v_heads, .in = hidden,
-                                              .why = "linear_num_value_heads x hidden_size"}));
+                                                .why = "linear_num_value_heads*linear_value_head_dim x hidden_size"}));
+  }
+  if (w->fused_ba) {
+    LARDER_ASSIGN_OR_RETURN(w->ba, b.projection({.module = p + "in_proj_ba", .out = 2 * int64_t{d.n_v_heads}, .in = hidden,
+                                                 .why = "2*linear_num_value_heads x hidden_size"}));
+  } else {
+    LARDER_ASSIGN_OR_RETURN(w->b, b.projection({.module = p + "in_proj_b", .out = d.n_v_heads, .in = hidden,
+                                                .why = "linear_num_value_heads x hidden_size"}));
+    LARDER_ASSIGN_OR_RETURN(w->a, b.projection({.module = p + "in_proj_a", .out = d.n_v_heads, .in = hidden,
+                                                .why = "linear_num_value_heads x hidden_size"}));
+  }
   LARDER_ASSIGN_OR_RETURN(w->out, b.projection({.module = p + "out_proj",
                                                 .out = hidden,
                                                 .in = d.value_dim(),
@@ -39,6 +54,43 @@ Status bind_gated_delta(WeightBinder& b, const std::string& p, const LayerSpec& 
   return Status::ok();
 }
 
+namespace {
+
+// Qwen3-Next's per-key-head groups → the qkv / z / b / a layout of the split projections (grouped
+// value-head order is kept: value head g·r + j is the j-th of key head g's group).
+void split_fused(const GatedDeltaWeights& w, const GatedDeltaDims& d, int64_t rows, GatedDeltaScratch& s) {
+  const int64_t C = d.conv_dim(), V = d.value_dim(), Hv = d.n_v_heads, Hk = d.n_k_heads;
+  const int64_t r = Hv / Hk, dk = d.d_k, gv = r * d.d_v, kd = d.key_dim();
+  const size_t fk = static_cast<size_t>(dk) * sizeof(float), fv = static_cast<size_t>(gv) * sizeof(float);
+  if (w.fused_qkvz) {
+    const int64_t group = 2 * dk + 2 * gv;
+    for (int64_t row = 0; row < rows; ++row) {
+      const float* src = s.qkvz.data() + row * (C + V);
+      float* qkv = s.qkv.data() + row * C;
+      float* z = s.z.data() + row * V;
+      for (int64_t g = 0; g < Hk; ++g) {
+        const float* gs = src + g * group;
+        std::memcpy(qkv + g * dk, gs, fk);
+        std::memcpy(qkv + kd + g * dk, gs + dk, fk);
+        std::memcpy(qkv + 2 * kd + g * gv, gs + 2 * dk, fv);
+        std::memcpy(z + g * gv, gs + 2 * dk + gv, fv);
+      }
+    }
+  }
+  if (w.fused_ba) {
+    for (int64_t row = 0; row < rows; ++row) {
+      const float* src = s.ba.data() + row * 2 * Hv;
+      for (int64_t g = 0; g < Hk; ++g)
+        for (int64_t j = 0; j < r; ++j) {
+          s.b[static_cast<size_t>(row * Hv + g * r + j)] = src[g * 2 * r + j];
+          s.a[static_cast<size_t>(row * Hv + g * r + j)] = src[g * 2 * r + r + j];
+        }
+    }
+  }
+}
+
+}  // namespace
+
 void gated_delta_block(const GatedDeltaCall& call, GatedDeltaScratch& s, float* out) {
   const LayerSpec& spec = *call.spec;
   const GatedDeltaWeights& w = *call.w;
@@ -52,11 +104,28 @@ void gated_delta_block(const GatedDeltaCall& call, GatedDeltaScratch& s, float* 
   s.log_g.resize(static_cast<size_t>(rows * Hv));
   s.beta.resize(static_cast<size_t>(rows * Hv));
   s.y.resize(static_cast<size_t>(rows * V));
-  {  // four projections of the same activations: one job
-    const Projection* ps[4] = {&w.qkv, &w.z, &w.b, &w.a};
-    float* ys[4] = {s.qkv.data(), s.z.data(), s.b.data(), s.a.data()};
-    apply_group(ps, ys, 4, call.h, rows, call.adapters);
+  {  // the input projections of the same activations: one job
+    const Projection* ps[4];
+    float* ys[4];
+    int n = 0;
+    auto add = [&](const Projection& p, std::vector<float>& y) { ps[n] = &p, ys[n] = y.data(), ++n; };
+    if (w.fused_qkvz) {
+      s.qkvz.resize(static_cast<size_t>(rows * (C + V)));
+      add(w.qkvz, s.qkvz);
+    } else {
+      add(w.qkv, s.qkv);
+      add(w.z, s.z);
+    }
+    if (w.fused_ba) {
+      s.ba.resize(static_cast<size_t>(rows * 2 * Hv));
+      add(w.ba, s.ba);
+    } else {
+      add(w.b, s.b);
+      add(w.a, s.a);
+    }
+    apply_group(ps, ys, n, call.h, rows, call.adapters);
   }
+  split_fused(w, d, rows, s);
   kernels::CausalConv1dParams cp;
   cp.channels = C;
   cp.kernel = d.conv_kernel;

@@ -3,6 +3,11 @@
 //   qkv = silu(conv1d(in_proj_qkv(h)))   the conv window carried in the slot's conv state
 //   q, k = l2norm per key head (q · d_k^-½);  log_g, β from in_proj_a / in_proj_b, A_log, dt_bias
 //   y = gated delta rule over the slot's f32 matrix;  out = out_proj(rmsnorm(y) · silu(in_proj_z(h)))
+// Qwen3-Next fuses the input projections per key head: in_proj_qkvz rows are, for each key head g,
+// [q_g (d_k) | k_g (d_k) | v of its H_v/H_k value heads | z of them], and in_proj_ba rows [b of
+// them | a of them] (mlx-lm qwen3_next.py fix_query_key_value_ordering). Either is bound where the
+// file has it (HF, MLX, llama.cpp's legacy GGUF `ssm_in`; GGUF `ssm_ba`) and its output split into
+// the qkv / z / b / a order above after the projection (a copy of a few hundred floats per row).
 // Projections run once over the batch's rows; conv and recurrence per sequence on its own state.
 // The recurrent form runs for prefill and decode alike, so a sequence's result does not depend on
 // how its tokens are cut into calls (kernels/gated_delta.h: bit-identical).
@@ -22,6 +27,8 @@ namespace larder::models {
 
 struct GatedDeltaWeights {
   Projection qkv, z, b, a, out;  // in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj
+  Projection qkvz, ba;           // Qwen3-Next's fused forms, bound instead of qkv + z / b + a
+  bool fused_qkvz = false, fused_ba = false;
   std::vector<float> conv;                // [conv_dim, kernel]
   std::vector<float> a_log, dt_bias;      // [H_v]
   std::vector<float> norm;                // [d_v] gated RMSNorm gain, as stored
@@ -30,6 +37,7 @@ struct GatedDeltaWeights {
 
 struct GatedDeltaScratch {
   std::vector<float> qkv, conv, z, a, b, log_g, beta, y;
+  std::vector<float> qkvz, ba;  // the fused projections' outputs before they are split
   std::vector<float> tiled;  // tiled_v_heads: q, k repeated per value head, then v
 };
 

@@ -29,6 +29,7 @@ void mlp_block(const MlpWeights& w, const float* h, int64_t n, MlpScratch& s, fl
   switch (w.act) {
     case Activation::kSilu: kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), n * ffn); break;
     case Activation::kGeluTanh: kernels::gelu_tanh_mul(s.g.data(), s.u.data(), s.g.data(), n * ffn); break;
+    case Activation::kSwigluOai: LARDER_CHECK(false && "kSwigluOai is a routed-experts activation"); break;
   }
   w.down.apply(s.g.data(), n, out, adapters);
 }

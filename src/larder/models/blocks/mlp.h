@@ -13,7 +13,8 @@
 
 namespace larder::models {
 
-enum class Activation : uint8_t { kSilu, kGeluTanh };
+// kSwigluOai: gpt-oss's clamped SwiGLU, routed experts only (blocks/moe_block.h).
+enum class Activation : uint8_t { kSilu, kGeluTanh, kSwigluOai };
 
 struct MlpWeights {
   Activation act = Activation::kSilu;

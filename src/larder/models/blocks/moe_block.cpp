@@ -1,16 +1,15 @@
 #include "larder/models/blocks/moe_block.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace larder::models {
 
 namespace {
-// A matrix's bytes as stored: codes plus, for MLX affine, its scales and biases.
+// A matrix's bytes as stored: codes plus, for MLX affine, its scales and biases (MLX microscaling:
+// its U8 scales).
 uint64_t view_bytes(const kernels::WeightView& w) {
-  uint64_t b = static_cast<uint64_t>(w.rows) * w.row_bytes();
-  if (w.is_affine())
-    b += 2 * dtype_bytes(w.scale_dtype, static_cast<uint64_t>(w.rows * (w.cols / w.group_size)));
-  return b;
+  return static_cast<uint64_t>(w.rows) * (w.row_bytes() + (w.biases ? 2 : 1) * w.scale_row_bytes());
 }
 }  // namespace
 
@@ -33,7 +32,9 @@ Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int6
   w->route.n_experts = d.n_experts;
   w->route.k = d.k;
   LARDER_ASSIGN_OR_RETURN(w->router, b.projection({.module = p + names.router, .out = d.n_experts, .in = hidden,
-                                                    .why = "num_experts x hidden_size"}));
+                                                    .why = "num_experts x hidden_size", .bias = names.biases,
+                                                    .bias_why = "num_experts"}));
+  if (names.experts_bound) return Status::ok();
   struct Part {
     const char* proj;
     int64_t rows, cols;
@@ -60,6 +61,11 @@ Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int6
     s.rows = part.rows;
     s.cols = part.cols;
     LARDER_ASSIGN_OR_RETURN(*part.out, b.experts(s, part.why));
+    if (names.biases) {
+      std::vector<float>* bias = part.out == &w->gate ? &w->gate_bias : part.out == &w->up ? &w->up_bias : &w->down_bias;
+      LARDER_ASSIGN_OR_RETURN(*bias, b.small_f32(p + names.stacked + part.proj + ".bias", {d.n_experts, part.rows},
+                                                 "num_experts x the expert's output size"));
+    }
   }
   w->has_shared = d.shared_ffn > 0;
   if (w->has_shared) {
@@ -82,6 +88,29 @@ Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int6
   }
   return Status::ok();
 }
+
+namespace {
+
+// y[slot] += bias[ids[slot]] for every (token, slot) row of y [n·k, dim].
+void add_expert_bias(const std::vector<float>& bias, const int32_t* ids, int64_t slots, int64_t dim, float* y) {
+  if (bias.empty()) return;
+  for (int64_t r = 0; r < slots; ++r) {
+    const float* b = bias.data() + static_cast<int64_t>(ids[r]) * dim;
+    float* o = y + r * dim;
+    for (int64_t c = 0; c < dim; ++c) o[c] += b[c];
+  }
+}
+
+// gpt-oss's clamped SwiGLU, in f32 as mlx-lm computes it; out may alias gate.
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+  }
+}
+
+}  // namespace
 
 void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out, AdapterRows adapters) {
   const int E = w.route.n_experts, k = w.route.k;
@@ -109,12 +138,18 @@ void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, fl
   const kernels::ExpertsView gu[2] = {{w.gate.data(), E}, {w.up.data(), E}};
   float* const ys[2] = {s.g.data(), s.u.data()};
   kernels::matmul_experts_multi(gu, ys, 2, h, /*x_per_slot=*/false, n, s.ids.data(), k);
+  add_expert_bias(w.gate_bias, s.ids.data(), slots, ffn, s.g.data());
+  add_expert_bias(w.up_bias, s.ids.data(), slots, ffn, s.u.data());
   switch (w.act) {
     case Activation::kSilu: kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
     case Activation::kGeluTanh: kernels::gelu_tanh_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
+    case Activation::kSwigluOai:
+      swiglu_oai(s.g.data(), s.u.data(), s.g.data(), slots * ffn, w.swiglu_alpha, w.swiglu_limit);
+      break;
   }
   const kernels::ExpertsView dv{w.down.data(), E};
   kernels::matmul_experts(dv, s.g.data(), /*x_per_slot=*/true, n, s.ids.data(), k, s.y.data());
+  add_expert_bias(w.down_bias, s.ids.data(), slots, hidden, s.y.data());
   // Σ_j weight · y in slot order, per row (mlx-lm: (y * scores).sum(-2)).
   for (int64_t t = 0; t < n; ++t) {
     float* o = out + t * hidden;

@@ -8,6 +8,9 @@
 // The experts run through the grouped kernels (kernels/moe.h): gate and up of every selected
 // (token, slot) in one matmul_experts_multi, down in one matmul_experts, so a decode step reads
 // only the selected experts' rows and forks the thread pool twice per layer.
+// gpt-oss adds a bias to the router and to each expert's gate/up/down rows, and its own activation
+// (Activation::kSwigluOai, mlx-lm `swiglu_oai`, transformers `GptOssExperts._apply_gate`):
+//   g = min(gate, limit);  u = clip(up, −limit, limit);  act = (u + 1) · g · σ(alpha · g)
 #pragma once
 
 #include <string>
@@ -42,6 +45,12 @@ struct MoeWeights {
   // router_norm(h), the experts expert_norm(h).
   RmsNorm router_norm, expert_norm;
   std::vector<float> expert_scale_f32;  // route.expert_scale's storage (Gemma 4 per_expert_scale)
+  // Per-expert biases (gpt-oss; empty: none): [E, ffn] on gate and up, [E, hidden] on down.
+  std::vector<float> gate_bias, up_bias, down_bias;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;  // Activation::kSwigluOai
+  // Experts the file holds in a layout that cannot be viewed in place (gpt-oss's transformers
+  // layout, [E, in, out]): their transposed f32 copy, which gate/up/down view.
+  std::vector<float> owned_f32;
   // Bytes of all E experts' gate/up/down, and of the k a token reads (k/E of them).
   uint64_t expert_bytes() const;
   uint64_t active_expert_bytes() const;
@@ -64,7 +73,13 @@ struct MoeScratch {
 // `<prefix>shared_expert_gate.weight` [1, hidden].
 struct MoeTensorNames {
   std::string router = "gate";  // the router projection's module; Gemma 4: "router.proj" under "model.layers.N."
-  std::string stacked = "switch_mlp.";  // Gemma 4 (MLX): "experts.switch_glu."
+  std::string stacked = "switch_mlp.";  // Gemma 4 (MLX): "experts.switch_glu."; gpt-oss: "experts."
+  // gpt-oss: the router's `<router>.bias` [E] and the experts' `<stacked>{gate,up,down}_proj.bias`
+  // ([E, ffn], [E, ffn], [E, hidden]) are bound too.
+  bool biases = false;
+  // The experts are bound already (MoeWeights::gate/up/down and biases, e.g. from a layout that
+  // needed a copy): bind_moe binds the router only.
+  bool experts_bound = false;
 };
 Status bind_moe(WeightBinder& b, const std::string& prefix, const ExpertDims& d, int64_t hidden,
                 const kernels::RouteParams& route, Activation act, MoeWeights* out,

@@ -1,16 +1,54 @@
 #include "larder/models/blocks/rope.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace larder::models {
+
+namespace {
+
+// yarn's correction range [low, high] in pair indices (transformers `find_correction_range`).
+std::pair<double, double> yarn_range(const ModelConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  const double dim = static_cast<double>(c.rope_dim);
+  auto corr = [&](double rotations) {
+    return dim * std::log(static_cast<double>(rs.original_max_position) / (rotations * 2.0 * M_PI)) /
+           (2.0 * std::log(c.rope_theta));
+  };
+  double low = corr(rs.beta_fast), high = corr(rs.beta_slow);
+  if (rs.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  return {std::max(low, 0.0), std::min(high, dim - 1)};
+}
+
+double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+}  // namespace
+
+double rope_attention_factor(const ModelConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type != "yarn") return 1.0;
+  if (rs.attention_factor) return *rs.attention_factor;
+  if (rs.mscale && rs.mscale_all_dim && *rs.mscale != 0 && *rs.mscale_all_dim != 0)
+    return yarn_mscale(rs.factor, *rs.mscale) / yarn_mscale(rs.factor, *rs.mscale_all_dim);
+  return yarn_mscale(rs.factor, 1.0);
+}
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {
   const int64_t half = c.rope_dim / 2;
   std::vector<float> out(static_cast<size_t>(half));
   const RopeScaling& rs = c.rope_scaling;
+  const auto [low, high] = rs.type == "yarn" ? yarn_range(c) : std::pair<double, double>{0, 0};
   for (int64_t i = 0; i < half; ++i) {
     double inv = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.rope_dim));
-    if (rs.type == "linear") {
+    if (rs.type == "yarn") {
+      // ramp 0 below the range (extrapolate: keep inv), 1 above it (interpolate: inv / factor).
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high == low ? 0.001 : high - low), 0.0, 1.0);
+      inv = inv / rs.factor * ramp + inv * (1.0 - ramp);
+    } else if (rs.type == "linear") {
       inv /= rs.factor;
     } else if (rs.type == "llama3") {
       const double old_ctx = static_cast<double>(rs.original_max_position);

@@ -88,6 +88,46 @@ __m512i seed128(__m512i lo, __m512i hi) {
 
 // ---------------------------------------------------------------------------------------------
 // IQ4_XS
+
+// The IQ4_XS tiles' constants, built in one place (each tile builds them once, into registers).
+struct IQ4XSConsts {
+  __m512i tbl, m4;
+  __m256i sh_l, sh_h, m15, m48, k32;
+  LARDER_GEMM_INLINE IQ4XSConsts()
+      : tbl(iq4_table_u8()),
+        m4(_mm512_set1_epi8(0x0f)),
+        sh_l(_mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        sh_h(_mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        m15(_mm256_set1_epi32(15)),
+        m48(_mm256_set1_epi32(48)),
+        k32(_mm256_set1_epi32(32)) {}
+};
+
+// One row's super-block in registers: ls_j (j = 0..7, int32) and the codes v + 128 of A's and B's
+// low and high nibbles (see the header).
+struct IQ4XSRow {
+  __m256i ls;
+  __m512i ua_lo, ua_hi, ub_lo, ub_hi;
+};
+
+LARDER_GEMM_INLINE IQ4XSRow unpack_iq4xs_row(const uint8_t* blk, const IQ4XSConsts& c) {
+  IQ4XSRow w;
+  // ls_j = (scales_l nibble j | scales_h bits 2j..2j+1 << 4) − 32, j = 0..7 in one ymm.
+  uint32_t sl;
+  std::memcpy(&sl, blk + offsetof(BlockIQ4_XS, scales_l), 4);
+  const uint32_t sh = load_u16(blk + offsetof(BlockIQ4_XS, scales_h));
+  const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), c.sh_l), c.m15);
+  const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sh << 4)), c.sh_h), c.m48);
+  w.ls = _mm256_sub_epi32(_mm256_or_si256(lo, hi), c.k32);
+  const __m512i va = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs));
+  const __m512i vb = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs) + 64);
+  w.ua_lo = _mm512_shuffle_epi8(c.tbl, _mm512_and_si512(va, c.m4));
+  w.ua_hi = _mm512_shuffle_epi8(c.tbl, _mm512_and_si512(_mm512_srli_epi16(va, 4), c.m4));
+  w.ub_lo = _mm512_shuffle_epi8(c.tbl, _mm512_and_si512(vb, c.m4));
+  w.ub_hi = _mm512_shuffle_epi8(c.tbl, _mm512_and_si512(_mm512_srli_epi16(vb, 4), c.m4));
+  return w;
+}
+
 struct IQ4XSDecode {
   static constexpr int kRows1 = 4;
   static constexpr int kRows1Zen = 1;  // matmul_driver.h rows1: 1B IQ4_XS decode 41.7 → 47.9 tok/s
@@ -105,9 +145,7 @@ struct IQ4XSDecode {
     const float* f16 = f16_table();
     __m512 acc[R][T];
     zero_acc(acc);
-    const __m512i tbl = iq4_table_u8(), m4 = _mm512_set1_epi8(0x0f);
-    const __m256i sh_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_h = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-    const __m256i m15 = _mm256_set1_epi32(15), m48 = _mm256_set1_epi32(48), k32 = _mm256_set1_epi32(32);
+    const IQ4XSConsts c;
     const __m512i pat_a = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i pat_b = _mm512_add_epi32(pat_a, _mm512_set1_epi32(4));
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
@@ -116,31 +154,18 @@ struct IQ4XSDecode {
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockIQ4_XS);
-        // ls_j = (scales_l nibble j | scales_h bits 2j..2j+1 << 4) − 32, j = 0..7 in one ymm.
-        uint32_t sl;
-        std::memcpy(&sl, blk + offsetof(BlockIQ4_XS, scales_l), 4);
-        const uint32_t sh = load_u16(blk + offsetof(BlockIQ4_XS, scales_h));
-        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), sh_l), m15);
-        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sh << 4)), sh_h), m48);
-        const __m256 scf = _mm256_mul_ps(_mm256_set1_ps(f16[load_u16(blk)]),
-                                         _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), k32)));
-        const __m512 sc16 = _mm512_castps256_ps512(scf);
+        const IQ4XSRow wr = unpack_iq4xs_row(blk, c);
+        const __m512 sc16 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16[load_u16(blk)]), _mm256_cvtepi32_ps(wr.ls)));
         const __m512 sca = _mm512_permutexvar_ps(pat_a, sc16), scb = _mm512_permutexvar_ps(pat_b, sc16);
-        const __m512i va = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs));
-        const __m512i vb = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs) + 64);
-        const __m512i ua_lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(va, m4));
-        const __m512i ua_hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(va, 4), m4));
-        const __m512i ub_lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(vb, m4));
-        const __m512i ub_hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(vb, 4), m4));
         LARDER_UNROLL
         for (int t = 0; t < T; ++t) {
           const int64_t at = (t0 + t) * nsb + sb;
           const uint8_t* x = acts + at * kActBytes;
           const __m512i da = _mm512_dpbusd_epi32(
-              _mm512_dpbusd_epi32(_mm512_load_si512(x + 256), ua_lo, _mm512_load_si512(x)), ua_hi,
+              _mm512_dpbusd_epi32(_mm512_load_si512(x + 256), wr.ua_lo, _mm512_load_si512(x)), wr.ua_hi,
               _mm512_load_si512(x + 64));
           const __m512i db = _mm512_dpbusd_epi32(
-              _mm512_dpbusd_epi32(_mm512_load_si512(x + 320), ub_lo, _mm512_load_si512(x + 128)), ub_hi,
+              _mm512_dpbusd_epi32(_mm512_load_si512(x + 320), wr.ub_lo, _mm512_load_si512(x + 128)), wr.ub_hi,
               _mm512_load_si512(x + 192));
           const __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(db), scb, _mm512_mul_ps(_mm512_cvtepi32_ps(da), sca));
           acc[r][t] = _mm512_fmadd_ps(s, _mm512_set1_ps(dx[at]), acc[r][t]);
@@ -174,8 +199,10 @@ IQ4XSDecode prepare_iq4_xs(const WeightView& w, const float* x, int64_t n, float
   return IQ4XSDecode{w.data, w.row_bytes(), w.rows, nsb, acts, a.d, y};
 }
 
-// Batch-invariant (batch_invariant_decode(), LARDER_BATCH_INVARIANT=1): the prefill GEMM's
-// super-block arithmetic (see the header).
+// The prefill GEMM's super-block arithmetic (see the header), as Q45KDecode::tile_inv: kG
+// super-blocks a pass, so that a pass holds eight (row, token, super-block) items, both brackets
+// of all of them summed exactly (super_pair, super_sums8), t for all of them in a few vector ops
+// (super_t8), then each (row, token)'s chain acc += t·d_x in super-block order.
 struct IQ4XSDecodeInv {
   static constexpr int kRows1 = 4;
   static constexpr int kRows1Zen = 1;  // matmul_driver.h rows1: 1B IQ4_XS decode 41.7 → 47.9 tok/s
@@ -184,78 +211,90 @@ struct IQ4XSDecodeInv {
   const uint8_t* w;
   uint64_t row_bytes;
   int64_t rows, nsb;
-  const uint8_t* acts;  // [n][nsb][384]
+  const uint8_t* acts;  // [n][nsb][320]
   const float* dx;      // [n][nsb] (QuantizedActsK::d)
   float* y;
 
   template <int R, int T, int kPf>
   void tile_rows(int64_t r0, int64_t t0) const {
-    const float* f16 = f16_table();
-    // One f32 chain per (row, token) in the GEMM's super-block order (see the IQ4_XS header).
+    constexpr int kRT = R * T;  // 1, 2, 3, 4, 6 or 8 (matmul_driver.h tiles)
+    constexpr int kG = kRT == 1 ? 8 : kRT == 2 ? 4 : kRT <= 4 ? 2 : 1;
     __m128 acc[R][T];
     LARDER_UNROLL
     for (int r = 0; r < R; ++r)
       LARDER_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm_setzero_ps();
-    const __m512i tbl = iq4_table_u8(), m4 = _mm512_set1_epi8(0x0f);
-    const __m256i sh_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_h = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-    const __m256i m15 = _mm256_set1_epi32(15), m48 = _mm256_set1_epi32(48), k32 = _mm256_set1_epi32(32);
-    // ls_j on the two lanes of sub-block j after pair_sums16(A lanes, B lanes).
-    const __m512i pat = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const IQ4XSConsts c;
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockIQ4_XS), sizeof(BlockIQ4_XS));
-      __m512i sums[2 * R * T];  // per (row, token): lanes of Σ ls·Σ u·q, then of −Σ 128·ls·Σq
-      float d[R];
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockIQ4_XS);
-        // ls_j = (scales_l nibble j | scales_h bits 2j..2j+1 << 4) − 32, j = 0..7 in one ymm.
-        uint32_t sl;
-        std::memcpy(&sl, blk + offsetof(BlockIQ4_XS, scales_l), 4);
-        const uint32_t sh = load_u16(blk + offsetof(BlockIQ4_XS, scales_h));
-        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), sh_l), m15);
-        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sh << 4)), sh_h), m48);
-        const __m512i ls = _mm512_permutexvar_epi32(pat, _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_or_si256(lo, hi), k32)));
-        d[r] = f16[load_u16(blk)];
-        const __m512i va = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs));
-        const __m512i vb = _mm512_loadu_si512(blk + offsetof(BlockIQ4_XS, qs) + 64);
-        const __m512i ua_lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(va, m4));
-        const __m512i ua_hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(va, 4), m4));
-        const __m512i ub_lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(vb, m4));
-        const __m512i ub_hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(vb, 4), m4));
-        LARDER_UNROLL
-        for (int t = 0; t < T; ++t) {
-          const int64_t at = (t0 + t) * nsb + sb;
-          const uint8_t* x = acts + at * kActBytes;
-          // Σ u·q with u = v + 128 (no seed: the GEMM keeps the +128 in its mins term).
-          const __m512i da = _mm512_dpbusd_epi32(
-              _mm512_dpbusd_epi32(_mm512_setzero_si512(), ua_lo, _mm512_load_si512(x)), ua_hi, _mm512_load_si512(x + 64));
-          const __m512i db = _mm512_dpbusd_epi32(
-              _mm512_dpbusd_epi32(_mm512_setzero_si512(), ub_lo, _mm512_load_si512(x + 128)), ub_hi,
-              _mm512_load_si512(x + 192));
-          sums[r * T + t] = _mm512_mullo_epi32(pair_sums16(da, db), ls);
-          sums[R * T + r * T + t] = _mm512_mullo_epi32(_mm512_load_si512(x + 256), ls);
-        }
-      }
-      int32_t is[2 * R * T];
-      lane_sums(sums, is);
-      // Gemm16::tile_super: t = S·d − M·dmin (dmin = d; the second sum is −M, negation exact).
-      LARDER_UNROLL
-      for (int r = 0; r < R; ++r) {
-        LARDER_UNROLL
-        for (int t = 0; t < T; ++t) {
-          const __m128 z = _mm_setzero_ps();
-          __m128 tt = _mm_mul_ss(_mm_cvtsi32_ss(z, is[r * T + t]), _mm_set_ss(d[r]));
-          tt = _mm_fmadd_ss(_mm_cvtsi32_ss(z, is[R * T + r * T + t]), _mm_set_ss(d[r]), tt);
-          acc[r][t] = _mm_fmadd_ss(tt, _mm_set_ss(dx[(t0 + t) * nsb + sb]), acc[r][t]);
-        }
-      }
-    }
+    int64_t sb = 0;
+    for (; sb + kG <= nsb; sb += kG) pass<R, T, kG, kPf>(c, base, t0, sb, acc);
+    if constexpr (kG >= 8) if (sb + 4 <= nsb) { pass<R, T, 4, kPf>(c, base, t0, sb, acc); sb += 4; }
+    if constexpr (kG >= 4) if (sb + 2 <= nsb) { pass<R, T, 2, kPf>(c, base, t0, sb, acc); sb += 2; }
+    if constexpr (kG >= 2) if (sb < nsb) pass<R, T, 1, kPf>(c, base, t0, sb, acc);
     LARDER_UNROLL
     for (int t = 0; t < T; ++t)
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) y[(t0 + t) * rows + r0 + r] = _mm_cvtss_f32(acc[r][t]);
+  }
+
+  // Item k = (g·R + r)·T + t. S = Σ_j ls_j·Σ (v + 128)·q, and in place of M (the GEMM's
+  // Σ_j 128·ls_j·Σq with dmin = d) its negation −M against −d: the same product, exactly.
+  template <int R, int T, int G, int kPf>
+  LARDER_GEMM_INLINE void pass(const IQ4XSConsts& c, const uint8_t* base, int64_t t0, int64_t sb0,
+                               __m128 (&acc)[R][T]) const {
+    constexpr int kItems = G * R * T;
+    // ls_j on the two lanes of sub-block j after pair_sums16(A lanes, B lanes).
+    const __m512i pat = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m512i z[4];
+    LARDER_UNROLL
+    for (int j = (kItems + 1) / 2; j < 4; ++j) z[j] = _mm512_setzero_si512();
+    alignas(32) uint32_t dw[8] = {};  // the items' (d, −d) f16 words, at super_word(k)
+    __m512i s_prev = _mm512_setzero_si512();
+    __m256i m_prev = _mm256_setzero_si256();
+    LARDER_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const int64_t sb = sb0 + g;
+      prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockIQ4_XS), sizeof(BlockIQ4_XS));
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockIQ4_XS);
+        const IQ4XSRow wr = unpack_iq4xs_row(blk, c);
+        const __m512i ls2 = _mm512_permutexvar_epi32(pat, _mm512_zextsi256_si512(wr.ls));
+        const uint32_t d16 = load_u16(blk);
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t) {
+          const int k = (g * R + r) * T + t;
+          const uint8_t* x = acts + ((t0 + t) * nsb + sb) * kActBytes;
+          // Σ u·q with u = v + 128 (no seed: the GEMM keeps the +128 in its mins term).
+          const __m512i da = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), wr.ua_lo, _mm512_load_si512(x)), wr.ua_hi,
+              _mm512_load_si512(x + 64));
+          const __m512i db = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), wr.ub_lo, _mm512_load_si512(x + 128)), wr.ub_hi,
+              _mm512_load_si512(x + 192));
+          const __m512i sk = _mm512_mullo_epi32(pair_sums16(da, db), ls2);
+          const __m256i mk = _mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(x + 256)), wr.ls);
+          dw[super_word(k)] = d16 | (d16 ^ 0x8000u) << 16;  // (d, −d): the sign bit flipped
+          if (k % 2 == 0) {
+            s_prev = sk;
+            m_prev = mk;
+            continue;
+          }
+          z[k / 2] = super_pair(s_prev, sk, _mm512_inserti64x4(_mm512_zextsi256_si512(m_prev), mk, 1));
+        }
+      }
+    }
+    if constexpr (kItems % 2 == 1) z[kItems / 2] = super_pair(s_prev, _mm512_setzero_si512(), _mm512_zextsi256_si512(m_prev));
+    alignas(64) float tv[16];
+    _mm512_store_ps(tv, super_t8(super_sums8(z), super_scales8(dw)));
+    LARDER_UNROLL
+    for (int g = 0; g < G; ++g)
+      LARDER_UNROLL
+      for (int r = 0; r < R; ++r)
+        LARDER_UNROLL
+        for (int t = 0; t < T; ++t)
+          acc[r][t] = _mm_fmadd_ss(_mm_load_ss(tv + super_lane((g * R + r) * T + t)),
+                                   _mm_load_ss(dx + (t0 + t) * nsb + sb0 + g), acc[r][t]);
   }
 };
 
@@ -275,13 +314,13 @@ IQ4XSDecodeInv prepare_iq4_xs_inv(const WeightView& w, const float* x, int64_t n
           std::memcpy(dst + 128 * h + 64 + 16 * k, sub + 16, 16);
         }
       }
-      // −128·Σq of sub-block j on lane 2j (lane 2j + 1 zero): the GEMM's mins term, to be scaled
-      // by ls_j lane-wise.
+      // −128·Σq of sub-block j at int32 j (the rest of the 64 bytes zero): the GEMM's mins term,
+      // negated, to be scaled by ls_j lane-wise.
       alignas(64) int32_t m[16] = {};
       for (int j = 0; j < 8; ++j) {
         int sum = 0;
         for (int i = 0; i < 32; ++i) sum += q[32 * j + i];
-        m[2 * j] = -128 * sum;
+        m[j] = -128 * sum;
       }
       std::memcpy(dst + 256, m, 64);
     }

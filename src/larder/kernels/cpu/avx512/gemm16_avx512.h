@@ -162,6 +162,59 @@ LARDER_GEMM_INLINE void lane_sums(const __m512i (&v)[N], int32_t* out) {
   for (int i = 0; i < N; ++i) out[i] = buf[i];
 }
 
+// Super-block decode in the GEMM's order (Q4_K, Q5_K, IQ4_XS; issue 41), eight (row, token,
+// super-block) items at a time. Item k has two exact integer brackets: S_k = Σ_j sc_j·Σ u·q over
+// 16 int32 lanes and M_k = Σ_j m_j·Σq over 8, the latter given in pairs (mp[j] = [M_2j | M_2j+1]).
+// super_sums8 adds each bracket's lanes up exactly; each step below halves two vectors' segments
+// into one with one blend, one add and one shuffle (fold32: two shifts) — where the pair-sum tree
+// (pair_sums16) took two two-source permutes a step, and decode is short of shuffle throughput
+// (the codes' nibble and scale shuffles share those ports).
+// fold256: [A.lo + A.hi | B.hi + B.lo] — A's 16 lanes to 8 in the low half, B's in the high one.
+LARDER_GEMM_INLINE __m512i fold256(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_mask_blend_epi64(0xf0, a, b), _mm512_shuffle_i64x2(a, b, 0x4e));
+}
+// fold128: 128-bit lanes [X0 X1 X2 X3], [Y0 Y1 Y2 Y3] → [X0 + X1, Y0 + Y1, X2 + X3, Y2 + Y3].
+LARDER_GEMM_INLINE __m512i fold128(__m512i x, __m512i y) {
+  const __m512i idx = _mm512_setr_epi64(2, 3, 8, 9, 6, 7, 12, 13);  // [X1 Y0 X3 Y2]
+  return _mm512_add_epi32(_mm512_mask_blend_epi64(0xcc, x, y), _mm512_permutex2var_epi64(x, idx, y));
+}
+// fold64: per 128-bit lane, 64-bit halves [P0 P1], [Q0 Q1] → [P0 + P1, Q0 + Q1].
+LARDER_GEMM_INLINE __m512i fold64(__m512i p, __m512i q) {
+  return _mm512_add_epi32(_mm512_mask_blend_epi64(0xaa, p, q), _mm512_alignr_epi8(q, p, 8));
+}
+// fold32: per 64-bit element, 32-bit halves [P0 P1], [Q0 Q1] → [P0 + P1, Q0 + Q1].
+LARDER_GEMM_INLINE __m512i fold32(__m512i p, __m512i q) {
+  return _mm512_mask_blend_epi32(0xaaaa, _mm512_add_epi32(p, _mm512_srli_epi64(p, 32)),
+                                 _mm512_add_epi32(q, _mm512_slli_epi64(q, 32)));
+}
+// One pair's segments: 128-bit lanes [S_2j, M_2j, S_2j+1, M_2j+1] (4 lanes each).
+LARDER_GEMM_INLINE __m512i super_pair(__m512i s_a, __m512i s_b, __m512i mp) { return fold128(fold256(s_a, s_b), mp); }
+// Four pairs' segments to one vector: 128-bit lane 0 = S of items 0, 4, 2, 6; lane 1 = their M;
+// lane 2 = S of items 1, 5, 3, 7; lane 3 = their M (super_lane).
+LARDER_GEMM_INLINE __m512i super_sums8(const __m512i (&z)[4]) { return fold32(fold64(z[0], z[1]), fold64(z[2], z[3])); }
+// The lane of item k's S in super_sums8's result (its M: 4 lanes up), and where its scale word
+// goes in super_scales8's input.
+constexpr int super_lane(int k) { return 8 * (k % 2) + 2 * ((k / 2) % 2) + k / 4; }
+constexpr int super_word(int k) { return 4 * (k % 2) + 2 * ((k / 2) % 2) + k / 4; }
+
+// The f16 words (d | dmin << 16) of eight items, item k at w[super_word(k)], as f32 in
+// super_sums8's layout: d of item k at super_lane(k), its dmin 4 lanes up (vcvtph2ps is exact, as
+// the f16 table the GEMM's unpacking reads).
+LARDER_GEMM_INLINE __m512 super_scales8(const uint32_t* w) {
+  // Per 128-bit lane: [d_a dm_a d_b dm_b d_c dm_c d_d dm_d] → [d_a d_b d_c d_d dm_a dm_b dm_c dm_d].
+  const __m256i ctl = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2,
+                                       3, 6, 7, 10, 11, 14, 15);
+  return _mm512_cvtph_ps(_mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), ctl));
+}
+
+// Gemm16::tile_super's t = S·d − M·dmin (a product, then one fnmadd: the same two roundings) of
+// the eight items, item k's at super_lane(k): super_sums8 against super_scales8.
+LARDER_GEMM_INLINE __m512 super_t8(__m512i sums, __m512 dd) {
+  const __m512 f = _mm512_cvtepi32_ps(sums);
+  // 0xf5: 128-bit lanes 1 and 3 onto 0 and 2 — each M and dmin onto its S and d.
+  return _mm512_fnmadd_ps(_mm512_shuffle_f32x4(f, f, 0xf5), _mm512_shuffle_f32x4(dd, dd, 0xf5), _mm512_mul_ps(f, dd));
+}
+
 // One token's 32 values v0|v1 quantized with 1/d = vid into int32 codes i0|i1 (cvtps2dq rounds to
 // nearest even, the default MXCSR mode, as nearbyint does) and stored as int8 into lane `lane` of
 // the 16-token block blk (4 bytes per 64-byte step): the shared step of both quantizers below.

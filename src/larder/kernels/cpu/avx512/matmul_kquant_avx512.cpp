@@ -105,6 +105,39 @@ struct Q6_KRows {
 };
 
 
+// The Q6_K decode tiles' constants, built in one place (each tile builds them once, into registers).
+struct Q6KConsts {
+  __m512i m4, m30;
+  // Bits (0,1 | 2,3) of qh to bits 4..5: left by 4 | 2; bits (4,5 | 6,7): right by 0 | 2.
+  __m512i sh_lo, sh_hi;
+  LARDER_GEMM_INLINE Q6KConsts()
+      : m4(_mm512_set1_epi8(0x0f)),
+        m30(_mm512_set1_epi8(0x30)),
+        sh_lo(_mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2)),
+        sh_hi(_mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2)) {}
+};
+
+// One row's super-block codes in registers (see Q6KDecode): u[2h] elements 128h + 0..63, u[2h + 1]
+// elements 128h + 64..127, unsigned 6-bit.
+LARDER_GEMM_INLINE void unpack_q6_codes(const uint8_t* blk, const Q6KConsts& c, __m512i (&u)[4]) {
+  LARDER_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+    const __m512i hl = _mm512_and_si512(_mm512_sllv_epi64(qh, c.sh_lo), c.m30);
+    const __m512i hh = _mm512_and_si512(_mm512_srlv_epi64(qh, c.sh_hi), c.m30);
+    // 0xca: bit-select, m4 ? nibble : high bits.
+    u[2 * h] = _mm512_ternarylogic_epi32(c.m4, ql, hl, 0xca);
+    u[2 * h + 1] = _mm512_ternarylogic_epi32(c.m4, _mm512_srli_epi16(ql, 4), hh, 0xca);
+  }
+}
+
+// s = d·sc of the super-block's 16 halves (Q6_KRows::unpack's product), f32.
+LARDER_GEMM_INLINE __m512 q6_half_scales(const uint8_t* blk, float d) {
+  return _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                              reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6_K, scales))))));
+}
+
 // Q6_K decode (n <= 8): 64 codes per zmm, in natural element order. Half h of a super-block
 // (elements 128h..128h+127) is one 64-byte ql load [ql A | ql B] and its 32 qh bytes broadcast to
 // both 256-bit halves: low nibbles | bits (0 | 2) of qh give elements 128h + 0..63, high nibbles
@@ -137,9 +170,7 @@ struct Q6KDecode {
     const float* f16 = f16_table();
     __m512 acc[R][T];
     zero_acc(acc);
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    // Bits (0,1 | 2,3) of qh to bits 4..5: left by 4 | 2; bits (4,5 | 6,7): right by 0 | 2.
-    const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    const Q6KConsts c;
     __m512i pat[4];
     LARDER_UNROLL
     for (int j = 0; j < 4; ++j) {
@@ -152,21 +183,9 @@ struct Q6KDecode {
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockQ6_K);
-        const float d = f16[load_u16(blk + offsetof(BlockQ6_K, d))];
-        const __m512 sc = _mm512_mul_ps(
-            _mm512_set1_ps(d),
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6_K, scales))))));
+        const __m512 sc = q6_half_scales(blk, f16[load_u16(blk + offsetof(BlockQ6_K, d))]);
         __m512i u[4];
-        LARDER_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-          const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
-          const __m512i hl = _mm512_and_si512(_mm512_sllv_epi64(qh, sh_lo), m30);
-          const __m512i hh = _mm512_and_si512(_mm512_srlv_epi64(qh, sh_hi), m30);
-          // 0xca: bit-select, m4 ? nibble : high bits.
-          u[2 * h] = _mm512_ternarylogic_epi32(m4, ql, hl, 0xca);
-          u[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), hh, 0xca);
-        }
+        unpack_q6_codes(blk, c, u);
         __m512 scp[4];
         LARDER_UNROLL
         for (int j = 0; j < 4; ++j) scp[j] = _mm512_permutexvar_ps(pat[j], sc);
@@ -219,16 +238,14 @@ Q6KDecode prepare_q6_k(const WeightView& w, const float* x, int64_t n, float* y)
 // 32-block b, Gemm16::halves computes for each token
 //   t_b = fma(cvt(H_b), s_hi, cvt(L_b)·s_lo),   acc = fma(t_b, d_x(b), acc)   (blocks in order)
 // with L_b, H_b = Σ u·q − 32·Σq over the block's two 16-element halves (exact int32) and
-// s = d·sc (f32). Here: 64 codes per zmm in natural element order — half h of a super-block
-// (elements 128h..128h+127) is one 64-byte ql load [ql A | ql B] and its 32 qh bytes broadcast to
-// both 256-bit halves: low nibbles | bits (0 | 2) of qh give elements 128h + 0..63, high nibbles |
-// bits (4 | 6) give 128h + 64..127; a per-64-bit-lane shift (vpsllvq/vpsrlvq) moves each half's qh
-// bit pair to bits 4..5 of its byte, and one vpternlogd bit-select merges them with the nibble.
-// Per token, the four vpdpbusd leave 4 int32 lanes per 16-element half; three pair-sum steps
-// (exact) give one vector of the super-block's 16 half sums in order, then L, H and the scales
-// meet lane-wise (odd lanes shifted onto even ones), and the eight t_b enter the token's f32
-// chain one by one — the GEMM's order. The reduction and the chain are what this costs over
-// Q6KDecode's per-lane sums (bench/RESULTS.md, session 37: ~1.3–1.5× its time).
+// s = d·sc (f32). The codes are Q6KDecode's (unpack_q6_codes). Per token, the four vpdpbusd leave
+// 4 int32 lanes per 16-element half; three pair-sum steps (exact) give one vector of the
+// super-block's 16 half sums in order, then L, H and the scales meet lane-wise (odd lanes shifted
+// onto even ones), and the eight t_b enter the token's f32 chain one by one — the GEMM's order.
+// The reduction and the chain are what this costs over Q6KDecode's per-lane sums (bench/RESULTS.md,
+// session 37: ~1.3–1.5× its time). Tried in session 38 and dropped: 8-row tiles whose rows'
+// chains ran as one ymm chain (each row's t_b stored, 8×8 transposed, 4 super-blocks at a time):
+// the row-chunked order broke the weight stream (down 2048x8192 535 → 738 µs CPU).
 struct Q6KDecodeInv {
   static constexpr int kRows1 = 4;
   static constexpr int kRows1Zen = 2;  // Q6KDecode's tiles (the same weight stream)
@@ -249,32 +266,18 @@ struct Q6KDecodeInv {
     for (int r = 0; r < R; ++r)
       LARDER_UNROLL
       for (int t = 0; t < T; ++t) acc[r][t] = _mm_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    // Bits (0,1 | 2,3) of qh to bits 4..5: left by 4 | 2; bits (4,5 | 6,7): right by 0 | 2.
-    const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    const Q6KConsts c;
     const uint8_t* base = w + static_cast<uint64_t>(r0) * row_bytes;
     for (int64_t sb = 0; sb < nsb; ++sb) {
       prefetch_rows<kPf>(base, R, row_bytes, sb * sizeof(BlockQ6_K), sizeof(BlockQ6_K));
       LARDER_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = base + r * row_bytes + sb * sizeof(BlockQ6_K);
-        const float d = f16[load_u16(blk + offsetof(BlockQ6_K, d))];
-        // s = d·sc per half (Q6_KRows::unpack's product), and the odd halves' on the even lanes.
-        const __m512 sc = _mm512_mul_ps(
-            _mm512_set1_ps(d),
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6_K, scales))))));
+        // s = d·sc per half, and the odd halves' on the even lanes.
+        const __m512 sc = q6_half_scales(blk, f16[load_u16(blk + offsetof(BlockQ6_K, d))]);
         const __m512 sc_hi = _mm512_castsi512_ps(_mm512_srli_epi64(_mm512_castps_si512(sc), 32));
         __m512i u[4];
-        LARDER_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-          const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
-          const __m512i hl = _mm512_and_si512(_mm512_sllv_epi64(qh, sh_lo), m30);
-          const __m512i hh = _mm512_and_si512(_mm512_srlv_epi64(qh, sh_hi), m30);
-          // 0xca: bit-select, m4 ? nibble : high bits.
-          u[2 * h] = _mm512_ternarylogic_epi32(m4, ql, hl, 0xca);
-          u[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), hh, 0xca);
-        }
+        unpack_q6_codes(blk, c, u);
         LARDER_UNROLL
         for (int t = 0; t < T; ++t) {
           const int64_t at = (t0 + t) * nsb + sb;

@@ -314,8 +314,21 @@ struct AttentionDriver {
                        _mm256_fmadd_ps(_mm256_loadu_ps(ACC + d), va, _mm256_mul_ps(_mm256_loadu_ps(acc + d), vb)));
   }
 
-  [[gnu::noinline]] static void finish(float L, const float* ACC, int hd, float* o) {
-    const float inv = L > 0 ? 1.0f / L : 0.0f;
+  // o = ACC / L, the folded state normalised once. With a sink logit s (AttentionParams::sinks),
+  // the state first folds in e^{s} as one more key without a value: the same arithmetic whatever
+  // the chunks were, so sinks keep the split- and span-independence above.
+  [[gnu::noinline]] static void finish(float M, float L, const float* ACC, int hd, float* o, const float* sink) {
+    float a = 1.0f;  // the scale of ACC relative to the new maximum
+    if (sink != nullptr) {
+      const float s = *sink;
+      if (s > M) {
+        a = M == -INFINITY ? 0.0f : std::exp(M - s);
+        L = L * a + 1.0f;
+      } else {
+        L = L + std::exp(s - M);
+      }
+    }
+    const float inv = L > 0 ? a / L : 0.0f;
     for (int d = 0; d < hd; ++d) o[d] = ACC[d] * inv;
   }
 
@@ -385,7 +398,8 @@ struct AttentionDriver {
         for (int64_t r = 0; r < nt; ++r)
           for (int i = 0; i < nh; ++i) {
             const size_t pi = static_cast<size_t>(r * nh + i);
-            finish(s.l[pi], s.acc.data() + pi * hdp, hd, out + (t0 + r) * q_row + static_cast<int64_t>(head0 + i) * hd);
+            finish(s.m[pi], s.l[pi], s.acc.data() + pi * hdp, hd,
+                   out + (t0 + r) * q_row + static_cast<int64_t>(head0 + i) * hd, p.sinks ? p.sinks + head0 + i : nullptr);
           }
       });
       return;
@@ -422,7 +436,8 @@ struct AttentionDriver {
         const size_t ci = static_cast<size_t>(c * pairs + pi);
         fold(M, L, acc.data(), pm[ci], pl[ci], pa + ci * hdp, hdp);
       }
-      finish(L, acc.data(), hd, out + pi * hd);  // pair index t·n_heads + h is the output's head index
+      // pair index t·n_heads + h is the output's head index
+      finish(M, L, acc.data(), hd, out + pi * hd, p.sinks ? p.sinks + pi % p.n_heads : nullptr);
     });
   }
 

@@ -127,9 +127,21 @@ void l2norm_heads(float* x, int64_t n, const L2NormParams& p);
 void gated_delta_recurrent(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim, float eps,
                    float* out);
+// Microscaling floats (matmul_mx_avx2.cpp; kernels/microscaling.h): GGUF MXFP4, MLX mxfp4 / nvfp4
+// (int8 dot products) and MLX mxfp8 (f32). Row-major chains: decode and prefill share arithmetic.
+void matmul_mxfp4(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_mlx_mxfp4(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_mlx_nvfp4(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_mlx_mxfp8(const WeightView& w, const float* x, int64_t n, float* y);
 }  // namespace avx2
 
 namespace avx512 {
+// Microscaling fp4 (matmul_mx_avx512.cpp): GGUF MXFP4, MLX mxfp4 / nvfp4 on the VNNI GEMM, decode on
+// Gemv16 (its arithmetic); matmul_multi_mx takes weights of one of those dtypes.
+void matmul_mxfp4(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_mlx_mxfp4(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_mlx_nvfp4(const WeightView& w, const float* x, int64_t n, float* y);
+void matmul_multi_mx(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n);
 // Same contract as avx2::attention; each block is computed for tiles of (row, head) pairs as two
 // register-blocked matrix products (attention_avx512.cpp).
 void attention(const float* q, int64_t n, int64_t q_pos0, const KvSpanView* spans, int n_spans,

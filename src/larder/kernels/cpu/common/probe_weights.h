@@ -14,6 +14,15 @@ namespace larder::kernels::cpu {
 // (kernels/numerics.h).
 std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols, uint32_t seed);
 
+// Weights of any block or float matmul dtype as a view, with what the format keeps beside its codes
+// (MLX microscaling: U8 scales of realistic size; GGUF MXFP4's e8m0 bytes likewise). Owns its
+// buffers; view points into them (do not copy a ProbeWeights whose view is in use).
+struct ProbeWeights {
+  std::vector<uint8_t> data, scales;
+  WeightView view;
+};
+ProbeWeights probe_weights(DType dtype, int64_t rows, int64_t cols, uint32_t seed);
+
 // MLX affine weights of rows × cols: random codes, scales ~0.01 and biases ~−2^(bits−1)·scale
 // (mlx's quantizer centres the codes), scales and biases in `scale_dtype` (F32/F16/BF16), groups
 // of `group_size`. Owns its buffers; view() points into them.

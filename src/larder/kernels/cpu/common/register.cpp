@@ -14,6 +14,7 @@
 #include "larder/kernels/cpu/common/cpu_kernels.h"
 #include "larder/kernels/cpu/common/probe_weights.h"
 #include "larder/kernels/gguf_blocks.h"
+#include "larder/kernels/microscaling.h"
 
 namespace larder::kernels::cpu {
 
@@ -23,7 +24,8 @@ void set(KernelTable& t, DType d, MatmulFn f) {
 }
 constexpr DType kFormats[] = {DType::kQ8_0, DType::kQ4_0,  DType::kQ4_1,   DType::kQ5_0, DType::kQ5_1,
                               DType::kIQ4_NL, DType::kQ2_K, DType::kQ3_K,   DType::kQ4_K, DType::kQ5_K,
-                              DType::kQ6_K, DType::kIQ4_XS, DType::kBF16, DType::kF16,    DType::kF32};
+                              DType::kQ6_K, DType::kIQ4_XS, DType::kBF16, DType::kF16,    DType::kF32,
+                              DType::kMXFP4, DType::kMlxMXFP4, DType::kMlxNVFP4, DType::kMlxMXFP8};
 
 bool is_int8_act(DType d) { return dtype_is_block(d); }
 
@@ -63,12 +65,41 @@ std::vector<uint8_t> self_check_weights(DType dtype, int64_t rows, int64_t cols,
   const std::vector<uint32_t> f16_at = f16_fields(dtype);
   for (uint64_t b = 0; b < bytes; b += di.block_bytes) {
     for (uint32_t k = 0; k < di.block_bytes; ++k) w[b + k] = static_cast<uint8_t>(next());
+    if (dtype == DType::kMXFP4) {  // e8m0 scale 2^-10 .. 2^-3
+      w[b] = static_cast<uint8_t>(118 + next() % 8);
+      continue;
+    }
+    if (dtype == DType::kMlxMXFP8 && (w[b] & 0x7f) == 0x7f) w[b] ^= 1;  // no NaN codes (mlx writes none)
+    if (is_mlx_microscaling(dtype)) continue;
     for (uint32_t off : f16_at) {
       uint16_t d = f32_to_f16(0.005f + static_cast<float>(next() % 100) / 10000.f);
       std::memcpy(&w[b + off], &d, 2);
     }
   }
   return w;
+}
+
+ProbeWeights probe_weights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  ProbeWeights p;
+  p.data = self_check_weights(dtype, rows, cols, seed);
+  p.view.dtype = dtype;
+  p.view.rows = rows;
+  p.view.cols = cols;
+  p.view.data = p.data.data();
+  if (const int g = mlx_microscaling_group(dtype)) {
+    p.scales.resize(static_cast<size_t>(rows * (cols / g)));
+    uint32_t s = seed ^ 0x9e3779b9u;
+    for (auto& b : p.scales) {
+      s = s * 1664525u + 1013904223u;
+      const uint32_t r = s >> 24;
+      // e8m0 2^-10 .. 2^-3; nvfp4's e4m3 scales 2^-4 .. ~2^-1 (0x18..0x37)
+      b = static_cast<uint8_t>(dtype == DType::kMlxNVFP4 ? 0x18 + r % 32 : 117 + r % 8);
+    }
+    p.view.scales = p.scales.data();
+    p.view.scale_dtype = DType::kU8;
+    p.view.group_size = g;
+  }
+  return p;
 }
 
 AffineProbe affine_probe_weights(int bits, int64_t rows, int64_t cols, int64_t gs, DType sdt) {
@@ -159,13 +190,8 @@ bool agrees_impl(DType dtype, MatmulFn fast, MatmulFn trusted) {
   // 11 blocks for the unpacker-driven 32-element formats: an odd block count per row).
   const bool odd = dtype == DType::kQ4_1 || dtype == DType::kQ5_0 || dtype == DType::kQ5_1 || dtype == DType::kIQ4_NL;
   const int64_t rows = 37, cols = dtype_info(dtype).block_elems == 256 ? 512 : odd ? 352 : 320;
-  std::vector<uint8_t> w = self_check_weights(dtype, rows, cols, 12345u + static_cast<uint32_t>(dtype));
-  WeightView v;
-  v.dtype = dtype;
-  v.rows = rows;
-  v.cols = cols;
-  v.data = w.data();
-  return agree_on(v, fast, trusted);
+  const ProbeWeights w = probe_weights(dtype, rows, cols, 12345u + static_cast<uint32_t>(dtype));
+  return agree_on(w.view, fast, trusted);
 }
 
 // MLX affine, in each scale dtype and group size the kernels branch on.
@@ -225,6 +251,10 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
       case DType::kBF16: return avx2::matmul_bf16;
       case DType::kF16: return avx2::matmul_f16;
       case DType::kF32: return avx2::matmul_f32;
+      case DType::kMXFP4: return avx2::matmul_mxfp4;
+      case DType::kMlxMXFP4: return avx2::matmul_mlx_mxfp4;
+      case DType::kMlxNVFP4: return avx2::matmul_mlx_nvfp4;
+      case DType::kMlxMXFP8: return avx2::matmul_mlx_mxfp8;
       default: return nullptr;
     }
   }
@@ -244,6 +274,10 @@ MatmulFn fast_matmul(const char* tier, DType dtype) {
       case DType::kIQ4_XS: return avx512::matmul_iq4_xs;
       case DType::kBF16: return avx512::matmul_bf16;
       case DType::kF16: return avx512::matmul_f16;
+      case DType::kMXFP4: return avx512::matmul_mxfp4;
+      case DType::kMlxMXFP4: return avx512::matmul_mlx_mxfp4;
+      case DType::kMlxNVFP4: return avx512::matmul_mlx_nvfp4;
+      case DType::kMlxMXFP8: return avx2::matmul_mlx_mxfp8;  // no int8 form (matmul_mx_avx512.cpp)
       default: return nullptr;
     }
   }
@@ -280,6 +314,7 @@ MatmulMultiFn fast_matmul_multi(const char* tier, DType dtype) {
       case DType::kIQ4_XS: return avx512::matmul_multi_iq4_xs;
       case DType::kQ3_K: return avx512::matmul_multi_q3_k;
       case DType::kQ2_K: return avx512::matmul_multi_q2_k;
+      case DType::kMXFP4: case DType::kMlxMXFP4: case DType::kMlxNVFP4: return avx512::matmul_multi_mx;
       default: return nullptr;
     }
   }
