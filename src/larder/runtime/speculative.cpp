@@ -73,48 +73,60 @@ Status check_draft_vocab(const LoadedModel& target, const LoadedModel& draft) {
 
 // ---- measured costs ----------------------------------------------------------------------
 
+namespace {
+double median(std::vector<double>& v) {
+  const size_t h = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(h), v.end());
+  const double hi = v[h];
+  if (v.size() % 2 == 1) return hi;
+  return 0.5 * (hi + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(h)));
+}
+constexpr int kFewSamples = 3;      // slope samples before their median stands in for the prior
+constexpr double kMaxSlope = 2.0;   // per row, of a step: a compute-bound forward is ~1
+}  // namespace
+
 void SpecCost::forward(int64_t rows, double seconds) {
   if (rows < 1 || rows > kMaxRows || !(seconds > 0)) return;
-  constexpr double kKeep = 0.95;  // per sample: the fit follows the load and the batch over ~20 forwards
-  const double x = static_cast<double>(rows - 1);
-  s0_ = kKeep * s0_ + 1;
-  s1_ = kKeep * s1_ + x;
-  s2_ = kKeep * s2_ + x * x;
-  sy_ = kKeep * sy_ + seconds;
-  sxy_ = kKeep * sxy_ + x * seconds;
+  // A one-row forward next to a multi-row one ran under the same load (the machine's other work
+  // changes over seconds, a step takes a fraction of one): their ratio is the slope's sample.
+  if (last_rows_ > 0 && (last_rows_ == 1) != (rows == 1)) {
+    const double one = rows == 1 ? seconds : last_seconds_, many = rows == 1 ? last_seconds_ : seconds;
+    const int64_t r = std::max(rows, last_rows_);
+    s_[si_] = (many / one - 1) / static_cast<double>(r - 1);
+    si_ = (si_ + 1) % kWindow;
+    sn_ = std::min(sn_ + 1, kWindow);
+    if (sn_ >= kFewSamples) {
+      std::vector<double> v(s_, s_ + sn_);
+      slope_ = std::clamp(median(v), 0.0, kMaxSlope);
+    }
+  }
+  last_rows_ = rows;
+  last_seconds_ = seconds;
+  f_[fi_] = seconds / (1 + slope_ * static_cast<double>(rows - 1));
+  fi_ = (fi_ + 1) % kWindow;
+  fn_ = std::min(fn_ + 1, kWindow);
+  std::vector<double> v(f_, f_ + fn_);
+  step_ = median(v);
 }
 
 void SpecCost::drafted(int64_t tokens, double seconds) {
-  if (tokens < 0 || !(seconds >= 0)) return;
-  // Per token over recent drafts (a draft that stopped at its first token costs a forward for none).
-  const double per = seconds / static_cast<double>(std::max<int64_t>(tokens, 1));
-  const double w = 1.0 / static_cast<double>(std::min<int64_t>(++draft_n_, 20));
-  draft_s_ = draft_n_ > 1 ? (1 - w) * draft_s_ + w * per : per;
-}
-
-double SpecCost::forward_time(int64_t rows) const {
-  if (rows < 1 || s0_ <= 0) return 0;
-  const double mx = s1_ / s0_, my = sy_ / s0_;
-  const double var = s2_ / s0_ - mx * mx, cov = sxy_ / s0_ - mx * my;
-  double a = 0, b = 0;
-  if (var > 0.1) {  // the samples span row counts: their slope (never below zero)
-    b = std::max(0.0, cov / var);
-    a = my - b * mx;
-  }
-  if (var <= 0.1 || a <= 0) {  // one row count (or a nonsense intercept): the prior slope through the mean
-    a = my / (1 + kPriorSlope * mx);
-    b = kPriorSlope * a;
-  }
-  return a + b * static_cast<double>(rows - 1);
+  if (tokens < 0 || !(seconds >= 0) || last_rows_ == 0) return;
+  // Per token (a draft that stopped at its first token costs a forward for none), over the one-row
+  // step of the moment: the forward just before the draft, scaled to one row.
+  const double step = last_seconds_ / (1 + slope_ * static_cast<double>(last_rows_ - 1));
+  d_[di_] = seconds / static_cast<double>(std::max<int64_t>(tokens, 1)) / step;
+  di_ = (di_ + 1) % kWindow;
+  dn_ = std::min(dn_ + 1, kWindow);
+  std::vector<double> v(d_, d_ + dn_);
+  ratio_ = median(v);
 }
 
 // ---- the shared policy -------------------------------------------------------------------
 
 namespace {
 constexpr double kDecayCounts = 0.8;  // weight of the past in the acceptance counts, per verify
-constexpr double kPriorRate = 0.5;    // a kind's acceptance before it was tried (one trial's weight)
+constexpr double kPriorRate = 0.75;   // a kind's acceptance before it was tried (one trial's weight)
 constexpr double kMargin = 0.03;      // a draft must beat plain decoding's rate by this much
-constexpr int kFirstProbe = 16, kMaxProbe = 256;  // steps skipped before a one-token probe
 }  // namespace
 
 Drafter::Drafter(SpecOptions o) : o_(std::move(o)) {
@@ -134,22 +146,23 @@ double Drafter::acceptance(int kind) const {
 int Drafter::plan(int kind, int64_t most, StepShape shape) const {
   if (o_.force) return static_cast<int>(std::max<int64_t>(0, most));
   const SpecCost& c = *o_.cost;
+  if (c.step() <= 0) return 0;  // nothing measured yet: one plain step first
   const int64_t rows = std::max<int64_t>(1, shape.rows);
   const double R = static_cast<double>(std::max<int64_t>(1, shape.sequences));
-  const double step = c.forward_time(rows);
-  if (step <= 0) return 0;  // nothing measured yet: one plain step first
-  const double td = c.draft_time(o_.draft_cost * c.forward_time(1));
+  // Everything in one-row steps: the step's own length cancels out of the comparison.
+  const double s = c.slope(), td = c.draft_ratio(o_.draft_cost);
+  const auto forward = [&](int64_t r) { return 1 + s * static_cast<double>(r - 1); };
   const double a = acceptance(kind);
-  // Tokens per second of the step's R sequences: R / step plainly; with this sequence drafting k,
-  // R - 1 + E_k over the step lengthened by the k verify rows and the k drafted tokens (every
-  // sequence waits for both), E_k = 1 + a + … + a^k.
-  const double plain = R / step * (1 + kMargin);
+  // Tokens per step-time of the step's R sequences: R / forward(rows) plainly; with this sequence
+  // drafting k, R - 1 + E_k over the step lengthened by the k verify rows and the k drafted tokens
+  // (every sequence waits for both), E_k = 1 + a + … + a^k.
+  const double plain = R / forward(rows) * (1 + kMargin);
   double best = plain, e = 1, p = 1;
   int best_k = 0;
   for (int k = 1; k <= most; ++k) {
     p *= a;
     e += p;
-    const double rate = (R - 1 + e) / (c.forward_time(rows + k) + k * td);
+    const double rate = (R - 1 + e) / (forward(rows + k) + k * td);
     if (rate > best) best = rate, best_k = k;
   }
   return best_k;
@@ -157,6 +170,7 @@ int Drafter::plan(int kind, int64_t most, StepShape shape) const {
 
 int Drafter::decide(int kind, int planned, int64_t most) {
   Track& t = track_[kind];
+  probing_ = false;
   if (planned > 0) {
     t.skipped = 0;
     t.next_probe = std::min(t.next_probe, kFirstProbe);
@@ -169,14 +183,24 @@ int Drafter::decide(int kind, int planned, int64_t most) {
     return 0;
   }
   // A probe: one token (draft_min's at least) keeps the kind's acceptance and the costs current.
+  // How long until the next one follows its result (feedback).
   t.skipped = 0;
-  t.next_probe = std::clamp(t.next_probe * 2, kFirstProbe, kMaxProbe);
+  probing_ = true;
   return static_cast<int>(std::min<int64_t>(most, std::max(1, o_.draft_min)));
+}
+
+void Drafter::probed(bool taken) {
+  if (!probing_) return;
+  probing_ = false;
+  Track& t = track_[last_kind_];
+  // Missed: back off. Taken: the acceptance rose, the same interval again — not shorter, for a
+  // draft model's probe also forwards the tokens it skipped, a cost the plan does not see.
+  t.next_probe = std::clamp(taken ? t.next_probe : t.next_probe * 2, kFirstProbe, kMaxProbe);
 }
 
 std::vector<int32_t> Drafter::draft(const std::vector<int32_t>& history, int64_t limit, StepShape shape) {
   const int64_t most = std::min<int64_t>(k_, limit);
-  if (most <= 0 || most < o_.draft_min || (!o_.force && o_.cost->forward_time(1) <= 0)) return {};
+  if (most <= 0 || most < o_.draft_min || (!o_.force && o_.cost->step() <= 0)) return {};
   Proposal prop;
   const auto t0 = std::chrono::steady_clock::now();
   const auto timed = [&] {
@@ -203,6 +227,7 @@ std::vector<int32_t> Drafter::draft(const std::vector<int32_t>& history, int64_t
       Track& t = track_[0];
       t.hits = kDecayCounts * t.hits;
       t.trials = kDecayCounts * t.trials + 1;
+      probed(false);
       return {};
     }
     if (static_cast<int64_t>(prop.tokens.size()) > k) prop.tokens.resize(static_cast<size_t>(k));
@@ -219,6 +244,7 @@ void Drafter::feedback(int drafted, int accepted) {
   Track& t = track_[last_kind_];
   t.hits = kDecayCounts * t.hits + accepted;
   t.trials = kDecayCounts * t.trials + std::min(drafted, accepted + 1);
+  probed(accepted == drafted);
   // All taken: the text repeats, look further ahead. Otherwise draft one past what was taken.
   const int lo = std::max(1, o_.draft_min), hi = std::max(lo, o_.draft_max);
   k_ = accepted == drafted ? std::min(hi, std::max(1, k_) * 2) : std::clamp(accepted + 1, lo, hi);

@@ -44,29 +44,44 @@ struct LoadedModel;
 // by the drivers. A verify of k + 1 rows costs more than one decode step by an amount that depends
 // on the model, its formats, the threads and what else is in the batch, and a drafted token costs
 // what the draft took to make (a draft model's forward; prompt lookup: a search) — neither can be
-// known before it runs, so each is an average of what it took so far. Not thread-safe: one
-// driver thread uses it (the engine's step loop, or one generate call).
+// known before it runs. On a machine shared with other work single timings are 2-3x off and the
+// load changes within seconds, so the decision rests on ratios of timings taken next to each
+// other — what an extra verify row and a drafted token cost relative to a one-row step under the
+// same load — each the median of the recent ones (an outlier does not move a median).
+// Not thread-safe: one driver thread uses it (the engine's step loop, or one generate call).
 class SpecCost {
  public:
   static constexpr int64_t kMaxRows = 64;  // forwards of more rows (prefill) are not recorded
+  static constexpr int kWindow = 32;       // recent samples each median is taken over
 
   // A target forward of `rows` decode/verify rows took `seconds`.
   void forward(int64_t rows, double seconds);
-  // Making `tokens` drafted tokens took `seconds`.
+  // Making `tokens` drafted tokens took `seconds` (right after the last forward recorded).
   void drafted(int64_t tokens, double seconds);
-  // The expected time of a forward of `rows` rows: a line a + b·(rows - 1) fitted by least squares
-  // to the recent forwards (older ones weigh less) — one line pools every sample, where a table by
-  // row count would rest on a handful of noisy samples each on a busy machine. Before the forwards
-  // span two row counts the slope is prior_slope × a. 0 before any forward was measured.
-  double forward_time(int64_t rows) const;
-  // Per drafted token; `prior` (seconds) before any draft was timed.
-  double draft_time(double prior) const { return draft_n_ > 0 ? draft_s_ : prior; }
+  // The recent one-row step in seconds (0 before any forward was measured): the median of the
+  // recent forwards, each scaled to one row by the slope.
+  double step() const { return step_; }
+  // What each row past the first adds to a forward, as a fraction of a one-row step: the median
+  // of (t_many / t_one - 1) / (rows - 1) over the recent pairs of consecutive forwards of which
+  // one had one row; kPriorSlope until there are a few. (While every step verifies a draft there
+  // are no such pairs and the slope stays what it was.)
+  double slope() const { return slope_; }
+  // A drafted token's cost as a fraction of a one-row step: each draft's time per token over the
+  // forward just before it (scaled to one row), the median of the recent drafts; `prior` before
+  // any draft was timed.
+  double draft_ratio(double prior) const { return dn_ > 0 ? ratio_ : prior; }
+  // The expected time of a forward of `rows` rows in seconds: step·(1 + slope·(rows - 1)).
+  double forward_time(int64_t rows) const {
+    return rows < 1 ? 0 : step_ * (1 + slope_ * static_cast<double>(rows - 1));
+  }
   static constexpr double kPriorSlope = 0.15;  // of a step per row: decode streams the weights once
 
  private:
-  double s0_ = 0, s1_ = 0, s2_ = 0, sy_ = 0, sxy_ = 0;  // decayed sums of 1, x, x², y, x·y (x = rows - 1)
-  double draft_s_ = 0;
-  int64_t draft_n_ = 0;
+  double f_[kWindow] = {}, s_[kWindow] = {}, d_[kWindow] = {};  // one-row steps, slopes, draft ratios
+  int fn_ = 0, fi_ = 0, sn_ = 0, si_ = 0, dn_ = 0, di_ = 0;       // samples held, next slot
+  int64_t last_rows_ = 0;
+  double last_seconds_ = 0;
+  double step_ = 0, slope_ = kPriorSlope, ratio_ = 0;
 };
 
 struct SpecOptions {
@@ -82,7 +97,7 @@ struct SpecOptions {
   models::Model* draft_model = nullptr;
   int64_t target_vocab = 0;  // with draft_model: the target's logits width (drafts stay under it)
   // The prior of what drafting one token costs, in target decode steps, until the first draft is
-  // timed (a draft model: its weight bytes over the target's; prompt lookup: ~0).
+  // timed (a draft model: its weight bytes over the target's; prompt lookup: 0).
   double draft_cost = 0;
   // A draft model stops a draft at a token it gives less than this probability (a token it is
   // unsure of is rarely the target's pick, and every drafted token costs a draft forward).
@@ -120,15 +135,18 @@ Status check_draft_vocab(const LoadedModel& target, const LoadedModel& draft);
 
 // A source of drafts with the policy every source shares: draft only what pays. Each step it
 // picks the draft length k that maximises the expected tokens per second of the step's sequences,
-// from the measured costs (SpecCost: the verify of k + 1 rows over the step it replaces, k drafted
-// tokens) and the tracked acceptance — with a per-token acceptance a, a draft of k yields
-// 1 + a + … + a^k tokens — and drafts nothing when no k beats plain decoding (by a small margin
-// for the noise of the measurements). So a sequence whose drafts are not taken decodes plainly,
-// except for a one-token probe now and then (after 16, 32 … 256 skipped steps) that keeps the
-// acceptance current. The acceptance is tracked per kind of draft (prompt lookup: by the length
-// of the match, a 1-token match being far less reliable than a 20-token one). The length is
-// further capped: short at first, twice as long after a draft taken whole (up to draft_max), one
-// past what was taken after a miss.
+// from the measured cost ratios (SpecCost: a verify of k + 1 rows and k drafted tokens, relative
+// to the one-row step it replaces) and the tracked acceptance — with a per-token acceptance a, a
+// draft of k yields 1 + a + … + a^k tokens — and drafts nothing when no k beats plain decoding
+// (by a small margin for the noise of the measurements). It starts optimistic (a kind never tried
+// is assumed taken 3 times in 4), because a draft not made yields no evidence: a pessimistic start
+// would keep a drafter that pays from ever showing it. A sequence whose drafts are not taken
+// decodes plainly, except for a one-token probe now and then that keeps the acceptance current:
+// after 16 skipped steps, twice as many after each probe that missed (up to 256), the same number
+// after one taken, 16 again once drafts pay. The acceptance is tracked per kind of draft (prompt
+// lookup: by the length of the match, a 1-token match being far less reliable than a 20-token
+// one). The length is further capped: 2 at first (a kind's first draft is a guess), twice as long
+// after a draft taken whole (up to draft_max), one past what was taken after a miss.
 class Drafter {
  public:
   explicit Drafter(SpecOptions o);
@@ -180,12 +198,15 @@ class Drafter {
     double hits = 0, trials = 0;  // decayed counts of drafted positions taken / tested
     int skipped = 0, next_probe = 0;  // 0: the first draft of the kind is a probe (measures)
   };
+  static constexpr int kFirstProbe = 16, kMaxProbe = 256;  // steps skipped before a one-token probe
   // `planned`: the plan's length, or 0 when none paid — then a probe of one token when due.
   int decide(int kind, int planned, int64_t most);
+  void probed(bool taken);  // the result of the last draft, if it was a probe: when the next one is due
   SpecOptions o_;
   int k_ = 0;
   Track track_[kKinds];
   int last_kind_ = 0;
+  bool probing_ = false;  // the last draft was a probe
   int64_t drafted_ = 0, accepted_ = 0, skipped_ = 0;
 };
 
