@@ -657,21 +657,29 @@ Result<BaseProjections> BaseProjections::from_files(const formats::ModelFiles& f
 
 namespace {
 
-// Families whose HF and GGUF files agree on the rows and columns of every projection listed:
-// llama.cpp's converter permutes Llama's Q/K rows (interleaved RoPE) and reorders Qwen3.5's
-// DeltaNet value heads, so an adapter from one side does not fit a base from the other there.
+// Families whose HF and GGUF files agree on the rows and columns of the projection (checked
+// against llama.cpp's converters): it permutes Llama's Q/K rows (interleaved RoPE) and reorders
+// Qwen3.5's DeltaNet value heads, so an adapter from one side does not fit a base from the other there.
 bool same_order_across_formats(const std::string& arch, LoraModule m) {
-  if (arch == "qwen2" || arch == "qwen3") return true;
+  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe") return true;
   if (arch == "llama" || arch == "mistral") return m != LoraModule::kQ && m != LoraModule::kK;
+  // Attention is written as is; Qwen3-Next's fused DeltaNet inputs are regrouped by the converter.
+  if (arch == "gpt-oss" || arch == "qwen3next")
+    return m == LoraModule::kQ || m == LoraModule::kK || m == LoraModule::kV || m == LoraModule::kO;
   return false;
 }
 
-// Architecture names that denote the same graph (HF model_type vs llama.cpp's names).
+// Architecture names that denote the same graph, mapped to llama.cpp's GGUF name (HF
+// model_type on one side, general.architecture on the other).
 std::string arch_family(const std::string& a) {
   if (a == "mistral") return "llama";
   if (a == "gemma3_text") return "gemma3";
   if (a == "gemma4_text") return "gemma4";
   if (a == "qwen3_5" || a == "qwen3_5_text") return "qwen35";
+  if (a == "qwen3_5_moe" || a == "qwen3_5_moe_text") return "qwen35moe";
+  if (a == "qwen3_moe") return "qwen3moe";
+  if (a == "qwen3_next") return "qwen3next";
+  if (a == "gpt_oss") return "gpt-oss";
   return a;
 }
 

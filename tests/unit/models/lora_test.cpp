@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "larder/formats/model_files.h"
@@ -239,6 +240,26 @@ TEST(LoraValidate, RefusedAdaptersSayWhy) {
   EXPECT_NE(load_error(kRoot + "base").find("no adapter_config.json"), std::string::npos);
   EXPECT_NE(load_error(kRoot + "base/model.safetensors").find("pass the adapter's directory"), std::string::npos);
   EXPECT_NE(load_error(kRoot + "nonexistent.gguf").find("no such file"), std::string::npos);
+}
+
+TEST(LoraValidate, GgufArchitectureNamesMatchTheHfFamily) {
+  // A GGUF adapter carries llama.cpp's architecture name; an HF base carries its model_type. The
+  // same family under its two names fits; another family is refused. Qwen3-MoE's rows are in the
+  // same order on both sides (the HF base); gpt-oss's FFN has no dense rows to compare (a GGUF base).
+  using models::WeightOrder;
+  for (const auto& [file, hf, order, other] :
+       {std::tuple{"arch_qwen3moe.gguf", "qwen3_moe", WeightOrder::kHf, "qwen3"},
+        std::tuple{"arch_gpt-oss.gguf", "gpt_oss", WeightOrder::kGguf, "qwen3_moe"}}) {
+    auto a = load_ok(kRoot + "bad/" + file);
+    ASSERT_TRUE(a) << file;
+    BaseProjections b = base();
+    b.architecture = hf;
+    b.order = order;
+    const Status st = a->validate(b, nullptr);
+    EXPECT_TRUE(st.is_ok()) << file << ": " << st.to_string();
+    b.architecture = other;
+    EXPECT_FALSE(a->validate(b, nullptr).is_ok()) << file << " on " << other;
+  }
 }
 
 TEST(LoraValidate, OtherBaseNameIsAWarning) {
