@@ -198,9 +198,18 @@ Result<QuantizationConfig> quantization_from_config(const ordered_json& config, 
   if (!block->is_object())
     return invalid_argument(strfmt("[config] %s: '%s' must be an object, got %s", src.c_str(), key, block->dump().c_str()));
   if (const ordered_json* qm = jfind(*block, "quant_method")) {
+    // OpenAI's gpt-oss checkpoints: {"quant_method": "mxfp4", "modules_to_not_convert": [...]}.
+    // mlx-lm reads it as a top-level mxfp4 block (utils.load_model) and quantizes only the modules
+    // whose scales the checkpoint holds, ignoring the list; so does the binder (the experts'
+    // `*_blocks`/`*_scales`, WeightBinder::mxfp4_block_experts).
+    if (*qm == "mxfp4") {
+      q.present = true;
+      q.global = AffineParams{4, 32, QuantMode::kMxfp4};
+      return q;
+    }
     return unsupported(strfmt("[config] %s: %s.quant_method %s is not supported (larder executes MLX quantized "
                               "checkpoints: a block of bits, group_size, mode \"affine\", \"mxfp4\", \"nvfp4\" or "
-                              "\"mxfp8\")",
+                              "\"mxfp8\"; and quant_method \"mxfp4\", OpenAI's gpt-oss experts)",
                               src.c_str(), key, qm->dump().c_str()));
   }
   if (!jfind(*block, "bits") || !jfind(*block, "group_size"))

@@ -42,6 +42,8 @@ struct RopeScaling {
 // The block's `mode` (mlx.core.quantize's): "affine" (codes + scales/biases), or one of the
 // microscaling float modes (kernels/microscaling.h), each with its one (bits, group_size):
 // "mxfp4" (4, 32), "nvfp4" (4, 16), "mxfp8" (8, 32) — U8 scales and no biases.
+// `quantization_config: {"quant_method": "mxfp4", ...}` (OpenAI's gpt-oss checkpoints) reads as a
+// top-level mxfp4 block, as mlx-lm reads it; every other quant_method is refused.
 enum class QuantMode { kAffine, kMxfp4, kNvfp4, kMxfp8 };
 const char* quant_mode_name(QuantMode m);  // "affine", "mxfp4", ...
 // The mode of a name, or nullopt.

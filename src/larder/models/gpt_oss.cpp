@@ -20,9 +20,10 @@
 //   [E, ffn, hidden], i.e. in × out — cannot be viewed as [out, in] rows, so it is transposed once
 //   at load into an f32 copy (MoeWeights::owned_f32; use the MLX or GGUF layout for large models).
 // - MXFP4 experts: GGUF type MXFP4 and MLX `mode: "mxfp4"` stacked experts bind like any weight
-//   format (WeightBinder::experts). OpenAI's HF layout (`*_blocks`/`*_scales`) interleaves gate and
-//   up rows, which no view of stacked experts expresses yet: refused by name (hf_experts below would
-//   be the place).
+//   format (WeightBinder::experts). OpenAI's HF layout (openai/gpt-oss-*: `experts.*_proj_blocks` /
+//   `_scales`, quantization_config.quant_method "mxfp4") holds MLX mxfp4's bytes with gate and up
+//   rows interleaved: bound in place by bind_moe (WeightBinder::mxfp4_block_experts, gate/up run
+//   fused as MoeWeights::gate_up).
 // - GGUF (llama.cpp): layer l is sliding iff l is even (its set_swa_pattern(2)), window
 //   `attention.sliding_window`; expert_count / expert_used_count / expert_feed_forward_length;
 //   sinks `attn_sinks.weight`, the FFN norm `post_attention_norm`, biases `*.bias` beside each
@@ -253,12 +254,6 @@ Status GptOssModel::bind(const formats::ModelFiles& files) {
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &L.attn));
     LARDER_ASSIGN_OR_RETURN(L.attn.sinks, b.vector(p + "self_attn.sinks", c.n_heads, "num_attention_heads"));
     const std::string mp = p + "mlp.";
-    for (const char* q : {"experts.gate_up_proj_blocks", "experts.down_proj_blocks"}) {
-      if (b.has(mp + q))
-        return unsupported(strfmt("[model] %s: '%s%s' holds MXFP4 experts in OpenAI's HF layout (interleaved gate/up "
-                                  "rows), which larder does not bind yet; use a GGUF (MXFP4 experts run) or an MLX checkpoint",
-                                  files.path.c_str(), mp.c_str(), q));
-    }
     MoeTensorNames names = moe_names;
     if (!b.has(mp + "experts.gate_proj.weight") && b.has(mp + "experts.gate_up_proj")) {
       LARDER_RETURN_IF_ERROR(hf_experts(b, mp, spec.experts, &L.moe));
