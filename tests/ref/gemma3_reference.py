@@ -36,6 +36,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_ref import finish, gguf_namer  # noqa: E402
 from model_reference import (SEQ, bf16_bits_to_f32, mlx_logits, save_case, to_bf16_bits,  # noqa: E402
                              write_hf, write_safetensors)
 
@@ -96,17 +97,7 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("mlp.down_proj.", "ffn_down.")]
 
 
-def gguf_name(hf):
-    if hf == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if hf == "model.norm.weight":
-        return "output_norm.weight"
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in GGUF_NAMES:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer(GGUF_NAMES)
 
 
 def write_gguf(path, c, weights, qname):
@@ -137,10 +128,7 @@ def write_gguf(path, c, weights, qname):
         else:
             wr.add_tensor(gguf_name(name), (w + np.float32(1.0)).astype(np.float32))
             deq[name] = w
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    finish(wr)
     return deq
 
 

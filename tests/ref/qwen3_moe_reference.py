@@ -55,7 +55,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_ref import add_experts, add_transformer, finish, q8_0, text_of, write_spm_vocab  # noqa: E402
+from gguf_ref import add_experts, add_transformer, finish, gguf_namer, q8_0, text_of, write_spm_vocab  # noqa: E402
 from model_reference import SEQ, save_case, write_affine, write_hf  # noqa: E402
 
 BASE = dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -202,19 +202,7 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("self_attn.q_proj.", "attn_q."), ("self_attn.k_proj.", "attn_k."), ("self_attn.v_proj.", "attn_v."),
               ("self_attn.o_proj.", "attn_output."), ("self_attn.q_norm.", "attn_q_norm."),
               ("self_attn.k_norm.", "attn_k_norm."), ("mlp.gate.", "ffn_gate_inp.")]
-TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-       "lm_head.weight": "output.weight"}
-
-
-def gguf_name(hf):
-    if hf in TOP:
-        return TOP[hf]
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in GGUF_NAMES:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer(GGUF_NAMES)
 
 
 def write_gguf(path, c, weights):
