@@ -28,7 +28,6 @@ Cases (the window is 8-16, far below 64 tokens, so every sliding layer drops key
                     encoding of REALTOK_TEXT (BOS included), 2 layers, hidden 32
 Sets: f32 (f32 checkpoints) and, for gemma3_text_bf16, f32math (bf16 weights, mlx upcast).
 """
-import argparse
 import json
 import os
 import sys
@@ -37,8 +36,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_ref import finish, gguf_namer  # noqa: E402
-from model_reference import (SEQ, bf16_bits_to_f32, mlx_logits, save_case, to_bf16_bits,  # noqa: E402
-                             write_hf, write_safetensors)
+from model_reference import (SEQ, bf16_bits_to_f32, fixture_args, mlx_logits, save_case,  # noqa: E402
+                             to_bf16_bits, write_hf, write_safetensors)
 
 BASE = dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=6,
             num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=300, rms_norm_eps=1e-6,
@@ -213,12 +212,7 @@ TOKENS_OF = {}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args()
     for i, (name, c) in enumerate([("gemma3_text", BASE), ("gemma3_ltypes", LTYPES)]):
         rng = np.random.default_rng(4000 + i)
         w = random_weights(c, rng)

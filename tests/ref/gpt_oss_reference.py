@@ -39,7 +39,6 @@ ref.json also holds min_route_margin (k-th vs (k+1)-th router logit; tokens redr
 and `yarn_no_truncate`: transformers' yarn inv_freq for the real gpt-oss rope_scaling
 (truncate false; head_dim 64, theta 150000), computed here in numpy from its formula.
 """
-import argparse
 import json
 import math
 import os
@@ -49,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_ref import add_transformer, finish, gguf_namer, q8_0, write_spm_vocab  # noqa: E402
-from model_reference import SEQ, save_case, write_affine, write_hf  # noqa: E402
+from model_reference import SEQ, fixture_args, save_case, write_affine, write_hf  # noqa: E402
 
 BASE = dict(model_type="gpt_oss", architectures=["GptOssForCausalLM"], hidden_size=64, intermediate_size=32,
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
@@ -283,14 +282,7 @@ def yarn_inv_freq_transformers(dim, base, factor, orig, beta_fast, beta_slow, tr
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    import mlx.core as mx
-    mx.set_default_device(mx.cpu)
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args(mlx_cpu=True)
 
     rng = np.random.default_rng(4200)
     c = BASE

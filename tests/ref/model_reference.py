@@ -342,13 +342,23 @@ def save_case(d, tokens, vocab, logit_sets, extra=None):
         json.dump(meta, f)
 
 
-def main():
+def fixture_args(mlx_cpu=False):
+    """The command line of every fixture script (--out DIR, --shared DIR: larder_python_fixture in
+    tests/CMakeLists.txt) and its models/ folder under --out, made. mlx_cpu: mlx computes on the CPU."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shared", required=False)
     a = ap.parse_args()
+    if mlx_cpu:
+        import mlx.core as mx
+        mx.set_default_device(mx.cpu)
     root = os.path.join(a.out, "models")
     os.makedirs(root, exist_ok=True)
+    return a, root
+
+
+def main():
+    a, root = fixture_args()
     configs, weights = {}, {}
     for i, (name, over) in enumerate(CASES):
         c = full_config(over)

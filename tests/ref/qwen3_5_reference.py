@@ -27,7 +27,6 @@ max|x|/127), the activation quantization of larder's fast integer kernels — on
 rounding to ~14 % of max|logit| (measured: 0.611 of 4.37), far beyond the int8 bound of
 arch_parity_test, so the fast table is held to what its arithmetic is meant to compute.
 """
-import argparse
 import json
 import os
 import sys
@@ -36,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_ref import add_experts, add_gated_delta, add_transformer, finish, gguf_namer, q8_0  # noqa: E402
-from model_reference import SEQ, save_case, write_affine, write_hf, write_safetensors  # noqa: E402
+from model_reference import SEQ, fixture_args, save_case, write_affine, write_hf, write_safetensors  # noqa: E402
 
 TEXT = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=300,
@@ -275,14 +274,7 @@ def write_gguf(path, c, weights, arch="qwen35", extra=None):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    import mlx.core as mx
-    mx.set_default_device(mx.cpu)
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args(mlx_cpu=True)
     c = TEXT
     rng = np.random.default_rng(3500)
     w = random_weights(c, rng)

@@ -47,7 +47,6 @@ linear's (and expert matmul's) input rounded to int8 per block of 32 first, the 
 quantization of larder's fast integer kernels (qwen3_moe_reference.py). ref.json records `routes`
 and min_route_margin as qwen3_moe_reference.py's case() does (tokens drawn again on a near-tie).
 """
-import argparse
 import os
 import sys
 
@@ -56,7 +55,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_ref import (add_experts, add_gated_delta, add_transformer, finish, gguf_namer, q8_0, text_of,  # noqa: E402
                       write_spm_vocab)
-from model_reference import write_affine, write_hf  # noqa: E402
+from model_reference import fixture_args, write_affine, write_hf  # noqa: E402
 from qwen3_5_reference import dense_mlp, hybrid_shapes  # noqa: E402
 from qwen3_moe_reference import PPL_TOKENS, case, mlx_int8acts_logits, mlx_logits, routed  # noqa: E402
 
@@ -223,14 +222,7 @@ def write_gguf(path, c, weights, legacy_ssm_in=False, recurrent_layers=None, mtp
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    import mlx.core as mx
-    mx.set_default_device(mx.cpu)
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args(mlx_cpu=True)
     nb = "qwen3_next"
 
     rng = np.random.default_rng(3700)
