@@ -99,10 +99,16 @@ def tensor_shapes(c):
 
 
 def random_weights(c, rng):
-    """HF layout: the RMSNorm gains (input, post-attention, final, q/k norms) are stored as γ − 1,
-    so small values around 0; the gated norm of the DeltaNet output is γ itself."""
+    return hybrid_random_weights(tensor_shapes(c), rng)
+
+
+def hybrid_random_weights(shapes, rng, unit=("model.embed_tokens.weight",), other=lambda name, shape: None):
+    """The hybrid trunk's random weights (Qwen3.5, Qwen3-Next), in `shapes`' order, HF layout: the
+    RMSNorm gains (input, post-attention, final, q/k norms) are stored as γ − 1, so small values
+    around 0; the gated norm of the DeltaNet output is γ itself; the `unit` tensors N(0, 1); a
+    tensor `other` gives (not None) as it gives it; every other matrix N(0, 1/in)."""
     w = {}
-    for name, shape in tensor_shapes(c).items():
+    for name, shape in shapes.items():
         if name.endswith("linear_attn.norm.weight"):
             w[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith("norm.weight"):
@@ -113,8 +119,10 @@ def random_weights(c, rng):
             w[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith("conv1d.weight"):
             w[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        elif name == "model.embed_tokens.weight":
+        elif name in unit:
             w[name] = rng.standard_normal(shape).astype(np.float32)
+        elif (x := other(name, shape)) is not None:
+            w[name] = x
         else:
             w[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
     return w

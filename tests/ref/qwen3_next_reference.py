@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_ref import (add_experts, add_gated_delta, add_transformer, finish, gguf_namer, q8_0, text_of,  # noqa: E402
                       write_spm_vocab)
 from model_reference import fixture_args, write_affine, write_hf  # noqa: E402
-from qwen3_5_reference import dense_mlp, hybrid_shapes  # noqa: E402
+from qwen3_5_reference import dense_mlp, hybrid_random_weights, hybrid_shapes  # noqa: E402
 from qwen3_moe_reference import PPL_TOKENS, case, mlx_int8acts_logits, mlx_logits, routed  # noqa: E402
 
 BASE = dict(model_type="qwen3_next", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -100,27 +100,13 @@ def tensor_shapes(c):
 
 
 def random_weights(c, rng):
-    """HF layout: the RMSNorm gains (input, post-attention, final, q/k norms) stored as γ − 1, the
-    DeltaNet's gated norm as γ (qwen3_5_reference.py's rule)."""
-    w = {}
-    for name, shape in tensor_shapes(c).items():
-        if name.endswith("linear_attn.norm.weight"):
-            w[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
-        elif name.endswith("norm.weight"):
-            w[name] = (0.3 * rng.standard_normal(shape)).astype(np.float32)
-        elif name.endswith("A_log"):
-            w[name] = np.log(rng.uniform(0.5, 8.0, shape)).astype(np.float32)
-        elif name.endswith("dt_bias"):
-            w[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
-        elif name.endswith("conv1d.weight"):
-            w[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
-            w[name] = rng.standard_normal(shape).astype(np.float32)
-        elif name.endswith("mlp.gate.weight"):  # router logits ~N(0, 2²): clear k-th/(k+1)-th gaps
-            w[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-        else:
-            w[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-    return w
+    """qwen3_5_reference's hybrid weights, the lm_head N(0, 1) like the embeddings, and the router
+    logits ~N(0, 2²): clear k-th/(k+1)-th gaps."""
+    def router(name, shape):
+        if name.endswith("mlp.gate.weight"):
+            return (2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        return None
+    return hybrid_random_weights(tensor_shapes(c), rng, ("model.embed_tokens.weight", "lm_head.weight"), router)
 
 
 def split_qkvz(w, c):
