@@ -43,7 +43,6 @@ ref.json also holds min_route_margin (k-th vs (k+1)-th router logit; tokens redr
 and `yarn_no_truncate`: transformers' yarn inv_freq for the real gpt-oss rope_scaling
 (truncate false; head_dim 64, theta 150000), computed here in numpy from its formula.
 """
-import argparse
 import json
 import math
 import os
@@ -52,7 +51,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_reference import SEQ, save_case, write_affine, write_hf  # noqa: E402
+from gguf_ref import add_transformer, finish, gguf_namer, q8_0, write_spm_vocab  # noqa: E402
+from model_reference import SEQ, fixture_args, save_case, write_affine, write_hf  # noqa: E402
 
 BASE = dict(model_type="gpt_oss", architectures=["GptOssForCausalLM"], hidden_size=64, intermediate_size=32,
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
@@ -208,19 +208,7 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("self_attn.o_proj.", "attn_output."), ("self_attn.sinks", "attn_sinks.weight"),
               ("mlp.router.", "ffn_gate_inp."), ("mlp.experts.gate_proj.", "ffn_gate_exps."),
               ("mlp.experts.up_proj.", "ffn_up_exps."), ("mlp.experts.down_proj.", "ffn_down_exps.")]
-TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-       "lm_head.weight": "output.weight"}
-
-
-def gguf_name(hf):
-    if hf in TOP:
-        return TOP[hf]
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in GGUF_NAMES:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer(GGUF_NAMES)
 
 
 def write_gguf(path, c, weights, f32=False, f16=False, mxfp4=False):
@@ -228,22 +216,11 @@ def write_gguf(path, c, weights, f32=False, f16=False, mxfp4=False):
     norms, biases, sinks F32; with mxfp4 the experts' matrices MXFP4, as OpenAI's GGUFs store them)
     as llama.cpp reads it; returns the weights of exactly the values it holds."""
     import gguf
-    from qwen3_moe_reference import write_spm_vocab
-    qt = gguf.GGMLQuantizationType.Q8_0
     assert c["layer_types"] == ["sliding_attention", "full_attention"] * (c["num_hidden_layers"] // 2), \
         "llama.cpp's gpt-oss: even layers sliding"
     rs = c["rope_scaling"]
     wr = gguf.GGUFWriter(path, "gpt-oss")
-    wr.add_block_count(c["num_hidden_layers"])
-    wr.add_context_length(c["max_position_embeddings"])
-    wr.add_embedding_length(c["hidden_size"])
-    wr.add_feed_forward_length(c["intermediate_size"])
-    wr.add_head_count(c["num_attention_heads"])
-    wr.add_head_count_kv(c["num_key_value_heads"])
-    wr.add_key_length(c["head_dim"])
-    wr.add_value_length(c["head_dim"])
-    wr.add_rope_freq_base(c["rope_theta"])
-    wr.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    add_transformer(wr, c, c["rope_theta"])
     wr.add_sliding_window(c["sliding_window"])
     wr.add_expert_count(c["num_local_experts"])
     wr.add_expert_used_count(c["num_experts_per_tok"])
@@ -269,13 +246,8 @@ def write_gguf(path, c, weights, f32=False, f16=False, mxfp4=False):
             wr.add_tensor(gguf_name(name), h)
             back[name] = h.astype(np.float32)
         else:
-            q = gguf.quants.quantize(w, qt)
-            wr.add_tensor(gguf_name(name), q, raw_dtype=qt)
-            back[name] = gguf.quants.dequantize(q, qt).reshape(w.shape).astype(np.float32)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+            back[name] = q8_0(wr, gguf_name(name), w)
+    finish(wr)
     return back
 
 
@@ -343,14 +315,7 @@ def yarn_inv_freq_transformers(dim, base, factor, orig, beta_fast, beta_slow, tr
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    import mlx.core as mx
-    mx.set_default_device(mx.cpu)
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args(mlx_cpu=True)
 
     rng = np.random.default_rng(4200)
     c = BASE

@@ -367,4 +367,23 @@ Result<ModelConfig> config_from_files(const formats::ModelFiles& files) {
   return config_from_hf(files);
 }
 
+Status moe_from_gguf(const formats::GgufFile& g, ExpertFfnDefault ffn_default, ModelConfig* c) {
+  const std::string a = c->architecture + ".";
+  const char* src = c->source.c_str();
+  MoeConfig& m = c->moe;
+  const auto E = g.get_int(a + "expert_count");
+  const auto k = g.get_int(a + "expert_used_count");
+  if (!E || !k || *E < 1 || *E > (int64_t{1} << 20) || *k < 1 || *k > *E)
+    return invalid_argument(strfmt("[config] %s: GGUF metadata '%sexpert_count' and '%sexpert_used_count' must be "
+                                   "present with 1 <= expert_used_count <= expert_count",
+                                   src, a.c_str(), a.c_str()));
+  m.n_experts = *E;
+  m.n_used = *k;
+  m.ffn = g.get_int(a + "expert_feed_forward_length")
+              .value_or(ffn_default == ExpertFfnDefault::kPerUsed ? c->ffn / m.n_used : c->ffn);
+  if (m.ffn < 1) return invalid_argument(strfmt("[config] %s: GGUF expert_feed_forward_length must be positive", src));
+  m.routed.assign(static_cast<size_t>(c->n_layers), true);
+  return Status::ok();
+}
+
 }  // namespace larder::models

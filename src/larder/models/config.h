@@ -113,4 +113,11 @@ Result<ModelConfig> config_from_hf_json(const formats::ModelFiles& files, const 
 Result<ModelConfig> config_from_gguf(const formats::GgufFile& g);
 Result<ModelConfig> config_from_files(const formats::ModelFiles& files);
 
+// Routed experts on every layer from GGUF metadata (c->moe): <arch>.expert_count and
+// expert_used_count, required with 1 <= used <= count, and expert_feed_forward_length, which
+// where absent is feed_forward_length itself (kWhole: gpt-oss's is each expert's) or that split
+// over the experts a token uses (kPerUsed: llama.cpp's qwen3moe fallback).
+enum class ExpertFfnDefault { kWhole, kPerUsed };
+Status moe_from_gguf(const formats::GgufFile& g, ExpertFfnDefault ffn_default, ModelConfig* c);
+
 }  // namespace larder::models

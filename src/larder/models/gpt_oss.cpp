@@ -127,24 +127,6 @@ Status hf_moe(const ordered_json& j, ModelConfig* c) {
   return Status::ok();
 }
 
-Status gguf_moe(const formats::GgufFile& g, ModelConfig* c) {
-  const std::string a = c->architecture + ".";
-  MoeConfig& m = c->moe;
-  const auto E = g.get_int(a + "expert_count");
-  const auto k = g.get_int(a + "expert_used_count");
-  if (!E || !k || *E < 1 || *E > (int64_t{1} << 20) || *k < 1 || *k > *E)
-    return invalid_argument(strfmt("[config] %s: GGUF metadata '%sexpert_count' and '%sexpert_used_count' must be "
-                                   "present with 1 <= expert_used_count <= expert_count",
-                                   c->source.c_str(), a.c_str(), a.c_str()));
-  m.n_experts = *E;
-  m.n_used = *k;
-  m.ffn = g.get_int(a + "expert_feed_forward_length").value_or(c->ffn);
-  if (m.ffn < 1)
-    return invalid_argument(strfmt("[config] %s: GGUF expert_feed_forward_length must be positive", c->source.c_str()));
-  m.routed.assign(static_cast<size_t>(c->n_layers), true);
-  return Status::ok();
-}
-
 struct Layer {
   RmsNorm attn_norm, ffn_norm;
   AttentionWeights attn;
@@ -159,7 +141,6 @@ class GptOssModel final : public Transformer {
  private:
   void layer_forward(int l, const LayerBatch& b) override;
   Status hf_experts(WeightBinder& b, const std::string& p, const ExpertDims& d, MoeWeights* w);
-  AttentionOptions attn_opt_;
   std::vector<Layer> layers_;
   MoeScratch moe_s_;
 };
@@ -269,20 +250,9 @@ Status GptOssModel::bind(const formats::ModelFiles& files) {
 
 void GptOssModel::layer_forward(int l, const LayerBatch& b) {
   const Layer& L = layers_[static_cast<size_t>(l)];
-  const LayerSpec& spec = specs_[static_cast<size_t>(l)];
   const int64_t n = b.rows * cfg_.hidden;
   L.attn_norm.apply(b.x, b.rows, b.h);
-  attention_block({.spec = &spec,
-                   .opt = &attn_opt_,
-                   .inv_freq = rope_tables_[0].data(),
-                   .w = &L.attn,
-                   .layer = l,
-                   .h = b.h,
-                   .rows = b.rows,
-                   .positions = b.positions,
-                   .seqs = b.seqs,
-                   .adapters = b.adapters},
-                  attn_s_, b.o);
+  attend(l, L.attn, b, b.h, b.o);
   kernels::add(b.x, b.o, b.x, n);
   L.ffn_norm.apply(b.x, b.rows, b.h);
   moe_block(L.moe, b.h, b.rows, moe_s_, b.o, b.adapters);
@@ -294,7 +264,7 @@ void GptOssModel::layer_forward(int l, const LayerBatch& b) {
 Result<ModelConfig> gpt_oss_config(const formats::ModelFiles& files) {
   if (files.gguf) {
     LARDER_ASSIGN_OR_RETURN(ModelConfig c, config_from_gguf(*files.gguf));
-    LARDER_RETURN_IF_ERROR(gguf_moe(*files.gguf, &c));
+    LARDER_RETURN_IF_ERROR(moe_from_gguf(*files.gguf, ExpertFfnDefault::kWhole, &c));
     c.attention_bias = true;
     LARDER_RETURN_IF_ERROR(gpt_oss_params(files, c).status());
     return c;

@@ -37,14 +37,8 @@ using test::run_chunks;
 using test::with_table;
 using Ref = test::RefLogits;
 
+const test::FamilyFixture kFixture{"gpt_oss_ref"};
 const std::string& kRoot = test::kModelFixtures;
-
-Ref read_ref(const std::string& dir, const char* set = "f32") { return test::read_ref_logits(dir, "gpt_oss_ref", set); }
-
-std::string model_path(const std::string& dir) {
-  const bool gguf = dir.find("q8_0") != std::string::npos || dir.find("gguf") != std::string::npos;
-  return gguf ? kRoot + dir + "/model.gguf" : kRoot + dir;
-}
 
 TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
   struct Case {
@@ -62,7 +56,7 @@ TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
                         {"gpt_oss_gguf_f16", {true, false, true, false}, 8},
                         {"gpt_oss_layers_f32", {false, true, true, false}, 5}};
   for (const Case& c : cases) {
-    test::LoadedModel l = test::load_model(model_path(c.dir));
+    test::LoadedModel l = test::load_model(kFixture.model_path(c.dir));
     ASSERT_NE(l.model, nullptr) << c.dir;
     const Model& m = *l.model;
     EXPECT_FALSE(m.info().tied_embeddings) << c.dir;
@@ -86,11 +80,11 @@ TEST(GptOss, TightAgainstMlxLm) {
                                "gpt_oss_mxfp4_q8_0", "gpt_oss_openai_mxfp4", "gpt_oss_gguf_f32", "gpt_oss_gguf_f16"}) {
     const std::string dir = kRoot + dir_name;
     const bool affine = std::string(dir_name).find("mlx4") != std::string::npos;
-    const bool gguf = model_path(dir_name).find(".gguf") != std::string::npos;
+    const bool gguf = kFixture.model_path(dir_name).find(".gguf") != std::string::npos;
     const bool q8 = std::string(dir_name).find("q8_0") != std::string::npos;
-    const Ref f32_ref = read_ref(dir, gguf ? "deq" : "f32");
+    const Ref f32_ref = kFixture.ref(dir, gguf ? "deq" : "f32");
     ASSERT_EQ(f32_ref.tokens.size(), 64u);
-    test::LoadedModel l = test::load_model(model_path(dir_name));
+    test::LoadedModel l = test::load_model(kFixture.model_path(dir_name));
     ASSERT_NE(l.model, nullptr);
     Model& m = *l.model;
     ASSERT_EQ(m.info().vocab, f32_ref.vocab);
@@ -111,7 +105,7 @@ TEST(GptOss, TightAgainstMlxLm) {
     const bool loose_mx = openai && active.matmul[static_cast<int>(DType::kMlxMXFP4)] !=
                                         kernels::ref_table().matmul[static_cast<int>(DType::kMlxMXFP4)];
     const bool loose = loose_affine || loose_gguf || loose_mx;
-    const Ref int8_ref = loose ? read_ref(dir, "int8acts") : Ref{};
+    const Ref int8_ref = loose ? kFixture.ref(dir, "int8acts") : Ref{};
     const std::vector<test::ParityRun> runs = {
         {"ref", &kernels::ref_table(), 1e-4f, &f32_ref, true},
         {active.name, &active, loose || loose_f16 ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref,
@@ -126,20 +120,15 @@ TEST(GptOss, TightAgainstMlxLm) {
 // Four sequences at different offsets stepped together: rings, sinks and routing are per row.
 TEST(GptOss, BatchedEqualsAloneExactly) {
   for (const char* dir_name : {"gpt_oss_f32", "gpt_oss_layers_f32"}) {
-    const std::string dir = kRoot + dir_name;
-    const Ref ref = read_ref(dir);
-    test::LoadedModel l = test::load_model(dir);
-    ASSERT_NE(l.model, nullptr);
-    test::expect_batched_equals_alone(*l.model, ref.tokens,
-                                      {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}, {6, 7, 7, 8}}},
-                                      dir_name);
+    kFixture.expect_batched_equals_alone(dir_name,
+                                         {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}, {6, 7, 7, 8}}});
   }
 }
 
 // The real gpt-oss rope_scaling (truncate false) gives transformers' inv_freq, not the truncated one
 // mlx-lm and llama.cpp compute.
 TEST(GptOss, YarnInvFreqMatchesTransformersWithoutTruncation) {
-  const Ref ref = read_ref(kRoot + "gpt_oss_f32");
+  const Ref ref = kFixture.ref(kRoot + "gpt_oss_f32");
   const auto& y = ref.meta["yarn_no_truncate"];
   ModelConfig c;
   c.head_dim = c.rope_dim = y["head_dim"].get<int64_t>();
@@ -193,7 +182,7 @@ TEST(GptOss, BadConfigsAndMxfp4AreRefusedByName) {
 // softmax scale, as mlx-lm's YarnRoPE scales q and k.
 TEST(GptOss, YarnOnTheLlamaFamilyMatchesMlxLm) {
   const std::string dir = kRoot + "qwen3_yarn_f32";
-  const Ref ref = read_ref(dir);
+  const Ref ref = kFixture.ref(dir);
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   with_table(kernels::ref_table(), [&] {

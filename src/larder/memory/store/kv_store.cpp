@@ -445,20 +445,6 @@ std::vector<LabelledNs> labelled_namespaces(const StoreStats& s, const NsLabels&
   out.push_back(std::move(other));
   return out;
 }
-
-// Prometheus label values escape backslash, quote and newline (adapter names come from flags).
-std::string prom_escape(const std::string& v) {
-  std::string o;
-  for (char c : v) {
-    if (c == '\\' || c == '"') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
-  }
-  return o;
-}
 }  // namespace
 
 nlohmann::json stats_json(const StoreStats& s, const NsLabels& labels) {
@@ -545,7 +531,7 @@ std::string stats_prometheus(const StoreStats& s, const NsLabels& labels) {
   line("larder_kv_longest_durable_prefix_tokens", "", static_cast<unsigned long long>(s.longest_durable_prefix_tokens));
   // By namespace (issue 45); the label set is bounded by NsLabels (see kv_store.h).
   for (const LabelledNs& l : labelled_namespaces(s, labels)) {
-    const std::string ns = "namespace=\"" + prom_escape(l.label) + "\"";
+    const std::string ns = "namespace=\"" + prometheus_label_escape(l.label) + "\"";
     line("larder_kv_namespace_entries", ns + ",tier=\"ram\"", l.st.ram_entries);
     line("larder_kv_namespace_entries", ns + ",tier=\"ssd\"", l.st.ssd_entries);
     line("larder_kv_namespace_bytes", ns + ",tier=\"ram\"", l.st.ram_bytes);

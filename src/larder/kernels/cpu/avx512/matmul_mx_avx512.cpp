@@ -30,59 +30,51 @@ namespace {
 // u = w + 128 (no namespace-scope vector constant: its initializer would run on any CPU).
 inline __m256i flip(__m256i v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
 
-struct Mxfp4GgufRows {
+struct Mxfp4GgufRows : PackedRows {
   static constexpr int kZero = 128;
-  const uint8_t* w;
-  uint64_t row_bytes;
-  int64_t nb;
   int64_t groups() const { return nb; }
-  int64_t blocks_per_group() const { return 1; }
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float*) const {
-    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
+    const uint8_t* p = packed(row);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = p + 17 * b;
       scale[b] = e8m0_half_to_f32(blk[0]);
       _mm256_store_si256(reinterpret_cast<__m256i*>(codes + b * stride), flip(mx::gguf_codes(blk + 1)));
     }
   }
-  static Mxfp4GgufRows of(const WeightView& v) { return {v.data, v.row_bytes(), v.cols / 32}; }
+  static Mxfp4GgufRows of(const WeightView& v) { return {{v.data, v.row_bytes(), v.cols / 32}}; }
 };
 
-struct MlxMxfp4Rows {
-  static constexpr int kZero = 128;
-  const uint8_t* w;
-  uint64_t row_bytes;
+// MLX's fp4 layouts: the codes' rows and, beside them, a row of scale bytes per weight row.
+struct MlxFp4Rows : PackedRows {
   const uint8_t* sc;
   uint64_t sc_row_bytes;
-  int64_t nb;
+  const uint8_t* scales(int64_t r) const { return sc + static_cast<uint64_t>(r) * sc_row_bytes; }
+  static MlxFp4Rows of(const WeightView& v) {
+    return {{v.data, v.row_bytes(), v.cols / 32}, v.scales, v.scale_row_bytes()};
+  }
+};
+
+struct MlxMxfp4Rows : MlxFp4Rows {
+  static constexpr int kZero = 128;
   int64_t groups() const { return nb; }
-  int64_t blocks_per_group() const { return 1; }
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float*) const {
-    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
-    const uint8_t* s = sc + static_cast<uint64_t>(row) * sc_row_bytes;
+    const uint8_t* p = packed(row);
+    const uint8_t* s = scales(row);
     for (int64_t b = 0; b < nb; ++b) {
       scale[b] = 0.5f * e8m0_to_f32(s[b]);
       _mm256_store_si256(reinterpret_cast<__m256i*>(codes + b * stride), flip(mx::mlx_codes(p + 16 * b)));
     }
   }
-  static MlxMxfp4Rows of(const WeightView& v) {
-    return {v.data, v.row_bytes(), v.scales, v.scale_row_bytes(), v.cols / 32};
-  }
+  static MlxMxfp4Rows of(const WeightView& v) { return {MlxFp4Rows::of(v)}; }
 };
 
-struct MlxNvfp4Rows {
+struct MlxNvfp4Rows : MlxFp4Rows {
   static constexpr int kZero = -1;
   static constexpr int kHalfZero = 128;  // bias = −128·scale, folded into the integer half sums
-  const uint8_t* w;
-  uint64_t row_bytes;
-  const uint8_t* sc;
-  uint64_t sc_row_bytes;
-  int64_t nb;
   int64_t groups() const { return 2 * nb; }  // 16-element halves
-  int64_t blocks_per_group() const { return 1; }
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float* bias) const {
-    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
-    const uint8_t* s = sc + static_cast<uint64_t>(row) * sc_row_bytes;
+    const uint8_t* p = packed(row);
+    const uint8_t* s = scales(row);
     const float* h = mx::e4m3_half_table();
     for (int64_t b = 0; b < nb; ++b) {
       for (int i = 0; i < 2; ++i) {
@@ -92,9 +84,7 @@ struct MlxNvfp4Rows {
       _mm256_store_si256(reinterpret_cast<__m256i*>(codes + b * stride), flip(mx::mlx_codes(p + 16 * b)));
     }
   }
-  static MlxNvfp4Rows of(const WeightView& v) {
-    return {v.data, v.row_bytes(), v.scales, v.scale_row_bytes(), v.cols / 32};
-  }
+  static MlxNvfp4Rows of(const WeightView& v) { return {MlxFp4Rows::of(v)}; }
 };
 
 // MLX mxfp4 / nvfp4 decode (n < kGemm16MinTokens) on 512-bit VNNI. A row's two blocks 2p, 2p+1 are 32 bytes
