@@ -50,6 +50,13 @@ GenerationDefaults make_defaults(const LoadedModel& m) {
   }
   if (m.tokenizer) {
     for (int32_t id : m.tokenizer->eos_ids()) add_unique(&d.eos_ids, id);
+    // Harmony (gpt-oss): a turn ends at <|return|> (the answer) or <|call|> (a tool call). HF
+    // checkpoints list both in generation_config; a GGUF names only one EOS (llama.cpp adds the
+    // other as end-of-generation the same way).
+    if (m.tokenizer->token_to_id("<|channel|>") && m.tokenizer->token_to_id("<|message|>")) {
+      for (const char* t : {"<|return|>", "<|call|>"})
+        if (auto id = m.tokenizer->token_to_id(t)) add_unique(&d.eos_ids, *id);
+    }
   }
   return d;
 }

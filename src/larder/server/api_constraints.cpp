@@ -115,7 +115,7 @@ void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const T
   if (style == runtime::ToolCallStyle::kNone) {
     if (!forced) return;  // no trigger known for this family: auto stays free text
     style = runtime::ToolCallStyle::kTagged;
-    pr.tool_style = style;
+    pr.tool_style = style;  // (a harmony model's forced call too: see encode_with_template)
   }
   // One tag per function: the call's fixed opening (name included), its arguments constrained to
   // the function's parameters schema, and the closing.

@@ -34,6 +34,7 @@ struct Engine::Seq {
     o.max_new_tokens = r.max_tokens;
     o.eos_ids = m.defaults.eos_ids;
     o.stops = r.stops;
+    o.special_text = r.special_text;
     // Stop strings need no grammar rollback: text held back is only ever released or cut, never
     // re-sampled, so the matcher's state always equals the tokens kept.
     o.constraint = r.constraint;

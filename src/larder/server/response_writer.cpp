@@ -21,12 +21,33 @@ int64_t utf8_chars(const std::string& s) {  // characters started in s (continua
 ResponseWriter::ResponseWriter(const ServedModel& sm, const ParsedRequest& pr, bool text_pipeline,
                                const char* call_id_prefix)
     : sm_(sm), pr_(pr), call_id_prefix_(call_id_prefix) {
+  if (text_pipeline && pr.harmony) {
+    harmony_.emplace();
+    return;
+  }
   if (text_pipeline && pr.split_reasoning) splitter_.emplace(pr.reasoning_start_inside);
   if (text_pipeline && pr.tool_style != runtime::ToolCallStyle::kNone) tool_parser_.emplace(pr.tool_style, pr.tools);
 }
 
 ResponseWriter::Pieces ResponseWriter::process(const std::string& text, bool final) {
   Pieces o;
+  if (harmony_) {
+    runtime::HarmonyParser::Out h = harmony_->push(text);
+    if (final) {
+      auto f = harmony_->flush();
+      h.content += f.content;
+      h.reasoning += f.reasoning;
+      for (auto& c : f.calls) h.calls.push_back(std::move(c));
+    }
+    o.content = std::move(h.content);
+    if (keeps_reasoning()) o.reasoning = std::move(h.reasoning);
+    o.calls = std::move(h.calls);
+    for (const auto& call : o.calls) {
+      calls_.push_back(call);
+      call_ids_.push_back(random_id(call_id_prefix_));
+    }
+    return o;
+  }
   if (splitter_) {
     runtime::ReasoningSplitter::Out r = splitter_->push(text);
     if (final) {
