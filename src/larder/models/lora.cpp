@@ -184,6 +184,19 @@ struct LoraBuilder {
     return p;
   }
 
+  // A 16-bit (F16/BF16) 2-D tensor in its own dtype, [rows, cols] or its transpose: into the
+  // mapping without a transpose, else copied into memory the adapter owns.
+  const uint16_t* half_matrix(const formats::TensorInfo& t, bool transpose) {
+    if (!transpose) return reinterpret_cast<const uint16_t*>(t.data);
+    const int64_t r = t.dim(0), c = t.dim(1);
+    auto buf = std::make_unique<uint16_t[]>(static_cast<size_t>(r * c));
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) std::memcpy(&buf[static_cast<size_t>(j * r + i)], t.data + (i * c + j) * 2, 2);
+    const uint16_t* p = buf.get();
+    a->owned16_.push_back(std::move(buf));
+    return p;
+  }
+
   Status add(int layer, LoraModule m, const formats::TensorInfo& ta, const formats::TensorInfo& tb, bool transposed,
              int64_t rank, double scale) {
     const std::string name = lora_projection_name(layer, m);
@@ -218,6 +231,11 @@ struct LoraBuilder {
     p.out = out;
     LARDER_ASSIGN_OR_RETURN(p.a, f32_matrix(ta, transposed));
     LARDER_ASSIGN_OR_RETURN(p.b, f32_matrix(tb, transposed));
+    if (ta.dtype == tb.dtype && (ta.dtype == DType::kBF16 || ta.dtype == DType::kF16)) {
+      p.half = ta.dtype;
+      p.a16 = half_matrix(ta, transposed);
+      p.b16 = half_matrix(tb, transposed);
+    }
     p.scale = static_cast<float>(scale);
     p.source = ta.name;
     a->projections_.push_back(std::move(p));
@@ -776,7 +794,7 @@ Result<std::shared_ptr<const BoundLora>> bind_lora(std::shared_ptr<const LoraAda
                                      lora->path().c_str(), name.c_str(), static_cast<long long>(lp.out),
                                      static_cast<long long>(lp.in), pi.name.c_str(), static_cast<long long>(pi.out),
                                      static_cast<long long>(pi.in)));
-    bound->adapter.deltas[static_cast<size_t>(it->second)] = LowRankDelta{lp.a, lp.b, lp.rank, lp.scale};
+    bound->adapter.deltas[static_cast<size_t>(it->second)] = LowRankDelta{lp.a, lp.b, lp.rank, lp.scale, lp.half, lp.a16, lp.b16};
   }
   bound->lora = std::move(lora);
   return std::shared_ptr<const BoundLora>(std::move(bound));

@@ -14,7 +14,9 @@
 //   mlx-lm `…<module>.lora_a` [in, r], `…lora_b` [r, out]                  (x @ lora_a @ lora_b)
 //   GGUF   `blk.N.<name>.weight.lora_a` ne [in, r], `.lora_b` ne [r, out]  (shape [r, in], [out, r])
 // F32 data already in that orientation (PEFT, GGUF) stays in the mapping; F16/BF16 are widened
-// and mlx-lm's matrices transposed into memory the adapter owns.
+// and mlx-lm's matrices transposed into memory the adapter owns. A pair stored F16 or BF16 (both
+// factors the same dtype) is also kept in that dtype (a16/b16; in the mapping unless transposed):
+// the forward reads half the bytes for the same values.
 //
 // Row order: A/B are in the order of the file they came from. llama.cpp's converter permutes
 // rows of some projections (Llama Q/K for its interleaved RoPE, Qwen3.5's DeltaNet value heads)
@@ -77,6 +79,11 @@ struct LoraProjection {
   const float* a = nullptr;  // [rank, in], row-major
   const float* b = nullptr;  // [out, rank], row-major
   float scale = 1.0f;        // the adapter's own factor; the request's scale multiplies it
+  // Where both factors are stored BF16 or F16 in the file: the same matrices in that dtype (into
+  // the mapping, or transposed into the adapter's memory), what the forward reads (adapter.h).
+  DType half = DType::kF32;
+  const uint16_t* a16 = nullptr;  // [rank, in]
+  const uint16_t* b16 = nullptr;  // [out, rank]
   std::string source;        // the tensor name in the file (lora_A / lora_a), for messages
 };
 
@@ -150,6 +157,7 @@ class LoraAdapter {
   // Keeps the mapping alive (PEFT/GGUF f32 tensors point into it) and owns converted data.
   std::shared_ptr<void> mapping_;
   std::vector<std::unique_ptr<float[]>> owned_;
+  std::vector<std::unique_ptr<uint16_t[]>> owned16_;
 };
 
 // One adapter as a request uses it.

@@ -5,6 +5,7 @@
 // forward in lora_forward_test.cpp.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -118,6 +119,38 @@ TEST(LoraFormats, MlxPeftAndGgufLoadTheFixturesMatrices) {
     EXPECT_EQ(peft->base_model(), "larder-tests/lora-base");
     EXPECT_EQ(gguf->architecture(), "qwen3");
     EXPECT_EQ(mlx->find(0, LoraModule::kDeltaQkv), nullptr);
+  }
+}
+
+// A pair stored F16/BF16 is also kept in that dtype (what the forward reads: half the bytes), with
+// the values of its f32 form bit for bit — mlx-lm's transposed into the same [r, in] / [out, r]
+// layout; an f32 adapter has no 16-bit form. The fixtures: attn_r8 f32, mlp_r4 f16, mixed_r16 bf16.
+TEST(LoraFormats, SixteenBitAdaptersKeepTheirDtype) {
+  for (auto [name, dtype] : {std::pair{"attn_r8", DType::kF32}, std::pair{"mlp_r4", DType::kF16},
+                             std::pair{"mixed_r16", DType::kBF16}}) {
+    for (const char* form : {"/mlx", "/peft", "/lora.gguf"}) {
+      const std::string path = kRoot + name + form;
+      auto a = load_ok(path);
+      ASSERT_TRUE(a);
+      for (const models::LoraProjection& p : a->projections()) {
+        const std::string what = path + " " + models::lora_projection_name(p.layer, p.module);
+        ASSERT_EQ(p.half, dtype) << what;
+        if (dtype == DType::kF32) {
+          EXPECT_EQ(p.a16, nullptr) << what;
+          continue;
+        }
+        ASSERT_TRUE(p.a16 && p.b16) << what;
+        auto widen = [&](const uint16_t* h, int64_t i) {
+          uint16_t v;
+          std::memcpy(&v, h + i, 2);
+          return dtype == DType::kF16 ? f16_to_f32(v) : bf16_to_f32(v);
+        };
+        for (int64_t i = 0; i < p.rank * p.in; ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(widen(p.a16, i)), std::bit_cast<uint32_t>(p.a[i])) << what << " A[" << i << "]";
+        for (int64_t i = 0; i < p.out * p.rank; ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(widen(p.b16, i)), std::bit_cast<uint32_t>(p.b[i])) << what << " B[" << i << "]";
+      }
+    }
   }
 }
 
