@@ -27,7 +27,7 @@ RemoteWriteQueue::~RemoteWriteQueue() {
   bytes_ = 0;
 }
 
-void RemoteWriteQueue::publish(std::shared_ptr<const Entry> entry) {
+void RemoteWriteQueue::offer(std::shared_ptr<const Entry> entry, bool skip_recent) {
   if (!entry) return;
   Item item;
   item.id = entry_id(entry->ns, entry->tokens);
@@ -36,9 +36,12 @@ void RemoteWriteQueue::publish(std::shared_ptr<const Entry> entry) {
   std::deque<Item> victims;  // released outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (done_.count(item.id)) {
-      ++st_.skipped;
-      return;
+    if (skip_recent) {
+      const auto it = done_.find(item.id);
+      if (it != done_.end() && std::chrono::steady_clock::now() - it->second < cfg_.recheck_after) {
+        ++st_.skipped;
+        return;
+      }
     }
     // The same entry queued twice (a spill right after its put): one write serves both.
     for (const Item& q : q_) {
@@ -59,8 +62,6 @@ void RemoteWriteQueue::publish(std::shared_ptr<const Entry> entry) {
   }
   cv_.notify_all();
 }
-
-void RemoteWriteQueue::spill(std::shared_ptr<const Entry> entry) { publish(std::move(entry)); }
 
 bool RemoteWriteQueue::written(const Entry& entry) const {
   const std::string id = entry_id(entry.ns, entry.tokens);
@@ -96,7 +97,12 @@ RemoteQueueStats RemoteWriteQueue::stats() const {
 }
 
 void RemoteWriteQueue::remember(const std::string& id) {
-  if (!done_.insert(id).second) return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto [it, fresh] = done_.try_emplace(id, now);
+  if (!fresh) {
+    it->second = now;  // verified again
+    return;
+  }
   done_order_.push_back(id);
   if (done_order_.size() > kRemembered) {
     done_.erase(done_order_.front());

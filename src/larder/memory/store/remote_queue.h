@@ -20,8 +20,16 @@
 // which the writer never holds across I/O. Every command has the tier's timeout, so a slow or
 // dead Redis stalls only this thread (items then fail fast during the reconnect backoff).
 //
-// Entries already written are remembered (a bounded set of their ids), so the spill of an
-// evicted entry that was published at its put costs no I/O, and pressure relief may drop it.
+// Entries already written are remembered (a bounded set of their ids with the time they were
+// written or found present). What is remembered is only a hint, because Redis forgets on its
+// own (maxmemory eviction, FLUSHALL, a restart without persistence), and this replica, which
+// still holds the entry, is the one that can refill the shared tier:
+//   - a put is always offered, written before or not; the writer then learns what Redis still
+//     has with one EXISTS round trip (on its own thread) and re-sends only the missing chunks;
+//   - a spill (an entry leaving RAM: its last chance to reach Redis from here) is skipped only
+//     when its write is younger than `recheck_after`, else verified the same way;
+//   - pressure relief (`written`, on the engine thread, no I/O) trusts the memory as it is.
+// The same entry offered while it is still queued is queued once.
 #pragma once
 
 #include <chrono>
@@ -32,7 +40,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "larder/memory/store/ram_tier.h"
 #include "larder/memory/store/remote_tier.h"
@@ -42,12 +50,14 @@ namespace larder::memory {
 struct RemoteQueueConfig {
   size_t cap_bytes = 1ull << 30;              // --kv-remote-queue
   uint64_t busy_bytes_per_s = 128ull << 20;   // --kv-remote-write-mibps while busy (0 = unpaced)
+  // A spill trusts a remembered write this recent; an older one is verified (one EXISTS).
+  std::chrono::milliseconds recheck_after{60000};
 };
 
 struct RemoteQueueStats {
   size_t queued_items = 0, queued_bytes = 0;
   uint64_t written = 0, failed = 0, dropped = 0;  // entries
-  uint64_t skipped = 0;   // offered again after being written (a spill of a published entry)
+  uint64_t skipped = 0;   // a spill of an entry written recently, or an offer of one still queued
   double paced_s = 0;     // time the writer waited for the busy budget
   bool in_flight = false;
 };
@@ -59,10 +69,10 @@ class RemoteWriteQueue final : public SpillSink {
   // Stops after the in-flight item; queued items are dropped (flush drains first).
   ~RemoteWriteQueue() override;
 
-  // Offers an entry for writing (engine thread; never blocks on I/O).
-  void publish(std::shared_ptr<const Entry> entry);
-  // SpillSink: an entry leaving RAM — written unless it already was.
-  void spill(std::shared_ptr<const Entry> entry) override;
+  // Offers an entry for writing (engine thread; never blocks on I/O), even one written before.
+  void publish(std::shared_ptr<const Entry> entry) { offer(std::move(entry), false); }
+  // SpillSink: an entry leaving RAM — skipped when written less than recheck_after ago.
+  void spill(std::shared_ptr<const Entry> entry) override { offer(std::move(entry), true); }
   // True when this entry (same ns and tokens) was written (or found present) by this queue.
   bool written(const Entry& entry) const;
   void set_busy(bool busy);
@@ -77,6 +87,7 @@ class RemoteWriteQueue final : public SpillSink {
     std::string id;
     size_t bytes = 0;
   };
+  void offer(std::shared_ptr<const Entry> entry, bool skip_recent);
   void run();
   void remember(const std::string& id);  // mu_ held
   // Waits (mu_ held through `lock`) until the busy budget allows the next batch; returns early
@@ -93,7 +104,7 @@ class RemoteWriteQueue final : public SpillSink {
   int draining_ = 0;
   std::chrono::steady_clock::time_point budget_at_{};  // the token bucket's "paid until"
   std::deque<std::string> done_order_;
-  std::unordered_set<std::string> done_;
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> done_;  // id → written at
   RemoteQueueStats st_;
   std::thread thread_;
 };
