@@ -2,8 +2,10 @@
 // shown), chained chunk keys, LKV1 values in memory, bounded failure against dead and silent
 // endpoints, and a round trip through a real redis-server when one is installed.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -305,6 +307,9 @@ TEST(RemoteTier, SilentServerTimesOutWithinTheLimit) {
 
 // ---- a real redis-server ------------------------------------------------------------------
 
+// A redis-server child that cannot outlive the test: it dies with this process
+// (PR_SET_PDEATHSIG) and never holds the test's stdout/stderr (ctest waits for their EOF, so a
+// surviving child would hang the run until ctest's timeout).
 struct RedisServer {
   pid_t pid = -1;
   TempDir dir;
@@ -312,23 +317,45 @@ struct RedisServer {
   bool start() {
     if (::access("/usr/bin/redis-server", X_OK) != 0) return false;
     sock = dir.path + "/redis.sock";
+    // Everything the child needs is built before fork: between fork and exec the child of a
+    // threaded process may only make async-signal-safe calls (no allocation).
+    const std::string log = dir.path + "/log";
+    std::vector<const char*> argv = {"redis-server", "--port", "0", "--unixsocket", sock.c_str(), "--save", "",
+                                     "--appendonly", "no", "--dir", dir.path.c_str(), "--logfile", log.c_str(),
+                                     nullptr};
+    const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) return false;
+    const pid_t parent = ::getpid();
     pid = ::fork();
     if (pid == 0) {
-      ::execl("/usr/bin/redis-server", "redis-server", "--port", "0", "--unixsocket", sock.c_str(), "--save", "",
-              "--appendonly", "no", "--dir", dir.path.c_str(), "--logfile", (dir.path + "/log").c_str(),
-              static_cast<char*>(nullptr));
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+      ::dup2(devnull, 0);
+      ::dup2(devnull, 1);
+      ::dup2(devnull, 2);
+      ::execv("/usr/bin/redis-server", const_cast<char* const*>(argv.data()));
       ::_exit(127);
     }
-    for (int i = 0; i < 200 && ::access(sock.c_str(), F_OK) != 0; ++i)
+    ::close(devnull);
+    if (pid < 0) return false;
+    for (int i = 0; i < 300 && ::access(sock.c_str(), F_OK) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return ::access(sock.c_str(), F_OK) == 0;
   }
-  ~RedisServer() {
+  void stop() {
     if (pid > 0) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
+    pid = -1;
+    if (!sock.empty()) ::unlink(sock.c_str());
   }
+  // A new, empty server on the same socket (what a restart without persistence looks like).
+  bool restart() {
+    stop();
+    return start();
+  }
+  ~RedisServer() { stop(); }
 };
 
 TEST(RemoteTier, RoundTripThroughRealRedisSharesAcrossInstancesNeverAcrossModels) {
@@ -458,9 +485,7 @@ TEST(RemoteTier, StoreFacadeTiersAndExplains) {
     EXPECT_EQ(stats_json(s)["remote"]["url"], url);
   }
   // Redis gone: the lookup fails fast and the miss says so.
-  ::kill(r.pid, SIGKILL);
-  ::waitpid(r.pid, nullptr, 0);
-  r.pid = -1;
+  r.stop();
   auto c = KvStore::open(store_cfg(url)).value();
   TakeResult t = c->take(toks, "base");
   EXPECT_FALSE(t.hit.has_value());
@@ -502,6 +527,78 @@ TEST(RemoteWriteQueue, PublishesWhileTheEngineIsBusy) {
     a->ram().relieve_pressure([&] { return a->ram().stats().entries > 0; });
     EXPECT_EQ(a->stats().remote_queue.written, 1u);
     a->set_engine_busy(false);
+  }
+}
+
+// Redis lost what this replica wrote (here a restart without persistence; maxmemory eviction and
+// FLUSHALL leave the same state): the replica still holds the entry in RAM and refills the shared
+// tier — a put of the same tokens writes the lost chunks again at once, and so does the spill of
+// an entry whose write is older than recheck_after. The first write after the restart meets the
+// connection to the old server (EPIPE, not a SIGPIPE that would end the process). Every wait is
+// bounded; the server dies with the test (RedisServer).
+TEST(RemoteWriteQueue, APutOrSpillAfterRedisLostTheEntryWritesItAgain) {
+  RedisServer r;
+  if (!r.start()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server; scripts/setup.sh does)";
+  const std::string url = "redis+unix://" + r.sock;
+  auto settled = [](KvStore& s, uint64_t n) {  // n entries written or failed, within 20 s
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    auto done = [&] { return s.stats().remote_queue.written + s.stats().remote_queue.failed >= n; };
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  auto found = [&](const std::vector<int32_t>& toks) {
+    auto b = tier_for(url, 500);  // another replica
+    auto f = b->find(toks, "base");
+    return f ? f->prefix_len : 0;
+  };
+  // A put of tokens written before (the default recheck_after: puts never consult it).
+  {
+    auto a = KvStore::open(store_cfg(url)).value();
+    const auto toks = seq(6000, 40);
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());
+    ASSERT_TRUE(settled(*a, 1));
+    ASSERT_EQ(a->stats().remote.chunks_written, 2u);
+    ASSERT_EQ(found(toks), 32);
+    ASSERT_TRUE(r.restart());
+    ASSERT_EQ(found(toks), 0);
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());  // the same tokens (RAM: a duplicate)
+    ASSERT_TRUE(settled(*a, 2)) << "the second put was not offered: skipped " << a->stats().remote_queue.skipped;
+    EXPECT_EQ(a->stats().remote_queue.written, 2u);
+    EXPECT_EQ(a->stats().remote.chunks_written, 4u);
+    EXPECT_EQ(found(toks), 32);
+    // Offered again while Redis holds it: verified with EXISTS, nothing re-sent.
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());
+    ASSERT_TRUE(settled(*a, 3));
+    EXPECT_EQ(a->stats().remote.chunks_written, 4u);
+    EXPECT_EQ(a->stats().remote.chunks_present, 2u);
+  }
+  // A spill: within recheck_after it is skipped (no I/O), past it the write is verified.
+  {
+    KvStoreConfig c = store_cfg(url);
+    c.remote_queue.recheck_after = std::chrono::milliseconds(1500);  // far above a write here
+    auto a = KvStore::open(c).value();
+    const auto toks = seq(8000, 40), other = seq(9000, 40);
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());
+    ASSERT_TRUE(a->put(other, prefilled(other), "base").is_ok());
+    ASSERT_TRUE(settled(*a, 2));
+    ASSERT_EQ(a->demote_idle(std::chrono::seconds(3600)), 0u);
+    ASSERT_EQ(a->demote_idle(std::chrono::steady_clock::duration::zero()), 2u);  // two spills at once
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(a->stats().remote_queue.skipped, 2u) << "spills of entries just written";
+    EXPECT_EQ(a->stats().remote_queue.written, 2u);
+    ASSERT_TRUE(r.restart());
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());  // a put: written again at once
+    ASSERT_TRUE(settled(*a, 3));
+    ASSERT_TRUE(a->put(other, prefilled(other), "base").is_ok());
+    ASSERT_TRUE(settled(*a, 4));
+    ASSERT_TRUE(r.restart());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1600));  // past recheck_after
+    ASSERT_EQ(a->demote_idle(std::chrono::steady_clock::duration::zero()), 2u);
+    ASSERT_TRUE(settled(*a, 6)) << "spills after recheck_after were skipped: " << a->stats().remote_queue.skipped;
+    EXPECT_EQ(a->stats().remote_queue.failed, 0u);
+    EXPECT_EQ(found(toks), 32);
+    EXPECT_EQ(found(other), 32);
   }
 }
 

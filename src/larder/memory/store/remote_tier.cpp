@@ -1,6 +1,7 @@
 #include "larder/memory/store/remote_tier.h"
 
 #include <hiredis/hiredis.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,6 +20,44 @@ namespace {
 constexpr char kRecipe[] = "larder-kv-remote/1";
 constexpr int kBackoffFirstMs = 100, kBackoffMaxMs = 2000;
 constexpr size_t kWriteBatch = 8;  // values per pipelined SET round trip (bounds transient memory)
+
+// hiredis sends with write(2), so a command on a connection whose server has gone (killed,
+// restarted: the normal way a stale connection is found) raises SIGPIPE, whose default action
+// ends the whole process. For the duration of a round trip the calling thread blocks SIGPIPE
+// and discards one that the round trip raised, so the failure is only EPIPE, handled like any
+// error (reconnect). SIGPIPE from write(2) is thread-directed, so other threads are unaffected
+// and the process-wide disposition is left alone.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeGuard() {
+    const int saved_errno = errno;
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{0, 0};
+        while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+        }
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    errno = saved_errno;
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
 
 timeval to_timeval(int ms) {
   timeval tv{};
@@ -215,6 +254,7 @@ std::string RemoteTier::connect_locked(Conn& c) {
 std::string RemoteTier::roundtrip(Conn& c, const std::vector<std::vector<std::string_view>>& cmds,
                                   std::vector<std::shared_ptr<void>>* replies, bool write) {
   std::lock_guard<std::mutex> lock(c.mu);
+  const SigpipeGuard no_sigpipe;  // connect (AUTH, SELECT) and every command below
   std::string failure;
   // A connection idle across a Redis restart is found dead only by using it: then, once, a
   // fresh connection is made and the commands (all idempotent: MGET, EXISTS, SET NX, DEL) are
