@@ -160,10 +160,20 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
 Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt, std::string* rendered) {
   ordered_json msgs = ordered_json::array();
-  for (const auto& msg : messages) msgs.push_back({{"role", msg.role}, {"content", msg.content}});
+  for (const auto& msg : messages) {
+    msgs.push_back({{"role", msg.role}, {"content", msg.content}});
+    if (!msg.thinking.empty()) msgs.back()["thinking"] = msg.thinking;
+  }
   ChatEncodeOptions o;
   o.add_generation_prompt = add_generation_prompt;
   return encode_chat_json(m, msgs, o, rendered);
+}
+
+bool speaks_harmony(const LoadedModel& m) {
+  if (!m.tokenizer) return false;
+  const tokenizer::Tokenizer& tk = *m.tokenizer;
+  return m.template_choice.source.find("<|channel|>") != std::string::npos && tk.token_to_id("<|channel|>") &&
+         tk.token_to_id("<|message|>") && tk.token_to_id("<|end|>");
 }
 
 void announce_chat_template(const LoadedModel& m) {

@@ -410,19 +410,11 @@ inline std::string text_of_content(const ordered_json& content, const char* wher
   return text;
 }
 
-// The template in use speaks OpenAI's harmony format (gpt-oss): it writes <|channel|> headers and
-// the vocabulary has the marker tokens the output is parsed by (runtime/harmony.h).
-inline bool speaks_harmony(const ServedModel& sm) {
-  const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
-  return sm.m->template_choice.source.find("<|channel|>") != std::string::npos && tk.token_to_id("<|channel|>") &&
-         tk.token_to_id("<|message|>") && tk.token_to_id("<|end|>");
-}
-
 inline void encode_with_template(const ServedModel& sm, const ordered_json& msgs, const ordered_json& tools,
                           const ordered_json& extra, ParsedRequest& pr, bool continue_final = false) {
   // A forced call on a harmony model (apply_tool_choice ran first and set a tool style) is written
   // in the Hermes form: harmony's call header is special tokens, which a grammar cannot write yet.
-  pr.harmony = speaks_harmony(sm) && pr.tool_style == runtime::ToolCallStyle::kNone;
+  pr.harmony = runtime::speaks_harmony(*sm.m) && pr.tool_style == runtime::ToolCallStyle::kNone;
   pr.gen.special_text = pr.harmony;
   runtime::ChatEncodeOptions o;
   o.continue_final_message = continue_final;
@@ -459,7 +451,7 @@ inline runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordere
   const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
   const std::string& tpl = sm.m->template_choice.source;  // the template in use (--chat-template or the model's)
   // Harmony writes its calls as channel messages (runtime/harmony.h), whatever else the vocabulary holds.
-  if (speaks_harmony(sm)) return runtime::ToolCallStyle::kNone;
+  if (runtime::speaks_harmony(*sm.m)) return runtime::ToolCallStyle::kNone;
   // Qwen3-Coder / Qwen3.5 templates teach <function=NAME><parameter=ARG> bodies inside the tags.
   if (tpl.find("<function=") != std::string::npos && tpl.find("<parameter=") != std::string::npos)
     return runtime::ToolCallStyle::kTaggedXml;

@@ -472,7 +472,7 @@ ordered_json ollama_show(const ServedModel& sm, const ordered_json& b) {
   if (d.min_p) params += strfmt("min_p %g\n", *d.min_p);
   if (d.repetition_penalty) params += strfmt("repeat_penalty %g\n", *d.repetition_penalty);
   ordered_json caps = ordered_json::array({"completion"});
-  const bool harmony = speaks_harmony(sm);
+  const bool harmony = runtime::speaks_harmony(*sm.m);
   if (harmony || tool_style_for(sm, ordered_json::array({ordered_json::object()})) != runtime::ToolCallStyle::kNone)
     caps.push_back("tools");
   if (harmony || (sm.m->tokenizer->token_to_id("<think>") && sm.m->tokenizer->token_to_id("</think>")))
