@@ -140,10 +140,11 @@ TEST(LoraFormats, SixteenBitAdaptersKeepTheirDtype) {
           continue;
         }
         ASSERT_TRUE(p.a16 && p.b16) << what;
+        const bool f16 = dtype == DType::kF16;  // clang 14 cannot capture a structured binding
         auto widen = [&](const uint16_t* h, int64_t i) {
           uint16_t v;
           std::memcpy(&v, h + i, 2);
-          return dtype == DType::kF16 ? f16_to_f32(v) : bf16_to_f32(v);
+          return f16 ? f16_to_f32(v) : bf16_to_f32(v);
         };
         for (int64_t i = 0; i < p.rank * p.in; ++i)
           ASSERT_EQ(std::bit_cast<uint32_t>(widen(p.a16, i)), std::bit_cast<uint32_t>(p.a[i])) << what << " A[" << i << "]";
