@@ -27,6 +27,11 @@ class HarmonyParser {
   struct Out {
     std::string content, reasoning;
     std::vector<ToolCall> calls;  // completed by this piece
+    void append(Out o) {  // o released after this
+      content += o.content;
+      reasoning += o.reasoning;
+      for (ToolCall& c : o.calls) calls.push_back(std::move(c));
+    }
   };
   Out push(std::string_view text);
   Out flush();  // end of stream: the open message ends (a tool call's body is parsed now)

@@ -24,6 +24,11 @@ void add_unique(std::vector<int32_t>* v, int32_t id) {
   if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(id);
 }
 
+// OpenAI's harmony format (gpt-oss): its message markers are tokens of the vocabulary.
+bool has_harmony_markers(const tokenizer::Tokenizer& tk) {
+  return tk.token_to_id("<|channel|>") && tk.token_to_id("<|message|>") && tk.token_to_id("<|end|>");
+}
+
 GenerationDefaults make_defaults(const LoadedModel& m) {
   GenerationDefaults d;
   const ordered_json& gc = m.files.generation_config;
@@ -53,7 +58,7 @@ GenerationDefaults make_defaults(const LoadedModel& m) {
     // Harmony (gpt-oss): a turn ends at <|return|> (the answer) or <|call|> (a tool call). HF
     // checkpoints list both in generation_config; a GGUF names only one EOS (llama.cpp adds the
     // other as end-of-generation the same way).
-    if (m.tokenizer->token_to_id("<|channel|>") && m.tokenizer->token_to_id("<|message|>")) {
+    if (has_harmony_markers(*m.tokenizer)) {
       for (const char* t : {"<|return|>", "<|call|>"})
         if (auto id = m.tokenizer->token_to_id(t)) add_unique(&d.eos_ids, *id);
     }
@@ -170,10 +175,8 @@ Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector
 }
 
 bool speaks_harmony(const LoadedModel& m) {
-  if (!m.tokenizer) return false;
-  const tokenizer::Tokenizer& tk = *m.tokenizer;
-  return m.template_choice.source.find("<|channel|>") != std::string::npos && tk.token_to_id("<|channel|>") &&
-         tk.token_to_id("<|message|>") && tk.token_to_id("<|end|>");
+  return m.tokenizer && m.template_choice.source.find("<|channel|>") != std::string::npos &&
+         has_harmony_markers(*m.tokenizer);
 }
 
 void announce_chat_template(const LoadedModel& m) {

@@ -33,28 +33,16 @@ ResponseWriter::Pieces ResponseWriter::process(const std::string& text, bool fin
   Pieces o;
   if (harmony_) {
     runtime::HarmonyParser::Out h = harmony_->push(text);
-    if (final) {
-      auto f = harmony_->flush();
-      h.content += f.content;
-      h.reasoning += f.reasoning;
-      for (auto& c : f.calls) h.calls.push_back(std::move(c));
-    }
+    if (final) h.append(harmony_->flush());
     o.content = std::move(h.content);
     if (keeps_reasoning()) o.reasoning = std::move(h.reasoning);
     o.calls = std::move(h.calls);
-    for (const auto& call : o.calls) {
-      calls_.push_back(call);
-      call_ids_.push_back(random_id(call_id_prefix_));
-    }
+    record_calls(o.calls);
     return o;
   }
   if (splitter_) {
     runtime::ReasoningSplitter::Out r = splitter_->push(text);
-    if (final) {
-      auto f = splitter_->flush();
-      r.content += f.content;
-      r.reasoning += f.reasoning;
-    }
+    if (final) r.append(splitter_->flush());
     o.content = std::move(r.content);
     if (keeps_reasoning()) o.reasoning = std::move(r.reasoning);
   } else {
@@ -65,12 +53,16 @@ ResponseWriter::Pieces ResponseWriter::process(const std::string& text, bool fin
     if (final) c += tool_parser_->flush();
     o.content = std::move(c);
     o.calls = tool_parser_->take_calls();
-    for (const auto& call : o.calls) {
-      calls_.push_back(call);
-      call_ids_.push_back(random_id(call_id_prefix_));
-    }
+    record_calls(o.calls);
   }
   return o;
+}
+
+void ResponseWriter::record_calls(const std::vector<runtime::ToolCall>& calls) {
+  for (const auto& call : calls) {
+    calls_.push_back(call);
+    call_ids_.push_back(random_id(call_id_prefix_));
+  }
 }
 
 std::string ResponseWriter::stream_open() {

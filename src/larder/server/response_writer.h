@@ -72,6 +72,7 @@ class ResponseWriter {
 
  private:
   Pieces process(const std::string& text, bool final);
+  void record_calls(const std::vector<runtime::ToolCall>& calls);  // completed calls get their ids
   std::optional<runtime::ReasoningSplitter> splitter_;
   std::optional<runtime::ToolCallParser> tool_parser_;
   std::optional<runtime::HarmonyParser> harmony_;  // instead of both above (ParsedRequest::harmony)
