@@ -132,10 +132,8 @@ void check_run(const Projection& p, const AdapterRun& r, int64_t n, const LowRan
 // t = A x then u = B t for those rows (matvec8: the delta's matrices read once per task, not once
 // per row) — then y += s·u run by run in run order (a row under several adapters gets them in the
 // order listed). A decode call runs its tasks on the calling thread, no kernel dispatch; longer
-// calls (prefill) spread them over the pool. Spreading decode tasks too (one pool job per call)
-// measured worse on the shared 2-vCPU host — 0.66–0.69 of base per CPU-second against 0.70–0.72
-// (bench/RESULTS.md, session 39) — and a pool job per (sequence, adapter, projection) worse still
-// (session 38). A row's arithmetic depends only on its x and the delta — never on the task it lands
+// calls (prefill) spread them over the pool: decode tasks are too small to pay for a pool job
+// (bench/RESULTS.md, LoRA sections of sessions 38 and 39). A row's arithmetic depends only on its x and the delta — never on the task it lands
 // in, the thread, or the rows beside it — so a row equals its forward alone, bit for bit.
 void add_deltas_multi(const Projection* const* ps, float* const* ys, int count, const float* x, int64_t n,
                       AdapterRows adapters) {
