@@ -7,6 +7,7 @@ a tiny Qwen3 whose greedy output is `<|channel|>commentary to=functions.get_weat
     `<think>` block is (inline, between <think> and </think>), and no marker or channel name
     reaches the terminal;
   * generation stops at <|call|> (harmony's stop set: the tokenizer's EOS is Qwen's);
+  * `--stop` strings match message bodies only: never a marker, a header (`final`) or across them;
   * `larder chat` keeps the answer's final text as the assistant turn: the next turn's prompt
     renders it as the template expects, so the KV store reuses the whole first exchange.
 """
@@ -65,6 +66,23 @@ class Harmony(unittest.TestCase):
         self.assertNotIn("<|", out)
         self.assertNotIn("analysis", out)
         self.assertEqual(out.strip(), f"<think>\n{ANSWER}\n</think>")
+
+    def test_stop_strings_match_message_bodies_only(self):
+        # The output is <|channel|>final<|message|>{"city": "Oslo"}<|call|>: none of these stops
+        # is in the body, each is in the raw text (a header, a marker, or across both; the last
+        # holds the body's `}` back until the end releases it).
+        code, out, err = run("generate", self.model, "--chat", "-p", ASK, "--temp", "0", "-n", "64",
+                             "-l", self.bias("final"), "--stop", "final", "--stop", "<|message|>",
+                             "--stop", 'final<|message|>{"', "--stop", "<|", "--stop", "}<|call|>")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.strip(), ANSWER)
+        self.assertIn(f"generated {self.answer_tokens} tokens", err)
+        # One in the body stops it there, holding nothing of the stop string back.
+        code, out, err = run("generate", self.model, "--chat", "-p", ASK, "--temp", "0", "-n", "64",
+                             "-l", self.bias("final"), "--stop", "Oslo")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.strip(), ANSWER[:ANSWER.index("Oslo")].strip())
+        self.assertNotIn(f"generated {self.answer_tokens} tokens", err)
 
     def test_chat_keeps_the_final_text_as_the_assistant_turn(self):
         code, out, err = run("chat", self.model, "--temp", "0", "-n", "64", "-v", "-l", self.bias("final"),

@@ -50,7 +50,8 @@ struct DecodeOptions {
   std::vector<int32_t> eos_ids;    // empty: never stop on EOS (--ignore-eos)
   std::vector<std::string> stops;  // stop strings (matched only when the step has a tokenizer)
   // Special tokens decode to their text instead of nothing: an output format made of them
-  // (harmony's <|channel|>…<|message|>) is parsed after the stop matcher.
+  // (harmony's <|channel|>…<|message|>) is parsed after the stop matcher, which then matches
+  // stop strings in message bodies only (text_stream.h).
   bool special_text = false;
   // Constrained decoding (grammar.h): masks every pick, advances over every kept token. Null:
   // unconstrained.
