@@ -11,6 +11,9 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <utility>
+
+#include <unistd.h>
 
 #include "larder/formats/gguf.h"
 #include "larder/formats/safetensors.h"
@@ -141,6 +144,12 @@ const char* lora_format_name(LoraFormat f) {
 struct LoraBuilder {
   std::shared_ptr<LoraAdapter> a;
   std::string where;  // path for messages
+  // The file the tensors map (safetensors adapters), and the byte ranges of it whose values were
+  // copied into the adapter's own layout: nothing reads those again once loaded (the hash and the
+  // forward read the copies), so finish() drops their pages from the process (RSS would otherwise
+  // count a packed B twice: the panels and the mapped original).
+  const MappedFile* file = nullptr;
+  std::vector<std::pair<const uint8_t*, size_t>> copied;
 
   // The loaders (free functions) fill the adapter's private fields through these.
   std::string& base_model() { return a->base_model_; }
@@ -180,6 +189,7 @@ struct LoraBuilder {
       return t.data;
     uint8_t* buf = own(static_cast<size_t>(t.dim(0) * t.dim(1)) * (dt == DType::kF32 ? 4 : 2));
     copy_elems(t, dt, transpose, buf);
+    copied.emplace_back(t.data, static_cast<size_t>(t.dim(0) * t.dim(1)) * (t.dtype == DType::kF32 ? 4 : 2));
     return buf;
   }
 
@@ -196,6 +206,7 @@ struct LoraBuilder {
     }
     uint8_t* buf = own(static_cast<size_t>(kernels::lora_panel_elems(rank, out)) * es);
     kernels::pack_lora_b(dt, src, rank_major, rank, out, buf);
+    copied.emplace_back(t.data, static_cast<size_t>(rank * out) * (t.dtype == DType::kF32 ? 4 : 2));
     return buf;
   }
 
@@ -273,6 +284,16 @@ struct LoraBuilder {
     XXH3_freeState(s);
     a->content_hash_ = strfmt("%016llx%016llx", static_cast<unsigned long long>(h.high64),
                               static_cast<unsigned long long>(h.low64));
+    if (file && file->data()) {
+      // Whole pages inside a copied range only: a page shared with a tensor still read stays.
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      for (const auto& [p, n] : copied) {
+        if (p < file->data() || p + n > file->data() + file->size()) continue;
+        const size_t off = static_cast<size_t>(p - file->data());
+        const size_t begin = (off + page - 1) / page * page, end = (off + n) / page * page;
+        if (end > begin) file->release_pages(begin, end - begin);
+      }
+    }
     return std::shared_ptr<const LoraAdapter>(std::move(a));
   }
 };
@@ -380,6 +401,7 @@ Result<std::shared_ptr<const LoraAdapter>> load_peft(const std::string& dir, Lor
   LARDER_RETURN_IF_ERROR(formats::read_safetensors(st_path, ts.get()));
   b.mapping() = ts;
   b.where = st_path;
+  if (ts->files().size() == 1) b.file = ts->files()[0].get();
 
   for (const formats::TensorInfo& t : ts->tensors()) {
     std::string_view n = t.name;
@@ -487,6 +509,7 @@ Result<std::shared_ptr<const LoraAdapter>> load_mlx(const std::string& dir, Lora
   LARDER_RETURN_IF_ERROR(formats::read_safetensors(st_path, ts.get()));
   b.mapping() = ts;
   b.where = st_path;
+  if (ts->files().size() == 1) b.file = ts->files()[0].get();
   for (const formats::TensorInfo& t : ts->tensors()) {
     std::string_view n = t.name;
     if (ends_with(n, ".lora_b")) {
