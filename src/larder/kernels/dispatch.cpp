@@ -55,6 +55,7 @@ KernelTable make_ref_table() {
   t.gated_delta_chunked = ref::gated_delta_chunked;
   t.rmsnorm_gated = ref::rmsnorm_gated;
   t.route_topk = ref::route_topk;
+  t.lora_delta = ref::lora_delta;
   return t;
 }
 

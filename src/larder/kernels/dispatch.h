@@ -12,6 +12,7 @@
 #include <array>
 
 #include "larder/kernels/gated_delta.h"
+#include "larder/kernels/lora.h"
 #include "larder/kernels/moe.h"
 #include "larder/kernels/ops.h"
 
@@ -42,6 +43,8 @@ using GatedDeltaGatesFn = void (*)(const float* a, const float* b, int64_t n, co
 using GatedDeltaFn = void (*)(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 // Mixture-of-experts routing (moe.h).
 using RouteTopKFn = void (*)(const float* logits, int64_t n, const RouteParams& p, int32_t* ids, float* weights);
+// LoRA delta rows (lora.h).
+using LoraDeltaFn = void (*)(const LoraFactors& f, const float* const* xs, int64_t nx, float* t, float* const* us);
 using RmsNormGatedFn = void (*)(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim,
                                 float eps, float* out);
 
@@ -76,6 +79,7 @@ struct KernelTable {
   GatedDeltaFn gated_delta_chunked = nullptr;
   RmsNormGatedFn rmsnorm_gated = nullptr;
   RouteTopKFn route_topk = nullptr;
+  LoraDeltaFn lora_delta = nullptr;
 };
 
 // The scalar reference table (every entry the ref set implements).

@@ -45,13 +45,17 @@ kernels::WeightView f32_view(const std::vector<float>& w, int64_t rows, int64_t 
   return v;
 }
 
-// A rank-r delta for a projection [out, in], owning its factors.
+// A rank-r delta for a projection [out, in], owning its factors: a [rank, in] and b [out, rank]
+// as f32 (the tests' oracles read these), packed for the forward in `packed`.
 struct OwnedDelta {
   std::vector<float> a, b;
-  LowRankDelta view(int64_t rank, float scale) const { return {a.data(), b.data(), rank, scale}; }
+  kernels::OwnedLoraFactors packed;
+  LowRankDelta view(int64_t rank, float scale) const { return {packed.view, scale}; }
 };
 OwnedDelta random_delta(int64_t out, int64_t in, int64_t rank, std::mt19937& g) {
-  return {randn(static_cast<size_t>(rank * in), g, 0.3f), randn(static_cast<size_t>(out * rank), g, 0.3f)};
+  OwnedDelta d{randn(static_cast<size_t>(rank * in), g, 0.3f), randn(static_cast<size_t>(out * rank), g, 0.3f), {}};
+  d.packed = kernels::own_lora_factors(DType::kF32, d.a.data(), d.b.data(), rank, in, out);
+  return d;
 }
 
 struct ProjCase {
@@ -74,15 +78,15 @@ void check_against_merged(const ProjCase& s, const std::vector<float>& y, const 
       if (r < run.row0 || r >= run.row0 + run.n) continue;
       const LowRankDelta& d = *run.adapter->find(0);
       const float sc = run.scale * d.scale;
-      max_rank = std::max(max_rank, d.rank);
+      max_rank = std::max(max_rank, d.rank());
       for (int64_t i = 0; i < out; ++i)
         for (int64_t j = 0; j < in; ++j) {
           float acc = 0;
-          for (int64_t k = 0; k < d.rank; ++k) acc += d.b[i * d.rank + k] * d.a[k * in + j];
+          for (int64_t k = 0; k < d.rank(); ++k) acc += d.f.b_at(i, k) * d.f.a_at(k, j);
           merged[static_cast<size_t>(i * in + j)] += sc * acc;
           double t = 0;
-          for (int64_t k = 0; k < d.rank; ++k)
-            t += std::abs(static_cast<double>(d.b[i * d.rank + k]) * d.a[k * in + j] *
+          for (int64_t k = 0; k < d.rank(); ++k)
+            t += std::abs(static_cast<double>(d.f.b_at(i, k)) * d.f.a_at(k, j) *
                           s.x[static_cast<size_t>(r * in + j)]);
           abs_delta[static_cast<size_t>(i)] += std::abs(sc) * t;
         }
@@ -303,11 +307,11 @@ TEST(Projection, GroupDeltasOverRandomShapesMatchReferenceOnAnyPool) {
             if (r < run.row0 || r >= run.row0 + run.n) continue;
             const LowRankDelta* d = run.adapter->find(p.id());
             if (!d) continue;
-            for (int64_t k = 0; k < d->rank; ++k) {
+            for (int64_t k = 0; k < d->rank(); ++k) {
               double t = 0;
               for (int64_t c = 0; c < in; ++c)
-                t += std::abs(static_cast<double>(d->a[k * in + c]) * x[static_cast<size_t>(r * in + c)]);
-              S += std::abs(static_cast<double>(run.scale) * d->scale * d->b[o * d->rank + k]) * t;
+                t += std::abs(static_cast<double>(d->f.a_at(k, c)) * x[static_cast<size_t>(r * in + c)]);
+              S += std::abs(static_cast<double>(run.scale) * d->scale * d->f.b_at(o, k)) * t;
             }
           }
           const size_t at = static_cast<size_t>(r * p.out() + o);
@@ -355,8 +359,10 @@ TEST(Projection, SixteenBitDeltasEqualTheirF32Widening) {
       std::vector<float> a32, b32;
       to16(static_cast<size_t>(r * in), a16, a32);
       to16(static_cast<size_t>(out * r), b16, b32);
-      Adapter wide{{LowRankDelta{a32.data(), b32.data(), r, 0.7f}}};
-      Adapter narrow{{LowRankDelta{a32.data(), b32.data(), r, 0.7f, half, a16.data(), b16.data()}}};
+      const kernels::OwnedLoraFactors f32 = kernels::own_lora_factors(DType::kF32, a32.data(), b32.data(), r, in, out);
+      const kernels::OwnedLoraFactors f16 = kernels::own_lora_factors(half, a16.data(), b16.data(), r, in, out);
+      Adapter wide{{LowRankDelta{f32.view, 0.7f}}};
+      Adapter narrow{{LowRankDelta{f16.view, 0.7f}}};
       const std::vector<AdapterRun> rw = {{0, n, &wide, 1.5f}}, rn = {{0, n, &narrow, 1.5f}};
       std::vector<float> yw(static_cast<size_t>(n * out)), yn(yw.size());
       p.apply(x.data(), n, yw.data(), rw);

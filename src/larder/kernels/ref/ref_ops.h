@@ -109,6 +109,8 @@ void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t 
 // Mixture-of-experts routing and the per-pair expert matmul (ref/moe.cpp; contracts in moe.h).
 // route_topk is also the active table's (one pass over E logits per token; no fast tier).
 void route_topk(const float* logits, int64_t n, const RouteParams& p, int32_t* ids, float* weights);
+// kernels::lora_delta in the order lora.h fixes (f32, explicit fma): the fast tiers' bits.
+void lora_delta(const LoraFactors& f, const float* const* xs, int64_t nx, float* t, float* const* us);
 // The oracle of kernels::matmul_experts: one matmul (`mm`, e.g. ref::matmul or the active tier's)
 // per (token, slot) pair, of that pair's expert over its one row.
 void matmul_experts(const ExpertsView& w, const float* x, bool x_per_slot, int64_t n, const int32_t* ids, int k,
