@@ -7,7 +7,11 @@ then <|call|>; a logit_bias turns the channel into analysis or final).
     stream and not; anthropic tool_use; Ollama tool_calls), the analysis channel as
     reasoning_content / a thinking block / Ollama `thinking`, the final channel as content — and
     no marker or header text reaches any content or reasoning delta;
-  * a forced call (tool_choice required) comes back as a call in the Hermes form the grammar writes;
+  * a forced call (tool_choice required / named) is written in harmony's own form — the grammar
+    requires the header's marker tokens by id — and comes back as a call whose arguments validate,
+    for a function the scripted chain never names;
+  * tool_choice auto: the chain's own call is kept, its arguments constrained to the schema (an
+    enum without the chain's "Oslo" makes the grammar pick a valid city);
   * generation stops at <|call|> (harmony's stop set: the tokenizer's EOS is Qwen's);
   * an assistant turn's reasoning_content reaches the template as `thinking` (/apply-template; the
     chat-template layer's normalisation, which already did this before harmony parsing landed).
@@ -16,6 +20,8 @@ import json
 import os
 import sys
 import unittest
+
+import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -28,6 +34,13 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 ASK = [{"role": "user", "content": "Weather in Oslo?"}]
 ARGS = {"city": "Oslo"}
+
+
+def validate(test, value, schema):
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as e:
+        test.fail(f"{value!r} does not validate: {e.message}")
 
 
 @unittest.skipUnless(os.path.exists(QWEN_TOK), f"{QWEN_TOK} absent")
@@ -118,18 +131,48 @@ class Harmony(unittest.TestCase):
         self.assertIn("tools", show["capabilities"])
         self.assertIn("thinking", show["capabilities"])
 
-    def test_forced_call_takes_the_hermes_form(self):
-        # Harmony's call header is special tokens, which the grammar cannot write yet: a forced call
-        # is constrained in the <tool_call> form and parsed as that (not read as channels).
+    def test_forced_call_is_written_in_harmony(self):
+        # The chain writes get_weather; the grammar writes set_unit's header, by marker tokens.
         unit = {"type": "function", "function": {"name": "set_unit", "description": "unit", "parameters": {
             "type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
             "additionalProperties": False}}}
-        r = self.client.chat.completions.create(model="m", messages=ASK, tools=[unit], tool_choice="required",
-                                                parallel_tool_calls=False, temperature=0, max_tokens=256)
+        for choice in ("required", {"type": "function", "function": {"name": "set_unit"}}):
+            with self.subTest(choice=choice):
+                r = self.client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, unit] if choice != "required" else [unit],
+                                                        tool_choice=choice, temperature=0, max_tokens=256, logprobs=True)
+                ch = r.choices[0]
+                self.assertEqual(ch.finish_reason, "tool_calls", ch.message)
+                self.assertFalse(ch.message.content)
+                self.assertEqual([c.function.name for c in ch.message.tool_calls], ["set_unit"])
+                validate(self, json.loads(ch.message.tool_calls[0].function.arguments), unit["function"]["parameters"])
+                tokens = [t.token for t in ch.logprobs.content]
+                for marker in ("<|channel|>", "<|constrain|>", "<|message|>"):
+                    self.assertIn(marker, tokens)  # harmony's header, not the Hermes <tool_call> form
+                self.assertNotIn("<tool_call>", "".join(tokens))
+        # The anthropic route forces it the same way.
+        m = self.server.anthropic().messages.create(
+            model="m", max_tokens=256, messages=ASK, extra_body={"temperature": 0}, tool_choice={"type": "any"},
+            tools=[{"name": "set_unit", "description": "unit", "input_schema": unit["function"]["parameters"]}])
+        self.assertEqual(m.stop_reason, "tool_use")
+        uses = [b for b in m.content if b.type == "tool_use"]
+        self.assertEqual([u.name for u in uses], ["set_unit"])
+        validate(self, uses[0].input, unit["function"]["parameters"])
+
+    def test_auto_call_arguments_are_constrained(self):
+        # The chain's call says "Oslo", which this schema refuses: the grammar picks a listed city.
+        paris = {"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": {
+            "type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}}, "required": ["city"],
+            "additionalProperties": False}}}
+        r = self.client.chat.completions.create(model="m", messages=ASK, tools=[paris], temperature=0, max_tokens=64)
         ch = r.choices[0]
         self.assertEqual(ch.finish_reason, "tool_calls", ch)
-        self.assertEqual(ch.message.tool_calls[0].function.name, "set_unit")
-        self.assertIn(json.loads(ch.message.tool_calls[0].function.arguments)["unit"], ["celsius", "fahrenheit"])
+        self.assertEqual(ch.message.tool_calls[0].function.name, "get_weather")
+        validate(self, json.loads(ch.message.tool_calls[0].function.arguments), paris["function"]["parameters"])
+        # Free channels stay free: the final message is the chain's text, ended by <|return|>.
+        r = self.client.chat.completions.create(model="m", messages=ASK, tools=[paris], temperature=0, max_tokens=64,
+                                                logit_bias=self.bias("final"))
+        self.assertEqual(r.choices[0].message.content, tiny_harmony.ARGS_TEXT)
+        self.assertFalse(r.choices[0].message.tool_calls)
 
     def test_reasoning_content_renders_as_thinking(self):
         history = ASK + [{"role": "assistant", "content": "", "reasoning_content": "I should call the tool.",

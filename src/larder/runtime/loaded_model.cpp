@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "larder/core/log.h"
+#include "larder/runtime/tool_grammar.h"
 
 namespace larder::runtime {
 
@@ -156,8 +157,14 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
   }
   lm->defaults = make_defaults(*lm);
   // Constrained decoding: cheap here (the vocabulary is exported on the first constrained request).
-  if (lm->model)
-    lm->grammar = std::make_shared<GrammarEngine>(*lm->tokenizer, lm->model->info().vocab, lm->defaults.eos_ids);
+  // A harmony model's header markers are required by id in its tool-call grammars.
+  if (lm->model) {
+    GrammarTokens gt{lm->defaults.eos_ids, {}};
+    if (auto h = speaks_harmony(*lm) ? harmony_tokens(*lm->tokenizer) : std::nullopt)
+      for (int32_t id : {h->start, h->end, h->channel, h->message, h->constrain})
+        if (id >= 0) gt.control.push_back(id);
+    lm->grammar = std::make_shared<GrammarEngine>(*lm->tokenizer, lm->model->info().vocab, std::move(gt));
+  }
   lm->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return lm;
 }

@@ -412,9 +412,7 @@ inline std::string text_of_content(const ordered_json& content, const char* wher
 
 inline void encode_with_template(const ServedModel& sm, const ordered_json& msgs, const ordered_json& tools,
                           const ordered_json& extra, ParsedRequest& pr, bool continue_final = false) {
-  // A forced call on a harmony model (apply_tool_choice ran first and set a tool style) is written
-  // in the Hermes form: harmony's call header is special tokens, which a grammar cannot write yet.
-  pr.harmony = runtime::speaks_harmony(*sm.m) && pr.tool_style == runtime::ToolCallStyle::kNone;
+  pr.harmony = runtime::speaks_harmony(*sm.m);
   pr.gen.special_text = pr.harmony;
   runtime::ChatEncodeOptions o;
   o.continue_final_message = continue_final;
