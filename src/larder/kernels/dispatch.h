@@ -27,6 +27,7 @@ using RopeFn = void (*)(float* x, int64_t n, int n_heads, int head_dim, int rot_
                         const float* inv_freq, RopePairing pairing);
 using SoftmaxFn = void (*)(float* x, int64_t n);
 using BinaryFn = void (*)(const float* a, const float* b, float* out, int64_t n);
+using SwigluOaiFn = void (*)(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 // f32 → f16 (IEEE half, round to nearest even), n elements: the f16 KV cache's row writes.
 using ToF16Fn = void (*)(const float* x, int64_t n, uint16_t* out);
 using ArgmaxFn = int64_t (*)(const float* x, int64_t n);
@@ -66,6 +67,7 @@ struct KernelTable {
   SoftmaxFn softmax = nullptr;
   BinaryFn silu_mul = nullptr;
   BinaryFn gelu_tanh_mul = nullptr;
+  SwigluOaiFn swiglu_oai = nullptr;
   BinaryFn add = nullptr;
   ToF16Fn to_f16 = nullptr;
   AttentionFn attention = nullptr;

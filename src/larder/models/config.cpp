@@ -204,6 +204,7 @@ Result<QuantizationConfig> quantization_from_config(const ordered_json& config, 
     // `*_blocks`/`*_scales`, WeightBinder::mxfp4_block_experts).
     if (*qm == "mxfp4") {
       q.present = true;
+      q.openai_mxfp4 = true;
       q.global = AffineParams{4, 32, QuantMode::kMxfp4};
       return q;
     }

@@ -61,6 +61,8 @@ struct AffineParams {
 
 struct QuantizationConfig {
   bool present = false;  // the config has a quantization block
+  // OpenAI's form names its method instead of giving bits ("mxfp4": gpt-oss, the experts only).
+  bool openai_mxfp4 = false;
   AffineParams global;
   // Per-module overrides by module path ("model.layers.0.mlp.down_proj"): params, or nullopt
   // for `false` (left unquantized). `true` is stored as the top-level params.

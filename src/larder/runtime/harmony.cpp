@@ -78,11 +78,22 @@ HarmonyParser::Out HarmonyParser::push(std::string_view text) {
   pending_.append(text);
   for (;;) {
     if (in_header_) {
-      const size_t at = pending_.find(kMessage);
+      // A header is <|message|> starting within kMaxHeader bytes, decided on those bytes alone
+      // (however the text was cut into pieces): the search stops where such a marker would end.
+      const size_t at = std::string_view(pending_).substr(0, kMaxHeader + kMessage.size()).find(kMessage);
       if (at == std::string::npos) {
-        if (pending_.size() <= kMaxHeader) break;
+        if (pending_.size() < kMaxHeader + kMessage.size()) break;
         in_header_ = false;  // no header after all: plain text
         channel_ = Channel::kContent;
+        // The marker that opened it is text too: left in place it would reopen the header at
+        // once, and the loop would never end.
+        for (std::string_view m : {kStart, kChannel}) {
+          if (pending_.rfind(m, 0) == 0) {
+            emit(o, m);
+            pending_.erase(0, m.size());
+            break;
+          }
+        }
         continue;
       }
       begin_message(std::string_view(pending_).substr(0, at));

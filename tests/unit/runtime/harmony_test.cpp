@@ -2,6 +2,9 @@
 // at every cut point (markers split across pieces never leak to either side).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -86,6 +89,44 @@ TEST(HarmonyParser, PlainTextWithoutHeaderIsContent) {
   auto o = run({"<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>fin"});
   EXPECT_EQ(o.reasoning, "r");
   EXPECT_EQ(o.content, "");
+}
+
+// Found by tests/fuzz/fuzz_output: a header marker followed by more than the header bound of
+// text without <|message|> fell back to content with the marker still first, which reopened the
+// header at once — push() never returned. Now the whole text is content, as any too-long header.
+TEST(HarmonyParser, HeaderMarkerThenLongTextWithoutMessageEnds) {
+  for (const std::string marker : {"<|start|>", "<|channel|>"}) {
+    const std::string text = marker + "assistant" + std::string(300, 'x');
+    EXPECT_EXIT(
+        {
+          alarm(10);  // the hang fails the test instead of stalling the suite
+          const All o = run({text});
+          std::exit(o.content == text && o.reasoning.empty() && o.calls.empty() ? 0 : 1);
+        },
+        testing::ExitedWithCode(0), ".*")
+        << marker;
+  }
+}
+
+// Whether a header was too long depended on where the text was cut: a <|message|> starting
+// within the bound but still incomplete when the held text passed it made the header plain
+// content, while in one piece it was a header (and one starting past the bound was a header only
+// when it came in the same piece). The header here is padded in front, so the too-long case is
+// content up to its <|channel|>, which then opens a header of its own.
+TEST(HarmonyParser, HeaderBoundDoesNotDependOnCutPoints) {
+  for (size_t pad : {240, 245, 250, 256, 258, 262, 300}) {
+    const std::string spaces(pad - 19, ' ');
+    const std::string text = spaces + "<|channel|>analysis<|message|>think<|end|>" +
+                             "<|start|>assistant<|channel|>final<|message|>answer";
+    const All whole = run({text});
+    EXPECT_EQ(whole.reasoning, "think") << pad;
+    EXPECT_EQ(whole.content, pad <= 256 ? "answer" : spaces + "answer") << pad;  // <|message|> starts at pad
+    for (size_t i = 0; i <= text.size(); ++i) {
+      const All o = run({text.substr(0, i), text.substr(i)});
+      ASSERT_EQ(o.content, whole.content) << "pad " << pad << " cut at " << i;
+      ASSERT_EQ(o.reasoning, whole.reasoning) << "pad " << pad << " cut at " << i;
+    }
+  }
 }
 
 TEST(HarmonyParser, EveryCutPointGivesTheSameSplit) {

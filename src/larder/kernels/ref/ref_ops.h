@@ -87,6 +87,7 @@ void rope_rotate(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, co
 void softmax(float* x, int64_t n);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 void add(const float* a, const float* b, float* out, int64_t n);
 void to_f16(const float* x, int64_t n, uint16_t* out);  // f32_to_f16 per element
 // One row of logits (ref/logits.cpp): the definitions the fast tiers are tested against.

@@ -128,15 +128,6 @@ void add_expert_bias(const std::vector<float>& bias, const int32_t* ids, int64_t
   }
 }
 
-// gpt-oss's clamped SwiGLU, in f32 as mlx-lm computes it; out may alias gate.
-void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = std::min(gate[i], limit);
-    const float u = std::clamp(up[i], -limit, limit);
-    out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
-  }
-}
-
 }  // namespace
 
 void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out, AdapterRows adapters) {
@@ -182,7 +173,7 @@ void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, fl
     case Activation::kSilu: kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
     case Activation::kGeluTanh: kernels::gelu_tanh_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
     case Activation::kSwigluOai:
-      swiglu_oai(s.g.data(), s.u.data(), s.g.data(), slots * ffn, w.swiglu_alpha, w.swiglu_limit);
+      kernels::swiglu_oai(s.g.data(), s.u.data(), s.g.data(), slots * ffn, w.swiglu_alpha, w.swiglu_limit);
       break;
   }
   const kernels::ExpertsView dv{w.down.data(), E};

@@ -9,7 +9,8 @@
 // (token, slot) in one matmul_experts_multi, down in one matmul_experts, so a decode step reads
 // only the selected experts' rows and forks the thread pool twice per layer.
 // gpt-oss adds a bias to the router and to each expert's gate/up/down rows, and its own activation
-// (Activation::kSwigluOai, mlx-lm `swiglu_oai`, transformers `GptOssExperts._apply_gate`):
+// (Activation::kSwigluOai, mlx-lm `swiglu_oai`, transformers `GptOssExperts._apply_gate`;
+// kernels::swiglu_oai):
 //   g = min(gate, limit);  u = clip(up, −limit, limit);  act = (u + 1) · g · σ(alpha · g)
 #pragma once
 
