@@ -260,8 +260,9 @@ void Engine::loop() {
         if (queue_.empty() && tasks_.empty()) continue;
       } else if (seqs_.empty() && tasks_.empty() && !pending_.empty() && !lookup_ready_) {
         // Nothing to step, only remote lookups in flight: sleep until one is ready (on_ready),
-        // with a short bound so a cancelled request or a newly queued one is seen soon.
-        cv_.wait_for(l, std::chrono::milliseconds(10), [&] { return stop_ || !tasks_.empty() || lookup_ready_; });
+        // with a short bound so a cancelled request, a newly queued one or a shutdown deadline
+        // is seen soon. (Not woken by stop_ itself: during a drain that would spin.)
+        cv_.wait_for(l, std::chrono::milliseconds(10), [&] { return !tasks_.empty() || lookup_ready_; });
       }
       lookup_ready_ = false;  // every pending lookup is polled below
       // Only generation work ends an idle period: a /stats or /metrics poll (a task) must not
