@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -495,6 +497,125 @@ TEST(RemoteTier, StoreFacadeTiersAndExplains) {
   auto bad = KvStore::open(store_cfg("redis://:s3cret@h:99999"));
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().message().find("s3cret"), std::string::npos);
+}
+
+// A later chunk that fails verification used to turn the whole lookup into a miss; the chunks
+// before it are still a valid prefix of the prompt, so they serve (the bad one is deleted, and
+// the hit names why it is shorter).
+TEST(RemoteTier, ABadLaterChunkLeavesTheLeadingChunksServing) {
+  RedisServer r;
+  if (!r.start()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server; scripts/setup.sh does)";
+  const std::string url = "redis+unix://" + r.sock;
+  const auto toks = seq(11, 70);  // 4 chunks of 16 + 6 tokens
+  auto a = tier_for(url, 500);
+  ASSERT_TRUE(a->store(*entry_of(toks)));
+  const std::vector<std::string> keys = remote_chunk_keys(identity_id(ident()), "base", 16, toks);
+  ASSERT_EQ(keys.size(), 4u);
+  auto overwrite = [&](const std::string& key) {
+    const std::string cmd = "redis-cli -s " + r.sock + " SET " + key + " not-an-lkv-value >/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  };
+  overwrite(keys[2]);
+
+  auto b = tier_for(url, 500);
+  RemoteFetch f = b->fetch(toks, "base", 0);
+  ASSERT_TRUE(f.entry) << f.failure;
+  EXPECT_EQ(f.failure, "remote_corrupt");
+  EXPECT_EQ(f.found.prefix_len, 32);  // chunks 0 and 1
+  EXPECT_EQ(f.found.tier, Tier::kRemote);
+  EXPECT_EQ(f.entry->tokens.size(), 32u);
+  EXPECT_TRUE(prefix_matches(*f.entry->kv, toks, 32));
+  EXPECT_EQ(b->stats().corrupt, 1u);
+  EXPECT_EQ(b->stats().chunks_read, 2u);
+  std::string failure;
+  EXPECT_EQ(b->peek(toks, "base", &failure), 32) << "the bad chunk was deleted";
+  // Not longer than what is local: nothing to serve, the failure still named.
+  ASSERT_TRUE(a->store(*entry_of(toks)));  // rewrites the deleted chunk
+  overwrite(keys[3]);
+  RemoteFetch g = b->fetch(toks, "base", 48);
+  EXPECT_FALSE(g.entry);
+  EXPECT_EQ(g.failure, "remote_corrupt");
+  // A bad first chunk is a miss, as before.
+  ASSERT_TRUE(a->store(*entry_of(toks)));
+  overwrite(keys[0]);
+  RemoteFetch h = b->fetch(toks, "base", 0);
+  EXPECT_FALSE(h.entry);
+  EXPECT_EQ(h.failure, "remote_corrupt");
+
+  // Through the store: a remote hit of the leading chunks, its reason naming the bad one.
+  ASSERT_TRUE(a->store(*entry_of(toks)));
+  overwrite(keys[3]);
+  KvStoreConfig c;
+  c.ram_cap_bytes = 64 << 20;
+  c.remote_url = url;
+  c.remote_timeout_ms = 500;
+  c.remote_chunk_tokens = 16;
+  c.identity = ident();
+  auto s = KvStore::open(c).value();
+  TakeResult t = s->take(toks, "base");
+  ASSERT_TRUE(t.hit.has_value()) << t.report.reason;
+  EXPECT_EQ(t.hit->tier, Tier::kRemote);
+  EXPECT_EQ(t.hit->tokens, 48);
+  EXPECT_EQ(t.report.reason, "remote_corrupt");
+  EXPECT_TRUE(prefix_matches(*t.hit->kv, toks, 48));
+}
+
+// The remote lookup runs on the lookup thread (issue 46): begin_take returns at once while a hung
+// Redis holds the lookup; the result is picked up later; a cancelled lookup never calls back.
+TEST(RemoteTier, BeginTakeNeverWaitsOnTheNetwork) {
+  SilentServer hung;
+  KvStoreConfig c;
+  c.ram_cap_bytes = 64 << 20;
+  c.remote_url = "redis://127.0.0.1:" + std::to_string(hung.port);
+  c.remote_timeout_ms = 400;
+  c.remote_chunk_tokens = 16;
+  c.identity = ident();
+  auto s = KvStore::open(c).value();
+  const auto p = seq(1, 64);
+  std::atomic<int> calls{0};
+  auto t0 = std::chrono::steady_clock::now();
+  TakeStart st = s->begin_take(p, "base", [&] { ++calls; });
+  const double began = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(st.pending) << "a prompt the remote tier could serve waits for its lookup";
+  EXPECT_LT(began, 0.1) << "begin_take must not wait for the network";
+  EXPECT_FALSE(st.pending->ready());
+  // Picked up later: a timeout is a miss that says so.
+  st.pending->wait();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 0.3);
+  EXPECT_LT(took, 2.0);
+  ASSERT_TRUE(st.pending->ready());
+  EXPECT_EQ(calls.load(), 1);
+  TakeResult r = s->complete_take(*st.pending);
+  EXPECT_FALSE(r.hit.has_value());
+  EXPECT_EQ(r.report.reason, "remote_timeout");
+  EXPECT_EQ(s->stats().miss_reasons.at("remote_timeout"), 1u);
+
+  // RAM serves len - 1: no lookup at all, the take is done at once (counted as skipped).
+  ASSERT_TRUE(s->put(p, prefilled(p), "base").is_ok());
+  TakeStart local = s->begin_take(p, "base");
+  EXPECT_FALSE(local.pending);
+  ASSERT_TRUE(local.result.hit.has_value());
+  EXPECT_EQ(local.result.hit->tier, Tier::kRam);
+  EXPECT_GE(s->stats().remote.skipped, 1u);
+
+  // Cancelled (the client left): no callback, ever; the store still closes within the timeout.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // past the reconnect backoff
+  std::atomic<int> late{0};
+  TakeStart gone = s->begin_take(seq(500, 64), "base", [&] { ++late; });
+  ASSERT_TRUE(gone.pending);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // in flight
+  gone.pending->cancel();
+  TakeStart queued = s->begin_take(seq(900, 64), "base", [&] { ++late; });
+  ASSERT_TRUE(queued.pending);
+  queued.pending->cancel();  // never started
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_EQ(late.load(), 0);
+  EXPECT_FALSE(gone.pending->ready());
+  t0 = std::chrono::steady_clock::now();
+  TakeStart last = s->begin_take(seq(1300, 64), "base", [&] { ++late; });
+  s.reset();  // a lookup in flight: the destructor waits for it, bounded by the timeout
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
 
 // A busy engine is the normal state of a replica under load: a put must reach Redis while the
