@@ -46,7 +46,9 @@ HarmonyVocab* vocab() {
     auto* out = new HarmonyVocab;
     std::ifstream in(kQwenTok);
     if (!in) return out;
-    ordered_json j = ordered_json::parse(in);
+    // nlohmann::json, not ordered_json: an ordered map finds each of the vocabulary's 151k keys by
+    // a linear search (quadratic parse, ~10 s); key order means nothing to the tokenizer.
+    nlohmann::json j = nlohmann::json::parse(in);
     int32_t next = 0;
     for (const auto& t : j["added_tokens"]) next = std::max(next, t["id"].get<int32_t>() + 1);
     for (const char* m : kMarkers)
