@@ -4,13 +4,15 @@ alone at the same batch size, on one `larder serve` process.
 
     .venv/bin/python bench/lora_bench.py [--model .cache/models/SmolLM2-135M-Instruct-hf]
         [--bin build/bin/larder] [--streams 8] [--adapters 4] [--rank 16] [--gen 64] [--rounds 5]
-        [--threads 0] [--json-out FILE]
+        [--threads 0] [--adapter-dtype f32|bf16] [--json-out FILE]
 
 Adapters: random PEFT LoRA directories (rank --rank, lora_alpha 2·rank, every attention and MLP
 projection of every layer: q/k/v/o, gate/up/down) written under /tmp in SmolLM2-135M's shapes
 (hidden 576, 9 heads × 64, 3 KV heads, intermediate 1536, 30 layers); the model is its HF
 checkpoint (a PEFT adapter does not fit llama.cpp's row order, so not the Q4_1 GGUF). One server
-serves all of them (--lora aK=DIR) with --parallel N.
+serves all of them (--lora aK=DIR) with --parallel N. --adapter-dtype bf16 stores the factors as
+BF16 (as PEFT saves an adapter trained on a bf16 model without autocast, and many Hub adapters
+ship), which larder reads in that dtype: half the adapter bytes per decode step.
 
 A round sends N concurrent non-streaming /v1/completions (temperature 0, --gen tokens, EOS masked
 by logit_bias so every stream decodes the same count, a distinct cache_salt per round so no
@@ -52,7 +54,22 @@ PROMPTS = ["The weather today is", "One two three four", "My favourite colour is
            "In the beginning", "Numbers: 1, 2, 3,", "The cat sat on", "A list of words:"]
 
 
-def write_peft(out, seed, rank):
+def save_bf16(tensors, path):
+    """safetensors with every tensor as BF16 (round to nearest even; numpy has no bfloat16)."""
+    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, a in tensors.items():
+        u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+        b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def write_peft(out, seed, rank, dtype="f32"):
     from safetensors.numpy import save_file
     rng = np.random.default_rng(seed)
     os.makedirs(out, exist_ok=True)
@@ -62,7 +79,10 @@ def write_peft(out, seed, rank):
             key = f"base_model.model.model.layers.{layer}.{m}"
             t[key + ".lora_A.weight"] = (rng.standard_normal((rank, i)) * i ** -0.5 * 0.1).astype(np.float32)
             t[key + ".lora_B.weight"] = (rng.standard_normal((o, rank)) * rank ** -0.5 * 0.1).astype(np.float32)
-    save_file(t, os.path.join(out, "adapter_model.safetensors"), metadata={"format": "pt"})
+    if dtype == "bf16":
+        save_bf16(t, os.path.join(out, "adapter_model.safetensors"))
+    else:
+        save_file(t, os.path.join(out, "adapter_model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out, "adapter_config.json"), "w") as f:
         json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
                    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}, f)
@@ -129,6 +149,7 @@ def main():
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--adapter-dtype", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--json-out")
     a = ap.parse_args()
 
@@ -137,7 +158,7 @@ def main():
     try:
         flags = []
         for k in range(a.adapters):
-            flags += ["--lora", f"a{k}={write_peft(os.path.join(tmp, f'a{k}'), 100 + k, a.rank)}"]
+            flags += ["--lora", f"a{k}={write_peft(os.path.join(tmp, f'a{k}'), 100 + k, a.rank, a.adapter_dtype)}"]
         port = free_port()
         cmd = [a.bin, "serve", a.model, "--host", "127.0.0.1", "--port", str(port), "--parallel", str(a.streams),
                "--ctx", "512", *(["--threads", str(a.threads)] if a.threads else []), *flags]
@@ -174,11 +195,11 @@ def main():
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
         print(f"median ratio lora/base: wall {med:.3f}, per CPU-second {cmed:.3f} (streams {a.streams}, adapters {a.adapters}, rank {a.rank}, "
-              f"gen {a.gen}; CPU {cpu_name()}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; commit {commit})")
+              f"gen {a.gen}, adapters {a.adapter_dtype}; CPU {cpu_name()}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; commit {commit})")
         if a.json_out:
             with open(a.json_out, "w") as f:
                 json.dump({"rounds": rows, "median_ratio": med, "median_cpu_ratio": cmed, "streams": a.streams, "adapters": a.adapters,
-                           "rank": a.rank, "gen": a.gen, "cpu": cpu_name(), "commit": commit}, f, indent=1)
+                           "rank": a.rank, "gen": a.gen, "adapter_dtype": a.adapter_dtype, "cpu": cpu_name(), "commit": commit}, f, indent=1)
     finally:
         if srv and srv.poll() is None:
             srv.terminate()

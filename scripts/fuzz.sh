@@ -10,12 +10,12 @@ cd "$(dirname "$0")/.."
 secs=${1:-20}
 shift || true
 dir=${LARDER_ASAN_BUILD_DIR:-build-asan}
-all=(http api gguf safetensors chat_template tokenizer lkv grammar)
+all=(http api gguf safetensors chat_template tokenizer lkv grammar output)
 targets=("${@:-${all[@]}}")
 # Longest input per target: a little over the largest seed. Grammar text stays small: its
 # compile time grows with its size (the compile's own limits are the grammar code's business).
 declare -A max_len=([http]=16384 [api]=16384 [gguf]=16384 [safetensors]=8192 [chat_template]=16384
-                    [tokenizer]=4096 [lkv]=49152 [grammar]=2048)
+                    [tokenizer]=4096 [lkv]=49152 [grammar]=2048 [output]=4096)
 scripts/sanitizer_build.sh "$dir" address,undefined ON "${targets[@]/#/fuzz_}"
 artifacts=${LARDER_FUZZ_ARTIFACTS:-$dir/fuzz-artifacts}
 mkdir -p "$artifacts"

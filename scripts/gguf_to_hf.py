@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Llama-architecture GGUF -> Hugging Face Llama directory.
+"""Llama- or Qwen2-architecture GGUF -> Hugging Face Llama / Qwen2 directory.
 
     scripts/gguf_to_hf.py OUT_DIR --gguf PATH [--dtype f32|bf16] [--if-stale]
 
@@ -7,17 +7,21 @@ Writes OUT_DIR/{config.json, model.safetensors, tokenizer.json, tokenizer_config
 by `larder` (generate, quantize, eval) and by mlx-lm / transformers. Every hyper-parameter comes
 from the GGUF metadata; nothing about a particular model is hard-coded here. Used for
 stories260K (scripts/stories260k_to_hf.py, f32, lossless) and for SmolLM2-135M-Instruct
-(scripts/fetch_models.sh, bf16 dequantized from its Q4_1 release).
+(scripts/fetch_models.sh, bf16 dequantized from its Q4_1 release), and for Qwen2.5-Coder
+(f32 dequantized from its Q4_K_M release: a lossy but exactly reproducible source for measuring
+quantizers against).
 
 Three things are not a plain copy:
   * Quantized tensors (Q4_1, Q8_0, ... anything gguf-py decodes) are dequantized with gguf-py's
     own `gguf.quants.dequantize`; F32 tensors are copied. With --dtype bf16 the f32 values are
     rounded to nearest even, as torch / mlx cast. A Q4_1 value d*q + m is not always a bf16
     number, so a bf16 directory of a quantized GGUF is close to, not equal to, the GGUF.
-  * q/k rows. GGUF llama files keep each head's rows in interleaved-pair RoPE order: llama2.c
+  * q/k rows (llama only). GGUF llama files keep each head's rows in interleaved-pair RoPE order: llama2.c
     checkpoints were trained that way, and llama.cpp's HF converter permutes HF's rotate-half rows
     into it (gguf-py's `permute`). HF Llama rotates halves (x[i], x[i + d/2]), so each head's rows
     are reordered back here: pair element 0s first, then element 1s — the inverse of `permute`.
+    llama.cpp runs qwen2 with NEOX (rotate-half) RoPE, so its converter stores HF's rows as they
+    are, and they are copied as they are. qwen2 also has q/k/v biases (F32, copied).
   * tokenizer.json, from the GGUF's tokenizer.ggml.* keys:
       - `llama` (SentencePiece BPE: pieces + scores + types, no merges): HF's BPE model needs
         ranked merges, so they are derived from the vocabulary the way tokenizers'
@@ -25,7 +29,8 @@ Three things are not a plain copy:
       - `gpt2` (byte-level BPE: pieces are already in the byte-to-unicode alphabet, merges are
         stored): vocabulary and merges are copied; the pre-tokenizer is chosen from
         tokenizer.ggml.pre with the split llama.cpp uses for it (only the ones listed in
-        BPE_PRE_TOKENIZERS; anything else is refused rather than guessed).
+        BPE_PRE_TOKENIZERS; anything else is refused rather than guessed). `qwen2` gets Qwen2's
+        own tokenizer.json pipeline (NFC, then its Split regex, then byte-level without regex).
     Control and user-defined tokens become added tokens (split out of text first, as llama.cpp
     does). tokenizer.chat_template goes to tokenizer_config.json.
 
@@ -50,6 +55,11 @@ PROG = "gguf_to_hf"
 
 # llama.cpp token types (gguf-py TokenType)
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
+
+
+# GGUF general.architecture -> HF (architectures[0], model_type). Both share the Llama block; qwen2
+# adds q/k/v biases and keeps HF's q/k row order (see above).
+ARCHS = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2")}
 
 
 class ConvertError(Exception):
@@ -83,8 +93,8 @@ def read_gguf(path):
         fail(f"{path}: cannot read GGUF ({e})")
     reader.path = path
     arch = field_value(reader, "general.architecture")
-    if arch != "llama":
-        fail(f"{path}: general.architecture is '{arch}', only 'llama' is supported")
+    if arch not in ARCHS:
+        fail(f"{path}: general.architecture is '{arch}', only {' and '.join(repr(a) for a in ARCHS)} are supported")
     tok_model = field_value(reader, "tokenizer.ggml.model")
     if tok_model not in ("llama", "gpt2"):
         fail(f"{path}: tokenizer.ggml.model is '{tok_model}', only 'llama' (SentencePiece) and 'gpt2' (byte-level BPE) are supported")
@@ -102,8 +112,10 @@ def read_gguf(path):
 
 
 def hyper_parameters(reader, tensors):
-    a = "llama."
+    arch = field_value(reader, "general.architecture")
+    a = arch + "."
     hp = {
+        "arch": arch,
         "hidden": int(field_value(reader, a + "embedding_length")),
         "layers": int(field_value(reader, a + "block_count")),
         "heads": int(field_value(reader, a + "attention.head_count")),
@@ -174,10 +186,17 @@ def hf_weights(tensors, hp):
     out["model.norm.weight"] = take("output_norm.weight", (H,))
     if not hp["tied"]:
         out["lm_head.weight"] = take("output.weight", (hp["vocab"], H))
+    qwen2 = hp["arch"] == "qwen2"
+    # llama: undo the interleaved-pair row order (see the module doc); qwen2: rows are HF's already.
+    rows = (lambda w, n: w) if qwen2 else interleaved_to_half_split
     for l in range(hp["layers"]):
         g, p = f"blk.{l}.", f"model.layers.{l}."
-        out[p + "self_attn.q_proj.weight"] = interleaved_to_half_split(take(g + "attn_q.weight", (q_rows, H)), hp["heads"])
-        out[p + "self_attn.k_proj.weight"] = interleaved_to_half_split(take(g + "attn_k.weight", (kv_rows, H)), hp["kv_heads"])
+        out[p + "self_attn.q_proj.weight"] = rows(take(g + "attn_q.weight", (q_rows, H)), hp["heads"])
+        out[p + "self_attn.k_proj.weight"] = rows(take(g + "attn_k.weight", (kv_rows, H)), hp["kv_heads"])
+        if qwen2:  # HF's Qwen2Attention always has these three biases
+            out[p + "self_attn.q_proj.bias"] = take(g + "attn_q.bias", (q_rows,))
+            out[p + "self_attn.k_proj.bias"] = take(g + "attn_k.bias", (kv_rows,))
+            out[p + "self_attn.v_proj.bias"] = take(g + "attn_v.bias", (kv_rows,))
         out[p + "self_attn.v_proj.weight"] = take(g + "attn_v.weight", (kv_rows, H))
         out[p + "self_attn.o_proj.weight"] = take(g + "attn_output.weight", (H, q_rows))
         out[p + "input_layernorm.weight"] = take(g + "attn_norm.weight", (H,))
@@ -265,12 +284,21 @@ def derive_merges(tokens, scores, types):
 _DIGITS_THEN_GPT2 = {"type": "Sequence", "pretokenizers": [
     {"type": "Digits", "individual_digits": True},
     {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+# "qwen2": Qwen2's tokenizer.json split (llama.cpp's regex for it is the same one with the
+# case-insensitive contractions spelled out), then byte-level mapping without GPT-2's regex.
+_QWEN2_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+                "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 BPE_PRE_TOKENIZERS = {
     "gpt-2": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
     "smollm": _DIGITS_THEN_GPT2,
     "starcoder": _DIGITS_THEN_GPT2,
     "refact": _DIGITS_THEN_GPT2,
+    "qwen2": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
 }
+# Normalizer per tokenizer.ggml.pre where the model's own tokenizer.json has one (Qwen2: NFC).
+BPE_NORMALIZERS = {"qwen2": {"type": "NFC"}}
 
 
 def added_tokens(tokens, types):
@@ -332,7 +360,7 @@ def bpe_model_parts(reader, tokens):
             fail(f"{reader.path}: merge {m!r} does not join two pieces into a vocabulary piece")
         merges.append([left, right])
     return {
-        "normalizer": None,
+        "normalizer": BPE_NORMALIZERS.get(pre),
         "pre_tokenizer": BPE_PRE_TOKENIZERS[pre],
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         # Every byte is a piece of the byte-level alphabet, so there is no unknown token.
@@ -394,9 +422,10 @@ def tokenizer_files(reader, hp):
 
 
 def config_json(hp, dtype):
+    arch, model_type = ARCHS[hp["arch"]]
     cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [arch],
+        "model_type": model_type,
         "hidden_size": hp["hidden"],
         "intermediate_size": hp["ffn"],
         "num_hidden_layers": hp["layers"],
@@ -407,13 +436,17 @@ def config_json(hp, dtype):
         "rms_norm_eps": hp["eps"],
         "rope_theta": hp["rope_theta"],
         "rope_scaling": None,
-        "attention_bias": False,
         "mlp_bias": False,
         "vocab_size": hp["vocab"],
         "max_position_embeddings": hp["ctx"],
         "tie_word_embeddings": hp["tied"],
         "torch_dtype": {"f32": "float32", "bf16": "bfloat16"}[dtype],
     }
+    if hp["arch"] == "llama":
+        cfg["attention_bias"] = False  # Qwen2 has no such key: q/k/v biases always, o_proj never
+    if hp["arch"] == "qwen2":
+        # Qwen2Config's sliding-window keys, off (as in every released Qwen2.5 config).
+        cfg.update({"use_sliding_window": False, "sliding_window": hp["ctx"], "max_window_layers": hp["layers"]})
     if hp["bos"] is not None:
         cfg["bos_token_id"] = int(hp["bos"])
     if hp["eos"] is not None:

@@ -3,7 +3,8 @@
 to regenerate). Inputs are small and real-looking: HTTP requests as clients send them, API bodies
 as the openai/anthropic/ollama clients send them, GGUF and safetensors files written by the `gguf`
 and `safetensors` packages, the real chat templates, text for real tokenizers, LKV1 files written
-by `larder generate --ssd-cache`, JSON schemas and GBNF grammars. Run with the project's .venv:
+by `larder generate --ssd-cache`, JSON schemas and GBNF grammars, model output in the harmony,
+thinking-tag and tool-call formats. Run with the project's .venv:
 
     .venv/bin/python tests/fuzz/make_seeds.py [--larder build/bin/larder]
 """
@@ -292,6 +293,60 @@ def grammar_seeds():
     put("grammar", b"\x03" + json.dumps(tag).encode(), "structural_tag")
 
 
+def output_seeds():
+    # fuzz_output.cpp's layout: byte 0 the pipeline (bit 0 harmony; else bit 1 reasoning
+    # splitter, bit 2 start inside, bits 3-4 tool-call style 0 none, 1 tagged, 2 bare JSON,
+    # 3 tagged XML), byte 1 a count k, k piece lengths, then the text.
+    def out(name, mode, text, lengths=(1, 3, 7, 2, 11, 5)):
+        put("output", bytes([mode, len(lengths)]) + bytes(lengths) + text.encode(), name)
+
+    harmony = [
+        ("harmony_final", "<|channel|>analysis<|message|>The user greets.<|end|>"
+                          "<|start|>assistant<|channel|>final<|message|>Hello there!<|return|>"),
+        ("harmony_call", "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+                         "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>"),
+        ("harmony_recipient_first", "<|start|>assistant to=functions.run_code<|channel|>commentary json<|message|>"
+                                    "{\"code\": \"print(1)\"}<|call|>"),
+        ("harmony_preamble", "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>final"
+                             "<|message|>Done<|end|>"),
+        ("harmony_no_end", "<|channel|>analysis<|message|>thinking<|start|>assistant<|channel|>final<|message|>answer"),
+        ("harmony_plain", "Just a plain answer with no harmony header at all, " * 6),
+        ("harmony_bad_args", "<|channel|>commentary to=functions.f<|message|>not json<|call|>"),
+    ]
+    for name, text in harmony:
+        out(name, 1, text)
+    reasoning = [
+        ("think", 2, "<think>\nLet me think.\n</think>\n\nThe answer is 4."),
+        ("think_inside", 6, "still thinking</think>\r\n\nanswer"),
+        ("think_unclosed", 2, "<think>never closes <thi"),
+        ("think_tool", 2 | 8, "<think>call it</think>\n<tool_call>\n{\"name\": \"get_weather\", "
+                               "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"),
+    ]
+    for name, mode, text in reasoning:
+        out(name, mode, text)
+    tools = [
+        ("tagged", 8, "Sure. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+                      "</tool_call><tool_call>{\"name\": \"run_code\", \"arguments\": \"{\\\"code\\\": 1}\"}</tool_call>"),
+        ("tagged_bad", 8, "a <tool_call>not a call</tool_call> b <tool_call>{\"name\": 1}</tool_call> <tool_ca"),
+        ("tagged_eos", 8, "<tool_call>{\"name\": \"f\", \"parameters\": {}}"),
+        ("bare_json", 16, "  {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lima\"}}"),
+        ("bare_list", 16, "[{\"name\": \"a\"}, {\"name\": \"b\", \"arguments\": {\"x\": [1, 2]}}]"),
+        ("python_tag", 16, "<|python_tag|>{\"name\": \"run_code\", \"parameters\": {\"code\": \"x\"}}"),
+        ("bare_text", 16, "   plain text answer, not a call"),
+        ("xml", 24, "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+                    "<parameter=days>\n 3 \n</parameter>\n<parameter=unit>\nf\n</parameter>\n<parameter=mode>\nfast\n"
+                    "</parameter>\n<parameter=opts>\n{\"a\": true}\n</parameter>\n</function>\n</tool_call>"),
+        ("xml_code", 24, "<tool_call>\n<function=run_code>\n<parameter=code>\ndef f():\n\n    return 1\n</parameter>\n"
+                         "</function>"),
+        ("xml_bad", 24, "<tool_call><function=>\n</function></tool_call><tool_call><function=g><parameter=x>1"),
+    ]
+    for name, mode, text in tools:
+        out(name, mode, text)
+    out("byte_by_byte", 2 | 24, "<think>x</think><tool_call><function=f><parameter=a>1</parameter></function></tool_call>",
+        lengths=(1,) * 80)
+    out("empty_pushes", 1, "<|channel|>final<|message|>hi<|return|>", lengths=(0, 5, 0, 0, 9, 0))
+
+
 def lkv_seeds(larder):
     if not larder or not os.path.exists(larder):
         print("make_seeds: no larder binary, LKV1 seeds not regenerated (--larder build/bin/larder)", file=sys.stderr)
@@ -332,6 +387,7 @@ def main():
     chat_template_seeds()
     tokenizer_seeds()
     grammar_seeds()
+    output_seeds()
     lkv_seeds(args.larder)
 
 

@@ -213,6 +213,14 @@ scenario("builtin_tools", [SYS, {"role": "user", "content": "Search for larder"}
                            tool_calls_turn([tool_call("brave_search", {"query": "larder engine"}, False)]),
                            {"role": "ipython", "content": "results..."}],
          extra={"builtin_tools": ["brave_search", "wolfram_alpha", "code_interpreter"]})
+# gpt-oss (harmony) template kwargs and fields: reasoning_effort, model_identity, builtin_tools
+# browser/python, an assistant tool-call turn with `thinking` (kept while no final answer follows).
+scenario("harmony_kwargs", [SYS, U1], tools=[WEATHER, SEARCH, NO_PARAMS],
+         extra={"reasoning_effort": "high", "model_identity": "You are larder's test model.", "builtin_tools": ["browser", "python"]})
+scenario("harmony_tool_call_thinking", [U1, {"role": "assistant", "thinking": "I should call the weather tool.",
+                                            "tool_calls": [tool_call("get_current_weather", WEATHER_ARGS, False)]},
+                                        tool_result('{"temperature": 22}')], tools=[WEATHER], extra={"reasoning_effort": "low"})
+scenario("harmony_thinking_last", [U1, {"role": "assistant", "content": "Sunny.", "thinking": "Paris in March."}])
 scenario("tools_not_in_user_message", [SYS, U1], tools=[WEATHER], extra={"tools_in_user_message": False})
 scenario("custom_date", [SYS, U1], extra={"date_string": "01 Jan 2030"})
 scenario("firefunction_extras", [SYS, U1, tool_calls_turn([tool_call("get_current_weather", WEATHER_ARGS, True)]),
@@ -231,6 +239,11 @@ scenario("tool_response_user_wrapped", [U1, {"role": "user", "content": "<tool_r
 def collect_templates(shared):
     out = []
     for path in sorted(glob.glob(os.path.join(shared, "chat-templates", "*.jinja"))):
+        with open(path, encoding="utf-8") as f:
+            out.append((os.path.basename(path)[: -len(".jinja")], f.read()))
+    # Templates committed with the tests (each notes its source in tests/ref/templates/README.md).
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+    for path in sorted(glob.glob(os.path.join(here, "*.jinja"))):
         with open(path, encoding="utf-8") as f:
             out.append((os.path.basename(path)[: -len(".jinja")], f.read()))
     for cfg in sorted(glob.glob(os.path.join(shared, "tokenizers", "hf", "*", "tokenizer_config.json"))):

@@ -28,7 +28,6 @@ Cases (the window is 8-16, far below 64 tokens, so every sliding layer drops key
                     encoding of REALTOK_TEXT (BOS included), 2 layers, hidden 32
 Sets: f32 (f32 checkpoints) and, for gemma3_text_bf16, f32math (bf16 weights, mlx upcast).
 """
-import argparse
 import json
 import os
 import sys
@@ -36,8 +35,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_reference import (SEQ, bf16_bits_to_f32, mlx_logits, save_case, to_bf16_bits,  # noqa: E402
-                             write_hf, write_safetensors)
+from gguf_ref import finish, gguf_namer  # noqa: E402
+from model_reference import (SEQ, bf16_bits_to_f32, fixture_args, mlx_logits, save_case,  # noqa: E402
+                             to_bf16_bits, write_hf, write_safetensors)
 
 BASE = dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=6,
             num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=300, rms_norm_eps=1e-6,
@@ -96,17 +96,7 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("mlp.down_proj.", "ffn_down.")]
 
 
-def gguf_name(hf):
-    if hf == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if hf == "model.norm.weight":
-        return "output_norm.weight"
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in GGUF_NAMES:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer(GGUF_NAMES)
 
 
 def write_gguf(path, c, weights, qname):
@@ -137,10 +127,7 @@ def write_gguf(path, c, weights, qname):
         else:
             wr.add_tensor(gguf_name(name), (w + np.float32(1.0)).astype(np.float32))
             deq[name] = w
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    finish(wr)
     return deq
 
 
@@ -225,12 +212,7 @@ TOKENS_OF = {}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args()
     for i, (name, c) in enumerate([("gemma3_text", BASE), ("gemma3_ltypes", LTYPES)]):
         rng = np.random.default_rng(4000 + i)
         w = random_weights(c, rng)

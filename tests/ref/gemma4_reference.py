@@ -38,7 +38,6 @@ Cases (windows 8 and 13, far below 64 tokens, so every sliding layer drops keys)
                     post_ffw_norm_1/2; expert_count / expert_used_count /
                     expert_feed_forward_length), f32; logits mlx-lm's on the HF checkpoint
 """
-import argparse
 import json
 import os
 import sys
@@ -46,7 +45,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_reference import SEQ, mlx_logits, save_case, write_hf, write_safetensors  # noqa: E402
+from model_reference import SEQ, fixture_args, mlx_logits, save_case, write_hf, write_safetensors  # noqa: E402
 
 ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
@@ -262,12 +261,7 @@ def moe_cases(root):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args()
     for i, (name, c) in enumerate([("gemma4_text", BASE), ("gemma4_keqv", KEQV), ("gemma4_gguf", GGUF)]):
         rng = np.random.default_rng(5000 + i)
         w = random_weights(c, rng)

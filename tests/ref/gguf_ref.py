@@ -1,8 +1,9 @@
 """What the GGUF writers of the model fixtures share (qwen3_moe_reference.py, qwen3_5_reference.py,
-qwen3_next_reference.py), written once: the synthetic SPM vocabulary llama.cpp's tools need and the
-texts of it, llama.cpp's hyper-parameter keys of a transformer, its experts and its gated-DeltaNet
-layers (gguf-py's GGUFWriter, the converter's key names), Q8_0 tensors that return the values they
-hold (the oracle's input), and the file's final write.
+qwen3_next_reference.py, gpt_oss_reference.py, gemma3_reference.py), written once: the synthetic SPM
+vocabulary llama.cpp's tools need and the texts of it, llama.cpp's tensor names, its
+hyper-parameter keys of a transformer, its experts and its gated-DeltaNet layers (gguf-py's
+GGUFWriter, the converter's key names), Q8_0 tensors that return the values they hold (the
+oracle's input), and the file's final write.
 
 Keys are written in the order the caller calls these in; a GGUF's bytes (and the sha256 a golden
 records) depend on it.
@@ -39,6 +40,27 @@ def write_spm_vocab(wr, c, ids=True):
         wr.add_eos_token_id(c["eos_token_id"])
     wr.add_add_bos_token(True)
     wr.add_add_space_prefix(False)
+
+
+# llama.cpp's names of the tensors outside the blocks (gguf-py TensorNameMap, every arch).
+TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+
+
+def gguf_namer(block_names):
+    """The HF → GGUF tensor-name map of one arch: TOP_NAMES, else model.layers.N.<rest> →
+    blk.N.<rest> with the first matching (HF prefix, GGUF prefix) pair of `block_names` (the
+    arch's gguf-py TensorNameMap entries) substituted."""
+    def gguf_name(hf):
+        if hf in TOP_NAMES:
+            return TOP_NAMES[hf]
+        parts = hf.split(".")
+        l, rest = parts[2], ".".join(parts[3:])
+        for a, b in block_names:
+            if rest.startswith(a):
+                return f"blk.{l}.{b}{rest[len(a):]}"
+        raise KeyError(hf)
+    return gguf_name
 
 
 def add_transformer(wr, c, rope_theta, rope_dims=None, rope_sections=None):

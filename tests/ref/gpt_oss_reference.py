@@ -31,6 +31,10 @@ Cases:
                    4761.23 vs 4762.03.)
   gpt_oss_gguf_f16 the same weights with F16 matrices (router, norms, biases, sinks F32); oracle
                    ("deq") mlx-lm on the f16 values
+  gpt_oss_openai_mxfp4  OpenAI's HF layout (openai/gpt-oss-*): experts as mlp.experts.{gate_up,down}_proj_
+                   {blocks,scales} U8 quantized by mx.quantize(mode="mxfp4"), gate/up rows and biases
+                   interleaved, quantization_config quant_method mxfp4; other tensors F32; oracle mlx-lm
+                   loading that directory (sanitize + its mxfp4 mapping)
   qwen3_yarn_f32   a qwen3 (llama-family graph) with yarn rope_scaling (factor 4 over 512), mlx-lm's
                    qwen3 (YarnRoPE with its attention factor)
 Sets: f32 / deq, and for the quantized cases int8acts: every quantized matmul's input rounded to
@@ -39,7 +43,6 @@ ref.json also holds min_route_margin (k-th vs (k+1)-th router logit; tokens redr
 and `yarn_no_truncate`: transformers' yarn inv_freq for the real gpt-oss rope_scaling
 (truncate false; head_dim 64, theta 150000), computed here in numpy from its formula.
 """
-import argparse
 import json
 import math
 import os
@@ -48,7 +51,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_reference import SEQ, save_case, write_affine, write_hf  # noqa: E402
+from gguf_ref import add_transformer, finish, gguf_namer, q8_0, write_spm_vocab  # noqa: E402
+from model_reference import SEQ, fixture_args, save_case, write_affine, write_hf  # noqa: E402
 
 BASE = dict(model_type="gpt_oss", architectures=["GptOssForCausalLM"], hidden_size=64, intermediate_size=32,
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
@@ -136,10 +140,11 @@ def q8(x):
     return (q * sc).reshape(x.shape)
 
 
-def mlx_logits(d, tokens, margins, int8acts=False, f32_router=False):
+def mlx_logits(d, tokens, margins, int8acts=False, f32_router=False, experts_only=False):
     """mlx-lm's logits (weights upcast to f32); the smallest k-th vs (k+1)-th router logit gap of
     every layer is appended to `margins`. int8acts: every quantized matmul's input is rounded to
-    int8 per 32-block first — except the router's with f32_router (an F32 matrix in the GGUF)."""
+    int8 per 32-block first — except the router's with f32_router (an F32 matrix in the GGUF); with
+    experts_only only the experts' (the other matrices are float)."""
     import mlx.core as mx
     import mlx.nn as nn
     from pathlib import Path
@@ -158,6 +163,8 @@ def mlx_logits(d, tokens, margins, int8acts=False, f32_router=False):
         return saved_mlp(self, x)
     classes = (nn.QuantizedLinear, nn.Linear, switch_layers.QuantizedSwitchLinear, switch_layers.SwitchLinear)
     saved = {cls: cls.__call__ for cls in classes}
+    if experts_only:
+        saved = {switch_layers.QuantizedSwitchLinear: switch_layers.QuantizedSwitchLinear.__call__}
     if int8acts:
         if f32_router:
             for layer in model.layers:
@@ -201,19 +208,7 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("self_attn.o_proj.", "attn_output."), ("self_attn.sinks", "attn_sinks.weight"),
               ("mlp.router.", "ffn_gate_inp."), ("mlp.experts.gate_proj.", "ffn_gate_exps."),
               ("mlp.experts.up_proj.", "ffn_up_exps."), ("mlp.experts.down_proj.", "ffn_down_exps.")]
-TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-       "lm_head.weight": "output.weight"}
-
-
-def gguf_name(hf):
-    if hf in TOP:
-        return TOP[hf]
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in GGUF_NAMES:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer(GGUF_NAMES)
 
 
 def write_gguf(path, c, weights, f32=False, f16=False, mxfp4=False):
@@ -221,22 +216,11 @@ def write_gguf(path, c, weights, f32=False, f16=False, mxfp4=False):
     norms, biases, sinks F32; with mxfp4 the experts' matrices MXFP4, as OpenAI's GGUFs store them)
     as llama.cpp reads it; returns the weights of exactly the values it holds."""
     import gguf
-    from qwen3_moe_reference import write_spm_vocab
-    qt = gguf.GGMLQuantizationType.Q8_0
     assert c["layer_types"] == ["sliding_attention", "full_attention"] * (c["num_hidden_layers"] // 2), \
         "llama.cpp's gpt-oss: even layers sliding"
     rs = c["rope_scaling"]
     wr = gguf.GGUFWriter(path, "gpt-oss")
-    wr.add_block_count(c["num_hidden_layers"])
-    wr.add_context_length(c["max_position_embeddings"])
-    wr.add_embedding_length(c["hidden_size"])
-    wr.add_feed_forward_length(c["intermediate_size"])
-    wr.add_head_count(c["num_attention_heads"])
-    wr.add_head_count_kv(c["num_key_value_heads"])
-    wr.add_key_length(c["head_dim"])
-    wr.add_value_length(c["head_dim"])
-    wr.add_rope_freq_base(c["rope_theta"])
-    wr.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    add_transformer(wr, c, c["rope_theta"])
     wr.add_sliding_window(c["sliding_window"])
     wr.add_expert_count(c["num_local_experts"])
     wr.add_expert_used_count(c["num_experts_per_tok"])
@@ -262,34 +246,55 @@ def write_gguf(path, c, weights, f32=False, f16=False, mxfp4=False):
             wr.add_tensor(gguf_name(name), h)
             back[name] = h.astype(np.float32)
         else:
-            q = gguf.quants.quantize(w, qt)
-            wr.add_tensor(gguf_name(name), q, raw_dtype=qt)
-            back[name] = gguf.quants.dequantize(q, qt).reshape(w.shape).astype(np.float32)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+            back[name] = q8_0(wr, gguf_name(name), w)
+    finish(wr)
     return back
 
 
-def write_mxfp4(root, c, w, rng):
-    """OpenAI's HF checkpoint layout (mlp.experts.{gate_up,down}_proj_{blocks,scales}, U8; random
-    bytes), refused by name: its gate/up rows are interleaved, which no view of the stacked MXFP4
-    experts expresses yet (GGUF MXFP4 experts run: gpt_oss_mxfp4_q8_0)."""
-    E, I, H = c["num_local_experts"], c["intermediate_size"], c["hidden_size"]
-    hf = {k: v for k, v in hf_layout(c, w).items() if ".mlp.experts." not in k or k.endswith("_bias")}
-    t = {k: ("F32", v) for k, v in hf.items()}
-    for l in range(c["num_hidden_layers"]):
-        p = f"model.layers.{l}.mlp.experts."
-        for name, rows, cols in (("gate_up_proj", 2 * I, H), ("down_proj", H, I)):
-            t[p + name + "_blocks"] = ("U8", rng.integers(0, 256, (E, rows, cols // 32, 16), dtype=np.uint8))
-            t[p + name + "_scales"] = ("U8", rng.integers(120, 130, (E, rows, cols // 32), dtype=np.uint8))
+OPENAI_QUANT = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
+
+def write_openai_mxfp4(d, c, w):
+    """OpenAI's HF checkpoint layout (openai/gpt-oss-20b): mlp.experts.gate_up_proj_blocks U8
+    [E, 2I, H/32, 16] (e2m1 codes, two per byte), _scales U8 [E, 2I, H/32] (e8m0), gate_up_proj_bias
+    [E, 2I] — gate and up rows interleaved (even rows gate, odd rows up) — and down_proj_{blocks,
+    scales,bias}; config quantization_config {quant_method mxfp4, modules_to_not_convert}. The
+    experts are quantized by mlx's own mx.quantize(mode="mxfp4"), whose uint32 codes' bytes are the
+    blocks (mlx-lm's sanitize views them back as uint32). Other tensors F32 (OpenAI's are BF16: kept
+    F32 so the bound stays the f32 one for everything but the experts)."""
+    import mlx.core as mx
     from model_reference import write_safetensors
-    d = os.path.join(root, "gpt_oss_mxfp4")
+    L = c["num_hidden_layers"]
+    t = {k: ("F32", v) for k, v in w.items() if ".mlp.experts." not in k}
+
+    def q(x):
+        wq, sc = mx.quantize(mx.array(x), group_size=32, bits=4, mode="mxfp4")
+        E, R, C = x.shape
+        blocks = np.array(wq).view(np.uint8).reshape(E, R, C // 32, 16)
+        return blocks, np.array(sc).astype(np.uint8)
+
+    for l in range(L):
+        p = f"model.layers.{l}.mlp.experts."
+        gb, gs = q(w[p + "gate_proj.weight"])
+        ub, us = q(w[p + "up_proj.weight"])
+        E, I = gb.shape[:2]
+        blocks = np.empty((E, 2 * I) + gb.shape[2:], np.uint8)
+        blocks[:, 0::2], blocks[:, 1::2] = gb, ub
+        scales = np.empty((E, 2 * I) + gs.shape[2:], np.uint8)
+        scales[:, 0::2], scales[:, 1::2] = gs, us
+        bias = np.empty((E, 2 * I), np.float32)
+        bias[:, 0::2], bias[:, 1::2] = w[p + "gate_proj.bias"], w[p + "up_proj.bias"]
+        db, ds = q(w[p + "down_proj.weight"])
+        t[p + "gate_up_proj_blocks"] = ("U8", blocks)
+        t[p + "gate_up_proj_scales"] = ("U8", scales)
+        t[p + "gate_up_proj_bias"] = ("F32", bias)
+        t[p + "down_proj_blocks"] = ("U8", db)
+        t[p + "down_proj_scales"] = ("U8", ds)
+        t[p + "down_proj_bias"] = ("F32", w[p + "down_proj.bias"])
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(dict(c, quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}), f, indent=1)
+        json.dump(dict(c, quantization_config=OPENAI_QUANT), f, indent=1)
     write_safetensors(os.path.join(d, "model.safetensors"), t)
 
 
@@ -310,14 +315,7 @@ def yarn_inv_freq_transformers(dim, base, factor, orig, beta_fast, beta_slow, tr
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    import mlx.core as mx
-    mx.set_default_device(mx.cpu)
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args(mlx_cpu=True)
 
     rng = np.random.default_rng(4200)
     c = BASE
@@ -332,7 +330,6 @@ def main():
     dh = os.path.join(root, "gpt_oss_hf_f32")
     write_hf(dh, c, hf_layout(c, w), "f32")
     save_case(dh, tokens, c["vocab_size"], logits)
-    write_mxfp4(root, c, w, np.random.default_rng(4203))
 
     d2 = os.path.join(root, "gpt_oss_mlx4")
     write_affine(d2, d, c, "bf16", 4, 32, {})
@@ -379,6 +376,15 @@ def main():
     case(root, "gpt_oss_mxfp4_q8_0", c, np.random.default_rng(4207),
          {"deq": lambda t, m: mlx_logits(hf7, t, m),
           "int8acts": lambda t, m: mlx_logits(hf7, t, m, int8acts=True, f32_router=True)})
+
+    # OpenAI's own HF layout (MXFP4 experts, interleaved gate/up), loaded by mlx-lm from that very
+    # directory (its sanitize and quant_method mapping); int8acts rounds the experts' inputs only
+    # (every other matrix is F32).
+    d8 = os.path.join(root, "gpt_oss_openai_mxfp4")
+    write_openai_mxfp4(d8, c, random_weights(c, np.random.default_rng(4208)))
+    case(root, "gpt_oss_openai_mxfp4", c, np.random.default_rng(4209),
+         {"f32": lambda t, m: mlx_logits(d8, t, m),
+          "int8acts": lambda t, m: mlx_logits(d8, t, m, int8acts=True, experts_only=True)})
 
     d5 = os.path.join(root, "gpt_oss_gguf_f32")
     os.makedirs(d5, exist_ok=True)

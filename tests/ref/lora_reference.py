@@ -367,6 +367,9 @@ def write_bad(root, good_peft, good_mlx, good_entries, c):
     # GGUF LoRA for another architecture.
     os.makedirs(bad, exist_ok=True)
     write_gguf(os.path.join(bad, "arch_llama.gguf"), good_entries, "f32", 16, arch="llama")
+    # GGUF LoRAs named as llama.cpp names the MoE families (fit an HF base of the same family).
+    write_gguf(os.path.join(bad, "arch_qwen3moe.gguf"), good_entries, "f32", 16, arch="qwen3moe")
+    write_gguf(os.path.join(bad, "arch_gpt-oss.gguf"), good_entries, "f32", 16, arch="gpt-oss")
     # mlx num_layers 1 but tensors in all layers.
     d = os.path.join(bad, "mlx_num_layers")
     shutil.copytree(good_mlx, d)

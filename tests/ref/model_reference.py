@@ -32,6 +32,8 @@ import sys
 
 import numpy as np
 
+from gguf_ref import gguf_namer
+
 SEQ = 64
 
 # name, model_type, config overrides, extra options
@@ -209,21 +211,11 @@ def unpermute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf):
-    m = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-         "lm_head.weight": "output.weight"}
-    if hf in m:
-        return m[hf]
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in [("self_attn.q_proj.", "attn_q."), ("self_attn.k_proj.", "attn_k."),
-                 ("self_attn.v_proj.", "attn_v."), ("self_attn.o_proj.", "attn_output."),
-                 ("self_attn.q_norm.", "attn_q_norm."), ("self_attn.k_norm.", "attn_k_norm."),
-                 ("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", "ffn_norm."),
-                 ("mlp.gate_proj.", "ffn_gate."), ("mlp.up_proj.", "ffn_up."), ("mlp.down_proj.", "ffn_down.")]:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer([("self_attn.q_proj.", "attn_q."), ("self_attn.k_proj.", "attn_k."),
+                        ("self_attn.v_proj.", "attn_v."), ("self_attn.o_proj.", "attn_output."),
+                        ("self_attn.q_norm.", "attn_q_norm."), ("self_attn.k_norm.", "attn_k_norm."),
+                        ("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", "ffn_norm."),
+                        ("mlp.gate_proj.", "ffn_gate."), ("mlp.up_proj.", "ffn_up."), ("mlp.down_proj.", "ffn_down.")])
 
 
 def llama3_rope_factors(c):
@@ -350,13 +342,23 @@ def save_case(d, tokens, vocab, logit_sets, extra=None):
         json.dump(meta, f)
 
 
-def main():
+def fixture_args(mlx_cpu=False):
+    """The command line of every fixture script (--out DIR, --shared DIR: larder_python_fixture in
+    tests/CMakeLists.txt) and its models/ folder under --out, made. mlx_cpu: mlx computes on the CPU."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shared", required=False)
     a = ap.parse_args()
+    if mlx_cpu:
+        import mlx.core as mx
+        mx.set_default_device(mx.cpu)
     root = os.path.join(a.out, "models")
     os.makedirs(root, exist_ok=True)
+    return a, root
+
+
+def main():
+    a, root = fixture_args()
     configs, weights = {}, {}
     for i, (name, over) in enumerate(CASES):
         c = full_config(over)

@@ -27,7 +27,6 @@ max|x|/127), the activation quantization of larder's fast integer kernels — on
 rounding to ~14 % of max|logit| (measured: 0.611 of 4.37), far beyond the int8 bound of
 arch_parity_test, so the fast table is held to what its arithmetic is meant to compute.
 """
-import argparse
 import json
 import os
 import sys
@@ -35,8 +34,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_ref import add_experts, add_gated_delta, add_transformer, finish, q8_0  # noqa: E402
-from model_reference import SEQ, save_case, write_affine, write_hf, write_safetensors  # noqa: E402
+from gguf_ref import add_experts, add_gated_delta, add_transformer, finish, gguf_namer, q8_0  # noqa: E402
+from model_reference import SEQ, fixture_args, save_case, write_affine, write_hf, write_safetensors  # noqa: E402
 
 TEXT = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=300,
@@ -49,8 +48,12 @@ TEXT = dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128, nu
             num_experts=0, bos_token_id=1, eos_token_id=2)
 
 
-def tensor_shapes(c):
-    h, ffn, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+def hybrid_shapes(c, linear_in, mlp):
+    """The HF tensor shapes, in file order, of the hybrid trunk Qwen3.5 and Qwen3-Next share: gated
+    full attention every full_attention_interval-th layer, the gated DeltaNet elsewhere with its
+    input projections `linear_in` (name under linear_attn. → shape; the two lay them out
+    differently), and `mlp(p, l)`'s tensors (name → shape) for layer l under prefix p."""
+    h, V = c["hidden_size"], c["vocab_size"]
     nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv, K = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
@@ -71,26 +74,41 @@ def tensor_shapes(c):
             s[p + "self_attn.k_norm.weight"] = (hd,)
         else:
             a = p + "linear_attn."
-            s[a + "in_proj_qkv.weight"] = (C, h)
-            s[a + "in_proj_z.weight"] = (hv * dv, h)
-            s[a + "in_proj_b.weight"] = (hv, h)
-            s[a + "in_proj_a.weight"] = (hv, h)
+            s.update((a + n, shape) for n, shape in linear_in.items())
             s[a + "conv1d.weight"] = (C, 1, K)  # HF layout
             s[a + "dt_bias"] = (hv,)
             s[a + "A_log"] = (hv,)
             s[a + "norm.weight"] = (dv,)
             s[a + "out_proj.weight"] = (h, hv * dv)
-        s[p + "mlp.gate_proj.weight"] = (ffn, h)
-        s[p + "mlp.up_proj.weight"] = (ffn, h)
-        s[p + "mlp.down_proj.weight"] = (h, ffn)
+        s.update(mlp(p, l))
     return s
 
 
+def dense_mlp(c, p):
+    h, ffn = c["hidden_size"], c["intermediate_size"]
+    return {p + "mlp.gate_proj.weight": (ffn, h), p + "mlp.up_proj.weight": (ffn, h),
+            p + "mlp.down_proj.weight": (h, ffn)}
+
+
+def tensor_shapes(c):
+    h, hk, hv = c["hidden_size"], c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    linear_in = {"in_proj_qkv.weight": (2 * hk * dk + hv * dv, h), "in_proj_z.weight": (hv * dv, h),
+                 "in_proj_b.weight": (hv, h), "in_proj_a.weight": (hv, h)}
+    return hybrid_shapes(c, linear_in, lambda p, l: dense_mlp(c, p))
+
+
 def random_weights(c, rng):
-    """HF layout: the RMSNorm gains (input, post-attention, final, q/k norms) are stored as γ − 1,
-    so small values around 0; the gated norm of the DeltaNet output is γ itself."""
+    return hybrid_random_weights(tensor_shapes(c), rng)
+
+
+def hybrid_random_weights(shapes, rng, unit=("model.embed_tokens.weight",), other=lambda name, shape: None):
+    """The hybrid trunk's random weights (Qwen3.5, Qwen3-Next), in `shapes`' order, HF layout: the
+    RMSNorm gains (input, post-attention, final, q/k norms) are stored as γ − 1, so small values
+    around 0; the gated norm of the DeltaNet output is γ itself; the `unit` tensors N(0, 1); a
+    tensor `other` gives (not None) as it gives it; every other matrix N(0, 1/in)."""
     w = {}
-    for name, shape in tensor_shapes(c).items():
+    for name, shape in shapes.items():
         if name.endswith("linear_attn.norm.weight"):
             w[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith("norm.weight"):
@@ -101,8 +119,10 @@ def random_weights(c, rng):
             w[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith("conv1d.weight"):
             w[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        elif name == "model.embed_tokens.weight":
+        elif name in unit:
             w[name] = rng.standard_normal(shape).astype(np.float32)
+        elif (x := other(name, shape)) is not None:
+            w[name] = x
         else:
             w[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
     return w
@@ -188,17 +208,7 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("mlp.shared_expert.down_proj.", "ffn_down_shexp."), ("mlp.shared_expert_gate.", "ffn_gate_inp_shexp.")]
 
 
-def gguf_name(hf):
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if hf in top:
-        return top[hf]
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in GGUF_NAMES:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer(GGUF_NAMES)
 
 
 def to_tiled(t, axis, hk, r, hd):
@@ -272,14 +282,7 @@ def write_gguf(path, c, weights, arch="qwen35", extra=None):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    import mlx.core as mx
-    mx.set_default_device(mx.cpu)
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args(mlx_cpu=True)
     c = TEXT
     rng = np.random.default_rng(3500)
     w = random_weights(c, rng)

@@ -47,7 +47,6 @@ ref.json also records `routes` (per routed layer, each token's expert ids as mlx
 min_route_margin: the smallest gap between the k-th and (k+1)-th router logit over every routed
 layer, token and set; the tokens are drawn again until it is >= MIN_ROUTE_MARGIN (see case()).
 """
-import argparse
 import json
 import os
 import sys
@@ -55,8 +54,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_ref import add_experts, add_transformer, finish, q8_0, text_of, write_spm_vocab  # noqa: E402
-from model_reference import SEQ, save_case, write_affine, write_hf  # noqa: E402
+from gguf_ref import add_experts, add_transformer, finish, gguf_namer, q8_0, text_of, write_spm_vocab  # noqa: E402
+from model_reference import SEQ, fixture_args, save_case, write_affine, write_hf  # noqa: E402
 
 BASE = dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=300,
@@ -202,19 +201,7 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("self_attn.q_proj.", "attn_q."), ("self_attn.k_proj.", "attn_k."), ("self_attn.v_proj.", "attn_v."),
               ("self_attn.o_proj.", "attn_output."), ("self_attn.q_norm.", "attn_q_norm."),
               ("self_attn.k_norm.", "attn_k_norm."), ("mlp.gate.", "ffn_gate_inp.")]
-TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-       "lm_head.weight": "output.weight"}
-
-
-def gguf_name(hf):
-    if hf in TOP:
-        return TOP[hf]
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in GGUF_NAMES:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer(GGUF_NAMES)
 
 
 def write_gguf(path, c, weights):
@@ -371,14 +358,7 @@ def qwen3_5_moe_case(root, rng):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    import mlx.core as mx
-    mx.set_default_device(mx.cpu)
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args(mlx_cpu=True)
 
     rng = np.random.default_rng(3600)
     c = BASE

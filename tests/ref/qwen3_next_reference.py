@@ -47,15 +47,16 @@ linear's (and expert matmul's) input rounded to int8 per block of 32 first, the 
 quantization of larder's fast integer kernels (qwen3_moe_reference.py). ref.json records `routes`
 and min_route_margin as qwen3_moe_reference.py's case() does (tokens drawn again on a near-tie).
 """
-import argparse
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_ref import add_experts, add_gated_delta, add_transformer, finish, q8_0, text_of, write_spm_vocab  # noqa: E402
-from model_reference import write_affine, write_hf  # noqa: E402
+from gguf_ref import (add_experts, add_gated_delta, add_transformer, finish, gguf_namer, q8_0, text_of,  # noqa: E402
+                      write_spm_vocab)
+from model_reference import fixture_args, write_affine, write_hf  # noqa: E402
+from qwen3_5_reference import dense_mlp, hybrid_random_weights, hybrid_shapes  # noqa: E402
 from qwen3_moe_reference import PPL_TOKENS, case, mlx_int8acts_logits, mlx_logits, routed  # noqa: E402
 
 BASE = dict(model_type="qwen3_next", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -77,74 +78,35 @@ def dims(c):
 
 
 def tensor_shapes(c):
-    h, ffn, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    h, E, I, S = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
     hk, hv, dk, dv, _ = dims(c)
-    K, E, I, S = c["linear_conv_kernel_dim"], c["num_experts"], c["moe_intermediate_size"], \
-        c["shared_expert_intermediate_size"]
     C = 2 * hk * dk + hv * dv
-    s = {"model.embed_tokens.weight": (V, h), "model.norm.weight": (h,)}
-    if not c["tie_word_embeddings"]:
-        s["lm_head.weight"] = (V, h)
-    for l in range(c["num_hidden_layers"]):
-        p = f"model.layers.{l}."
-        s[p + "input_layernorm.weight"] = (h,)
-        s[p + "post_attention_layernorm.weight"] = (h,)
-        if (l + 1) % c["full_attention_interval"] == 0:
-            s[p + "self_attn.q_proj.weight"] = (2 * nh * hd, h)
-            s[p + "self_attn.k_proj.weight"] = (nkv * hd, h)
-            s[p + "self_attn.v_proj.weight"] = (nkv * hd, h)
-            s[p + "self_attn.o_proj.weight"] = (h, nh * hd)
-            s[p + "self_attn.q_norm.weight"] = (hd,)
-            s[p + "self_attn.k_norm.weight"] = (hd,)
-        else:
-            a = p + "linear_attn."
-            s[a + "in_proj_qkvz.weight"] = (C + hv * dv, h)
-            s[a + "in_proj_ba.weight"] = (2 * hv, h)
-            s[a + "conv1d.weight"] = (C, 1, K)  # HF layout
-            s[a + "dt_bias"] = (hv,)
-            s[a + "A_log"] = (hv,)
-            s[a + "norm.weight"] = (dv,)
-            s[a + "out_proj.weight"] = (h, hv * dv)
-        if routed(c, l):
-            s[p + "mlp.gate.weight"] = (E, h)
-            for e in range(E):
-                s[p + f"mlp.experts.{e}.gate_proj.weight"] = (I, h)
-                s[p + f"mlp.experts.{e}.up_proj.weight"] = (I, h)
-                s[p + f"mlp.experts.{e}.down_proj.weight"] = (h, I)
-            s[p + "mlp.shared_expert.gate_proj.weight"] = (S, h)
-            s[p + "mlp.shared_expert.up_proj.weight"] = (S, h)
-            s[p + "mlp.shared_expert.down_proj.weight"] = (h, S)
-            s[p + "mlp.shared_expert_gate.weight"] = (1, h)
-        else:
-            s[p + "mlp.gate_proj.weight"] = (ffn, h)
-            s[p + "mlp.up_proj.weight"] = (ffn, h)
-            s[p + "mlp.down_proj.weight"] = (h, ffn)
-    return s
+    linear_in = {"in_proj_qkvz.weight": (C + hv * dv, h), "in_proj_ba.weight": (2 * hv, h)}
+
+    def mlp(p, l):
+        if not routed(c, l):
+            return dense_mlp(c, p)
+        m = {p + "mlp.gate.weight": (E, h)}
+        for e in range(E):
+            m[p + f"mlp.experts.{e}.gate_proj.weight"] = (I, h)
+            m[p + f"mlp.experts.{e}.up_proj.weight"] = (I, h)
+            m[p + f"mlp.experts.{e}.down_proj.weight"] = (h, I)
+        m[p + "mlp.shared_expert.gate_proj.weight"] = (S, h)
+        m[p + "mlp.shared_expert.up_proj.weight"] = (S, h)
+        m[p + "mlp.shared_expert.down_proj.weight"] = (h, S)
+        m[p + "mlp.shared_expert_gate.weight"] = (1, h)
+        return m
+    return hybrid_shapes(c, linear_in, mlp)
 
 
 def random_weights(c, rng):
-    """HF layout: the RMSNorm gains (input, post-attention, final, q/k norms) stored as γ − 1, the
-    DeltaNet's gated norm as γ (qwen3_5_reference.py's rule)."""
-    w = {}
-    for name, shape in tensor_shapes(c).items():
-        if name.endswith("linear_attn.norm.weight"):
-            w[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
-        elif name.endswith("norm.weight"):
-            w[name] = (0.3 * rng.standard_normal(shape)).astype(np.float32)
-        elif name.endswith("A_log"):
-            w[name] = np.log(rng.uniform(0.5, 8.0, shape)).astype(np.float32)
-        elif name.endswith("dt_bias"):
-            w[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
-        elif name.endswith("conv1d.weight"):
-            w[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
-            w[name] = rng.standard_normal(shape).astype(np.float32)
-        elif name.endswith("mlp.gate.weight"):  # router logits ~N(0, 2²): clear k-th/(k+1)-th gaps
-            w[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-        else:
-            w[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-    return w
+    """qwen3_5_reference's hybrid weights, the lm_head N(0, 1) like the embeddings, and the router
+    logits ~N(0, 2²): clear k-th/(k+1)-th gaps."""
+    def router(name, shape):
+        if name.endswith("mlp.gate.weight"):
+            return (2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        return None
+    return hybrid_random_weights(tensor_shapes(c), rng, ("model.embed_tokens.weight", "lm_head.weight"), router)
 
 
 def split_qkvz(w, c):
@@ -174,19 +136,7 @@ GGUF_NAMES = [("input_layernorm.", "attn_norm."), ("post_attention_layernorm.", 
               ("linear_attn.out_proj.", "ssm_out."), ("mlp.gate.", "ffn_gate_inp."),
               ("mlp.shared_expert.gate_proj.", "ffn_gate_shexp."), ("mlp.shared_expert.up_proj.", "ffn_up_shexp."),
               ("mlp.shared_expert.down_proj.", "ffn_down_shexp."), ("mlp.shared_expert_gate.", "ffn_gate_inp_shexp.")]
-TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-       "lm_head.weight": "output.weight"}
-
-
-def gguf_name(hf):
-    if hf in TOP:
-        return TOP[hf]
-    parts = hf.split(".")
-    l, rest = parts[2], ".".join(parts[3:])
-    for a, b in GGUF_NAMES:
-        if rest.startswith(a):
-            return f"blk.{l}.{b}{rest[len(a):]}"
-    raise KeyError(hf)
+gguf_name = gguf_namer(GGUF_NAMES)
 
 
 def write_gguf(path, c, weights, legacy_ssm_in=False, recurrent_layers=None, mtp=False):
@@ -258,14 +208,7 @@ def write_gguf(path, c, weights, legacy_ssm_in=False, recurrent_layers=None, mtp
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shared", required=False)
-    a = ap.parse_args()
-    import mlx.core as mx
-    mx.set_default_device(mx.cpu)
-    root = os.path.join(a.out, "models")
-    os.makedirs(root, exist_ok=True)
+    a, root = fixture_args(mlx_cpu=True)
     nb = "qwen3_next"
 
     rng = np.random.default_rng(3700)

@@ -7,9 +7,9 @@ gemm16_avx512.h Gemv16), a token's logits do not depend on the batch it was comp
 - eight requests decoded together as one batch give what each gives alone.
 Without the flag SmolLM2-135M Q4_1 moved cached-vs-cold log-probabilities by up to 1.6 nats and
 changed the greedy text (docs/server-api.md). Runs on SmolLM2 Q4_1 and on Qwen2.5-Coder 0.5B
-Q4_K_M (Q4_K and Q6_K: the decode kernels that follow the GEMM's super-block and half-block
-arithmetic, session 37) from LARDER_MODELS_DIR (skips when absent) and only on CPUs with the
-AVX-512 tier (the flag covers that tier's kernels).
+Q4_K_M (its ffn_down in Q4_K and Q6_K: the decode kernels that follow the GEMM's super-block and
+half-block arithmetic, session 37; the rest Q5_0 and Q8_0) from LARDER_MODELS_DIR (skips when
+absent) and only on CPUs with the AVX-512 tier (the flag covers that tier's kernels).
 """
 import concurrent.futures
 import os
@@ -93,7 +93,10 @@ class BatchInvariantServeTest(unittest.TestCase):
 
 
 class BatchInvariantQ4KMServeTest(BatchInvariantServeTest):
-    """The same on a Q4_K_M file (Q4_K ×169, Q6_K ×29 tensors): their batch-invariant decode kernels."""
+    """The same on a Q4_K_M file. Qwen2.5-Coder 0.5B's (gguf-py's count of its 291 tensors): Q4_K ×12
+    and Q6_K ×12 (ffn_down, rows of 4864), Q5_0 ×133 and Q8_0 ×13 (rows of 896, no whole number of
+    256-element super-blocks: llama.cpp's fallback), F32 ×121 — so the K-quants' batch-invariant
+    decode kernels run beside Q5_0's and Q8_0's."""
     MODEL = QWEN_Q4KM
 
 

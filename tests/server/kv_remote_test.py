@@ -10,10 +10,12 @@ DEBUG SLEEP → timeouts, bounded latency, no stuck request; maxmemory + allkeys
 under load → misses, never errors; a replica kept busy still publishes a new prompt within a
 bounded time; redis:// over TCP with AUTH (URL or env) never shows the password. Skips (with the reason) when redis-server is not installed;
 scripts/setup.sh installs it."""
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -381,6 +383,106 @@ class RemoteTierTest(unittest.TestCase):
         self.assertEqual(remote_metric(b, "larder_kv_remote_errors_total", 'kind="error"'), 0)
         self.assertEqual(remote_metric(b, "larder_kv_remote_errors_total", 'kind="corrupt"'), 0)
         self.assertTrue(b.alive())
+
+    def stopped(self, redis):
+        """A hung Redis: the process is stopped (SIGSTOP), its sockets stay open and silent."""
+        os.kill(redis.proc.pid, signal.SIGSTOP)
+        self.addCleanup(lambda: redis.proc.poll() is None and os.kill(redis.proc.pid, signal.SIGCONT))
+
+    def test_pending_remote_lookup_never_stalls_running_sequences(self):
+        # The remote lookup used to run on the engine thread at admission: a Redis that did not
+        # answer held every running sequence's decode for the whole --kv-remote-timeout-ms. Now
+        # the request waits for its own lookup (on the lookup thread) while the others decode.
+        redis = self.start_redis()
+        b = self.replica(redis.url, "--parallel", "2", timeout_ms=3000)
+        keep = "Keep decoding while Redis sleeps."
+        completion(b, keep, n=24)  # later runs are RAM hits of len - 1: no remote lookup for them
+        stop = threading.Event()
+        kept, keep_errors = [], []
+
+        def keeper():
+            while not stop.is_set():
+                try:
+                    r = b.post("/v1/completions", {"prompt": keep, "max_tokens": 24, "temperature": 0}, timeout=60)
+                    assert r.status == 200, r
+                    kept.append(time.monotonic())
+                except Exception as e:  # noqa: BLE001 - asserted below
+                    keep_errors.append(repr(e))
+                    return
+
+        t = threading.Thread(target=keeper)
+        t.start()
+        try:
+            wait_for(lambda: len(kept) >= 2, timeout=60, what="the keeper's first generations")
+            self.stopped(redis)
+            t0 = time.monotonic()
+            r = b.post("/v1/completions", {"prompt": "Pending: " + TEXT * 3, "max_tokens": 4, "temperature": 0},
+                       timeout=60)
+            t1 = time.monotonic()
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        finally:
+            stop.set()
+            t.join(timeout=120)
+        self.assertEqual(keep_errors, [])
+        self.assertEqual(r.status, 200, r)
+        usage = r.json()["usage"]
+        self.assertEqual(usage["larder"]["cache"]["reason"], "remote_timeout", usage)
+        self.assertGreaterEqual(t1 - t0, 2.5, "the request waited for its lookup's timeout")
+        during = [k for k in kept if t0 + 0.5 < k < t1 - 0.5]
+        self.assertGreaterEqual(len(during), 3, f"the other slot kept generating while the lookup was pending: "
+                                                f"{len(during)} generations in {t1 - t0 - 1:.1f}s\n{b.log()}")
+        self.assertTrue(b.alive())
+
+    def test_client_leaving_during_a_pending_lookup_frees_its_slot(self):
+        redis = self.start_redis()
+        b = self.replica(redis.url, "--parallel", "1", timeout_ms=4000)
+        completion(b, "warm up the connection " * 8)
+        before = remote_metric(b, "larder_cancelled_total", 'reason="client_disconnect"')
+        self.stopped(redis)
+        body = json.dumps({"prompt": "Abandoned: " + TEXT * 3, "max_tokens": 4, "temperature": 0}).encode()
+        s = socket.create_connection(("127.0.0.1", b.port), timeout=10)
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.6)  # admitted, its lookup hangs on the stopped Redis
+        self.assertEqual(b.request("GET", "/health").json()["running"], 1)
+        left = time.monotonic()
+        s.close()
+        wait_for(lambda: remote_metric(b, "larder_cancelled_total", 'reason="client_disconnect"') > before,
+                 timeout=20, what="the pending request cancelled")
+        took = time.monotonic() - left
+        health = b.request("GET", "/health").json()
+        os.kill(redis.proc.pid, signal.SIGCONT)
+        self.assertLess(took, 2.5, f"cancelled while its lookup (4 s timeout) was still pending: {took:.2f}s")
+        self.assertEqual((health["running"], health["free_slots"]), (0, 1), health)
+        # The slot serves the next request; once Redis answers again, with the same output as ever.
+        time.sleep(2.1)  # past the reconnect backoff
+        p = "After: " + TEXT * 3
+        self.assertEqual(completion(b, p)["text"], completion(b, p, cache_salt="cold")["text"])
+
+    def test_sigterm_while_a_lookup_is_pending_drains(self):
+        redis = self.start_redis()
+        b = self.replica(redis.url, timeout_ms=2000)
+        p = "Draining: " + TEXT * 3
+        completion(b, "warm up the connection " * 8)
+        self.stopped(redis)
+        got = {}
+
+        def ask():
+            r = b.post("/v1/completions", {"prompt": p, "max_tokens": 6, "temperature": 0}, timeout=60)
+            got["status"], got["body"] = r.status, r.json()
+
+        t = threading.Thread(target=ask)
+        t.start()
+        time.sleep(0.5)  # pending on the stopped Redis
+        b.signal(signal.SIGTERM)
+        t.join(timeout=60)
+        self.assertFalse(t.is_alive(), "the pending request is answered during the drain")
+        os.kill(redis.proc.pid, signal.SIGCONT)
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(got["body"]["usage"]["larder"]["cache"]["reason"], "remote_timeout", got)
+        self.assertEqual(b.proc.wait(timeout=60), 0, b.log())
+        c = self.replica(redis.url)
+        self.assertEqual(completion(c, p, n=6, cache_salt="cold")["text"], got["body"]["choices"][0]["text"])
 
     @unittest.skipUnless(os.path.exists(GEMMA), f"{GEMMA} is absent: run scripts/fetch_models.sh (or set LARDER_MODELS_DIR)")
     def test_sliding_window_model_shares_exact_boundary_checkpoints(self):

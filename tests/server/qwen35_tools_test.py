@@ -11,8 +11,10 @@ random Qwen3.5 (tiny_qwen35.py, JSON punctuation and digits in its output subset
   * tool_choice auto: free text until the `<tool_call>` trigger (made certain by a logit_bias, as
     a trained model would pick it), then a constrained XML body;
   * the Ollama route takes the same history (arguments as objects) and renders the same prompt.
-Thinking is off (chat_template_kwargs / Ollama think: false): with it on the answer starts inside
-<think>, where a forced call is not (see server-api.md)."""
+  * forced calls with thinking on (the generation prompt opens `<think>`): the grammar lets the
+    reasoning close first, then the call; it comes back as tool_calls beside reasoning_content
+    (openai client; the messages route has no logit_bias to make a random model close <think>).
+The other tests turn thinking off (chat_template_kwargs / Ollama think: false)."""
 import json
 import os
 import sys
@@ -127,6 +129,26 @@ class Qwen35Tools(unittest.TestCase):
                                        thinking={"type": "disabled"}, extra_body={"seed": seed, "temperature": 0.8})
             self.assertEqual(r.stop_reason, "tool_use", r)
             self.check_calls([(b.name, b.input) for b in r.content if b.type == "tool_use"], set(SCHEMAS), str(seed))
+
+    def test_forced_call_with_thinking_on(self):
+        # Random weights never write </think>: a logit_bias stands in for a trained model closing
+        # its reasoning; what follows is the grammar's (the call, not text).
+        with open(os.path.join(self.info["dir"], "tokenizer.json"), encoding="utf-8") as f:
+            close = next(t["id"] for t in json.load(f)["added_tokens"] if t["content"] == "</think>")
+        client = self.server.openai()
+        for choice, allowed in [("required", {"get_weather", "add"}),
+                                ({"type": "function", "function": {"name": "add"}}, {"add"})]:
+            for seed in range(2):
+                with self.subTest(choice=choice, seed=seed):
+                    r = client.chat.completions.create(
+                        model="m", messages=HISTORY, tools=TOOLS, tool_choice=choice, max_tokens=160,
+                        temperature=0.8, seed=seed, parallel_tool_calls=False, logit_bias={str(close): 100})
+                    m = r.choices[0].message
+                    self.assertEqual(r.choices[0].finish_reason, "tool_calls", r)
+                    self.assertFalse(m.content, r)
+                    self.assertNotIn("<tool_call>", m.model_dump().get("reasoning_content") or "")
+                    self.check_calls([(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls or []],
+                                     allowed, f"{choice}/{seed}")
 
     def test_auto_trigger_then_constrained_xml_body(self):
         for seed in range(3):

@@ -197,4 +197,58 @@ inline void expect_batched_equals_alone(models::Model& m, const std::vector<int3
   }
 }
 
+// One family's fixture cases, written by its reference script (CTest fixture `fixture`) into
+// kModelFixtures/<case>/: where a case's model loads from, its reference logits, and the
+// batched-equals-alone check on it.
+struct FamilyFixture {
+  const char* fixture;
+
+  // A GGUF case (its name says q8_0 or gguf) keeps its file inside the directory.
+  std::string model_path(const std::string& name) const {
+    const bool gguf = name.find("q8_0") != std::string::npos || name.find("gguf") != std::string::npos;
+    return gguf ? kModelFixtures + name + "/model.gguf" : kModelFixtures + name;
+  }
+
+  RefLogits ref(const std::string& dir, const std::string& set = "f32") const {
+    return read_ref_logits(dir, fixture, set);
+  }
+
+  // expect_batched_equals_alone over case `name`'s model and reference tokens.
+  void expect_batched_equals_alone(const std::string& name,
+                                   const std::vector<std::array<int64_t, 4>>& steps) const {
+    const std::vector<int32_t> toks = ref_tokens(kModelFixtures + name, fixture);
+    LoadedModel l = load_model(model_path(name));
+    ASSERT_NE(l.model, nullptr) << name;
+    test::expect_batched_equals_alone(*l.model, toks, steps, name.c_str());
+  }
+
+  // Case `name` against its oracle over `chunkings` (expect_parity_over_chunkings) on the reference
+  // table and the active one, f32 logits ("deq" for a GGUF case) within 1e-4. An MLX 4/8-bit case
+  // (mlx4) or a GGUF Q8_0 one on a fast table quantizes activations to int8: held to the oracle
+  // on int8-rounded activations ("int8acts") within arch_parity_test's 3e-2 and its margin rule,
+  // without exact cuts; every other run's chunkings give the all-at-once bits (each matmul row
+  // computed alone: the reference table, the float formats of the fast tiers).
+  void expect_tight_against_oracle(const std::string& name, const std::vector<std::vector<int64_t>>& chunkings) const {
+    const std::string dir = kModelFixtures + name;
+    const bool affine = name.find("mlx4") != std::string::npos;
+    const bool gguf = name.find("q8_0") != std::string::npos;
+    const RefLogits f32_ref = ref(dir, gguf ? "deq" : "f32");
+    ASSERT_EQ(f32_ref.tokens.size(), 64u) << name;
+    LoadedModel l = load_model(model_path(name));
+    ASSERT_NE(l.model, nullptr) << name;
+    ASSERT_EQ(l.model->info().vocab, f32_ref.vocab) << name;
+    const kernels::KernelTable active = kernels::active_table();
+    const kernels::KernelTable& rt = kernels::ref_table();
+    const bool loose_affine =
+        affine && (active.matmul_affine[4] != rt.matmul_affine[4] || active.matmul_affine[8] != rt.matmul_affine[8]);
+    const int q8 = static_cast<int>(DType::kQ8_0);
+    const bool loose = loose_affine || (gguf && active.matmul[q8] != rt.matmul[q8]);
+    const RefLogits int8_ref = loose ? ref(dir, "int8acts") : RefLogits{};
+    const std::vector<ParityRun> runs = {
+        {"ref", &rt, 1e-4f, &f32_ref, true},
+        {active.name, &active, loose ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref, !affine && !gguf}};
+    expect_parity_over_chunkings(*l.model, name, runs, chunkings);
+  }
+};
+
 }  // namespace larder::test

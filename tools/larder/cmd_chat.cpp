@@ -108,6 +108,9 @@ int run_chat(const ChatFlags& f) {
   auto loras = load_run_loras(f.gen.lora, m);
   if (!loras.is_ok()) return report(loras.status());
   options->adapters = loras->request.forward;
+  // gpt-oss (harmony): the channel markers are special tokens, kept as text for ChatAnswer to read.
+  const bool harmony = runtime::speaks_harmony(m);
+  options->special_text = harmony;
   const runtime::GenerateOptions base = std::move(*options);
   // A model without a template chats through the ChatML fallback (as serve and generate --chat
   // do); the warning says so before the first prompt.
@@ -192,14 +195,12 @@ int run_chat(const ChatFlags& f) {
 
     // The one generation lifecycle (runtime/sequence.h): take, prefill, decode, put.
     runtime::Sequence seq = runtime::Sequence::start(*m.model, prompt, {&store, ns, ctx});
-    std::string answer;
-    go.on_text = [&](const std::string& piece) {
-      answer += piece;
-      out(piece);
-    };
+    ChatAnswer answer(harmony, out);
+    go.on_text = [&](const std::string& piece) { answer.push(piece); };
     auto result = runtime::generate(*m.model, seq, go, [&](int32_t) { return !interrupted(); });
     const bool stopped = interrupted();
     clear_interrupt();
+    answer.finish();
     out("\n");
     if (!result.is_ok()) {
       (void)seq.finish(/*failed=*/true);  // the turn already failed: its error is the one to report
@@ -208,7 +209,7 @@ int run_chat(const ChatFlags& f) {
       continue;
     }
     if (stopped) std::fprintf(stderr, "[stopped]\n");
-    history.push_back({"assistant", answer});
+    history.push_back(answer.message());
     // Keep what was forwarded (prompt + answer but its last token) for the next turn's prefix.
     if (Status put = seq.finish(); !put.is_ok() && f.verbose) {
       std::fprintf(stderr, "larder: kv store: not kept: %s\n", put.message().c_str());

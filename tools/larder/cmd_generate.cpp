@@ -178,9 +178,14 @@ int run_generate(const GenerateFlags& f) {
     std::fflush(stdout);
   };
   if (f.show_prompt) emit(m.tokenizer->decode(prompt, /*skip_special=*/true));
-  go.on_text = emit;
+  // A chat answer as `larder chat` shows it (gpt-oss's harmony channels read, not printed raw).
+  const bool harmony = f.chat && runtime::speaks_harmony(m);
+  go.special_text = harmony;
+  ChatAnswer answer(harmony, emit);
+  go.on_text = [&](const std::string& piece) { answer.push(piece); };
   auto result = runtime::generate(*m.model, seq, go, [&](int32_t) { return !interrupted(); });
   const bool stopped_by_user = interrupted();
+  answer.finish();
   emit("\n");
   if (!result.is_ok()) return report(result.status());
   if (store) {

@@ -109,7 +109,7 @@ int quantize_gguf(const Opts& o, const CLI::App& cmd) {
       if (!c) return report(c.status());
       opts.candidate_bits = c.value();
     }
-    opts.protect_blocks = o.protect_blocks;
+    if (cmd.count("--protect-blocks") > 0) opts.protect_blocks = o.protect_blocks;  // else GGUF's default, 0
     opts.sensitivity_out = o.sensitivity_out;
     opts.reuse_sensitivity = o.reuse;
   }
@@ -188,9 +188,9 @@ VerbMain add_quantize(CLI::App& app) {
   cmd->add_option("--calibration-length", o->calib_len, "tokens per calibration sample")->capture_default_str();
   cmd->add_option("--calibration-samples", o->calib_n, "calibration samples")->capture_default_str();
   cmd->add_option("--protect-blocks", o->protect_blocks,
-                  "allocator: the first and last N blocks are favoured (x100 sensitivity); 0 turns it off")
-      ->check(at_least(0))
-      ->capture_default_str();
+                  "allocator: the first and last N blocks are favoured (x100 sensitivity); 0 turns it off "
+                  "(default: 1; with --format gguf 0, as its sensitivities are measured through the written types)")
+      ->check(at_least(0));
   cmd->add_option("--reuse-sensitivity", o->reuse,
                   "sensitivity.json (--format gguf: --sensitivity-out) of an earlier run with the same calibration to use "
                   "instead of measuring");

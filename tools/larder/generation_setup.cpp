@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -229,6 +230,41 @@ Result<std::unique_ptr<memory::KvStore>> open_cli_store(const GenerationFlags& f
   cfg.signature = runtime::kv_state_signature(m);
   cfg.background_scan = false;  // the first take of this run needs the index
   return memory::KvStore::open(std::move(cfg));
+}
+
+ChatAnswer::ChatAnswer(bool harmony, Sink out) : out_(std::move(out)) {
+  if (harmony) harmony_.emplace();
+}
+
+void ChatAnswer::push(const std::string& piece) {
+  if (harmony_) return show(harmony_->push(piece));
+  content_ += piece;
+  out_(piece);
+}
+
+void ChatAnswer::finish() {
+  if (harmony_) show(harmony_->flush());
+  if (in_think_) out_("\n</think>");
+  in_think_ = false;
+}
+
+void ChatAnswer::show(runtime::HarmonyParser::Out o) {
+  if (!o.reasoning.empty()) {
+    if (!in_think_) out_("<think>\n");
+    in_think_ = true;
+    reasoning_ += o.reasoning;
+    out_(o.reasoning);
+  }
+  if (!o.content.empty()) {
+    if (in_think_) out_("\n</think>\n\n");
+    in_think_ = false;
+    content_ += o.content;
+    out_(o.content);
+  }
+  for (const auto& c : o.calls) {
+    std::fprintf(stderr, "larder: the model called the tool %s with %s (no tools are offered here)\n", c.name.c_str(),
+                 c.arguments.dump().c_str());
+  }
 }
 
 std::string stats_text(const runtime::GenerateStats& s, const char* stop) {

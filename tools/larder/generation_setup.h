@@ -5,6 +5,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include "larder/runtime/adapters.h"
 #include "larder/runtime/generate.h"
 #include "larder/runtime/chat_template_choice.h"
+#include "larder/runtime/harmony.h"
 #include "larder/runtime/loaded_model.h"
 #include "kv_dtype_flag.h"
 #include "model_arg.h"
@@ -120,6 +122,31 @@ Result<TextRead> read_text_input(const std::string& path, const TextLimit& limit
                                  bool allow_truncate = false);
 // How read_text_input names its source in messages: "'FILE'" or "standard input".
 std::string text_source_name(const std::string& path);
+
+// ---- a chat answer ------------------------------------------------------------------------
+// What `larder chat` and `generate --chat` show of an answer as it streams, and what the
+// conversation keeps of it. Most models' text is both as it comes (a Qwen3 <think> block
+// included, shown inline; its template drops it from later turns). A harmony model's output
+// (gpt-oss: runtime::speaks_harmony; decode with GenerateOptions::special_text) is channel
+// messages in special tokens, read by the server's HarmonyParser: the analysis channel is shown
+// as a <think> block is, the final channel is the answer, and the turn keeps them as `thinking`
+// and content (what gpt-oss's template renders: never marker text, which it refuses). A tool
+// call (the CLI offers no tools) is named on stderr.
+class ChatAnswer {
+ public:
+  using Sink = std::function<void(const std::string&)>;
+  ChatAnswer(bool harmony, Sink out);
+  void push(const std::string& piece);
+  void finish();  // the answer ended (or was stopped): held text is shown, an open <think> closed
+  runtime::ChatMessage message() const { return {"assistant", content_, reasoning_}; }
+
+ private:
+  void show(runtime::HarmonyParser::Out o);
+  std::optional<runtime::HarmonyParser> harmony_;
+  Sink out_;
+  bool in_think_ = false;
+  std::string content_, reasoning_;
+};
 
 // "prompt N tokens in S s (R tok/s) | generated ... | stop: X" (no "larder: " prefix, no newline).
 std::string stats_text(const runtime::GenerateStats& s, const char* stop);

@@ -31,6 +31,19 @@ std::atomic<int>& level_ref() {
 LogLevel log_level() { return static_cast<LogLevel>(level_ref().load(std::memory_order_relaxed)); }
 void set_log_level(LogLevel level) { level_ref().store(static_cast<int>(level)); }
 
+std::string prometheus_label_escape(std::string_view v) {
+  std::string o;
+  for (char c : v) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
 std::string log_escape(std::string_view s, std::string_view also) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;

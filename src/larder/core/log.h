@@ -16,6 +16,9 @@ void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(pri
 // (\n, \r, \t, \\, \xHH, \u0085), so text from a client can neither forge a log line nor
 // drive a terminal. Valid UTF-8 stays readable. log_message applies it to every message.
 std::string log_escape(std::string_view s, std::string_view also = {});
+// `v` as a Prometheus label value (text exposition format): backslash, double quote and newline
+// escaped. Label values can come from clients and flags (routes, adapter names).
+std::string prometheus_label_escape(std::string_view v);
 // Reports a failure class once per process (best-effort subsystems: SSD tier, metrics, ...).
 void log_warn_once(const std::string& key, const std::string& message);
 

@@ -1,6 +1,7 @@
 #include "larder/hub/local_models.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 
@@ -47,8 +48,23 @@ std::string quant_of(const formats::ModelFiles& files) {
     const std::string from_name = gguf_quant_of(files.path);
     if (!from_name.empty()) return from_name;
   }
-  if (files.config.is_object() && files.config.contains("quantization")) {
+  if (files.config.is_object() && (files.config.contains("quantization") || files.config.contains("quantization_config"))) {
     auto q = models::quantization_from_config(files.config, files.path);
+    // OpenAI's gpt-oss layout: its experts' MXFP4 blocks and scales are U8 tensors, which the
+    // dtype count below would report (or, in a small model, the float tensors beside them).
+    if (q.is_ok() && q->openai_mxfp4) return "MXFP4 experts";
+    // A method larder does not execute (GPTQ, AWQ, FP8 ...) is still the name a user knows it by.
+    if (!q.is_ok()) {
+      for (const char* key : {"quantization", "quantization_config"}) {
+        const auto it = files.config.find(key);
+        if (it == files.config.end() || !it->is_object() || !it->contains("quant_method")) continue;
+        const auto& method = (*it)["quant_method"];
+        if (!method.is_string()) continue;
+        std::string name = method.get<std::string>();
+        for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        return name;
+      }
+    }
     if (q.is_ok() && q->present) {
       std::string s = q->global.mode == models::QuantMode::kAffine
                           ? strfmt("MLX %d-bit g%d", q->global.bits, q->global.group_size)
@@ -95,7 +111,8 @@ LocalModel describe_model(const std::string& path) {
     m.why_not = "architecture " + *arch + " is not supported";
     return m;
   }
-  auto cfg = models::config_from_files(*files);
+  // The architecture's own reader where it has one (gpt-oss, Gemma, Qwen3-MoE ...), as loading does.
+  auto cfg = entry->config ? entry->config(*files) : models::config_from_files(*files);
   if (!cfg) {
     m.why_not = cfg.status().message();
     return m;

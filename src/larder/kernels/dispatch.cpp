@@ -42,6 +42,7 @@ KernelTable make_ref_table() {
   t.softmax = ref::softmax;
   t.silu_mul = ref::silu_mul;
   t.gelu_tanh_mul = ref::gelu_tanh_mul;
+  t.swiglu_oai = ref::swiglu_oai;
   t.add = ref::add;
   t.to_f16 = ref::to_f16;
   t.attention = ref::attention;
@@ -55,6 +56,7 @@ KernelTable make_ref_table() {
   t.gated_delta_chunked = ref::gated_delta_chunked;
   t.rmsnorm_gated = ref::rmsnorm_gated;
   t.route_topk = ref::route_topk;
+  t.lora_delta = ref::lora_delta;
   return t;
 }
 

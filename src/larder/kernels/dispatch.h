@@ -12,6 +12,7 @@
 #include <array>
 
 #include "larder/kernels/gated_delta.h"
+#include "larder/kernels/lora.h"
 #include "larder/kernels/moe.h"
 #include "larder/kernels/ops.h"
 
@@ -26,6 +27,7 @@ using RopeFn = void (*)(float* x, int64_t n, int n_heads, int head_dim, int rot_
                         const float* inv_freq, RopePairing pairing);
 using SoftmaxFn = void (*)(float* x, int64_t n);
 using BinaryFn = void (*)(const float* a, const float* b, float* out, int64_t n);
+using SwigluOaiFn = void (*)(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 // f32 → f16 (IEEE half, round to nearest even), n elements: the f16 KV cache's row writes.
 using ToF16Fn = void (*)(const float* x, int64_t n, uint16_t* out);
 using ArgmaxFn = int64_t (*)(const float* x, int64_t n);
@@ -42,6 +44,8 @@ using GatedDeltaGatesFn = void (*)(const float* a, const float* b, int64_t n, co
 using GatedDeltaFn = void (*)(const GatedDeltaInputs& in, const GatedDeltaShape& s, float* state, float* y);
 // Mixture-of-experts routing (moe.h).
 using RouteTopKFn = void (*)(const float* logits, int64_t n, const RouteParams& p, int32_t* ids, float* weights);
+// LoRA delta rows (lora.h).
+using LoraDeltaFn = void (*)(const LoraFactors& f, const float* const* xs, int64_t nx, float* t, float* const* us);
 using RmsNormGatedFn = void (*)(const float* x, const float* z, const float* weight, int64_t rows, int64_t dim,
                                 float eps, float* out);
 
@@ -63,6 +67,7 @@ struct KernelTable {
   SoftmaxFn softmax = nullptr;
   BinaryFn silu_mul = nullptr;
   BinaryFn gelu_tanh_mul = nullptr;
+  SwigluOaiFn swiglu_oai = nullptr;
   BinaryFn add = nullptr;
   ToF16Fn to_f16 = nullptr;
   AttentionFn attention = nullptr;
@@ -76,6 +81,7 @@ struct KernelTable {
   GatedDeltaFn gated_delta_chunked = nullptr;
   RmsNormGatedFn rmsnorm_gated = nullptr;
   RouteTopKFn route_topk = nullptr;
+  LoraDeltaFn lora_delta = nullptr;
 };
 
 // The scalar reference table (every entry the ref set implements).

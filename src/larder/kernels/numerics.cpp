@@ -158,6 +158,10 @@ void hash_elementwise(Hasher& h, const KernelTable& t) {
     t.gelu_tanh_mul(x.data(), g.data(), out.data(), n * dim);
     h.add(out);
   }
+  if (t.swiglu_oai) {  // gpt-oss's alpha; a limit that x and g (|.| <= 7) cross both ways
+    t.swiglu_oai(x.data(), g.data(), out.data(), n * dim, 1.702f, 3.0f);
+    h.add(out);
+  }
   if (t.add) {
     t.add(x.data(), g.data(), out.data(), n * dim);
     h.add(out);

@@ -163,6 +163,11 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
   active_table().gelu_tanh_mul(gate, up, out, n);
 }
 
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
+  LARDER_OP_SCOPE(0.0, "swiglu_oai");
+  active_table().swiglu_oai(gate, up, out, n, alpha, limit);
+}
+
 void add(const float* a, const float* b, float* out, int64_t n) {
   LARDER_OP_SCOPE(0.0, "add");
   active_table().add(a, b, out, n);

@@ -132,6 +132,11 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 // and mlx's `gelu_approx` compute. out may alias gate or up.
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 
+// gpt-oss's clamped SwiGLU (mlx-lm `swiglu_oai`, transformers `GptOssExperts._apply_gate`):
+//   g = min(gate, limit);  u = clamp(up, -limit, limit);  out = (u + 1) · g · σ(alpha · g)
+// in f32 as mlx-lm computes it (the gpt-oss fixtures' reference). out may alias gate or up.
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
+
 // out[i] = a[i] + b[i]. out may alias a or b.
 void add(const float* a, const float* b, float* out, int64_t n);
 

@@ -9,15 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "larder/kernels/lora.h"
+
 namespace larder::models {
 
 // One projection's low-rank update: ΔW = scale · B·A, so y += scale · B(A x) per row that carries
-// it. f32, row-major, owned by whoever loaded the adapter (it outlives every forward using it).
+// it. The factors are kernels::LoraFactors — A [rank, in] and B in output panels, in the adapter
+// file's dtype (F32, BF16 or F16; never widened in RAM) — owned by whoever loaded the adapter (it
+// outlives every forward using it).
 struct LowRankDelta {
-  const float* a = nullptr;  // [rank, in]
-  const float* b = nullptr;  // [out, rank]
-  int64_t rank = 0;          // 0: the adapter leaves this projection alone
-  float scale = 1.0f;        // the adapter's own scale (lora_alpha / r, or / √r under rsLoRA)
+  kernels::LoraFactors f;  // f.rank 0: the adapter leaves this projection alone
+  float scale = 1.0f;      // the adapter's own scale (lora_alpha / r, or / √r under rsLoRA)
+  int64_t rank() const { return f.rank; }
 };
 
 // One loaded adapter as the model sees it: its delta per projection id, indexed like
@@ -27,7 +30,7 @@ struct Adapter {
   const LowRankDelta* find(int projection_id) const {
     if (projection_id < 0 || static_cast<size_t>(projection_id) >= deltas.size()) return nullptr;
     const LowRankDelta& d = deltas[static_cast<size_t>(projection_id)];
-    return d.rank > 0 ? &d : nullptr;
+    return d.f.rank > 0 ? &d : nullptr;
   }
 };
 

@@ -198,9 +198,19 @@ Result<QuantizationConfig> quantization_from_config(const ordered_json& config, 
   if (!block->is_object())
     return invalid_argument(strfmt("[config] %s: '%s' must be an object, got %s", src.c_str(), key, block->dump().c_str()));
   if (const ordered_json* qm = jfind(*block, "quant_method")) {
+    // OpenAI's gpt-oss checkpoints: {"quant_method": "mxfp4", "modules_to_not_convert": [...]}.
+    // mlx-lm reads it as a top-level mxfp4 block (utils.load_model) and quantizes only the modules
+    // whose scales the checkpoint holds, ignoring the list; so does the binder (the experts'
+    // `*_blocks`/`*_scales`, WeightBinder::mxfp4_block_experts).
+    if (*qm == "mxfp4") {
+      q.present = true;
+      q.openai_mxfp4 = true;
+      q.global = AffineParams{4, 32, QuantMode::kMxfp4};
+      return q;
+    }
     return unsupported(strfmt("[config] %s: %s.quant_method %s is not supported (larder executes MLX quantized "
                               "checkpoints: a block of bits, group_size, mode \"affine\", \"mxfp4\", \"nvfp4\" or "
-                              "\"mxfp8\")",
+                              "\"mxfp8\"; and quant_method \"mxfp4\", OpenAI's gpt-oss experts)",
                               src.c_str(), key, qm->dump().c_str()));
   }
   if (!jfind(*block, "bits") || !jfind(*block, "group_size"))
@@ -356,6 +366,25 @@ Result<ModelConfig> config_from_gguf(const formats::GgufFile& g) {
 Result<ModelConfig> config_from_files(const formats::ModelFiles& files) {
   if (files.gguf) return config_from_gguf(*files.gguf);
   return config_from_hf(files);
+}
+
+Status moe_from_gguf(const formats::GgufFile& g, ExpertFfnDefault ffn_default, ModelConfig* c) {
+  const std::string a = c->architecture + ".";
+  const char* src = c->source.c_str();
+  MoeConfig& m = c->moe;
+  const auto E = g.get_int(a + "expert_count");
+  const auto k = g.get_int(a + "expert_used_count");
+  if (!E || !k || *E < 1 || *E > (int64_t{1} << 20) || *k < 1 || *k > *E)
+    return invalid_argument(strfmt("[config] %s: GGUF metadata '%sexpert_count' and '%sexpert_used_count' must be "
+                                   "present with 1 <= expert_used_count <= expert_count",
+                                   src, a.c_str(), a.c_str()));
+  m.n_experts = *E;
+  m.n_used = *k;
+  m.ffn = g.get_int(a + "expert_feed_forward_length")
+              .value_or(ffn_default == ExpertFfnDefault::kPerUsed ? c->ffn / m.n_used : c->ffn);
+  if (m.ffn < 1) return invalid_argument(strfmt("[config] %s: GGUF expert_feed_forward_length must be positive", src));
+  m.routed.assign(static_cast<size_t>(c->n_layers), true);
+  return Status::ok();
 }
 
 }  // namespace larder::models

@@ -42,6 +42,8 @@ struct RopeScaling {
 // The block's `mode` (mlx.core.quantize's): "affine" (codes + scales/biases), or one of the
 // microscaling float modes (kernels/microscaling.h), each with its one (bits, group_size):
 // "mxfp4" (4, 32), "nvfp4" (4, 16), "mxfp8" (8, 32) — U8 scales and no biases.
+// `quantization_config: {"quant_method": "mxfp4", ...}` (OpenAI's gpt-oss checkpoints) reads as a
+// top-level mxfp4 block, as mlx-lm reads it; every other quant_method is refused.
 enum class QuantMode { kAffine, kMxfp4, kNvfp4, kMxfp8 };
 const char* quant_mode_name(QuantMode m);  // "affine", "mxfp4", ...
 // The mode of a name, or nullopt.
@@ -59,6 +61,8 @@ struct AffineParams {
 
 struct QuantizationConfig {
   bool present = false;  // the config has a quantization block
+  // OpenAI's form names its method instead of giving bits ("mxfp4": gpt-oss, the experts only).
+  bool openai_mxfp4 = false;
   AffineParams global;
   // Per-module overrides by module path ("model.layers.0.mlp.down_proj"): params, or nullopt
   // for `false` (left unquantized). `true` is stored as the top-level params.
@@ -110,5 +114,12 @@ Result<ModelConfig> config_from_hf(const formats::ModelFiles& files);
 Result<ModelConfig> config_from_hf_json(const formats::ModelFiles& files, const nlohmann::ordered_json& j);
 Result<ModelConfig> config_from_gguf(const formats::GgufFile& g);
 Result<ModelConfig> config_from_files(const formats::ModelFiles& files);
+
+// Routed experts on every layer from GGUF metadata (c->moe): <arch>.expert_count and
+// expert_used_count, required with 1 <= used <= count, and expert_feed_forward_length, which
+// where absent is feed_forward_length itself (kWhole: gpt-oss's is each expert's) or that split
+// over the experts a token uses (kPerUsed: llama.cpp's qwen3moe fallback).
+enum class ExpertFfnDefault { kWhole, kPerUsed };
+Status moe_from_gguf(const formats::GgufFile& g, ExpertFfnDefault ffn_default, ModelConfig* c);
 
 }  // namespace larder::models

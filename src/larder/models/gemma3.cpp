@@ -172,7 +172,6 @@ class Gemma3Model final : public Transformer {
 
  private:
   void layer_forward(int l, const LayerBatch& b) override;
-  AttentionOptions attn_opt_;
   std::vector<Layer> layers_;
 };
 
@@ -237,22 +236,9 @@ Status Gemma3Model::bind(const formats::ModelFiles& files) {
 
 void Gemma3Model::layer_forward(int l, const LayerBatch& b) {
   const Layer& L = layers_[static_cast<size_t>(l)];
-  const LayerSpec& spec = specs_[static_cast<size_t>(l)];
   L.norms.forward(
       b.x, b.rows, cfg_.hidden, b.h, b.o,
-      [&](const float* in, float* out) {
-        attention_block({.spec = &spec,
-                         .opt = &attn_opt_,
-                         .inv_freq = rope_tables_[static_cast<size_t>(spec.rope)].data(),
-                         .w = &L.attn,
-                         .layer = l,
-                         .h = in,
-                         .rows = b.rows,
-                         .positions = b.positions,
-                         .seqs = b.seqs,
-                         .adapters = b.adapters},
-                        attn_s_, out);
-      },
+      [&](const float* in, float* out) { attend(l, L.attn, b, in, out); },
       [&](const float* in, float* out) { mlp_block(L.mlp, in, b.rows, mlp_s_, out, b.adapters); });
 }
 

@@ -421,7 +421,6 @@ class Gemma4Model final : public Transformer {
   void layer_forward(int l, const LayerBatch& b) override;
 
   Gemma4Params gp_;
-  AttentionOptions attn_opt_;
   std::vector<Layer> layers_;
   std::vector<bool> has_readers_;         // a ring source layer some KV-shared layer reads
   std::vector<std::vector<KvKeep>> keep_;  // per source layer
@@ -623,20 +622,7 @@ void Gemma4Model::layer_forward(int l, const LayerBatch& b) {
                                                                      : nullptr;
   Ly.norms.forward(
       b.x, b.rows, d, b.h, b.o,
-      [&](const float* in, float* out) {
-        attention_block({.spec = &spec,
-                         .opt = &attn_opt_,
-                         .inv_freq = rope_tables_[static_cast<size_t>(spec.rope)].data(),
-                         .w = &Ly.attn,
-                         .layer = l,
-                         .h = in,
-                         .rows = b.rows,
-                         .positions = b.positions,
-                         .seqs = b.seqs,
-                         .keep = keep,
-                         .adapters = b.adapters},
-                        attn_s_, out);
-      },
+      [&](const float* in, float* out) { attend(l, Ly.attn, b, in, out, keep); },
       [&](const float* in, float* out) {
         mlp_block(Ly.mlp, in, b.rows, mlp_s_, out, b.adapters);
         if (spec.ffn != FfnKind::kRoutedExperts) return;

@@ -20,9 +20,10 @@
 //   [E, ffn, hidden], i.e. in × out — cannot be viewed as [out, in] rows, so it is transposed once
 //   at load into an f32 copy (MoeWeights::owned_f32; use the MLX or GGUF layout for large models).
 // - MXFP4 experts: GGUF type MXFP4 and MLX `mode: "mxfp4"` stacked experts bind like any weight
-//   format (WeightBinder::experts). OpenAI's HF layout (`*_blocks`/`*_scales`) interleaves gate and
-//   up rows, which no view of stacked experts expresses yet: refused by name (hf_experts below would
-//   be the place).
+//   format (WeightBinder::experts). OpenAI's HF layout (openai/gpt-oss-*: `experts.*_proj_blocks` /
+//   `_scales`, quantization_config.quant_method "mxfp4") holds MLX mxfp4's bytes with gate and up
+//   rows interleaved: bound in place by bind_moe (WeightBinder::mxfp4_block_experts, gate/up run
+//   fused as MoeWeights::gate_up).
 // - GGUF (llama.cpp): layer l is sliding iff l is even (its set_swa_pattern(2)), window
 //   `attention.sliding_window`; expert_count / expert_used_count / expert_feed_forward_length;
 //   sinks `attn_sinks.weight`, the FFN norm `post_attention_norm`, biases `*.bias` beside each
@@ -126,24 +127,6 @@ Status hf_moe(const ordered_json& j, ModelConfig* c) {
   return Status::ok();
 }
 
-Status gguf_moe(const formats::GgufFile& g, ModelConfig* c) {
-  const std::string a = c->architecture + ".";
-  MoeConfig& m = c->moe;
-  const auto E = g.get_int(a + "expert_count");
-  const auto k = g.get_int(a + "expert_used_count");
-  if (!E || !k || *E < 1 || *E > (int64_t{1} << 20) || *k < 1 || *k > *E)
-    return invalid_argument(strfmt("[config] %s: GGUF metadata '%sexpert_count' and '%sexpert_used_count' must be "
-                                   "present with 1 <= expert_used_count <= expert_count",
-                                   c->source.c_str(), a.c_str(), a.c_str()));
-  m.n_experts = *E;
-  m.n_used = *k;
-  m.ffn = g.get_int(a + "expert_feed_forward_length").value_or(c->ffn);
-  if (m.ffn < 1)
-    return invalid_argument(strfmt("[config] %s: GGUF expert_feed_forward_length must be positive", c->source.c_str()));
-  m.routed.assign(static_cast<size_t>(c->n_layers), true);
-  return Status::ok();
-}
-
 struct Layer {
   RmsNorm attn_norm, ffn_norm;
   AttentionWeights attn;
@@ -158,7 +141,6 @@ class GptOssModel final : public Transformer {
  private:
   void layer_forward(int l, const LayerBatch& b) override;
   Status hf_experts(WeightBinder& b, const std::string& p, const ExpertDims& d, MoeWeights* w);
-  AttentionOptions attn_opt_;
   std::vector<Layer> layers_;
   MoeScratch moe_s_;
 };
@@ -253,12 +235,6 @@ Status GptOssModel::bind(const formats::ModelFiles& files) {
     LARDER_RETURN_IF_ERROR(bind_attention(b, p + "self_attn.", spec, c, attn_opt_, &L.attn));
     LARDER_ASSIGN_OR_RETURN(L.attn.sinks, b.vector(p + "self_attn.sinks", c.n_heads, "num_attention_heads"));
     const std::string mp = p + "mlp.";
-    for (const char* q : {"experts.gate_up_proj_blocks", "experts.down_proj_blocks"}) {
-      if (b.has(mp + q))
-        return unsupported(strfmt("[model] %s: '%s%s' holds MXFP4 experts in OpenAI's HF layout (interleaved gate/up "
-                                  "rows), which larder does not bind yet; use a GGUF (MXFP4 experts run) or an MLX checkpoint",
-                                  files.path.c_str(), mp.c_str(), q));
-    }
     MoeTensorNames names = moe_names;
     if (!b.has(mp + "experts.gate_proj.weight") && b.has(mp + "experts.gate_up_proj")) {
       LARDER_RETURN_IF_ERROR(hf_experts(b, mp, spec.experts, &L.moe));
@@ -274,20 +250,9 @@ Status GptOssModel::bind(const formats::ModelFiles& files) {
 
 void GptOssModel::layer_forward(int l, const LayerBatch& b) {
   const Layer& L = layers_[static_cast<size_t>(l)];
-  const LayerSpec& spec = specs_[static_cast<size_t>(l)];
   const int64_t n = b.rows * cfg_.hidden;
   L.attn_norm.apply(b.x, b.rows, b.h);
-  attention_block({.spec = &spec,
-                   .opt = &attn_opt_,
-                   .inv_freq = rope_tables_[0].data(),
-                   .w = &L.attn,
-                   .layer = l,
-                   .h = b.h,
-                   .rows = b.rows,
-                   .positions = b.positions,
-                   .seqs = b.seqs,
-                   .adapters = b.adapters},
-                  attn_s_, b.o);
+  attend(l, L.attn, b, b.h, b.o);
   kernels::add(b.x, b.o, b.x, n);
   L.ffn_norm.apply(b.x, b.rows, b.h);
   moe_block(L.moe, b.h, b.rows, moe_s_, b.o, b.adapters);
@@ -299,7 +264,7 @@ void GptOssModel::layer_forward(int l, const LayerBatch& b) {
 Result<ModelConfig> gpt_oss_config(const formats::ModelFiles& files) {
   if (files.gguf) {
     LARDER_ASSIGN_OR_RETURN(ModelConfig c, config_from_gguf(*files.gguf));
-    LARDER_RETURN_IF_ERROR(gguf_moe(*files.gguf, &c));
+    LARDER_RETURN_IF_ERROR(moe_from_gguf(*files.gguf, ExpertFfnDefault::kWhole, &c));
     c.attention_bias = true;
     LARDER_RETURN_IF_ERROR(gpt_oss_params(files, c).status());
     return c;

@@ -71,7 +71,6 @@ class LlamaModel final : public Transformer {
  private:
   void layer_forward(int l, const LayerBatch& b) override;
   LlamaVariant variant_;
-  AttentionOptions attn_opt_;
   std::vector<Layer> layers_;
   MoeScratch moe_s_;
 };
@@ -142,17 +141,7 @@ void LlamaModel::layer_forward(int l, const LayerBatch& b) {
   const LayerSpec& spec = specs_[static_cast<size_t>(l)];
   const int64_t n = b.rows * cfg_.hidden;
   L.attn_norm.apply(b.x, b.rows, b.h);
-  attention_block({.spec = &spec,
-                   .opt = &attn_opt_,
-                   .inv_freq = rope_tables_[static_cast<size_t>(spec.rope)].data(),
-                   .w = &L.attn,
-                   .layer = l,
-                   .h = b.h,
-                   .rows = b.rows,
-                   .positions = b.positions,
-                   .seqs = b.seqs,
-                   .adapters = b.adapters},
-                  attn_s_, b.o);
+  attend(l, L.attn, b, b.h, b.o);
   kernels::add(b.x, b.o, b.x, n);
   L.ffn_norm.apply(b.x, b.rows, b.h);
   if (spec.ffn == FfnKind::kRoutedExperts) moe_block(L.moe, b.h, b.rows, moe_s_, b.o, b.adapters);

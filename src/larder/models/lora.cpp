@@ -11,6 +11,9 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <utility>
+
+#include <unistd.h>
 
 #include "larder/formats/gguf.h"
 #include "larder/formats/safetensors.h"
@@ -141,6 +144,12 @@ const char* lora_format_name(LoraFormat f) {
 struct LoraBuilder {
   std::shared_ptr<LoraAdapter> a;
   std::string where;  // path for messages
+  // The file the tensors map (safetensors adapters), and the byte ranges of it whose values were
+  // copied into the adapter's own layout: nothing reads those again once loaded (the hash and the
+  // forward read the copies), so finish() drops their pages from the process (RSS would otherwise
+  // count a packed B twice: the panels and the mapped original).
+  const MappedFile* file = nullptr;
+  std::vector<std::pair<const uint8_t*, size_t>> copied;
 
   // The loaders (free functions) fill the adapter's private fields through these.
   std::string& base_model() { return a->base_model_; }
@@ -148,40 +157,57 @@ struct LoraBuilder {
   int& mlx_num_layers() { return a->mlx_num_layers_; }
   std::shared_ptr<void>& mapping() { return a->mapping_; }
 
-  // Copies (or, for aligned f32 without a transpose, references) a 2-D tensor as f32
-  // [rows, cols] where rows × cols is its shape, or its transpose with `transpose`.
-  Result<const float*> f32_matrix(const formats::TensorInfo& t, bool transpose) {
-    if (t.rank() != 2)
-      return invalid_argument(strfmt("[lora] %s: tensor '%s' has shape %s; a LoRA matrix has 2 dimensions",
-                                     where.c_str(), t.name.c_str(), t.shape_str().c_str()));
+  // Owned bytes of the adapter (converted or re-laid-out factors).
+  uint8_t* own(size_t bytes) {
+    a->owned_.push_back(std::make_unique<uint8_t[]>(bytes));
+    return a->owned_.back().get();
+  }
+
+  // A 2-D tensor's elements [r, c] as `dt` (its own dtype, or F32 widened from a 16-bit one),
+  // in that order or transposed ([c, r]).
+  static void copy_elems(const formats::TensorInfo& t, DType dt, bool transpose, uint8_t* dst) {
     const int64_t r = t.dim(0), c = t.dim(1);
-    if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16)
-      return unsupported(strfmt("[lora] %s: tensor '%s' is %s; LoRA matrices must be F32, F16 or BF16", where.c_str(),
-                                t.name.c_str(), dtype_name(t.dtype)));
-    if (t.dtype == DType::kF32 && !transpose && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0)
-      return reinterpret_cast<const float*>(t.data);
-    auto buf = std::make_unique<float[]>(static_cast<size_t>(r * c));
-    auto get = [&](int64_t i) -> float {
-      if (t.dtype == DType::kF32) {
-        float v;
-        std::memcpy(&v, t.data + i * 4, 4);
-        return v;
-      }
-      uint16_t h;
-      std::memcpy(&h, t.data + i * 2, 2);
-      return t.dtype == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
-    };
+    const size_t es = dt == DType::kF32 ? 4 : 2;
     for (int64_t i = 0; i < r; ++i)
       for (int64_t j = 0; j < c; ++j) {
-        const float v = get(i * c + j);
-        if (transpose)
-          buf[static_cast<size_t>(j * r + i)] = v;
-        else
-          buf[static_cast<size_t>(i * c + j)] = v;
+        uint8_t* to = dst + static_cast<size_t>(transpose ? j * r + i : i * c + j) * es;
+        if (t.dtype == dt) {
+          std::memcpy(to, t.data + (i * c + j) * static_cast<int64_t>(es), es);
+          continue;
+        }
+        uint16_t h;  // dt is F32 here: widen
+        std::memcpy(&h, t.data + (i * c + j) * 2, 2);
+        const float v = t.dtype == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+        std::memcpy(to, &v, 4);
       }
-    const float* p = buf.get();
-    a->owned_.push_back(std::move(buf));
-    return p;
+  }
+
+  // A as lora_delta reads it: [rank, in] in `dt`. The mapping itself where the file already has
+  // that (no transpose, no widening, f32 4-byte aligned), else a copy the adapter owns.
+  const void* a_matrix(const formats::TensorInfo& t, DType dt, bool transpose) {
+    if (!transpose && t.dtype == dt && (dt != DType::kF32 || reinterpret_cast<uintptr_t>(t.data) % 4 == 0))
+      return t.data;
+    uint8_t* buf = own(static_cast<size_t>(t.dim(0) * t.dim(1)) * (dt == DType::kF32 ? 4 : 2));
+    copy_elems(t, dt, transpose, buf);
+    copied.emplace_back(t.data, static_cast<size_t>(t.dim(0) * t.dim(1)) * (t.dtype == DType::kF32 ? 4 : 2));
+    return buf;
+  }
+
+  // B in lora_delta's output panels, in `dt`, owned by the adapter; `rank_major`: the tensor is
+  // [rank, out] (mlx-lm), else [out, rank].
+  const void* b_panels(const formats::TensorInfo& t, DType dt, bool rank_major, int64_t rank, int64_t out) {
+    const size_t es = dt == DType::kF32 ? 4 : 2;
+    const void* src = t.data;
+    std::vector<uint8_t> wide;
+    if (t.dtype != dt) {
+      wide.resize(static_cast<size_t>(rank * out) * es);
+      copy_elems(t, dt, false, wide.data());
+      src = wide.data();
+    }
+    uint8_t* buf = own(static_cast<size_t>(kernels::lora_panel_elems(rank, out)) * es);
+    kernels::pack_lora_b(dt, src, rank_major, rank, out, buf);
+    copied.emplace_back(t.data, static_cast<size_t>(rank * out) * (t.dtype == DType::kF32 ? 4 : 2));
+    return buf;
   }
 
   Status add(int layer, LoraModule m, const formats::TensorInfo& ta, const formats::TensorInfo& tb, bool transposed,
@@ -216,8 +242,14 @@ struct LoraBuilder {
     p.rank = ra;
     p.in = in;
     p.out = out;
-    LARDER_ASSIGN_OR_RETURN(p.a, f32_matrix(ta, transposed));
-    LARDER_ASSIGN_OR_RETURN(p.b, f32_matrix(tb, transposed));
+    for (const formats::TensorInfo* t : {&ta, &tb})
+      if (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16)
+        return unsupported(strfmt("[lora] %s: tensor '%s' is %s; LoRA matrices must be F32, F16 or BF16",
+                                  where.c_str(), t->name.c_str(), dtype_name(t->dtype)));
+    // Both factors in the file's dtype when they share one (a 16-bit pair is never widened in
+    // RAM); a mixed pair in f32.
+    const DType dt = ta.dtype == tb.dtype ? ta.dtype : DType::kF32;
+    p.f = {dt, a_matrix(ta, dt, transposed), b_panels(tb, dt, transposed, ra, out), ra, in, out};
     p.scale = static_cast<float>(scale);
     p.source = ta.name;
     a->projections_.push_back(std::move(p));
@@ -234,17 +266,34 @@ struct LoraBuilder {
     XXH3_128bits_reset(s);
     const uint32_t recipe = 1;
     XXH3_128bits_update(s, &recipe, sizeof recipe);
+    std::vector<float> va, vb;  // A [rank, in] and B [out, rank] as f32: what the hash has always read
     for (const LoraProjection& p : a->projections_) {
       const int64_t head[5] = {p.layer, static_cast<int64_t>(p.module), p.rank, p.in, p.out};
       XXH3_128bits_update(s, head, sizeof head);
       XXH3_128bits_update(s, &p.scale, sizeof p.scale);
-      XXH3_128bits_update(s, p.a, static_cast<size_t>(p.rank * p.in) * sizeof(float));
-      XXH3_128bits_update(s, p.b, static_cast<size_t>(p.out * p.rank) * sizeof(float));
+      va.resize(static_cast<size_t>(p.rank * p.in));
+      vb.resize(static_cast<size_t>(p.out * p.rank));
+      for (int64_t k = 0; k < p.rank; ++k)
+        for (int64_t j = 0; j < p.in; ++j) va[static_cast<size_t>(k * p.in + j)] = p.f.a_at(k, j);
+      for (int64_t o = 0; o < p.out; ++o)
+        for (int64_t k = 0; k < p.rank; ++k) vb[static_cast<size_t>(o * p.rank + k)] = p.f.b_at(o, k);
+      XXH3_128bits_update(s, va.data(), va.size() * sizeof(float));
+      XXH3_128bits_update(s, vb.data(), vb.size() * sizeof(float));
     }
     const XXH128_hash_t h = XXH3_128bits_digest(s);
     XXH3_freeState(s);
     a->content_hash_ = strfmt("%016llx%016llx", static_cast<unsigned long long>(h.high64),
                               static_cast<unsigned long long>(h.low64));
+    if (file && file->data()) {
+      // Whole pages inside a copied range only: a page shared with a tensor still read stays.
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      for (const auto& [p, n] : copied) {
+        if (p < file->data() || p + n > file->data() + file->size()) continue;
+        const size_t off = static_cast<size_t>(p - file->data());
+        const size_t begin = (off + page - 1) / page * page, end = (off + n) / page * page;
+        if (end > begin) file->release_pages(begin, end - begin);
+      }
+    }
     return std::shared_ptr<const LoraAdapter>(std::move(a));
   }
 };
@@ -352,6 +401,7 @@ Result<std::shared_ptr<const LoraAdapter>> load_peft(const std::string& dir, Lor
   LARDER_RETURN_IF_ERROR(formats::read_safetensors(st_path, ts.get()));
   b.mapping() = ts;
   b.where = st_path;
+  if (ts->files().size() == 1) b.file = ts->files()[0].get();
 
   for (const formats::TensorInfo& t : ts->tensors()) {
     std::string_view n = t.name;
@@ -459,6 +509,7 @@ Result<std::shared_ptr<const LoraAdapter>> load_mlx(const std::string& dir, Lora
   LARDER_RETURN_IF_ERROR(formats::read_safetensors(st_path, ts.get()));
   b.mapping() = ts;
   b.where = st_path;
+  if (ts->files().size() == 1) b.file = ts->files()[0].get();
   for (const formats::TensorInfo& t : ts->tensors()) {
     std::string_view n = t.name;
     if (ends_with(n, ".lora_b")) {
@@ -657,21 +708,29 @@ Result<BaseProjections> BaseProjections::from_files(const formats::ModelFiles& f
 
 namespace {
 
-// Families whose HF and GGUF files agree on the rows and columns of every projection listed:
-// llama.cpp's converter permutes Llama's Q/K rows (interleaved RoPE) and reorders Qwen3.5's
-// DeltaNet value heads, so an adapter from one side does not fit a base from the other there.
+// Families whose HF and GGUF files agree on the rows and columns of the projection (checked
+// against llama.cpp's converters): it permutes Llama's Q/K rows (interleaved RoPE) and reorders
+// Qwen3.5's DeltaNet value heads, so an adapter from one side does not fit a base from the other there.
 bool same_order_across_formats(const std::string& arch, LoraModule m) {
-  if (arch == "qwen2" || arch == "qwen3") return true;
+  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe") return true;
   if (arch == "llama" || arch == "mistral") return m != LoraModule::kQ && m != LoraModule::kK;
+  // Attention is written as is; Qwen3-Next's fused DeltaNet inputs are regrouped by the converter.
+  if (arch == "gpt-oss" || arch == "qwen3next")
+    return m == LoraModule::kQ || m == LoraModule::kK || m == LoraModule::kV || m == LoraModule::kO;
   return false;
 }
 
-// Architecture names that denote the same graph (HF model_type vs llama.cpp's names).
+// Architecture names that denote the same graph, mapped to llama.cpp's GGUF name (HF
+// model_type on one side, general.architecture on the other).
 std::string arch_family(const std::string& a) {
   if (a == "mistral") return "llama";
   if (a == "gemma3_text") return "gemma3";
   if (a == "gemma4_text") return "gemma4";
   if (a == "qwen3_5" || a == "qwen3_5_text") return "qwen35";
+  if (a == "qwen3_5_moe" || a == "qwen3_5_moe_text") return "qwen35moe";
+  if (a == "qwen3_moe") return "qwen3moe";
+  if (a == "qwen3_next") return "qwen3next";
+  if (a == "gpt_oss") return "gpt-oss";
   return a;
 }
 
@@ -768,7 +827,7 @@ Result<std::shared_ptr<const BoundLora>> bind_lora(std::shared_ptr<const LoraAda
                                      lora->path().c_str(), name.c_str(), static_cast<long long>(lp.out),
                                      static_cast<long long>(lp.in), pi.name.c_str(), static_cast<long long>(pi.out),
                                      static_cast<long long>(pi.in)));
-    bound->adapter.deltas[static_cast<size_t>(it->second)] = LowRankDelta{lp.a, lp.b, lp.rank, lp.scale};
+    bound->adapter.deltas[static_cast<size_t>(it->second)] = LowRankDelta{lp.f, lp.scale};
   }
   bound->lora = std::move(lora);
   return std::shared_ptr<const BoundLora>(std::move(bound));

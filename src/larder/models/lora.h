@@ -2,7 +2,7 @@
 // files loaded into one in-memory form, validated against a base model.
 //
 // Every format becomes, per adapted projection (layer index, module kind):
-//   A: f32 [rank × in], B: f32 [out × rank], scale
+//   A [rank × in], B [out × rank] (kernels::LoraFactors: B in output panels), scale
 // so that the projection's output row gains scale · B (A x) — the per-row hook of the single
 // projection type every linear layer runs through. `scale` is the adapter's own factor (PEFT
 // lora_alpha / r, or lora_alpha / √r with rsLoRA, per-module rank/alpha patterns applied;
@@ -13,8 +13,11 @@
 //   PEFT   `…<module>.lora_A.weight` [r, in], `…lora_B.weight` [out, r]     (torch nn.Linear)
 //   mlx-lm `…<module>.lora_a` [in, r], `…lora_b` [r, out]                  (x @ lora_a @ lora_b)
 //   GGUF   `blk.N.<name>.weight.lora_a` ne [in, r], `.lora_b` ne [r, out]  (shape [r, in], [out, r])
-// F32 data already in that orientation (PEFT, GGUF) stays in the mapping; F16/BF16 are widened
-// and mlx-lm's matrices transposed into memory the adapter owns.
+// The factors keep the file's dtype (F32, BF16 or F16; a pair of two different dtypes becomes
+// f32): A stays in the mapping where the file has it as [r, in] (PEFT, GGUF), mlx-lm's is
+// transposed into memory the adapter owns; B is always re-laid into output panels there (what
+// makes the forward's second product a streaming multiply-add, kernels/lora.h). Nothing is
+// widened in RAM: a 16-bit adapter costs its file's bytes.
 //
 // Row order: A/B are in the order of the file they came from. llama.cpp's converter permutes
 // rows of some projections (Llama Q/K for its interleaved RoPE, Qwen3.5's DeltaNet value heads)
@@ -74,8 +77,7 @@ struct LoraProjection {
   int layer = 0;
   LoraModule module = LoraModule::kQ;
   int64_t rank = 0, in = 0, out = 0;
-  const float* a = nullptr;  // [rank, in], row-major
-  const float* b = nullptr;  // [out, rank], row-major
+  kernels::LoraFactors f;    // A and B as the forward reads them (f.a_at / f.b_at: values as f32)
   float scale = 1.0f;        // the adapter's own factor; the request's scale multiplies it
   std::string source;        // the tensor name in the file (lora_A / lora_a), for messages
 };
@@ -147,9 +149,10 @@ class LoraAdapter {
   int mlx_num_layers_ = -1;  // mlx-lm num_layers: only the last N layers may be adapted (-1: all)
   std::vector<LoraProjection> projections_;
   std::string content_hash_;
-  // Keeps the mapping alive (PEFT/GGUF f32 tensors point into it) and owns converted data.
+  // Keeps the mapping alive (A points into it where the file's layout is the forward's) and owns
+  // converted data (B's panels, transposed or widened A).
   std::shared_ptr<void> mapping_;
-  std::vector<std::unique_ptr<float[]>> owned_;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;
 };
 
 // One adapter as a request uses it.

@@ -301,7 +301,6 @@ class Qwen35Model final : public Transformer {
 
  private:
   void layer_forward(int l, const LayerBatch& b) override;
-  AttentionOptions attn_opt_;
   std::vector<Layer> layers_;
   GatedDeltaScratch delta_s_;
   MoeScratch moe_s_;
@@ -410,17 +409,7 @@ void Qwen35Model::layer_forward(int l, const LayerBatch& b) {
         {.spec = &spec, .w = &L.delta, .layer = l, .h = b.h, .rows = b.rows, .seqs = b.seqs, .adapters = b.adapters},
         delta_s_, b.o);
   } else {
-    attention_block({.spec = &spec,
-                     .opt = &attn_opt_,
-                     .inv_freq = rope_tables_[0].data(),
-                     .w = &L.attn,
-                     .layer = l,
-                     .h = b.h,
-                     .rows = b.rows,
-                     .positions = b.positions,
-                     .seqs = b.seqs,
-                     .adapters = b.adapters},
-                    attn_s_, b.o);
+    attend(l, L.attn, b, b.h, b.o);
   }
   kernels::add(b.x, b.o, b.x, n);
   L.post_attn_norm.apply(b.x, b.rows, b.h);

@@ -70,31 +70,13 @@ Status hf_moe(const ordered_json& j, ModelConfig* c) {
   return Status::ok();
 }
 
-Status gguf_moe(const formats::GgufFile& g, ModelConfig* c) {
-  const std::string a = c->architecture + ".";
-  const char* src = c->source.c_str();
-  MoeConfig& m = c->moe;
-  const auto E = g.get_int(a + "expert_count");
-  const auto k = g.get_int(a + "expert_used_count");
-  if (!E || !k || *E < 1 || *E > (int64_t{1} << 20) || *k < 1 || *k > *E)
-    return invalid_argument(strfmt("[config] %s: GGUF metadata '%sexpert_count' and '%sexpert_used_count' must be "
-                                   "present with 1 <= expert_used_count <= expert_count",
-                                   src, a.c_str(), a.c_str()));
-  m.n_experts = *E;
-  m.n_used = *k;
-  m.ffn = g.get_int(a + "expert_feed_forward_length").value_or(c->ffn / m.n_used);
-  if (m.ffn < 1) return invalid_argument(strfmt("[config] %s: GGUF expert_feed_forward_length must be positive", src));
-  m.norm_topk_prob = true;
-  m.routed.assign(static_cast<size_t>(c->n_layers), true);
-  return Status::ok();
-}
-
 }  // namespace
 
 Result<ModelConfig> qwen3_moe_config(const formats::ModelFiles& files) {
   if (files.gguf) {
     LARDER_ASSIGN_OR_RETURN(ModelConfig c, config_from_gguf(*files.gguf));
-    LARDER_RETURN_IF_ERROR(gguf_moe(*files.gguf, &c));
+    LARDER_RETURN_IF_ERROR(moe_from_gguf(*files.gguf, ExpertFfnDefault::kPerUsed, &c));
+    c.moe.norm_topk_prob = true;
     return c;
   }
   LARDER_ASSIGN_OR_RETURN(ModelConfig c, config_from_hf(files));

@@ -96,6 +96,23 @@ void Transformer::count_experts(const MoeWeights& w) {
   info_.active_expert_bytes += w.active_expert_bytes();
 }
 
+void Transformer::attend(int l, const AttentionWeights& w, const LayerBatch& b, const float* in, float* out,
+                         std::vector<KvKeep>* keep) {
+  const LayerSpec& spec = specs_[static_cast<size_t>(l)];
+  attention_block({.spec = &spec,
+                   .opt = &attn_opt_,
+                   .inv_freq = rope_tables_[static_cast<size_t>(spec.rope)].data(),
+                   .w = &w,
+                   .layer = l,
+                   .h = in,
+                   .rows = b.rows,
+                   .positions = b.positions,
+                   .seqs = b.seqs,
+                   .keep = keep,
+                   .adapters = b.adapters},
+                  attn_s_, out);
+}
+
 Status Transformer::set_kv_dtype(DType dt) {
   memory::StateSchema next = schema_;
   next.kv_dtype = dt;

@@ -71,6 +71,11 @@ class Transformer : public Model {
   // A routed-experts layer, bound: its experts' bytes (all, and the k of E a token reads) and E, k
   // into info_ (`larder info`, the fit estimate).
   void count_experts(const MoeWeights& w);
+  // Layer l's self-attention over the batch's rows: attention_block on `in` (normed, [rows,
+  // hidden]) into `out` with the layer's spec and RoPE table and attn_opt_; `keep` as
+  // AttentionCall::keep (KV sharing).
+  void attend(int l, const AttentionWeights& w, const LayerBatch& b, const float* in, float* out,
+              std::vector<KvKeep>* keep = nullptr);
 
   ModelConfig cfg_;
   ModelInfo info_;
@@ -82,6 +87,7 @@ class Transformer : public Model {
   float embed_scale_ = 1.0f;  // Gemma multiplies embeddings by √hidden
   float logit_softcap_ = 0;   // > 0: logits = cap · tanh(logits / cap) (Gemma 2/4 final_logit_softcapping)
   RmsNorm final_norm_;
+  AttentionOptions attn_opt_;  // set by the architecture's bind
   // Scratch of the layer compositions, grown to the largest batch seen (forward is
   // single-threaded per model: the engine thread owns it, system.md §4).
   AttentionScratch attn_s_;

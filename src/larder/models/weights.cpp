@@ -388,6 +388,60 @@ Result<std::vector<kernels::WeightView>> WeightBinder::experts(const ExpertsSpec
   return out;
 }
 
+Result<std::vector<kernels::WeightView>> WeightBinder::mxfp4_block_experts(const std::string& module, int n_experts,
+                                                                          int64_t rows, int64_t cols, const char* why) {
+  const int64_t E = n_experts;
+  const std::string bname = module + "_blocks", sname = module + "_scales";
+  if (E <= 0 || rows <= 0 || cols <= 0 || cols % 32 != 0)
+    return invalid_argument(strfmt("[model] %s: '%s': %lld experts of [%lld, %lld]: MXFP4 blocks need a positive "
+                                   "multiple of 32 columns (%s)",
+                                   files_.path.c_str(), bname.c_str(), (long long)E, (long long)rows, (long long)cols,
+                                   why));
+  if (!quant_.is_ok()) return quant_.status();
+  const QuantizationConfig& qc = quant_.value();
+  const auto entry = qc.modules.find(module);
+  const bool mxfp4 = qc.present && (entry != qc.modules.end() ? entry->second && entry->second->mode == QuantMode::kMxfp4
+                                                             : qc.global.mode == QuantMode::kMxfp4);
+  if (!mxfp4)
+    return invalid_argument(strfmt("[model] %s: tensor '%s' holds MXFP4 blocks but config.json does not quantize "
+                                   "module '%s' as mxfp4 (OpenAI's checkpoints say quantization_config: "
+                                   "{\"quant_method\": \"mxfp4\"})",
+                                   files_.path.c_str(), bname.c_str(), module.c_str()));
+  LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* bt, find(bname));
+  LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* st, find(sname));
+  const int64_t nb = cols / 32;
+  if (bt->dtype != DType::kU8 || bt->rank() != 4 || bt->dim(0) != E || bt->dim(1) != rows || bt->dim(2) != nb ||
+      bt->dim(3) != 16 || bt->nbytes != static_cast<uint64_t>(E * rows * nb * 16))
+    return invalid_argument(strfmt("[model] %s: tensor '%s' is %s %s (%llu bytes), expected U8 [%lld, %lld, %lld, 16] "
+                                   "(%s: %lld experts, %lld columns in MXFP4 blocks of 32 packed two per byte)",
+                                   file_of(*bt).c_str(), bt->name.c_str(), dtype_name(bt->dtype),
+                                   bt->shape_str().c_str(), (unsigned long long)bt->nbytes, (long long)E,
+                                   (long long)rows, (long long)nb, why, (long long)E, (long long)cols));
+  if (st->dtype != DType::kU8 || st->rank() != 3 || st->dim(0) != E || st->dim(1) != rows || st->dim(2) != nb ||
+      st->nbytes != static_cast<uint64_t>(E * rows * nb))
+    return invalid_argument(strfmt("[model] %s: tensor '%s' is %s %s (%llu bytes), expected U8 [%lld, %lld, %lld] "
+                                   "(%s: one e8m0 scale per block of 32 of %lld columns)",
+                                   file_of(*st).c_str(), st->name.c_str(), dtype_name(st->dtype),
+                                   st->shape_str().c_str(), (unsigned long long)st->nbytes, (long long)E,
+                                   (long long)rows, (long long)nb, why, (long long)cols));
+  kernels::WeightView w;  // every expert's rows; expert e is a row_part
+  w.dtype = DType::kMlxMXFP4;
+  w.rows = E * rows;
+  w.cols = cols;
+  w.data = bt->data;
+  w.scales = st->data;
+  w.scale_dtype = DType::kU8;
+  w.group_size = 32;
+  if (!kernels::weight_supported(w))
+    return unsupported(strfmt("[model] %s: tensor '%s' (MXFP4 blocks, %lld columns) has no kernel in the active table",
+                              file_of(*bt).c_str(), bt->name.c_str(), (long long)cols));
+  std::vector<kernels::WeightView> out;
+  for (int64_t e = 0; e < E; ++e) out.push_back(row_part(w, e * rows, rows));
+  dtypes_.insert(dtype_name(w.dtype));
+  n_params_ += E * rows * cols;
+  return out;
+}
+
 Result<std::vector<float>> WeightBinder::small_f32(const std::string& hf_name, std::vector<int64_t> shape,
                                                    const char* why) {
   LARDER_ASSIGN_OR_RETURN(const formats::TensorInfo* t, find(hf_name));

@@ -14,7 +14,8 @@
 // The microscaling modes (`mode` "mxfp4" / "nvfp4" / "mxfp8" in the block or a module's entry;
 // kernels/microscaling.h) store `P.weight` as U32 codes and `P.scales` U8 [rows, cols/group], no
 // biases: the view's dtype is then kMlxMXFP4 / kMlxNVFP4 / kMlxMXFP8 with the scales beside it.
-// GGUF MXFP4 tensors (gpt-oss's experts) bind like any GGUF block type: dtype kMXFP4.
+// GGUF MXFP4 tensors (gpt-oss's experts) bind like any GGUF block type: dtype kMXFP4; OpenAI's
+// `*_blocks`/`*_scales` experts as kMlxMXFP4 (mxfp4_block_experts).
 #pragma once
 
 #include <cstdint>
@@ -78,6 +79,16 @@ class WeightBinder {
     int part = 0, parts = 1;
   };
   Result<std::vector<kernels::WeightView>> experts(const ExpertsSpec& spec, const char* why);
+  // OpenAI's MXFP4 experts (gpt-oss on Hugging Face; config `quantization_config.quant_method`
+  // "mxfp4"): `<module>_blocks` U8 [E, rows, cols/32, 16] — e2m1 codes two per byte, element 2j in
+  // the low nibble of byte j — and `<module>_scales` U8 [E, rows, cols/32], e8m0 with bias 127. These
+  // are the bytes of MLX's mode "mxfp4" (mlx-lm's sanitize only views the blocks as uint32 and
+  // flattens the last two axes), so each expert binds in place as a kMlxMXFP4 view of all `rows`
+  // (`module` is e.g. "model.layers.3.mlp.experts.gate_up_proj"; spec.part/parts unused). Any row
+  // order the file has is the caller's to undo (gpt-oss interleaves gate and up rows: moe_block's
+  // MoeWeights::gate_up).
+  Result<std::vector<kernels::WeightView>> mxfp4_block_experts(const std::string& module, int n_experts,
+                                                               int64_t rows, int64_t cols, const char* why);
   // A [len] vector in F32/F16/BF16, converted to f32.
   Result<std::vector<float>> vector(const std::string& hf_name, int64_t len, const char* why);
   // A small tensor of logical shape `shape` in F32/F16/BF16, converted to f32 (row-major). The

@@ -326,6 +326,8 @@ Result<std::map<std::string, DType>> allocate_gguf_types(const AllocInput& in, c
     const float* qw = it == in.importance.end() ? nullptr : it->second.data();
     return fake_quant_gguf(gguf_width_type(b, t.dim(1)), t, qw, out);
   };
+  // Widths that write the same type (2–4 → IQ4_NL on rows 256 does not divide) are measured once.
+  so.quantizer_id = [](const formats::TensorInfo& t, int b) { return static_cast<int64_t>(gguf_width_type(b, t.dim(1))); };
   SensitivityResult sens;
   if (!opts.reuse_sensitivity.empty()) {
     LARDER_ASSIGN_OR_RETURN(ordered_json prev, formats::read_json_file(opts.reuse_sensitivity));

@@ -129,11 +129,13 @@ Result<LoraMergeReport> merge_lora_checkpoint(const std::string& src_dir, const 
         if (!p) continue;
         // W + s·(B·A): B·A in double first, then scaled and added (one f32 rounding at the end).
         const double s = static_cast<double>(u.scale * p->scale);  // the run-time hook's f32 factor
-        std::vector<double> a(p->a, p->a + p->rank * in), d(static_cast<size_t>(in));
+        std::vector<double> a(static_cast<size_t>(p->rank * in)), d(static_cast<size_t>(in));
+        for (int64_t k = 0; k < p->rank; ++k)
+          for (int64_t c = 0; c < in; ++c) a[static_cast<size_t>(k * in + c)] = p->f.a_at(k, c);
         for (int64_t o = 0; o < out; ++o) {
           std::fill(d.begin(), d.end(), 0.0);
           for (int64_t k = 0; k < p->rank; ++k) {
-            const double bk = static_cast<double>(p->b[o * p->rank + k]);
+            const double bk = static_cast<double>(p->f.b_at(o, k));
             const double* ak = a.data() + k * in;
             for (int64_t c = 0; c < in; ++c) d[static_cast<size_t>(c)] += bk * ak[c];
           }

@@ -231,6 +231,7 @@ struct ErrorCapture {
     const formats::TensorInfo* w = nullptr;
     const std::string* name = nullptr;
     std::vector<double> err;  // per candidate
+    const std::vector<size_t>* first = nullptr;  // per candidate: the first one with its quantizer
     double out2 = 0;          // Σ‖x·Wᵀ‖² (for the report)
   };
   std::unordered_map<const uint8_t*, Module*> by_data;
@@ -238,6 +239,7 @@ struct ErrorCapture {
   const SensitivityOptions* opts = nullptr;
   Status st = Status::ok();
   std::vector<float> wf, wq, ye;
+  std::vector<double> ek;  // this call's error per candidate
 };
 ErrorCapture* g_err = nullptr;
 
@@ -267,7 +269,12 @@ void error_matmul(const kernels::WeightView& w, const float* x, int64_t n, float
   d.rows = rows;
   d.cols = cols;
   d.data = reinterpret_cast<const uint8_t*>(c.wq.data());
+  c.ek.assign(c.cands->size(), 0.0);
   for (size_t k = 0; k < c.cands->size(); ++k) {
+    if (const size_t f = (*m.first)[k]; f != k) {  // the same quantizer as an earlier width: the same error
+      m.err[k] += c.ek[f];
+      continue;
+    }
     if (Status st = fake_quant(*c.opts, *m.name, *m.w, (*c.cands)[k], c.wq.data()); !st) {
       c.st = st;
       return;
@@ -276,6 +283,7 @@ void error_matmul(const kernels::WeightView& w, const float* x, int64_t n, float
     c.original.matmul[static_cast<size_t>(DType::kF32)](d, x, n, c.ye.data());
     double e = 0;
     for (float v : c.ye) e += static_cast<double>(v) * v;
+    c.ek[k] = e;
     m.err[k] += e;
   }
 }
@@ -311,9 +319,21 @@ Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& file
       return invalid_argument("[sensitivity] " + m.name + ".weight is missing or not a 2-D float tensor");
     weights.push_back(w);
   }
+  // Per module and candidate: the first candidate whose quantizer is the same (opts.quantizer_id);
+  // such widths are measured once.
+  std::vector<std::vector<size_t>> first(modules.size(), std::vector<size_t>(cands.size()));
+  size_t distinct = 0;
+  for (size_t mi = 0; mi < modules.size(); ++mi) {
+    std::vector<int64_t> ids(cands.size());
+    for (size_t k = 0; k < cands.size(); ++k) {
+      ids[k] = opts.quantizer_id ? opts.quantizer_id(*weights[mi], cands[k]) : static_cast<int64_t>(k);
+      first[mi][k] = static_cast<size_t>(std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids[k]) - ids.begin());
+      if (first[mi][k] == k) ++distinct;
+    }
+  }
   SensitivityResult res;
   // Progress steps: the reference forward, [the capture forward,] then one per probe.
-  const size_t total = (fast ? modules.size() + 1 : modules.size() * cands.size()) + 1;
+  const size_t total = (fast ? modules.size() + 1 : distinct) + 1;
   size_t done = 0;
   if (opts.progress) opts.progress(done, total, "reference logits");
   std::vector<float> logits;
@@ -337,6 +357,7 @@ Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& file
       caps[i].w = weights[i];
       caps[i].name = &modules[i].name;
       caps[i].err.assign(cands.size(), 0.0);
+      caps[i].first = &first[i];
       cap.by_data[weights[i]->data] = &caps[i];
     }
     kernels::KernelTable wrapped = cap.original;
@@ -384,6 +405,10 @@ Result<SensitivityResult> measure_kl_sensitivity(const formats::ModelFiles& file
     for (size_t k = 0; k < cands.size(); ++k) {
       const int b = cands[k];
       if (fast && k != probe_k) continue;
+      if (const size_t f = first[mi][k]; !fast && f != k) {  // the same quantizer as an earlier width
+        out.kl[b] = out.kl[cands[f]];
+        continue;
+      }
       if (opts.progress) opts.progress(done, total, strfmt("%s @ %d bits", m.name.c_str(), b));
       wq.resize(static_cast<size_t>(w->numel()));
       LARDER_RETURN_IF_ERROR(fake_quant(opts, m.name, *w, b, wq.data()));

@@ -88,6 +88,11 @@ struct SensitivityOptions {
   // module `module`. Unset: MLX affine at group_size (fake_quantize_affine). GGUF export sets
   // the block type it would write at that width.
   std::function<Status(const std::string& module, const formats::TensorInfo& w, int bits, float* out)> fake_quant;
+  // Optional: which quantizer fake_quant applies to `w` at width `bits`. Widths with equal ids
+  // quantize identically (GGUF: 2–4 bits are all IQ4_NL on rows 256 does not divide), so their
+  // damage is measured once and copied — the same numbers, fewer quantizations and probes.
+  // Unset: every width its own quantizer.
+  std::function<int64_t(const formats::TensorInfo& w, int bits)> quantizer_id;
   // (probes done, probes total, "module @ b bits").
   std::function<void(size_t, size_t, const std::string&)> progress;
 };

@@ -21,7 +21,11 @@ const char* finish_reason_name(FinishReason r) {
 DecodeStep::DecodeStep(DecodeOptions opts, const tokenizer::Tokenizer* tok)
     : opts_(std::move(opts)), sampler_(opts_.sampling) {
   if (opts_.constraint) matcher_.emplace(opts_.constraint);
-  if (tok) text_.emplace(*tok, opts_.stops);
+  // With special tokens shown (harmony), stop strings match message bodies only: the text after
+  // <|message|> up to the next marker (runtime/harmony.h).
+  if (tok)
+    text_.emplace(*tok, opts_.stops, /*skip_special=*/!opts_.special_text,
+                  opts_.special_text ? tok->token_to_id("<|message|>") : std::nullopt);
 }
 
 int32_t DecodeStep::pick(float* logits, int64_t vocab, const std::vector<int32_t>& history) {

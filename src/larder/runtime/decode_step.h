@@ -49,6 +49,10 @@ struct DecodeOptions {
   int64_t max_new_tokens = 256;    // tokens kept at most
   std::vector<int32_t> eos_ids;    // empty: never stop on EOS (--ignore-eos)
   std::vector<std::string> stops;  // stop strings (matched only when the step has a tokenizer)
+  // Special tokens decode to their text instead of nothing: an output format made of them
+  // (harmony's <|channel|>…<|message|>) is parsed after the stop matcher, which then matches
+  // stop strings in message bodies only (text_stream.h).
+  bool special_text = false;
   // Constrained decoding (grammar.h): masks every pick, advances over every kept token. Null:
   // unconstrained.
   std::shared_ptr<const Constraint> constraint;

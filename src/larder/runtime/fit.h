@@ -15,9 +15,9 @@
 //              rows in the schema's KV dtype (4 bytes per element for f32, 2 for f16, 34/32 q8_0)
 //   scratch    one forward of min(ctx, prefill_rows) tokens: residual/attention/MLP activations
 //              and the logits (models/decoder.cpp, blocks/*.cpp)
-//   runtime    the process itself (binary, libraries, allocator; ~16 MiB measured with a 1 MB
-//              model) plus the tokenizer (~160 bytes per vocabulary entry, measured on 32k-128k
-//              BPE vocabulary)
+//   runtime    the process itself (binary, libraries, threads, allocator; ~20 MiB measured with
+//              a 1 MB model) plus the tokenizer (~100 bytes per vocabulary entry, measured on
+//              32k-128k vocabularies)
 //   kv store   the RAM tier's cap (--prompt-cache), a ceiling reached only over time
 // Available: /proc/meminfo MemAvailable, lowered to the cgroup's memory.max - memory.current
 // when a limit is set; LARDER_MEMORY_LIMIT (bytes, or with K/M/G suffix) overrides both.

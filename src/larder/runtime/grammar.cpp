@@ -101,9 +101,14 @@ struct MatcherImpl {
 Constraint::Constraint(std::unique_ptr<ConstraintImpl> impl) : impl_(std::move(impl)) {}
 Constraint::~Constraint() = default;
 
-GrammarEngine::GrammarEngine(const tokenizer::Tokenizer& tok, int64_t model_vocab, std::vector<int32_t> eos_ids,
+GrammarEngine::GrammarEngine(const tokenizer::Tokenizer& tok, int64_t model_vocab, GrammarTokens tokens,
                              int64_t cache_bytes, GrammarLimits limits)
-    : tok_(tok), vocab_(model_vocab), eos_(std::move(eos_ids)), cache_bytes_(cache_bytes), limits_(limits) {}
+    : tok_(tok),
+      vocab_(model_vocab),
+      eos_(std::move(tokens.eos)),
+      control_(std::move(tokens.control)),
+      cache_bytes_(cache_bytes),
+      limits_(limits) {}
 GrammarEngine::~GrammarEngine() = default;
 
 namespace {
@@ -117,9 +122,14 @@ void GrammarEngine::init() {
     const int64_t n = std::min<int64_t>(vocab_, tok_.vocab_size());
     impl->vocab.resize(static_cast<size_t>(n));
     for (int32_t id = 0; id < n; ++id) {
-      // Special/control tokens (and EOS, which xgrammar handles by id) are "": never text.
-      if (tok_.is_special(id) || std::find(eos_.begin(), eos_.end(), id) != eos_.end()) continue;
-      impl->vocab[static_cast<size_t>(id)] = tok_.token_bytes(id);
+      // Special/control tokens (and EOS, which xgrammar handles by id) are "": never text. A
+      // named control token is kControlMark and its name, which a token element can require by
+      // id (grammar.h).
+      if (std::find(eos_.begin(), eos_.end(), id) != eos_.end()) continue;
+      if (std::find(control_.begin(), control_.end(), id) != control_.end())
+        impl->vocab[static_cast<size_t>(id)] = std::string(kControlMark) + tok_.id_to_token(id);
+      else if (!tok_.is_special(id))
+        impl->vocab[static_cast<size_t>(id)] = tok_.token_bytes(id);
     }
     std::vector<int32_t> stops;
     for (int32_t e : eos_)

@@ -17,7 +17,12 @@
 // BPE pieces decoded, SentencePiece `▁` as a space, byte-fallback `<0xNN>` as its byte), so both
 // tokenizer families meet the grammar as the text they produce. Special/control tokens get "" —
 // xgrammar never allows those — except the EOS ids, which it allows only where the grammar is
-// complete.
+// complete, and the control tokens the engine is told a structural tag may require by id
+// (GrammarTokens::control: harmony's header markers, runtime/tool_grammar.h). Those get
+// kControlMark and their name: bytes no JSON, regex or GBNF character class accepts (0xFF is never
+// UTF-8), so they are never text there — but xgrammar's free-text element (any_text with
+// excludes, triggered_tags) does accept them, so a grammar over a vocabulary with control tokens
+// keeps its free regions token-level (any_tokens, which excludes them by id).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -33,6 +39,9 @@
 #include "larder/tokenizer/tokenizer.h"
 
 namespace larder::runtime {
+
+// What a special token's bytes start with in the vocabulary xgrammar sees (see above).
+inline constexpr std::string_view kControlMark = "\xff";
 
 struct ConstraintSpec {
   enum class Kind {
@@ -72,6 +81,12 @@ struct GrammarLimits {
   int queued = 32;                     // ... of this length (beyond: kResourceExhausted)
 };
 
+// The token ids a grammar treats other than as text.
+struct GrammarTokens {
+  std::vector<int32_t> eos;      // end generation: allowed only where the grammar is complete
+  std::vector<int32_t> control;  // special tokens a structural tag's token element may require
+};
+
 // How a caller waits for its compile.
 struct CompileWait {
   // Polled while waiting; true: stop waiting (the client left, the server drains). The compile
@@ -99,6 +114,9 @@ class GrammarEngine {
   // `model_vocab`: the logits row length (may exceed the tokenizer's vocabulary: padding rows are
   // never allowed). `eos_ids`: the tokens that end generation.
   GrammarEngine(const tokenizer::Tokenizer& tok, int64_t model_vocab, std::vector<int32_t> eos_ids,
+                int64_t cache_bytes = 256ll << 20, GrammarLimits limits = {})
+      : GrammarEngine(tok, model_vocab, GrammarTokens{std::move(eos_ids), {}}, cache_bytes, limits) {}
+  GrammarEngine(const tokenizer::Tokenizer& tok, int64_t model_vocab, GrammarTokens tokens,
                 int64_t cache_bytes = 256ll << 20, GrammarLimits limits = {});
   ~GrammarEngine();
   GrammarEngine(const GrammarEngine&) = delete;
@@ -120,7 +138,7 @@ class GrammarEngine {
   void init();
   const tokenizer::Tokenizer& tok_;
   int64_t vocab_;
-  std::vector<int32_t> eos_;
+  std::vector<int32_t> eos_, control_;
   int64_t cache_bytes_;
   GrammarLimits limits_;
   std::once_flag once_;

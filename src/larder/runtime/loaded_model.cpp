@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "larder/core/log.h"
+#include "larder/runtime/tool_grammar.h"
 
 namespace larder::runtime {
 
@@ -22,6 +23,11 @@ void add_ids(const ordered_json& j, std::vector<int32_t>* out) {
 
 void add_unique(std::vector<int32_t>* v, int32_t id) {
   if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(id);
+}
+
+// OpenAI's harmony format (gpt-oss): its message markers are tokens of the vocabulary.
+bool has_harmony_markers(const tokenizer::Tokenizer& tk) {
+  return tk.token_to_id("<|channel|>") && tk.token_to_id("<|message|>") && tk.token_to_id("<|end|>");
 }
 
 GenerationDefaults make_defaults(const LoadedModel& m) {
@@ -50,6 +56,13 @@ GenerationDefaults make_defaults(const LoadedModel& m) {
   }
   if (m.tokenizer) {
     for (int32_t id : m.tokenizer->eos_ids()) add_unique(&d.eos_ids, id);
+    // Harmony (gpt-oss): a turn ends at <|return|> (the answer) or <|call|> (a tool call). HF
+    // checkpoints list both in generation_config; a GGUF names only one EOS (llama.cpp adds the
+    // other as end-of-generation the same way).
+    if (has_harmony_markers(*m.tokenizer)) {
+      for (const char* t : {"<|return|>", "<|call|>"})
+        if (auto id = m.tokenizer->token_to_id(t)) add_unique(&d.eos_ids, *id);
+    }
   }
   return d;
 }
@@ -144,8 +157,14 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
   }
   lm->defaults = make_defaults(*lm);
   // Constrained decoding: cheap here (the vocabulary is exported on the first constrained request).
-  if (lm->model)
-    lm->grammar = std::make_shared<GrammarEngine>(*lm->tokenizer, lm->model->info().vocab, lm->defaults.eos_ids);
+  // A harmony model's header markers are required by id in its tool-call grammars.
+  if (lm->model) {
+    GrammarTokens gt{lm->defaults.eos_ids, {}};
+    if (auto h = speaks_harmony(*lm) ? harmony_tokens(*lm->tokenizer) : std::nullopt)
+      for (int32_t id : {h->start, h->end, h->channel, h->message, h->constrain})
+        if (id >= 0) gt.control.push_back(id);
+    lm->grammar = std::make_shared<GrammarEngine>(*lm->tokenizer, lm->model->info().vocab, std::move(gt));
+  }
   lm->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return lm;
 }
@@ -153,10 +172,18 @@ Result<std::unique_ptr<LoadedModel>> load_model(const std::string& path, const L
 Result<std::vector<int32_t>> encode_chat(const LoadedModel& m, const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt, std::string* rendered) {
   ordered_json msgs = ordered_json::array();
-  for (const auto& msg : messages) msgs.push_back({{"role", msg.role}, {"content", msg.content}});
+  for (const auto& msg : messages) {
+    msgs.push_back({{"role", msg.role}, {"content", msg.content}});
+    if (!msg.thinking.empty()) msgs.back()["thinking"] = msg.thinking;
+  }
   ChatEncodeOptions o;
   o.add_generation_prompt = add_generation_prompt;
   return encode_chat_json(m, msgs, o, rendered);
+}
+
+bool speaks_harmony(const LoadedModel& m) {
+  return m.tokenizer && m.template_choice.source.find("<|channel|>") != std::string::npos &&
+         has_harmony_markers(*m.tokenizer);
 }
 
 void announce_chat_template(const LoadedModel& m) {

@@ -63,9 +63,16 @@ Status check_prompt(const LoadedModel& m, std::span<const int32_t> prompt);
 // (serve at startup, generate --chat), an info line for a chosen one.
 void announce_chat_template(const LoadedModel& m);
 
+// The template in use speaks OpenAI's harmony format (gpt-oss): it writes <|channel|> headers and
+// the vocabulary has the marker tokens the output is parsed by (runtime/harmony.h). Such a model's
+// chat output is decoded with its special tokens as text (DecodeOptions::special_text) and read
+// with HarmonyParser — by serve's routes and by `larder chat` / `generate --chat` alike.
+bool speaks_harmony(const LoadedModel& m);
+
 struct ChatMessage {
   std::string role;
   std::string content;
+  std::string thinking = {};  // an assistant turn's reasoning (the template's `thinking` field); empty: none
 };
 
 // Renders messages with the model's own template and tokenizes the result the way HF

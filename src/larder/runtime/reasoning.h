@@ -18,6 +18,10 @@ class ReasoningSplitter {
 
   struct Out {
     std::string content, reasoning;
+    void append(const Out& o) {  // o released after this
+      content += o.content;
+      reasoning += o.reasoning;
+    }
   };
   Out push(std::string_view text);
   Out flush();  // end of stream: release what is held (an unfinished tag prefix is plain text)

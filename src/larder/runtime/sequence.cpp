@@ -8,11 +8,17 @@
 namespace larder::runtime {
 
 Sequence Sequence::start(const models::Model& model, std::vector<int32_t> prompt, SequenceOptions opts) {
+  memory::TakeResult t;
+  if (opts.store) t = opts.store->take(prompt, opts.ns);
+  return start(model, std::move(prompt), std::move(opts), std::move(t));
+}
+
+Sequence Sequence::start(const models::Model& model, std::vector<int32_t> prompt, SequenceOptions opts,
+                         memory::TakeResult t) {
   const int64_t ctx = opts.ctx > 0 ? opts.ctx : model.info().max_context;
   std::optional<memory::SequenceState> state;
   memory::CacheReport report;
   if (opts.store) {
-    memory::TakeResult t = opts.store->take(prompt, opts.ns);
     report = t.report;
     if (t.hit) {
       auto st = std::move(*t.hit).into_state(model.state_schema(), ctx);

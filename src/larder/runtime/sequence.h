@@ -45,6 +45,10 @@ class Sequence {
   // The state never covers the whole prompt: the last prompt token is always forwarded, for its
   // logits. Never fails because of the store: an unusable hit is logged and prefilled in full.
   static Sequence start(const models::Model& model, std::vector<int32_t> prompt, SequenceOptions opts);
+  // The same from a take the caller already made on opts.store (the server's engine: begin_take,
+  // then complete_take once its remote lookup is ready, kv_store.h).
+  static Sequence start(const models::Model& model, std::vector<int32_t> prompt, SequenceOptions opts,
+                        memory::TakeResult taken);
   // The same over a state the caller already holds (a prefix of `prompt`, no store). Errors: the
   // state is longer than the prompt, or a fully covered prompt cannot be trimmed back by one.
   static Result<Sequence> adopt(std::vector<int32_t> prompt, memory::SequenceState state, int64_t ctx);

@@ -92,6 +92,9 @@ struct ParsedRequest {
   bool split_reasoning = false;
   bool reasoning_start_inside = false;
   bool thinking_requested = false;  // Anthropic `thinking: enabled`: return a thinking block
+  // The template speaks harmony (gpt-oss, runtime/harmony.h): the output's channels are the
+  // reasoning, the answer and the tool calls (the splitter and the tool-call parser stand aside).
+  bool harmony = false;
   runtime::ToolCallStyle tool_style = runtime::ToolCallStyle::kNone;  // tools offered: parse calls
   ordered_json tools;  // the tools offered (OpenAI shape): parameter types for XML-style calls
   std::string constraint_source;      // what set gen.constraint ("response_format json_schema", ...)

@@ -94,7 +94,6 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
 
   pr.tool_style = tool_style_for(sm, tools);
   pr.tools = tools;
-  constraints::apply_tool_choice(sm, tools, choice, pr, "tool_choice");
   pr.gen.sampling = sampling(sm, b, true);
   // Thinking-aware default temperature: with no explicit temperature and thinking turned off,
   // cap the default at 0.7 (server-api.md §3).
@@ -115,6 +114,7 @@ ParsedRequest parse_chat(const ServedModel& sm, const ordered_json& b) {
   apply_adapters(sm, b, pr.gen);
   check_chat_bytes(sm, out, tools, Surface::kChat);
   encode_with_template(sm, out, tools, extra, pr, continue_final);
+  constraints::apply_tool_choice(sm, tools, choice, pr, "tool_choice");  // knows the rendered prompt
   fit_context(sm, pr, max, Surface::kChat, "messages");
   add_choices(pr, {}, static_cast<int>(integer(b, "n", 1, 64).value_or(1)));
   return pr;

@@ -1,5 +1,6 @@
 #include "larder/server/api_constraints.h"
 
+#include "larder/runtime/tool_grammar.h"
 #include "larder/server/api_fields.h"
 
 namespace larder::server::constraints {
@@ -109,17 +110,27 @@ ToolChoice anthropic_tool_choice(const ordered_json& b, const ordered_json& tool
 void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const ToolChoice& choice, ParsedRequest& pr,
                        const char* param) {
   if (choice.mode == ToolChoice::Mode::kNone || !tools.is_array() || tools.empty()) return;
-  const bool forced = choice.mode != ToolChoice::Mode::kAuto;
-  if (!forced && pr.gen.constraint) return;  // response_format already shapes the whole answer
-  runtime::ToolCallStyle style = pr.tool_style;
-  if (style == runtime::ToolCallStyle::kNone) {
-    if (!forced) return;  // no trigger known for this family: auto stays free text
-    style = runtime::ToolCallStyle::kTagged;
-    pr.tool_style = style;
+  runtime::ToolGrammarSpec spec;
+  spec.forced = choice.mode != ToolChoice::Mode::kAuto;
+  if (!spec.forced && pr.gen.constraint) return;  // response_format already shapes the whole answer
+  spec.parallel = choice.parallel;
+  // encode_with_template ran first: whether the model speaks harmony, and whether the rendered
+  // prompt left a <think> block open, are known.
+  if (pr.harmony) {
+    spec.harmony = runtime::harmony_tokens(*sm.m->tokenizer);
+    if (!spec.harmony) {  // its output is read as channels, so no other call form would be parsed
+      if (!spec.forced) return;
+      bad("this model's vocabulary lacks <|start|>, which a forced harmony tool call needs", param);
+    }
+  } else {
+    spec.style = pr.tool_style;
+    if (spec.style == runtime::ToolCallStyle::kNone) {
+      if (!spec.forced) return;  // no trigger known for this family: auto stays free text
+      spec.style = runtime::ToolCallStyle::kTagged;
+      pr.tool_style = spec.style;
+    }
+    spec.think_open = pr.split_reasoning && pr.reasoning_start_inside;
   }
-  // One tag per function: the call's fixed opening (name included), its arguments constrained to
-  // the function's parameters schema, and the closing.
-  ordered_json tags = ordered_json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const ordered_json& t = tools[i];
     if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
@@ -130,41 +141,12 @@ void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const T
     ordered_json params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"]
                                                                                   : ordered_json{{"type", "object"}};
     check_schema(params, strfmt("tools[%zu] (%s) parameters", i, name.c_str()), param);
-    const std::string quoted = ordered_json(name).dump();
-    std::string begin, end;
-    ordered_json content = {{"type", "json_schema"}, {"json_schema", params}, {"max_whitespace_cnt", 1}};
-    if (style == runtime::ToolCallStyle::kTaggedXml) {
-      // xgrammar's qwen_xml style: the schema's properties as <parameter=NAME>\nvalue\n</parameter>.
-      begin = "<tool_call>\n<function=" + name + ">\n";
-      end = "</function>\n</tool_call>";
-      content = {{"type", "json_schema"}, {"json_schema", params}, {"style", "qwen_xml"}, {"max_whitespace_cnt", 1}};
-    } else if (style == runtime::ToolCallStyle::kTagged) {
-      begin = "<tool_call>\n{\"name\": " + quoted + ", \"arguments\": ";
-      end = "}\n</tool_call>";
-    } else {
-      begin = "{\"name\": " + quoted + ", \"parameters\": ";
-      end = "}";
-    }
-    // At most one whitespace character between JSON tokens: structural tags default to free
-    // whitespace, and a small model then fills its budget with newlines inside the arguments.
-    tags.push_back({{"type", "tag"}, {"begin", begin}, {"content", content}, {"end", end}});
+    spec.functions.push_back({name, std::move(params)});
   }
-  if (tags.empty()) return;
-  ordered_json format;
-  if (forced) {
-    // The whole answer is calls: a bare-JSON family writes one object, a tagged one may write
-    // several (one per line) when parallel calls are allowed.
-    const bool one = !choice.parallel || style == runtime::ToolCallStyle::kBareJson;
-    format = {{"type", "tags_with_separator"}, {"tags", tags}, {"separator", "\n"}, {"at_least_one", true},
-              {"stop_after_first", one}};
-  } else {
-    if (style == runtime::ToolCallStyle::kBareJson) return;  // Llama JSON calls have no trigger
-    format = {{"type", "triggered_tags"}, {"triggers", {"<tool_call>"}}, {"tags", tags}, {"at_least_one", false},
-              {"stop_after_first", !choice.parallel}};
-  }
-  runtime::ConstraintSpec spec{runtime::ConstraintSpec::Kind::kStructuralTag,
-                               ordered_json{{"type", "structural_tag"}, {"format", format}}.dump()};
-  set_constraint(sm, pr, spec, param, forced ? "a forced tool call" : "tool-call arguments");
+  const std::string tag = runtime::tool_call_structural_tag(spec);
+  if (tag.empty()) return;
+  set_constraint(sm, pr, {runtime::ConstraintSpec::Kind::kStructuralTag, tag}, param,
+                 spec.forced ? "a forced tool call" : "tool-call arguments");
 }
 
 std::string apply_response_format(const ServedModel& sm, const ordered_json& b, ParsedRequest& pr) {

@@ -51,12 +51,15 @@ ToolChoice openai_tool_choice(const ordered_json& body, const ordered_json& tool
 // Anthropic `tool_choice` ({type, name, disable_parallel_tool_use}); tools already in OpenAI shape.
 ToolChoice anthropic_tool_choice(const ordered_json& body, const ordered_json& tools);
 
-// The grammar of the tool calls `choice` asks for, in the model family's markup (`style`; a family
-// with no known markup gets the Hermes/Qwen `<tool_call>` form when a call is forced, and
-// pr.tool_style is set so the parser finds it). kRequired/kNamed: the whole answer is calls.
-// kAuto: free text until the family's trigger (`<tool_call>`), then the call is constrained
-// (lazy); none for a family without a trigger. Each tool's `parameters` must pass
-// check_json_schema (400 naming the tool and the keyword).
+// The grammar of the tool calls `choice` asks for, in the model family's markup (pr.tool_style, or
+// harmony's channel messages when pr.harmony; runtime/tool_grammar.h; a family with no known
+// markup gets the Hermes/Qwen `<tool_call>` form when a call is forced, and pr.tool_style is set
+// so the parser finds it). kRequired/kNamed: the whole answer is calls, after the reasoning the
+// prompt opened (`<think>`) or harmony's analysis messages. kAuto: free text until the family's
+// trigger (`<tool_call>`, harmony's `to=functions.NAME` header), then the call is constrained
+// (lazy); none for a family without a trigger. Runs after encode_with_template (it reads what the
+// rendered prompt opened). Each tool's `parameters` must pass check_json_schema (400 naming the
+// tool and the keyword).
 void apply_tool_choice(const ServedModel& sm, const ordered_json& tools, const ToolChoice& choice, ParsedRequest& pr,
                        const char* param);
 

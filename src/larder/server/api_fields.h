@@ -412,6 +412,8 @@ inline std::string text_of_content(const ordered_json& content, const char* wher
 
 inline void encode_with_template(const ServedModel& sm, const ordered_json& msgs, const ordered_json& tools,
                           const ordered_json& extra, ParsedRequest& pr, bool continue_final = false) {
+  pr.harmony = runtime::speaks_harmony(*sm.m);
+  pr.gen.special_text = pr.harmony;
   runtime::ChatEncodeOptions o;
   o.continue_final_message = continue_final;
   o.tools = tools;
@@ -446,6 +448,8 @@ inline runtime::ToolCallStyle tool_style_for(const ServedModel& sm, const ordere
   if (!tools.is_array() || tools.empty()) return runtime::ToolCallStyle::kNone;
   const tokenizer::Tokenizer& tk = *sm.m->tokenizer;
   const std::string& tpl = sm.m->template_choice.source;  // the template in use (--chat-template or the model's)
+  // Harmony writes its calls as channel messages (runtime/harmony.h), whatever else the vocabulary holds.
+  if (runtime::speaks_harmony(*sm.m)) return runtime::ToolCallStyle::kNone;
   // Qwen3-Coder / Qwen3.5 templates teach <function=NAME><parameter=ARG> bodies inside the tags.
   if (tpl.find("<function=") != std::string::npos && tpl.find("<parameter=") != std::string::npos)
     return runtime::ToolCallStyle::kTaggedXml;

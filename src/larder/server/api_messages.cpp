@@ -114,7 +114,6 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b, bool 
   pr.tool_style = tool_style_for(sm, tools);
   pr.tools = tools;
   constraints::apply_native_fields(sm, b, pr);
-  constraints::apply_tool_choice(sm, tools, choice, pr, "tool_choice");
   runtime::SamplingParams sp = sampling(sm, b, false);
   pr.gen.sampling = sp;
   pr.gen.stops = stops(b, "stop_sequences");
@@ -133,6 +132,7 @@ ParsedRequest parse_messages(const ServedModel& sm, const ordered_json& b, bool 
   }
   check_chat_bytes(sm, out, tools, Surface::kMessages);
   encode_with_template(sm, out, tools, extra, pr, prefill);
+  constraints::apply_tool_choice(sm, tools, choice, pr, "tool_choice");  // knows the rendered prompt
   if (!count_only) fit_context(sm, pr, max, Surface::kMessages, "messages");
   return pr;
 }

@@ -179,7 +179,10 @@ ordered_json think_kwargs(const ordered_json& b) {
   ordered_json extra = ordered_json::object();
   if (const ordered_json* t = get(b, "think")) {
     if (t->is_boolean()) extra["enable_thinking"] = t->get<bool>();
-    else if (t->is_string()) extra["enable_thinking"] = !t->get<std::string>().empty();  // "low"/"medium"/"high"
+    else if (t->is_string()) {  // "low"/"medium"/"high": also gpt-oss's reasoning_effort, as Ollama passes it
+      extra["enable_thinking"] = !t->get<std::string>().empty();
+      if (!t->get<std::string>().empty()) extra["reasoning_effort"] = *t;
+    }
     else bad("think must be a boolean or one of \"low\", \"medium\", \"high\"", "think");
   }
   return extra;
@@ -469,8 +472,11 @@ ordered_json ollama_show(const ServedModel& sm, const ordered_json& b) {
   if (d.min_p) params += strfmt("min_p %g\n", *d.min_p);
   if (d.repetition_penalty) params += strfmt("repeat_penalty %g\n", *d.repetition_penalty);
   ordered_json caps = ordered_json::array({"completion"});
-  if (tool_style_for(sm, ordered_json::array({ordered_json::object()})) != runtime::ToolCallStyle::kNone) caps.push_back("tools");
-  if (sm.m->tokenizer->token_to_id("<think>") && sm.m->tokenizer->token_to_id("</think>")) caps.push_back("thinking");
+  const bool harmony = runtime::speaks_harmony(*sm.m);
+  if (harmony || tool_style_for(sm, ordered_json::array({ordered_json::object()})) != runtime::ToolCallStyle::kNone)
+    caps.push_back("tools");
+  if (harmony || (sm.m->tokenizer->token_to_id("<think>") && sm.m->tokenizer->token_to_id("</think>")))
+    caps.push_back("thinking");
   return {{"license", ""},
           {"modelfile", "# served by larder; Modelfiles are not used\nFROM " + sm.m->files.path + "\n"},
           {"parameters", params},

@@ -34,6 +34,7 @@ struct Engine::Seq {
     o.max_new_tokens = r.max_tokens;
     o.eos_ids = m.defaults.eos_ids;
     o.stops = r.stops;
+    o.special_text = r.special_text;
     // Stop strings need no grammar rollback: text held back is only ever released or cut, never
     // re-sampled, so the matcher's state always equals the tokens kept.
     o.constraint = r.constraint;
@@ -59,6 +60,15 @@ struct Engine::Seq {
   Clock::time_point admitted, first_token;
   bool has_first = false;
   uint64_t kv_reserved = 0;          // memory admission: bytes reserved until finish()
+};
+
+// An admitted request whose KV take waits for its remote lookup (kv_store.h begin_take): it
+// holds its slot and its memory reservation; it becomes a Seq once the lookup is ready.
+struct Engine::Pending {
+  GenRequest req;
+  std::shared_ptr<Channel> ch;
+  std::shared_ptr<memory::RemoteLookup> lookup;
+  uint64_t kv_reserved = 0;
 };
 
 namespace {
@@ -216,7 +226,7 @@ void Engine::loop() {
     bool past_deadline = false;
     {
       std::unique_lock<std::mutex> l(mu_);
-      if (seqs_.empty() && queue_.empty() && tasks_.empty()) {
+      if (seqs_.empty() && pending_.empty() && queue_.empty() && tasks_.empty()) {
         if (stop_) break;
         // Idle (kv-store.md §8.1–8.2): open the SSD writer's idle gate; after a debounce of
         // idle time (so the next turn of a conversation, which usually follows at once, never
@@ -250,11 +260,17 @@ void Engine::loop() {
         cv_.wait_for(l, std::max(wait, std::chrono::milliseconds(1)),
                      [&] { return stop_ || !queue_.empty() || !tasks_.empty(); });
         if (queue_.empty() && tasks_.empty()) continue;
+      } else if (seqs_.empty() && tasks_.empty() && !pending_.empty() && !lookup_ready_) {
+        // Nothing to step, only remote lookups in flight: sleep until one is ready (on_ready),
+        // with a short bound so a cancelled request, a newly queued one or a shutdown deadline
+        // is seen soon. (Not woken by stop_ itself: during a drain that would spin.)
+        cv_.wait_for(l, std::chrono::milliseconds(10), [&] { return !tasks_.empty() || lookup_ready_; });
       }
+      lookup_ready_ = false;  // every pending lookup is polled below
       // Only generation work ends an idle period: a /stats or /metrics poll (a task) must not
       // restart the write-behind debounce, or a scraper polling faster than it would keep new
       // entries from ever reaching the SSD / remote tier.
-      if (!queue_.empty() || !seqs_.empty()) idle_ = false;
+      if (!queue_.empty() || !seqs_.empty() || !pending_.empty()) idle_ = false;
       if (store_ && cfg_.min_free_memory > 0) {  // busy: once a second between steps
         l.unlock();
         relieve_memory_pressure();
@@ -266,7 +282,7 @@ void Engine::loop() {
         incoming.swap(queue_);
       } else {
         uint64_t reserving = 0;  // reservations of `incoming`
-        while (!queue_.empty() && seqs_.size() + incoming.size() < static_cast<size_t>(cfg_.parallel)) {
+        while (!queue_.empty() && seqs_.size() + pending_.size() + incoming.size() < static_cast<size_t>(cfg_.parallel)) {
           auto& [req, ch] = queue_.front();
           if (cfg_.kv_budget > 0 && !ch->cancelled()) {
             const uint64_t need = kv_need(req);
@@ -313,10 +329,12 @@ void Engine::loop() {
         finish(*s, Finish::kCancelled, "the server shut down before this request finished");
       }
       seqs_.clear();
+      poll_pending(true);
       active_count_ = 0;
       kv_reserved_ = 0;
       continue;
     }
+    poll_pending(false);
     admit(incoming);
     if (!seqs_.empty()) {
       const auto t = Clock::now();
@@ -337,32 +355,86 @@ void Engine::admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& 
       metrics_.cancelled("client_disconnect");
       continue;
     }
-    const Clock::time_point now = Clock::now();
-    if (store_) store_->set_engine_busy(true);
-    runtime::SequenceOptions so{store_.get(), req.ns, cfg_.ctx, req.message_ends};
-    runtime::Sequence sq = runtime::Sequence::start(*m_.model, req.prompt, std::move(so));
-    auto s = std::make_unique<Seq>(std::move(req), ch, std::move(sq), m_);
+    Pending p{std::move(req), ch, nullptr, 0};
     if (cfg_.kv_budget > 0) {
-      s->kv_reserved = kv_need(s->req);
-      kv_reserved_ += s->kv_reserved;
+      p.kv_reserved = kv_need(p.req);
+      kv_reserved_ += p.kv_reserved;
     }
-    s->logits.resize(static_cast<size_t>(m_.model->info().vocab));
-    s->drafter = runtime::make_drafter(cfg_.spec, s->seq.state(), s->seq.ctx());
-    s->admitted = now;
-    s->out.prompt_tokens = s->seq.prompt_size();
-    s->out.cached_tokens = s->seq.cached_tokens();
-    s->out.cache_tier = s->seq.cache_tier();
-    s->out.cache_reason = label_cache_reason(cfg_.ns_labels, s->seq.cache_reason());
-    s->out.queue_ms = ms_between(s->req.arrived, now);
-    Event e;
-    e.admitted = true;
-    e.outcome = s->out;
-    s->ch->push(std::move(e));
-    seqs_.push_back(std::move(s));
+    memory::TakeResult taken;
+    if (store_) {
+      store_->set_engine_busy(true);
+      // RAM and SSD answer now; a remote lookup runs on the store's lookup thread while the
+      // other sequences keep stepping, and poll_pending starts the sequence once it is ready.
+      memory::TakeStart t = store_->begin_take(p.req.prompt, p.req.ns, [this] {
+        std::lock_guard<std::mutex> l(mu_);
+        lookup_ready_ = true;
+        cv_.notify_one();
+      });
+      if (t.pending) {
+        p.lookup = std::move(t.pending);
+        pending_.push_back(std::move(p));
+        continue;
+      }
+      taken = std::move(t.result);
+    }
+    start_seq(std::move(p), std::move(taken));
   }
   std::lock_guard<std::mutex> l(mu_);
-  active_count_ = seqs_.size();
+  active_count_ = seqs_.size() + pending_.size();
   admitting_ = 0;
+}
+
+void Engine::poll_pending(bool shutdown) {
+  if (pending_.empty()) return;
+  std::vector<Pending> still;
+  for (Pending& p : pending_) {
+    if (shutdown || p.ch->cancelled()) {
+      // The lookup is dropped (one in flight ends within the tier's timeouts on its own thread;
+      // its callback never runs after cancel returns) and the slot and reservation freed now.
+      p.lookup->cancel();
+      kv_reserved_ -= std::min(kv_reserved_.load(), p.kv_reserved);
+      if (shutdown) {
+        Event e;
+        e.done = true;
+        e.outcome.finish = Finish::kCancelled;
+        e.outcome.error = "the server shut down before this request ran";
+        p.ch->push(std::move(e));
+        metrics_.cancelled("shutdown");
+      } else {
+        metrics_.cancelled("client_disconnect");
+      }
+    } else if (p.lookup->ready()) {
+      memory::TakeResult taken = store_->complete_take(*p.lookup);
+      p.lookup.reset();
+      start_seq(std::move(p), std::move(taken));
+    } else {
+      still.push_back(std::move(p));
+    }
+  }
+  pending_ = std::move(still);
+  std::lock_guard<std::mutex> l(mu_);
+  active_count_ = seqs_.size() + pending_.size();
+}
+
+void Engine::start_seq(Pending p, memory::TakeResult taken) {
+  const Clock::time_point now = Clock::now();
+  runtime::SequenceOptions so{store_.get(), p.req.ns, cfg_.ctx, p.req.message_ends};
+  runtime::Sequence sq = runtime::Sequence::start(*m_.model, p.req.prompt, std::move(so), std::move(taken));
+  auto s = std::make_unique<Seq>(std::move(p.req), p.ch, std::move(sq), m_);
+  s->kv_reserved = p.kv_reserved;
+  s->logits.resize(static_cast<size_t>(m_.model->info().vocab));
+  s->drafter = runtime::make_drafter(cfg_.spec, s->seq.state(), s->seq.ctx());
+  s->admitted = now;
+  s->out.prompt_tokens = s->seq.prompt_size();
+  s->out.cached_tokens = s->seq.cached_tokens();
+  s->out.cache_tier = s->seq.cache_tier();
+  s->out.cache_reason = label_cache_reason(cfg_.ns_labels, s->seq.cache_reason());
+  s->out.queue_ms = ms_between(s->req.arrived, now);  // the remote lookup's wait included
+  Event e;
+  e.admitted = true;
+  e.outcome = s->out;
+  s->ch->push(std::move(e));
+  seqs_.push_back(std::move(s));
 }
 
 void Engine::step() {

@@ -3,7 +3,12 @@
 //
 // Each step:
 //   1. admit queued requests while fewer than `parallel` run (cancelled ones are dropped unseen);
-//      an admitted request takes its longest cached prefix from the KV store;
+//      an admitted request takes its longest cached prefix from the KV store. RAM and SSD answer
+//      at once; when the remote tier (Redis) may hold a longer prefix, the request is pending
+//      (it holds its slot) while the store's lookup thread fetches, and becomes a running
+//      sequence on the first step after the lookup is ready — the engine thread never waits on
+//      the network, so the other sequences keep decoding (a client that leaves meanwhile, or a
+//      shutdown past its deadline, drops the pending request at once);
 //   2. build one batch: every decoding sequence contributes its one new token, then prefilling
 //      sequences contribute prompt chunks from what is left of the step's token budget (a
 //      quarter of it while any sequence decodes) — so a long prompt is prefilled in slices
@@ -105,8 +110,13 @@ class Engine {
 
  private:
   struct Seq;
+  struct Pending;
   void loop();
   void admit(std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>>& incoming);
+  // Pending remote lookups: ready ones become running sequences, cancelled ones (or all, on a
+  // shutdown past its deadline) are dropped with their slot and reservation.
+  void poll_pending(bool shutdown);
+  void start_seq(Pending p, memory::TakeResult taken);
   void step();
   void finish(Seq& s, Finish why, std::string error = {});
   // One picked token's effect on its request (first-token timing, held-back tokens, text event);
@@ -140,6 +150,8 @@ class Engine {
   memory::FlushReport flush_report_;
 
   std::vector<std::unique_ptr<Seq>> seqs_;  // engine thread only
+  std::vector<Pending> pending_;            // engine thread only: takes waiting for a remote lookup
+  bool lookup_ready_ = false;               // guarded by mu_: some pending lookup became ready
   bool idle_ = false, snapshotted_ = false;
   std::chrono::steady_clock::time_point idle_since_{}, last_demote_{}, last_pressure_check_{};
   void relieve_memory_pressure();  // engine thread; see EngineConfig::min_free_memory

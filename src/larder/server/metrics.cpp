@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "larder/core/log.h"
+
 namespace larder::server {
 
 namespace {
@@ -18,19 +20,6 @@ std::string num(double v) {
   char b[64];
   std::snprintf(b, sizeof b, "%.9g", v);
   return b;
-}
-
-std::string escape_label(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '\\' || c == '"') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
-  }
-  return o;
 }
 
 }  // namespace
@@ -114,12 +103,12 @@ std::string Metrics::prometheus(size_t queue_depth, size_t active) const {
   std::string o;
   o += "# HELP larder_requests_total HTTP requests by route and status.\n# TYPE larder_requests_total counter\n";
   for (const auto& [k, v] : requests_) {
-    o += "larder_requests_total{route=\"" + escape_label(k.first) + "\",status=\"" + std::to_string(k.second) +
+    o += "larder_requests_total{route=\"" + prometheus_label_escape(k.first) + "\",status=\"" + std::to_string(k.second) +
          "\"} " + std::to_string(v) + "\n";
   }
   o += "# HELP larder_request_duration_seconds Request wall time by route.\n"
        "# TYPE larder_request_duration_seconds histogram\n";
-  for (const auto& [route, h] : duration_) h.render(o, "larder_request_duration_seconds", "route=\"" + escape_label(route) + "\"");
+  for (const auto& [route, h] : duration_) h.render(o, "larder_request_duration_seconds", "route=\"" + prometheus_label_escape(route) + "\"");
   o += "# HELP larder_time_to_first_token_seconds Arrival to first generated token.\n"
        "# TYPE larder_time_to_first_token_seconds histogram\n";
   ttft_.render(o, "larder_time_to_first_token_seconds");
@@ -143,9 +132,9 @@ std::string Metrics::prometheus(size_t queue_depth, size_t active) const {
   o += "# HELP larder_cancelled_total Requests cancelled before finishing, by reason.\n"
        "# TYPE larder_cancelled_total counter\n";
   if (cancelled_.empty()) o += "larder_cancelled_total{reason=\"client_disconnect\"} 0\n";
-  for (const auto& [r, v] : cancelled_) o += "larder_cancelled_total{reason=\"" + escape_label(r) + "\"} " + std::to_string(v) + "\n";
-  o += "# TYPE larder_model_info gauge\nlarder_model_info{model=\"" + escape_label(model_) + "\",quant=\"" +
-       escape_label(quant_) + "\",isa=\"" + escape_label(isa_) + "\"} 1\n";
+  for (const auto& [r, v] : cancelled_) o += "larder_cancelled_total{reason=\"" + prometheus_label_escape(r) + "\"} " + std::to_string(v) + "\n";
+  o += "# TYPE larder_model_info gauge\nlarder_model_info{model=\"" + prometheus_label_escape(model_) + "\",quant=\"" +
+       prometheus_label_escape(quant_) + "\",isa=\"" + prometheus_label_escape(isa_) + "\"} 1\n";
   o += "# TYPE larder_process_resident_bytes gauge\nlarder_process_resident_bytes " +
        std::to_string(process_resident_bytes()) + "\n";
   return o;

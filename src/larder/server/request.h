@@ -35,6 +35,7 @@ struct GenRequest {
   runtime::SamplingParams sampling;
   int64_t max_tokens = 0;         // already clamped to what fits the context
   std::vector<std::string> stops;
+  bool special_text = false;      // special tokens are text (harmony's channel markers; runtime/decode_step.h)
   int top_logprobs = -1;          // -1: no logprobs; else that many alternatives per token
   // Which distribution they describe: the processed one (OpenAI routes, server-api.md), or, for
   // llama-server's /completion n_probs, the model's own logits (before biases, penalties and

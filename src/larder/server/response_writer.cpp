@@ -21,19 +21,28 @@ int64_t utf8_chars(const std::string& s) {  // characters started in s (continua
 ResponseWriter::ResponseWriter(const ServedModel& sm, const ParsedRequest& pr, bool text_pipeline,
                                const char* call_id_prefix)
     : sm_(sm), pr_(pr), call_id_prefix_(call_id_prefix) {
+  if (text_pipeline && pr.harmony) {
+    harmony_.emplace();
+    return;
+  }
   if (text_pipeline && pr.split_reasoning) splitter_.emplace(pr.reasoning_start_inside);
   if (text_pipeline && pr.tool_style != runtime::ToolCallStyle::kNone) tool_parser_.emplace(pr.tool_style, pr.tools);
 }
 
 ResponseWriter::Pieces ResponseWriter::process(const std::string& text, bool final) {
   Pieces o;
+  if (harmony_) {
+    runtime::HarmonyParser::Out h = harmony_->push(text);
+    if (final) h.append(harmony_->flush());
+    o.content = std::move(h.content);
+    if (keeps_reasoning()) o.reasoning = std::move(h.reasoning);
+    o.calls = std::move(h.calls);
+    record_calls(o.calls);
+    return o;
+  }
   if (splitter_) {
     runtime::ReasoningSplitter::Out r = splitter_->push(text);
-    if (final) {
-      auto f = splitter_->flush();
-      r.content += f.content;
-      r.reasoning += f.reasoning;
-    }
+    if (final) r.append(splitter_->flush());
     o.content = std::move(r.content);
     if (keeps_reasoning()) o.reasoning = std::move(r.reasoning);
   } else {
@@ -44,12 +53,16 @@ ResponseWriter::Pieces ResponseWriter::process(const std::string& text, bool fin
     if (final) c += tool_parser_->flush();
     o.content = std::move(c);
     o.calls = tool_parser_->take_calls();
-    for (const auto& call : o.calls) {
-      calls_.push_back(call);
-      call_ids_.push_back(random_id(call_id_prefix_));
-    }
+    record_calls(o.calls);
   }
   return o;
+}
+
+void ResponseWriter::record_calls(const std::vector<runtime::ToolCall>& calls) {
+  for (const auto& call : calls) {
+    calls_.push_back(call);
+    call_ids_.push_back(random_id(call_id_prefix_));
+  }
 }
 
 std::string ResponseWriter::stream_open() {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "larder/runtime/harmony.h"
 #include "larder/server/api.h"
 
 namespace larder::server {
@@ -71,8 +72,10 @@ class ResponseWriter {
 
  private:
   Pieces process(const std::string& text, bool final);
+  void record_calls(const std::vector<runtime::ToolCall>& calls);  // completed calls get their ids
   std::optional<runtime::ReasoningSplitter> splitter_;
   std::optional<runtime::ToolCallParser> tool_parser_;
+  std::optional<runtime::HarmonyParser> harmony_;  // instead of both above (ParsedRequest::harmony)
   const char* call_id_prefix_;
   bool opened_ = false;
 };

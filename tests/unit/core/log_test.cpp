@@ -28,5 +28,11 @@ TEST(LogEscape, ExtraCharacters) {
   EXPECT_EQ(log_escape("a b"), "a b");
 }
 
+// The one escape of the KV store's and the server's /metrics label values.
+TEST(PrometheusLabelEscape, BackslashQuoteNewline) {
+  EXPECT_EQ(prometheus_label_escape("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+  EXPECT_EQ(prometheus_label_escape("lora-1 \t\xc3\xa9"), "lora-1 \t\xc3\xa9");  // nothing else changes
+}
+
 }  // namespace
 }  // namespace larder

@@ -1,7 +1,11 @@
-// Reference rmsnorm, rope, softmax, silu_mul, add against closed forms and hand-derived values.
+// Reference rmsnorm, rope, softmax, silu_mul, gelu_tanh_mul, swiglu_oai, add against closed forms and hand-derived values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iterator>
+#include <limits>
 
 #include "larder/kernels/dispatch.h"
 #include "larder/kernels/ref/ref_ops.h"
@@ -162,6 +166,51 @@ TEST(RefGeluTanhMul, MatchesMlxGeluApprox) {
   ref::gelu_tanh_mul(g, u, o, 5);
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(o[i], gelu[i] * u[i], 1e-6 * std::abs(gelu[i] * u[i]) + 1e-9) << i;
   EXPECT_EQ(ref_table().gelu_tanh_mul, &ref::gelu_tanh_mul);
+}
+
+// gpt-oss's clamped SwiGLU against its definition in double: gate is clamped above only, up on
+// both sides, at the limit itself and past it (to infinity), and a very negative gate (σ → 0).
+TEST(RefSwigluOai, ClosedFormAndClampEdges) {
+  constexpr float kAlpha = 1.702f, kLimit = 7.0f;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float g[] = {0.0f, 1.0f, -2.0f, 10.0f, 7.0f, 3.0f, 3.0f, -50.0f, inf, 1.0f, 6.9999995f};
+  const float u[] = {5.0f, 2.0f, -0.5f, 3.0f, 7.0f, 20.0f, -20.0f, 1.0f, 3.0f, -inf, -7.0f};
+  constexpr int n = sizeof(g) / sizeof(g[0]);
+  float o[n];
+  ref::swiglu_oai(g, u, o, n, kAlpha, kLimit);
+  for (int i = 0; i < n; ++i) {
+    const double gc = std::min<double>(g[i], kLimit), uc = std::clamp<double>(u[i], -kLimit, kLimit);
+    const double want = (uc + 1.0) * gc / (1.0 + std::exp(-static_cast<double>(kAlpha) * gc));
+    EXPECT_NEAR(o[i], want, 1e-6 * std::abs(want) + 1e-37) << i;
+  }
+  EXPECT_EQ(o[0], 0.0f);
+  EXPECT_EQ(o[3], o[8]);  // gate 10 and +inf both clamp to the limit
+  const float g2[2] = {3.0f, 3.0f}, u2[2] = {7.0f, -7.0f};
+  float o2[2];
+  ref::swiglu_oai(g2, u2, o2, 2, kAlpha, kLimit);
+  EXPECT_EQ(o[5], o2[0]);  // up ±20 clamps to ±7
+  EXPECT_EQ(o[6], o2[1]);
+  EXPECT_EQ(ref_table().swiglu_oai, &ref::swiglu_oai);
+}
+
+// ops.h's swiglu_oai (the active table: the tiers have no faster one, so the reference) is the
+// reference bit for bit, over random lengths with values at and across ±limit, in place too
+// (the MoE block writes over gate).
+TEST(SwigluOai, DispatchedMatchesReferenceBitForBit) {
+  std::mt19937_64 rng(7);
+  for (const float limit : {7.0f, 0.5f}) {
+    for (int64_t n : {1, 7, 8, 9, 33, 1000, 4097}) {
+      auto g = randn(static_cast<size_t>(n), rng, 2.0f * limit), u = randn(static_cast<size_t>(n), rng, 2.0f * limit);
+      const float edges[] = {limit, -limit, std::nextafter(limit, 0.0f), std::nextafter(limit, 2 * limit), 0.0f, -100.0f};
+      for (size_t i = 0; i < std::size(edges) && i < g.size(); ++i) g[i] = edges[i], u[u.size() - 1 - i] = edges[i];
+      std::vector<float> want(g.size()), got(g.size()), inplace = g;
+      ref::swiglu_oai(g.data(), u.data(), want.data(), n, 1.702f, limit);
+      swiglu_oai(g.data(), u.data(), got.data(), n, 1.702f, limit);
+      swiglu_oai(inplace.data(), u.data(), inplace.data(), n, 1.702f, limit);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << "limit " << limit << " n " << n;
+      ASSERT_EQ(0, std::memcmp(want.data(), inplace.data(), want.size() * sizeof(float))) << "limit " << limit << " n " << n;
+    }
+  }
 }
 
 TEST(RefAdd, Elementwise) {

@@ -2,13 +2,17 @@
 // shown), chained chunk keys, LKV1 values in memory, bounded failure against dead and silent
 // endpoints, and a round trip through a real redis-server when one is installed.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -305,6 +309,9 @@ TEST(RemoteTier, SilentServerTimesOutWithinTheLimit) {
 
 // ---- a real redis-server ------------------------------------------------------------------
 
+// A redis-server child that cannot outlive the test: it dies with this process
+// (PR_SET_PDEATHSIG) and never holds the test's stdout/stderr (ctest waits for their EOF, so a
+// surviving child would hang the run until ctest's timeout).
 struct RedisServer {
   pid_t pid = -1;
   TempDir dir;
@@ -312,23 +319,45 @@ struct RedisServer {
   bool start() {
     if (::access("/usr/bin/redis-server", X_OK) != 0) return false;
     sock = dir.path + "/redis.sock";
+    // Everything the child needs is built before fork: between fork and exec the child of a
+    // threaded process may only make async-signal-safe calls (no allocation).
+    const std::string log = dir.path + "/log";
+    std::vector<const char*> argv = {"redis-server", "--port", "0", "--unixsocket", sock.c_str(), "--save", "",
+                                     "--appendonly", "no", "--dir", dir.path.c_str(), "--logfile", log.c_str(),
+                                     nullptr};
+    const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) return false;
+    const pid_t parent = ::getpid();
     pid = ::fork();
     if (pid == 0) {
-      ::execl("/usr/bin/redis-server", "redis-server", "--port", "0", "--unixsocket", sock.c_str(), "--save", "",
-              "--appendonly", "no", "--dir", dir.path.c_str(), "--logfile", (dir.path + "/log").c_str(),
-              static_cast<char*>(nullptr));
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+      ::dup2(devnull, 0);
+      ::dup2(devnull, 1);
+      ::dup2(devnull, 2);
+      ::execv("/usr/bin/redis-server", const_cast<char* const*>(argv.data()));
       ::_exit(127);
     }
-    for (int i = 0; i < 200 && ::access(sock.c_str(), F_OK) != 0; ++i)
+    ::close(devnull);
+    if (pid < 0) return false;
+    for (int i = 0; i < 300 && ::access(sock.c_str(), F_OK) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return ::access(sock.c_str(), F_OK) == 0;
   }
-  ~RedisServer() {
+  void stop() {
     if (pid > 0) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
+    pid = -1;
+    if (!sock.empty()) ::unlink(sock.c_str());
   }
+  // A new, empty server on the same socket (what a restart without persistence looks like).
+  bool restart() {
+    stop();
+    return start();
+  }
+  ~RedisServer() { stop(); }
 };
 
 TEST(RemoteTier, RoundTripThroughRealRedisSharesAcrossInstancesNeverAcrossModels) {
@@ -458,9 +487,7 @@ TEST(RemoteTier, StoreFacadeTiersAndExplains) {
     EXPECT_EQ(stats_json(s)["remote"]["url"], url);
   }
   // Redis gone: the lookup fails fast and the miss says so.
-  ::kill(r.pid, SIGKILL);
-  ::waitpid(r.pid, nullptr, 0);
-  r.pid = -1;
+  r.stop();
   auto c = KvStore::open(store_cfg(url)).value();
   TakeResult t = c->take(toks, "base");
   EXPECT_FALSE(t.hit.has_value());
@@ -470,6 +497,125 @@ TEST(RemoteTier, StoreFacadeTiersAndExplains) {
   auto bad = KvStore::open(store_cfg("redis://:s3cret@h:99999"));
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().message().find("s3cret"), std::string::npos);
+}
+
+// A later chunk that fails verification used to turn the whole lookup into a miss; the chunks
+// before it are still a valid prefix of the prompt, so they serve (the bad one is deleted, and
+// the hit names why it is shorter).
+TEST(RemoteTier, ABadLaterChunkLeavesTheLeadingChunksServing) {
+  RedisServer r;
+  if (!r.start()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server; scripts/setup.sh does)";
+  const std::string url = "redis+unix://" + r.sock;
+  const auto toks = seq(11, 70);  // 4 chunks of 16 + 6 tokens
+  auto a = tier_for(url, 500);
+  ASSERT_TRUE(a->store(*entry_of(toks)));
+  const std::vector<std::string> keys = remote_chunk_keys(identity_id(ident()), "base", 16, toks);
+  ASSERT_EQ(keys.size(), 4u);
+  auto overwrite = [&](const std::string& key) {
+    const std::string cmd = "redis-cli -s " + r.sock + " SET " + key + " not-an-lkv-value >/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  };
+  overwrite(keys[2]);
+
+  auto b = tier_for(url, 500);
+  RemoteFetch f = b->fetch(toks, "base", 0);
+  ASSERT_TRUE(f.entry) << f.failure;
+  EXPECT_EQ(f.failure, "remote_corrupt");
+  EXPECT_EQ(f.found.prefix_len, 32);  // chunks 0 and 1
+  EXPECT_EQ(f.found.tier, Tier::kRemote);
+  EXPECT_EQ(f.entry->tokens.size(), 32u);
+  EXPECT_TRUE(prefix_matches(*f.entry->kv, toks, 32));
+  EXPECT_EQ(b->stats().corrupt, 1u);
+  EXPECT_EQ(b->stats().chunks_read, 2u);
+  std::string failure;
+  EXPECT_EQ(b->peek(toks, "base", &failure), 32) << "the bad chunk was deleted";
+  // Not longer than what is local: nothing to serve, the failure still named.
+  ASSERT_TRUE(a->store(*entry_of(toks)));  // rewrites the deleted chunk
+  overwrite(keys[3]);
+  RemoteFetch g = b->fetch(toks, "base", 48);
+  EXPECT_FALSE(g.entry);
+  EXPECT_EQ(g.failure, "remote_corrupt");
+  // A bad first chunk is a miss, as before.
+  ASSERT_TRUE(a->store(*entry_of(toks)));
+  overwrite(keys[0]);
+  RemoteFetch h = b->fetch(toks, "base", 0);
+  EXPECT_FALSE(h.entry);
+  EXPECT_EQ(h.failure, "remote_corrupt");
+
+  // Through the store: a remote hit of the leading chunks, its reason naming the bad one.
+  ASSERT_TRUE(a->store(*entry_of(toks)));
+  overwrite(keys[3]);
+  KvStoreConfig c;
+  c.ram_cap_bytes = 64 << 20;
+  c.remote_url = url;
+  c.remote_timeout_ms = 500;
+  c.remote_chunk_tokens = 16;
+  c.identity = ident();
+  auto s = KvStore::open(c).value();
+  TakeResult t = s->take(toks, "base");
+  ASSERT_TRUE(t.hit.has_value()) << t.report.reason;
+  EXPECT_EQ(t.hit->tier, Tier::kRemote);
+  EXPECT_EQ(t.hit->tokens, 48);
+  EXPECT_EQ(t.report.reason, "remote_corrupt");
+  EXPECT_TRUE(prefix_matches(*t.hit->kv, toks, 48));
+}
+
+// The remote lookup runs on the lookup thread (issue 46): begin_take returns at once while a hung
+// Redis holds the lookup; the result is picked up later; a cancelled lookup never calls back.
+TEST(RemoteTier, BeginTakeNeverWaitsOnTheNetwork) {
+  SilentServer hung;
+  KvStoreConfig c;
+  c.ram_cap_bytes = 64 << 20;
+  c.remote_url = "redis://127.0.0.1:" + std::to_string(hung.port);
+  c.remote_timeout_ms = 400;
+  c.remote_chunk_tokens = 16;
+  c.identity = ident();
+  auto s = KvStore::open(c).value();
+  const auto p = seq(1, 64);
+  std::atomic<int> calls{0};
+  auto t0 = std::chrono::steady_clock::now();
+  TakeStart st = s->begin_take(p, "base", [&] { ++calls; });
+  const double began = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(st.pending) << "a prompt the remote tier could serve waits for its lookup";
+  EXPECT_LT(began, 0.1) << "begin_take must not wait for the network";
+  EXPECT_FALSE(st.pending->ready());
+  // Picked up later: a timeout is a miss that says so.
+  st.pending->wait();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 0.3);
+  EXPECT_LT(took, 2.0);
+  ASSERT_TRUE(st.pending->ready());
+  EXPECT_EQ(calls.load(), 1);
+  TakeResult r = s->complete_take(*st.pending);
+  EXPECT_FALSE(r.hit.has_value());
+  EXPECT_EQ(r.report.reason, "remote_timeout");
+  EXPECT_EQ(s->stats().miss_reasons.at("remote_timeout"), 1u);
+
+  // RAM serves len - 1: no lookup at all, the take is done at once (counted as skipped).
+  ASSERT_TRUE(s->put(p, prefilled(p), "base").is_ok());
+  TakeStart local = s->begin_take(p, "base");
+  EXPECT_FALSE(local.pending);
+  ASSERT_TRUE(local.result.hit.has_value());
+  EXPECT_EQ(local.result.hit->tier, Tier::kRam);
+  EXPECT_GE(s->stats().remote.skipped, 1u);
+
+  // Cancelled (the client left): no callback, ever; the store still closes within the timeout.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // past the reconnect backoff
+  std::atomic<int> late{0};
+  TakeStart gone = s->begin_take(seq(500, 64), "base", [&] { ++late; });
+  ASSERT_TRUE(gone.pending);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // in flight
+  gone.pending->cancel();
+  TakeStart queued = s->begin_take(seq(900, 64), "base", [&] { ++late; });
+  ASSERT_TRUE(queued.pending);
+  queued.pending->cancel();  // never started
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_EQ(late.load(), 0);
+  EXPECT_FALSE(gone.pending->ready());
+  t0 = std::chrono::steady_clock::now();
+  TakeStart last = s->begin_take(seq(1300, 64), "base", [&] { ++late; });
+  s.reset();  // a lookup in flight: the destructor waits for it, bounded by the timeout
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
 
 // A busy engine is the normal state of a replica under load: a put must reach Redis while the
@@ -502,6 +648,78 @@ TEST(RemoteWriteQueue, PublishesWhileTheEngineIsBusy) {
     a->ram().relieve_pressure([&] { return a->ram().stats().entries > 0; });
     EXPECT_EQ(a->stats().remote_queue.written, 1u);
     a->set_engine_busy(false);
+  }
+}
+
+// Redis lost what this replica wrote (here a restart without persistence; maxmemory eviction and
+// FLUSHALL leave the same state): the replica still holds the entry in RAM and refills the shared
+// tier — a put of the same tokens writes the lost chunks again at once, and so does the spill of
+// an entry whose write is older than recheck_after. The first write after the restart meets the
+// connection to the old server (EPIPE, not a SIGPIPE that would end the process). Every wait is
+// bounded; the server dies with the test (RedisServer).
+TEST(RemoteWriteQueue, APutOrSpillAfterRedisLostTheEntryWritesItAgain) {
+  RedisServer r;
+  if (!r.start()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server; scripts/setup.sh does)";
+  const std::string url = "redis+unix://" + r.sock;
+  auto settled = [](KvStore& s, uint64_t n) {  // n entries written or failed, within 20 s
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    auto done = [&] { return s.stats().remote_queue.written + s.stats().remote_queue.failed >= n; };
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  auto found = [&](const std::vector<int32_t>& toks) {
+    auto b = tier_for(url, 500);  // another replica
+    auto f = b->find(toks, "base");
+    return f ? f->prefix_len : 0;
+  };
+  // A put of tokens written before (the default recheck_after: puts never consult it).
+  {
+    auto a = KvStore::open(store_cfg(url)).value();
+    const auto toks = seq(6000, 40);
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());
+    ASSERT_TRUE(settled(*a, 1));
+    ASSERT_EQ(a->stats().remote.chunks_written, 2u);
+    ASSERT_EQ(found(toks), 32);
+    ASSERT_TRUE(r.restart());
+    ASSERT_EQ(found(toks), 0);
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());  // the same tokens (RAM: a duplicate)
+    ASSERT_TRUE(settled(*a, 2)) << "the second put was not offered: skipped " << a->stats().remote_queue.skipped;
+    EXPECT_EQ(a->stats().remote_queue.written, 2u);
+    EXPECT_EQ(a->stats().remote.chunks_written, 4u);
+    EXPECT_EQ(found(toks), 32);
+    // Offered again while Redis holds it: verified with EXISTS, nothing re-sent.
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());
+    ASSERT_TRUE(settled(*a, 3));
+    EXPECT_EQ(a->stats().remote.chunks_written, 4u);
+    EXPECT_EQ(a->stats().remote.chunks_present, 2u);
+  }
+  // A spill: within recheck_after it is skipped (no I/O), past it the write is verified.
+  {
+    KvStoreConfig c = store_cfg(url);
+    c.remote_queue.recheck_after = std::chrono::milliseconds(1500);  // far above a write here
+    auto a = KvStore::open(c).value();
+    const auto toks = seq(8000, 40), other = seq(9000, 40);
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());
+    ASSERT_TRUE(a->put(other, prefilled(other), "base").is_ok());
+    ASSERT_TRUE(settled(*a, 2));
+    ASSERT_EQ(a->demote_idle(std::chrono::seconds(3600)), 0u);
+    ASSERT_EQ(a->demote_idle(std::chrono::steady_clock::duration::zero()), 2u);  // two spills at once
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(a->stats().remote_queue.skipped, 2u) << "spills of entries just written";
+    EXPECT_EQ(a->stats().remote_queue.written, 2u);
+    ASSERT_TRUE(r.restart());
+    ASSERT_TRUE(a->put(toks, prefilled(toks), "base").is_ok());  // a put: written again at once
+    ASSERT_TRUE(settled(*a, 3));
+    ASSERT_TRUE(a->put(other, prefilled(other), "base").is_ok());
+    ASSERT_TRUE(settled(*a, 4));
+    ASSERT_TRUE(r.restart());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1600));  // past recheck_after
+    ASSERT_EQ(a->demote_idle(std::chrono::steady_clock::duration::zero()), 2u);
+    ASSERT_TRUE(settled(*a, 6)) << "spills after recheck_after were skipped: " << a->stats().remote_queue.skipped;
+    EXPECT_EQ(a->stats().remote_queue.failed, 0u);
+    EXPECT_EQ(found(toks), 32);
+    EXPECT_EQ(found(other), 32);
   }
 }
 

@@ -5,16 +5,22 @@
 // RoPE and its attention factor, biased router, clamped-SwiGLU experts with biases. Beyond parity:
 // the layers it declares, decode after prefill and any prefill cut equal to all-at-once (the rings of
 // the sliding layers crossed many times), a batch of sequences equal to each alone, yarn's inv_freq
-// with transformers' truncate=false, GGUF MXFP4 experts; OpenAI's HF MXFP4 layout refused by name.
+// with transformers' truncate=false, GGUF MXFP4 experts, and OpenAI's own HF layout
+// (gpt_oss_openai_mxfp4: `experts.*_blocks`/`_scales` quantized by mx.quantize(mode="mxfp4"), gate/up
+// rows interleaved; the oracle is mlx-lm loading that very directory through its sanitize).
 //
 // Bounds as qwen3_moe_test.cpp: f32 max |diff| ≤ 1e-4 · max|logit|, top-1 identical; the quantized
 // cases on a fast table against mlx-lm on int8-rounded activations ("int8acts") within 3e-2 and the
-// margin rule.
+// margin rule. OpenAI's layout is held to the same pair as the GGUF MXFP4 case: on the reference
+// table its experts are the exact e2m1 · 2^(e−127) values mlx dequantizes, so only f32 summation
+// order differs (1e-4); the fast MLX mxfp4 kernels round the experts' inputs to int8 per 32-block,
+// which the int8acts oracle does too, leaving accumulation order and rounding ties (3e-2).
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "larder/kernels/dispatch.h"
@@ -31,14 +37,8 @@ using test::run_chunks;
 using test::with_table;
 using Ref = test::RefLogits;
 
+const test::FamilyFixture kFixture{"gpt_oss_ref"};
 const std::string& kRoot = test::kModelFixtures;
-
-Ref read_ref(const std::string& dir, const char* set = "f32") { return test::read_ref_logits(dir, "gpt_oss_ref", set); }
-
-std::string model_path(const std::string& dir) {
-  const bool gguf = dir.find("q8_0") != std::string::npos || dir.find("gguf") != std::string::npos;
-  return gguf ? kRoot + dir + "/model.gguf" : kRoot + dir;
-}
 
 TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
   struct Case {
@@ -47,6 +47,7 @@ TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
     int64_t window;
   };
   const Case cases[] = {{"gpt_oss_f32", {true, false, true, false}, 8},
+                        {"gpt_oss_openai_mxfp4", {true, false, true, false}, 8},
                         {"gpt_oss_hf_f32", {true, false, true, false}, 8},
                         {"gpt_oss_mlx4", {true, false, true, false}, 8},
                         {"gpt_oss_q8_0", {true, false, true, false}, 8},
@@ -55,7 +56,7 @@ TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
                         {"gpt_oss_gguf_f16", {true, false, true, false}, 8},
                         {"gpt_oss_layers_f32", {false, true, true, false}, 5}};
   for (const Case& c : cases) {
-    test::LoadedModel l = test::load_model(model_path(c.dir));
+    test::LoadedModel l = test::load_model(kFixture.model_path(c.dir));
     ASSERT_NE(l.model, nullptr) << c.dir;
     const Model& m = *l.model;
     EXPECT_FALSE(m.info().tied_embeddings) << c.dir;
@@ -76,14 +77,14 @@ TEST(GptOss, DeclaresSlidingAndFullLayersWithRoutedExperts) {
 
 TEST(GptOss, TightAgainstMlxLm) {
   for (const char* dir_name : {"gpt_oss_f32", "gpt_oss_hf_f32", "gpt_oss_layers_f32", "gpt_oss_mlx4", "gpt_oss_q8_0",
-                               "gpt_oss_mxfp4_q8_0", "gpt_oss_gguf_f32", "gpt_oss_gguf_f16"}) {
+                               "gpt_oss_mxfp4_q8_0", "gpt_oss_openai_mxfp4", "gpt_oss_gguf_f32", "gpt_oss_gguf_f16"}) {
     const std::string dir = kRoot + dir_name;
     const bool affine = std::string(dir_name).find("mlx4") != std::string::npos;
-    const bool gguf = model_path(dir_name).find(".gguf") != std::string::npos;
+    const bool gguf = kFixture.model_path(dir_name).find(".gguf") != std::string::npos;
     const bool q8 = std::string(dir_name).find("q8_0") != std::string::npos;
-    const Ref f32_ref = read_ref(dir, gguf ? "deq" : "f32");
+    const Ref f32_ref = kFixture.ref(dir, gguf ? "deq" : "f32");
     ASSERT_EQ(f32_ref.tokens.size(), 64u);
-    test::LoadedModel l = test::load_model(model_path(dir_name));
+    test::LoadedModel l = test::load_model(kFixture.model_path(dir_name));
     ASSERT_NE(l.model, nullptr);
     Model& m = *l.model;
     ASSERT_EQ(m.info().vocab, f32_ref.vocab);
@@ -99,12 +100,16 @@ TEST(GptOss, TightAgainstMlxLm) {
     const bool f16 = std::string(dir_name).find("f16") != std::string::npos;
     const bool loose_f16 = f16 && active.matmul[static_cast<int>(DType::kF16)] !=
                                       kernels::ref_table().matmul[static_cast<int>(DType::kF16)];
-    const bool loose = loose_affine || loose_gguf;
-    const Ref int8_ref = loose ? read_ref(dir, "int8acts") : Ref{};
+    // OpenAI's MXFP4 experts run MLX mxfp4 kernels: on a fast table int8 activations per 32-block.
+    const bool openai = std::string(dir_name).find("openai") != std::string::npos;
+    const bool loose_mx = openai && active.matmul[static_cast<int>(DType::kMlxMXFP4)] !=
+                                        kernels::ref_table().matmul[static_cast<int>(DType::kMlxMXFP4)];
+    const bool loose = loose_affine || loose_gguf || loose_mx;
+    const Ref int8_ref = loose ? kFixture.ref(dir, "int8acts") : Ref{};
     const std::vector<test::ParityRun> runs = {
         {"ref", &kernels::ref_table(), 1e-4f, &f32_ref, true},
         {active.name, &active, loose || loose_f16 ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref,
-         !affine && !q8 && !loose_f16}};
+         !affine && !q8 && !loose_f16 && !loose_mx}};
     // Cuts inside and across the sliding window (8): each ring absorbs chunks longer and shorter than
     // its window.
     test::expect_parity_over_chunkings(m, dir_name, runs,
@@ -115,20 +120,15 @@ TEST(GptOss, TightAgainstMlxLm) {
 // Four sequences at different offsets stepped together: rings, sinks and routing are per row.
 TEST(GptOss, BatchedEqualsAloneExactly) {
   for (const char* dir_name : {"gpt_oss_f32", "gpt_oss_layers_f32"}) {
-    const std::string dir = kRoot + dir_name;
-    const Ref ref = read_ref(dir);
-    test::LoadedModel l = test::load_model(dir);
-    ASSERT_NE(l.model, nullptr);
-    test::expect_batched_equals_alone(*l.model, ref.tokens,
-                                      {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}, {6, 7, 7, 8}}},
-                                      dir_name);
+    kFixture.expect_batched_equals_alone(dir_name,
+                                         {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}, {6, 7, 7, 8}}});
   }
 }
 
 // The real gpt-oss rope_scaling (truncate false) gives transformers' inv_freq, not the truncated one
 // mlx-lm and llama.cpp compute.
 TEST(GptOss, YarnInvFreqMatchesTransformersWithoutTruncation) {
-  const Ref ref = read_ref(kRoot + "gpt_oss_f32");
+  const Ref ref = kFixture.ref(kRoot + "gpt_oss_f32");
   const auto& y = ref.meta["yarn_no_truncate"];
   ModelConfig c;
   c.head_dim = c.rope_dim = y["head_dim"].get<int64_t>();
@@ -182,7 +182,7 @@ TEST(GptOss, BadConfigsAndMxfp4AreRefusedByName) {
 // softmax scale, as mlx-lm's YarnRoPE scales q and k.
 TEST(GptOss, YarnOnTheLlamaFamilyMatchesMlxLm) {
   const std::string dir = kRoot + "qwen3_yarn_f32";
-  const Ref ref = read_ref(dir);
+  const Ref ref = kFixture.ref(dir);
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   with_table(kernels::ref_table(), [&] {
@@ -192,22 +192,71 @@ TEST(GptOss, YarnOnTheLlamaFamilyMatchesMlxLm) {
   });
 }
 
-// MXFP4 experts in OpenAI's HF checkpoint layout (interleaved gate/up rows) are refused naming the
-// format; GGUF MXFP4 experts run (gpt_oss_mxfp4_q8_0 in TightAgainstMlxLm).
-TEST(GptOss, HfMxfp4ExpertsAreRefusedNamingTheFormat) {
-  for (const char* path : {"gpt_oss_mxfp4"}) {
-    const std::string p = kRoot + path;
-    auto files = formats::open_model_files(p);
-    Status st = files.is_ok() ? Status::ok() : files.status();
-    if (files.is_ok()) {
-      auto m = Model::load(*files);
-      st = m.is_ok() ? Status::ok() : m.status();
-    }
-    ASSERT_FALSE(st.is_ok()) << path;
-    EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
-    std::string msg = st.message();
-    for (char& ch : msg) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    EXPECT_NE(msg.find("mxfp4"), std::string::npos) << st.to_string();
+// A copy of gpt_oss_openai_mxfp4 whose safetensors header gives `tensor` the shape `shape` (same
+// bytes, so only the binder's shape check can object), and `config` as its config.json.
+std::string openai_copy(const std::string& tag, const std::string& tensor, const std::vector<int64_t>& shape,
+                        const nlohmann::ordered_json& config) {
+  namespace fs = std::filesystem;
+  const std::string src = kRoot + "gpt_oss_openai_mxfp4";
+  const fs::path dst = fs::path(testing::TempDir()) / ("gpt_oss_openai_bad_" + tag);
+  fs::remove_all(dst);
+  fs::create_directories(dst);
+  std::ifstream in(src + "/model.safetensors", std::ios::binary);
+  uint64_t len = 0;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  std::string hs(len, ' ');
+  in.read(hs.data(), static_cast<std::streamsize>(len));
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::ordered_json h = nlohmann::ordered_json::parse(hs);
+  if (!tensor.empty()) h[tensor]["shape"] = shape;
+  hs = h.dump();
+  while (hs.size() % 8) hs += ' ';
+  std::ofstream out(dst / "model.safetensors", std::ios::binary);
+  len = hs.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out.write(hs.data(), static_cast<std::streamsize>(hs.size()));
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  std::ofstream(dst / "config.json") << config.dump(1);
+  return dst.string();
+}
+
+// OpenAI's layout with a broken expert tensor or without its quantization_config: refused naming the
+// tensor (or the config key) and the shape it should have.
+TEST(GptOss, OpenAiMxfp4BadInputIsRefusedNamingTheTensor) {
+  nlohmann::ordered_json config;
+  {
+    std::ifstream f(kRoot + "gpt_oss_openai_mxfp4/config.json");
+    ASSERT_TRUE(f.good());
+    config = nlohmann::ordered_json::parse(f);
+  }
+  nlohmann::ordered_json unquantized = config;
+  unquantized.erase("quantization_config");
+  struct Bad {
+    const char* tag;
+    std::string tensor;
+    std::vector<int64_t> shape;
+    nlohmann::ordered_json config;
+    std::vector<std::string> says;
+  };
+  const std::string gu = "model.layers.1.mlp.experts.gate_up_proj_blocks";
+  const Bad bads[] = {
+      // The 16 bytes of a block flattened away: right bytes, wrong rank.
+      {"rank", gu, {8, 64, 32}, config, {gu, "expected U8 [8, 64, 2, 16]"}},
+      // gate and up as if not fused: half the rows, twice the blocks.
+      {"rows", gu, {8, 32, 4, 16}, config, {gu, "expected U8 [8, 64, 2, 16]"}},
+      {"scales", "model.layers.2.mlp.experts.down_proj_scales", {8, 32, 2}, config,
+       {"model.layers.2.mlp.experts.down_proj_scales", "expected U8 [8, 64, 1]"}},
+      {"noquant", "", {}, unquantized, {"model.layers.0.mlp.experts.gate_up_proj_blocks", "quant_method"}}};
+  for (const Bad& b : bads) {
+    const std::string dir = openai_copy(b.tag, b.tensor, b.shape, b.config);
+    auto files = formats::open_model_files(dir);
+    ASSERT_TRUE(files.is_ok()) << b.tag << ": " << files.status().to_string();
+    auto m = Model::load(*files);
+    ASSERT_FALSE(m.is_ok()) << b.tag;
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << m.status().to_string();
+    for (const std::string& say : b.says)
+      EXPECT_NE(m.status().message().find(say), std::string::npos) << b.tag << ": " << m.status().to_string();
+    std::filesystem::remove_all(dir);
   }
 }
 

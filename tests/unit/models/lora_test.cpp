@@ -5,10 +5,12 @@
 // forward in lora_forward_test.cpp.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "larder/formats/model_files.h"
@@ -89,8 +91,14 @@ void expect_matches_fixture(const LoraAdapter& a, const std::string& dir) {
     EXPECT_EQ(p.scale, static_cast<float>(ex[i][5].get<double>())) << what;
     const size_t na = static_cast<size_t>(p.rank * p.in) * 4, nb = static_cast<size_t>(p.out * p.rank) * 4;
     ASSERT_LE(off + na + nb, ab.size()) << what;
-    EXPECT_EQ(std::memcmp(p.a, ab.data() + off, na), 0) << what << ": A differs";
-    EXPECT_EQ(std::memcmp(p.b, ab.data() + off + na, nb), 0) << what << ": B differs";
+    // The factors' values as f32 against the fixture's f32 bytes ([r, in] then [out, r]).
+    std::vector<float> fa(static_cast<size_t>(p.rank * p.in)), fb(static_cast<size_t>(p.out * p.rank));
+    for (int64_t k = 0; k < p.rank; ++k)
+      for (int64_t j = 0; j < p.in; ++j) fa[static_cast<size_t>(k * p.in + j)] = p.f.a_at(k, j);
+    for (int64_t o = 0; o < p.out; ++o)
+      for (int64_t k = 0; k < p.rank; ++k) fb[static_cast<size_t>(o * p.rank + k)] = p.f.b_at(o, k);
+    EXPECT_EQ(std::memcmp(fa.data(), ab.data() + off, na), 0) << what << ": A differs";
+    EXPECT_EQ(std::memcmp(fb.data(), ab.data() + off + na, nb), 0) << what << ": B differs";
     EXPECT_EQ(a.find(p.layer, p.module), &p) << what;
     off += na + nb;
   }
@@ -117,6 +125,28 @@ TEST(LoraFormats, MlxPeftAndGgufLoadTheFixturesMatrices) {
     EXPECT_EQ(peft->base_model(), "larder-tests/lora-base");
     EXPECT_EQ(gguf->architecture(), "qwen3");
     EXPECT_EQ(mlx->find(0, LoraModule::kDeltaQkv), nullptr);
+  }
+}
+
+// A pair stored F16/BF16 is kept in that dtype, never widened in RAM (what the forward reads: half
+// the bytes); its values — the fixture's, bit for bit — are checked by expect_matches_fixture
+// above. The fixtures: attn_r8 f32, mlp_r4 f16, mixed_r16 bf16.
+TEST(LoraFormats, SixteenBitAdaptersKeepTheirDtype) {
+  for (auto [name, dtype] : {std::pair{"attn_r8", DType::kF32}, std::pair{"mlp_r4", DType::kF16},
+                             std::pair{"mixed_r16", DType::kBF16}}) {
+    for (const char* form : {"/mlx", "/peft", "/lora.gguf"}) {
+      const std::string path = kRoot + name + form;
+      auto a = load_ok(path);
+      ASSERT_TRUE(a);
+      for (const models::LoraProjection& p : a->projections()) {
+        const std::string what = path + " " + models::lora_projection_name(p.layer, p.module);
+        EXPECT_EQ(p.f.dtype, dtype) << what;
+        EXPECT_TRUE(p.f.a && p.f.bp) << what;
+        EXPECT_EQ(p.f.rank, p.rank) << what;
+        EXPECT_EQ(p.f.in, p.in) << what;
+        EXPECT_EQ(p.f.out, p.out) << what;
+      }
+    }
   }
 }
 
@@ -239,6 +269,26 @@ TEST(LoraValidate, RefusedAdaptersSayWhy) {
   EXPECT_NE(load_error(kRoot + "base").find("no adapter_config.json"), std::string::npos);
   EXPECT_NE(load_error(kRoot + "base/model.safetensors").find("pass the adapter's directory"), std::string::npos);
   EXPECT_NE(load_error(kRoot + "nonexistent.gguf").find("no such file"), std::string::npos);
+}
+
+TEST(LoraValidate, GgufArchitectureNamesMatchTheHfFamily) {
+  // A GGUF adapter carries llama.cpp's architecture name; an HF base carries its model_type. The
+  // same family under its two names fits; another family is refused. Qwen3-MoE's rows are in the
+  // same order on both sides (the HF base); gpt-oss's FFN has no dense rows to compare (a GGUF base).
+  using models::WeightOrder;
+  for (const auto& [file, hf, order, other] :
+       {std::tuple{"arch_qwen3moe.gguf", "qwen3_moe", WeightOrder::kHf, "qwen3"},
+        std::tuple{"arch_gpt-oss.gguf", "gpt_oss", WeightOrder::kGguf, "qwen3_moe"}}) {
+    auto a = load_ok(kRoot + "bad/" + file);
+    ASSERT_TRUE(a) << file;
+    BaseProjections b = base();
+    b.architecture = hf;
+    b.order = order;
+    const Status st = a->validate(b, nullptr);
+    EXPECT_TRUE(st.is_ok()) << file << ": " << st.to_string();
+    b.architecture = other;
+    EXPECT_FALSE(a->validate(b, nullptr).is_ok()) << file << " on " << other;
+  }
 }
 
 TEST(LoraValidate, OtherBaseNameIsAWarning) {

@@ -21,6 +21,7 @@
 
 #include "../../support/model_fixture.h"
 #include "larder/core/profile.h"
+#include "larder/core/threadpool.h"
 #include "larder/kernels/dispatch.h"
 #include "larder/models/adapter.h"
 #include "larder/models/model.h"
@@ -44,13 +45,17 @@ kernels::WeightView f32_view(const std::vector<float>& w, int64_t rows, int64_t 
   return v;
 }
 
-// A rank-r delta for a projection [out, in], owning its factors.
+// A rank-r delta for a projection [out, in], owning its factors: a [rank, in] and b [out, rank]
+// as f32 (the tests' oracles read these), packed for the forward in `packed`.
 struct OwnedDelta {
   std::vector<float> a, b;
-  LowRankDelta view(int64_t rank, float scale) const { return {a.data(), b.data(), rank, scale}; }
+  kernels::OwnedLoraFactors packed;
+  LowRankDelta view(int64_t rank, float scale) const { return {packed.view, scale}; }
 };
 OwnedDelta random_delta(int64_t out, int64_t in, int64_t rank, std::mt19937& g) {
-  return {randn(static_cast<size_t>(rank * in), g, 0.3f), randn(static_cast<size_t>(out * rank), g, 0.3f)};
+  OwnedDelta d{randn(static_cast<size_t>(rank * in), g, 0.3f), randn(static_cast<size_t>(out * rank), g, 0.3f), {}};
+  d.packed = kernels::own_lora_factors(DType::kF32, d.a.data(), d.b.data(), rank, in, out);
+  return d;
 }
 
 struct ProjCase {
@@ -73,15 +78,15 @@ void check_against_merged(const ProjCase& s, const std::vector<float>& y, const 
       if (r < run.row0 || r >= run.row0 + run.n) continue;
       const LowRankDelta& d = *run.adapter->find(0);
       const float sc = run.scale * d.scale;
-      max_rank = std::max(max_rank, d.rank);
+      max_rank = std::max(max_rank, d.rank());
       for (int64_t i = 0; i < out; ++i)
         for (int64_t j = 0; j < in; ++j) {
           float acc = 0;
-          for (int64_t k = 0; k < d.rank; ++k) acc += d.b[i * d.rank + k] * d.a[k * in + j];
+          for (int64_t k = 0; k < d.rank(); ++k) acc += d.f.b_at(i, k) * d.f.a_at(k, j);
           merged[static_cast<size_t>(i * in + j)] += sc * acc;
           double t = 0;
-          for (int64_t k = 0; k < d.rank; ++k)
-            t += std::abs(static_cast<double>(d.b[i * d.rank + k]) * d.a[k * in + j] *
+          for (int64_t k = 0; k < d.rank(); ++k)
+            t += std::abs(static_cast<double>(d.f.b_at(i, k)) * d.f.a_at(k, j) *
                           s.x[static_cast<size_t>(r * in + j)]);
           abs_delta[static_cast<size_t>(i)] += std::abs(sc) * t;
         }
@@ -226,6 +231,149 @@ TEST(Projection, GroupEqualsEachAlone) {
     std::vector<float> alone(static_cast<size_t>(n * ps[i]->out()));
     ps[i]->apply(x.data(), n, alone.data(), runs);
     EXPECT_EQ(0, std::memcmp(alone.data(), ys[i], alone.size() * sizeof(float))) << ps[i]->name();
+  }
+}
+
+// The deltas of a group over random shapes (widths and ranks off multiples of 8, decode-sized and
+// prefill-sized calls cut into blocks, adapters overlapping and leaving projections alone): each
+// output within the bound above of the scalar double-accumulation reference, and the same bits
+// whether the pool runs the tasks on 1 thread or 3, and whether a row is computed in the batch or
+// alone (the tasks split rows by adapter and block; a row's arithmetic must not depend on that).
+TEST(Projection, GroupDeltasOverRandomShapesMatchReferenceOnAnyPool) {
+  std::mt19937 g(2024);
+  const int saved_threads = default_pool().n_threads();
+  for (int trial = 0; trial < 12; ++trial) {
+    std::uniform_int_distribution<int64_t> width(1, 150), rank(1, 40), rows(1, 40);
+    const int count = 1 + trial % 3;
+    const int64_t in = width(g), n = trial % 2 ? rows(g) : 1 + trial % 8;
+    std::vector<std::vector<float>> ws(count);
+    std::vector<Projection> projs;
+    for (int i = 0; i < count; ++i) {
+      const int64_t out = width(g);
+      ws[static_cast<size_t>(i)] = randn(static_cast<size_t>(out * in), g, 0.2f);
+      projs.push_back(Projection::over(std::to_string(i).insert(0, "p"), i, f32_view(ws[static_cast<size_t>(i)], out, in)));
+    }
+    const std::vector<float> x = randn(static_cast<size_t>(n * in), g);
+    // Four adapters; adapter j leaves projection j % (count + 1) alone when that index exists.
+    std::vector<std::vector<OwnedDelta>> owned(4);
+    std::vector<Adapter> ads(4);
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < count; ++i) {
+        const int64_t r = rank(g);
+        owned[static_cast<size_t>(j)].push_back(random_delta(projs[static_cast<size_t>(i)].out(), in, r, g));
+        ads[static_cast<size_t>(j)].deltas.push_back(
+            i == j % (count + 1) && count > 1 ? LowRankDelta{} : owned[static_cast<size_t>(j)].back().view(r, 0.5f + j));
+      }
+    // Runs: consecutive row ranges round-robin over the adapters, plus one overlapping run.
+    std::vector<AdapterRun> runs;
+    for (int64_t r0 = 0, j = 0; r0 < n; ++j) {
+      const int64_t len = std::min<int64_t>(n - r0, 1 + (j * 7 + trial) % 19);
+      if (j % 5 != 4) runs.push_back({r0, len, &ads[static_cast<size_t>(j % 4)], 1.0f - 0.25f * static_cast<float>(j % 3)});
+      r0 += len;
+    }
+    runs.push_back({0, (n + 1) / 2, &ads[3], -0.75f});
+    std::vector<const Projection*> ps;
+    for (const Projection& p : projs) ps.push_back(&p);
+    auto run_group = [&](int threads) {
+      default_pool().set_threads(threads);
+      std::vector<std::vector<float>> ys(static_cast<size_t>(count));
+      std::vector<float*> yp;
+      for (int i = 0; i < count; ++i) {
+        ys[static_cast<size_t>(i)].assign(static_cast<size_t>(n * projs[static_cast<size_t>(i)].out()), 0.0f);
+        yp.push_back(ys[static_cast<size_t>(i)].data());
+      }
+      apply_group(ps.data(), yp.data(), count, x.data(), n, runs);
+      return ys;
+    };
+    const auto one = run_group(1), three = run_group(3);
+    default_pool().set_threads(saved_threads);
+    for (int i = 0; i < count; ++i) {
+      const Projection& p = projs[static_cast<size_t>(i)];
+      const std::vector<float>& y = one[static_cast<size_t>(i)];
+      ASSERT_EQ(0, std::memcmp(y.data(), three[static_cast<size_t>(i)].data(), y.size() * sizeof(float)))
+          << "trial " << trial << " " << p.name() << ": 1 thread vs 3";
+      // Against the reference: the base alone plus the reference deltas.
+      std::vector<float> want(y.size());
+      p.apply(x.data(), n, want.data());
+      add_deltas_ref(p, x.data(), n, want.data(), runs);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t o = 0; o < p.out(); ++o) {
+          // Bound: the base dot's and the delta's absolute terms, (in + 2·rank_max + 4 + runs) roundings.
+          double S = 0;
+          for (int64_t c = 0; c < in; ++c)
+            S += std::abs(static_cast<double>(ws[static_cast<size_t>(i)][static_cast<size_t>(o * in + c)]) *
+                          x[static_cast<size_t>(r * in + c)]);
+          for (const AdapterRun& run : runs) {
+            if (r < run.row0 || r >= run.row0 + run.n) continue;
+            const LowRankDelta* d = run.adapter->find(p.id());
+            if (!d) continue;
+            for (int64_t k = 0; k < d->rank(); ++k) {
+              double t = 0;
+              for (int64_t c = 0; c < in; ++c)
+                t += std::abs(static_cast<double>(d->f.a_at(k, c)) * x[static_cast<size_t>(r * in + c)]);
+              S += std::abs(static_cast<double>(run.scale) * d->scale * d->f.b_at(o, k)) * t;
+            }
+          }
+          const size_t at = static_cast<size_t>(r * p.out() + o);
+          const double err = std::abs(static_cast<double>(y[at]) - want[at]);
+          EXPECT_LE(err, (in + 2 * 40 + 4 + static_cast<double>(runs.size())) * std::ldexp(1.0, -24) * S)
+              << "trial " << trial << " " << p.name() << " row " << r << " out " << o;
+        }
+      // Each row alone (its runs moved to row 0) gives the same bits as in the batch.
+      for (int64_t r = 0; r < n; ++r) {
+        std::vector<AdapterRun> alone;
+        for (const AdapterRun& run : runs)
+          if (r >= run.row0 && r < run.row0 + run.n) alone.push_back({0, 1, run.adapter, run.scale});
+        std::vector<float> yr(static_cast<size_t>(p.out()));
+        p.apply(x.data() + r * in, 1, yr.data(), alone);
+        ASSERT_EQ(0, std::memcmp(yr.data(), y.data() + r * p.out(), yr.size() * sizeof(float)))
+            << "trial " << trial << " " << p.name() << " row " << r << " alone";
+      }
+    }
+  }
+}
+
+// A delta stored BF16 or F16 (as its adapter file ships it) is read in that dtype by the fast path
+// and gives the same bits as its f32 widening (widening is exact; the arithmetic is the same), over
+// random shapes (widths and ranks off multiples of 8, decode- and prefill-sized calls); the f32
+// form against the scalar reference is checked above.
+TEST(Projection, SixteenBitDeltasEqualTheirF32Widening) {
+  std::mt19937 g(99);
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    for (int trial = 0; trial < 8; ++trial) {
+      std::uniform_int_distribution<int64_t> width(1, 200), rank(1, 40);
+      const int64_t in = width(g), out = width(g), r = rank(g), n = trial % 2 ? 37 : 1 + trial;
+      const std::vector<float> w = randn(static_cast<size_t>(out * in), g, 0.2f), x = randn(static_cast<size_t>(n * in), g);
+      Projection p = Projection::over("p", 0, f32_view(w, out, in));
+      // Factors rounded to the 16-bit dtype, kept both ways.
+      auto to16 = [&](size_t count, std::vector<uint16_t>& h, std::vector<float>& f) {
+        const std::vector<float> v = randn(count, g, 0.3f);
+        h.resize(count);
+        f.resize(count);
+        for (size_t i = 0; i < count; ++i) {
+          h[i] = half == DType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+          f[i] = half == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+        }
+      };
+      std::vector<uint16_t> a16, b16;
+      std::vector<float> a32, b32;
+      to16(static_cast<size_t>(r * in), a16, a32);
+      to16(static_cast<size_t>(out * r), b16, b32);
+      const kernels::OwnedLoraFactors f32 = kernels::own_lora_factors(DType::kF32, a32.data(), b32.data(), r, in, out);
+      const kernels::OwnedLoraFactors f16 = kernels::own_lora_factors(half, a16.data(), b16.data(), r, in, out);
+      Adapter wide{{LowRankDelta{f32.view, 0.7f}}};
+      Adapter narrow{{LowRankDelta{f16.view, 0.7f}}};
+      const std::vector<AdapterRun> rw = {{0, n, &wide, 1.5f}}, rn = {{0, n, &narrow, 1.5f}};
+      std::vector<float> yw(static_cast<size_t>(n * out)), yn(yw.size());
+      p.apply(x.data(), n, yw.data(), rw);
+      p.apply(x.data(), n, yn.data(), rn);
+      ASSERT_EQ(0, std::memcmp(yw.data(), yn.data(), yw.size() * sizeof(float)))
+          << dtype_name(half) << " trial " << trial << " (" << out << "x" << in << " rank " << r << ", " << n << " rows)";
+      // And not the base alone (the delta was applied).
+      std::vector<float> yb(yw.size());
+      p.apply(x.data(), n, yb.data());
+      EXPECT_NE(0, std::memcmp(yw.data(), yb.data(), yw.size() * sizeof(float)));
+    }
   }
 }
 

@@ -30,18 +30,12 @@ using test::run_chunks;
 using test::with_table;
 using Ref = test::RefLogits;
 
-Ref read_ref(const std::string& dir, const char* set = "f32") { return test::read_ref_logits(dir, "qwen3_5_ref", set); }
-
+const test::FamilyFixture kFixture{"qwen3_5_ref"};
 const std::string& kRoot = test::kModelFixtures;
-
-// The model path of a fixture case (the GGUF case keeps its file inside the directory).
-std::string model_path(const std::string& dir) {
-  return dir.find("q8_0") != std::string::npos ? kRoot + dir + "/model.gguf" : kRoot + dir;
-}
 
 TEST(Qwen35, DeclaresHybridLayersAndTheirState) {
   for (const char* dir : {"qwen3_5_text_f32", "qwen3_5_mm", "qwen3_5_mlx4", "qwen3_5_q8_0"}) {
-    test::LoadedModel l = test::load_model(model_path(dir));
+    test::LoadedModel l = test::load_model(kFixture.model_path(dir));
     ASSERT_NE(l.model, nullptr) << dir;
     const Model& m = *l.model;
     EXPECT_EQ(m.info().tied_embeddings, std::string(dir) == "qwen3_5_mm") << dir;
@@ -78,9 +72,9 @@ TEST(Qwen35, TightAgainstMlxLm) {
     const std::string dir = kRoot + dir_name;
     const bool affine = std::string(dir_name) == "qwen3_5_mlx4";
     const bool gguf = std::string(dir_name) == "qwen3_5_q8_0";
-    const Ref f32_ref = read_ref(dir, gguf ? "deq" : "f32");
+    const Ref f32_ref = kFixture.ref(dir, gguf ? "deq" : "f32");
     ASSERT_EQ(f32_ref.tokens.size(), 64u);
-    test::LoadedModel l = test::load_model(model_path(dir_name));
+    test::LoadedModel l = test::load_model(kFixture.model_path(dir_name));
     ASSERT_NE(l.model, nullptr);
     Model& m = *l.model;
     ASSERT_EQ(m.info().vocab, f32_ref.vocab);
@@ -92,7 +86,7 @@ TEST(Qwen35, TightAgainstMlxLm) {
     const bool loose_gguf = gguf && active.matmul[static_cast<int>(DType::kQ8_0)] !=
                                         kernels::ref_table().matmul[static_cast<int>(DType::kQ8_0)];
     const bool loose = loose_affine || loose_gguf;
-    const Ref int8_ref = loose ? read_ref(dir, "int8acts") : Ref{};
+    const Ref int8_ref = loose ? kFixture.ref(dir, "int8acts") : Ref{};
     struct Run { const char* name; const kernels::KernelTable* table; float rel; const Ref* ref; };
     const Run runs[] = {{"ref", &kernels::ref_table(), 1e-4f, &f32_ref},
                         {active.name, &active, loose ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref}};
@@ -135,17 +129,12 @@ TEST(Qwen35, TightAgainstMlxLm) {
 // together in one forward_batch with different chunk sizes per step: each gives what it gives
 // alone, with the same cuts, bit for bit on the reference table and the active one.
 TEST(Qwen35, BatchedEqualsAlone) {
-  const std::string dir = kRoot + "qwen3_5_text_f32";
-  const Ref ref = read_ref(dir);
-  test::LoadedModel l = test::load_model(dir);
-  ASSERT_NE(l.model, nullptr);
-  Model& m = *l.model;
-  test::expect_batched_equals_alone(m, ref.tokens, {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}}}, "qwen3_5");
+  kFixture.expect_batched_equals_alone("qwen3_5_text_f32", {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {7, 2, 3, 1}}});
 }
 
 TEST(Qwen35, RecurrentStateIsConstantSizeAndUntrimmable) {
   const std::string dir = kRoot + "qwen3_5_text_f32";
-  const Ref ref = read_ref(dir);
+  const Ref ref = kFixture.ref(dir);
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
@@ -187,7 +176,7 @@ TEST(Qwen35, RecurrentStateIsConstantSizeAndUntrimmable) {
 // leaves it before its end: the recurrent state of a shorter prefix is not in the entry.
 TEST(Qwen35, KvStoreServesRecurrentStateOnlyWhole) {
   const std::string dir = kRoot + "qwen3_5_text_f32";
-  const Ref ref = read_ref(dir);
+  const Ref ref = kFixture.ref(dir);
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;

@@ -31,13 +31,8 @@ using test::run_chunks;
 using test::with_table;
 using Ref = test::RefLogits;
 
-Ref read_ref(const std::string& dir, const char* set = "f32") { return test::read_ref_logits(dir, "qwen3_moe_ref", set); }
-
+const test::FamilyFixture kFixture{"qwen3_moe_ref"};
 const std::string& kRoot = test::kModelFixtures;
-
-std::string model_path(const std::string& dir) {
-  return dir.find("q8_0") != std::string::npos ? kRoot + dir + "/model.gguf" : kRoot + dir;
-}
 
 TEST(Qwen3Moe, DeclaresRoutedAndDenseLayers) {
   struct Case {
@@ -51,7 +46,7 @@ TEST(Qwen3Moe, DeclaresRoutedAndDenseLayers) {
                         {"qwen3_moe_step2_f32", {false, true, false, true}, 6, 3, true},
                         {"qwen3_moe_q8_0", {true, true, true, true}, 8, 2, false}};
   for (const Case& c : cases) {
-    test::LoadedModel l = test::load_model(model_path(c.dir));
+    test::LoadedModel l = test::load_model(kFixture.model_path(c.dir));
     ASSERT_NE(l.model, nullptr) << c.dir;
     const Model& m = *l.model;
     const ModelInfo& i = m.info();
@@ -84,30 +79,8 @@ TEST(Qwen3Moe, DeclaresRoutedAndDenseLayers) {
 TEST(Qwen3Moe, TightAgainstMlxLm) {
   for (const char* dir_name : {"qwen3_moe_f32", "qwen3_moe_step2_f32", "qwen3_moe_mlx4", "qwen3_moe_q8_0",
                                "qwen3_5_moe_f32", "qwen3_5_moe_mlx4", "qwen3_5_moe_q8_0"}) {
-    const std::string dir = kRoot + dir_name;
-    const bool affine = std::string(dir_name).find("mlx4") != std::string::npos;
-    const bool gguf = std::string(dir_name).find("q8_0") != std::string::npos;
-    const Ref f32_ref = read_ref(dir, gguf ? "deq" : "f32");
-    ASSERT_EQ(f32_ref.tokens.size(), 64u);
-    test::LoadedModel l = test::load_model(model_path(dir_name));
-    ASSERT_NE(l.model, nullptr);
-    Model& m = *l.model;
-    ASSERT_EQ(m.info().vocab, f32_ref.vocab);
-    const kernels::KernelTable active = kernels::active_table();
-    const bool loose_affine = affine && (active.matmul_affine[4] != kernels::ref_table().matmul_affine[4] ||
-                                         active.matmul_affine[8] != kernels::ref_table().matmul_affine[8]);
-    const bool loose_gguf = gguf && active.matmul[static_cast<int>(DType::kQ8_0)] !=
-                                        kernels::ref_table().matmul[static_cast<int>(DType::kQ8_0)];
-    const bool loose = loose_affine || loose_gguf;
-    const Ref int8_ref = loose ? read_ref(dir, "int8acts") : Ref{};
-    // Exact cuts: every matmul row computed alone — the reference table, and the float formats of
-    // the fast tiers (row-invariant: docs/server-api.md) — so decode after prefill and any prefill
-    // cut give the all-at-once bits.
-    const std::vector<test::ParityRun> runs = {
-        {"ref", &kernels::ref_table(), 1e-4f, &f32_ref, true},
-        {active.name, &active, loose ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref, !affine && !gguf}};
-    test::expect_parity_over_chunkings(m, dir_name, runs,
-                                       {{64}, {1, 2, 3, 58}, {5, 7, 11, 13, 17, 11}, test::decode_after_prefill(40, 64)});
+    kFixture.expect_tight_against_oracle(
+        dir_name, {{64}, {1, 2, 3, 58}, {5, 7, 11, 13, 17, 11}, test::decode_after_prefill(40, 64)});
   }
 }
 
@@ -118,7 +91,7 @@ TEST(Qwen3Moe, TightAgainstMlxLm) {
 // reference table and on the active one (f32 weights: row-invariant kernels).
 TEST(Qwen3Moe, BatchedEqualsAloneExactly) {
   const std::string dir = kRoot + "qwen3_moe_f32";
-  const Ref ref = read_ref(dir);
+  const Ref ref = kFixture.ref(dir);
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;
@@ -140,7 +113,7 @@ TEST(Qwen3Moe, BatchedEqualsAloneExactly) {
 // decoding token 63 after a clean prefill of 0..62 gives the clean model's logits bit for bit — a
 // NaN read by any matmul would reach them.
 TEST(Qwen3Moe, DecodeTouchesOnlyTheSelectedExperts) {
-  const Ref ref = read_ref(kRoot + "qwen3_moe_f32");
+  const Ref ref = kFixture.ref(kRoot + "qwen3_moe_f32");
   test::LoadedModel clean = test::load_model(kRoot + "qwen3_moe_f32");
   test::LoadedModel poisoned = test::load_model(kRoot + "qwen3_moe_poisoned");
   ASSERT_NE(clean.model, nullptr);
@@ -168,7 +141,7 @@ TEST(Qwen3Moe, DecodeTouchesOnlyTheSelectedExperts) {
 // family, every FFN routed experts plus the shared expert.
 TEST(Qwen35Moe, DeclaresHybridLayersWithRoutedAndSharedExperts) {
   for (const char* dir : {"qwen3_5_moe_f32", "qwen3_5_moe_mlx4", "qwen3_5_moe_q8_0"}) {
-    test::LoadedModel l = test::load_model(model_path(dir));
+    test::LoadedModel l = test::load_model(kFixture.model_path(dir));
     ASSERT_NE(l.model, nullptr) << dir;
     const Model& m = *l.model;
     EXPECT_EQ(m.info().n_experts, 8) << dir;
@@ -189,12 +162,7 @@ TEST(Qwen35Moe, DeclaresHybridLayersWithRoutedAndSharedExperts) {
 // Batched == alone for the hybrid MoE too: the recurrent state, the routing and the shared expert
 // are per row.
 TEST(Qwen35Moe, BatchedEqualsAloneExactly) {
-  const std::string dir = kRoot + "qwen3_5_moe_f32";
-  const Ref ref = read_ref(dir);
-  test::LoadedModel l = test::load_model(dir);
-  ASSERT_NE(l.model, nullptr);
-  Model& m = *l.model;
-  test::expect_batched_equals_alone(m, ref.tokens, {{{1, 3, 1, 5}, {4, 1, 2, 1}, {6, 7, 7, 8}}}, "qwen3_5_moe");
+  kFixture.expect_batched_equals_alone("qwen3_5_moe_f32", {{{1, 3, 1, 5}, {4, 1, 2, 1}, {6, 7, 7, 8}}});
 }
 
 TEST(Qwen3Moe, BadConfigsAreRefusedNamingTheKey) {

@@ -31,13 +31,8 @@ using test::run_chunks;
 using test::with_table;
 using Ref = test::RefLogits;
 
-Ref read_ref(const std::string& dir, const char* set = "f32") { return test::read_ref_logits(dir, "qwen3_next_ref", set); }
-
+const test::FamilyFixture kFixture{"qwen3_next_ref"};
 const std::string& kRoot = test::kModelFixtures;
-
-std::string model_path(const std::string& dir) {
-  return dir.find("q8_0") != std::string::npos ? kRoot + dir + "/model.gguf" : kRoot + dir;
-}
 
 TEST(Qwen3Next, DeclaresHybridLayersAndTheirExperts) {
   struct Case {
@@ -53,7 +48,7 @@ TEST(Qwen3Next, DeclaresHybridLayersAndTheirExperts) {
                         {"qwen3_next_ssm_in_q8_0", {true, true, true, true}, 8, 2, false},
                         {"qwen3_next_mtp_q8_0", {true, true, true, true}, 8, 2, false}};
   for (const Case& c : cases) {
-    test::LoadedModel l = test::load_model(model_path(c.dir));
+    test::LoadedModel l = test::load_model(kFixture.model_path(c.dir));
     ASSERT_NE(l.model, nullptr) << c.dir;
     const Model& m = *l.model;
     EXPECT_EQ(m.info().tied_embeddings, c.tied) << c.dir;
@@ -88,30 +83,9 @@ TEST(Qwen3Next, DeclaresHybridLayersAndTheirExperts) {
 
 TEST(Qwen3Next, TightAgainstMlxLm) {
   for (const char* dir_name : {"qwen3_next_f32", "qwen3_next_step2_f32", "qwen3_next_mlx4", "qwen3_next_q8_0"}) {
-    const std::string dir = kRoot + dir_name;
-    const bool affine = std::string(dir_name).find("mlx4") != std::string::npos;
-    const bool gguf = std::string(dir_name).find("q8_0") != std::string::npos;
-    const Ref f32_ref = read_ref(dir, gguf ? "deq" : "f32");
-    ASSERT_EQ(f32_ref.tokens.size(), 64u);
-    test::LoadedModel l = test::load_model(model_path(dir_name));
-    ASSERT_NE(l.model, nullptr);
-    Model& m = *l.model;
-    ASSERT_EQ(m.info().vocab, f32_ref.vocab);
-    const kernels::KernelTable active = kernels::active_table();
-    const bool loose_affine = affine && (active.matmul_affine[4] != kernels::ref_table().matmul_affine[4] ||
-                                         active.matmul_affine[8] != kernels::ref_table().matmul_affine[8]);
-    const bool loose_gguf = gguf && active.matmul[static_cast<int>(DType::kQ8_0)] !=
-                                        kernels::ref_table().matmul[static_cast<int>(DType::kQ8_0)];
-    const bool loose = loose_affine || loose_gguf;
-    const Ref int8_ref = loose ? read_ref(dir, "int8acts") : Ref{};
-    // Exact cuts where every matmul row is computed alone (the reference table; the float formats
-    // of the fast tiers): decode after prefill and any prefill cut give the all-at-once bits.
-    const std::vector<test::ParityRun> runs = {
-        {"ref", &kernels::ref_table(), 1e-4f, &f32_ref, true},
-        {active.name, &active, loose ? 3e-2f : 1e-4f, loose ? &int8_ref : &f32_ref, !affine && !gguf}};
     // Cuts inside the conv window (K − 1 = 3 rows of state), decode after a prefill.
-    test::expect_parity_over_chunkings(m, dir_name, runs,
-                                       {{64}, {1, 2, 3, 58}, {5, 7, 11, 13, 17, 11}, test::decode_after_prefill(40, 64)});
+    kFixture.expect_tight_against_oracle(
+        dir_name, {{64}, {1, 2, 3, 58}, {5, 7, 11, 13, 17, 11}, test::decode_after_prefill(40, 64)});
   }
 }
 
@@ -123,11 +97,11 @@ TEST(Qwen3Next, TightAgainstMlxLm) {
 // - mtp: the current converter's multi-token-prediction block after the trunk (block_count 5,
 //   nextn_predict_layers 1) is skipped, not run and not refused as an unused tensor.
 TEST(Qwen3Next, OtherGgufLayoutsEqualTheSplitOne) {
-  const Ref ref = read_ref(kRoot + "qwen3_next_q8_0", "deq");
-  test::LoadedModel split = test::load_model(model_path("qwen3_next_q8_0"));
+  const Ref ref = kFixture.ref(kRoot + "qwen3_next_q8_0", "deq");
+  test::LoadedModel split = test::load_model(kFixture.model_path("qwen3_next_q8_0"));
   ASSERT_NE(split.model, nullptr);
   for (const char* dir : {"qwen3_next_ssm_in_q8_0", "qwen3_next_mtp_q8_0"}) {
-    test::LoadedModel other = test::load_model(model_path(dir));
+    test::LoadedModel other = test::load_model(kFixture.model_path(dir));
     ASSERT_NE(other.model, nullptr) << dir;
     EXPECT_EQ(other.model->info().n_layers, 4) << dir;
     with_table(kernels::ref_table(), [&] {
@@ -137,19 +111,14 @@ TEST(Qwen3Next, OtherGgufLayoutsEqualTheSplitOne) {
 }
 
 TEST(Qwen3Next, BatchedEqualsAlone) {
-  const std::string dir = kRoot + "qwen3_next_f32";
-  const Ref ref = read_ref(dir);
-  test::LoadedModel l = test::load_model(dir);
-  ASSERT_NE(l.model, nullptr);
-  test::expect_batched_equals_alone(*l.model, ref.tokens, {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {6, 7, 7, 8}}},
-                                    "qwen3_next");
+  kFixture.expect_batched_equals_alone("qwen3_next_f32", {{{1, 3, 1, 5}, {4, 1, 2, 1}, {1, 1, 1, 1}, {6, 7, 7, 8}}});
 }
 
 // A KV-store entry of a 40-token prefix (attention KV + the recurrent conv window and matrix at
 // token 40) continues exactly as the cold computation with the same cut, and like mlx-lm.
 TEST(Qwen3Next, CheckpointContinuesAsCold) {
   const std::string dir = kRoot + "qwen3_next_f32";
-  const Ref ref = read_ref(dir);
+  const Ref ref = kFixture.ref(dir);
   test::LoadedModel l = test::load_model(dir);
   ASSERT_NE(l.model, nullptr);
   Model& m = *l.model;

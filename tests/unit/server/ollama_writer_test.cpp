@@ -103,5 +103,20 @@ TEST(OllamaWriter, ErrorEndsTheStreamWithAnErrorLine) {
   EXPECT_EQ(w2.body(), ordered_json({{"error", "forward failed"}}));
 }
 
+TEST(OllamaWriter, HarmonyThinkingContentAndToolCall) {
+  Fixture f;
+  f.pr.harmony = true;
+  OllamaWriter w(f.sm, f.pr, OllamaKind::kChat);
+  for (const Event& e : events({"<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary",
+                                " to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}"}))
+    w.add(e);
+  const ordered_json b = w.body();
+  EXPECT_EQ(b["message"]["thinking"], "Think.");
+  EXPECT_EQ(b["message"]["content"], "");
+  ASSERT_EQ(b["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(b["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(b["message"]["tool_calls"][0]["function"]["arguments"], ordered_json({{"city", "Oslo"}}));
+}
+
 }  // namespace
 }  // namespace larder::server

@@ -180,5 +180,73 @@ TEST(ResponseWriter, ReasoningSplitChatAndAnthropic) {
   EXPECT_EQ(sb["content"][0]["thinking"], "\nweighing it");
 }
 
+// gpt-oss (harmony): the analysis channel is the reasoning, final the content, a commentary message
+// to=functions.NAME a tool call, on every surface through the one pipeline; markers cut across
+// pieces never reach a delta.
+const std::vector<std::string> kHarmonyPieces = {
+    "<|chan", "nel|>analysis<|mess", "age|>Weather needs a tool.<|e", "nd|><|start|>assist",
+    "ant<|channel|>commentary to=functions.get_weather <|const", "rain|>json<|message|>{\"city\": ",
+    "\"Oslo\"}"};
+const std::vector<std::string> kHarmonyAnswer = {"<|channel|>analysis<|message|>Two plus three.<|end|><|st",
+                                                 "art|>assistant<|channel|>fi", "nal<|message|>It is 5", "."};
+
+TEST(ResponseWriter, HarmonyChatStreamAndBody) {
+  Fixture f;
+  f.pr.harmony = true;
+  auto w = make_response_writer(f.sm, f.pr, Surface::kChat);
+  for (const Event& e : events(kHarmonyPieces)) w->add(e);
+  const ordered_json b = w->body();
+  const ordered_json& msg = b["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], "Weather needs a tool.");
+  EXPECT_TRUE(msg["content"].is_null() || msg["content"] == "") << msg.dump();
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(ordered_json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            (ordered_json{{"city", "Oslo"}}));
+  EXPECT_EQ(b["choices"][0]["finish_reason"], "tool_calls");
+
+  f.pr.stream = true;
+  for (const auto* pieces : {&kHarmonyPieces, &kHarmonyAnswer}) {
+    auto s = make_response_writer(f.sm, f.pr, Surface::kChat);
+    std::string sse, reasoning, content, name;
+    for (const Event& e : events(*pieces)) sse += s->stream_frames(e);
+    for (const auto& [ev, j] : frames(sse)) {
+      if (j == "[DONE]") continue;
+      const ordered_json& d = j["choices"][0]["delta"];
+      if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls") && d["tool_calls"][0].contains("id"))
+        name += d["tool_calls"][0]["function"]["name"].get<std::string>();
+      for (const std::string& t : {reasoning, content}) EXPECT_EQ(t.find("<|"), std::string::npos) << t;
+    }
+    if (pieces == &kHarmonyPieces) {
+      EXPECT_EQ(reasoning, "Weather needs a tool.");
+      EXPECT_EQ(content, "");
+      EXPECT_EQ(name, "get_weather");
+    } else {
+      EXPECT_EQ(reasoning, "Two plus three.");
+      EXPECT_EQ(content, "It is 5.");
+      EXPECT_EQ(name, "");
+    }
+  }
+}
+
+TEST(ResponseWriter, HarmonyAnthropicThinkingAndToolUse) {
+  Fixture f;
+  f.pr.harmony = true;
+  f.pr.response_id = "msg_test";
+  f.pr.thinking_requested = true;
+  auto w = make_response_writer(f.sm, f.pr, Surface::kMessages);
+  for (const Event& e : events(kHarmonyPieces)) w->add(e);
+  const ordered_json b = w->body();
+  ASSERT_EQ(b["content"].size(), 2u) << b.dump();
+  EXPECT_EQ(b["content"][0]["type"], "thinking");
+  EXPECT_EQ(b["content"][0]["thinking"], "Weather needs a tool.");
+  EXPECT_EQ(b["content"][1]["type"], "tool_use");
+  EXPECT_EQ(b["content"][1]["name"], "get_weather");
+  EXPECT_EQ(b["content"][1]["input"], (ordered_json{{"city", "Oslo"}}));
+  EXPECT_EQ(b["stop_reason"], "tool_use");
+}
+
 }  // namespace
 }  // namespace larder::server

@@ -1,4 +1,6 @@
-// elementwise.cpp — reference rmsnorm, rope, softmax, silu·mul, gelu_tanh·mul, add, f32 → f16.
+// elementwise.cpp — reference rmsnorm, rope, softmax, silu·mul, gelu_tanh·mul, swiglu_oai, add,
+// f32 → f16.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -78,6 +80,16 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double g = gate[i];
     out[i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g))) * up[i]);
+  }
+}
+
+// In f32, unlike its neighbours: this is the formula gpt-oss's reference (mlx-lm) evaluates, and
+// the one the model's fixtures were made with.
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
   }
 }
 

@@ -87,6 +87,7 @@ void rope_rotate(float* x, int64_t n, int n_heads, int head_dim, int rot_dim, co
 void softmax(float* x, int64_t n);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
 void add(const float* a, const float* b, float* out, int64_t n);
 void to_f16(const float* x, int64_t n, uint16_t* out);  // f32_to_f16 per element
 // One row of logits (ref/logits.cpp): the definitions the fast tiers are tested against.
@@ -109,6 +110,8 @@ void rmsnorm_gated(const float* x, const float* z, const float* weight, int64_t 
 // Mixture-of-experts routing and the per-pair expert matmul (ref/moe.cpp; contracts in moe.h).
 // route_topk is also the active table's (one pass over E logits per token; no fast tier).
 void route_topk(const float* logits, int64_t n, const RouteParams& p, int32_t* ids, float* weights);
+// kernels::lora_delta in the order lora.h fixes (f32, explicit fma): the fast tiers' bits.
+void lora_delta(const LoraFactors& f, const float* const* xs, int64_t nx, float* t, float* const* us);
 // The oracle of kernels::matmul_experts: one matmul (`mm`, e.g. ref::matmul or the active tier's)
 // per (token, slot) pair, of that pair's expert over its one row.
 void matmul_experts(const ExpertsView& w, const float* x, bool x_per_slot, int64_t n, const int32_t* ids, int k,

@@ -7,52 +7,6 @@ namespace larder::memory {
 namespace {
 constexpr size_t kMaxDirty = 4096;
 
-// The cold tiers below RAM in lookup order: SSD (local, no I/O to find), then remote (a round
-// trip, only when it can beat what RAM and SSD serve). Synchronous stores (pressure relief) go
-// to the SSD tier when there is one.
-class TieredCold final : public ColdTier {
- public:
-  TieredCold(SsdTier* ssd, RemoteTier* remote) : ssd_(ssd), remote_(remote) {}
-  std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns, int64_t longer_than) override {
-    std::optional<ColdFind> s = ssd_->find(prompt, ns, longer_than);
-    const int64_t floor = std::max(longer_than, s ? s->prefix_len : 0);
-    std::optional<ColdFind> r = remote_->find(prompt, ns, floor);
-    if (r && r->prefix_len > floor) return r;
-    return s;
-  }
-  std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override {
-    return found.tier == Tier::kRemote ? remote_->restore(found, reason) : ssd_->restore(found, reason);
-  }
-  bool store(const Entry& e) override { return ssd_->store(e); }
-  ColdProbe probe(std::span<const TokenId> prompt, const std::string& ns) override { return ssd_->probe(prompt, ns); }
-  std::string last_find_failure() const override { return remote_->last_find_failure(); }
-
- private:
-  SsdTier* ssd_;
-  RemoteTier* remote_;
-};
-
-// The remote tier alone, as the RAM tier sees it. Its synchronous store (pressure relief, a
-// spill with no sink) must not do Redis I/O on the engine thread: it succeeds exactly when the
-// write queue has already written the entry (every put is offered to it), so pressure relief
-// drops entries the shared tier holds and keeps the others resident.
-class RemoteCold final : public ColdTier {
- public:
-  RemoteCold(RemoteTier* remote, RemoteWriteQueue* q) : remote_(remote), q_(q) {}
-  std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns, int64_t longer_than) override {
-    return remote_->find(prompt, ns, longer_than);
-  }
-  std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override {
-    return remote_->restore(found, reason);
-  }
-  bool store(const Entry& e) override { return q_->written(e); }
-  std::string last_find_failure() const override { return remote_->last_find_failure(); }
-
- private:
-  RemoteTier* remote_;
-  RemoteWriteQueue* q_;
-};
-
 // Spills (evictions, demotions, oversize puts) to the SSD write-behind queue and to the remote
 // queue, which skips entries it has written already.
 class FanOutSink final : public SpillSink {
@@ -71,6 +25,43 @@ class FanOutSink final : public SpillSink {
 // dead Redis fails fast (backoff), so this only bounds a long queue against a slow Redis.
 constexpr auto kRemoteFlushLimit = std::chrono::seconds(10);
 }  // namespace
+
+// The cold tiers below RAM as the RAM tier sees them when there is a remote tier: the SSD tier
+// (local, index only: no I/O to find) and, only inside complete_take, what the lookup thread
+// already fetched from Redis — a take never does a remote round trip on the engine thread
+// (remote_lookup.h). Synchronous stores (pressure relief, a spill with no sink) go to the SSD
+// tier when there is one; without one they must not do Redis I/O here either: they succeed
+// exactly when the remote write queue has already written the entry (every put is offered to
+// it), so pressure relief drops entries the shared tier holds and keeps the others resident.
+class TieredCold final : public ColdTier {
+ public:
+  TieredCold(SsdTier* ssd, RemoteWriteQueue* q) : ssd_(ssd), q_(q) {}
+  void set_fetched(const RemoteFetch* f) { fetched_ = f; }
+  std::optional<ColdFind> find(std::span<const TokenId> prompt, const std::string& ns, int64_t longer_than) override {
+    std::optional<ColdFind> s = ssd_ ? ssd_->find(prompt, ns, longer_than) : std::nullopt;
+    const int64_t floor = std::max(longer_than, s ? s->prefix_len : 0);
+    if (fetched_ && fetched_->entry && fetched_->found.prefix_len > floor) return fetched_->found;
+    return s;
+  }
+  std::shared_ptr<const Entry> restore(const ColdFind& found, std::string* reason) override {
+    if (found.tier != Tier::kRemote) return ssd_ ? ssd_->restore(found, reason) : nullptr;
+    if (fetched_ && fetched_->entry) return fetched_->entry;
+    if (reason) *reason = "remote_error";
+    return nullptr;
+  }
+  bool store(const Entry& e) override { return ssd_ ? ssd_->store(e) : q_->written(e); }
+  ColdProbe probe(std::span<const TokenId> prompt, const std::string& ns) override {
+    return ssd_ ? ssd_->probe(prompt, ns) : ColdProbe{};
+  }
+  std::string last_find_failure() const override { return fetched_ ? fetched_->failure : std::string(); }
+
+ private:
+  SsdTier* ssd_;
+  RemoteWriteQueue* q_;
+  const RemoteFetch* fetched_ = nullptr;  // set for the duration of one complete_take
+};
+
+KvStore::KvStore(KvStoreConfig cfg) : cfg_(std::move(cfg)) {}
 
 Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
   std::unique_ptr<KvStore> s(new KvStore(std::move(cfg)));
@@ -109,15 +100,16 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
   if (s->remote_) s->remote_queue_ = std::make_unique<RemoteWriteQueue>(s->remote_.get(), c.remote_queue);
   ColdTier* cold = s->ssd_.get();
   SpillSink* sink = s->queue_.get();
-  if (s->ssd_ && s->remote_) {
-    s->chain_ = std::make_unique<TieredCold>(s->ssd_.get(), s->remote_.get());
+  if (s->remote_) {
+    s->lookups_ = std::make_unique<RemoteLookups>(s->remote_.get());
+    s->chain_ = std::make_unique<TieredCold>(s->ssd_.get(), s->remote_queue_.get());
     cold = s->chain_.get();
-    s->fanout_ = std::make_unique<FanOutSink>(s->queue_.get(), s->remote_queue_.get());
-    sink = s->fanout_.get();
-  } else if (s->remote_) {
-    s->chain_ = std::make_unique<RemoteCold>(s->remote_.get(), s->remote_queue_.get());
-    cold = s->chain_.get();
-    sink = s->remote_queue_.get();
+    if (s->ssd_) {
+      s->fanout_ = std::make_unique<FanOutSink>(s->queue_.get(), s->remote_queue_.get());
+      sink = s->fanout_.get();
+    } else {
+      sink = s->remote_queue_.get();
+    }
   }
   s->ram_ = std::make_unique<RamTier>(c.ram_cap_bytes, cold, sink);
   s->ram_->set_signature(c.signature);
@@ -136,6 +128,7 @@ Result<std::unique_ptr<KvStore>> KvStore::open(KvStoreConfig cfg) {
 KvStore::~KvStore() {
   // RAM first (its clear never spills), then the writer thread, then the tiers it writes to.
   ram_.reset();
+  lookups_.reset();  // cancels queued lookups; the one in flight ends within the tier's timeouts
   fanout_.reset();
   queue_.reset();
   remote_queue_.reset();
@@ -210,8 +203,45 @@ void KvStore::unusable_hit(CacheReport* report, const std::string& reason, const
   report->reason = reason;
 }
 
+TakeStart KvStore::begin_take(std::span<const TokenId> prompt, const std::string& ns,
+                              std::function<void()> on_ready) {
+  TakeStart t;
+  if (lookups_) {
+    // What the local tiers serve (no side effects, no I/O): the remote tier is asked only when
+    // it could beat that — a take never reuses the last prompt token, so n - 1 is the most.
+    int64_t local = ram_->peek(prompt, ns);
+    if (ssd_) {
+      std::optional<ColdFind> f = ssd_->find(prompt, ns, local);
+      if (f && f->prefix_len > local) local = f->prefix_len;
+    }
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    if (n >= 2 && n - 1 > local) {
+      t.pending = lookups_->start(prompt, ns, local, std::move(on_ready));
+      return t;
+    }
+    remote_->note_skipped();
+  }
+  t.result = take_now(prompt, ns, nullptr);
+  return t;
+}
+
+TakeResult KvStore::complete_take(const RemoteLookup& lookup) {
+  // RAM and SSD are consulted again: a request that finished meanwhile may have left a longer
+  // prefix than the one fetched (the longest wins; ties go to RAM).
+  return take_now(lookup.prompt(), lookup.ns(), lookup.ready() ? &lookup.result() : nullptr);
+}
+
 TakeResult KvStore::take(std::span<const TokenId> prompt, const std::string& ns) {
+  TakeStart t = begin_take(prompt, ns);
+  if (!t.pending) return std::move(t.result);
+  t.pending->wait();
+  return complete_take(*t.pending);
+}
+
+TakeResult KvStore::take_now(std::span<const TokenId> prompt, const std::string& ns, const RemoteFetch* fetched) {
+  if (chain_) chain_->set_fetched(fetched);
   TakeResult r = ram_->take(prompt, ns);
+  if (chain_) chain_->set_fetched(nullptr);
   count(r, ns);
   LARDER_LOG_DEBUG("[kv-store] take %zu tokens ns=%s: tier=%s reused=%lld best=%lld reason=%s", prompt.size(),
                    ns.c_str(), tier_name(r.report.tier), static_cast<long long>(r.report.reused_tokens),
@@ -445,20 +475,6 @@ std::vector<LabelledNs> labelled_namespaces(const StoreStats& s, const NsLabels&
   out.push_back(std::move(other));
   return out;
 }
-
-// Prometheus label values escape backslash, quote and newline (adapter names come from flags).
-std::string prom_escape(const std::string& v) {
-  std::string o;
-  for (char c : v) {
-    if (c == '\\' || c == '"') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
-  }
-  return o;
-}
 }  // namespace
 
 nlohmann::json stats_json(const StoreStats& s, const NsLabels& labels) {
@@ -545,7 +561,7 @@ std::string stats_prometheus(const StoreStats& s, const NsLabels& labels) {
   line("larder_kv_longest_durable_prefix_tokens", "", static_cast<unsigned long long>(s.longest_durable_prefix_tokens));
   // By namespace (issue 45); the label set is bounded by NsLabels (see kv_store.h).
   for (const LabelledNs& l : labelled_namespaces(s, labels)) {
-    const std::string ns = "namespace=\"" + prom_escape(l.label) + "\"";
+    const std::string ns = "namespace=\"" + prometheus_label_escape(l.label) + "\"";
     line("larder_kv_namespace_entries", ns + ",tier=\"ram\"", l.st.ram_entries);
     line("larder_kv_namespace_entries", ns + ",tier=\"ssd\"", l.st.ssd_entries);
     line("larder_kv_namespace_bytes", ns + ",tier=\"ram\"", l.st.ram_bytes);

@@ -2,6 +2,7 @@
 //
 //   auto store = KvStore::open(cfg);                        // RAM tier (+ SSD, + remote tier)
 //   TakeResult t = store->take(prompt_ids, ns);             // longest usable prefix: RAM, SSD, remote
+//   (the engine: begin_take → on a later step, once ready, complete_take: see below)
 //   SequenceState s = t.hit ? std::move(*t.hit).into_state(layout, ctx)
 //                           : SequenceState(layout, ctx);   // prefill from t.report.reused_tokens
 //   ... prefill, decode ...
@@ -15,11 +16,19 @@
 // relieve_pressure(over_budget). stats() feeds /stats (stats_json) and /metrics
 // (stats_prometheus); every TakeResult carries its CacheReport for x-larder-cache and logs.
 //
+// Remote lookups never run on the engine thread (issue 46): begin_take consults RAM and SSD at
+// once and, when the remote tier could serve a longer prefix, returns a pending RemoteLookup that
+// the lookup thread runs (remote_lookup.h); the engine keeps stepping its other sequences and,
+// once the lookup is ready (its on_ready callback, or polling ready()), calls complete_take,
+// which takes from RAM / SSD again with the fetched entry as a candidate. A client that leaves
+// meanwhile: RemoteLookup::cancel. take() is both steps, blocking (CLI, tests).
+//
 // Threads: one engine thread owns the store and calls every method, stats() included (the
 // server asks the engine for a copy through its queue; system.md §4). The SSD writer thread
 // (inside SpillQueue) runs the startup scan and drains the write-behind queue; the remote writer
-// (inside RemoteWriteQueue) drains the remote tier's queue; all cross-thread state is inside
-// those queues and the tiers (documented there). Nothing here installs signal
+// (inside RemoteWriteQueue) drains the remote tier's queue; the lookup thread (inside
+// RemoteLookups) fetches; all cross-thread state is inside those queues, the lookup jobs and the
+// tiers (documented there). Nothing here installs signal
 // handlers: on SIGTERM the server stops admission, drains, and calls flush() on the engine
 // thread (§8.4); the returned FlushReport lists what could not be written.
 #pragma once
@@ -35,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "larder/memory/store/ram_tier.h"
+#include "larder/memory/store/remote_lookup.h"
 #include "larder/memory/store/remote_queue.h"
 #include "larder/memory/store/remote_tier.h"
 #include "larder/memory/store/spill_queue.h"
@@ -112,6 +122,15 @@ nlohmann::json stats_json(const StoreStats& s, const NsLabels& labels = {});
 // Prometheus text exposition with the names of kv-store.md §13.
 std::string stats_prometheus(const StoreStats& s, const NsLabels& labels = {});
 
+class TieredCold;  // kv_store.cpp
+
+// A take begun by begin_take: done now (`pending` null, `result` is the take), or waiting for
+// its remote lookup (finish it with complete_take once pending->ready(), or cancel it).
+struct TakeStart {
+  TakeResult result;
+  std::shared_ptr<RemoteLookup> pending;
+};
+
 class KvStore {
  public:
   static Result<std::unique_ptr<KvStore>> open(KvStoreConfig cfg);
@@ -119,7 +138,15 @@ class KvStore {
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
+  // Blocking: begin_take, then wait for the remote lookup if one started, then complete_take.
   TakeResult take(std::span<const TokenId> prompt, const std::string& ns);
+  // Engine thread. RAM and SSD answer now; when the remote tier may hold a longer prefix the
+  // result is a pending lookup on the lookup thread, and `on_ready` (may be empty) runs there
+  // once it is ready (it must not block; it is never called after pending->cancel() returns).
+  TakeStart begin_take(std::span<const TokenId> prompt, const std::string& ns, std::function<void()> on_ready = {});
+  // Engine thread, once lookup.ready(): the take, with what the lookup fetched as a candidate
+  // beside RAM and SSD (counted and explained like any take; a failed lookup names its reason).
+  TakeResult complete_take(const RemoteLookup& lookup);
   // The caller could not use what take() returned (the entry's state does not fit the model's
   // schema, or it covers the whole prompt and cannot be trimmed back): the take is re-counted as
   // a miss with `reason`, and `report` becomes that miss (tier none, nothing reused) — a hit that
@@ -173,14 +200,16 @@ class KvStore {
   RemoteTier* remote() { return remote_.get(); }
 
  private:
-  explicit KvStore(KvStoreConfig cfg) : cfg_(std::move(cfg)) {}
+  explicit KvStore(KvStoreConfig cfg);
   void count(const TakeResult& r, const std::string& ns);
+  TakeResult take_now(std::span<const TokenId> prompt, const std::string& ns, const RemoteFetch* fetched);
   NsStats& ns_counters(const std::string& ns);  // under stats_mu_
 
   KvStoreConfig cfg_;
   std::unique_ptr<SsdTier> ssd_;
   std::unique_ptr<RemoteTier> remote_;
-  std::unique_ptr<ColdTier> chain_;  // SSD then remote, or remote alone (its stores never do I/O here)
+  std::unique_ptr<RemoteLookups> lookups_;  // with a remote tier: the lookup thread
+  std::unique_ptr<TieredCold> chain_;  // with a remote tier: SSD (if any) + a fetched remote entry
   std::unique_ptr<SpillQueue> queue_;          // SSD write-behind (with an SSD tier)
   std::unique_ptr<RemoteWriteQueue> remote_queue_;  // with a remote tier
   std::unique_ptr<SpillSink> fanout_;          // spills to both queues when both exist

@@ -146,7 +146,9 @@ TakeResult RamTier::take(std::span<const TokenId> prompt, const std::string& ns)
           Result<Hit> h = serve_entry(*restored, p, found->tier);
           if (h.is_ok()) {
             TakeResult r;
-            r.report = explain(prompt, ns, p, found->tier, restored.get(), "", probe);
+            // A remote hit that is shorter than what was found (a bad later chunk) says why.
+            r.report = explain(prompt, ns, p, found->tier, restored.get(),
+                               found->tier == Tier::kRemote ? cold_->last_find_failure() : "", probe);
             r.hit = std::move(h).value();
             return r;
           }

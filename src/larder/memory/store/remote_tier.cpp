@@ -1,6 +1,7 @@
 #include "larder/memory/store/remote_tier.h"
 
 #include <hiredis/hiredis.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,6 +20,44 @@ namespace {
 constexpr char kRecipe[] = "larder-kv-remote/1";
 constexpr int kBackoffFirstMs = 100, kBackoffMaxMs = 2000;
 constexpr size_t kWriteBatch = 8;  // values per pipelined SET round trip (bounds transient memory)
+
+// hiredis sends with write(2), so a command on a connection whose server has gone (killed,
+// restarted: the normal way a stale connection is found) raises SIGPIPE, whose default action
+// ends the whole process. For the duration of a round trip the calling thread blocks SIGPIPE
+// and discards one that the round trip raised, so the failure is only EPIPE, handled like any
+// error (reconnect). SIGPIPE from write(2) is thread-directed, so other threads are unaffected
+// and the process-wide disposition is left alone.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeGuard() {
+    const int saved_errno = errno;
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{0, 0};
+        while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+        }
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    errno = saved_errno;
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
 
 timeval to_timeval(int ms) {
   timeval tv{};
@@ -215,6 +254,7 @@ std::string RemoteTier::connect_locked(Conn& c) {
 std::string RemoteTier::roundtrip(Conn& c, const std::vector<std::vector<std::string_view>>& cmds,
                                   std::vector<std::shared_ptr<void>>* replies, bool write) {
   std::lock_guard<std::mutex> lock(c.mu);
+  const SigpipeGuard no_sigpipe;  // connect (AUTH, SELECT) and every command below
   std::string failure;
   // A connection idle across a Redis restart is found dead only by using it: then, once, a
   // fresh connection is made and the commands (all idempotent: MGET, EXISTS, SET NX, DEL) are
@@ -273,13 +313,50 @@ std::string RemoteTier::roundtrip(Conn& c, const std::vector<std::vector<std::st
   return failure;
 }
 
+void RemoteTier::Stash::clear() {
+  failure.clear();
+  ns.clear();
+  tokens.clear();
+  keys.clear();
+  values.clear();
+  reply.reset();
+}
+
 std::optional<ColdFind> RemoteTier::find(std::span<const TokenId> prompt, const std::string& ns,
                                          int64_t longer_than) {
-  find_failure_.clear();
-  stash_keys_.clear();
-  stash_values_.clear();
-  stash_reply_.reset();
-  stash_tokens_.clear();
+  return find_into(stash_, prompt, ns, longer_than);
+}
+
+std::shared_ptr<const Entry> RemoteTier::restore(const ColdFind& found, std::string* reason) {
+  return restore_from(stash_, found, reason, nullptr);
+}
+
+RemoteFetch RemoteTier::fetch(std::span<const TokenId> prompt, const std::string& ns, int64_t longer_than) {
+  Stash st;
+  RemoteFetch out;
+  std::optional<ColdFind> f = find_into(st, prompt, ns, longer_than);
+  out.failure = st.failure;  // e.g. the boundary candidates failed while chunks below still serve
+  if (!f) return out;
+  std::string reason;
+  size_t valid = 0;
+  out.entry = restore_from(st, *f, &reason, &valid);
+  if (!out.entry) {
+    out.failure = reason.empty() ? "remote_error" : reason;
+    return out;
+  }
+  out.found = *f;
+  if (!reason.empty()) {
+    // A later chunk was unusable: the leading valid chunks are still a prefix of the prompt.
+    out.found.prefix_len = std::min<int64_t>(f->prefix_len, static_cast<int64_t>(out.entry->tokens.size()));
+    out.failure = reason;
+    if (out.found.prefix_len <= longer_than) out.entry.reset();  // no better than what is local
+  }
+  return out;
+}
+
+std::optional<ColdFind> RemoteTier::find_into(Stash& st, std::span<const TokenId> prompt, const std::string& ns,
+                                              int64_t longer_than) {
+  st.clear();
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t C = cfg_.chunk_tokens;
   const int64_t max_chunks = n / C;
@@ -303,15 +380,15 @@ std::optional<ColdFind> RemoteTier::find(std::span<const TokenId> prompt, const 
   std::vector<std::shared_ptr<void>> replies;
   std::string failure = roundtrip(*read_, cmds, &replies, false);
   if (!failure.empty()) {
-    find_failure_ = failure;
+    st.failure = failure;
     return std::nullopt;
   }
   redisReply* r = as_reply(replies[0]);
   size_t k = 0;
   if (max_chunks > 0) {
     if (r->type != REDIS_REPLY_ARRAY) {
-      find_failure_ = "remote_error";
-      count_failure(find_failure_);
+      st.failure = "remote_error";
+      count_failure(st.failure);
       return std::nullopt;
     }
     while (k < r->elements && k < static_cast<size_t>(max_chunks) && r->element[k]->type == REDIS_REPLY_STRING) ++k;
@@ -349,11 +426,11 @@ std::optional<ColdFind> RemoteTier::find(std::span<const TokenId> prompt, const 
           std::lock_guard<std::mutex> lock(stats_mu_);
           ++st_.lookups;
         }
-        stash_reply_ = breplies[0];
-        stash_keys_.push_back(bkeys[c]);
-        stash_values_.emplace_back(br->element[c]->str, br->element[c]->len);
-        stash_ns_ = ns;
-        stash_tokens_.assign(prompt.begin(), prompt.begin() + cands[c]);
+        st.reply = breplies[0];
+        st.keys.push_back(bkeys[c]);
+        st.values.emplace_back(br->element[c]->str, br->element[c]->len);
+        st.ns = ns;
+        st.tokens.assign(prompt.begin(), prompt.begin() + cands[c]);
         ColdFind f;
         f.prefix_len = cands[c];
         f.handle = "remote-boundary";
@@ -361,7 +438,7 @@ std::optional<ColdFind> RemoteTier::find(std::span<const TokenId> prompt, const 
         return f;
       }
     } else if (!failure.empty()) {
-      find_failure_ = failure;  // the chunks below may still serve
+      st.failure = failure;  // the chunks below may still serve
     }
   }
   {
@@ -370,13 +447,13 @@ std::optional<ColdFind> RemoteTier::find(std::span<const TokenId> prompt, const 
     if (k == 0) ++st_.misses;
   }
   if (k == 0 || chunk_p <= longer_than) return std::nullopt;
-  stash_reply_ = replies[0];
+  st.reply = replies[0];
   for (size_t j = 0; j < k; ++j) {
-    stash_keys_.push_back(keys[j]);
-    stash_values_.emplace_back(r->element[j]->str, r->element[j]->len);
+    st.keys.push_back(keys[j]);
+    st.values.emplace_back(r->element[j]->str, r->element[j]->len);
   }
-  stash_ns_ = ns;
-  stash_tokens_.assign(prompt.begin(), prompt.begin() + static_cast<int64_t>(k) * C);
+  st.ns = ns;
+  st.tokens.assign(prompt.begin(), prompt.begin() + static_cast<int64_t>(k) * C);
   ColdFind f;
   f.prefix_len = chunk_p;
   f.handle = "remote:" + std::to_string(k);
@@ -441,40 +518,47 @@ int64_t RemoteTier::peek(std::span<const TokenId> prompt, const std::string& ns,
   return chunk_p;
 }
 
-std::shared_ptr<const Entry> RemoteTier::restore(const ColdFind& found, std::string* reason) {
-  const size_t k = stash_values_.size();
+std::shared_ptr<const Entry> RemoteTier::restore_from(Stash& st, const ColdFind& found, std::string* reason,
+                                                      size_t* partial) {
+  const size_t k = st.values.size();
   const int64_t C = cfg_.chunk_tokens;
-  auto fail = [&](const std::string& why, size_t j, const std::string& detail) -> std::shared_ptr<const Entry> {
+  // Counts, logs and deletes a bad value (best effort: it must not be fetched again, and equal
+  // keys would never rewrite it); true when the chunks before it are to be served instead.
+  auto bad = [&](const std::string& why, size_t j, const std::string& detail) {
     count_failure(why);
     if (reason) *reason = why;
-    LARDER_LOG_WARN("[kv-remote] chunk %zu (%s) is unusable: %s — deleted, prefilling locally", j,
-                    stash_keys_[j].c_str(), detail.c_str());
-    // Best effort: a bad value must not be fetched again (equal keys would rewrite it as new).
-    std::vector<std::string_view> del = {"DEL", stash_keys_[j]};
+    const bool keep_leading = partial && j > 0 && found.handle != "remote-boundary";
+    LARDER_LOG_WARN("[kv-remote] chunk %zu (%s) is unusable: %s — deleted, %s", j, st.keys[j].c_str(), detail.c_str(),
+                    keep_leading ? "serving the chunks before it" : "prefilling locally");
+    std::vector<std::string_view> del = {"DEL", st.keys[j]};
     std::vector<std::shared_ptr<void>> ignored;
     roundtrip(*read_, {del}, &ignored, true);
-    stash_reply_.reset();
-    stash_values_.clear();
+    return keep_leading;
+  };
+  auto fail = [&](const std::string& why, size_t j, const std::string& detail) -> std::shared_ptr<const Entry> {
+    bad(why, j, detail);
+    st.reply.reset();
+    st.values.clear();
     return nullptr;
   };
   if (found.handle == "remote-boundary" && k == 1) {
     Result<std::shared_ptr<const Entry>> d =
-        decode_lkv(stash_values_[0], &cfg_.identity, cfg_.verify, "remote checkpoint " + stash_keys_[0]);
+        decode_lkv(st.values[0], &cfg_.identity, cfg_.verify, "remote checkpoint " + st.keys[0]);
     if (!d.is_ok()) {
       return fail(d.status().code() == StatusCode::kIncompatible ? "remote_incompatible" : "remote_corrupt", 0,
                   d.status().message());
     }
     std::shared_ptr<const Entry> e = std::move(d).value();
-    if (e->tokens != stash_tokens_ || e->ns != stash_ns_ ||
+    if (e->tokens != st.tokens || e->ns != st.ns ||
         static_cast<int64_t>(e->tokens.size()) != found.prefix_len) {
       return fail("remote_corrupt", 0, "its metadata does not describe this checkpoint");
     }
     if (!cfg_.expected_signature.empty() && e->signature != cfg_.expected_signature) {
       return fail("remote_incompatible", 0, "storage signature '" + e->signature + "'");
     }
-    const uint64_t bytes = stash_values_[0].size();
-    stash_reply_.reset();
-    stash_values_.clear();
+    const uint64_t bytes = st.values[0].size();
+    st.reply.reset();
+    st.values.clear();
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++st_.hits;
     ++st_.chunks_read;
@@ -489,31 +573,47 @@ std::shared_ptr<const Entry> RemoteTier::restore(const ColdFind& found, std::str
   KvLayout layout;
   std::string signature;
   uint64_t bytes = 0;
+  size_t used = k;  // chunks served: fewer when a later one is bad and `partial` allows it
   for (size_t j = 0; j < k; ++j) {
-    bytes += stash_values_[j].size();
+    // Why chunk j cannot be used, or "" (then its rows join the entry).
+    std::string why, detail;
     Result<std::shared_ptr<const Entry>> d =
-        decode_lkv(stash_values_[j], &cfg_.identity, cfg_.verify, "remote chunk " + stash_keys_[j]);
+        decode_lkv(st.values[j], &cfg_.identity, cfg_.verify, "remote chunk " + st.keys[j]);
+    const int64_t start = static_cast<int64_t>(j) * C;
     if (!d.is_ok()) {
-      return fail(d.status().code() == StatusCode::kIncompatible ? "remote_incompatible" : "remote_corrupt", j,
-                  d.status().message());
+      why = d.status().code() == StatusCode::kIncompatible ? "remote_incompatible" : "remote_corrupt";
+      detail = d.status().message();
+    } else {
+      const Entry& e = **d;
+      // The key is a hash: the metadata beside the rows must say it is exactly this chunk.
+      const bool same_tokens = static_cast<int64_t>(e.tokens.size()) == C &&
+                               std::equal(e.tokens.begin(), e.tokens.end(), st.tokens.begin() + start);
+      if (!same_tokens || e.ns != st.ns || e.label != "chunk:" + std::to_string(start) || !e.kv ||
+          !e.layers.empty() || !e.attachments.empty()) {
+        why = "remote_corrupt";
+        detail = "its metadata does not describe this chunk";
+      } else if (!cfg_.expected_signature.empty() && e.signature != cfg_.expected_signature) {
+        why = "remote_incompatible";
+        detail = "storage signature '" + e.signature + "'";
+      } else if (j > 0 && (!(e.kv->layout() == layout) || e.signature != signature)) {
+        why = "remote_incompatible";
+        detail = "its layout differs from chunk 0";
+      }
+    }
+    if (!why.empty()) {
+      if (!bad(why, j, detail)) {
+        st.reply.reset();
+        st.values.clear();
+        return nullptr;
+      }
+      used = j;  // a prefix of a prefix is still a prefix: chunks [0, j) serve
+      break;
     }
     const Entry& e = **d;
-    const int64_t start = static_cast<int64_t>(j) * C;
-    // The key is a hash: the metadata beside the rows must say it is exactly this chunk.
-    const bool same_tokens = static_cast<int64_t>(e.tokens.size()) == C &&
-                             std::equal(e.tokens.begin(), e.tokens.end(), stash_tokens_.begin() + start);
-    if (!same_tokens || e.ns != stash_ns_ || e.label != "chunk:" + std::to_string(start) || !e.kv ||
-        !e.layers.empty() || !e.attachments.empty()) {
-      return fail("remote_corrupt", j, "its metadata does not describe this chunk");
-    }
-    if (!cfg_.expected_signature.empty() && e.signature != cfg_.expected_signature) {
-      return fail("remote_incompatible", j, "storage signature '" + e.signature + "'");
-    }
+    bytes += st.values[j].size();
     if (j == 0) {
       layout = e.kv->layout();
       signature = e.signature;
-    } else if (!(e.kv->layout() == layout) || e.signature != signature) {
-      return fail("remote_incompatible", j, "its layout differs from chunk 0");
     }
     for (const KvBlock::Piece& pc : e.kv->pieces()) {
       KvBlock::Piece q = pc;
@@ -521,19 +621,20 @@ std::shared_ptr<const Entry> RemoteTier::restore(const ColdFind& found, std::str
       pieces.push_back(std::move(q));
     }
   }
+  if (partial) *partial = used;
   auto e = std::make_shared<Entry>();
-  e->tokens = stash_tokens_;
-  e->ns = stash_ns_;
+  e->tokens.assign(st.tokens.begin(), st.tokens.begin() + static_cast<int64_t>(used) * C);
+  e->ns = st.ns;
   e->kv = std::make_shared<KvBlock>(layout, std::move(pieces));
   e->trimmable = true;
   e->floor = 0;
   e->label = "full";
   e->signature = signature;
-  stash_reply_.reset();
-  stash_values_.clear();
+  st.reply.reset();
+  st.values.clear();
   std::lock_guard<std::mutex> lock(stats_mu_);
   ++st_.hits;
-  st_.chunks_read += k;
+  st_.chunks_read += used;
   st_.bytes_read += bytes;
   return e;
 }

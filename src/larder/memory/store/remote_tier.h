@@ -13,20 +13,25 @@
 // (an existing chunk is never rewritten: equal keys mean equal content).
 //
 // Lookup: `find` fetches every full chunk of the prompt in one MGET (one round trip) and keeps
-// the leading run that exists; `restore`, called right after by the RAM tier, verifies them and
-// joins their rows into one KvBlock (no further copy). Unlike the SSD tier, find does I/O: it is
-// skipped when it cannot beat what RAM/SSD already serve.
+// the leading run that exists; `restore`, called right after, verifies them and joins their rows
+// into one KvBlock (no further copy). Unlike the SSD tier, find does I/O: it is skipped when it
+// cannot beat what RAM/SSD already serve. `fetch` is both in one call with its own stash, for
+// the lookup thread (remote_lookup.h): the store never runs a remote round trip on the engine
+// thread, so a slow Redis never stalls the other sequences' decode steps. When a later chunk of
+// a fetch is bad (corrupt, incompatible), the valid chunks before it still serve (a prefix of a
+// prefix is a prefix); the bad one is deleted and the hit names the reason.
 //
 // Failure model: every command runs under a timeout (`timeout_ms`, connect included). A
 // timeout or error drops the connection and starts a backoff (100 ms doubling to 2 s) during
 // which calls fail at once ("remote_down"): a slow or dead Redis makes larder slower (local
 // prefill), never wrong and never stuck. Reconnects are automatic.
 //
-// Threads: two connections, each behind its own mutex: one for lookups (engine thread), one
-// for writes (the remote write queue's thread, remote_queue.h; a synchronous store only where
-// a caller asks for one, e.g. tests),
-// so a lookup never waits behind a multi-megabyte write. The stash between find and restore is
-// engine-thread only. Stats are guarded by their own mutex.
+// Threads: two connections, each behind its own mutex: one for lookups (the lookup thread's
+// fetch, /v1/kv/lookup's peek on HTTP threads), one for writes (the remote write queue's thread,
+// remote_queue.h; a synchronous store only where a caller asks for one, e.g. tests), so a lookup
+// never waits behind a multi-megabyte write. The stash between find and restore (the ColdTier
+// interface) belongs to its one caller thread (tests); fetch keeps its own on its stack. Stats
+// are guarded by their own mutex.
 //
 // Entries with non-plain state (sliding-window rings, recurrent layers, attachments) are
 // exact-boundary checkpoints: each is one value holding the whole entry (key: identity, ns and
@@ -42,6 +47,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -87,6 +93,13 @@ struct RemoteStats {
   RemoteLatency read_latency, write_latency;  // per round trip
 };
 
+// One remote lookup, find and restore together (RemoteTier::fetch).
+struct RemoteFetch {
+  std::shared_ptr<const Entry> entry;  // verified rows of found.prefix_len tokens or more; null: nothing usable
+  ColdFind found;                      // what the entry serves (tier kRemote) when entry is set
+  std::string failure;  // "" or remote_timeout | remote_error | remote_down | remote_corrupt | remote_incompatible
+};
+
 // The key of every full chunk of `tokens` (at most max_chunks): "larder:kv:1:<32 hex>".
 std::vector<std::string> remote_chunk_keys(const std::string& identity_id, const std::string& ns,
                                            int64_t chunk_tokens, std::span<const TokenId> tokens,
@@ -105,7 +118,12 @@ class RemoteTier final : public ColdTier {
   // The same, calling `after_batch(bytes sent)` after each pipelined batch of values (the write
   // queue's pacing); when it returns false the store stops there and fails (shutdown).
   bool store(const Entry& entry, const std::function<bool(uint64_t)>& after_batch);
-  std::string last_find_failure() const override { return find_failure_; }
+  std::string last_find_failure() const override { return stash_.failure; }
+  // find + restore with a stash of its own (any thread; the read connection's mutex): at most
+  // one round trip for the chunks and boundary indexes, one for boundary values. A bad later
+  // chunk leaves the leading valid ones serving (failure then names it, entry is still set when
+  // they beat `longer_than`).
+  RemoteFetch fetch(std::span<const TokenId> prompt, const std::string& ns, int64_t longer_than);
   // POST /v1/kv/lookup: how many leading tokens of `prompt` a take would reuse from this tier
   // (full chunks, or a longer boundary checkpoint the prompt matches whole; at most len - 1),
   // learnt from key existence only: no value crosses the network, find's stash and counters are
@@ -114,6 +132,11 @@ class RemoteTier final : public ColdTier {
   // remote_error | remote_down), else *failure is "".
   int64_t peek(std::span<const TokenId> prompt, const std::string& ns, std::string* failure);
 
+  // A lookup the store did not need to send (RAM / SSD already serve len - 1): counted as find counts it.
+  void note_skipped() {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++st_.skipped;
+  }
   RemoteStats stats() const;
   const RemoteConfig& config() const { return cfg_; }
 
@@ -129,16 +152,26 @@ class RemoteTier final : public ColdTier {
   std::string roundtrip(Conn& c, const std::vector<std::vector<std::string_view>>& cmds,
                         std::vector<std::shared_ptr<void>>* replies, bool write);
 
+  // What find learnt, for restore: the values stay inside the reply they arrived in.
+  struct Stash {
+    std::string failure;
+    std::string ns;
+    std::vector<TokenId> tokens;
+    std::vector<std::string> keys;
+    std::vector<std::string_view> values;  // into reply
+    std::shared_ptr<void> reply;
+    void clear();
+  };
+  std::optional<ColdFind> find_into(Stash& st, std::span<const TokenId> prompt, const std::string& ns,
+                                    int64_t longer_than);
+  // `partial` non-null: a bad chunk after the first leaves chunks [0, j) serving (*partial = j,
+  // *reason names the bad one) instead of failing the whole restore.
+  std::shared_ptr<const Entry> restore_from(Stash& st, const ColdFind& found, std::string* reason, size_t* partial);
+
   RemoteConfig cfg_;
   std::string identity_id_;
   std::unique_ptr<Conn> read_, write_;
-  // find → restore stash (engine thread only).
-  std::string find_failure_;
-  std::string stash_ns_;
-  std::vector<TokenId> stash_tokens_;
-  std::vector<std::string> stash_keys_;
-  std::vector<std::string_view> stash_values_;  // into stash_reply_
-  std::shared_ptr<void> stash_reply_;
+  Stash stash_;  // find → restore through the ColdTier interface (its caller's thread)
   mutable std::mutex stats_mu_;
   RemoteStats st_;
 };

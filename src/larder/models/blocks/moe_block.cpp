@@ -15,7 +15,7 @@ uint64_t view_bytes(const kernels::WeightView& w) {
 
 uint64_t MoeWeights::expert_bytes() const {
   uint64_t b = 0;
-  for (const auto* set : {&gate, &up, &down})
+  for (const auto* set : {&gate, &up, &gate_up, &down})
     for (const kernels::WeightView& w : *set) b += view_bytes(w);
   return b;  // the shared expert is dense weight: read by every token, not counted here
 }
@@ -24,6 +24,32 @@ uint64_t MoeWeights::active_expert_bytes() const {
   return route.n_experts > 0 ? expert_bytes() / static_cast<uint64_t>(route.n_experts) * static_cast<uint64_t>(route.k)
                              : 0;
 }
+
+namespace {
+// OpenAI's HF layout of gpt-oss experts (see bind_moe in moe_block.h).
+Status bind_openai_mxfp4(WeightBinder& b, const std::string& p, const ExpertDims& d, int64_t hidden, bool biases,
+                         MoeWeights* w) {
+  const int E = d.n_experts;
+  const int64_t I = d.ffn;
+  LARDER_ASSIGN_OR_RETURN(w->gate_up, b.mxfp4_block_experts(p + "experts.gate_up_proj", E, 2 * I, hidden,
+                                                            "experts of 2*intermediate_size x hidden_size, gate and up "
+                                                            "rows interleaved"));
+  LARDER_ASSIGN_OR_RETURN(w->down, b.mxfp4_block_experts(p + "experts.down_proj", E, hidden, I,
+                                                         "experts of hidden_size x intermediate_size"));
+  if (!biases) return Status::ok();
+  LARDER_ASSIGN_OR_RETURN(const std::vector<float> gub, b.small_f32(p + "experts.gate_up_proj_bias", {E, 2 * I},
+                                                                   "num_experts x 2*intermediate_size"));
+  w->gate_bias.resize(static_cast<size_t>(E * I));
+  w->up_bias.resize(static_cast<size_t>(E * I));
+  for (int64_t r = 0; r < E * I; ++r) {  // gate = [..., ::2], up = [..., 1::2] (mlx-lm's sanitize)
+    w->gate_bias[static_cast<size_t>(r)] = gub[static_cast<size_t>(2 * r)];
+    w->up_bias[static_cast<size_t>(r)] = gub[static_cast<size_t>(2 * r + 1)];
+  }
+  LARDER_ASSIGN_OR_RETURN(w->down_bias,
+                          b.small_f32(p + "experts.down_proj_bias", {E, hidden}, "num_experts x hidden_size"));
+  return Status::ok();
+}
+}  // namespace
 
 Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int64_t hidden,
                 const kernels::RouteParams& route, Activation act, MoeWeights* w, const MoeTensorNames& names) {
@@ -35,6 +61,7 @@ Status bind_moe(WeightBinder& b, const std::string& p, const ExpertDims& d, int6
                                                     .why = "num_experts x hidden_size", .bias = names.biases,
                                                     .bias_why = "num_experts"}));
   if (names.experts_bound) return Status::ok();
+  if (b.has(p + "experts.gate_up_proj_blocks")) return bind_openai_mxfp4(b, p, d, hidden, names.biases, w);
   struct Part {
     const char* proj;
     int64_t rows, cols;
@@ -101,20 +128,12 @@ void add_expert_bias(const std::vector<float>& bias, const int32_t* ids, int64_t
   }
 }
 
-// gpt-oss's clamped SwiGLU, in f32 as mlx-lm computes it; out may alias gate.
-void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = std::min(gate[i], limit);
-    const float u = std::clamp(up[i], -limit, limit);
-    out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
-  }
-}
-
 }  // namespace
 
 void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, float* out, AdapterRows adapters) {
   const int E = w.route.n_experts, k = w.route.k;
-  const int64_t ffn = w.gate[0].rows, hidden = w.down[0].rows;
+  const bool fused = !w.gate_up.empty();
+  const int64_t ffn = fused ? w.gate_up[0].rows / 2 : w.gate[0].rows, hidden = w.down[0].rows;
   const int64_t slots = n * k;
   s.logits.resize(static_cast<size_t>(n * E));
   s.ids.resize(static_cast<size_t>(slots));
@@ -135,16 +154,26 @@ void moe_block(const MoeWeights& w, const float* h, int64_t n, MoeScratch& s, fl
     h = s.expert_in.data();
   }
   kernels::route_topk(s.logits.data(), n, w.route, s.ids.data(), s.weights.data());
-  const kernels::ExpertsView gu[2] = {{w.gate.data(), E}, {w.up.data(), E}};
-  float* const ys[2] = {s.g.data(), s.u.data()};
-  kernels::matmul_experts_multi(gu, ys, 2, h, /*x_per_slot=*/false, n, s.ids.data(), k);
+  if (fused) {
+    s.gu.resize(static_cast<size_t>(slots * 2 * ffn));
+    const kernels::ExpertsView gu{w.gate_up.data(), E};
+    kernels::matmul_experts(gu, h, /*x_per_slot=*/false, n, s.ids.data(), k, s.gu.data());
+    for (int64_t i = 0; i < slots * ffn; ++i) {  // row 2i → gate i, 2i + 1 → up i
+      s.g[static_cast<size_t>(i)] = s.gu[static_cast<size_t>(2 * i)];
+      s.u[static_cast<size_t>(i)] = s.gu[static_cast<size_t>(2 * i + 1)];
+    }
+  } else {
+    const kernels::ExpertsView gu[2] = {{w.gate.data(), E}, {w.up.data(), E}};
+    float* const ys[2] = {s.g.data(), s.u.data()};
+    kernels::matmul_experts_multi(gu, ys, 2, h, /*x_per_slot=*/false, n, s.ids.data(), k);
+  }
   add_expert_bias(w.gate_bias, s.ids.data(), slots, ffn, s.g.data());
   add_expert_bias(w.up_bias, s.ids.data(), slots, ffn, s.u.data());
   switch (w.act) {
     case Activation::kSilu: kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
     case Activation::kGeluTanh: kernels::gelu_tanh_mul(s.g.data(), s.u.data(), s.g.data(), slots * ffn); break;
     case Activation::kSwigluOai:
-      swiglu_oai(s.g.data(), s.u.data(), s.g.data(), slots * ffn, w.swiglu_alpha, w.swiglu_limit);
+      kernels::swiglu_oai(s.g.data(), s.u.data(), s.g.data(), slots * ffn, w.swiglu_alpha, w.swiglu_limit);
       break;
   }
   const kernels::ExpertsView dv{w.down.data(), E};

@@ -9,7 +9,8 @@
 // (token, slot) in one matmul_experts_multi, down in one matmul_experts, so a decode step reads
 // only the selected experts' rows and forks the thread pool twice per layer.
 // gpt-oss adds a bias to the router and to each expert's gate/up/down rows, and its own activation
-// (Activation::kSwigluOai, mlx-lm `swiglu_oai`, transformers `GptOssExperts._apply_gate`):
+// (Activation::kSwigluOai, mlx-lm `swiglu_oai`, transformers `GptOssExperts._apply_gate`;
+// kernels::swiglu_oai):
 //   g = min(gate, limit);  u = clip(up, −limit, limit);  act = (u + 1) · g · σ(alpha · g)
 #pragma once
 
@@ -37,6 +38,12 @@ struct MoeWeights {
   kernels::RouteParams route;                       // E, k, order, renormalisation
   Projection router;                                // [E, hidden]
   std::vector<kernels::WeightView> gate, up, down;  // E each: [ffn, hidden], [ffn, hidden], [hidden, ffn]
+  // Instead of gate and up (which are then empty): E matrices [2·ffn, hidden] with gate and up
+  // rows interleaved — row 2i is gate row i, row 2i + 1 up row i — as OpenAI's gpt-oss checkpoints
+  // store them (`experts.gate_up_proj_blocks`). No view of the stacked experts selects every other
+  // row, so they run fused in place: one grouped matmul of 2·ffn rows, whose output moe_block splits
+  // into gate and up (slots × 2·ffn floats a layer, nothing copied at load).
+  std::vector<kernels::WeightView> gate_up;
   bool has_shared = false;
   MlpWeights shared;                 // [shared_ffn, hidden] ...
   Projection shared_gate;            // [1, hidden]
@@ -58,7 +65,7 @@ struct MoeWeights {
 
 struct MoeScratch {
   std::vector<float> router_in, expert_in;
-  std::vector<float> logits, weights, g, u, y, shared_y, shared_g;
+  std::vector<float> logits, weights, g, u, gu, y, shared_y, shared_g;
   std::vector<int32_t> ids;
   MlpScratch shared;
 };
@@ -70,7 +77,10 @@ struct MoeScratch {
 // [E, 2·ffn, hidden] + `<prefix>experts.down_proj` (transformers 5 / Qwen3.5-MoE HF checkpoints) or
 // one per expert `<prefix>experts.{i}.{gate,up,down}_proj.weight` (HF); with d.shared_ffn the
 // shared expert `<prefix>shared_expert.{gate,up,down}_proj.weight` and its gate
-// `<prefix>shared_expert_gate.weight` [1, hidden].
+// `<prefix>shared_expert_gate.weight` [1, hidden]. OpenAI's MXFP4 layout (gpt-oss on Hugging Face)
+// is bound where the file has `<prefix>experts.gate_up_proj_blocks`: gate/up as MoeWeights::gate_up,
+// `experts.down_proj_{blocks,scales}`, and with names.biases `experts.gate_up_proj_bias` [E, 2·ffn]
+// (interleaved like the rows; split once, it is E·2·ffn floats) and `experts.down_proj_bias`.
 struct MoeTensorNames {
   std::string router = "gate";  // the router projection's module; Gemma 4: "router.proj" under "model.layers.N."
   std::string stacked = "switch_mlp.";  // Gemma 4 (MLX): "experts.switch_glu."; gpt-oss: "experts."

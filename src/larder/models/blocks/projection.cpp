@@ -1,10 +1,10 @@
 #include "larder/models/blocks/projection.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
+#include <utility>
 
 #include "larder/core/profile.h"
 #include "larder/core/status.h"
@@ -28,56 +28,120 @@ bool any_delta(const Projection& p, AdapterRows adapters) {
   return false;
 }
 
-// outs[i][j] = Σ_c m[j·cols + c] · xs[i][c] for j < rows, i < nx: eight rows of m at a time, each
-// in one AVX2 accumulator over 8-column steps, the eight sums reduced together (hadd), the column
-// tail by fma. The block of m is read from memory once and reused from L1 for every x (rows of a
-// batch under one adapter share its matrices). An output's arithmetic depends on m, its x and
-// cols alone — never on nx or the other xs — so a row gets the same bits batched or alone.
-void matvec8(const float* m, int64_t rows, int64_t cols, const float* const* xs, int64_t nx, float* const* outs) {
-  const int64_t c8 = cols & ~int64_t{7};
-  int64_t j = 0;
-  for (; j + 8 <= rows; j += 8) {
-    const float* mj = m + j * cols;
-    for (int64_t i = 0; i < nx; ++i) {
-      const float* x = xs[i];
-      __m256 acc[8];
-      for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
-      for (int64_t c = 0; c < c8; c += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + c);
-        for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(mj + r * cols + c), xv, acc[r]);
-      }
-      const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
-      const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
-      const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-      const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
-                                       _mm256_permute2f128_ps(s0123, s4567, 0x31));
-      alignas(32) float v[8];
-      _mm256_store_ps(v, sum);
-      for (int r = 0; r < 8; ++r) {
-        for (int64_t c = c8; c < cols; ++c) v[r] = std::fma(mj[r * cols + c], x[c], v[r]);
-        outs[i][j + r] = v[r];
-      }
-    }
-  }
-  for (; j < rows; ++j) {
-    for (int64_t i = 0; i < nx; ++i) {
-      const float* x = xs[i];
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t c = 0; c < c8; c += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + j * cols + c), _mm256_loadu_ps(x + c), acc);
-      alignas(32) float v[8];
-      _mm256_store_ps(v, acc);
-      float s = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-      for (int64_t c = c8; c < cols; ++c) s = std::fma(m[j * cols + c], x[c], s);
-      outs[i][j] = s;
-    }
-  }
-}
-
 void check_run(const Projection& p, const AdapterRun& r, int64_t n, const LowRankDelta& d) {
   LARDER_CHECK(r.row0 >= 0 && r.row0 + r.n <= n, "[model] %s: adapter rows [%lld, %lld) outside the call's %lld rows",
                p.name().c_str(), (long long)r.row0, (long long)(r.row0 + r.n), (long long)n);
-  LARDER_CHECK(d.a != nullptr && d.b != nullptr, "[model] %s: adapter delta without A or B", p.name().c_str());
+  LARDER_CHECK(d.f.a != nullptr && d.f.bp != nullptr && d.f.in == p.in() && d.f.out == p.out(),
+               "[model] %s: adapter delta without A or B, or of another shape", p.name().c_str());
+}
+
+// The deltas of `count` projections of one input x (a group: q/k/v, gate/up; or one projection),
+// each into its ys[i]. Work: a task per (projection, adapter delta, up to kBlock of its rows) —
+// u = B·(A x) for those rows (kernels::lora_delta: the delta's factors read once per task, in
+// their file dtype, not once per row) — then y += s·u run by run in run order (a row under
+// several adapters gets them in the order listed). A decode call runs its tasks on the calling
+// thread, no kernel dispatch; longer calls (prefill) spread them over the pool: decode tasks are
+// too small to pay for a pool job (bench/RESULTS.md, LoRA sections of sessions 38–40). A row's
+// arithmetic depends only on its x and the delta — never on the task it lands in, the thread, the
+// tier or the rows beside it — so a row equals its forward alone, bit for bit.
+void add_deltas_multi(const Projection* const* ps, float* const* ys, int count, const float* x, int64_t n,
+                      AdapterRows adapters) {
+  bool any = false;
+  for (int i = 0; i < count && !any; ++i) any = any_delta(*ps[i], adapters);
+  if (!any) return;
+  profile::Scope scope(profile::enabled() ? "lora delta" : "");
+  struct Job {  // rows [row0 + k0, row0 + k1) of run r for projection proj; u: its first scratch row
+    int proj;
+    const AdapterRun* r;
+    const LowRankDelta* d;
+    int64_t k0, k1, u;
+  };
+  struct Task {  // rows [begin, end) of the flat xs/uo lists, all under delta d of projection proj
+    int proj;
+    const LowRankDelta* d;
+    size_t begin, end;
+  };
+  constexpr int64_t kBlock = 16;
+  // The caller's scratch, reused across calls; bound to references so that the pool's workers
+  // read the caller's lists (a thread_local named inside the lambda would be the worker's own).
+  thread_local std::vector<Job> jobs_tl;
+  thread_local std::vector<Task> tasks_tl;
+  thread_local std::vector<const float*> xs_tl;
+  thread_local std::vector<float*> uo_tl;
+  thread_local std::vector<float> u_tl;
+  thread_local std::unordered_map<const LowRankDelta*, size_t> first_tl;  // a delta's first job
+  thread_local std::vector<std::pair<size_t, size_t>> order_tl;          // (its delta's first job, job)
+  std::vector<Job>& jobs = jobs_tl;
+  std::vector<Task>& tasks = tasks_tl;
+  std::vector<const float*>& xs = xs_tl;
+  std::vector<float*>& uo = uo_tl;
+  std::vector<float>& u_all = u_tl;
+  std::unordered_map<const LowRankDelta*, size_t>& first = first_tl;
+  std::vector<std::pair<size_t, size_t>>& order = order_tl;
+  jobs.clear();
+  tasks.clear();
+  xs.clear();
+  uo.clear();
+  int64_t u_size = 0;  // floats of scratch: each job's rows at its projection's width
+  for (int i = 0; i < count; ++i) {
+    const Projection& p = *ps[i];
+    for (const AdapterRun& r : adapters) {
+      const LowRankDelta* d = r.n > 0 && r.adapter ? r.adapter->find(p.id()) : nullptr;
+      if (!d) continue;
+      check_run(p, r, n, *d);
+      for (int64_t k = 0; k < r.n; k += kBlock) {
+        const int64_t k1 = std::min(r.n, k + kBlock);
+        jobs.push_back({i, &r, d, k, k1, u_size});
+        u_size += (k1 - k) * p.out();
+      }
+    }
+  }
+  if (u_all.size() < static_cast<size_t>(u_size)) u_all.resize(static_cast<size_t>(u_size));
+  // Tasks: per projection, the jobs of one delta together (a decode batch: one adapter's rows of
+  // every sequence), in the order the deltas first appear, cut at kBlock rows (prefill). A delta
+  // belongs to one projection, so ordering the jobs by their delta's first job groups them in
+  // O(J log J) (a scan of every job per job was quadratic in the runs).
+  first.clear();
+  order.clear();
+  for (size_t g = 0; g < jobs.size(); ++g) {
+    const size_t f = first.try_emplace(jobs[g].d, g).first->second;
+    order.emplace_back(f, g);
+  }
+  std::sort(order.begin(), order.end());
+  for (size_t oi = 0; oi < order.size(); ++oi) {
+    const Job& j = jobs[order[oi].second];
+    const int64_t in = ps[j.proj]->in(), out = ps[j.proj]->out();
+    if (oi == 0 || j.d != jobs[order[oi - 1].second].d) tasks.push_back({j.proj, j.d, xs.size(), xs.size()});
+    for (int64_t k = j.k0; k < j.k1; ++k) {
+      if (static_cast<int64_t>(xs.size() - tasks.back().begin) == kBlock)
+        tasks.push_back({j.proj, j.d, xs.size(), xs.size()});
+      xs.push_back(x + (j.r->row0 + k) * in);
+      uo.push_back(u_all.data() + j.u + (k - j.k0) * out);
+      tasks.back().end = xs.size();
+    }
+  }
+  auto run_task = [&](int64_t ti, int) {
+    thread_local std::vector<float> t;  // the task's A·x, [rows, rank]
+    const Task& tk = tasks[static_cast<size_t>(ti)];
+    const LowRankDelta& d = *tk.d;
+    const int64_t m = static_cast<int64_t>(tk.end - tk.begin);
+    if (t.size() < static_cast<size_t>(m * d.f.rank)) t.resize(static_cast<size_t>(m * d.f.rank));
+    kernels::lora_delta(d.f, xs.data() + tk.begin, m, t.data(), uo.data() + tk.begin);
+  };
+  if (static_cast<int64_t>(xs.size()) <= kBlock * count) {
+    for (size_t t = 0; t < tasks.size(); ++t) run_task(static_cast<int64_t>(t), 0);
+  } else {
+    parallel_for(static_cast<int64_t>(tasks.size()), run_task);
+  }
+  for (const Job& j : jobs) {
+    const int64_t out = ps[j.proj]->out();
+    const float s = j.r->scale * j.d->scale;
+    for (int64_t k = j.k0; k < j.k1; ++k) {
+      float* yr = ys[j.proj] + (j.r->row0 + k) * out;
+      const float* ur = u_all.data() + j.u + (k - j.k0) * out;
+      for (int64_t c = 0; c < out; ++c) yr[c] += s * ur[c];
+    }
+  }
 }
 
 }  // namespace
@@ -91,103 +155,9 @@ std::string projection_label(const std::string& name) {
 }
 
 void add_deltas(const Projection& p, const float* x, int64_t n, float* y, AdapterRows adapters) {
-  if (!any_delta(p, adapters)) return;
-  profile::Scope scope(profile::enabled() ? "lora delta" : "");
-  const int64_t in = p.in(), out = p.out();
-  // On the calling thread, no kernel dispatch: the rows of all runs of one adapter together,
-  // t = A x then u = B t for each (matvec8: the adapter's matrices read once per call, not once
-  // per row), then y += s·u run by run in run order (a row under several adapters gets them in
-  // the order listed). A kernels::matmul per run cost two pool dispatches per (sequence, adapter,
-  // projection), and reading an adapter's f32 matrices per row doubled its memory traffic at two
-  // rows per adapter (bench/RESULTS.md, session 38). A row's bits never depend on the rows beside
-  // it, so a row equals its forward alone. Long runs (prefill) are cut into blocks of kBlock rows
-  // spread over the pool.
-  struct Job {
-    const AdapterRun* r;
-    const LowRankDelta* d;
-    int64_t k0, k1;  // rows [row0 + k0, row0 + k1) of the run
-    int64_t u = 0;   // its first row in the scratch
-  };
-  constexpr int64_t kBlock = 16;
-  thread_local std::vector<Job> jobs_tl;
-  std::vector<Job>& jobs = jobs_tl;  // this thread's: the pool's workers below read it through this
-  jobs.clear();
-  int64_t rank_max = 0, rows = 0;
-  for (const AdapterRun& r : adapters) {
-    const LowRankDelta* d = r.n > 0 && r.adapter ? r.adapter->find(p.id()) : nullptr;
-    if (!d) continue;
-    check_run(p, r, n, *d);
-    rank_max = std::max(rank_max, d->rank);
-    for (int64_t k = 0; k < r.n; k += kBlock) {
-      jobs.push_back({&r, d, k, std::min(r.n, k + kBlock), rows});
-      rows += std::min(r.n, k + kBlock) - k;
-    }
-  }
-  struct Scratch {
-    std::vector<float> t, u;
-    std::vector<const float*> xs, ts;
-    std::vector<float*> to, uo;
-  };
-  thread_local Scratch sc;
-  if (sc.u.size() < static_cast<size_t>(rows * out)) sc.u.resize(static_cast<size_t>(rows * out));
-  float* const u_all = sc.u.data();
-  // Group g (a decode batch): the jobs from g on with g's delta — one adapter's rows — into
-  // u_all at each job's offset; the jobs it takes are marked (d = null).
-  auto group = [&](size_t g, Scratch& s) {
-    const LowRankDelta* d = jobs[g].d;
-    s.xs.clear();
-    s.uo.clear();
-    for (size_t i = g; i < jobs.size(); ++i) {
-      if (jobs[i].d != d) continue;
-      for (int64_t k = jobs[i].k0; k < jobs[i].k1; ++k) {
-        s.xs.push_back(x + (jobs[i].r->row0 + k) * in);
-        s.uo.push_back(u_all + (jobs[i].u + k - jobs[i].k0) * out);
-      }
-      jobs[i].d = nullptr;
-    }
-    const int64_t m = static_cast<int64_t>(s.xs.size());
-    if (s.t.size() < static_cast<size_t>(m * d->rank)) s.t.resize(static_cast<size_t>(m * d->rank));
-    s.to.resize(static_cast<size_t>(m));
-    s.ts.resize(static_cast<size_t>(m));
-    for (int64_t i = 0; i < m; ++i) s.to[i] = s.t.data() + i * d->rank, s.ts[i] = s.to[i];
-    matvec8(d->a, d->rank, in, s.xs.data(), m, s.to.data());
-    matvec8(d->b, out, d->rank, s.ts.data(), m, s.uo.data());
-  };
-  thread_local std::vector<const LowRankDelta*> deltas;  // the jobs' deltas (group() clears them)
-  deltas.assign(jobs.size(), nullptr);
-  for (size_t i = 0; i < jobs.size(); ++i) deltas[i] = jobs[i].d;
-  if (rows <= kBlock) {
-    for (size_t g = 0; g < jobs.size(); ++g)
-      if (jobs[g].d) group(g, sc);
-  } else {
-    // Prefill: one group per job (a block of kBlock rows of one run), spread over the pool.
-    parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t g, int) {
-      thread_local Scratch local;
-      const Job& j = jobs[static_cast<size_t>(g)];
-      local.xs.clear();
-      local.uo.clear();
-      for (int64_t k = j.k0; k < j.k1; ++k) {
-        local.xs.push_back(x + (j.r->row0 + k) * in);
-        local.uo.push_back(u_all + (j.u + k - j.k0) * out);
-      }
-      const int64_t m = j.k1 - j.k0;
-      if (local.t.size() < static_cast<size_t>(m * j.d->rank)) local.t.resize(static_cast<size_t>(m * j.d->rank));
-      local.to.resize(static_cast<size_t>(m));
-      local.ts.resize(static_cast<size_t>(m));
-      for (int64_t i = 0; i < m; ++i) local.to[i] = local.t.data() + i * j.d->rank, local.ts[i] = local.to[i];
-      matvec8(j.d->a, j.d->rank, in, local.xs.data(), m, local.to.data());
-      matvec8(j.d->b, out, j.d->rank, local.ts.data(), m, local.uo.data());
-    });
-  }
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const Job& j = jobs[i];
-    const float s = j.r->scale * deltas[i]->scale;
-    for (int64_t k = j.k0; k < j.k1; ++k) {
-      float* yr = y + (j.r->row0 + k) * out;
-      const float* ur = u_all + (j.u + k - j.k0) * out;
-      for (int64_t c = 0; c < out; ++c) yr[c] += s * ur[c];
-    }
-  }
+  const Projection* ps[] = {&p};
+  float* ys[] = {y};
+  add_deltas_multi(ps, ys, 1, x, n, adapters);
 }
 
 void add_deltas_ref(const Projection& p, const float* x, int64_t n, float* y, AdapterRows adapters) {
@@ -197,19 +167,19 @@ void add_deltas_ref(const Projection& p, const float* x, int64_t n, float* y, Ad
     const LowRankDelta* d = r.n > 0 && r.adapter ? r.adapter->find(p.id()) : nullptr;
     if (!d) continue;
     check_run(p, r, n, *d);
-    t.assign(static_cast<size_t>(d->rank), 0.0);
+    t.assign(static_cast<size_t>(d->f.rank), 0.0);
     const double s = static_cast<double>(r.scale) * static_cast<double>(d->scale);
     for (int64_t i = r.row0; i < r.row0 + r.n; ++i) {
       const float* xr = x + i * in;
-      for (int64_t k = 0; k < d->rank; ++k) {
+      for (int64_t k = 0; k < d->f.rank; ++k) {
         double acc = 0;
-        for (int64_t j = 0; j < in; ++j) acc += static_cast<double>(d->a[k * in + j]) * xr[j];
+        for (int64_t j = 0; j < in; ++j) acc += static_cast<double>(d->f.a_at(k, j)) * xr[j];
         t[static_cast<size_t>(k)] = acc;
       }
       for (int64_t o = 0; o < out; ++o) {
         double acc = 0;
-        for (int64_t k = 0; k < d->rank; ++k)
-          acc += static_cast<double>(d->b[o * d->rank + k]) * t[static_cast<size_t>(k)];
+        for (int64_t k = 0; k < d->f.rank; ++k)
+          acc += static_cast<double>(d->f.b_at(o, k)) * t[static_cast<size_t>(k)];
         y[i * out + o] = static_cast<float>(y[i * out + o] + s * acc);
       }
     }
@@ -257,8 +227,7 @@ void apply_group(const Projection* const* ps, float* const* ys, int count, const
     kernels::matmul_multi(ws, ys, count, x, n);
   }
   for (int i = 0; i < count; ++i) add_bias(ys[i], n, ps[i]->bias());
-  if (!adapters.empty())
-    for (int i = 0; i < count; ++i) add_deltas(*ps[i], x, n, ys[i], adapters);
+  if (!adapters.empty()) add_deltas_multi(ps, ys, count, x, n, adapters);
 }
 
 }  // namespace larder::models

@@ -71,8 +71,8 @@ class Projection {
 void apply_group(const Projection* const* ps, float* const* ys, int count, const float* x, int64_t n,
                  AdapterRows adapters = {});
 
-// y[n, p.out()] += the deltas `adapters` hold for p, row by row. apply() calls the fast form (AVX2
-// matrix-vector products per row on the calling thread — no kernel dispatch for a decode batch —
+// y[n, p.out()] += the deltas `adapters` hold for p, row by row. apply() calls the fast form
+// (kernels::lora_delta per adapter's rows on the calling thread — no pool job for a decode batch —
 // prefill rows split across the pool; a row's bits never depend on the other rows); the
 // reference is scalar with double accumulation, the tests' oracle.
 void add_deltas(const Projection& p, const float* x, int64_t n, float* y, AdapterRows adapters);

@@ -36,22 +36,23 @@ struct GgufMxfp4 {
   __m256i codes(int64_t r, int64_t b) const { return mx::gguf_codes_bcast(w + r * rb + 17 * b + 1); }
   __m256 scales(int64_t r, int64_t b) const { return _mm256_broadcast_ss(half + w[r * rb + 17 * b]); }
 };
-struct MlxMxfp4 {
+// MLX's fp4 layouts: the codes, and a row of scale bytes per weight row that `half` maps to half
+// the scale (e8m0 for mxfp4, e4m3 for nvfp4).
+struct MlxFp4 {
   const uint8_t* w;
   const uint8_t* sc;
   uint64_t rb, sb;
-  const float* half = mx::mlx_e8m0_half_table();
-  explicit MlxMxfp4(const WeightView& v) : w(v.data), sc(v.scales), rb(v.row_bytes()), sb(v.scale_row_bytes()) {}
+  const float* half;
+  MlxFp4(const WeightView& v, const float* half_table)
+      : w(v.data), sc(v.scales), rb(v.row_bytes()), sb(v.scale_row_bytes()), half(half_table) {}
   __m256i codes(int64_t r, int64_t b) const { return mx::mlx_codes(w + r * rb + 16 * b); }
+};
+struct MlxMxfp4 : MlxFp4 {
+  explicit MlxMxfp4(const WeightView& v) : MlxFp4(v, mx::mlx_e8m0_half_table()) {}
   __m256 scales(int64_t r, int64_t b) const { return _mm256_broadcast_ss(half + sc[r * sb + b]); }
 };
-struct MlxNvfp4 {
-  const uint8_t* w;
-  const uint8_t* sc;
-  uint64_t rb, sb;
-  const float* half = mx::e4m3_half_table();
-  explicit MlxNvfp4(const WeightView& v) : w(v.data), sc(v.scales), rb(v.row_bytes()), sb(v.scale_row_bytes()) {}
-  __m256i codes(int64_t r, int64_t b) const { return mx::mlx_codes(w + r * rb + 16 * b); }
+struct MlxNvfp4 : MlxFp4 {
+  explicit MlxNvfp4(const WeightView& v) : MlxFp4(v, mx::e4m3_half_table()) {}
   __m256 scales(int64_t r, int64_t b) const {
     const uint8_t* s = sc + r * sb + 2 * b;
     return _mm256_set_m128(_mm_set1_ps(half[s[1]]), _mm_set1_ps(half[s[0]]));

@@ -395,6 +395,16 @@ inline Acts16 quantize_acts16_super(const float* x, int64_t n, int64_t cols) {
 template <class F>
 constexpr bool kSuperBlockFormat = requires { F::kSuperBlocks; };
 
+// What the row adapters of the block formats share: the packed rows (w, row_bytes), nb blocks per
+// row, one block per scale group. A format derives from it and adds kZero, groups() and unpack.
+struct PackedRows {
+  const uint8_t* w;
+  uint64_t row_bytes;
+  int64_t nb;
+  int64_t blocks_per_group() const { return 1; }
+  const uint8_t* packed(int64_t r) const { return w + static_cast<uint64_t>(r) * row_bytes; }
+};
+
 template <class F>
 struct Gemm16 {
   const F& f;

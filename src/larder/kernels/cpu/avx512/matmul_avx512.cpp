@@ -45,16 +45,12 @@ using namespace simd;
 // nibbles (w = d·(u − 8)); Q8_0 bytes get their sign bit flipped, u = q + 128 ∈ [0, 255]
 // (w = d·(u − 128)), so signed weights need no sign trick and no per-block Σw: the zero point
 // folds out with the activation block sums like Q4_0's.
-struct Q4_0Rows {
+struct Q4_0Rows : PackedRows {
   static constexpr int kZero = 8;
-  const uint8_t* w;
-  uint64_t row_bytes;
-  int64_t nb;
   int64_t groups() const { return nb; }
-  int64_t blocks_per_group() const { return 1; }
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float*) const {
     const float* f16 = f16_table();
-    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
+    const uint8_t* p = packed(row);
     const __m128i m4 = _mm_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = p + b * sizeof(BlockQ4_0);
@@ -67,16 +63,12 @@ struct Q4_0Rows {
   }
 };
 
-struct Q8_0Rows {
+struct Q8_0Rows : PackedRows {
   static constexpr int kZero = 128;
-  const uint8_t* w;
-  uint64_t row_bytes;
-  int64_t nb;
   int64_t groups() const { return nb; }
-  int64_t blocks_per_group() const { return 1; }
   void unpack(int64_t row, uint8_t* codes, int64_t stride, float* scale, float*) const {
     const float* f16 = f16_table();
-    const uint8_t* p = w + static_cast<uint64_t>(row) * row_bytes;
+    const uint8_t* p = packed(row);
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = p + b * sizeof(BlockQ8_0);
@@ -89,7 +81,7 @@ struct Q8_0Rows {
 
 template <class F>
 void matmul_gemm(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  gemm16(ws, ys, count, x, n, [](const WeightView& w) { return F{w.data, w.row_bytes(), w.cols / 32}; });
+  gemm16(ws, ys, count, x, n, [](const WeightView& w) { return F{{w.data, w.row_bytes(), w.cols / 32}}; });
 }
 // Batch-invariant decode of Q4_0 / Q8_0 (batch_invariant_decode()): Gemv16's arithmetic — the
 // GEMM's per-token chain acc = fma(fmsub(S, d_x, kZero·bs), d_w, acc) over the blocks in order,
@@ -284,7 +276,7 @@ void zero_point_gemv(const WeightView* ws, float* const* ys, int count, const fl
 
 template <class F>
 void gemv16_rows(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n) {
-  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return F{w.data, w.row_bytes(), w.cols / 32}; });
+  gemv16(ws, ys, count, x, n, [](const WeightView& w) { return F{{w.data, w.row_bytes(), w.cols / 32}}; });
 }
 
 template <class F>

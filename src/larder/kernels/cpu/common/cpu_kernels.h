@@ -133,9 +133,13 @@ void matmul_mxfp4(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_mlx_mxfp4(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_mlx_nvfp4(const WeightView& w, const float* x, int64_t n, float* y);
 void matmul_mlx_mxfp8(const WeightView& w, const float* x, int64_t n, float* y);
+// kernels::lora_delta, 16 lanes as two 8-lane halves: the reference's bits (lora_avx2.cpp).
+void lora_delta(const LoraFactors& f, const float* const* xs, int64_t nx, float* t, float* const* us);
 }  // namespace avx2
 
 namespace avx512 {
+// kernels::lora_delta on one zmm per 16 lanes: the reference's bits (lora_avx512.cpp).
+void lora_delta(const LoraFactors& f, const float* const* xs, int64_t nx, float* t, float* const* us);
 // Microscaling fp4 (matmul_mx_avx512.cpp): GGUF MXFP4, MLX mxfp4 / nvfp4 on the VNNI GEMM, decode on
 // Gemv16 (its arithmetic); matmul_multi_mx takes weights of one of those dtypes.
 void matmul_mxfp4(const WeightView& w, const float* x, int64_t n, float* y);

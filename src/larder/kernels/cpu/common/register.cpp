@@ -378,6 +378,7 @@ void register_fast_kernels(KernelTable& t) {
   t.l2norm_heads = avx2::l2norm_heads;
   t.gated_delta_recurrent = avx2::gated_delta_recurrent;
   t.rmsnorm_gated = avx2::rmsnorm_gated;
+  t.lora_delta = avx2::lora_delta;  // bit-equal to the reference (tests/unit/kernels_fast/lora_fast_test.cpp)
   t.name = "avx2";
   // Which tier decodes what (issue 14's machine matrix; bench/RESULTS.md "Decode vs llama.cpp on
   // Zen 4"). The choice is per format, not per CPU model: a format takes the AVX-512 kernel only
@@ -442,6 +443,7 @@ void register_fast_kernels(KernelTable& t) {
     t.gated_delta_gates = avx512::gated_delta_gates;
     t.gated_delta_recurrent = avx512::gated_delta_recurrent;
     t.rmsnorm_gated = avx512::rmsnorm_gated;
+    t.lora_delta = avx512::lora_delta;
     t.name = "avx512";
   }
 }
