@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "larder/core/status.h"
+#include "larder/runtime/tool_grammar.h"
 
 namespace larder::runtime {
 
@@ -23,9 +24,12 @@ DecodeStep::DecodeStep(DecodeOptions opts, const tokenizer::Tokenizer* tok)
   if (opts_.constraint) matcher_.emplace(opts_.constraint);
   // With special tokens shown (harmony), stop strings match message bodies only: the text after
   // <|message|> up to the next marker (runtime/harmony.h).
-  if (tok)
-    text_.emplace(*tok, opts_.stops, /*skip_special=*/!opts_.special_text,
-                  opts_.special_text ? tok->token_to_id("<|message|>") : std::nullopt);
+  if (tok) {
+    std::optional<int32_t> body_open;
+    if (opts_.special_text)
+      if (std::optional<HarmonyTokens> h = harmony_tokens(*tok)) body_open = h->message;
+    text_.emplace(*tok, opts_.stops, /*skip_special=*/!opts_.special_text, body_open);
+  }
 }
 
 int32_t DecodeStep::pick(float* logits, int64_t vocab, const std::vector<int32_t>& history) {
